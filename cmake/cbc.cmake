@@ -1,0 +1,15 @@
+# COIN-OR CBC (Debian: coinor-libcbc-dev) for the MILP owner planner. Without it the
+# planner falls back to LPT and says so once.
+set(DMUON_HAVE_CBC OFF)
+if(NOT DMUON_CBC STREQUAL "OFF")
+  find_package(PkgConfig QUIET)
+  if(PkgConfig_FOUND)
+    pkg_check_modules(CBC QUIET IMPORTED_TARGET cbc)
+  endif()
+  if(CBC_FOUND)
+    set(DMUON_HAVE_CBC ON)
+  elseif(DMUON_CBC STREQUAL "ON")
+    message(FATAL_ERROR "DMUON_CBC=ON but CBC was not found (apt-get install coinor-libcbc-dev)")
+  endif()
+endif()
+message(STATUS "dmuon: COIN-OR CBC ${DMUON_HAVE_CBC}")

@@ -1,0 +1,21 @@
+# CUDA: compile the CUDA sources when a toolkit is found (DMUON_CUDA=AUTO) or required (ON).
+# NOTE: sm_90a carries the Hopper-only instructions (wgmma, setmaxnreg); compute_80 PTX is
+# the portable fallback the driver JIT-compiles on any other GPU of compute capability ≥ 8.0.
+set(DMUON_HAVE_CUDA OFF)
+if(NOT DMUON_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES "90a-real;80-virtual")
+    endif()
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    find_package(CUDAToolkit REQUIRED)
+    set(DMUON_HAVE_CUDA ON)
+  elseif(DMUON_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "DMUON_CUDA=ON but no CUDA compiler was found")
+  endif()
+endif()
+message(STATUS "dmuon: CUDA sources ${DMUON_HAVE_CUDA}")
