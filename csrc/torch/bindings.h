@@ -1,0 +1,14 @@
+// dmuon/torch/bindings.h — each binding file registers its part of dmuon._C here.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace dmuon::torch_adapter {
+
+/// Errors, env knobs, NS schedules (module.cpp's neighbours).
+void register_core_bindings(pybind11::module_& m);
+
+/// The owner planner: dmuon._C.plan (plan_bindings.cpp).
+void register_plan_bindings(pybind11::module_& m);
+
+}  // namespace dmuon::torch_adapter

@@ -1,0 +1,95 @@
+// dmuon/torch/ops.cpp — TORCH_LIBRARY schemas and implementations of torch.ops.dmuon.*.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "common/check.h"
+#include "muon_step.h"
+#include "optim/update_rule.h"
+#include "orthogonalize.h"
+
+namespace dmuon::torch_adapter {
+namespace {
+
+// NOTE: dmuon::Error is not a c10::Error; rethrowing as one keeps the message and gives
+// Python a RuntimeError through the dispatcher.
+template <typename F>
+auto translate_errors(F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const dmuon::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+at::Tensor orthogonalize_op(const at::Tensor& x, c10::string_view algorithm,
+                            at::ArrayRef<double> coefficients, at::IntArrayRef restart_after,
+                            double eps, c10::string_view backend, c10::string_view compute_dtype) {
+  return translate_errors([&] {
+    const auto schedule = make_schedule(std::string(algorithm), coefficients, restart_after, eps);
+    return orthogonalize(x, schedule, std::string(backend), std::string(compute_dtype));
+  });
+}
+
+void muon_step_op(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                  at::IntArrayRef batch_dims, double lr, double weight_decay, double momentum,
+                  bool nesterov, c10::string_view adjust_lr, c10::string_view algorithm,
+                  at::ArrayRef<double> coefficients, at::IntArrayRef restart_after, double eps) {
+  translate_errors([&] {
+    MuonGroupOptions options;
+    options.lr = lr;
+    options.weight_decay = weight_decay;
+    options.momentum = momentum;
+    options.nesterov = nesterov;
+    options.adjust_lr = std::string(adjust_lr);
+    options.algorithm = std::string(algorithm);
+    options.coefficients.assign(coefficients.begin(), coefficients.end());
+    options.restart_after.assign(restart_after.begin(), restart_after.end());
+    options.eps = eps;
+    muon_step(params, grads, momentum_buffers, batch_dims, options);
+  });
+}
+
+// Bool [N] on the CPU: tensors[i] holds a NaN or ±Inf. One host sync for the whole list.
+at::Tensor nonfinite_mask_op(at::TensorList tensors) {
+  if (tensors.empty()) return at::empty({0}, at::kBool);
+  std::vector<at::Tensor> flags;
+  flags.reserve(tensors.size());
+  const at::Device device = tensors[0].device();
+  for (const at::Tensor& t : tensors) {
+    at::Tensor bad = t.numel() == 0 ? at::zeros({}, t.options().dtype(at::kBool))
+                                    : at::logical_not(at::isfinite(t).all());
+    flags.push_back(bad.to(device));
+  }
+  return at::stack(flags).to(at::kCPU);
+}
+
+double adjusted_lr_ratio_op(int64_t rows, int64_t cols, c10::string_view adjust_lr) {
+  return translate_errors([&] {
+    return optim::adjusted_lr_ratio(optim::parse_adjust_lr(std::string(adjust_lr)), rows, cols);
+  });
+}
+
+}  // namespace
+}  // namespace dmuon::torch_adapter
+
+TORCH_LIBRARY(dmuon, m) {
+  m.def(
+      "orthogonalize(Tensor x, str algorithm, float[] coefficients, int[] restart_after, "
+      "float eps, str backend='auto', str compute_dtype='auto') -> Tensor");
+  m.def(
+      "muon_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, "
+      "int[] batch_dims, float lr, float weight_decay, float momentum, bool nesterov, "
+      "str adjust_lr, str algorithm, float[] coefficients, int[] restart_after, float eps) -> ()");
+  m.def("nonfinite_mask(Tensor[] tensors) -> Tensor");
+  m.def("adjusted_lr_ratio(int rows, int cols, str adjust_lr) -> float");
+}
+
+TORCH_LIBRARY_IMPL(dmuon, CompositeExplicitAutograd, m) {
+  m.impl("orthogonalize", &dmuon::torch_adapter::orthogonalize_op);
+  m.impl("muon_step_", &dmuon::torch_adapter::muon_step_op);
+  m.impl("nonfinite_mask", &dmuon::torch_adapter::nonfinite_mask_op);
+}
+
+TORCH_LIBRARY_IMPL(dmuon, CatchAll, m) {
+  m.impl("adjusted_lr_ratio", &dmuon::torch_adapter::adjusted_lr_ratio_op);
+}

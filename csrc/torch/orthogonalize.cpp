@@ -1,0 +1,128 @@
+// dmuon/torch/orthogonalize.cpp — backend choice, normalization and workspace layout.
+#include "orthogonalize.h"
+
+#include <ATen/Parallel.h>
+
+#include "aten_ns_backend.h"
+#include "common/check.h"
+#include "ns/cpu/cpu_backend.h"
+#include "ns/ns_algorithms.h"
+
+namespace dmuon::torch_adapter {
+namespace {
+
+at::ScalarType parse_compute_dtype(const std::string& name, const at::Tensor& x,
+                                   ns::Algorithm algorithm, bool use_core) {
+  if (name == "auto") {
+    if (x.scalar_type() == at::kDouble) return at::kDouble;
+    if (use_core || !x.is_cuda()) return at::kFloat;
+    return algorithm == ns::Algorithm::kGram ? at::kHalf : at::kBFloat16;
+  }
+  if (name == "float64") return at::kDouble;
+  if (name == "float32") return at::kFloat;
+  if (name == "float16") return at::kHalf;
+  if (name == "bfloat16") return at::kBFloat16;
+  DMUON_FAIL("compute_dtype must be auto, float64, float32, float16 or bfloat16, got '", name, "'");
+}
+
+// Run a schedule with the ATen backend on a normalized, wide, contiguous [B, m, n] iterate.
+template <typename Elem>
+at::Tensor run_aten(const ns::Schedule& schedule, at::Tensor x) {
+  const int64_t batch = x.size(0), m = x.size(1), n = x.size(2);
+  AtenNsBackend<Elem> backend(x.options());
+  const int64_t mn = batch * m * n, mm = batch * m * m;
+  auto at_offset = [](at::Tensor& t, int64_t offset) { return t.data_ptr<Elem>() + offset; };
+  auto mat = [&](Elem* p, int64_t rows, int64_t cols) {
+    return ns::packed_batch<Elem>(p, batch, rows, cols);
+  };
+  at::Tensor ws = at::empty({mn + 5 * mm}, x.options());
+  const auto input = mat(x.data_ptr<Elem>(), m, n);
+  ns::BatchedMatrix<Elem> result;
+  if (schedule.algorithm == ns::Algorithm::kStandard) {
+    ns::StandardWorkspace<Elem> w{mat(at_offset(ws, 0), m, n), mat(at_offset(ws, mn), m, m),
+                                  mat(at_offset(ws, mn + mm), m, m)};
+    result = ns::run_standard_ns(backend, schedule, input, w);
+  } else {
+    ns::GramWorkspace<Elem> w{mat(at_offset(ws, 0), m, n),
+                              mat(at_offset(ws, mn), m, m),
+                              mat(at_offset(ws, mn + mm), m, m),
+                              mat(at_offset(ws, mn + 2 * mm), m, m),
+                              mat(at_offset(ws, mn + 3 * mm), m, m),
+                              mat(at_offset(ws, mn + 4 * mm), m, m)};
+    result = ns::run_gram_ns(backend, schedule, input, w);
+  }
+  // Keep the workspace alive until the copy is enqueued.
+  at::Tensor out = backend.view(result).clone();
+  return out;
+}
+
+}  // namespace
+
+ns::Schedule make_schedule(const std::string& algorithm, at::ArrayRef<double> coefficients,
+                           at::IntArrayRef restart_after, double eps) {
+  DMUON_CHECK(coefficients.size() % 3 == 0 && !coefficients.empty(),
+              "ns_coefficients must hold 3 numbers (a, b, c) per step, got ", coefficients.size(),
+              " numbers");
+  ns::Schedule schedule;
+  schedule.algorithm = ns::parse_algorithm(algorithm);
+  for (size_t i = 0; i < coefficients.size(); i += 3)
+    schedule.steps.push_back({coefficients[i], coefficients[i + 1], coefficients[i + 2]});
+  for (int64_t r : restart_after) schedule.restart_after.push_back(static_cast<int>(r));
+  schedule.eps = eps;
+  schedule.validate();
+  return schedule;
+}
+
+at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,
+                         const std::string& backend, const std::string& compute_dtype) {
+  DMUON_CHECK(x.dim() >= 2, "orthogonalize: expected a tensor of matrices [..., m, n], got ",
+              x.dim(), " dims");
+  DMUON_CHECK(x.is_floating_point(), "orthogonalize: expected a floating tensor, got ",
+              x.scalar_type());
+  DMUON_CHECK(x.size(-1) >= 1 && x.size(-2) >= 1, "orthogonalize: empty matrices ", x.sizes());
+  DMUON_CHECK(backend == "auto" || backend == "core" || backend == "aten",
+              "backend must be auto, core or aten, got '", backend, "'");
+  const bool use_core = backend == "core" || (backend == "auto" && x.device().is_cpu());
+  DMUON_CHECK(!use_core || x.device().is_cpu(), "backend 'core' runs on CPU tensors only");
+  const at::ScalarType dtype = parse_compute_dtype(compute_dtype, x, schedule.algorithm, use_core);
+  const at::ScalarType out_dtype = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+
+  const int64_t rows = x.size(-2), cols = x.size(-1);
+  at::Tensor batch = x.reshape({-1, rows, cols});
+  if (batch.size(0) == 0) return at::empty(x.sizes(), x.options().dtype(out_dtype));
+
+  // CPU core: fp32 or fp64, in place on a private copy, parallel over the batch.
+  if (use_core) {
+    DMUON_CHECK(dtype == at::kFloat || dtype == at::kDouble,
+                "the CPU core iterates in float32 or float64, not ", dtype);
+    at::Tensor work = batch.to(dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    auto parallel = [](int64_t n, const std::function<void(int64_t, int64_t)>& body) {
+      at::parallel_for(0, n, 1, body);
+    };
+    if (dtype == at::kFloat)
+      ns::orthogonalize_cpu<float>(schedule, work.data_ptr<float>(), work.size(0), rows, cols, parallel);
+    else
+      ns::orthogonalize_cpu<double>(schedule, work.data_ptr<double>(), work.size(0), rows, cols, parallel);
+    return work.to(out_dtype).reshape(x.sizes());
+  }
+
+  // ATen: normalize in fp32 (fp64 for fp64), make the iterate wide, cast, iterate.
+  const bool transposed = rows > cols;
+  at::Tensor wide = transposed ? batch.transpose(1, 2) : batch;
+  const at::ScalarType norm_dtype = dtype == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor exact = wide.to(norm_dtype);
+  at::Tensor norms = exact.flatten(1).norm(2, {1}, /*keepdim=*/false).clamp_min(schedule.eps);
+  at::Tensor iterate = (exact / norms.view({-1, 1, 1})).to(dtype).contiguous();
+  at::Tensor result;
+  switch (dtype) {
+    case at::kDouble: result = run_aten<double>(schedule, iterate); break;
+    case at::kFloat: result = run_aten<float>(schedule, iterate); break;
+    case at::kHalf: result = run_aten<at::Half>(schedule, iterate); break;
+    case at::kBFloat16: result = run_aten<at::BFloat16>(schedule, iterate); break;
+    default: DMUON_FAIL("unsupported compute dtype ", dtype);
+  }
+  if (transposed) result = result.transpose(1, 2);
+  return result.to(out_dtype).contiguous().reshape(x.sizes());
+}
+
+}  // namespace dmuon::torch_adapter

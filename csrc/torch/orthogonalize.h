@@ -1,0 +1,26 @@
+// dmuon/torch/orthogonalize.h — Newton–Schulz on torch tensors: picks the backend and
+// the iteration precision, handles transposition and normalization.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "ns/schedule.h"
+
+namespace dmuon::torch_adapter {
+
+/// Build a validated schedule from op arguments (coefficients flattened as a,b,c,…).
+ns::Schedule make_schedule(const std::string& algorithm, at::ArrayRef<double> coefficients,
+                           at::IntArrayRef restart_after, double eps);
+
+/// Orthogonalize every matrix of x [..., m, n]; returns fp32 (fp64 for fp64 input) of
+/// x's shape. backend: "auto" | "core" (CPU core) | "aten" (batched ATen products);
+/// compute_dtype: "auto" | "float64" | "float32" | "float16" | "bfloat16".
+/// auto: CPU → core in fp32 (fp64 for fp64 input); CUDA → ATen, fp16 for Gram NS and
+/// bf16 for standard NS (DESIGN.md §3).
+at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,
+                         const std::string& backend = "auto",
+                         const std::string& compute_dtype = "auto");
+
+}  // namespace dmuon::torch_adapter
