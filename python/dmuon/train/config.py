@@ -1,0 +1,104 @@
+"""TrainConfig: every setting of one `python -m dmuon train` job, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# Optimizers the job knows. "torch-muon" (torch.optim.Muon on the hidden matrices + AdamW on
+# the rest) is a reference for dmuon, not part of the default comparison.
+OPTIMIZER_NAMES = ("dmuon", "adamw", "torch-muon")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Settings of the job. Defaults finish both runs in ~3-4 minutes on 2 CPU cores."""
+
+    # What to run.
+    optimizers: tuple[str, ...] = ("dmuon", "adamw")
+    steps: int = 600
+    device: str = "cpu"
+    seed: int = 0
+
+    # Data.
+    batch_size: int = 16
+    seq_len: int = 128
+    val_fraction: float = 0.1
+
+    # Model (GPT, byte vocabulary).
+    d_model: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    mlp_ratio: int = 4
+
+    # Optimization. NOTE: lr is dmuon's (Muon's, on AdamW's scale via match_rms_adamw, and
+    # dmuon's internal AdamW for embeddings/head/norms); adamw_lr is the AdamW baseline's.
+    lr: float = 3e-3
+    adamw_lr: float = 3e-3
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+
+    # Evaluation and output.
+    eval_every: int = 100
+    eval_max_batches: int | None = None
+    out_dir: Path = Path("runs/train")
+    plot: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        # Validate every field; each error names the bad argument.
+        if not self.optimizers:
+            raise ValueError("optimizers must name at least one optimizer")
+        for name in self.optimizers:
+            if name not in OPTIMIZER_NAMES:
+                raise ValueError(f"optimizers: unknown optimizer {name!r}; known: {OPTIMIZER_NAMES}")
+        if len(set(self.optimizers)) != len(self.optimizers):
+            raise ValueError(f"optimizers must not repeat a name, got {self.optimizers}")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        positive_ints = {
+            "steps": self.steps,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "d_model": self.d_model,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "mlp_ratio": self.mlp_ratio,
+            "eval_every": self.eval_every,
+        }
+        for field_name, value in positive_ints.items():
+            if value < 1:
+                raise ValueError(f"{field_name} must be >= 1, got {value}")
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})"
+            )
+        if self.eval_max_batches is not None and self.eval_max_batches < 1:
+            raise ValueError(f"eval_max_batches must be >= 1 or None, got {self.eval_max_batches}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        for field_name, value in (("lr", self.lr), ("adamw_lr", self.adamw_lr)):
+            if not value > 0.0:
+                raise ValueError(f"{field_name} must be > 0, got {value}")
+        if self.weight_decay < 0.0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must be two values in [0, 1), got {self.betas}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.grad_clip < 0.0:
+            raise ValueError(f"grad_clip must be >= 0 (0 disables clipping), got {self.grad_clip}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Training tokens consumed by one optimizer step."""
+        return self.batch_size * self.seq_len
+
+    def lr_for(self, optimizer_name: str) -> float:
+        """Peak learning rate of the named optimizer."""
+        return self.adamw_lr if optimizer_name == "adamw" else self.lr
