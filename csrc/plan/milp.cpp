@@ -1,0 +1,337 @@
+// dmuon/plan/milp.cpp — the owner MILP with COIN-OR CBC (C interface).
+//
+// Variables x[r,s,b] ∈ ℤ≥0: number of size-b batches of shape s on rank r; L ≥ 0.
+//   Σ_{r,b} b·x[r,s,b] = count_s                        (every unit owned once)
+//   load_r = Σ_{s,b} load(s,b)·x[r,s,b] ≤ L               (makespan)
+//   load_r ≥ load_{r+1}                                    (symmetry breaking)
+//   Σ_{s,b} b·memory_s·x[r,s,b] ≤ cap                      (optional memory cap)
+// Stage 1 minimizes L; stage 2 minimizes Σ_r load_r with L ≤ L*·(1 + tolerance).
+//
+// NOTE (determinism): CBC runs single-threaded with a node cap per stage, so a plan that
+// stops on optimality or on the node cap depends only on its inputs. The wall-clock
+// limit is a safety net; when it fires the plan is marked deterministic = false (it is
+// still shared by broadcast and cached by its inputs' hash, so every rank agrees).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <numeric>
+#include <set>
+#include <string>
+
+#include "common/check.h"
+#include "common/env.h"
+#include "plan/solvers.h"
+
+#ifdef DMUON_WITH_CBC
+#include <Cbc_C_Interface.h>
+#endif
+
+namespace dmuon::plan {
+
+MilpOptions MilpOptions::from_env() {
+  MilpOptions options;
+  options.time_limit_s = env::get_double("DMUON_PLAN_TIME_LIMIT", options.time_limit_s);
+  options.max_nodes = env::get_int("DMUON_PLAN_MAX_NODES", options.max_nodes);
+  return options;
+}
+
+void MilpOptions::validate() const {
+  DMUON_CHECK(std::isfinite(time_limit_s) && time_limit_s > 0,
+              "time_limit_s must be positive, got ", time_limit_s);
+  DMUON_CHECK(max_nodes >= 0, "max_nodes must be >= 0, got ", max_nodes);
+  DMUON_CHECK(stage2_tolerance >= 0 && stage2_tolerance < 1,
+              "stage2_tolerance must be in [0, 1), got ", stage2_tolerance);
+}
+
+bool milp_available() {
+#ifdef DMUON_WITH_CBC
+  return true;
+#else
+  return false;
+#endif
+}
+
+#ifndef DMUON_WITH_CBC
+
+MilpResult solve_milp(const Problem& problem, const MilpOptions& options) {
+  options.validate();
+  static std::once_flag warned;
+  std::call_once(warned, [] {
+    std::fprintf(stderr,
+                 "dmuon: warning: this build has no COIN-OR CBC; the MILP owner planner falls "
+                 "back to LPT\n");
+  });
+  return MilpResult{solve_lpt(problem), "cbc_unavailable", 0.0, true};
+}
+
+#else
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// NOTE: up to this many batch sizes per shape the MILP has every size (exact model);
+// beyond, it gets 1..kSmallSizes plus a geometric ladder (×1.25), the LPT sizes and the
+// even split, which keeps D = 256 models within a few thousand integers.
+constexpr int64_t kFullRange = 64;
+constexpr int64_t kSmallSizes = 16;
+constexpr double kLadder = 1.25;
+
+// Candidate batch sizes of one shape; `complete` turns false when some size is left out.
+std::vector<int64_t> candidate_sizes(const Problem& problem, int s, double upper_bound,
+                                     const Assignment& start, bool& complete) {
+  const ShapeClass& shape = problem.shapes[static_cast<size_t>(s)];
+  // NOTE: a batch heavier than the LPT makespan can never be in a better plan.
+  int64_t usable = 1;
+  while (usable < shape.max_batch() && problem.batch_load(s, usable + 1) <= upper_bound * (1 + 1e-9))
+    ++usable;
+  std::set<int64_t> sizes;
+  if (usable <= kFullRange) {
+    for (int64_t b = 1; b <= usable; ++b) sizes.insert(b);
+    return {sizes.begin(), sizes.end()};
+  }
+  complete = false;
+  for (int64_t b = 1; b <= kSmallSizes; ++b) sizes.insert(b);
+  for (double b = kSmallSizes; b < static_cast<double>(usable); b *= kLadder)
+    sizes.insert(static_cast<int64_t>(std::llround(b)));
+  sizes.insert(usable);
+  const int64_t even = (shape.count() + problem.world_size() - 1) / problem.world_size();
+  for (int64_t b : {even - 1, even, even + 1})
+    if (b >= 1 && b <= usable) sizes.insert(b);
+  for (const auto& rank : start)
+    for (int64_t b : rank[static_cast<size_t>(s)]) sizes.insert(b);
+  return {sizes.begin(), sizes.end()};
+}
+
+// The MILP in column form, shared by both stages.
+struct Model {
+  struct Column {
+    int rank;
+    int shape;
+    int64_t size;
+    double load;  // batch load / scale
+  };
+  std::vector<Column> columns;  // x columns; L is the last column
+  int num_rows = 0;
+  std::vector<int> starts;
+  std::vector<int> rows;
+  std::vector<double> values;
+  std::vector<double> row_lower, row_upper;
+  double scale = 1.0;  // seconds per model unit of load
+  int l_col() const { return static_cast<int>(columns.size()); }
+};
+
+Model build_model(const Problem& problem, const std::vector<std::vector<int64_t>>& sizes,
+                  double scale) {
+  const int D = problem.world_size();
+  const int S = static_cast<int>(problem.shapes.size());
+  const bool capped = problem.options.memory_cap_bytes > 0;
+  constexpr double kInf = 1e30;
+  Model model;
+  model.scale = scale;
+  // Rows: counts [0,S), loads [S,S+D), symmetry [S+D, S+2D-1), memory [S+2D-1, S+3D-1).
+  const int load_row = S, sym_row = S + D, mem_row = S + 2 * D - 1;
+  model.num_rows = mem_row + (capped ? D : 0);
+  for (int s = 0; s < S; ++s) {
+    const double count = static_cast<double>(problem.shapes[static_cast<size_t>(s)].count());
+    model.row_lower.push_back(count);
+    model.row_upper.push_back(count);
+  }
+  for (int r = 0; r < D; ++r) model.row_lower.push_back(-kInf), model.row_upper.push_back(0.0);
+  for (int r = 0; r + 1 < D; ++r) model.row_lower.push_back(0.0), model.row_upper.push_back(kInf);
+  if (capped)
+    for (int r = 0; r < D; ++r)
+      model.row_lower.push_back(-kInf),
+          model.row_upper.push_back(static_cast<double>(problem.options.memory_cap_bytes));
+  // Columns x[r,s,b], row indices ascending.
+  for (int r = 0; r < D; ++r) {
+    for (int s = 0; s < S; ++s) {
+      for (int64_t b : sizes[static_cast<size_t>(s)]) {
+        const double load = problem.batch_load(s, b) / scale;
+        model.columns.push_back({r, s, b, load});
+        model.starts.push_back(static_cast<int>(model.rows.size()));
+        auto add = [&](int row, double value) {
+          model.rows.push_back(row);
+          model.values.push_back(value);
+        };
+        add(s, static_cast<double>(b));
+        add(load_row + r, load);
+        if (r > 0) add(sym_row + r - 1, -load);
+        if (r + 1 < D) add(sym_row + r, load);
+        if (capped)
+          add(mem_row + r,
+              static_cast<double>(b * problem.shapes[static_cast<size_t>(s)].memory_bytes));
+      }
+    }
+  }
+  // Column L: −1 in every load row.
+  model.starts.push_back(static_cast<int>(model.rows.size()));
+  for (int r = 0; r < D; ++r) {
+    model.rows.push_back(load_row + r);
+    model.values.push_back(-1.0);
+  }
+  model.starts.push_back(static_cast<int>(model.rows.size()));
+  return model;
+}
+
+// Column values of an assignment, its ranks sorted by decreasing load (symmetry rows).
+std::vector<double> start_values(const Problem& problem, const Model& model, const Assignment& a) {
+  const int D = problem.world_size();
+  std::vector<double> load(static_cast<size_t>(D), 0.0);
+  for (int r = 0; r < D; ++r)
+    for (size_t s = 0; s < problem.shapes.size(); ++s)
+      for (int64_t b : a[static_cast<size_t>(r)][s]) load[static_cast<size_t>(r)] += problem.batch_load(static_cast<int>(s), b);
+  std::vector<int> by_load(static_cast<size_t>(D));
+  std::iota(by_load.begin(), by_load.end(), 0);
+  std::stable_sort(by_load.begin(), by_load.end(),
+                   [&](int x, int y) { return load[static_cast<size_t>(x)] > load[static_cast<size_t>(y)]; });
+  std::vector<double> values(model.columns.size() + 1, 0.0);
+  for (size_t c = 0; c < model.columns.size(); ++c) {
+    const Model::Column& col = model.columns[c];
+    const auto& batch_sizes = a[static_cast<size_t>(by_load[static_cast<size_t>(col.rank)])][static_cast<size_t>(col.shape)];
+    values[c] = static_cast<double>(std::count(batch_sizes.begin(), batch_sizes.end(), col.size));
+  }
+  values.back() = load[static_cast<size_t>(by_load[0])] / model.scale;
+  return values;
+}
+
+// Reads an integer solution back; empty when it does not place every unit exactly once.
+Assignment read_solution(const Problem& problem, const Model& model, const double* x) {
+  const int D = problem.world_size();
+  const size_t S = problem.shapes.size();
+  Assignment a(static_cast<size_t>(D), std::vector<std::vector<int64_t>>(S));
+  std::vector<int64_t> placed(S, 0);
+  for (size_t c = 0; c < model.columns.size(); ++c) {
+    const Model::Column& col = model.columns[c];
+    const int64_t num = std::llround(x[c]);
+    if (num < 0 || std::fabs(x[c] - static_cast<double>(num)) > 1e-4) return {};
+    for (int64_t i = 0; i < num; ++i) a[static_cast<size_t>(col.rank)][static_cast<size_t>(col.shape)].push_back(col.size);
+    placed[static_cast<size_t>(col.shape)] += num * col.size;
+  }
+  for (size_t s = 0; s < S; ++s)
+    if (placed[s] != problem.shapes[s].count()) return {};
+  return a;
+}
+
+struct StageResult {
+  Assignment assignment;  // empty when CBC found nothing usable
+  bool optimal = false;
+  bool timed_out = false;
+  bool node_limit = false;
+  double bound = 0.0;
+};
+
+// One CBC solve: stage 1 (objective L) or stage 2 (objective Σ load, L ≤ l_upper).
+StageResult run_stage(const Problem& problem, const Model& model, bool stage2, double l_lower,
+                      double l_upper, const std::vector<double>& start, double seconds,
+                      int64_t max_nodes) {
+  const int num_cols = static_cast<int>(model.columns.size()) + 1;
+  std::vector<double> col_lower(static_cast<size_t>(num_cols), 0.0), col_upper(static_cast<size_t>(num_cols));
+  std::vector<double> objective(static_cast<size_t>(num_cols), 0.0);
+  for (size_t c = 0; c < model.columns.size(); ++c) {
+    const Model::Column& col = model.columns[c];
+    col_upper[c] = std::floor(static_cast<double>(problem.shapes[static_cast<size_t>(col.shape)].count()) /
+                              static_cast<double>(col.size));
+    if (stage2) objective[c] = col.load;
+  }
+  col_lower.back() = l_lower / model.scale;
+  col_upper.back() = l_upper / model.scale;
+  if (!stage2) objective.back() = 1.0;
+
+  Cbc_Model* cbc = Cbc_newModel();
+  Cbc_loadProblem(cbc, num_cols, model.num_rows, model.starts.data(), model.rows.data(),
+                  model.values.data(), col_lower.data(), col_upper.data(), objective.data(),
+                  model.row_lower.data(), model.row_upper.data());
+  for (int c = 0; c + 1 < num_cols; ++c) Cbc_setInteger(cbc, c);
+  std::vector<int> start_idx(static_cast<size_t>(num_cols));
+  std::iota(start_idx.begin(), start_idx.end(), 0);
+  Cbc_setMIPStartI(cbc, num_cols, start_idx.data(), start.data());
+  // NOTE: CBC's default cutoff increment (1e-5) and gaps are absolute; loads are scaled to
+  // O(1) and the gaps tightened so "optimal" means optimal to ~1e-9 relative.
+  Cbc_setParameter(cbc, "increment", "1e-9");
+  Cbc_setParameter(cbc, "allowableGap", "1e-10");
+  Cbc_setParameter(cbc, "ratioGap", "0");
+  Cbc_setLogLevel(cbc, 0);
+  Cbc_setParameter(cbc, "log", "0");
+  Cbc_setParameter(cbc, "slog", "0");
+  Cbc_setParameter(cbc, "threads", "0");
+  Cbc_setParameter(cbc, "timeMode", "elapsed");
+  Cbc_setParameter(cbc, "sec", std::to_string(std::max(seconds, 0.01)).c_str());
+  Cbc_setParameter(cbc, "maxN", std::to_string(max_nodes).c_str());
+  Cbc_solve(cbc);
+
+  StageResult result;
+  result.optimal = Cbc_isProvenOptimal(cbc) != 0;
+  result.timed_out = Cbc_isSecondsLimitReached(cbc) != 0;
+  result.node_limit = Cbc_isNodeLimitReached(cbc) != 0;
+  if (!stage2) result.bound = Cbc_getBestPossibleObjValue(cbc) * model.scale;
+  const double* best = Cbc_bestSolution(cbc);
+  if (best != nullptr) result.assignment = read_solution(problem, model, best);
+  Cbc_deleteModel(cbc);
+  return result;
+}
+
+}  // namespace
+
+MilpResult solve_milp(const Problem& problem, const MilpOptions& options) {
+  options.validate();
+  const auto start_time = Clock::now();
+  MilpResult result{solve_lpt(problem), "lpt_optimal", 0.0, true};
+  const double lpt_makespan = assignment_makespan(problem, result.assignment);
+  const double bound = lower_bound(problem);
+  // NOTE: LPT already at the lower bound is optimal; no solve needed.
+  if (lpt_makespan <= bound * (1 + 1e-9)) return result;
+
+  // Candidate batch sizes and the model.
+  bool complete = true;
+  std::vector<std::vector<int64_t>> sizes;
+  for (int s = 0; s < static_cast<int>(problem.shapes.size()); ++s)
+    sizes.push_back(candidate_sizes(problem, s, lpt_makespan, result.assignment, complete));
+  // NOTE: loads in units of the lower bound keep CBC's absolute tolerances meaningful.
+  const Model model = build_model(problem, sizes, bound);
+
+  // Stage 1: least makespan, LPT as the start; most of the time budget.
+  // NOTE: 70% for stage 1 because it decides the makespan; stage 2 only tidies totals.
+  const double budget1 = 0.7 * options.time_limit_s - seconds_since(start_time);
+  const StageResult stage1 =
+      run_stage(problem, model, false, bound * (1 - 1e-9), lpt_makespan * (1 + 1e-9),
+                start_values(problem, model, result.assignment), budget1, options.max_nodes);
+  result.deterministic = !stage1.timed_out;
+  if (stage1.assignment.empty()) {
+    result.status = stage1.timed_out ? "time_limit_lpt" : "no_solution_lpt";
+    return result;
+  }
+  const double makespan1 = assignment_makespan(problem, stage1.assignment);
+  if (makespan1 > lpt_makespan) {
+    result.status = "worse_than_lpt_lpt";
+    return result;
+  }
+  result.assignment = stage1.assignment;
+  result.status = stage1.optimal ? "optimal" : stage1.timed_out ? "time_limit" : "node_limit";
+  // NOTE: CBC's bound holds for the whole problem only when every batch size was modelled.
+  if (stage1.optimal && complete) result.bound = makespan1 * (1 - 1e-9);
+  else if (complete) result.bound = std::min(makespan1, std::max(0.0, stage1.bound * (1 - 1e-7)));
+
+  // Stage 2: least total load with the makespan kept; the remaining time.
+  const double budget2 = options.time_limit_s - seconds_since(start_time) - 0.02;
+  if (budget2 <= 0.01) return result;
+  const double l_upper = makespan1 * (1 + options.stage2_tolerance);
+  const StageResult stage2 = run_stage(problem, model, true, 0.0, l_upper,
+                                       start_values(problem, model, stage1.assignment), budget2,
+                                       options.max_nodes);
+  result.deterministic = result.deterministic && !stage2.timed_out;
+  if (!stage2.assignment.empty() &&
+      assignment_makespan(problem, stage2.assignment) <= std::min(l_upper, lpt_makespan))
+    result.assignment = stage2.assignment;
+  return result;
+}
+
+#endif  // DMUON_WITH_CBC
+
+}  // namespace dmuon::plan
