@@ -18,10 +18,17 @@ class AtenNsBackend {
  public:
   explicit AtenNsBackend(at::TensorOptions options) : options_(options) {}
 
-  // D = α·A·Bᵀ + β·C (symmetric result; computed densely here).
+  // D = α·A·Bᵀ + β·C (symmetric result): computed densely, then the lower triangle is
+  // mirrored onto the upper one, as the one-triangle kernels do.
+  // NOTE: keeping the dense, slightly asymmetric half-precision product instead lets the
+  // rounding's antisymmetric part grow through the Gram iteration: measured on a
+  // Gaussian 24x40 input, 7% (fp16) and 66% (bf16) error against the exact output with
+  // the dense products, 0.7% and 3.9% with the mirrored ones.
   void sym_product(double alpha, ns::BatchedMatrix<Elem> a, ns::BatchedMatrix<Elem> b,
                    double beta, const ns::BatchedMatrix<Elem>* c, ns::BatchedMatrix<Elem> d) {
     product(alpha, view(a), view(b).transpose(1, 2), beta, c, d);
+    at::Tensor dv = view(d);
+    dv.copy_(at::tril(dv) + at::tril(dv, -1).transpose(1, 2));
   }
 
   // D = α·A·B + β·C.

@@ -1,0 +1,171 @@
+"""A plain, pure-PyTorch implementation of DMuon's update rule: the test oracle.
+
+Everything here is written for reading, not speed: one parameter at a time, the
+Newton–Schulz iterations spelled out, float64 by default. It shares no code with the C++
+core (its coefficient tables are typed in again on purpose).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+# Keller Jordan's quintic (torch.optim.Muon's default).
+KELLER_JORDAN = (3.4445, -4.7750, 2.0315)
+
+# Polar Express, 5 steps, unscaled (Amsel et al., 2025).
+POLAR_EXPRESS = [
+    (8.28721, -23.59589, 17.30039),
+    (4.10706, -2.94785, 0.54484),
+    (3.94869, -2.90890, 0.55182),
+    (3.31842, -2.48849, 0.51005),
+    (2.30065, -1.66890, 0.41881),
+]
+
+
+def polar_express_coefficients(num_steps: int, safety: float = 1.05) -> list[tuple[float, float, float]]:
+    """Each step's p(x) becomes p(x/s): (a/s, b/s³, c/s⁵); steps past 5 repeat the last."""
+    steps = []
+    for i in range(num_steps):
+        a, b, c = POLAR_EXPRESS[min(i, len(POLAR_EXPRESS) - 1)]
+        steps.append((a / safety, b / safety**3, c / safety**5))
+    return steps
+
+
+def default_coefficients(algorithm: str, num_steps: int) -> list[tuple[float, float, float]]:
+    if algorithm == "gram":
+        return polar_express_coefficients(num_steps)
+    return [KELLER_JORDAN] * num_steps
+
+
+def default_restarts(algorithm: str, num_steps: int) -> list[int]:
+    return [2] if algorithm == "gram" and num_steps > 2 else []
+
+
+def newton_schulz_standard(G: torch.Tensor, coefficients, eps: float, dtype=torch.float64) -> torch.Tensor:
+    """X ← a·X + (b·A + c·A²)·X with A = X·Xᵀ, on the wide orientation of G."""
+    X = G.to(dtype)
+    transposed = X.shape[0] > X.shape[1]
+    if transposed:
+        X = X.T
+    X = X / X.norm().clamp(min=eps)
+    for a, b, c in coefficients:
+        A = X @ X.T
+        B = b * A + c * (A @ A)
+        X = a * X + B @ X
+    if transposed:
+        X = X.T
+    return X
+
+
+def newton_schulz_gram(G: torch.Tensor, coefficients, restarts, eps: float, dtype=torch.float64) -> torch.Tensor:
+    """The same polynomial accumulated in the Gram space: X_k = Q_k·X_0."""
+    X = G.to(dtype)
+    transposed = X.shape[0] > X.shape[1]
+    if transposed:
+        X = X.T
+    X = X / X.norm().clamp(min=eps)
+    m = X.shape[0]
+    I = torch.eye(m, dtype=dtype, device=X.device)
+    R = X @ X.T
+    Q = I.clone()
+    for step, (a, b, c) in enumerate(coefficients, start=1):
+        Z = b * R + c * (R @ R)
+        P = a * I + Z           # this step's polynomial in the current Gram matrix
+        Q = P @ Q
+        if step in restarts and step < len(coefficients):
+            X = Q @ X           # restart: materialize the iterate and rebuild R
+            R = X @ X.T
+            Q = I.clone()
+        else:
+            R = P @ R @ P
+    X = Q @ X
+    if transposed:
+        X = X.T
+    return X
+
+
+def adjusted_lr_ratio(adjust_lr: str | None, rows: int, cols: int) -> float:
+    if adjust_lr is None:
+        return 1.0
+    if adjust_lr == "original":
+        return math.sqrt(max(1.0, rows / cols))
+    if adjust_lr == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    if adjust_lr == "spectral":
+        return math.sqrt(rows / cols)
+    raise ValueError(f"unknown adjust_lr {adjust_lr!r}")
+
+
+def as_matrices(t: torch.Tensor, batch_dims: int) -> torch.Tensor:
+    """[B, m, n]: a stack for batch_dims=1, else one matrix with trailing dims flattened."""
+    if batch_dims == 1:
+        return t.reshape(t.shape[0], t.shape[1], -1)
+    return t.reshape(1, t.shape[0], -1)
+
+
+class ReferenceDMuon:
+    """Pure-PyTorch DMuon. `groups`: dicts like DMuon.param_groups (all options filled),
+    plus an optional "batch_dims" list per group (default: 1 for 3-D, else 0)."""
+
+    def __init__(self, groups: list[dict[str, Any]], ns_dtype: torch.dtype = torch.float64) -> None:
+        self.groups = groups
+        self.ns_dtype = ns_dtype
+        self.state: dict[int, dict[str, Any]] = {}
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.groups:
+            batch_dims = group.get("batch_dims") or [1 if p.dim() == 3 else 0 for p in group["params"]]
+            for p, bdims in zip(group["params"], batch_dims):
+                if p.grad is None:
+                    continue
+                if group["use_muon"]:
+                    self._muon(group, p, bdims)
+                else:
+                    self._adamw(group, p)
+
+    def _muon(self, group: dict[str, Any], p: torch.Tensor, batch_dims: int) -> None:
+        state = self.state.setdefault(id(p), {})
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p)
+        buf, grad, mu = state["momentum_buffer"], p.grad, group["momentum"]
+        buf.lerp_(grad, 1 - mu)                                    # buf ← μ·buf + (1−μ)·G
+        update = grad.lerp(buf, mu) if group["nesterov"] else buf  # (1−μ)·G + μ·buf
+        if p.numel() == 0:
+            return
+        algorithm, steps = group["ns_algorithm"], group["ns_steps"]
+        coefficients = group["ns_coefficients"] or default_coefficients(algorithm, steps)
+        if len(coefficients) == 1:
+            coefficients = list(coefficients) * steps
+        matrices = as_matrices(update, batch_dims)
+        outputs = []
+        for G in matrices:
+            if algorithm == "gram":
+                outputs.append(newton_schulz_gram(G, coefficients, default_restarts(algorithm, steps), group["eps"], self.ns_dtype))
+            else:
+                outputs.append(newton_schulz_standard(G, coefficients, group["eps"], self.ns_dtype))
+        O = torch.stack(outputs).reshape(p.shape)
+        rows, cols = matrices.shape[1], matrices.shape[2]
+        lr = group["lr"]
+        p.mul_(1 - lr * group["weight_decay"])
+        p.add_(O.to(p.dtype), alpha=-lr * adjusted_lr_ratio(group["adjust_lr"], rows, cols))
+
+    def _adamw(self, group: dict[str, Any], p: torch.Tensor) -> None:
+        state = self.state.setdefault(id(p), {})
+        if "step" not in state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(p)
+            state["exp_avg_sq"] = torch.zeros_like(p)
+        beta1, beta2 = group["betas"]
+        lr, eps, grad = group["lr"], group["eps"], p.grad
+        state["step"] += 1
+        t = state["step"]
+        p.mul_(1 - lr * group["weight_decay"])
+        state["exp_avg"].mul_(beta1).add_(grad, alpha=1 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        m_hat = state["exp_avg"] / (1 - beta1**t)
+        v_hat = state["exp_avg_sq"] / (1 - beta2**t)
+        p.sub_(lr * m_hat / (v_hat.sqrt() + eps))

@@ -1,0 +1,85 @@
+"""Bad inputs get errors that name the parameter, option or argument."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import dmuon
+from dmuon._ops import ops
+
+
+def matrix():
+    return nn.Parameter(torch.randn(4, 6))
+
+
+def test_vector_forced_into_muon_names_it():
+    with pytest.raises(ValueError, match=r"'bias'.*needs a matrix"):
+        dmuon.DMuon([{"params": [("bias", nn.Parameter(torch.randn(6)))], "use_muon": True}])
+
+
+def test_unsupported_dtypes_name_the_parameter():
+    with pytest.raises(TypeError, match=r"'counts'.*int64"):
+        dmuon.DMuon([("counts", torch.zeros(3, 3, dtype=torch.int64))])
+    with pytest.raises(TypeError, match=r"complex"):
+        dmuon.DMuon([("z", nn.Parameter(torch.randn(3, 3, dtype=torch.complex64)))])
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    (dict(ns_algorithm="polar"), "ns_algorithm"),
+    (dict(adjust_lr="cosine"), "adjust_lr"),
+    (dict(ns_steps=0), "ns_steps"),
+    (dict(ns_steps=2.5), "ns_steps"),
+    (dict(ns_coefficients=[(1.0, 2.0)]), "ns_coefficients"),
+    (dict(ns_steps=3, ns_coefficients=[(1, 2, 3), (1, 2, 3)]), "ns_coefficients"),
+    (dict(ns_coefficients=[(1.0, float("nan"), 2.0)]), "ns_coefficients"),
+    (dict(lr=-1.0), "lr"),
+    (dict(momentum=1.0), "momentum"),
+    (dict(eps=0.0), "eps"),
+    (dict(adamw_betas=(0.9, 1.5)), "betas"),
+    (dict(nonfinite="ignore"), "nonfinite"),
+])
+def test_bad_options_name_the_option(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        dmuon.DMuon([matrix(), nn.Parameter(torch.randn(3))], **kwargs)
+
+
+def test_unknown_group_option_and_unknown_keyword():
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['momentun'\]"):
+        dmuon.DMuon([{"params": [matrix()], "momentun": 0.9}])
+    with pytest.raises(ValueError, match=r"\['momentum'\]"):
+        dmuon.DMuon([{"params": [nn.Parameter(torch.randn(3))], "use_muon": False, "momentum": 0.9}])
+    with pytest.raises(TypeError, match="momentun"):
+        dmuon.DMuon([matrix()], momentun=0.9)
+
+
+def test_empty_and_mixed_inputs():
+    with pytest.raises(ValueError, match="empty"):
+        dmuon.DMuon([])
+    with pytest.raises(TypeError, match="mixes"):
+        dmuon.DMuon([{"params": [matrix()]}, matrix()])
+    with pytest.raises(ValueError, match="mixes matrices and vectors"):
+        dmuon.DMuon([{"params": [matrix(), nn.Parameter(torch.randn(3))]}])
+
+
+def test_sparse_gradient_names_the_parameter():
+    p = matrix()
+    opt = dmuon.DMuon([("table", p)])
+    p.grad = torch.randn(4, 6).to_sparse()
+    with pytest.raises(RuntimeError, match="'table'.*sparse"):
+        opt.step()
+
+
+def test_orthogonalize_op_checks_its_arguments():
+    x = torch.randn(2, 4, 6)
+    with pytest.raises(RuntimeError, match="3 numbers"):
+        ops.orthogonalize(x, "gram", [1.0, 2.0], [], 1e-7)
+    with pytest.raises(RuntimeError, match="ns_algorithm"):
+        ops.orthogonalize(x, "newton", [1.0, 2.0, 3.0], [], 1e-7)
+    with pytest.raises(RuntimeError, match="restart"):
+        ops.orthogonalize(x, "gram", [1.0, 2.0, 3.0], [4], 1e-7)
+    with pytest.raises(RuntimeError, match="compute_dtype"):
+        ops.orthogonalize(x, "gram", [1.0, 2.0, 3.0], [], 1e-7, "aten", "int8")
+    with pytest.raises(RuntimeError, match="matrices"):
+        ops.orthogonalize(torch.randn(5), "gram", [1.0, 2.0, 3.0], [], 1e-7)
