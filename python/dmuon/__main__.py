@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # Each module exposes register(subparsers), which adds its parser and sets `func`.
-_COMMAND_MODULES = ("dmuon.train.cli", "dmuon.plan.cli")
+_COMMAND_MODULES = ("dmuon.train.cli", "dmuon.plan.cli", "dmuon.bench.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
