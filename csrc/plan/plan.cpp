@@ -114,13 +114,47 @@ std::vector<int64_t> BatchSplitter::split(int64_t n) const {
 }
 
 double lower_bound(const Problem& problem) {
-  double largest_job = 0.0;
+  const int D = problem.world_size();
+  const int S = static_cast<int>(problem.shapes.size());
+  std::vector<BatchSplitter> splitters;
   double least_total = 0.0;
-  for (int s = 0; s < static_cast<int>(problem.shapes.size()); ++s) {
-    largest_job = std::max(largest_job, problem.batch_load(s, 1));
-    least_total += BatchSplitter(problem, s).cost(problem.shapes[static_cast<size_t>(s)].count());
+  int64_t num_units = 0;
+  for (int s = 0; s < S; ++s) {
+    splitters.emplace_back(problem, s);
+    least_total += splitters.back().cost(problem.shapes[static_cast<size_t>(s)].count());
+    num_units += problem.shapes[static_cast<size_t>(s)].count();
   }
-  return std::max(largest_job, least_total / problem.world_size());
+  double bound = least_total / D;
+
+  // Pigeonhole: among the k·D+1 heaviest units some rank holds k+1, and those alone cost
+  // at least the cheapest (batched) (k+1)-subset of them. k = 0 is the largest single job.
+  std::vector<int> by_load(static_cast<size_t>(S));
+  for (int s = 0; s < S; ++s) by_load[static_cast<size_t>(s)] = s;
+  std::stable_sort(by_load.begin(), by_load.end(), [&](int a, int b) {
+    return problem.batch_load(a, 1) > problem.batch_load(b, 1);
+  });
+  // NOTE: k is capped because for many units per rank the total-work term dominates and
+  // the subset DP costs O(S·k²) per k.
+  constexpr int64_t kMaxPigeonhole = 32;
+  const double kInf = std::numeric_limits<double>::infinity();
+  for (int64_t k = 0; k <= kMaxPigeonhole && k * D + 1 <= num_units; ++k) {
+    int64_t remaining = k * D + 1;
+    std::vector<double> best(static_cast<size_t>(k + 2), kInf);  // best[j]: j units chosen
+    best[0] = 0.0;
+    for (int s : by_load) {
+      if (remaining == 0) break;
+      const int64_t avail = std::min(remaining, problem.shapes[static_cast<size_t>(s)].count());
+      remaining -= avail;
+      std::vector<double> next = best;
+      for (int64_t j = 1; j <= k + 1; ++j)
+        for (int64_t n = 1; n <= std::min(avail, j); ++n)
+          next[static_cast<size_t>(j)] = std::min(next[static_cast<size_t>(j)],
+                                                  best[static_cast<size_t>(j - n)] + splitters[static_cast<size_t>(s)].cost(n));
+      best = std::move(next);
+    }
+    bound = std::max(bound, best[static_cast<size_t>(k + 1)]);
+  }
+  return bound;
 }
 
 // ---- Assembly -----------------------------------------------------------------------------

@@ -37,7 +37,7 @@ struct Plan {
   std::vector<int> owner;      ///< owner rank of every matrix
   std::vector<RankPlan> ranks;
   double makespan = 0.0;       ///< max load
-  double lower_bound = 0.0;    ///< max(largest single job, least total work / D)
+  double lower_bound = 0.0;    ///< lower_bound(problem): no plan can beat it
   double solver_bound = 0.0;   ///< MILP's proven bound on the makespan (0 when none)
   double solve_seconds = 0.0;
   bool deterministic = true;   ///< false only when a wall-clock limit stopped the search
@@ -67,7 +67,10 @@ class BatchSplitter {
   std::vector<int64_t> first_;
 };
 
-/// max(largest single unit's load, Σ_shapes least total load of all its units / D).
+/// A true lower bound on any plan's makespan: the max of
+///  - least total work / D (Σ over shapes of the least-cost split of all its units), and
+///  - the pigeonhole bound: among the k·D+1 heaviest units some rank holds k+1, costing at
+///    least the cheapest batched (k+1)-subset of them (k = 0: the largest single job).
 double lower_bound(const Problem& problem);
 
 /// Turns batch sizes into concrete batches: per shape, units in input order go to ranks

@@ -64,6 +64,7 @@ uint64_t plan_key(const Problem& problem, SolverKind solver, const MilpOptions& 
     hasher.f64(milp_options.time_limit_s);
     hasher.i64(milp_options.max_nodes);
     hasher.f64(milp_options.stage2_tolerance);
+    hasher.f64(milp_options.relative_gap);
     hasher.i64(milp_available() ? 1 : 0);
   }
   return hasher.digest();

@@ -20,6 +20,7 @@ struct MilpOptions {
   double time_limit_s = 2.0;         ///< wall clock for both stages together
   int64_t max_nodes = 20000;         ///< branch-and-bound nodes per stage (deterministic cap)
   double stage2_tolerance = 1e-6;    ///< stage 2 keeps L ≤ L*·(1 + tolerance)
+  double relative_gap = 1e-4;        ///< stop once within this of the best bound
 
   /// Defaults overridden by DMUON_PLAN_TIME_LIMIT (seconds) and DMUON_PLAN_MAX_NODES.
   static MilpOptions from_env();

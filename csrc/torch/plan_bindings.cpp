@@ -1,8 +1,182 @@
-// Placeholder until the planner lands: registers an empty dmuon._C.plan submodule.
+// dmuon._C.plan: the owner planner (csrc/plan) for Python — the CLI and the runtime's
+// Python side build problems, run solvers and read plans through these bindings.
+// NOTE: pybind11 and core headers only (no torch), so this file compiles quickly.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
 #include "bindings.h"
+#include "plan/planner.h"
+
+namespace py = pybind11;
 
 namespace dmuon::torch_adapter {
 
-void register_plan_bindings(pybind11::module_& m) { m.def_submodule("plan", "owner planner"); }
+void register_plan_bindings(py::module_& m) {
+  using namespace dmuon::plan;
+  py::module_ p = m.def_submodule("plan", "owner planner: which rank orthogonalizes which matrix");
+
+  // Inputs.
+  py::class_<MatrixSpec>(p, "MatrixSpec")
+      .def(py::init([](std::string name, int64_t rows, int64_t cols, int64_t batch, int64_t wire_bytes,
+                       int64_t memory_bytes) {
+             return MatrixSpec{std::move(name), rows, cols, batch, wire_bytes, memory_bytes};
+           }),
+           py::arg("name"), py::arg("rows"), py::arg("cols"), py::arg("batch") = 1,
+           py::arg("wire_bytes") = 0, py::arg("memory_bytes") = 0)
+      .def_readwrite("name", &MatrixSpec::name)
+      .def_readwrite("rows", &MatrixSpec::rows)
+      .def_readwrite("cols", &MatrixSpec::cols)
+      .def_readwrite("batch", &MatrixSpec::batch)
+      .def_readwrite("wire_bytes", &MatrixSpec::wire_bytes)
+      .def_readwrite("memory_bytes", &MatrixSpec::memory_bytes)
+      .def("__repr__", [](const MatrixSpec& s) {
+        return "MatrixSpec('" + s.name + "', " + std::to_string(s.rows) + ", " + std::to_string(s.cols) +
+               ", batch=" + std::to_string(s.batch) + ")";
+      });
+  py::class_<ProblemOptions>(p, "ProblemOptions")
+      .def(py::init([](int world_size, double bandwidth_bytes_per_s, int64_t memory_cap_bytes, int64_t max_batch) {
+             return ProblemOptions{world_size, bandwidth_bytes_per_s, memory_cap_bytes, max_batch};
+           }),
+           py::kw_only(), py::arg("world_size"), py::arg("bandwidth_bytes_per_s") = 50e9,
+           py::arg("memory_cap_bytes") = 0, py::arg("max_batch") = 0)
+      .def_readwrite("world_size", &ProblemOptions::world_size)
+      .def_readwrite("bandwidth_bytes_per_s", &ProblemOptions::bandwidth_bytes_per_s)
+      .def_readwrite("memory_cap_bytes", &ProblemOptions::memory_cap_bytes)
+      .def_readwrite("max_batch", &ProblemOptions::max_batch);
+
+  // Cost models.
+  p.def(
+      "ns_flops",
+      [](int64_t rows, int64_t cols, const std::string& algorithm, bool symmetric) {
+        return ns_flops(rows, cols, parse_ns_flavor(algorithm), symmetric);
+      },
+      py::arg("rows"), py::arg("cols"), py::arg("algorithm") = "auto", py::arg("symmetric") = true);
+  py::class_<AnalyticCostModel>(p, "AnalyticCostModel")
+      .def(py::init([](double flops_per_second, double launch_overhead_s, const std::string& algorithm,
+                       bool symmetric) {
+             AnalyticCostModel model{flops_per_second, launch_overhead_s, parse_ns_flavor(algorithm), symmetric};
+             model.validate();
+             return model;
+           }),
+           py::kw_only(), py::arg("flops_per_second") = 400e12, py::arg("launch_overhead_s") = 20e-6,
+           py::arg("algorithm") = "auto", py::arg("symmetric") = true)
+      .def_static("gpu_default", &AnalyticCostModel::gpu_default)
+      .def_static("cpu_default", &AnalyticCostModel::cpu_default)
+      .def_readonly("flops_per_second", &AnalyticCostModel::flops_per_second)
+      .def_readonly("launch_overhead_s", &AnalyticCostModel::launch_overhead_s)
+      .def_readonly("symmetric", &AnalyticCostModel::symmetric)
+      .def("seconds", &AnalyticCostModel::seconds, py::arg("rows"), py::arg("cols"), py::arg("num_matrices"));
+  py::class_<CostTable>(p, "CostTable")
+      .def(py::init<>())
+      .def("set", &CostTable::set, py::arg("rows"), py::arg("cols"), py::arg("num_matrices"), py::arg("seconds"))
+      .def("seconds", &CostTable::seconds, py::arg("rows"), py::arg("cols"), py::arg("num_matrices"))
+      .def("entries", &CostTable::entries)
+      .def("__len__", &CostTable::size)
+      .def("save", &CostTable::save, py::arg("path"), py::arg("key"))
+      .def("load", &CostTable::load, py::arg("path"), py::arg("key"));
+  p.def("profile_cost_table", &profile_cost_table, py::arg("points"), py::arg("run_once"),
+        py::arg("num_runs") = 5, py::arg("num_warmup") = 1,
+        "median of num_runs timed calls run_once(rows, cols, num_matrices) -> seconds per point");
+
+  // The problem.
+  py::class_<ShapeClass>(p, "ShapeClass")
+      .def_readonly("rows", &ShapeClass::rows)
+      .def_readonly("cols", &ShapeClass::cols)
+      .def_readonly("stack", &ShapeClass::stack)
+      .def_readonly("wire_bytes", &ShapeClass::wire_bytes)
+      .def_readonly("memory_bytes", &ShapeClass::memory_bytes)
+      .def_readonly("matrix_idx", &ShapeClass::matrix_idx)
+      .def_readonly("recv_seconds", &ShapeClass::recv_seconds)
+      .def_readonly("batch_seconds", &ShapeClass::batch_seconds);
+  py::class_<Problem>(p, "Problem")
+      .def_readonly("matrices", &Problem::matrices)
+      .def_readonly("shapes", &Problem::shapes)
+      .def_readonly("options", &Problem::options)
+      .def_readonly("hash", &Problem::hash)
+      .def_property_readonly("world_size", &Problem::world_size)
+      .def("lower_bound", [](const Problem& problem) { return lower_bound(problem); });
+  p.def("build_problem",
+        [](std::vector<MatrixSpec> matrices, const ProblemOptions& options, const AnalyticCostModel& model) {
+          return build_problem(std::move(matrices), options, model.as_cost_fn());
+        },
+        py::arg("matrices"), py::arg("options"), py::arg("cost"));
+  p.def("build_problem",
+        [](std::vector<MatrixSpec> matrices, const ProblemOptions& options, const CostTable& table) {
+          return build_problem(std::move(matrices), options, table.as_cost_fn());
+        },
+        py::arg("matrices"), py::arg("options"), py::arg("cost"));
+  p.def("build_problem",
+        [](std::vector<MatrixSpec> matrices, const ProblemOptions& options,
+           const std::function<double(int64_t, int64_t, int64_t)>& cost) {
+          return build_problem(std::move(matrices), options, cost);
+        },
+        py::arg("matrices"), py::arg("options"), py::arg("cost"),
+        "cost: AnalyticCostModel, CostTable, or a callable (rows, cols, num_matrices) -> seconds");
+
+  // Solving.
+  py::class_<MilpOptions>(p, "MilpOptions")
+      .def(py::init([](double time_limit_s, int64_t max_nodes, double stage2_tolerance, double relative_gap) {
+             MilpOptions options{time_limit_s, max_nodes, stage2_tolerance, relative_gap};
+             options.validate();
+             return options;
+           }),
+           py::kw_only(), py::arg("time_limit_s") = 2.0, py::arg("max_nodes") = 20000,
+           py::arg("stage2_tolerance") = 1e-6, py::arg("relative_gap") = 1e-4)
+      .def_static("from_env", &MilpOptions::from_env)
+      .def_readonly("time_limit_s", &MilpOptions::time_limit_s)
+      .def_readonly("max_nodes", &MilpOptions::max_nodes)
+      .def_readonly("relative_gap", &MilpOptions::relative_gap);
+  py::class_<Batch>(p, "Batch")
+      .def_readonly("shape_idx", &Batch::shape_idx)
+      .def_readonly("matrix_idx", &Batch::matrix_idx)
+      .def_readonly("num_matrices", &Batch::num_matrices)
+      .def_readonly("compute_seconds", &Batch::compute_seconds)
+      .def_readonly("recv_seconds", &Batch::recv_seconds);
+  py::class_<RankPlan>(p, "RankPlan")
+      .def_readonly("batches", &RankPlan::batches)
+      .def_readonly("compute_seconds", &RankPlan::compute_seconds)
+      .def_readonly("recv_seconds", &RankPlan::recv_seconds)
+      .def_readonly("load_seconds", &RankPlan::load_seconds)
+      .def_readonly("recv_bytes", &RankPlan::recv_bytes)
+      .def_readonly("memory_bytes", &RankPlan::memory_bytes);
+  py::class_<Plan>(p, "Plan")
+      .def_readonly("solver", &Plan::solver)
+      .def_readonly("status", &Plan::status)
+      .def_readonly("problem_hash", &Plan::problem_hash)
+      .def_readonly("owner", &Plan::owner)
+      .def_readonly("ranks", &Plan::ranks)
+      .def_readonly("makespan", &Plan::makespan)
+      .def_readonly("lower_bound", &Plan::lower_bound)
+      .def_readonly("solver_bound", &Plan::solver_bound)
+      .def_readonly("solve_seconds", &Plan::solve_seconds)
+      .def_readonly("deterministic", &Plan::deterministic)
+      .def_property_readonly("gap", &Plan::gap)
+      .def_property_readonly("imbalance", &Plan::imbalance)
+      .def("serialize", &Plan::serialize);
+  p.def(
+      "solve",
+      [](const Problem& problem, const std::string& solver, const MilpOptions& options) {
+        const SolverKind kind = parse_solver(solver);
+        py::gil_scoped_release release;
+        return solve(problem, kind, options);
+      },
+      py::arg("problem"), py::arg("solver") = "milp", py::arg("milp_options") = MilpOptions{},
+      "solver: 'round_robin' | 'lpt' | 'milp'");
+  p.def("deserialize_plan", &deserialize_plan, py::arg("problem"), py::arg("text"));
+  p.def("milp_available", &milp_available);
+  py::class_<PlanCache>(p, "PlanCache")
+      .def(py::init<std::string>(), py::arg("directory") = "")
+      .def(
+          "get_or_solve",
+          [](PlanCache& cache, const Problem& problem, const std::string& solver, const MilpOptions& options) {
+            const SolverKind kind = parse_solver(solver);
+            py::gil_scoped_release release;
+            return cache.get_or_solve(problem, kind, options);
+          },
+          py::arg("problem"), py::arg("solver") = "milp", py::arg("milp_options") = MilpOptions{})
+      .def_property_readonly("num_hits", &PlanCache::num_hits)
+      .def_property_readonly("num_misses", &PlanCache::num_misses);
+}
 
 }  // namespace dmuon::torch_adapter

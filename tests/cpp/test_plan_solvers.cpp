@@ -81,7 +81,9 @@ TEST(PlanSolvers, MilpEqualsBruteForceOnSmallInstances) {
   for (uint32_t seed = 1; seed <= 12; ++seed) {
     const Problem p = random_problem(seed, 7, 3);
     const double optimum = brute_force_makespan(p);
-    const Plan milp = solve(p, SolverKind::kMilp);
+    MilpOptions exact;
+    exact.relative_gap = 0.0;
+    const Plan milp = solve(p, SolverKind::kMilp, exact);
     EXPECT_NEAR(milp.makespan, optimum, 1e-9 * optimum) << "seed " << seed << " status " << milp.status;
     EXPECT_TRUE(milp.deterministic);
   }
@@ -102,10 +104,22 @@ TEST(PlanSolvers, NeverWorseThanLptAndLowerBoundHolds) {
     }
   }
   // On exhaustively solvable instances the bound is below the true optimum.
-  for (uint32_t seed = 200; seed < 210; ++seed) {
-    const Problem p = random_problem(seed, 6, 3);
+  for (uint32_t seed = 200; seed < 220; ++seed) {
+    const Problem p = random_problem(seed, 7, 2 + static_cast<int>(seed % 2));
     EXPECT_LE(lower_bound(p), brute_force_makespan(p) * (1 + 1e-12)) << "seed " << seed;
   }
+}
+
+TEST(PlanSolvers, PigeonholeBoundIsTightForDPlusOneEqualJobs) {
+  // Five equal matrices on four ranks: some rank runs two, as one batch of 2.
+  std::vector<MatrixSpec> matrices(5, MatrixSpec{"", 128, 512});
+  ProblemOptions options;
+  options.world_size = 4;
+  const Problem p = build_problem(matrices, options, [](int64_t, int64_t, int64_t n) { return 1.0 + n; });
+  const double pair = p.batch_load(0, 2);
+  EXPECT_DOUBLE_EQ(lower_bound(p), pair);
+  EXPECT_DOUBLE_EQ(solve(p, SolverKind::kLpt).makespan, pair);
+  EXPECT_EQ(solve(p, SolverKind::kMilp).status, "lpt_optimal");
 }
 
 TEST(PlanSolvers, EveryMatrixOwnedOnceAndBatchesOrdered) {
@@ -191,7 +205,9 @@ TEST(PlanSolvers, MemoryCapsHonoured) {
   int64_t total = 0;
   for (const MatrixSpec& m : small_free.matrices) total += m.memory_bytes;
   const Problem small = random_problem(41, 6, 3, total / 2);
-  EXPECT_NEAR(solve(small, SolverKind::kMilp).makespan, brute_force_makespan(small), 1e-9);
+  MilpOptions exact;
+  exact.relative_gap = 0.0;
+  EXPECT_NEAR(solve(small, SolverKind::kMilp, exact).makespan, brute_force_makespan(small), 1e-9);
   // Caps too tight for all matrices together: a clear error.
   const Problem tight = random_problem(41, 6, 1, total / 2);
   EXPECT_THROW(solve(tight, SolverKind::kLpt), Error);

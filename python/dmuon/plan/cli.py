@@ -1,0 +1,189 @@
+"""`python -m dmuon plan`: compare the round-robin, LPT and MILP owner plans of a model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dmuon.plan import manifest as manifests
+
+_SOLVERS = ("round_robin", "lpt", "milp")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="plan Muon matrix owners across ranks",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help=f"shipped manifest: {', '.join(manifests.shipped_models())}")
+    source.add_argument("--manifest", help="JSON manifest or Hugging Face config.json")
+    parser.add_argument("--world", type=int, required=True, help="number of ranks D")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--per-rank", action="store_true", help="show each rank's matrices")
+    parser.add_argument("--plot", metavar="FILE", help="draw every rank's load per solver (PNG)")
+    parser.add_argument("--solvers", default=",".join(_SOLVERS), help="comma-separated subset of the solvers")
+    parser.add_argument("--bandwidth-gbps", type=float, default=50.0, help="GB/s an owner receives at")
+    parser.add_argument("--tflops", type=float, default=None,
+                        help="analytic NS throughput in TFLOP/s (default: 400 GPU, 0.05 with --cpu)")
+    parser.add_argument("--launch-overhead-us", type=float, default=None,
+                        help="analytic per-launch overhead (default: 20 GPU, 50 with --cpu)")
+    parser.add_argument("--cpu", action="store_true", help="analytic CPU cost model")
+    parser.add_argument("--memory-cap-gib", type=float, default=0.0, help="per-rank memory cap (0: none)")
+    parser.add_argument("--max-batch", type=int, default=0, help="most matrices per launch (0: unlimited)")
+    parser.add_argument("--time-limit", type=float, default=None, help="MILP wall-clock limit, s (default 2)")
+    parser.add_argument("--max-nodes", type=int, default=None, help="MILP node cap per stage")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dmuon.plan import make_problem, native
+
+    try:
+        solvers = [s.strip() for s in args.solvers.split(",") if s.strip()]
+        unknown = [s for s in solvers if s not in _SOLVERS]
+        if unknown or not solvers:
+            raise ValueError(f"--solvers must list some of {', '.join(_SOLVERS)}, got {args.solvers!r}")
+        manifest = manifests.load_model(args.model) if args.model else manifests.load_manifest(args.manifest)
+        if args.world < 1:
+            raise ValueError(f"--world must be at least 1, got {args.world}")
+        plan = native()
+        base = plan.AnalyticCostModel.cpu_default() if args.cpu else plan.AnalyticCostModel.gpu_default()
+        cost = plan.AnalyticCostModel(
+            flops_per_second=base.flops_per_second if args.tflops is None else args.tflops * 1e12,
+            launch_overhead_s=base.launch_overhead_s if args.launch_overhead_us is None else args.launch_overhead_us * 1e-6,
+            symmetric=base.symmetric,
+        )
+        problem = make_problem(
+            manifest.matrices,
+            world_size=args.world,
+            bandwidth_bytes_per_s=args.bandwidth_gbps * 1e9,
+            memory_cap_bytes=int(args.memory_cap_gib * 2**30),
+            max_batch=args.max_batch,
+            cost=cost,
+        )
+        env = plan.MilpOptions.from_env()
+        milp_options = plan.MilpOptions(
+            time_limit_s=env.time_limit_s if args.time_limit is None else args.time_limit,
+            max_nodes=env.max_nodes if args.max_nodes is None else args.max_nodes,
+        )
+        plans = {name: plan.solve(problem, name, milp_options) for name in solvers}
+    except (ValueError, OSError, RuntimeError) as error:
+        print(f"python -m dmuon plan: error: {error}", file=sys.stderr)
+        return 2
+
+    report = _report(manifest, problem, cost, args, plans)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        _print_table(report, args.per_rank)
+    if args.plot:
+        _plot(report, args.plot)
+    return 0
+
+
+def _report(manifest, problem, cost, args, plans) -> dict:
+    """Everything the table, the JSON and the plot show."""
+    shapes = problem.shapes
+    out = {
+        "model": manifest.name,
+        "world_size": problem.world_size,
+        "num_matrices": len(problem.matrices),
+        "num_shapes": len(shapes),
+        "problem_hash": f"{problem.hash:016x}",
+        "cost_model": {
+            "kind": "analytic",
+            "flops_per_second": cost.flops_per_second,
+            "launch_overhead_s": cost.launch_overhead_s,
+        },
+        "bandwidth_bytes_per_s": problem.options.bandwidth_bytes_per_s,
+        "memory_cap_bytes": problem.options.memory_cap_bytes,
+        "plans": {},
+    }
+    for name, p in plans.items():
+        entry = {
+            "makespan_s": p.makespan,
+            "lower_bound_s": p.lower_bound,
+            "gap": p.gap,
+            "imbalance": p.imbalance,
+            "solve_s": p.solve_seconds,
+            "status": p.status,
+            "solver_bound_s": p.solver_bound,
+            "deterministic": p.deterministic,
+            "load_s": [r.load_seconds for r in p.ranks],
+            "compute_s": [r.compute_seconds for r in p.ranks],
+            "recv_bytes": [r.recv_bytes for r in p.ranks],
+        }
+        if args.per_rank:
+            entry["ranks"] = [
+                {
+                    "rank": idx,
+                    "load_s": r.load_seconds,
+                    "batches": [
+                        {
+                            "shape": f"{shapes[b.shape_idx].rows}x{shapes[b.shape_idx].cols}",
+                            "num_matrices": b.num_matrices,
+                            "compute_s": b.compute_seconds,
+                            "matrices": [problem.matrices[i].name for i in b.matrix_idx],
+                        }
+                        for b in r.batches
+                    ],
+                }
+                for idx, r in enumerate(p.ranks)
+            ]
+        out["plans"][name] = entry
+    return out
+
+
+def _print_table(report: dict, per_rank: bool) -> None:
+    cost = report["cost_model"]
+    print(
+        f"{report['model']}: {report['num_matrices']} Muon matrices in {report['num_shapes']} shapes, "
+        f"world {report['world_size']}, analytic cost {cost['flops_per_second'] / 1e12:g} TFLOP/s "
+        f"+ {cost['launch_overhead_s'] * 1e6:g} us/launch, {report['bandwidth_bytes_per_s'] / 1e9:g} GB/s"
+    )
+    header = f"{'solver':<12} {'makespan_ms':>11} {'bound_ms':>9} {'gap%':>7} {'imbalance':>9} " \
+             f"{'recv_MB min/max':>17} {'solve_ms':>9}  status"
+    print(header)
+    for name, p in report["plans"].items():
+        recv = p["recv_bytes"]
+        print(
+            f"{name:<12} {p['makespan_s'] * 1e3:>11.4f} {p['lower_bound_s'] * 1e3:>9.4f} {p['gap'] * 100:>7.2f} "
+            f"{p['imbalance']:>9.3f} {min(recv) / 1e6:>8.1f}/{max(recv) / 1e6:<8.1f} "
+            f"{p['solve_s'] * 1e3:>9.1f}  {p['status']}"
+        )
+    if not per_rank:
+        return
+    for name, p in report["plans"].items():
+        print(f"\n{name}: per rank")
+        for rank in p["ranks"]:
+            parts = [f"{b['shape']}x{b['num_matrices']}[{', '.join(b['matrices'])}]" for b in rank["batches"]]
+            print(f"  rank {rank['rank']:>3} {rank['load_s'] * 1e3:9.4f} ms  {'; '.join(parts) or '(nothing)'}")
+
+
+def _plot(report: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plans = report["plans"]
+    fig, axes = plt.subplots(len(plans), 1, figsize=(10, 2.6 * len(plans)), sharex=True, sharey=True, squeeze=False)
+    for ax, (name, p) in zip(axes[:, 0], plans.items()):
+        ranks = range(len(p["load_s"]))
+        compute = [c * 1e3 for c in p["compute_s"]]
+        recv = [(l - c) * 1e3 for l, c in zip(p["load_s"], p["compute_s"])]
+        ax.bar(ranks, compute, width=0.9, label="compute")
+        ax.bar(ranks, recv, width=0.9, bottom=compute, label="receive")
+        ax.axhline(p["lower_bound_s"] * 1e3, color="k", linestyle="--", linewidth=1, label="lower bound")
+        ax.set_title(f"{name}: makespan {p['makespan_s'] * 1e3:.3f} ms, gap {p['gap'] * 100:.2f}%", fontsize=9)
+        ax.set_ylabel("load (ms)")
+    axes[0, 0].legend(fontsize=8, loc="upper right")
+    axes[-1, 0].set_xlabel("rank")
+    fig.suptitle(f"{report['model']}, world {report['world_size']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
