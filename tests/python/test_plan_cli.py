@@ -1,0 +1,173 @@
+"""`python -m dmuon plan` on the shipped manifests, JSON manifests and config.json files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dmuon.__main__ import main
+from dmuon.plan import make_problem, manifest_from_config, shipped_models, solve
+
+_SHIPPED = ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b"]
+
+
+def _plan_json(capsys, *args: str) -> dict:
+    assert main(["plan", *args, "--json", "--time-limit", "0.3"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_shipped_manifests_are_listed():
+    assert sorted(_SHIPPED) == shipped_models()
+
+
+@pytest.mark.parametrize("model", _SHIPPED)
+def test_cli_on_shipped_manifests(capsys, model):
+    report = _plan_json(capsys, "--model", model, "--world", "8")
+    plans = report["plans"]
+    assert set(plans) == {"round_robin", "lpt", "milp"}
+    for plan in plans.values():
+        assert len(plan["load_s"]) == 8
+        assert plan["makespan_s"] == pytest.approx(max(plan["load_s"]))
+        assert plan["makespan_s"] >= plan["lower_bound_s"] * (1 - 1e-12)
+        assert plan["imbalance"] >= 1.0
+    # MILP never loses to LPT; all solvers see the same lower bound.
+    assert plans["milp"]["makespan_s"] <= plans["lpt"]["makespan_s"] * (1 + 1e-12)
+    assert len({p["lower_bound_s"] for p in plans.values()}) == 1
+
+
+def test_shipped_manifest_shapes_match_design(capsys):
+    # Llama-3.1-8B: 32 layers × (q, k, v, o, gate, up, down); h = 4096, kv·d = 1024.
+    report = _plan_json(capsys, "--model", "llama-3.1-8b", "--world", "4", "--per-rank", "--solvers", "lpt")
+    assert report["num_matrices"] == 32 * 7
+    shapes = {b["shape"] for r in report["plans"]["lpt"]["ranks"] for b in r["batches"]}
+    assert shapes == {"4096x4096", "1024x4096", "14336x4096", "4096x14336"}
+    owned = [m for r in report["plans"]["lpt"]["ranks"] for b in r["batches"] for m in b["matrices"]]
+    assert sorted(owned) == sorted(set(owned)) and len(owned) == 224
+
+
+def test_text_table_and_plot(tmp_path, capsys):
+    png = tmp_path / "loads.png"
+    assert main(["plan", "--model", "qwen2.5-0.5b", "--world", "8", "--plot", str(png), "--time-limit", "0.2"]) == 0
+    out = capsys.readouterr().out
+    for solver in ("round_robin", "lpt", "milp"):
+        assert solver in out
+    assert "makespan_ms" in out and "gap%" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_on_dense_config_json(tmp_path, capsys):
+    config = {
+        "model_type": "qwen2",
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    from_config = _plan_json(capsys, "--manifest", str(path), "--world", "8")
+    shipped = _plan_json(capsys, "--model", "qwen2.5-0.5b", "--world", "8")
+    # Same matrices as the shipped manifest → same loads.
+    assert from_config["num_matrices"] == shipped["num_matrices"] == 168
+    assert from_config["plans"]["lpt"]["makespan_s"] == pytest.approx(shipped["plans"]["lpt"]["makespan_s"])
+
+
+def test_cli_on_moe_config_json(tmp_path, capsys):
+    # Qwen2-MoE style: every other layer sparse, 8 experts, a shared expert.
+    config = {
+        "hidden_size": 256,
+        "intermediate_size": 1024,
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 512,
+        "num_experts": 8,
+        "decoder_sparse_step": 2,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
+    manifest = manifest_from_config(config)
+    stacks = [m for m in manifest.matrices if m.batch > 1]
+    assert len(stacks) == 2 * 3 and all(m.batch == 8 for m in stacks)
+    assert len(manifest.matrices) == 4 * 4 + 2 * 3 + 2 * (1 + 3 + 3)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    report = _plan_json(capsys, "--manifest", str(path), "--world", "4", "--per-rank")
+    batches = [b for r in report["plans"]["milp"]["ranks"] for b in r["batches"]]
+    # An expert stack is owned whole: its batch counts all 8 experts.
+    assert any(b["shape"] == "128x256" and b["num_matrices"] % 8 == 0 for b in batches)
+    # Mixtral style keys.
+    mixtral = manifest_from_config({"hidden_size": 64, "intermediate_size": 96, "num_local_experts": 4,
+                                    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1})
+    assert {(m.rows, m.cols, m.batch) for m in mixtral.matrices if m.batch > 1} == {(96, 64, 4), (64, 96, 4)}
+
+
+def test_json_manifest_with_counts_and_more_ranks_than_matrices(tmp_path, capsys):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({"name": "tiny", "matrices": [
+        {"name": "block{i}.w", "rows": 64, "cols": 256, "count": 2},
+        {"name": "experts", "rows": 32, "cols": 64, "batch": 4},
+    ]}))
+    report = _plan_json(capsys, "--manifest", str(path), "--world", "16", "--per-rank")
+    assert report["model"] == "tiny" and report["num_matrices"] == 3
+    for plan in report["plans"].values():
+        owners = [r for r in plan["ranks"] if r["batches"]]
+        assert len(owners) <= 3  # most ranks own nothing: valid
+        names = sorted(m for r in owners for b in r["batches"] for m in b["matrices"])
+        assert names == ["block0.w", "block1.w", "experts"]
+
+
+@pytest.mark.parametrize(
+    ("content", "world", "message"),
+    [
+        ('{"name": "e", "matrices": []}', "4", "empty manifest"),
+        ('{"matrices": [{"rows": 4, "cols": 0}]}', "4", "'cols' must be a positive integer"),
+        ('{"matrices": [{"rows": 4, "cols": 4}]}', "0", "--world must be at least 1"),
+        ('{"matrices": [\n  {"rows": 4,, "cols": 4}]}', "4", ":2:14: malformed JSON"),
+    ],
+)
+def test_bad_input_errors(tmp_path, capsys, content, world, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    assert main(["plan", "--manifest", str(path), "--world", world]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    if "malformed" in message:
+        assert str(path) in err
+
+
+def test_memory_cap_error_names_matrix_and_cap(capsys):
+    assert main(["plan", "--model", "llama-3.1-8b", "--world", "8", "--memory-cap-gib", "0.3"]) == 2
+    err = capsys.readouterr().err
+    assert "gate_proj" in err and f"memory_cap_bytes = {int(0.3 * 2**30)}" in err
+
+
+def test_unknown_model_lists_the_shipped_ones(capsys):
+    assert main(["plan", "--model", "gpt-9", "--world", "8"]) == 2
+    assert "llama-3.1-8b" in capsys.readouterr().err
+
+
+def test_python_api_plan_roundtrip():
+    matrices = [(f"w{i}", 128, 512, 1) for i in range(10)] + [("stack", 64, 64, 8)]
+    problem = make_problem(matrices, world_size=3)
+    plan = solve(problem, "milp", time_limit_s=0.2)
+    assert sorted(plan.owner) == sorted(plan.owner) and set(plan.owner) <= {0, 1, 2}
+    from dmuon.plan import deserialize
+
+    again = deserialize(problem, plan.serialize())
+    assert list(again.owner) == list(plan.owner)
+    other = make_problem(matrices, world_size=4)
+    with pytest.raises(RuntimeError, match="hash"):
+        deserialize(other, plan.serialize())
+
+
+def test_cli_subprocess_entry_point():
+    result = subprocess.run(
+        [sys.executable, "-m", "dmuon", "plan", "--model", "qwen2.5-0.5b", "--world", "64", "--solvers", "lpt"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "lpt" in result.stdout and "world 64" in result.stdout
