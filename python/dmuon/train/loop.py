@@ -38,7 +38,7 @@ class RunResult:
     step_time_mean_ms: float
     train_time_s: float
     total_time_s: float  # training + evaluation
-    lrs: list[float] = field(default_factory=list)  # peak-group lr multiplier per step
+    lrs: list[float] = field(default_factory=list)  # lr of param_groups[0] at each step
 
     def to_dict(self) -> dict:
         return asdict(self)
