@@ -8,6 +8,9 @@ namespace dmuon::torch_adapter {
 /// Errors, env knobs, NS schedules (module.cpp's neighbours).
 void register_core_bindings(pybind11::module_& m);
 
+/// The owner-centric step runtime: dmuon._C.dist (dist_bindings.cpp).
+void register_dist_bindings(pybind11::module_& m);
+
 /// The owner planner: dmuon._C.plan (plan_bindings.cpp).
 void register_plan_bindings(pybind11::module_& m);
 

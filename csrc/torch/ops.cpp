@@ -3,7 +3,6 @@
 #include <torch/library.h>
 
 #include "common/check.h"
-#include "muon_step.h"
 #include "optim/update_rule.h"
 #include "orthogonalize.h"
 
@@ -27,25 +26,6 @@ at::Tensor orthogonalize_op(const at::Tensor& x, c10::string_view algorithm,
   return translate_errors([&] {
     const auto schedule = make_schedule(std::string(algorithm), coefficients, restart_after, eps);
     return orthogonalize(x, schedule, std::string(backend), std::string(compute_dtype));
-  });
-}
-
-void muon_step_op(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                  at::IntArrayRef batch_dims, double lr, double weight_decay, double momentum,
-                  bool nesterov, c10::string_view adjust_lr, c10::string_view algorithm,
-                  at::ArrayRef<double> coefficients, at::IntArrayRef restart_after, double eps) {
-  translate_errors([&] {
-    MuonGroupOptions options;
-    options.lr = lr;
-    options.weight_decay = weight_decay;
-    options.momentum = momentum;
-    options.nesterov = nesterov;
-    options.adjust_lr = std::string(adjust_lr);
-    options.algorithm = std::string(algorithm);
-    options.coefficients.assign(coefficients.begin(), coefficients.end());
-    options.restart_after.assign(restart_after.begin(), restart_after.end());
-    options.eps = eps;
-    muon_step(params, grads, momentum_buffers, batch_dims, options);
   });
 }
 
@@ -76,17 +56,12 @@ TORCH_LIBRARY(dmuon, m) {
   m.def(
       "orthogonalize(Tensor x, str algorithm, float[] coefficients, int[] restart_after, "
       "float eps, str backend='auto', str compute_dtype='auto') -> Tensor");
-  m.def(
-      "muon_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, "
-      "int[] batch_dims, float lr, float weight_decay, float momentum, bool nesterov, "
-      "str adjust_lr, str algorithm, float[] coefficients, int[] restart_after, float eps) -> ()");
   m.def("nonfinite_mask(Tensor[] tensors) -> Tensor");
   m.def("adjusted_lr_ratio(int rows, int cols, str adjust_lr) -> float");
 }
 
 TORCH_LIBRARY_IMPL(dmuon, CompositeExplicitAutograd, m) {
   m.impl("orthogonalize", &dmuon::torch_adapter::orthogonalize_op);
-  m.impl("muon_step_", &dmuon::torch_adapter::muon_step_op);
   m.impl("nonfinite_mask", &dmuon::torch_adapter::nonfinite_mask_op);
 }
 

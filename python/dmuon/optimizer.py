@@ -1,9 +1,10 @@
 """`dmuon.DMuon`: Muon for matrices, AdamW for everything else, in one torch optimizer.
 
-The Muon math (momentum, batched Newton–Schulz, lr adjustment, apply) runs in C++ through
-``torch.ops.dmuon.muon_step_``; AdamW is torch's own implementation. This module routes
-parameters, validates options, keeps the state in ``self.state`` (so ``state_dict`` works
-as for any torch optimizer) and checks gradients for NaN/Inf with one host sync per step.
+The Muon math (momentum, owner planning, communication, batched Newton–Schulz, lr
+adjustment, apply) runs in C++ (``dmuon._C.dist.MuonRuntime``) on one process, under DDP
+and under FSDP2 alike; AdamW is torch's own implementation. This module routes parameters,
+validates options, keeps the state in ``self.state`` (so ``state_dict`` works as for any
+torch optimizer) and checks gradients for NaN/Inf with one host sync per step.
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ import torch
 from torch import nn
 from torch.optim.adam import adam as _torch_adam
 
+from dmuon import distributed
 from dmuon._ops import _C, ops
 from dmuon.routing import RoutedParam, default_batch_dims, route_module, route_params
 
 _NS_ALGORITHMS = ("gram", "standard")
 _ADJUST_LR = (None, "original", "match_rms_adamw", "spectral")
 _NONFINITE = ("raise", "skip")
+_MODES = ("owner", "gather")
+_WIRE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_PLANNERS = ("milp", "lpt", "round_robin")
 _MUON_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 _MUON_KEYS = ("lr", "weight_decay", "momentum", "nesterov", "ns_algorithm", "ns_coefficients",
@@ -59,6 +64,15 @@ class DMuon(torch.optim.Optimizer):
     ``adamw_betas``, ``adamw_eps``, ``adamw_weight_decay`` (default: ``weight_decay``).
     ``nonfinite``: "raise" (error naming the parameter and step) or "skip" (the step
     changes nothing and is counted in ``num_skipped_steps``).
+
+    Distribution (see :mod:`dmuon.distributed`): DTensor parameters sharded on dim 0
+    (FSDP2) or replicated parameters on an initialized process group (DDP) are
+    orthogonalized once, on an owner rank chosen by the planner. ``mode``: "owner" or
+    "gather" (every rank gathers and orthogonalizes every matrix: the naive baseline);
+    ``bucket_size_mb``: wire bytes per pipeline bucket; ``process_group``: the group of
+    replicated parameters (default: the default group); ``wire_dtype``: "auto" (float32
+    on CPU, bfloat16 on CUDA) or a dtype name; ``planner``: "milp", "lpt" or
+    "round_robin".
     """
 
     def __init__(
@@ -80,10 +94,23 @@ class DMuon(torch.optim.Optimizer):
         adamw_weight_decay: float | None = None,
         nonfinite: str = "raise",
         muon_filter: Callable[[str, nn.Parameter], bool] | None = None,
+        mode: str = "owner",
+        bucket_size_mb: float = 64.0,
+        process_group: Any = None,
+        wire_dtype: str = "auto",
+        planner: str = "milp",
     ) -> None:
-        if nonfinite not in _NONFINITE:
-            raise ValueError(f"nonfinite must be one of {_NONFINITE}, got {nonfinite!r}")
+        for arg, value, allowed in (("nonfinite", nonfinite, _NONFINITE), ("mode", mode, _MODES),
+                                    ("wire_dtype", wire_dtype, _WIRE_DTYPES), ("planner", planner, _PLANNERS)):
+            if value not in allowed:
+                raise ValueError(f"{arg} must be one of {allowed}, got {value!r}")
+        if not (isinstance(bucket_size_mb, (int, float)) and bucket_size_mb >= 0 and math.isfinite(bucket_size_mb)):
+            raise ValueError(f"bucket_size_mb must be a finite number >= 0 (0: one bucket), got {bucket_size_mb!r}")
         self.nonfinite = nonfinite
+        self._runtime_options = dict(mode=mode, bucket_bytes=int(bucket_size_mb * 2**20),
+                                     wire_dtype=wire_dtype, solver=planner)
+        self._process_group = process_group
+        self._runtime = None
         self._muon_defaults = dict(
             lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
             ns_algorithm=ns_algorithm, ns_coefficients=ns_coefficients, ns_steps=ns_steps,
@@ -95,6 +122,7 @@ class DMuon(torch.optim.Optimizer):
         self._param_names: dict[int, str] = {}
         self._batch_dims: dict[int, int] = {}
         super().__init__(self._initial_groups(params, muon_filter), {"lr": lr})
+        self._check_ranks_agree()
 
     # ----------------------------------------------------------------- construction
     def _initial_groups(self, params: Any, muon_filter: Any) -> list[dict[str, Any]]:
@@ -165,6 +193,7 @@ class DMuon(torch.optim.Optimizer):
         else:
             self._validate_adamw_group(group, group_idx)
         super().add_param_group(group)
+        self._runtime = None  # NOTE: rebuilt (collectively) at the next step
 
     @staticmethod
     def _validate_param(name: str, param: torch.Tensor, use_muon: bool) -> None:
@@ -221,6 +250,48 @@ class DMuon(torch.optim.Optimizer):
         """The name DMuon uses for `param` in messages."""
         return self._param_names.get(id(param), "<unnamed>")
 
+    # ------------------------------------------------------------ distribution
+    def _muon_params(self) -> list[tuple[int, torch.Tensor]]:
+        """(group index, parameter) of every Muon parameter, in group order."""
+        return [(g_idx, p) for g_idx, group in enumerate(self.param_groups) if group["use_muon"]
+                for p in group["params"]]
+
+    def _placements(self) -> tuple[list[distributed.Placement], Any]:
+        muon = self._muon_params()
+        names = [self.param_name(p) for _, p in muon]
+        placements = [distributed.placement_of(name, p, self._process_group) for name, (_, p) in zip(names, muon)]
+        return placements, distributed.common_group(names, placements)
+
+    def _check_ranks_agree(self) -> None:
+        """Every rank must hold the same parameters with the same options (else: error on all)."""
+        placements, group = self._placements()
+        signature = []
+        for g_idx, group_options in enumerate(self.param_groups):
+            options = tuple(sorted((k, repr(v)) for k, v in group_options.items() if k not in ("params", *_COUNTER_KEYS)))
+            signature.append(("group", g_idx, options))
+            for p in group_options["params"]:
+                placement = getattr(p, "placements", None)
+                signature.append((self.param_name(p), tuple(p.shape), str(p.dtype), repr(placement)))
+        distributed.check_same_parameters_on_all_ranks(group, signature)
+
+    def _ensure_runtime(self) -> Any:
+        """The C++ step runtime for the current Muon parameters (built collectively)."""
+        if self._runtime is None:
+            muon = self._muon_params()
+            placements, group = self._placements()
+            layouts = [_C.dist.ParamLayout(list(pl.global_shape), self._batch_dims[id(p)], pl.sharded)
+                       for (_, p), pl in zip(muon, placements)]
+            device = next((local_p.device.type for _, p in muon for local_p in [distributed.local(p)]), "cpu")
+            options = _C.dist.RuntimeOptions(device_type="cuda" if device == "cuda" else "cpu", **self._runtime_options)
+            self._runtime = _C.dist.MuonRuntime(distributed.group_name(group), [self.param_name(p) for _, p in muon],
+                                                layouts, options)
+        return self._runtime
+
+    @property
+    def runtime(self) -> Any:
+        """The step runtime (owners, buckets, plan, last step's statistics)."""
+        return self._ensure_runtime()
+
     # ----------------------------------------------------------------------- step
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -228,67 +299,78 @@ class DMuon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-
-        # Parameters with gradients, in group order.
-        with_grads = [[p for p in group["params"] if p.grad is not None] for group in self.param_groups]
-        for group_params in with_grads:
-            for p in group_params:
-                if p.grad.is_sparse:
-                    raise RuntimeError(f"parameter {self.param_name(p)!r} has a sparse gradient; DMuon needs dense gradients")
+        runtime = self._ensure_runtime()
         step_idx = self.param_groups[0]["num_steps"] + 1
 
-        # NaN/Inf anywhere: one host sync for the whole model.
-        flat = [p for group_params in with_grads for p in group_params]
-        if flat:
-            mask = ops.nonfinite_mask([p.grad for p in flat])
-            if bool(mask.any()):
-                bad = [self.param_name(p) for p, is_bad in zip(flat, mask.tolist()) if is_bad]
-                if self.nonfinite == "raise":
-                    raise NonFiniteGradientError(
-                        f"non-finite gradient (NaN or Inf) in parameter {bad[0]!r} at step {step_idx}"
-                        + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
-                        + "; nothing was updated. Use DMuon(..., nonfinite='skip') to skip such steps.")
-                for group in self.param_groups:
-                    group["num_steps"] += 1
-                    group["num_skipped_steps"] += 1
-                return loss
+        # Which parameters have gradients and which gradients are not finite, agreed by all
+        # ranks: one host sync for the local check and one small all_reduce.
+        every = [p for group in self.param_groups for p in group["params"]]
+        for p in every:
+            if p.grad is not None and p.grad.is_sparse:
+                raise RuntimeError(f"parameter {self.param_name(p)!r} has a sparse gradient; DMuon needs dense gradients")
+        has_grad = [int(p.grad is not None) for p in every]
+        with_grads = [distributed.local(p.grad) for p in every if p.grad is not None]
+        local_bad = ops.nonfinite_mask(with_grads).tolist() if with_grads else []
+        bad_iter = iter(local_bad)
+        bad = [int(next(bad_iter)) if h else 0 for h in has_grad]
+        agreed = runtime.all_reduce_flags(has_grad + bad, "sum", "all_reduce of the gradient checks")
+        world = runtime.world_size
+        has_grad, bad = agreed[:len(every)], agreed[len(every):]
+        for p, count in zip(every, has_grad):
+            if count not in (0, world):
+                raise RuntimeError(f"parameter {self.param_name(p)!r} has a gradient on {count} of {world} ranks "
+                                   f"at step {step_idx}; every rank must have it or none")
+        if any(bad):
+            names = [self.param_name(p) for p, b in zip(every, bad) if b]
+            if self.nonfinite == "raise":
+                raise NonFiniteGradientError(
+                    f"non-finite gradient (NaN or Inf) in parameter {names[0]!r} at step {step_idx}"
+                    + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
+                    + "; nothing was updated. Use DMuon(..., nonfinite='skip') to skip such steps.")
+            for group in self.param_groups:
+                group["num_steps"] += 1
+                group["num_skipped_steps"] += 1
+            return loss
+        active = {id(p) for p, count in zip(every, has_grad) if count}
 
-        for group, group_params in zip(self.param_groups, with_grads):
+        self._muon_step(runtime, active, step_idx)
+        for group in self.param_groups:
             group["num_steps"] += 1
-            if not group_params:
-                continue
-            if group["use_muon"]:
-                self._muon_group_step(group, group_params)
-            else:
-                self._adamw_group_step(group, group_params)
+            if not group["use_muon"]:
+                params = [p for p in group["params"] if id(p) in active]
+                if params:
+                    self._adamw_group_step(group, params)
         return loss
 
-    def _muon_group_step(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
-        buffers = []
-        for p in params:
-            state = self.state[p]
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            buffers.append(state["momentum_buffer"])
-        coefficients, restarts = _schedule_of(group)
-        try:
-            ops.muon_step_(
-                params, [p.grad for p in params], buffers, [self._batch_dims[id(p)] for p in params],
-                float(group["lr"]), float(group["weight_decay"]), float(group["momentum"]),
-                bool(group["nesterov"]), group["adjust_lr"] or "none", group["ns_algorithm"],
-                coefficients, restarts, float(group["eps"]))
-        except RuntimeError as error:
-            raise RuntimeError(self._name_params_in(str(error), params)) from error
-
-    def _name_params_in(self, message: str, params: list[torch.Tensor]) -> str:
-        """Replace 'parameter K' in a C++ message by the parameter's name."""
-        import re
-
-        def name_of(match: re.Match) -> str:
-            idx = int(match.group(1))
-            return f"parameter {self.param_name(params[idx])!r}" if idx < len(params) else match.group(0)
-
-        return re.sub(r"parameter (\d+)", name_of, message)
+    def _muon_step(self, runtime: Any, active: set[int], step_idx: int) -> None:
+        """Every Muon parameter through the C++ runtime in one call."""
+        muon = self._muon_params()
+        if not muon:
+            return
+        group_options, group_slot = [], {}
+        for g_idx, group in enumerate(self.param_groups):
+            if group["use_muon"]:
+                coefficients, restarts = _schedule_of(group)
+                group_slot[g_idx] = len(group_options)
+                group_options.append(_C.dist.GroupOptions(
+                    lr=float(group["lr"]), weight_decay=float(group["weight_decay"]),
+                    momentum=float(group["momentum"]), nesterov=bool(group["nesterov"]),
+                    adjust_lr=group["adjust_lr"] or "none", algorithm=group["ns_algorithm"],
+                    coefficients=coefficients, restart_after=restarts, eps=float(group["eps"])))
+        params, grads, buffers, slots = [], [], [], []
+        for g_idx, p in muon:
+            params.append(distributed.local(p))
+            if id(p) in active:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                grads.append(distributed.local(p.grad))
+                buffers.append(distributed.local(state["momentum_buffer"]))
+            else:
+                grads.append(None)
+                buffers.append(None)
+            slots.append(group_slot[g_idx])
+        runtime.step(params, grads, buffers, slots, group_options, step_idx)
 
     def _adamw_group_step(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
         exp_avgs, exp_avg_sqs, steps = [], [], []

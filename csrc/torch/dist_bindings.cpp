@@ -1,0 +1,98 @@
+// dmuon._C.dist: the owner-centric step runtime (MuonRuntime) and its option structs.
+#include <torch/extension.h>
+
+#include "bindings.h"
+#include "common/check.h"
+#include "dist_runtime.h"
+
+namespace py = pybind11;
+
+namespace dmuon::torch_adapter {
+
+void register_dist_bindings(py::module_& m) {
+  py::module_ d = m.def_submodule("dist", "owner-centric distributed Muon step");
+
+  py::class_<dist::ParamLayout>(d, "ParamLayout")
+      .def(py::init([](std::vector<int64_t> global_shape, int64_t batch_dims, bool sharded) {
+             return dist::ParamLayout{std::move(global_shape), batch_dims, sharded};
+           }),
+           py::arg("global_shape"), py::arg("batch_dims"), py::arg("sharded"))
+      .def_readonly("global_shape", &dist::ParamLayout::global_shape)
+      .def_readonly("batch_dims", &dist::ParamLayout::batch_dims)
+      .def_readonly("sharded", &dist::ParamLayout::sharded)
+      .def("rank_rows", [](const dist::ParamLayout& l, int world) {
+        std::vector<std::pair<int64_t, int64_t>> out;
+        for (const auto& b : l.rank_rows(world)) out.emplace_back(b.begin, b.count);
+        return out;
+      });
+
+  py::class_<RuntimeOptions>(d, "RuntimeOptions")
+      .def(py::init([](std::string mode, int64_t bucket_bytes, std::string wire_dtype,
+                       std::string solver, std::string device_type, bool profile) {
+             return RuntimeOptions{std::move(mode), bucket_bytes, std::move(wire_dtype),
+                                   std::move(solver), std::move(device_type), profile};
+           }),
+           py::arg("mode") = "owner", py::arg("bucket_bytes") = int64_t{64} << 20,
+           py::arg("wire_dtype") = "auto", py::arg("solver") = "milp",
+           py::arg("device_type") = "cpu", py::arg("profile") = false);
+
+  py::class_<MuonGroupOptions>(d, "GroupOptions")
+      .def(py::init([](double lr, double weight_decay, double momentum, bool nesterov,
+                       std::string adjust_lr, std::string algorithm, std::vector<double> coefficients,
+                       std::vector<int64_t> restart_after, double eps) {
+             return MuonGroupOptions{lr, weight_decay, momentum, nesterov, std::move(adjust_lr),
+                                     std::move(algorithm), std::move(coefficients),
+                                     std::move(restart_after), eps};
+           }),
+           py::arg("lr"), py::arg("weight_decay"), py::arg("momentum"), py::arg("nesterov"),
+           py::arg("adjust_lr"), py::arg("algorithm"), py::arg("coefficients"),
+           py::arg("restart_after"), py::arg("eps"));
+
+  py::class_<StepStats>(d, "StepStats")
+      .def_readonly("momentum_s", &StepStats::momentum_s)
+      .def_readonly("pack_s", &StepStats::pack_s)
+      .def_readonly("comm_wait_s", &StepStats::comm_wait_s)
+      .def_readonly("ns_s", &StepStats::ns_s)
+      .def_readonly("apply_s", &StepStats::apply_s)
+      .def_readonly("total_s", &StepStats::total_s)
+      .def_readonly("bytes_sent", &StepStats::bytes_sent)
+      .def_readonly("bytes_received", &StepStats::bytes_received)
+      .def_readonly("num_buckets", &StepStats::num_buckets)
+      .def_readonly("num_orthogonalized", &StepStats::num_orthogonalized);
+
+  py::class_<MuonRuntime>(d, "MuonRuntime")
+      .def(py::init<const std::string&, std::vector<std::string>, std::vector<dist::ParamLayout>,
+                    RuntimeOptions>(),
+           py::arg("group_name"), py::arg("names"), py::arg("layouts"), py::arg("options"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("step",
+           [](MuonRuntime& runtime, std::vector<at::Tensor> params,
+              std::vector<std::optional<at::Tensor>> grads,
+              std::vector<std::optional<at::Tensor>> buffers, std::vector<int64_t> group_idx,
+              std::vector<MuonGroupOptions> groups, int64_t step_idx) {
+             // None → an undefined tensor: the parameter has no gradient this step.
+             std::vector<at::Tensor> defined_grads, defined_buffers;
+             for (auto& g : grads) defined_grads.push_back(g.has_value() ? *g : at::Tensor());
+             for (auto& b : buffers) defined_buffers.push_back(b.has_value() ? *b : at::Tensor());
+             py::gil_scoped_release release;
+             runtime.step(params, defined_grads, defined_buffers, group_idx, groups, step_idx);
+           },
+           py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"), py::arg("group_idx"),
+           py::arg("groups"), py::arg("step_idx"))
+      .def("all_reduce_flags", &MuonRuntime::all_reduce_flags, py::arg("local"), py::arg("op"),
+           py::arg("what"), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("rank", &MuonRuntime::rank)
+      .def_property_readonly("world_size", &MuonRuntime::world_size)
+      .def_property_readonly("owners", &MuonRuntime::owners)
+      .def_property_readonly("plan_text", &MuonRuntime::plan_text)
+      .def_property_readonly("predicted_makespan_s", &MuonRuntime::predicted_makespan_s)
+      .def_property_readonly("num_buckets", [](const MuonRuntime& r) { return r.buckets().size(); })
+      .def_property_readonly("buckets", [](const MuonRuntime& r) {
+        std::vector<std::vector<int>> out;
+        for (const auto& b : r.buckets()) out.push_back(b.param_idx);
+        return out;
+      })
+      .def_property_readonly("last_stats", &MuonRuntime::last_stats);
+}
+
+}  // namespace dmuon::torch_adapter

@@ -1,0 +1,430 @@
+// dmuon/torch/dist_runtime.cpp — plan, buckets and the pipelined owner-centric step.
+#include "dist_runtime.h"
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <tuple>
+
+#include "common/check.h"
+#include "optim/update_rule.h"
+#include "orthogonalize.h"
+#include "plan/cost_model.h"
+#include "plan/planner.h"
+
+namespace dmuon::torch_adapter {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+at::ScalarType parse_wire_dtype(const std::string& name, const std::string& device_type) {
+  if (name == "auto") return device_type == "cuda" ? at::kBFloat16 : at::kFloat;
+  if (name == "float32") return at::kFloat;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  DMUON_FAIL("wire_dtype must be auto, float32, bfloat16 or float16, got '", name, "'");
+}
+
+// One all_to_all in flight: its buffers, split sizes and completion handle.
+struct InFlight {
+  at::Tensor send;                     // [Σ input splits] wire dtype
+  at::Tensor recv;                     // [Σ output splits] wire dtype
+  std::vector<int64_t> recv_offsets;   // [world + 1] element offsets of each source
+  c10::intrusive_ptr<c10d::Work> work; // null when nothing was exchanged
+};
+
+// Concatenate flattened pieces (or an empty buffer) in the wire dtype.
+at::Tensor pack(const std::vector<at::Tensor>& pieces, at::ScalarType dtype, const at::Device& device) {
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& piece : pieces)
+    if (piece.numel() > 0) flat.push_back(piece.reshape({-1}).to(dtype));
+  if (flat.empty()) return at::empty({0}, at::TensorOptions().dtype(dtype).device(device));
+  return at::cat(flat, 0);
+}
+
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& splits) {
+  std::vector<int64_t> offsets(splits.size() + 1, 0);
+  for (size_t i = 0; i < splits.size(); ++i) offsets[i + 1] = offsets[i] + splits[i];
+  return offsets;
+}
+
+}  // namespace
+
+MuonRuntime::MuonRuntime(const std::string& group_name, std::vector<std::string> names,
+                         std::vector<dist::ParamLayout> layouts, RuntimeOptions options)
+    : names_(std::move(names)), layouts_(std::move(layouts)), options_(std::move(options)) {
+  DMUON_CHECK(names_.size() == layouts_.size(), "MuonRuntime: ", names_.size(), " names for ",
+              layouts_.size(), " layouts");
+  DMUON_CHECK(options_.mode == "owner" || options_.mode == "gather",
+              "mode must be 'owner' or 'gather', got '", options_.mode, "'");
+  DMUON_CHECK(options_.device_type == "cpu" || options_.device_type == "cuda",
+              "device_type must be 'cpu' or 'cuda', got '", options_.device_type, "'");
+  for (size_t i = 0; i < layouts_.size(); ++i) layouts_[i].validate(names_[i].c_str());
+  if (!group_name.empty()) {
+    group_ = c10d::resolve_process_group(group_name);
+    rank_ = group_->getRank();
+    world_size_ = group_->getSize();
+  }
+  wire_dtype_ = parse_wire_dtype(options_.wire_dtype, options_.device_type);
+  for (const auto& layout : layouts_) rows_.push_back(layout.rank_rows(world_size_));
+  make_plan();
+}
+
+// Owners and buckets: rank 0 plans, every other rank receives the plan's text.
+void MuonRuntime::make_plan() {
+  const int64_t wire_size = at::elementSize(wire_dtype_);
+  std::vector<int64_t> wire_bytes;
+  for (const auto& layout : layouts_) wire_bytes.push_back(layout.numel() * wire_size);
+  const size_t num_params = layouts_.size();
+
+  if (options_.mode == "gather") {
+    // Everyone computes everything; buckets follow parameter order.
+    owners_.assign(num_params, -1);
+    order_by_rank_.assign(1, {});
+    for (size_t i = 0; i < num_params; ++i) order_by_rank_[0].push_back(static_cast<int>(i));
+  } else {
+    std::vector<plan::MatrixSpec> matrices;
+    for (size_t i = 0; i < num_params; ++i) {
+      const auto& layout = layouts_[i];
+      // NOTE: the planner rejects empty matrices; a zero-size parameter costs nothing and
+      // is planned as a 1x1 matrix so that it still gets an owner.
+      matrices.push_back({names_[i], std::max<int64_t>(1, layout.matrix_rows()),
+                          std::max<int64_t>(1, layout.cols()),
+                          std::max<int64_t>(1, layout.num_matrices()),
+                          std::max<int64_t>(1, wire_bytes[i]), 0});
+    }
+    plan::ProblemOptions problem_options;
+    problem_options.world_size = world_size_;
+    const auto cost = options_.device_type == "cuda" ? plan::AnalyticCostModel::gpu_default()
+                                                     : plan::AnalyticCostModel::cpu_default();
+    const plan::Problem problem = plan::build_problem(matrices, problem_options, cost.as_cost_fn());
+    const plan::SolverKind solver = plan::parse_solver(options_.solver);
+    std::string text;
+    if (rank_ == 0) text = plan::solve(problem, solver, plan::MilpOptions::from_env()).serialize();
+
+    // Broadcast the plan's text (length first) from rank 0.
+    if (group_ && world_size_ > 1) {
+      const at::TensorOptions opts = at::TensorOptions().device(
+          options_.device_type == "cuda" ? at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index())
+                                         : at::Device(at::kCPU));
+      std::vector<at::Tensor> length{at::tensor({static_cast<int64_t>(text.size())}, opts.dtype(at::kLong))};
+      wait_and_check(group_->broadcast(length), length[0], "broadcast of the plan's length");
+      const int64_t num_bytes = length[0].item<int64_t>();
+      at::Tensor bytes = at::empty({num_bytes}, at::TensorOptions().dtype(at::kByte));
+      if (rank_ == 0) std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
+      std::vector<at::Tensor> payload{bytes.to(opts.device())};
+      wait_and_check(group_->broadcast(payload), payload[0], "broadcast of the plan");
+      at::Tensor host = payload[0].to(at::kCPU);
+      text.assign(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()), static_cast<size_t>(num_bytes));
+    }
+    const plan::Plan plan = plan::deserialize_plan(problem, text);
+    plan_text_ = text;
+    predicted_makespan_s_ = plan.makespan;
+    owners_ = plan.owner;
+    order_by_rank_.assign(static_cast<size_t>(world_size_), {});
+    for (int r = 0; r < world_size_; ++r)
+      for (const auto& batch : plan.ranks[static_cast<size_t>(r)].batches)
+        for (int idx : batch.matrix_idx) order_by_rank_[static_cast<size_t>(r)].push_back(idx);
+  }
+  buckets_ = dist::make_buckets(order_by_rank_, wire_bytes, options_.bucket_bytes);
+}
+
+c10::intrusive_ptr<c10d::Work> MuonRuntime::all_to_all(at::Tensor& output, at::Tensor& input,
+                                                       std::vector<int64_t> output_splits,
+                                                       std::vector<int64_t> input_splits) {
+  return group_->alltoall_base(output, input, output_splits, input_splits);
+}
+
+at::Tensor MuonRuntime::wait_and_check(const c10::intrusive_ptr<c10d::Work>& work,
+                                       const at::Tensor& output, const std::string& what) {
+  if (!work) return output;
+  try {
+    work->wait();
+  } catch (const std::exception& error) {
+    DMUON_FAIL("dmuon step ", step_idx_, ": ", what, " failed on rank ", rank_, " of ",
+               world_size_, ": ", error.what());
+  }
+  return output;
+}
+
+void MuonRuntime::sync_for_profile() const {
+  if (options_.profile && options_.device_type == "cuda") {
+    const auto* impl = c10::impl::getDeviceGuardImpl(at::kCUDA);
+    impl->synchronizeDevice(impl->getDevice().index());
+  }
+}
+
+std::vector<int64_t> MuonRuntime::all_reduce_flags(const std::vector<int64_t>& local,
+                                                   const std::string& op, const std::string& what) {
+  DMUON_CHECK(op == "sum" || op == "max", "all_reduce_flags: op must be sum or max, got ", op);
+  if (!group_ || world_size_ == 1 || local.empty()) return local;
+  at::Device device = options_.device_type == "cuda"
+                          ? at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index())
+                          : at::Device(at::kCPU);
+  std::vector<at::Tensor> tensors{at::tensor(local, at::TensorOptions().dtype(at::kLong)).to(device)};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = op == "sum" ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
+  wait_and_check(group_->allreduce(tensors, opts), tensors[0], what);
+  at::Tensor host = tensors[0].to(at::kCPU).contiguous();
+  return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+}
+
+void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& grads,
+                       const std::vector<at::Tensor>& momentum_buffers, const std::vector<int64_t>& group_idx,
+                       const std::vector<MuonGroupOptions>& groups, int64_t step_idx) {
+  const size_t num_params = layouts_.size();
+  DMUON_CHECK(params.size() == num_params && grads.size() == num_params &&
+                  momentum_buffers.size() == num_params && group_idx.size() == num_params,
+              "MuonRuntime::step: expected ", num_params, " params, grads, buffers and group indices");
+  step_idx_ = step_idx;
+  stats_ = StepStats{};
+  const auto step_start = Clock::now();
+  const bool gather = options_.mode == "gather";
+  const bool communicate = group_ && world_size_ > 1;
+  std::vector<ns::Schedule> schedules;
+  for (const auto& g : groups)
+    schedules.push_back(make_schedule(g.algorithm, g.coefficients, g.restart_after, g.eps));
+
+  // Momentum on the local rows into fresh buffers; the update viewed as [local_rows, cols].
+  auto phase_start = Clock::now();
+  std::vector<bool> active(num_params, false);
+  std::vector<at::Tensor> new_buffers(num_params), updates(num_params);
+  for (size_t i = 0; i < num_params; ++i) {
+    const auto& layout = layouts_[i];
+    const dist::RowBlock mine = rows_[i][static_cast<size_t>(rank_)];
+    const at::Tensor& p = params[i];
+    DMUON_CHECK(p.dim() == static_cast<int64_t>(layout.global_shape.size()) &&
+                    p.size(0) * layout.rows_per_dim0() == mine.count &&
+                    (p.dim() < 2 || p.numel() == mine.count * layout.cols()),
+                "parameter ", i, " (", names_[i], ") has local shape ", p.sizes(), " on rank ", rank_,
+                ", but its layout expects ", mine.count / std::max<int64_t>(1, layout.rows_per_dim0()),
+                " rows of dim 0 (global shape ", c10::IntArrayRef(layout.global_shape), ")");
+    DMUON_CHECK(group_idx[i] >= 0 && static_cast<size_t>(group_idx[i]) < groups.size(),
+                "parameter ", i, ": group index ", group_idx[i], " out of range");
+    if (!grads[i].defined() || layout.numel() == 0) continue;
+    DMUON_CHECK(momentum_buffers[i].defined() && momentum_buffers[i].sizes() == p.sizes() &&
+                    grads[i].sizes() == p.sizes(),
+                "parameter ", i, " (", names_[i], "): gradient ", grads[i].sizes(),
+                " or momentum buffer does not match its local shape ", p.sizes());
+    active[i] = true;
+    const double mu = groups[static_cast<size_t>(group_idx[i])].momentum;
+    new_buffers[i] = momentum_buffers[i].lerp(grads[i], 1.0 - mu);
+    at::Tensor update = groups[static_cast<size_t>(group_idx[i])].nesterov ? grads[i].lerp(new_buffers[i], mu)
+                                                                            : new_buffers[i];
+    updates[i] = update.reshape({mine.count, layout.cols()});
+  }
+  sync_for_profile();
+  stats_.momentum_s = seconds_since(phase_start);
+
+  const at::Device device = params.empty() ? at::Device(at::kCPU) : params[0].device();
+  auto computes = [&](int idx) { return gather || owners_[static_cast<size_t>(idx)] == rank_; };
+  auto sharded = [&](int idx) { return layouts_[static_cast<size_t>(idx)].sharded; };
+
+  // Forward: every rank sends its rows of each sharded matrix to the ranks that compute it.
+  auto issue_forward = [&](const dist::Bucket& bucket) {
+    const auto start = Clock::now();
+    InFlight flight;
+    std::vector<int64_t> send_splits(static_cast<size_t>(world_size_), 0);
+    std::vector<int64_t> recv_splits(static_cast<size_t>(world_size_), 0);
+    std::vector<at::Tensor> pieces;
+    for (int dest = 0; dest < world_size_; ++dest) {
+      for (int idx : bucket.param_idx) {
+        if (!active[idx] || !sharded(idx) || !(gather || owners_[idx] == dest)) continue;
+        pieces.push_back(updates[idx]);
+        send_splits[dest] += updates[idx].numel();
+      }
+    }
+    for (int src = 0; src < world_size_; ++src)
+      for (int idx : bucket.param_idx)
+        if (active[idx] && sharded(idx) && computes(idx))
+          recv_splits[src] += rows_[idx][src].count * layouts_[idx].cols();
+    flight.recv_offsets = offsets_of(recv_splits);
+    // NOTE: the all_to_all is collective: whether to call it must depend only on what every
+    // rank knows alike (which parameters are active and sharded), never on local sizes.
+    bool any_sharded = false;
+    for (int idx : bucket.param_idx) any_sharded = any_sharded || (active[idx] && sharded(idx));
+    if (communicate && any_sharded) {
+      flight.send = pack(pieces, wire_dtype_, device);
+      flight.recv = at::empty({flight.recv_offsets.back()}, flight.send.options());
+      flight.work = all_to_all(flight.recv, flight.send, recv_splits, send_splits);
+      stats_.bytes_sent += (flight.send.numel() - send_splits[rank_]) * flight.send.element_size();
+      stats_.bytes_received += (flight.recv.numel() - recv_splits[rank_]) * flight.recv.element_size();
+    } else if (!communicate) {
+      flight.recv = pack(pieces, wire_dtype_, device);  // one rank: its own pieces, in order
+    }
+    stats_.pack_s += seconds_since(start);
+    return flight;
+  };
+
+  // Assemble full matrices on the ranks that compute them; batched Newton–Schulz.
+  auto orthogonalize_bucket = [&](const dist::Bucket& bucket, InFlight& flight) {
+    auto start = Clock::now();
+    wait_and_check(flight.work, flight.recv, "all_to_all of updates to owners");
+    stats_.comm_wait_s += seconds_since(start);
+    start = Clock::now();
+    std::map<int, at::Tensor> full;  // param → [flat_rows, cols]
+    std::vector<int64_t> cursor(flight.recv_offsets.begin(), flight.recv_offsets.end() - 1);
+    for (int idx : bucket.param_idx) {
+      if (!active[idx] || !computes(idx)) continue;
+      const auto& layout = layouts_[idx];
+      if (!sharded(idx)) {
+        full[idx] = updates[idx];
+        continue;
+      }
+      at::Tensor matrix = at::empty({layout.flat_rows(), layout.cols()}, flight.recv.options());
+      for (int src = 0; src < world_size_; ++src) {
+        const dist::RowBlock block = rows_[idx][src];
+        const int64_t count = block.count * layout.cols();
+        if (count == 0) continue;
+        matrix.narrow(0, block.begin, block.count)
+            .copy_(flight.recv.narrow(0, cursor[src], count).view({block.count, layout.cols()}));
+        cursor[src] += count;
+      }
+      full[idx] = matrix;
+    }
+    flight = InFlight{};  // NOTE: free the receive buffer before the NS workspace is allocated
+
+    // One batched call per (group, m, n).
+    std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<int>> batches;
+    for (const auto& [idx, matrix] : full)
+      batches[{group_idx[idx], layouts_[idx].matrix_rows(), layouts_[idx].cols()}].push_back(idx);
+    std::map<int, at::Tensor> results;
+    for (const auto& [key, members] : batches) {
+      const auto [g, m, n] = key;
+      std::vector<at::Tensor> stack;
+      for (int idx : members) stack.push_back(full[idx].to(at::kFloat).view({-1, m, n}));
+      at::Tensor out = orthogonalize(at::cat(stack, 0), schedules[static_cast<size_t>(g)]);
+      int64_t offset = 0;
+      for (int idx : members) {
+        const int64_t count = layouts_[idx].num_matrices();
+        results[idx] = out.narrow(0, offset, count).reshape({layouts_[idx].flat_rows(), n});
+        offset += count;
+        ++stats_.num_orthogonalized;
+      }
+    }
+    sync_for_profile();
+    stats_.ns_s += seconds_since(start);
+    return results;
+  };
+
+  // Return: owners send each rank its rows of the result (all rows when replicated).
+  std::vector<at::Tensor> local_results(num_params);
+  auto issue_return = [&](const dist::Bucket& bucket, std::map<int, at::Tensor>& results) {
+    const auto start = Clock::now();
+    InFlight flight;
+    if (gather || !communicate) {
+      for (auto& [idx, result] : results) {
+        const dist::RowBlock mine = rows_[idx][rank_];
+        local_results[idx] = result.narrow(0, mine.begin, mine.count);
+      }
+      return flight;
+    }
+    bool any_active = false;
+    for (int idx : bucket.param_idx) any_active = any_active || active[idx];
+    if (!any_active) return flight;
+    std::vector<int64_t> send_splits(static_cast<size_t>(world_size_), 0);
+    std::vector<int64_t> recv_splits(static_cast<size_t>(world_size_), 0);
+    std::vector<at::Tensor> pieces;
+    for (int dest = 0; dest < world_size_; ++dest) {
+      for (int idx : bucket.param_idx) {
+        if (!active[idx] || owners_[idx] != rank_) continue;
+        const dist::RowBlock block = rows_[idx][dest];
+        pieces.push_back(results[idx].narrow(0, block.begin, block.count));
+        send_splits[dest] += block.count * layouts_[idx].cols();
+      }
+    }
+    for (int src = 0; src < world_size_; ++src)
+      for (int idx : bucket.param_idx)
+        if (active[idx] && owners_[idx] == src)
+          recv_splits[src] += rows_[idx][rank_].count * layouts_[idx].cols();
+    flight.recv_offsets = offsets_of(recv_splits);
+    flight.send = pack(pieces, wire_dtype_, device);
+    flight.recv = at::empty({flight.recv_offsets.back()}, flight.send.options());
+    flight.work = all_to_all(flight.recv, flight.send, recv_splits, send_splits);
+    stats_.bytes_sent += (flight.send.numel() - send_splits[rank_]) * flight.send.element_size();
+    stats_.bytes_received += (flight.recv.numel() - recv_splits[rank_]) * flight.recv.element_size();
+    stats_.pack_s += seconds_since(start);
+    return flight;
+  };
+
+  auto finish_return = [&](const dist::Bucket& bucket, InFlight& flight) {
+    if (!flight.work) return;
+    const auto start = Clock::now();
+    wait_and_check(flight.work, flight.recv, "all_to_all of results back from owners");
+    stats_.comm_wait_s += seconds_since(start);
+    std::vector<int64_t> cursor(flight.recv_offsets.begin(), flight.recv_offsets.end() - 1);
+    for (int src = 0; src < world_size_; ++src) {
+      for (int idx : bucket.param_idx) {
+        if (!active[idx] || owners_[idx] != src) continue;
+        const dist::RowBlock mine = rows_[idx][rank_];
+        const int64_t count = mine.count * layouts_[idx].cols();
+        local_results[idx] = flight.recv.narrow(0, cursor[src], count).view({mine.count, layouts_[idx].cols()});
+        cursor[src] += count;
+      }
+    }
+    flight = InFlight{};
+  };
+
+  // The pipeline: forward of bucket k+1 in flight during NS of bucket k; returns async.
+  const size_t num_buckets = buckets_.size();
+  stats_.num_buckets = static_cast<int64_t>(num_buckets);
+  std::vector<InFlight> forward(num_buckets), back(num_buckets);
+  if (num_buckets > 0) forward[0] = issue_forward(buckets_[0]);
+  for (size_t k = 0; k < num_buckets; ++k) {
+    if (k + 1 < num_buckets) forward[k + 1] = issue_forward(buckets_[k + 1]);
+    auto results = orthogonalize_bucket(buckets_[k], forward[k]);
+    back[k] = issue_return(buckets_[k], results);
+    if (k >= 1) finish_return(buckets_[k - 1], back[k - 1]);
+  }
+  if (num_buckets > 0) finish_return(buckets_[num_buckets - 1], back[num_buckets - 1]);
+
+  // Agree that every result is finite (one host sync and one tiny all_reduce).
+  phase_start = Clock::now();
+  std::vector<at::Tensor> flags;
+  std::vector<size_t> flag_owner;
+  for (size_t i = 0; i < num_params; ++i) {
+    if (!active[i]) continue;
+    DMUON_CHECK(local_results[i].defined(), "internal: no result for parameter ", i, " (", names_[i], ")");
+    flags.push_back(at::logical_not(at::isfinite(local_results[i]).all()).to(device));
+    flag_owner.push_back(i);
+  }
+  int64_t first_bad = -1;
+  if (!flags.empty()) {
+    at::Tensor bad = at::stack(flags).to(at::kCPU);
+    for (size_t k = 0; k < flag_owner.size(); ++k)
+      if (bad.data_ptr<bool>()[k]) { first_bad = static_cast<int64_t>(flag_owner[k]); break; }
+  }
+  // NOTE: max over ranks of (num_params − first bad index) finds the smallest bad index.
+  const int64_t encoded = first_bad < 0 ? 0 : static_cast<int64_t>(num_params) - first_bad;
+  const int64_t agreed = all_reduce_flags({encoded}, "max", "all_reduce of the finite check")[0];
+  DMUON_CHECK(agreed == 0, "dmuon step ", step_idx_, ": the orthogonalized update of parameter ",
+              static_cast<int64_t>(num_params) - agreed, " (",
+              names_[static_cast<size_t>(static_cast<int64_t>(num_params) - agreed)],
+              ") is not finite (non-finite momentum or gradient); nothing was changed");
+
+  // Commit the momentum and apply: p ← p·(1 − lr·wd) − lr·ratio(m, n)·O.
+  for (size_t i = 0; i < num_params; ++i) {
+    if (!active[i]) continue;
+    const auto& options = groups[static_cast<size_t>(group_idx[i])];
+    at::Tensor buffer = momentum_buffers[i];
+    buffer.copy_(new_buffers[i]);
+    const double ratio = optim::adjusted_lr_ratio(optim::parse_adjust_lr(options.adjust_lr),
+                                                  layouts_[i].matrix_rows(), layouts_[i].cols());
+    at::Tensor param = params[i];
+    if (options.weight_decay != 0.0) param.mul_(1.0 - options.lr * options.weight_decay);
+    param.add_(local_results[i].reshape(param.sizes()).to(param.scalar_type()), -options.lr * ratio);
+  }
+  sync_for_profile();
+  stats_.apply_s = seconds_since(phase_start);
+  stats_.total_s = seconds_since(step_start);
+}
+
+}  // namespace dmuon::torch_adapter

@@ -1,0 +1,95 @@
+// dmuon/torch/dist_runtime.h — the owner-centric Muon step over a c10d process group.
+//
+// Each Muon parameter has one owner rank (from the planner). Per step:
+//   momentum on the local rows (shard or replica) → pack the update into a wire buffer →
+//   all_to_all so each owner holds its full matrices → batched Newton–Schulz on the owner →
+//   all_to_all back so every rank holds its rows of the result → one agreement that every
+//   result is finite → apply (lr scaling, decoupled weight decay) and commit the momentum.
+// Work goes in buckets in plan order; the next bucket's all_to_all is in flight while the
+// current one is orthogonalized, and results travel back asynchronously. mode "gather" is
+// the naive baseline: every rank gathers every matrix and orthogonalizes all of them.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <string>
+#include <vector>
+
+#include "dist/buckets.h"
+#include "dist/shard_layout.h"
+#include "group_options.h"
+
+namespace dmuon::torch_adapter {
+
+/// How the runtime runs; fixed at construction.
+struct RuntimeOptions {
+  std::string mode = "owner";       ///< "owner" | "gather"
+  int64_t bucket_bytes = 64 << 20;  ///< wire bytes per pipeline bucket (≤ 0: one bucket)
+  std::string wire_dtype = "auto";  ///< "auto" (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
+  std::string solver = "milp";      ///< owner planner: "milp" | "lpt" | "round_robin"
+  std::string device_type = "cpu";  ///< "cpu" | "cuda": cost model and collective buffers
+  bool profile = false;             ///< synchronize the device between phases to time them
+};
+
+/// Where the time of the last step went (seconds) and what it moved (bytes, this rank).
+struct StepStats {
+  double momentum_s = 0, pack_s = 0, comm_wait_s = 0, ns_s = 0, apply_s = 0, total_s = 0;
+  int64_t bytes_sent = 0, bytes_received = 0, num_buckets = 0, num_orthogonalized = 0;
+};
+
+class MuonRuntime {
+ public:
+  /// group_name: a c10d group's name (ProcessGroup.group_name), or "" for one process.
+  /// names/layouts: the Muon parameters, identical on every rank.
+  MuonRuntime(const std::string& group_name, std::vector<std::string> names,
+              std::vector<dist::ParamLayout> layouts, RuntimeOptions options);
+
+  /// One step over every Muon parameter, local tensors (this rank's rows). grads may hold
+  /// undefined tensors (and momentum_buffers then too) for parameters without a gradient
+  /// on every rank: they are skipped.
+  /// group_idx[i] indexes `groups`. Transactional across ranks: when any update is not
+  /// finite every rank throws and nothing changes.
+  void step(at::TensorList params, const std::vector<at::Tensor>& grads,
+            const std::vector<at::Tensor>& momentum_buffers, const std::vector<int64_t>& group_idx,
+            const std::vector<MuonGroupOptions>& groups, int64_t step_idx);
+
+  /// Element-wise all_reduce over the group of small integer flags (op "sum" | "max").
+  std::vector<int64_t> all_reduce_flags(const std::vector<int64_t>& local, const std::string& op,
+                                        const std::string& what);
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  const std::vector<int>& owners() const { return owners_; }
+  const std::string& plan_text() const { return plan_text_; }
+  double predicted_makespan_s() const { return predicted_makespan_s_; }
+  const std::vector<dist::Bucket>& buckets() const { return buckets_; }
+  const StepStats& last_stats() const { return stats_; }
+
+ private:
+  void make_plan();
+  at::Tensor wait_and_check(const c10::intrusive_ptr<c10d::Work>& work, const at::Tensor& output,
+                            const std::string& what);
+  c10::intrusive_ptr<c10d::Work> all_to_all(at::Tensor& output, at::Tensor& input,
+                                            std::vector<int64_t> output_splits,
+                                            std::vector<int64_t> input_splits);
+  void sync_for_profile() const;
+
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;  // null for one process
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::vector<std::string> names_;
+  std::vector<dist::ParamLayout> layouts_;
+  std::vector<std::vector<dist::RowBlock>> rows_;  // [param][rank]
+  RuntimeOptions options_;
+  at::ScalarType wire_dtype_ = at::kFloat;
+  std::vector<int> owners_;
+  std::vector<std::vector<int>> order_by_rank_;
+  std::string plan_text_;
+  double predicted_makespan_s_ = 0.0;
+  std::vector<dist::Bucket> buckets_;
+  StepStats stats_;
+  int64_t step_idx_ = 0;
+};
+
+}  // namespace dmuon::torch_adapter

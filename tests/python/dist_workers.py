@@ -1,0 +1,172 @@
+"""Worker functions for the distributed tests (run in spawned processes by dist_harness)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+import dmuon
+
+# Awkward shapes: tiny, thin, dim 0 smaller than the world, not divisible by it, a 3-D
+# expert stack, a 4-D conv weight.
+SHAPES = [(16, 24), (5, 7), (1, 64), (3, 300), (2, 9), (7, 5), (5, 6, 8), (6, 3, 2, 2)]
+
+
+def _global_tensors(seed: int, shapes=SHAPES) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=gen) / s[-1] ** 0.5 for s in shapes]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def sharded_and_replicated_match_single_process(rank: int, world: int, algorithm: str, num_steps: int = 3,
+                                                hsdp: bool = False) -> dict:
+    """Owner mode (sharded and replicated) and gather mode against single-process DMuon."""
+    options = dict(lr=0.02, weight_decay=0.1, ns_algorithm=algorithm, bucket_size_mb=0.001)
+    initial = _global_tensors(0)
+    single = [nn.Parameter(t.clone()) for t in initial]
+    single_opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(single)], **options)
+
+    if hsdp:
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+        placements = [Replicate(), Shard(0)]
+    else:
+        mesh = init_device_mesh("cpu", (world,))
+        placements = [Shard(0)]
+    sharded = [nn.Parameter(distribute_tensor(t.clone(), mesh, placements)) for t in initial]
+    sharded_opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(sharded)], **options)
+    gathered = [nn.Parameter(distribute_tensor(t.clone(), mesh, placements)) for t in initial]
+    gather_opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(gathered)], mode="gather", **options)
+    replicated = [nn.Parameter(t.clone()) for t in initial]
+    replicated_opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(replicated)], **options)
+
+    for step in range(num_steps):
+        grads = _global_tensors(100 + step)
+        for p, g in zip(single, grads):
+            p.grad = g.clone()
+        for p, g in zip(replicated, grads):
+            p.grad = g.clone()
+        for ps in (sharded, gathered):
+            for p, g in zip(ps, grads):
+                p.grad = distribute_tensor(g.clone(), mesh, placements)
+        for opt in (single_opt, sharded_opt, gather_opt, replicated_opt):
+            opt.step()
+
+    errors = {"sharded": [], "gather": [], "replicated": []}
+    for i, ref in enumerate(single):
+        errors["sharded"].append(_rel(sharded[i].full_tensor(), ref.detach()))
+        errors["gather"].append(_rel(gathered[i].full_tensor(), ref.detach()))
+        errors["replicated"].append(_rel(replicated[i].detach(), ref.detach()))
+    stats = sharded_opt.runtime.last_stats
+    return {"errors": errors, "owners": sharded_opt.runtime.owners, "num_buckets": stats.num_buckets,
+            "num_orthogonalized": stats.num_orthogonalized, "bytes_sent": stats.bytes_sent,
+            "replicated_orthogonalized": replicated_opt.runtime.last_stats.num_orthogonalized,
+            "gather_orthogonalized": gather_opt.runtime.last_stats.num_orthogonalized}
+
+
+def mismatched_parameters(rank: int, world: int) -> str:
+    """Rank 1 builds a different parameter list: every rank must raise (not hang)."""
+    shape = (4, 6) if rank != 1 else (4, 7)
+    params = [("embed", nn.Parameter(torch.randn(10, 3))), ("proj", nn.Parameter(torch.randn(*shape)))]
+    try:
+        dmuon.DMuon(params, process_group=dist.group.WORLD)
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+class TinyTransformer(nn.Module):
+    """Embedding, one attention-ish block and an MLP, a head: enough for FSDP2/DDP tests."""
+
+    def __init__(self, vocab: int = 32, dim: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        # NOTE: no bias: the key bias has an exactly-zero gradient (softmax is shift
+        # invariant), and AdamW turns that gradient's rounding noise into ±lr steps.
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.proj = nn.Linear(dim, dim)
+        self.up = nn.Linear(dim, 40)
+        self.down = nn.Linear(40, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens)
+        q, k, v = self.qkv(h).chunk(3, dim=-1)
+        attn = torch.softmax(q @ k.transpose(1, 2) / 4.0, dim=-1) @ v
+        h = h + self.proj(attn)
+        h = h + self.down(torch.relu(self.up(self.norm(h))))
+        return self.lm_head(h)
+
+
+def _batches(step: int, world: int, per_rank: int = 2, seq: int = 6) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1000 + step)
+    return torch.randint(0, 32, (world * per_rank, seq), generator=gen)
+
+
+def _loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    logits = model(tokens[:, :-1])
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
+def wrapped_training_matches_single_process(rank: int, world: int, wrapper: str, num_steps: int = 3) -> dict:
+    """FSDP2 fully_shard or DDP training vs single-process DMuon on the whole batch."""
+    torch.manual_seed(0)
+    reference = TinyTransformer()
+    model = copy.deepcopy(reference)
+    options = dict(lr=0.01, weight_decay=0.05)
+    ref_opt = dmuon.DMuon(reference, **options)
+    if wrapper == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in (model.qkv, model.proj, model.up, model.down):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = dmuon.DMuon(model, **options)
+        wrapped = model
+    else:
+        wrapped = nn.parallel.DistributedDataParallel(model)
+        opt = dmuon.DMuon(model, **options)
+
+    per_rank = 2
+    for step in range(num_steps):
+        tokens = _batches(step, world, per_rank)
+        ref_opt.zero_grad()
+        _loss(reference, tokens).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        _loss(wrapped, tokens[rank * per_rank:(rank + 1) * per_rank]).backward()
+        if wrapper == "fsdp2":
+            # NOTE: FSDP2 on Gloo sums the gradients across ranks instead of averaging
+            # them (its reduce-scatter asks for AVG, which Gloo lacks, and the fallback
+            # division is skipped); measured here, so divide by the world size.
+            scale = _fsdp2_gloo_scale(model, reference, world) if step == 0 else scale
+            if scale != 1.0:
+                for p in model.parameters():
+                    if p.grad is not None:
+                        p.grad.div_(scale)
+        opt.step()
+
+    errors = {}
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        errors[name] = _rel(full.detach(), q.detach())
+    return {"errors": errors, "owners": opt.runtime.owners}
+
+
+def _fsdp2_gloo_scale(model, reference, world) -> float:
+    """world when FSDP2's gradients are sums (Gloo), 1 when they are means: decided by
+    comparing one Muon gradient with the single-process one (which is a mean)."""
+    p = model.up.weight
+    q = reference.up.weight
+    # reference.grad was zeroed and recomputed this step; compare norms of full tensors.
+    ratio = float(p.grad.full_tensor().norm() / q.grad.norm())
+    return float(world) if abs(ratio - world) < abs(ratio - 1.0) else 1.0
