@@ -34,6 +34,9 @@ ensure_python_packages() {
     "$PYTHON" -m pip install -q "torch==2.11.0"
   fi
   "$PYTHON" -m pip install -q numpy matplotlib tqdm pytest "scikit-build-core>=0.10" ninja
+  # CUTLASS/CuTe headers for the sm_90a symmetric kernel (headers only: --no-deps).
+  "$PYTHON" -c "import cutlass_library" 2>/dev/null ||
+    "$PYTHON" -m pip install -q --no-deps "nvidia-cutlass==4.2.0.0"
 }
 
 # Build the core, its tests and dmuon._C into $BUILD_DIR; editable install of the package.

@@ -8,6 +8,11 @@
 #include "ns/cpu/cpu_backend.h"
 #include "ns/ns_algorithms.h"
 
+#if defined(DMUON_WITH_CUDA) && defined(DMUON_WITH_CUDA_NS)
+#include "cuda/cuda_orthogonalize.h"
+#define DMUON_HAS_CUDA_BACKEND 1
+#endif
+
 namespace dmuon::torch_adapter {
 namespace {
 
@@ -80,8 +85,9 @@ at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,
   DMUON_CHECK(x.is_floating_point(), "orthogonalize: expected a floating tensor, got ",
               x.scalar_type());
   DMUON_CHECK(x.size(-1) >= 1 && x.size(-2) >= 1, "orthogonalize: empty matrices ", x.sizes());
-  DMUON_CHECK(backend == "auto" || backend == "core" || backend == "aten",
-              "backend must be auto, core or aten, got '", backend, "'");
+  DMUON_CHECK(backend == "auto" || backend == "core" || backend == "aten" || backend == "cuda" ||
+                  backend == "cuda_dense",
+              "backend must be auto, core, aten, cuda or cuda_dense, got '", backend, "'");
   const bool use_core = backend == "core" || (backend == "auto" && x.device().is_cpu());
   DMUON_CHECK(!use_core || x.device().is_cpu(), "backend 'core' runs on CPU tensors only");
   const at::ScalarType dtype = parse_compute_dtype(compute_dtype, x, schedule.algorithm, use_core);
@@ -90,6 +96,25 @@ at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,
   const int64_t rows = x.size(-2), cols = x.size(-1);
   at::Tensor batch = x.reshape({-1, rows, cols});
   if (batch.size(0) == 0) return at::empty(x.sizes(), x.options().dtype(out_dtype));
+
+  // CUDA backend: "cuda" → the sm_90a symmetric kernel where usable (built, sm_90, self-check
+  // passed), else dense cuBLASLt products mirrored; "cuda_dense" → always the latter;
+  // "auto" → "cuda" only where the kernel is usable, otherwise the ATen path below.
+  const bool half_dtype = dtype == at::kHalf || dtype == at::kBFloat16;
+  if (backend == "cuda" || backend == "cuda_dense") {
+    DMUON_CHECK(x.is_cuda(), "backend '", backend, "' runs on CUDA tensors only");
+    DMUON_CHECK(half_dtype, "backend '", backend, "' iterates in float16 or bfloat16, not ", dtype);
+  }
+#if defined(DMUON_HAS_CUDA_BACKEND)
+  if (x.is_cuda() && half_dtype && backend != "aten") {
+    const bool kernel = backend != "cuda_dense" && cuda_sym_kernel_usable(x, dtype);
+    if (kernel || backend == "cuda" || backend == "cuda_dense")
+      return orthogonalize_cuda(batch, schedule, dtype, kernel).to(out_dtype).reshape(x.sizes());
+  }
+#else
+  DMUON_CHECK(backend != "cuda" && backend != "cuda_dense",
+              "this build of dmuon has no CUDA backend (backend '", backend, "')");
+#endif
 
   // CPU core: fp32 or fp64, in place on a private copy, parallel over the batch.
   if (use_core) {

@@ -15,10 +15,13 @@ ns::Schedule make_schedule(const std::string& algorithm, at::ArrayRef<double> co
                            at::IntArrayRef restart_after, double eps);
 
 /// Orthogonalize every matrix of x [..., m, n]; returns fp32 (fp64 for fp64 input) of
-/// x's shape. backend: "auto" | "core" (CPU core) | "aten" (batched ATen products);
+/// x's shape. backend: "auto" | "core" (CPU core) | "aten" (batched ATen products) |
+/// "cuda" (CUDA backend: sm_90a symmetric kernel where usable, else dense cuBLASLt
+/// products mirrored) | "cuda_dense" (CUDA backend, always dense products mirrored);
 /// compute_dtype: "auto" | "float64" | "float32" | "float16" | "bfloat16".
-/// auto: CPU → core in fp32 (fp64 for fp64 input); CUDA → ATen, fp16 for Gram NS and
-/// bf16 for standard NS (DESIGN.md §3).
+/// auto: CPU → core in fp32 (fp64 for fp64 input); CUDA → fp16 for Gram NS and bf16 for
+/// standard NS (DESIGN.md §3), on the CUDA backend when the sm_90a kernel is built, the
+/// GPU is sm_90 and the kernel passed its self-check, else on the ATen backend.
 at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,
                          const std::string& backend = "auto",
                          const std::string& compute_dtype = "auto");

@@ -1,0 +1,125 @@
+// dmuon/ns/cuda/cublaslt_gemm.cpp — cuBLASLt plans (descriptors, layouts, heuristic
+// algorithm) cached per problem descriptor and device.
+#include "ns/cuda/cublaslt_gemm.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "ns/cuda/cuda_check.h"
+
+namespace dmuon::ns::cuda {
+namespace {
+
+// One cached cuBLASLt plan: descriptors and the heuristic's algorithm.
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace_needed = 0;
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+using Key = std::tuple<int, int, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, size_t>;
+
+std::mutex g_mutex;
+std::map<int, cublasLtHandle_t> g_handles;            // device → handle (never destroyed)
+std::map<Key, std::unique_ptr<Plan>> g_plans;         // guarded by g_mutex
+
+// A column-major cuBLASLt layout of rows×cols with leading dimension ld, batched.
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
+                                   int64_t batch, int64_t stride) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  DMUON_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows),
+                                                static_cast<uint64_t>(cols), ld));
+  const int32_t count = static_cast<int32_t>(batch);
+  DMUON_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                      &count, sizeof(count)));
+  DMUON_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(
+      layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+  return layout;
+}
+
+// Build the plan of a descriptor. NOTE: row-major D = A·op(B) is the column-major
+// product Dᵀ = op(B)ᵀ·Aᵀ, so cuBLASLt's first operand is B's buffer and its second A's.
+std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmDesc& g, size_t workspace_bytes) {
+  const cudaDataType_t type = g.dtype == DType::kFloat16 ? CUDA_R_16F : CUDA_R_16BF;
+  auto plan = std::make_unique<Plan>();
+  DMUON_CHECK_CUBLAS(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t trans_first = g.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t trans_second = CUBLAS_OP_N;
+  DMUON_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                    &trans_first, sizeof(trans_first)));
+  DMUON_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                    &trans_second, sizeof(trans_second)));
+  // First operand: B's buffer, column-major n×k (k×n when transposed).
+  plan->a = g.transpose_b ? make_layout(type, g.k, g.n, g.ldb, g.batch, g.stride_b)
+                          : make_layout(type, g.n, g.k, g.ldb, g.batch, g.stride_b);
+  // Second operand: A's buffer, column-major k×m.
+  plan->b = make_layout(type, g.k, g.m, g.lda, g.batch, g.stride_a);
+  plan->c = make_layout(type, g.n, g.m, g.ldc, g.batch, g.stride_c);
+  plan->d = make_layout(type, g.n, g.m, g.ldd, g.batch, g.stride_d);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  DMUON_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+  DMUON_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof(workspace_bytes)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int num_results = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle, plan->op, plan->a, plan->b, plan->c, plan->d, pref, 1, &result, &num_results);
+  cublasLtMatmulPreferenceDestroy(pref);
+  DMUON_CHECK_CUBLAS(status);
+  DMUON_CHECK(num_results > 0, "cuBLASLt has no algorithm for the ", g.batch, "x", g.m, "x",
+              g.n, "x", g.k, " product");
+  plan->algo = result.algo;
+  plan->workspace_needed = result.workspaceSize;
+  return plan;
+}
+
+}  // namespace
+
+void gemm(const GemmDesc& g, double alpha, const void* a, const void* b, double beta,
+          const void* c, void* d, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  DMUON_CHECK(g.batch >= 1 && g.m >= 1 && g.n >= 1 && g.k >= 1, "gemm: invalid shape [", g.batch,
+              ", ", g.m, ", ", g.n, ", ", g.k, "]");
+  if (workspace == nullptr) workspace_bytes = 0;
+  GemmDesc desc = g;
+  if (c == nullptr || beta == 0.0) {  // NOTE: C is then never read; D's layout stands in.
+    c = d;
+    desc.ldc = desc.ldd;
+    desc.stride_c = desc.stride_d;
+    beta = 0.0;
+  }
+  int device = 0;
+  DMUON_CHECK_CUDA(cudaGetDevice(&device));
+
+  Plan* plan = nullptr;
+  cublasLtHandle_t handle = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto& h = g_handles[device];
+    if (h == nullptr) DMUON_CHECK_CUBLAS(cublasLtCreate(&h));
+    handle = h;
+    const Key key{device, static_cast<int>(desc.dtype), desc.transpose_b, desc.batch, desc.m,
+                  desc.n, desc.k, desc.lda, desc.stride_a, desc.ldb, desc.stride_b, desc.ldc,
+                  desc.stride_c, desc.ldd, desc.stride_d, 0, workspace_bytes};
+    auto& slot = g_plans[key];
+    if (!slot) slot = make_plan(handle, desc, workspace_bytes);
+    plan = slot.get();
+  }
+  const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+  DMUON_CHECK_CUBLAS(cublasLtMatmul(handle, plan->op, &alpha_f, b, plan->a, a, plan->b, &beta_f,
+                                    c, plan->c, d, plan->d, &plan->algo, workspace,
+                                    workspace_bytes, stream));
+}
+
+}  // namespace dmuon::ns::cuda

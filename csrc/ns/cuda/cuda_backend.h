@@ -1,0 +1,66 @@
+// dmuon/ns/cuda/cuda_backend.h — Newton–Schulz on CUDA GPUs (torch-free entry points).
+//
+// The iterate is fp16 (Gram NS) or bf16 (standard NS); products accumulate in fp32.
+// Symmetric products run the sm_90a kernel (sm90_sym_product.cu) when it is built and the
+// GPU is sm_90, otherwise a dense cuBLASLt product whose lower triangle is mirrored.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ns/schedule.h"
+
+namespace dmuon::ns::cuda {
+
+/// Element type of the half-precision iterate.
+enum class DType { kFloat16, kBFloat16 };
+
+/// How symmetric products are computed.
+enum class SymMode {
+  kKernel,       ///< the sm_90a one-triangle kernel (TMA + WGMMA).
+  kDenseMirror,  ///< cuBLASLt dense product, then lower → upper mirror (portable).
+};
+
+/// True when this build contains the sm_90a symmetric kernel.
+bool sym_kernel_built();
+
+/// True when the sm_90a kernel can run on `device` (built, and compute capability 9.0).
+bool sym_kernel_supported(int device);
+
+/// Leading dimension the CUDA backend uses for a row of `cols` 16-bit elements
+/// (NOTE: TMA needs 16-byte aligned row strides, so rows are padded to 8 elements).
+int64_t padded_ld(int64_t cols);
+
+/// Bytes of workspace orthogonalize() needs for `batch` rows×cols matrices.
+size_t workspace_bytes(Algorithm algorithm, int64_t batch, int64_t rows, int64_t cols);
+
+/// Orthogonalize `batch` packed row-major fp32 rows×cols matrices from `input` into
+/// `output` (same layout; may alias input). Tall matrices are iterated transposed.
+/// Each matrix is divided by max(‖X‖_F, eps) in fp32 before the cast to `dtype`.
+/// Everything is enqueued on `stream`; `workspace` holds workspace_bytes(...) bytes,
+/// 256-byte aligned.
+void orthogonalize(const Schedule& schedule, DType dtype, SymMode sym_mode, const float* input,
+                   float* output, int64_t batch, int64_t rows, int64_t cols, void* workspace,
+                   size_t workspace_bytes, cudaStream_t stream);
+
+/// One symmetric product D = α·A·Bᵀ + β·C over a batch of m×m results (A, B: m×k), all
+/// row-major 16-bit matrices with leading dimensions and batch strides in elements.
+/// For tests and the self-check. c may be null when beta == 0.
+struct SymProductArgs {
+  DType dtype = DType::kFloat16;
+  int64_t batch = 1, m = 0, k = 0;
+  const void* a = nullptr;
+  int64_t lda = 0, stride_a = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0, stride_b = 0;
+  const void* c = nullptr;
+  int64_t ldc = 0, stride_c = 0;
+  void* d = nullptr;
+  int64_t ldd = 0, stride_d = 0;
+  double alpha = 1.0, beta = 0.0;
+};
+void sym_product(const SymProductArgs& args, SymMode mode, cudaStream_t stream);
+
+}  // namespace dmuon::ns::cuda

@@ -1,0 +1,213 @@
+// dmuon/ns/cuda/elementwise.cu — normalization, cast, transpose, a·I, mirror kernels.
+#include "ns/cuda/elementwise.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "ns/cuda/cuda_check.h"
+
+namespace dmuon::ns::cuda {
+namespace {
+
+// Tile of the transposing kernels: 32×32 elements, 32×8 threads (each thread 4 rows).
+constexpr int kTile = 32;
+constexpr int kTileRows = 8;
+// NOTE: 256 threads and at most 4 blocks per SM-sized chunk of a matrix keep the
+// reduction's atomics to a few thousand per step while still filling the GPU.
+constexpr int kReduceThreads = 256;
+
+template <typename T> __device__ T from_float(float v);
+template <> __device__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ float to_float(__half v) { return __half2float(v); }
+__device__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// Block-wide sum of squares of one chunk of one matrix, one atomic per block.
+__global__ void sum_squares_kernel(const float* __restrict__ x,  // [batch, numel]
+                                   int64_t numel, float* __restrict__ out) {  // [batch]
+  const float* matrix = x + static_cast<int64_t>(blockIdx.y) * numel;
+  float acc = 0.f;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < numel;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = matrix[i];
+    acc = fmaf(v, v, acc);
+  }
+  for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  __shared__ float warp_sums[kReduceThreads / 32];  // [warps]
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.f;
+    for (int w = 0; w < kReduceThreads / 32; ++w) total += warp_sums[w];
+    atomicAdd(out + blockIdx.y, total);
+  }
+}
+
+// out[b] (m×ld, T) = scale·in[b] in the wide orientation: in[b] is rows×cols (fp32);
+// kTranspose → out[r][c] = in[c][r]. Columns c ∈ [n, ld) are zero-filled.
+template <typename T, bool kTranspose>
+__global__ void normalize_cast_kernel(const float* __restrict__ in,  // [batch, rows, cols]
+                                      int64_t rows, int64_t cols,
+                                      const float* __restrict__ sum_squares,  // [batch]
+                                      float eps, T* __restrict__ out,  // [batch, m, ld]
+                                      int64_t ld) {
+  __shared__ float tile[kTile][kTile + 1];  // [32, 33] (padded against bank conflicts)
+  const int64_t b = blockIdx.z;
+  const int64_t m = kTranspose ? cols : rows, n = kTranspose ? rows : cols;
+  const float scale = 1.f / fmaxf(sqrtf(sum_squares[b]), eps);
+  const float* src = in + b * rows * cols;
+  T* dst = out + b * m * ld;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  if constexpr (kTranspose) {
+    // Read in[c0+i][r0+tx] (coalesced along in's columns), write out[r0+i][c0+tx].
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t src_row = c0 + i, src_col = r0 + threadIdx.x;
+      tile[i][threadIdx.x] = (src_row < rows && src_col < cols) ? src[src_row * cols + src_col] : 0.f;
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t r = r0 + i, c = c0 + threadIdx.x;
+      if (r < m && c < ld) dst[r * ld + c] = from_float<T>(c < n ? tile[threadIdx.x][i] * scale : 0.f);
+    }
+  } else {
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t r = r0 + i, c = c0 + threadIdx.x;
+      if (r < m && c < ld) dst[r * ld + c] = from_float<T>(c < n ? src[r * cols + c] * scale : 0.f);
+    }
+  }
+}
+
+// out[b] (rows×cols fp32) from in[b] (m×ld, T): kTranspose → out[i][j] = in[j][i].
+template <typename T, bool kTranspose>
+__global__ void write_back_kernel(const T* __restrict__ in,  // [batch, m, ld]
+                                  int64_t ld, int64_t rows, int64_t cols,
+                                  float* __restrict__ out) {  // [batch, rows, cols]
+  __shared__ float tile[kTile][kTile + 1];  // [32, 33]
+  const int64_t b = blockIdx.z;
+  const int64_t m = kTranspose ? cols : rows;
+  const T* src = in + b * m * ld;
+  float* dst = out + b * rows * cols;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  if constexpr (kTranspose) {
+    // out[r0+i][c0+tx] = in[c0+tx][r0+i]: read in[c0+i][r0+tx] coalesced.
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t src_row = c0 + i, src_col = r0 + threadIdx.x;
+      tile[i][threadIdx.x] = (src_row < m && src_col < rows) ? to_float(src[src_row * ld + src_col]) : 0.f;
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t r = r0 + i, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) dst[r * cols + c] = tile[threadIdx.x][i];
+    }
+  } else {
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t r = r0 + i, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) dst[r * cols + c] = to_float(src[r * ld + c]);
+    }
+  }
+}
+
+// q[b][r][c] = z[b][r][c] + (r == c ? a : 0), over [batch, m, m] with leading dimension ld.
+template <typename T>
+__global__ void add_identity_kernel(const T* __restrict__ z, float a, T* __restrict__ q,  // [batch, m, ld]
+                                    int64_t m, int64_t ld, int64_t stride) {
+  const int64_t b = blockIdx.y;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < m * m;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / m, c = i % m;
+    const float v = to_float(z[b * stride + r * ld + c]) + (r == c ? a : 0.f);
+    q[b * stride + r * ld + c] = from_float<T>(v);
+  }
+}
+
+// Upper-triangle tiles (tile row < tile col, and the diagonal tiles' upper part) copy
+// from the transposed lower triangle through shared memory.
+template <typename T>
+__global__ void mirror_lower_kernel(T* __restrict__ d,  // [batch, m, ld]
+                                    int64_t m, int64_t ld, int64_t stride) {
+  __shared__ T tile[kTile][kTile + 1];  // [32, 33]
+  const int64_t tr = blockIdx.y, tc = blockIdx.x;
+  if (tr > tc) return;
+  T* mat = d + static_cast<int64_t>(blockIdx.z) * stride;
+  // Read the lower source tile (tile row tc, tile col tr).
+  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+    const int64_t r = tc * kTile + i, c = tr * kTile + threadIdx.x;
+    if (r < m && c < m) tile[i][threadIdx.x] = mat[r * ld + c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+    const int64_t r = tr * kTile + i, c = tc * kTile + threadIdx.x;
+    if (r < m && c < m && r < c) mat[r * ld + c] = tile[threadIdx.x][i];
+  }
+}
+
+template <typename Fn>
+void dispatch(DType dtype, Fn&& fn) {
+  if (dtype == DType::kFloat16) fn(__half{});
+  else fn(__nv_bfloat16{});
+}
+
+dim3 tiles(int64_t rows, int64_t cols, int64_t batch) {
+  DMUON_CHECK(batch <= 65535, "batch of ", batch, " matrices exceeds the grid limit 65535");
+  return dim3(static_cast<unsigned>((cols + kTile - 1) / kTile),
+              static_cast<unsigned>((rows + kTile - 1) / kTile), static_cast<unsigned>(batch));
+}
+
+}  // namespace
+
+void sum_squares(const float* x, int64_t batch, int64_t numel, float* out, cudaStream_t stream) {
+  DMUON_CHECK_CUDA(cudaMemsetAsync(out, 0, sizeof(float) * batch, stream));
+  const int64_t blocks = std::min<int64_t>((numel + kReduceThreads * 8 - 1) / (kReduceThreads * 8), 512);
+  sum_squares_kernel<<<dim3(static_cast<unsigned>(std::max<int64_t>(blocks, 1)), static_cast<unsigned>(batch)),
+                       kReduceThreads, 0, stream>>>(x, numel, out);
+  DMUON_CHECK_CUDA(cudaGetLastError());
+}
+
+void normalize_cast(DType dtype, const float* in, int64_t batch, int64_t rows, int64_t cols,
+                    bool transpose, const float* sum_sq, double eps, void* out, int64_t ld_out,
+                    cudaStream_t stream) {
+  const int64_t m = transpose ? cols : rows;
+  dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    auto kernel = transpose ? normalize_cast_kernel<T, true> : normalize_cast_kernel<T, false>;
+    kernel<<<tiles(m, ld_out, batch), dim3(kTile, kTileRows), 0, stream>>>(
+        in, rows, cols, sum_sq, static_cast<float>(eps), static_cast<T*>(out), ld_out);
+  });
+  DMUON_CHECK_CUDA(cudaGetLastError());
+}
+
+void write_back(DType dtype, const void* in, int64_t ld_in, int64_t batch, int64_t rows,
+                int64_t cols, bool transpose, float* out, cudaStream_t stream) {
+  dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    auto kernel = transpose ? write_back_kernel<T, true> : write_back_kernel<T, false>;
+    kernel<<<tiles(rows, cols, batch), dim3(kTile, kTileRows), 0, stream>>>(
+        static_cast<const T*>(in), ld_in, rows, cols, out);
+  });
+  DMUON_CHECK_CUDA(cudaGetLastError());
+}
+
+void add_identity(DType dtype, const void* z, double a, void* q, int64_t batch, int64_t m,
+                  int64_t ld, int64_t stride, cudaStream_t stream) {
+  const int64_t blocks = std::min<int64_t>((m * m + 255) / 256, 1024);
+  dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    add_identity_kernel<T><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(batch)), 256, 0, stream>>>(
+        static_cast<const T*>(z), static_cast<float>(a), static_cast<T*>(q), m, ld, stride);
+  });
+  DMUON_CHECK_CUDA(cudaGetLastError());
+}
+
+void mirror_lower(DType dtype, void* d, int64_t batch, int64_t m, int64_t ld, int64_t stride,
+                  cudaStream_t stream) {
+  dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    mirror_lower_kernel<T><<<tiles(m, m, batch), dim3(kTile, kTileRows), 0, stream>>>(
+        static_cast<T*>(d), m, ld, stride);
+  });
+  DMUON_CHECK_CUDA(cudaGetLastError());
+}
+
+}  // namespace dmuon::ns::cuda

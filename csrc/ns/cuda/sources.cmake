@@ -1,0 +1,25 @@
+# The CUDA backend of Newton–Schulz (csrc/ns/cuda): torch-free, part of dmuon_core.
+# Included from csrc/CMakeLists.txt when CUDA sources are built.
+include(${PROJECT_SOURCE_DIR}/cmake/cutlass.cmake)
+target_sources(dmuon_core PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/cublaslt_gemm.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/elementwise.cu
+  ${CMAKE_CURRENT_LIST_DIR}/cuda_backend.cu
+)
+target_link_libraries(dmuon_core PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt)
+target_compile_definitions(dmuon_core PUBLIC DMUON_WITH_CUDA_NS=1)
+if(DMUON_CUTLASS_INCLUDE_DIR)
+  # NOTE: the kernel is sm_90a-only (WGMMA, TMA), so it is compiled for that target alone
+  # (an object library of its own) instead of also emitting the portable compute_80 PTX:
+  # that halves the file's compile time (the build's longest) on CI's 2 cores.
+  add_library(dmuon_ns_sm90 OBJECT ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_product.cu)
+  set_target_properties(dmuon_ns_sm90 PROPERTIES CUDA_ARCHITECTURES "90a-real"
+                                                 POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(dmuon_ns_sm90 PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../..)
+  target_include_directories(dmuon_ns_sm90 SYSTEM PRIVATE ${DMUON_CUTLASS_INCLUDE_DIR})
+  # NOTE: CuTe needs relaxed constexpr; -lineinfo keeps compute-sanitizer reports readable.
+  target_compile_options(dmuon_ns_sm90 PRIVATE --expt-relaxed-constexpr -lineinfo)
+  target_compile_definitions(dmuon_ns_sm90 PRIVATE DMUON_VERSION="${PROJECT_VERSION}")
+  target_sources(dmuon_core PRIVATE $<TARGET_OBJECTS:dmuon_ns_sm90>)
+  target_compile_definitions(dmuon_core PRIVATE DMUON_WITH_SM90_SYM=1)
+endif()

@@ -1,0 +1,238 @@
+"""`python -m dmuon bench ns --model NAME`: the single-GPU optimizer step over every Muon
+matrix of a model manifest, against torch.optim.Muon, a plain batched PyTorch Newton–Schulz
+step and torch's fused AdamW, all measured in the same run; plus the symmetric kernel
+against cuBLAS's dense product for X·Xᵀ.
+
+Times are CUDA-event medians after warm-up. TFLOP/s are "executed" (the FLOPs each method
+actually performs) against the dense bf16 peak measured in the same run, and
+"NS-equivalent" (5·(4m²n + 2m³) per matrix, m ≤ n: standard NS with dense products).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import OrderedDict
+
+import torch
+
+# DESIGN.md §6 decoder shapes, used when the planner's manifests are not importable:
+# (hidden, intermediate, layers, heads, kv heads).
+_DESIGN_MODELS = {
+    "qwen2.5-0.5b": (896, 4864, 24, 14, 2),
+    "qwen2.5-1.5b": (1536, 8960, 28, 12, 2),
+    "qwen2.5-7b": (3584, 18944, 28, 28, 4),
+    "llama-3.1-8b": (4096, 14336, 32, 32, 8),
+}
+
+
+def model_shapes(name: str) -> list[tuple[int, int, int]]:
+    """[(batch, rows, cols)] of every Muon matrix of the model."""
+    try:
+        from dmuon.plan.manifest import load_model
+    except ImportError:
+        load_model = None
+    if load_model is not None:
+        try:
+            manifest = load_model(name)
+            return [(m.batch, m.rows, m.cols) for m in manifest.matrices]
+        except ValueError:
+            if name.lower() not in _DESIGN_MODELS:
+                raise
+    if name.lower() not in _DESIGN_MODELS:
+        raise SystemExit(f"unknown model {name!r}; choose one of {', '.join(_DESIGN_MODELS)}")
+    h, i, layers, heads, kv = _DESIGN_MODELS[name.lower()]
+    d = h // heads
+    per_layer = [(1, h, h), (1, kv * d, h), (1, kv * d, h), (1, h, h), (1, i, h), (1, i, h), (1, h, i)]
+    return per_layer * layers
+
+
+def cuda_time_ms(fn, warmup: int, iters: int) -> float:
+    """Median of `iters` CUDA-event timings of fn() after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def dense_bf16_peak_tflops() -> float:
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = cuda_time_ms(lambda: a @ b, 3, 10)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def ns_equivalent_flops(shapes) -> float:
+    total = 0.0
+    for batch, rows, cols in shapes:
+        m, n = min(rows, cols), max(rows, cols)
+        total += batch * 5 * (4 * m * m * n + 2 * m**3)
+    return total
+
+
+def gram_symmetric_flops(shapes) -> float:
+    """Gram NS, 5 steps, one restart, symmetric products at half cost: 6m²n + 14m³."""
+    total = 0.0
+    for batch, rows, cols in shapes:
+        m, n = min(rows, cols), max(rows, cols)
+        total += batch * (6 * m * m * n + 14 * m**3)
+    return total
+
+
+def plain_batched_ns_(groups: dict, steps: int = 5) -> None:
+    """Keller Jordan's quintic in bf16 over stacked same-shape updates (in place)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    for key, (params, bufs) in groups.items():
+        x = torch.stack(bufs).to(torch.bfloat16)
+        if x.shape[-2] > x.shape[-1]:
+            x = x.transpose(-2, -1)
+        x = x / x.flatten(1).norm(dim=1).clamp_min(1e-7).view(-1, 1, 1)
+        for _ in range(steps):
+            A = x @ x.transpose(-2, -1)
+            B = torch.baddbmm(A, A, A, beta=b, alpha=c)
+            x = torch.baddbmm(x, B, x, beta=a, alpha=1.0)
+        if key[1] > key[2]:
+            x = x.transpose(-2, -1)
+        torch._foreach_add_(params, list(x.float().unbind(0)), alpha=-0.02)
+
+
+def environment() -> str:
+    props = torch.cuda.get_device_properties(0)
+    try:
+        import subprocess
+
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, check=False).stdout.strip().splitlines()[0]
+    except (OSError, IndexError):
+        driver = "?"
+    return (f"GPU {props.name} ({props.multi_processor_count} SMs), driver {driver}, torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda}")
+
+
+def run(args) -> None:
+    import dmuon
+    from dmuon._ops import ops
+
+    if not torch.cuda.is_available():
+        raise SystemExit("bench ns needs a CUDA GPU")
+    torch.manual_seed(0)
+    print(environment())
+    peak = dense_bf16_peak_tflops()
+    print(f"dense bf16 peak (8192^3 matmul, same run): {peak:.0f} TFLOP/s")
+
+    kernel_ok = hasattr(ops, "cuda_sym_kernel_usable") and ops.cuda_sym_kernel_usable(
+        torch.zeros(1, device="cuda"), "float16")
+    rows_out = []
+
+    # Symmetric kernel vs cuBLAS dense for X·Xᵀ.
+    for m, k in [(int(s.split("x")[0]), int(s.split("x")[1])) for s in args.sym_shapes]:
+        x = torch.randn(1, m, k, device="cuda", dtype=torch.float16) / k**0.5
+        dense_ms = cuda_time_ms(lambda: torch.bmm(x, x.transpose(1, 2)), 3, args.iters * 4)
+        line = f"X·Xᵀ {m}x{k} fp16: cuBLAS dense {dense_ms:.3f} ms ({2 * m * m * k / dense_ms / 1e9:.0f} TFLOP/s)"
+        if kernel_ok:
+            sym_ms = cuda_time_ms(lambda: ops.cuda_sym_product(x, x, None, 1.0, 0.0, True), 3, args.iters * 4)
+            mirror_ms = cuda_time_ms(lambda: ops.cuda_sym_product(x, x, None, 1.0, 0.0, False), 3, args.iters * 4)
+            line += (f", dmuon sym kernel {sym_ms:.3f} ms (speed-up {dense_ms / sym_ms:.2f}x, "
+                     f"dense-equivalent {2 * m * m * k / sym_ms / 1e9:.0f} TFLOP/s), cuBLASLt+mirror {mirror_ms:.3f} ms")
+        else:
+            line += ", dmuon sym kernel: not usable on this GPU/build"
+        print(line)
+
+    for model in args.model:
+        shapes = model_shapes(model)
+        ns_eq = ns_equivalent_flops(shapes)
+        params = [torch.randn(*((b,) if b > 1 else ()), r, c, device="cuda") * 0.02 for b, r, c in shapes]
+        for p in params:
+            p.grad = torch.randn_like(p) * 1e-3
+        results = OrderedDict()
+
+        def measure(name, make_step, executed):
+            step = make_step()
+            ms = cuda_time_ms(step, args.warmup, args.iters)
+            results[name] = (ms, executed)
+            del step
+            torch.cuda.empty_cache()
+
+        def dmuon_step():
+            opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0)
+            return opt.step
+
+        def torch_muon_step():
+            opt = torch.optim.Muon([p for p in params if p.dim() == 2], lr=0.02, weight_decay=0.0)
+            return opt.step
+
+        def plain_step():
+            bufs = [torch.zeros_like(p) for p in params]
+            groups: dict = OrderedDict()  # (0, rows, cols) → (param matrices, buffer matrices)
+            for p, buf in zip(params, bufs):
+                for pm, bm in zip(p.reshape(-1, *p.shape[-2:]), buf.reshape(-1, *buf.shape[-2:])):
+                    entry = groups.setdefault((0, pm.shape[0], pm.shape[1]), ([], []))
+                    entry[0].append(pm)
+                    entry[1].append(bm)
+            grads = [p.grad for p in params]
+
+            def step():
+                torch._foreach_lerp_(bufs, grads, 0.05)
+                plain_batched_ns_(groups)
+            return step
+
+        def adamw_step():
+            opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
+            return opt.step
+
+        if kernel_ok:
+            measure("dmuon.DMuon (gram, sym kernel)", dmuon_step, gram_symmetric_flops(shapes))
+        else:
+            measure("dmuon.DMuon (gram, fallback)", dmuon_step, 2 * gram_symmetric_flops(shapes))
+        measure("torch.optim.Muon", torch_muon_step, ns_eq)
+        measure("plain batched PyTorch NS (bf16)", plain_step, ns_eq)
+        measure("torch AdamW (fused)", adamw_step, 0.0)
+        # NS alone per backend (same-shape batches, as the optimizer groups them).
+        groups: dict = OrderedDict()
+        for p in params:
+            groups.setdefault(tuple(p.shape[-2:]), []).append(p.grad.reshape(-1, *p.shape[-2:]))
+        stacks = [torch.cat(g) for g in groups.values()]
+        coefficients, restarts = dmuon._C.default_schedule("gram", 5)
+        flat = [x for c in coefficients for x in c]
+        for backend in (["cuda"] if kernel_ok else []) + ["cuda_dense", "aten"]:
+            if backend.startswith("cuda") and not hasattr(ops, "cuda_sym_product"):
+                continue
+
+            def ns_only(backend=backend):
+                return lambda: [ops.orthogonalize(s, "gram", flat, list(restarts), 1e-7, backend, "float16") for s in stacks]
+            executed = gram_symmetric_flops(shapes)  # one triangle of every symmetric product
+            if backend != "cuda":  # dense products: 8m²n + 28m³
+                executed = sum(b * (8 * min(r, c) ** 2 * max(r, c) + 28 * min(r, c) ** 3) for b, r, c in shapes)
+            measure(f"Gram NS only, backend {backend}", ns_only, executed)
+
+        base = results["torch.optim.Muon"][0]
+        print(f"\nmodel {model}: {len(shapes)} Muon matrices, {len(groups)} shapes, "
+              f"NS-equivalent {ns_eq / 1e12:.2f} TFLOP per step")
+        print(f"{'method':40s} {'time ms':>9s} {'exec TF/s':>10s} {'% peak':>7s} {'NS-eq TF/s':>11s} {'vs Muon':>8s}")
+        for name, (ms, executed) in results.items():
+            tf = executed / (ms * 1e-3) / 1e12
+            print(f"{name:40s} {ms:9.2f} {tf:10.0f} {100 * tf / peak:6.0f}% {ns_eq / (ms * 1e-3) / 1e12:11.0f} "
+                  f"{base / ms:7.2f}x")
+            rows_out.append((model, name, ms))
+        del params, stacks, groups
+        torch.cuda.empty_cache()
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("ns", help="single-GPU Newton–Schulz optimizer step vs torch baselines")
+    parser.add_argument("--model", action="append", required=True,
+                        help="model manifest name (repeatable), e.g. qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b")
+    parser.add_argument("--iters", type=int, default=10, help="timed repetitions (median reported)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--sym-shapes", nargs="*", default=["3584x18944", "4096x14336", "896x4864"],
+                        help="m x k shapes of the X·Xᵀ kernel comparison")
+    parser.set_defaults(func=run)

@@ -1,0 +1,192 @@
+"""The CUDA Newton–Schulz backend (csrc/ns/cuda) on a GPU: the sm_90a symmetric kernel
+against dense products, and whole Gram/standard NS runs against the float64 reference,
+the CPU core, and a same-precision plain PyTorch run ("within 3x its error")."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dmuon import _C
+from dmuon._ops import ops
+from dmuon.reference import default_coefficients, default_restarts, newton_schulz_gram, newton_schulz_standard
+
+pytestmark = pytest.mark.gpu
+
+HALF = {"gram": torch.float16, "standard": torch.bfloat16}
+
+
+def has_cuda_backend() -> bool:
+    return torch.cuda.is_available() and hasattr(ops, "cuda_sym_product")
+
+
+def is_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_backend = pytest.mark.skipif(not has_cuda_backend(), reason="this build has no CUDA backend")
+
+
+def padded(t: torch.Tensor) -> torch.Tensor:
+    """A [B, m, k] copy whose row stride is a multiple of 8 (TMA alignment), the padding NaN:
+    the kernel must never read it."""
+    ld = (t.shape[-1] + 7) // 8 * 8
+    storage = torch.full((*t.shape[:-1], ld), float("nan"), dtype=t.dtype, device=t.device)
+    view = storage[..., : t.shape[-1]]
+    view.copy_(t)
+    return view
+
+
+def poison_allocator(device="cuda", numel=1 << 26):
+    """Leave NaN in the caching allocator's free blocks so that unwritten outputs show."""
+    junk = torch.full((numel,), float("nan"), device=device)
+    del junk
+
+
+def schedule(algorithm, steps=5):
+    coefficients, restarts = _C.default_schedule(algorithm, steps)
+    return [x for c in coefficients for x in c], list(restarts)
+
+
+def reference(x, algorithm, dtype=torch.float64):
+    outs = []
+    for G in x.reshape(-1, *x.shape[-2:]):
+        if algorithm == "gram":
+            outs.append(newton_schulz_gram(G, default_coefficients("gram", 5), default_restarts("gram", 5), 1e-7, dtype))
+        else:
+            outs.append(newton_schulz_standard(G, default_coefficients("standard", 5), 1e-7, dtype))
+    return torch.stack(outs).reshape(x.shape)
+
+
+def rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+# ---------------------------------------------------------------- symmetric kernel
+
+SYM_SHAPES = [(1, 64, 64), (3, 127, 1001), (2, 300, 200), (1, 1, 8), (64, 40, 72), (1, 520, 1000), (2, 257, 129)]
+
+
+@needs_backend
+@pytest.mark.skipif(not is_sm90(), reason="the sm_90a kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sym_kernel_passes_self_check(dtype):
+    x = torch.zeros(1, device="cuda")
+    assert ops.cuda_sym_kernel_usable(x, str(dtype).split(".")[1])
+
+
+@needs_backend
+@pytest.mark.skipif(not is_sm90(), reason="the sm_90a kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", SYM_SHAPES)
+def test_sym_kernel_gram_product(dtype, shape):
+    batch, m, k = shape
+    a = (torch.randn(batch, m, k, device="cuda") / math.sqrt(k)).to(dtype)
+    ap = padded(a)
+    d = ops.cuda_sym_product(ap, ap, None, 1.0, 0.0, True)
+    assert d.shape == (batch, m, m) and d.dtype == dtype
+    assert torch.isfinite(d).all(), "unwritten (NaN-poisoned) or non-finite output"
+    assert torch.equal(d, d.transpose(1, 2)), "the result must be exactly symmetric"
+    exact = a.double() @ a.double().transpose(1, 2)
+    torch_same = (a @ a.transpose(1, 2)).double()  # cuBLAS in the same precision
+    assert rel(d, exact) <= 3 * rel(torch_same, exact) + 1e-6
+
+
+@needs_backend
+@pytest.mark.skipif(not is_sm90(), reason="the sm_90a kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 200, 200), (5, 129, 129), (1, 384, 384), (64, 24, 24)])
+def test_sym_kernel_commuting_product_with_beta(dtype, shape):
+    # R·Z + β·C for commuting symmetric R, Z = p(R): the exact result is symmetric.
+    batch, m, _ = shape
+    x = torch.randn(batch, m, 2 * m, device="cuda", dtype=torch.float64)
+    r = x @ x.transpose(1, 2) / (2 * m)
+    z = -0.8 * r + 0.3 * r @ r
+    c = 0.5 * r
+    rh, zh, ch = (padded(t.to(dtype)) for t in (r, z, c))
+    d = ops.cuda_sym_product(rh, zh, ch, 1.5, -0.75, True)
+    assert torch.isfinite(d).all() and torch.equal(d, d.transpose(1, 2))
+    exact = 1.5 * rh.double() @ zh.double().transpose(1, 2) - 0.75 * ch.double()
+    torch_same = torch.baddbmm(ch, rh, zh.transpose(1, 2), beta=-0.75, alpha=1.5).double()
+    assert rel(d, exact) <= 3 * rel(torch_same, exact) + 1e-6
+    # The portable path (dense cuBLASLt + mirror) agrees too.
+    dense = ops.cuda_sym_product(rh, zh, ch, 1.5, -0.75, False)
+    assert torch.equal(dense, dense.transpose(1, 2))
+    assert rel(dense, exact) <= 3 * rel(torch_same, exact) + 1e-6
+
+
+# ---------------------------------------------------------------- whole Newton–Schulz
+
+
+def make_input(kind: str, shape, device="cuda") -> torch.Tensor:
+    *batch, m, n = shape
+    k = min(m, n)
+    x = torch.randn(*batch, m, n, dtype=torch.float64, device=device)
+    if kind == "random":
+        return x.float()
+    u, _, vh = torch.linalg.svd(x, full_matrices=False)
+    if kind == "ill_conditioned":
+        s = torch.logspace(0, -6, k, dtype=torch.float64, device=device)
+    elif kind == "low_rank":  # the half-precision Gram matrix's negative-eigenvalue trap
+        s = torch.zeros(k, dtype=torch.float64, device=device)
+        s[: max(1, k // 8)] = 1.0
+    elif kind == "decaying":
+        s = 1.0 / torch.arange(1, k + 1, dtype=torch.float64, device=device) ** 1.5
+    else:
+        raise ValueError(kind)
+    return ((u * s) @ vh).float()
+
+
+NS_SHAPES = [(1, 256, 512), (4, 96, 96), (2, 64, 48), (1, 127, 1001), (64, 32, 80), (3, 1001, 127), (8, 384, 1152)]
+
+
+@needs_backend
+@pytest.mark.parametrize("algorithm", ["gram", "standard"])
+@pytest.mark.parametrize("kind", ["random", "ill_conditioned", "low_rank", "decaying"])
+@pytest.mark.parametrize("shape", NS_SHAPES)
+def test_cuda_ns_matches_reference(algorithm, kind, shape):
+    x = make_input(kind, shape)
+    coefficients, restarts = schedule(algorithm)
+    expected = reference(x, algorithm)
+    baseline = rel(reference(x, algorithm, HALF[algorithm]), expected)
+    dtype_name = str(HALF[algorithm]).split(".")[1]
+    for backend in ("cuda", "cuda_dense"):
+        poison_allocator()
+        out = ops.orthogonalize(x, algorithm, coefficients, restarts, 1e-7, backend, dtype_name)
+        assert out.shape == x.shape and out.dtype == torch.float32 and out.is_cuda
+        assert torch.isfinite(out).all(), f"{backend}: non-finite or unwritten output"
+        assert rel(out, expected) <= 3 * baseline + 1e-3, (backend, rel(out, expected), baseline)
+
+
+@needs_backend
+@pytest.mark.parametrize("algorithm", ["gram", "standard"])
+@pytest.mark.parametrize("shape", [(2, 64, 100), (1, 127, 1001), (3, 90, 40)])
+def test_cuda_ns_matches_cpu_core(algorithm, shape):
+    x = torch.randn(*shape)
+    coefficients, restarts = schedule(algorithm)
+    core = ops.orthogonalize(x, algorithm, coefficients, restarts, 1e-7, "core", "float32")
+    expected = reference(x, algorithm)
+    baseline = rel(reference(x, algorithm, HALF[algorithm]), expected)
+    out = ops.orthogonalize(x.cuda(), algorithm, coefficients, restarts, 1e-7, "cuda").cpu()
+    assert rel(out, core) <= 3 * baseline + 1e-3
+
+
+@needs_backend
+def test_auto_backend_on_cuda_is_accurate():
+    # "auto" on a CUDA tensor: the CUDA backend where the kernel is usable, else ATen.
+    x = torch.randn(4, 200, 600, device="cuda")
+    coefficients, restarts = schedule("gram")
+    out = ops.orthogonalize(x, "gram", coefficients, restarts, 1e-7)
+    expected = reference(x, "gram")
+    assert rel(out, expected) <= 3 * rel(reference(x, "gram", torch.float16), expected) + 1e-3
+
+
+@needs_backend
+def test_cuda_backend_rejects_bad_arguments():
+    coefficients, restarts = schedule("gram")
+    with pytest.raises(RuntimeError, match="CUDA tensors only"):
+        ops.orthogonalize(torch.randn(8, 8), "gram", coefficients, restarts, 1e-7, "cuda")
+    with pytest.raises(RuntimeError, match="float16 or bfloat16"):
+        ops.orthogonalize(torch.randn(8, 8, device="cuda"), "gram", coefficients, restarts, 1e-7, "cuda", "float32")
