@@ -37,8 +37,8 @@ if [ -n "$SO" ] && command -v cuobjdump >/dev/null; then
 fi
 
 # GPU tests (the kernel tests first, then every gpu-marked test).
-python3 -m pytest -q -x tests/python/test_gpu_ns_kernels.py 2>&1 | tee "$OUT/pytest_kernels.log" | tail -15
-python3 -m pytest -q -m gpu tests/python --deselect tests/python/test_gpu_ns_kernels.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -8
+timeout 420 python3 -m pytest -q -x tests/python/test_gpu_ns_kernels.py 2>&1 | tee "$OUT/pytest_kernels.log" | tail -15
+timeout 300 python3 -m pytest -q -m gpu tests/python --ignore tests/python/test_gpu_ns_kernels.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -8
 
 # compute-sanitizer on the symmetric kernel and one NS run (small shapes).
 if [ "$SANITIZE" = 1 ]; then
@@ -54,12 +54,12 @@ out = ops.orthogonalize(torch.randn(2, 130, 300, device="cuda"), "gram", [v for 
 torch.cuda.synchronize(); print("sanitize script ok", bool(torch.isfinite(out).all()))
 PY
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --kernel-name regex:sm90_sym_product --print-limit 10 \
+    timeout 200 compute-sanitizer --tool $tool --kernel-name regex:sm90_sym_product --print-limit 10 \
       python3 /tmp/dmuon_sanitize.py 2>&1 | tail -4 | tee "$OUT/sanitize_$tool.log"
   done
 fi
 
 # Benchmark: one table per model, printed last.
 for model in "${MODELS[@]}"; do
-  python3 -m dmuon bench ns --model "$model" 2>&1 | tee "$OUT/bench_$model.log"
+  timeout 300 python3 -m dmuon bench ns --model "$model" 2>&1 | tee "$OUT/bench_$model.log"
 done
