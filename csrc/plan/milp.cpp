@@ -1,4 +1,4 @@
-// dmuon/plan/milp.cpp — the owner MILP with COIN-OR CBC (C interface).
+// dmuon/plan/milp.cpp — the owner MILP with COIN-OR CBC (CbcModel on Clp).
 //
 // Variables x[r,s,b] ∈ ℤ≥0: number of size-b batches of shape s on rank r; L ≥ 0.
 //   Σ_{r,b} b·x[r,s,b] = count_s                        (every unit owned once)
@@ -25,7 +25,9 @@
 #include "plan/solvers.h"
 
 #ifdef DMUON_WITH_CBC
-#include <Cbc_C_Interface.h>
+#include <CbcEventHandler.hpp>
+#include <CbcModel.hpp>
+#include <OsiClpSolverInterface.hpp>
 #endif
 
 namespace dmuon::plan {
@@ -229,6 +231,19 @@ struct StageResult {
   double bound = 0.0;
 };
 
+// Stops the search at the next node once the wall-clock deadline has passed.
+// NOTE: CBC's own limit (setMaximumSeconds) is checked at coarser points; this handler
+// keeps the overrun to one node even on a loaded machine.
+class DeadlineHandler : public CbcEventHandler {
+ public:
+  explicit DeadlineHandler(Clock::time_point deadline) : deadline_(deadline) {}
+  CbcAction event(CbcEvent) override { return Clock::now() >= deadline_ ? stop : noAction; }
+  CbcEventHandler* clone() const override { return new DeadlineHandler(*this); }
+
+ private:
+  Clock::time_point deadline_;
+};
+
 // One CBC solve: stage 1 (objective L) or stage 2 (objective Σ load, L ≤ l_upper).
 StageResult run_stage(const Problem& problem, const Model& model, bool stage2, double l_lower,
                       double l_upper, const std::vector<double>& start, double seconds,
@@ -246,36 +261,45 @@ StageResult run_stage(const Problem& problem, const Model& model, bool stage2, d
   col_upper.back() = l_upper / model.scale;
   if (!stage2) objective.back() = 1.0;
 
-  Cbc_Model* cbc = Cbc_newModel();
-  Cbc_loadProblem(cbc, num_cols, model.num_rows, model.starts.data(), model.rows.data(),
-                  model.values.data(), col_lower.data(), col_upper.data(), objective.data(),
-                  model.row_lower.data(), model.row_upper.data());
-  for (int c = 0; c + 1 < num_cols; ++c) Cbc_setInteger(cbc, c);
-  std::vector<int> start_idx(static_cast<size_t>(num_cols));
-  std::iota(start_idx.begin(), start_idx.end(), 0);
-  Cbc_setMIPStartI(cbc, num_cols, start_idx.data(), start.data());
-  // NOTE: CBC's default cutoff increment (1e-5) and gaps are absolute; loads are scaled to
-  // O(1) and the gaps tightened so "optimal" means optimal to ~1e-9 relative.
-  Cbc_setParameter(cbc, "increment", "1e-9");
-  Cbc_setParameter(cbc, "allowableGap", "1e-10");
-  Cbc_setParameter(cbc, "ratioGap", std::to_string(relative_gap).c_str());
-  Cbc_setLogLevel(cbc, 0);
-  Cbc_setParameter(cbc, "log", "0");
-  Cbc_setParameter(cbc, "slog", "0");
-  Cbc_setParameter(cbc, "threads", "0");
-  Cbc_setParameter(cbc, "timeMode", "elapsed");
-  Cbc_setParameter(cbc, "sec", std::to_string(std::max(seconds, 0.01)).c_str());
-  Cbc_setParameter(cbc, "maxN", std::to_string(max_nodes).c_str());
-  Cbc_solve(cbc);
+  // The LP, integer columns, silent.
+  OsiClpSolverInterface lp;
+  lp.loadProblem(num_cols, model.num_rows, model.starts.data(), model.rows.data(), model.values.data(),
+                 col_lower.data(), col_upper.data(), objective.data(), model.row_lower.data(),
+                 model.row_upper.data());
+  for (int c = 0; c + 1 < num_cols; ++c) lp.setInteger(c);
+  lp.messageHandler()->setLogLevel(0);
+  CbcModel cbc(lp);
+  cbc.setLogLevel(0);
+  cbc.messageHandler()->setLogLevel(0);
+  cbc.solver()->messageHandler()->setLogLevel(0);
+
+  // Budget: wall clock, nodes, gaps. Single-threaded (the default) for determinism.
+  // NOTE: CBC's cutoff increment and gaps are absolute; loads are scaled to O(1) and the
+  // gaps tightened so "optimal" means optimal to ~1e-9 (or within relative_gap).
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  cbc.setUseElapsedTime(true);
+  cbc.setMaximumSeconds(std::max(seconds, 0.0));
+  cbc.setMaximumNodes(static_cast<int>(std::min<int64_t>(max_nodes, 1 << 30)));
+  cbc.setAllowableGap(1e-10);
+  cbc.setAllowableFractionGap(relative_gap);
+  cbc.setCutoffIncrement(1e-9);
+  DeadlineHandler handler(deadline);
+  cbc.passInEventHandler(&handler);
+
+  // Solve from the start solution.
+  cbc.initialSolve();
+  double start_objective = 0.0;
+  for (int c = 0; c < num_cols; ++c) start_objective += objective[static_cast<size_t>(c)] * start[static_cast<size_t>(c)];
+  cbc.setBestSolution(start.data(), num_cols, start_objective, true);
+  cbc.branchAndBound();
 
   StageResult result;
-  result.optimal = Cbc_isProvenOptimal(cbc) != 0;
-  result.timed_out = Cbc_isSecondsLimitReached(cbc) != 0;
-  result.node_limit = Cbc_isNodeLimitReached(cbc) != 0;
-  if (!stage2) result.bound = Cbc_getBestPossibleObjValue(cbc) * model.scale;
-  const double* best = Cbc_bestSolution(cbc);
-  if (best != nullptr) result.assignment = read_solution(problem, model, best);
-  Cbc_deleteModel(cbc);
+  result.optimal = cbc.isProvenOptimal();
+  result.timed_out = cbc.isSecondsLimitReached() || (!result.optimal && Clock::now() >= deadline);
+  result.node_limit = cbc.isNodeLimitReached();
+  if (!stage2) result.bound = cbc.getBestPossibleObjValue() * model.scale;
+  if (cbc.bestSolution() != nullptr) result.assignment = read_solution(problem, model, cbc.bestSolution());
   return result;
 }
 
@@ -302,10 +326,9 @@ MilpResult solve_milp(const Problem& problem, const MilpOptions& options) {
   const Model model = build_model(problem, sizes, bound);
 
   // Stage 1: least makespan, LPT as the start; most of the time budget.
-  // NOTE: 50% for stage 1 because it decides the makespan; stage 2 only tidies totals.
-  // CBC overshoots a stage's limit by up to ~0.15 s on this 2-core machine (the root LP
-  // and cut rounds are not interruptible), so the stages together get 75% of the limit.
-  const double budget1 = 0.5 * options.time_limit_s - seconds_since(start_time);
+  // NOTE: 70% for stage 1 because it decides the makespan; stage 2 only tidies totals.
+  // 5% stays in reserve for the last node, the LP re-solve and plan assembly.
+  const double budget1 = 0.7 * options.time_limit_s - seconds_since(start_time);
   const StageResult stage1 =
       run_stage(problem, model, false, bound * (1 - 1e-9), lpt_makespan * (1 + 1e-9),
                 start_values(problem, model, result.assignment), budget1, options.max_nodes, options.relative_gap);
@@ -326,7 +349,7 @@ MilpResult solve_milp(const Problem& problem, const MilpOptions& options) {
   if (complete) result.bound = std::min(makespan1, std::max(0.0, stage1.bound * (1 - 1e-7)));
 
   // Stage 2: least total load with the makespan kept; the remaining time.
-  const double budget2 = 0.75 * options.time_limit_s - seconds_since(start_time);
+  const double budget2 = 0.95 * options.time_limit_s - seconds_since(start_time);
   if (budget2 <= 0.01) return result;
   const double l_upper = makespan1 * (1 + options.stage2_tolerance);
   const StageResult stage2 = run_stage(problem, model, true, 0.0, l_upper,

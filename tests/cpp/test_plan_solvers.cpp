@@ -42,6 +42,19 @@ Problem random_problem(uint32_t seed, int num_matrices, int world_size, int64_t 
   return build_problem(matrices, options, model.as_cost_fn());
 }
 
+// Qwen2.5-0.5B's Muon matrices (24 layers of q, k, v, o, gate, up, down), GPU cost model:
+// LPT is 2.7% above the lower bound and CBC cannot close the gap quickly.
+Problem qwen_like_problem(int world_size) {
+  std::vector<MatrixSpec> matrices;
+  for (int layer = 0; layer < 24; ++layer)
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{896, 896}, {128, 896}, {128, 896}, {896, 896},
+                              {4864, 896}, {4864, 896}, {896, 4864}})
+      matrices.push_back({"l" + std::to_string(layer) + "." + std::to_string(matrices.size() % 7), rows, cols});
+  ProblemOptions options;
+  options.world_size = world_size;
+  return build_problem(matrices, options, AnalyticCostModel::gpu_default().as_cost_fn());
+}
+
 // Exhaustive optimum: every unit on every rank (D^N), each rank's units split optimally.
 double brute_force_makespan(const Problem& p) {
   const int D = p.world_size();
@@ -78,6 +91,7 @@ double brute_force_makespan(const Problem& p) {
 
 TEST(PlanSolvers, MilpEqualsBruteForceOnSmallInstances) {
   if (!milp_available()) GTEST_SKIP() << "built without COIN-OR CBC";
+  int num_lpt_suboptimal = 0;
   for (uint32_t seed = 1; seed <= 12; ++seed) {
     const Problem p = random_problem(seed, 7, 3);
     const double optimum = brute_force_makespan(p);
@@ -86,7 +100,10 @@ TEST(PlanSolvers, MilpEqualsBruteForceOnSmallInstances) {
     const Plan milp = solve(p, SolverKind::kMilp, exact);
     EXPECT_NEAR(milp.makespan, optimum, 1e-9 * optimum) << "seed " << seed << " status " << milp.status;
     EXPECT_TRUE(milp.deterministic);
+    num_lpt_suboptimal += solve(p, SolverKind::kLpt).makespan > optimum * (1 + 1e-9) ? 1 : 0;
   }
+  // NOTE: the instances must be hard enough that LPT misses the optimum on some.
+  EXPECT_GT(num_lpt_suboptimal, 0);
 }
 
 TEST(PlanSolvers, NeverWorseThanLptAndLowerBoundHolds) {
@@ -119,7 +136,7 @@ TEST(PlanSolvers, PigeonholeBoundIsTightForDPlusOneEqualJobs) {
   const double pair = p.batch_load(0, 2);
   EXPECT_DOUBLE_EQ(lower_bound(p), pair);
   EXPECT_DOUBLE_EQ(solve(p, SolverKind::kLpt).makespan, pair);
-  EXPECT_EQ(solve(p, SolverKind::kMilp).status, "lpt_optimal");
+  EXPECT_EQ(solve(p, SolverKind::kMilp).status, milp_available() ? "lpt_optimal" : "cbc_unavailable");
 }
 
 TEST(PlanSolvers, EveryMatrixOwnedOnceAndBatchesOrdered) {
@@ -160,28 +177,30 @@ TEST(PlanSolvers, RoundRobinDealsInInputOrder) {
 
 TEST(PlanSolvers, RespectsTheTimeLimit) {
   if (!milp_available()) GTEST_SKIP() << "built without COIN-OR CBC";
-  // Many identical-ish jobs on many ranks: too hard to prove optimal in 0.2 s.
-  const Problem p = random_problem(11, 400, 48);
+  const Problem p = qwen_like_problem(8);
   MilpOptions options;
   options.time_limit_s = 0.2;
   options.max_nodes = 1000000000;
   const auto start = std::chrono::steady_clock::now();
   const Plan milp = solve(p, SolverKind::kMilp, options);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  // NOTE: slack for model building and CBC's check interval on a loaded 2-core machine.
-  EXPECT_LT(elapsed, 0.2 + 0.3) << milp.status;
+  EXPECT_EQ(milp.status, "time_limit");
+  EXPECT_FALSE(milp.deterministic);
+  // NOTE: slack for one node and the plan assembly on a loaded 2-core machine.
+  EXPECT_LT(elapsed, 0.2 + 0.1) << milp.status;
   EXPECT_LE(milp.makespan, solve(p, SolverKind::kLpt).makespan * (1 + 1e-12));
 }
 
 TEST(PlanSolvers, DeterministicAcrossRuns) {
-  for (uint32_t seed : {21u, 22u, 23u}) {
-    const Problem p = random_problem(seed, 60, 6);
+  for (int world_size : {8, 12}) {
+    const Problem p = qwen_like_problem(world_size);
     MilpOptions options;
     options.time_limit_s = 30;  // the node cap, not the clock, ends the search
-    options.max_nodes = 200;
+    options.max_nodes = 30;
     const Plan a = solve(p, SolverKind::kMilp, options);
     const Plan b = solve(p, SolverKind::kMilp, options);
     ASSERT_TRUE(a.deterministic) << a.status;
+    EXPECT_EQ(a.status, milp_available() ? "node_limit" : "cbc_unavailable");
     EXPECT_EQ(a.owner, b.owner);
     EXPECT_EQ(a.serialize().substr(0, a.serialize().find("solve_seconds")),
               b.serialize().substr(0, b.serialize().find("solve_seconds")));
