@@ -16,9 +16,10 @@ class TrainConfig:
 
     # What to run.
     optimizers: tuple[str, ...] = ("dmuon", "adamw")
-    # NOTE: 400 steps: on 2 CPU cores forward+backward is ~90 ms/step and dmuon's CPU step
-    # was ~236 ms (AdamW ~3 ms), so both runs take ~3 min; both beat the unigram entropy
-    # by >1 nat at 400 steps (GPU sweep: Muon 1.37, AdamW 2.05 vs 3.26).
+    # NOTE: 400 steps. Measured on 2 pinned Xeon cores: forward+backward ~90 ms/step, the
+    # torch-muon + adamw defaults took 122 s in all (val 1.36 / 2.05 vs entropy 3.26). dmuon's
+    # CPU step measured ~236 ms on the 2-core dev box (torch.optim.Muon ~20 ms), so the
+    # default dmuon + adamw job is ~2-3.5 min on an idle 2-core CPU.
     steps: int = 400
     device: str = "cpu"
     seed: int = 0
