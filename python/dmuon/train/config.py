@@ -16,7 +16,7 @@ class TrainConfig:
 
     # What to run.
     optimizers: tuple[str, ...] = ("dmuon", "adamw")
-    # NOTE: 400 steps. Measured on 2 pinned Xeon cores: forward+backward ~90 ms/step, the
+    # NOTE: 400 steps. Forward+backward is ~90-110 ms/step on 2 cores; on 2 pinned Xeon cores the
     # torch-muon + adamw defaults took 122 s in all (val 1.36 / 2.05 vs entropy 3.26). dmuon's
     # CPU step measured ~236 ms on the 2-core dev box (torch.optim.Muon ~20 ms), so the
     # default dmuon + adamw job is ~2-3.5 min on an idle 2-core CPU.
