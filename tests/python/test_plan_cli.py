@@ -171,3 +171,25 @@ def test_cli_subprocess_entry_point():
     )
     assert result.returncode == 0, result.stderr
     assert "lpt" in result.stdout and "world 64" in result.stdout
+
+
+def test_profiled_costs_are_cached_on_disk(tmp_path, capsys):
+    # Real NS op timings (CPU here, CUDA events on a GPU), median of runs, cached by device key.
+    manifest = tmp_path / "tiny.json"
+    manifest.write_text(json.dumps({"name": "tiny", "matrices": [
+        {"name": "a{i}", "rows": 32, "cols": 64, "count": 5},
+        {"name": "e", "rows": 16, "cols": 32, "batch": 4},
+    ]}))
+    cache = tmp_path / "costs.txt"
+    args = ["--manifest", str(manifest), "--world", "2", "--profile", "--profile-runs", "3", "--cost-cache", str(cache)]
+    first = _plan_json(capsys, *args)
+    assert first["cost_model"]["kind"] == "measured"
+    lines = cache.read_text().splitlines()
+    assert lines[0] == "dmuon-cost-table v1" and lines[1].startswith("key ")
+    # 32x64 at batch sizes 1, 2, 4, 5 and the stack of 4 experts.
+    assert sorted(tuple(map(int, l.split()[:3])) for l in lines[2:]) == [
+        (16, 32, 4), (32, 64, 1), (32, 64, 2), (32, 64, 4), (32, 64, 5)]
+    second = _plan_json(capsys, *args)
+    # Same cached costs → same problem hash and plans.
+    assert second["problem_hash"] == first["problem_hash"]
+    assert second["plans"]["lpt"]["load_s"] == first["plans"]["lpt"]["load_s"]

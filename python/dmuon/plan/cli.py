@@ -32,6 +32,11 @@ def register(subparsers) -> None:
     parser.add_argument("--launch-overhead-us", type=float, default=None,
                         help="analytic per-launch overhead (default: 20 GPU, 50 with --cpu)")
     parser.add_argument("--cpu", action="store_true", help="analytic CPU cost model")
+    parser.add_argument("--profile", action="store_true",
+                        help="time the real NS op per shape and batch size (GPU when present) instead "
+                             "of the analytic model")
+    parser.add_argument("--cost-cache", metavar="FILE", help="with --profile: reuse/save the timings here")
+    parser.add_argument("--profile-runs", type=int, default=5, help="with --profile: timed runs per point")
     parser.add_argument("--memory-cap-gib", type=float, default=0.0, help="per-rank memory cap (0: none)")
     parser.add_argument("--max-batch", type=int, default=0, help="most matrices per launch (0: unlimited)")
     parser.add_argument("--time-limit", type=float, default=None, help="MILP wall-clock limit, s (default 2)")
@@ -57,6 +62,14 @@ def run(args: argparse.Namespace) -> int:
             launch_overhead_s=base.launch_overhead_s if args.launch_overhead_us is None else args.launch_overhead_us * 1e-6,
             symmetric=base.symmetric,
         )
+        if args.profile:
+            cost, cost_info = _measured_cost(manifest, args)
+        else:
+            cost_info = {
+                "kind": "analytic",
+                "flops_per_second": cost.flops_per_second,
+                "launch_overhead_s": cost.launch_overhead_s,
+            }
         problem = make_problem(
             manifest.matrices,
             world_size=args.world,
@@ -75,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"python -m dmuon plan: error: {error}", file=sys.stderr)
         return 2
 
-    report = _report(manifest, problem, cost, args, plans)
+    report = _report(manifest, problem, cost_info, args, plans)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -85,7 +98,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(manifest, problem, cost, args, plans) -> dict:
+def _measured_cost(manifest, args):
+    """A measured CostTable for every (shape, batch size) the manifest can need."""
+    import torch
+
+    from dmuon.plan.profile import batch_sizes, profile_cost_table
+
+    if args.profile_runs < 1:
+        raise ValueError(f"--profile-runs must be at least 1, got {args.profile_runs}")
+    counts: dict[tuple[int, int, int], int] = {}
+    for m in manifest.matrices:
+        counts[(m.rows, m.cols, m.batch)] = counts.get((m.rows, m.cols, m.batch), 0) + 1
+    points = [(rows, cols, b * stack) for (rows, cols, stack), count in counts.items() for b in batch_sizes(count)]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    table = profile_cost_table(points, device=device, num_runs=args.profile_runs, cache_path=args.cost_cache)
+    return table, {"kind": "measured", "device": device, "num_points": len(table)}
+
+
+def _report(manifest, problem, cost_info, args, plans) -> dict:
     """Everything the table, the JSON and the plot show."""
     shapes = problem.shapes
     out = {
@@ -94,11 +124,7 @@ def _report(manifest, problem, cost, args, plans) -> dict:
         "num_matrices": len(problem.matrices),
         "num_shapes": len(shapes),
         "problem_hash": f"{problem.hash:016x}",
-        "cost_model": {
-            "kind": "analytic",
-            "flops_per_second": cost.flops_per_second,
-            "launch_overhead_s": cost.launch_overhead_s,
-        },
+        "cost_model": cost_info,
         "bandwidth_bytes_per_s": problem.options.bandwidth_bytes_per_s,
         "memory_cap_bytes": problem.options.memory_cap_bytes,
         "plans": {},
@@ -140,10 +166,14 @@ def _report(manifest, problem, cost, args, plans) -> dict:
 
 def _print_table(report: dict, per_rank: bool) -> None:
     cost = report["cost_model"]
+    if cost["kind"] == "analytic":
+        cost_text = (f"analytic cost {cost['flops_per_second'] / 1e12:g} TFLOP/s "
+                     f"+ {cost['launch_overhead_s'] * 1e6:g} us/launch")
+    else:
+        cost_text = f"measured cost on {cost['device']} ({cost['num_points']} points)"
     print(
         f"{report['model']}: {report['num_matrices']} Muon matrices in {report['num_shapes']} shapes, "
-        f"world {report['world_size']}, analytic cost {cost['flops_per_second'] / 1e12:g} TFLOP/s "
-        f"+ {cost['launch_overhead_s'] * 1e6:g} us/launch, {report['bandwidth_bytes_per_s'] / 1e9:g} GB/s"
+        f"world {report['world_size']}, {cost_text}, {report['bandwidth_bytes_per_s'] / 1e9:g} GB/s"
     )
     header = f"{'solver':<12} {'makespan_ms':>11} {'bound_ms':>9} {'gap%':>7} {'imbalance':>9} " \
              f"{'recv_MB min/max':>17} {'solve_ms':>9} {'cbc_bound_ms':>12}  status"

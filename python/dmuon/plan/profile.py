@@ -1,0 +1,89 @@
+"""Measured cost tables: time the real Newton–Schulz op per (shape, batch) and cache it.
+
+The median over timed runs and the table itself live in C++ (``_C.plan.profile_cost_table``,
+``CostTable.save/load``); this module only launches ``torch.ops.dmuon.orthogonalize`` and
+times it (CUDA events on a GPU, ``perf_counter`` on the CPU).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import torch
+
+from dmuon.plan import native
+
+# NOTE: NS work per matrix is linear in the batch after launch overhead, so sizes
+# 1, 2, 4, … up to the largest batch bound the interpolation error by one octave.
+_MAX_PROFILED_SIZES = 12
+
+
+def batch_sizes(count: int) -> list[int]:
+    """Batch sizes to time for a shape with `count` matrices: powers of two and count."""
+    sizes, b = [], 1
+    while b < count and len(sizes) < _MAX_PROFILED_SIZES - 1:
+        sizes.append(b)
+        b *= 2
+    return sorted({*sizes, count})
+
+
+def cache_key(device: torch.device, algorithm: str, num_steps: int) -> str:
+    """What the timings depend on: device, CUDA runtime, torch and dmuon, NS settings."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return f"{name} | cuda {torch.version.cuda} | torch {torch.__version__} | ns {algorithm} x{num_steps}"
+
+
+def profile_cost_table(
+    points: Iterable[tuple[int, int, int]],
+    *,
+    device: str | torch.device = "cuda",
+    algorithm: str = "gram",
+    num_steps: int = 5,
+    num_runs: int = 5,
+    num_warmup: int = 1,
+    cache_path: str | None = None,
+):
+    """A ``CostTable`` of (rows, cols, num_matrices) points, loaded from `cache_path` when it
+    holds timings for this device and settings, else measured (and saved there)."""
+    from dmuon import _C
+
+    plan = native()
+    device = torch.device(device)
+    key = cache_key(device, algorithm, num_steps)
+    points = sorted(set(points))
+    if cache_path:
+        cached = plan.CostTable()
+        if cached.load(cache_path, key) and all(
+            _has(cached, rows, cols, n) for rows, cols, n in points
+        ):
+            return cached
+    steps, restarts = _C.default_schedule(algorithm, num_steps)
+    coefficients = [c for step in steps for c in step]
+    inputs: dict[tuple[int, int, int], torch.Tensor] = {}
+
+    def run_once(rows: int, cols: int, n: int) -> float:
+        x = inputs.get((rows, cols, n))
+        if x is None:
+            inputs.clear()  # NOTE: keep one input alive at a time (big shapes)
+            x = inputs[(rows, cols, n)] = torch.randn(n, rows, cols, device=device)
+        op = torch.ops.dmuon.orthogonalize
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            op(x, algorithm, coefficients, restarts, 1e-7)
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e-3
+        begin = time.perf_counter()
+        op(x, algorithm, coefficients, restarts, 1e-7)
+        return time.perf_counter() - begin
+
+    table = plan.profile_cost_table(points, run_once, num_runs, num_warmup)
+    if cache_path:
+        table.save(cache_path, key)
+    return table
+
+
+def _has(table, rows: int, cols: int, n: int) -> bool:
+    return any(r == rows and c == cols and b == n for r, c, b, _ in table.entries())
