@@ -148,6 +148,8 @@ def _report(manifest, problem, cost_info, args, plans) -> dict:
                 {
                     "rank": idx,
                     "load_s": r.load_seconds,
+                    "recv_bytes": r.recv_bytes,
+                    "memory_bytes": r.memory_bytes,
                     "batches": [
                         {
                             "shape": f"{shapes[b.shape_idx].rows}x{shapes[b.shape_idx].cols}",
@@ -191,7 +193,8 @@ def _print_table(report: dict, per_rank: bool) -> None:
         print(f"\n{name}: per rank")
         for rank in p["ranks"]:
             parts = [f"{b['shape']}x{b['num_matrices']}[{', '.join(b['matrices'])}]" for b in rank["batches"]]
-            print(f"  rank {rank['rank']:>3} {rank['load_s'] * 1e3:9.4f} ms  {'; '.join(parts) or '(nothing)'}")
+            print(f"  rank {rank['rank']:>3} {rank['load_s'] * 1e3:9.4f} ms {rank['recv_bytes'] / 1e6:9.1f} MB  "
+                  f"{'; '.join(parts) or '(nothing)'}")
 
 
 def _bound(plan: dict) -> str:
