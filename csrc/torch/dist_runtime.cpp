@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "common/check.h"
+#include "common/env.h"
 #include "optim/update_rule.h"
 #include "orthogonalize.h"
 #include "plan/cost_model.h"
@@ -74,6 +75,9 @@ MuonRuntime::MuonRuntime(const std::string& group_name, std::vector<std::string>
     world_size_ = group_->getSize();
   }
   wire_dtype_ = parse_wire_dtype(options_.wire_dtype, options_.device_type);
+  // NOTE: DMUON_PROFILE=1 synchronizes the device between phases so that the step's
+  // time split is real on GPUs (it costs the overlap it measures).
+  options_.profile = options_.profile || env::get_bool("DMUON_PROFILE", false);
   for (const auto& layout : layouts_) rows_.push_back(layout.rank_rows(world_size_));
   make_plan();
 }

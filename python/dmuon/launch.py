@@ -1,0 +1,106 @@
+"""Local multi-process launcher: runs fn(rank, world, *args) on `world` spawned processes,
+over Gloo on CPUs or NCCL with one GPU per rank, and returns every rank's result.
+
+Used by `python -m dmuon train --world N`, `python -m dmuon bench step`, and the tests.
+A rank's exception is re-raised in the parent with its rank and traceback; a run past its
+deadline is killed and reported, never left hanging.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue as queue_module
+import socket
+import traceback
+from typing import Any, Callable
+
+# NOTE: NVLink multicast stays off: on shared multi-GPU hosts a program using it can take
+# the GPUs out of service (see the device notes); these are the variables NCCL, PyTorch's
+# symmetric memory and NVSHMEM read.
+_SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+class RankFailed(RuntimeError):
+    """A rank raised; the message holds its rank and traceback."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn: Callable, rank: int, world: int, port: int, backend: str, timeout_s: float,
+           threads: int, args: tuple, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(threads), **_SAFE_ENV)
+    import torch
+    import torch.distributed as dist
+
+    try:
+        torch.set_num_threads(threads)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=torch.device("cuda", rank) if backend == "nccl" else None)
+        results.put((rank, "ok", fn(rank, world, *args)))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def default_backend() -> str:
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def launch(fn: Callable, world: int, *args: Any, backend: str | None = None, timeout_s: float = 600.0,
+           collective_timeout_s: float = 120.0, return_errors: bool = False) -> dict[int, Any]:
+    """fn(rank, world, *args) on `world` processes; {rank: result}. With return_errors,
+    failed ranks map to their traceback text instead of raising RankFailed."""
+    if world < 1:
+        raise ValueError(f"world must be >= 1, got {world}")
+    backend = backend or default_backend()
+    if backend == "nccl":
+        import torch
+
+        if torch.cuda.device_count() < world:
+            raise ValueError(f"--world {world} needs {world} GPUs with NCCL, found {torch.cuda.device_count()}")
+    threads = max(1, (os.cpu_count() or 1) // world)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_entry, daemon=True,
+                         args=(fn, r, world, port, backend, collective_timeout_s, threads, args, results))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    done: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    try:
+        for _ in range(world):
+            rank, status, payload = results.get(timeout=timeout_s)
+            (done if status == "ok" else errors)[rank] = payload
+    except queue_module.Empty as error:
+        raise TimeoutError(f"a {world}-rank run exceeded {timeout_s:.0f} s; ranks that finished: "
+                           f"{sorted(done)}, ranks that failed: {errors}") from error
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    if return_errors:
+        return {**done, **errors}
+    if errors:
+        rank = min(errors)
+        raise RankFailed(f"rank {rank} of {world} failed:\n{errors[rank]}")
+    return done
