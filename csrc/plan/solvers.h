@@ -39,6 +39,9 @@ Assignment solve_lpt(const Problem& problem);
 /// Outcome of the MILP (without CBC: the LPT assignment with status "cbc_unavailable").
 struct MilpResult {
   Assignment assignment;
+  /// "optimal" (within relative_gap), "node_limit", "time_limit" (best found so far);
+  /// "lpt_optimal" / "lpt_within_gap" (LPT meets the lower bound, no solve); LPT kept:
+  /// "time_limit_lpt", "no_solution_lpt", "worse_than_lpt_lpt"; "cbc_unavailable".
   std::string status;
   double bound = 0.0;  ///< CBC's proven lower bound on the makespan (0 when none)
   bool deterministic = true;
