@@ -7,6 +7,12 @@ target_sources(dmuon_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/cuda_backend.cu
 )
 target_link_libraries(dmuon_core PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt)
+# NOTE: the shared CUDA runtime, the one torch loads: CMake's default (static cudart linked
+# into every target that links CUDA objects) would put a second runtime into dmuon._C.
+# The targets that link dmuon_core (dmuon._C, the tests) are created later, in sibling
+# directories: they take the default from CMAKE_CUDA_RUNTIME_LIBRARY, set for them here.
+set_target_properties(dmuon_core PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
+set(CMAKE_CUDA_RUNTIME_LIBRARY Shared PARENT_SCOPE)
 target_compile_definitions(dmuon_core PUBLIC DMUON_WITH_CUDA_NS=1)
 if(DMUON_CUTLASS_INCLUDE_DIR)
   # NOTE: the kernel is sm_90a-only (WGMMA, TMA), so it is compiled for that target alone
@@ -14,7 +20,8 @@ if(DMUON_CUTLASS_INCLUDE_DIR)
   # that halves the file's compile time (the build's longest) on CI's 2 cores.
   add_library(dmuon_ns_sm90 OBJECT ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_product.cu)
   set_target_properties(dmuon_ns_sm90 PROPERTIES CUDA_ARCHITECTURES "90a-real"
-                                                 POSITION_INDEPENDENT_CODE ON)
+                                                 POSITION_INDEPENDENT_CODE ON
+                                                 CUDA_RUNTIME_LIBRARY Shared)
   target_include_directories(dmuon_ns_sm90 PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../..)
   target_include_directories(dmuon_ns_sm90 SYSTEM PRIVATE ${DMUON_CUTLASS_INCLUDE_DIR})
   # NOTE: CuTe needs relaxed constexpr; -lineinfo keeps compute-sanitizer reports readable.

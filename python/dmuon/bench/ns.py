@@ -163,16 +163,33 @@ def run(args) -> None:
             torch.cuda.empty_cache()
 
         def dmuon_step():
-            # NOTE: DMuon's single-device Muon step is the C++ op muon_step_ (momentum, batched
-            # NS per shape, apply); it is called directly so that the benchmark times exactly
-            # the step's math, without DMuon's routing or distributed runtime set-up.
+            # The single-GPU Muon step through dmuon's NS op: EMA momentum with Nesterov,
+            # one batched orthogonalize per shape (backend "auto": the CUDA backend where the
+            # kernel is usable), decoupled update scaled as "match_rms_adamw".
             coefficients, restarts = _C.default_schedule("gram", 5)
             flat = [float(x) for c in coefficients for x in c]
             bufs = [torch.zeros_like(p) for p in params]
             grads = [p.grad for p in params]
-            batch_dims = [1 if p.dim() == 3 else 0 for p in params]
-            return lambda: ops.muon_step_(params, grads, bufs, batch_dims, 0.02, 0.0, 0.95, True,
-                                          "match_rms_adamw", "gram", flat, list(restarts), 1e-7)
+            by_shape: dict = OrderedDict()
+            for i, p in enumerate(params):
+                by_shape.setdefault(tuple(p.shape[-2:]), []).append(i)
+
+            def step():
+                torch._foreach_lerp_(bufs, grads, 0.05)
+                updates = torch._foreach_lerp(grads, bufs, 0.95)
+                for (rows, cols), idx in by_shape.items():
+                    stack = torch.cat([updates[i].reshape(-1, rows, cols) for i in idx])
+                    out = ops.orthogonalize(stack, "gram", flat, list(restarts), 1e-7)
+                    scale = -0.02 * 0.2 * max(rows, cols) ** 0.5
+                    pieces = out.split([params[i].numel() // (rows * cols) for i in idx])
+                    torch._foreach_add_([params[i] for i in idx],
+                                        [piece.view(params[i].shape) for piece, i in zip(pieces, idx)],
+                                        alpha=scale)
+            return step
+
+        def dmuon_optimizer_step():
+            opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0)
+            return opt.step
 
         def torch_muon_step():
             opt = torch.optim.Muon([p for p in params if p.dim() == 2], lr=0.02, weight_decay=0.0)
@@ -197,10 +214,10 @@ def run(args) -> None:
             opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
             return opt.step
 
-        if kernel_ok:
-            measure("dmuon muon_step_ (gram, sym kernel)", dmuon_step, gram_symmetric_flops(shapes))
-        else:
-            measure("dmuon muon_step_ (gram, ATen fallback)", dmuon_step, 2 * gram_symmetric_flops(shapes))
+        if args.dmuon_optimizer:
+            measure("dmuon.DMuon.step", dmuon_optimizer_step, gram_symmetric_flops(shapes) * (1 if kernel_ok else 2))
+        measure("dmuon NS step (" + ("sym kernel)" if kernel_ok else "ATen fallback)"), dmuon_step,
+                gram_symmetric_flops(shapes) * (1 if kernel_ok else 2))
         measure("torch.optim.Muon", torch_muon_step, ns_eq)
         measure("plain batched PyTorch NS (bf16)", plain_step, ns_eq)
         measure("torch AdamW (fused)", adamw_step, 0.0)
@@ -241,6 +258,8 @@ def register(subparsers) -> None:
                         help="model manifest name (repeatable), e.g. qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b")
     parser.add_argument("--iters", type=int, default=10, help="timed repetitions (median reported)")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--dmuon-optimizer", action="store_true",
+                        help="also time dmuon.DMuon.step (the full optimizer, its step runtime included)")
     parser.add_argument("--sym-shapes", nargs="*", default=["3584x18944", "4096x14336", "896x4864"],
                         help="m x k shapes of the X·Xᵀ kernel comparison")
     parser.set_defaults(func=run)
