@@ -63,8 +63,7 @@ void register_dist_bindings(py::module_& m) {
   py::class_<MuonRuntime>(d, "MuonRuntime")
       .def(py::init<const std::string&, std::vector<std::string>, std::vector<dist::ParamLayout>,
                     RuntimeOptions>(),
-           py::arg("group_name"), py::arg("names"), py::arg("layouts"), py::arg("options"),
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("group_name"), py::arg("names"), py::arg("layouts"), py::arg("options"))
       .def("step",
            [](MuonRuntime& runtime, std::vector<at::Tensor> params,
               std::vector<std::optional<at::Tensor>> grads,
