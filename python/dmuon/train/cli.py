@@ -34,7 +34,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="AdamW's peak lr (the baseline, and every run's AdamW parameters)")
     parser.add_argument("--weight-decay", type=float, default=d.weight_decay)
     parser.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    parser.add_argument("--device", default=d.device, help="cpu | cuda | cuda:N")
+    parser.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:N (auto: cuda when present)")
+    parser.add_argument("--world", type=int, default=d.world,
+                        help="processes: 0 = every local GPU with CUDA, else 2 CPU processes over Gloo")
+    parser.add_argument("--parallel", choices=("fsdp2", "ddp"), default=d.parallel,
+                        help="how the model is wrapped when world > 1")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--out", type=Path, default=d.out_dir, help="directory for JSON and PNG")
     parser.add_argument("--eval-every", type=int, default=d.eval_every)
@@ -51,6 +55,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         optimizers=tuple(name.strip() for name in args.optimizers.split(",") if name.strip()),
         steps=args.steps,
         device=args.device,
+        world=args.world,
+        parallel=args.parallel,
         seed=args.seed,
         batch_size=args.batch_size,
         seq_len=args.seq_len,
@@ -69,13 +75,23 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     )
 
 
+def _train_all(rank: int, world: int, config: TrainConfig) -> list | None:
+    """Every optimizer's run on this rank; rank 0 returns the results."""
+    from dmuon.train.data import load_corpus
+    from dmuon.train.loop import run_training
+
+    corpus = load_corpus(val_fraction=config.val_fraction)
+    results = [run_training(config, name, corpus) for name in config.optimizers]
+    return results if rank == 0 else None
+
+
 def run(args: argparse.Namespace) -> int:
     """The job: every optimizer from the same start, then table, JSON and plot."""
+    from dmuon.launch import launch
     from dmuon.train.data import load_corpus, unigram_entropy
-    from dmuon.train.loop import run_training
     from dmuon.train.report import format_table, plot_losses, write_json
 
-    config = config_from_args(args)
+    config = config_from_args(args).resolved()
     corpus = load_corpus(val_fraction=config.val_fraction)
     entropy = unigram_entropy(corpus.train)
     print(
@@ -84,12 +100,18 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
 
-    # One run per optimizer, in the order given.
-    results = [run_training(config, name, corpus) for name in config.optimizers]
+    # One run per optimizer, in the order given: in this process, or on `world` ranks.
+    if config.world == 1:
+        results = _train_all(0, 1, config)
+    else:
+        backend = "nccl" if config.device.startswith("cuda") else "gloo"
+        print(f"parallel: {config.world} processes over {backend.upper()}, model wrapped by "
+              f"{config.parallel.upper()}", flush=True)
+        results = launch(_train_all, config.world, config, backend=backend, timeout_s=24 * 3600)[0]
     print(
         f"model: {results[0].num_params:,} params, d_model {config.d_model}, "
         f"{config.num_layers} layers, {config.num_heads} heads, seq {config.seq_len}, "
-        f"batch {config.batch_size}, {config.steps} steps on {config.device}"
+        f"batch {config.batch_size}, {config.steps} steps on {config.device} x{config.world}"
     )
     print(format_table(results, entropy=entropy))
 

@@ -21,8 +21,15 @@ class TrainConfig:
     # CPU step measured ~236 ms on the 2-core dev box (torch.optim.Muon ~20 ms), so the
     # default dmuon + adamw job is ~2-3.5 min on an idle 2-core CPU.
     steps: int = 400
-    device: str = "cpu"
+    # "auto": every local GPU over NCCL when CUDA is present, else CPU processes over Gloo.
+    device: str = "auto"
     seed: int = 0
+
+    # Parallelism: `world` processes (0: all local GPUs with CUDA, else 2 CPU processes),
+    # the model wrapped by FSDP2 (fully_shard per block) or DDP. The global batch
+    # (batch_size) is split across ranks, so every world size sees the same data.
+    world: int = 0
+    parallel: str = "fsdp2"
 
     # Data.
     batch_size: int = 16
@@ -65,8 +72,12 @@ class TrainConfig:
                 raise ValueError(f"optimizers: unknown optimizer {name!r}; known: {OPTIMIZER_NAMES}")
         if len(set(self.optimizers)) != len(self.optimizers):
             raise ValueError(f"optimizers must not repeat a name, got {self.optimizers}")
-        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.world < 0:
+            raise ValueError(f"world must be >= 0 (0: automatic), got {self.world}")
+        if self.parallel not in ("fsdp2", "ddp"):
+            raise ValueError(f"parallel must be 'fsdp2' or 'ddp', got {self.parallel!r}")
         positive_ints = {
             "steps": self.steps,
             "batch_size": self.batch_size,
@@ -101,6 +112,31 @@ class TrainConfig:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.grad_clip < 0.0:
             raise ValueError(f"grad_clip must be >= 0 (0 disables clipping), got {self.grad_clip}")
+
+    def resolved_device(self) -> str:
+        """device with "auto" made concrete: "cuda" when CUDA is present, else "cpu"."""
+        import torch
+
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    def resolved(self) -> "TrainConfig":
+        """The config with device and world made concrete for this machine."""
+        import dataclasses
+
+        import torch
+
+        device = self.resolved_device()
+        world = self.world or (torch.cuda.device_count() if device.startswith("cuda") else 2)
+        if world > 1 and device.startswith("cuda:"):
+            raise ValueError(f"device {device!r} names one GPU; use device 'cuda' with world {world}")
+        if self.batch_size % world:
+            raise ValueError(f"batch_size {self.batch_size} must be divisible by world {world}")
+        if world > 1 and "torch-muon" in self.optimizers:
+            raise ValueError("optimizers: 'torch-muon' (torch.optim.Muon) runs on one process only; "
+                             "use --world 1 or drop it")
+        return dataclasses.replace(self, device=device, world=world)
 
     @property
     def tokens_per_step(self) -> int:

@@ -14,6 +14,7 @@ from dmuon.train.config import TrainConfig
 from dmuon.train.data import Corpus, eval_batches, sample_batch
 from dmuon.train.model import build_model, loss_fn
 from dmuon.train.optim import build_optimizer, build_scheduler
+from dmuon.train.parallel import is_main_rank, local_slice, mean_over_ranks, wrap_model
 
 # NOTE: the first optimizer steps allocate state (and, for dmuon, may plan/tune), so they
 # are left out of the step-time statistics.
@@ -65,13 +66,17 @@ def evaluate(model: torch.nn.Module, batches, device: torch.device) -> float:
 
 
 def run_training(config: TrainConfig, optimizer_name: str, corpus: Corpus) -> RunResult:
-    """Train a fresh model (seeded init) with `optimizer_name` on the seeded batch order."""
-    device = torch.device(config.device)
+    """Train a fresh model (seeded init) with `optimizer_name` on the seeded batch order.
+    Under torch.distributed every rank calls this; each trains on its slice of every
+    global batch and rank 0's progress bar shows the loss averaged over ranks."""
+    device = torch.device(config.resolved_device())
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: {config.device!r} requested but CUDA is not available")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
 
-    # Same init, same data order, same eval set for every optimizer.
-    model = build_model(config)
+    # Same init, same data order, same eval set for every optimizer (and every rank).
+    model = wrap_model(build_model(config).to(device), config)
     optimizer = build_optimizer(optimizer_name, model, config)
     scheduler = build_scheduler(optimizer, config)
     generator = torch.Generator().manual_seed(config.seed + 1)
@@ -88,7 +93,7 @@ def run_training(config: TrainConfig, optimizer_name: str, corpus: Corpus) -> Ru
     start = time.perf_counter()
 
     progress = tqdm(
-        range(config.steps), desc=f"{optimizer_name:>10}", disable=not config.progress,
+        range(config.steps), desc=f"{optimizer_name:>10}", disable=not (config.progress and is_main_rank()),
         dynamic_ncols=True, leave=True,
     )
     for step in progress:
@@ -97,6 +102,7 @@ def run_training(config: TrainConfig, optimizer_name: str, corpus: Corpus) -> Ru
             corpus.train, batch_size=config.batch_size, seq_len=config.seq_len,
             generator=generator,
         )
+        inputs, targets = local_slice(inputs), local_slice(targets)
         inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         loss = loss_fn(model(inputs), targets)
         loss.backward()
@@ -114,7 +120,7 @@ def run_training(config: TrainConfig, optimizer_name: str, corpus: Corpus) -> Ru
         scheduler.step()
 
         # Record the loss; a non-finite loss ends the run with an error naming it.
-        loss_value = float(loss.detach())
+        loss_value = mean_over_ranks(loss)
         if not math.isfinite(loss_value):
             raise FloatingPointError(f"{optimizer_name}: loss is {loss_value} at step {step}")
         train_losses.append(loss_value)
@@ -138,7 +144,7 @@ def run_training(config: TrainConfig, optimizer_name: str, corpus: Corpus) -> Ru
     window = train_losses[-min(_TRAIN_LOSS_WINDOW, len(train_losses)) :]
     return RunResult(
         optimizer=optimizer_name,
-        num_params=sum(p.numel() for p in model.parameters()),
+        num_params=sum(p.numel() for p in model.parameters()),  # global sizes (DTensors too)
         train_losses=train_losses,
         val_steps=val_steps,
         val_losses=val_losses,

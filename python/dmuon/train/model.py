@@ -122,7 +122,7 @@ def build_model(config: TrainConfig) -> GPT:
             num_heads=config.num_heads,
             mlp_ratio=config.mlp_ratio,
         )
-    return model.to(config.device)
+    return model.to(config.resolved_device())
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
