@@ -1,6 +1,7 @@
 // dmuon/torch/cuda/cuda_orthogonalize.cpp — the CUDA backend on torch tensors.
 #include "cuda_orthogonalize.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
@@ -51,11 +52,16 @@ ns::cuda::SymProductArgs sym_args(const at::Tensor& a, const at::Tensor& b, cons
 // The kernel against the dense, mirrored cuBLASLt product on an odd-sized batch:
 // every element close (fp32 accumulation, one rounding each) and the result exactly symmetric.
 bool self_check(const at::Tensor& like, at::ScalarType dtype) {
-  const auto options = like.options().dtype(dtype);
   const int64_t batch = 3, m = 203, k = 333;
-  at::Tensor a = padded(at::randn({batch, m, k}, options.dtype(at::kFloat)).div_(std::sqrt(double(k))).to(dtype));
-  at::Tensor b = padded(at::randn({batch, m, k}, options.dtype(at::kFloat)).div_(std::sqrt(double(k))).to(dtype));
-  at::Tensor c0 = at::randn({batch, m, m}, options.dtype(at::kFloat));
+  // NOTE: inputs come from a private CPU generator so that the check leaves the user's
+  // random streams (CPU and CUDA) untouched.
+  at::Generator gen = at::detail::createCPUGenerator(/*seed_in=*/20261129);
+  auto random = [&](at::IntArrayRef sizes, double scale) {
+    return at::randn(sizes, gen, at::TensorOptions().dtype(at::kFloat)).mul_(scale).to(like.device());
+  };
+  at::Tensor a = padded(random({batch, m, k}, 1.0 / std::sqrt(double(k))).to(dtype));
+  at::Tensor b = padded(random({batch, m, k}, 1.0 / std::sqrt(double(k))).to(dtype));
+  at::Tensor c0 = random({batch, m, m}, 1.0);
   at::Tensor c = padded((c0 + c0.transpose(1, 2)).to(dtype));
   at::Tensor kernel = cuda_sym_product(a, b, c, 0.75, -0.5, /*use_kernel=*/true).to(at::kFloat);
   at::Tensor dense = cuda_sym_product(a, b, c, 0.75, -0.5, /*use_kernel=*/false).to(at::kFloat);

@@ -47,6 +47,19 @@ def model_shapes(name: str) -> list[tuple[int, int, int]]:
     return per_layer * layers
 
 
+# NOTE: same-shape matrices are orthogonalized in batches of at most 2 GiB of fp32 input
+# (the runtime's buckets are smaller still): one batch of all 56 Qwen2.5-7B gate/up
+# matrices would need 15 GiB for its input alone and ran out of memory next to the
+# parameters, gradients and momentum (H200, 2026-11-29).
+_CHUNK_BYTES = 2 << 30
+
+
+def chunks(indices: list[int], matrix_numel: int) -> list[list[int]]:
+    """indices split into runs whose fp32 matrices total at most _CHUNK_BYTES."""
+    per_chunk = max(1, _CHUNK_BYTES // (4 * matrix_numel))
+    return [indices[i : i + per_chunk] for i in range(0, len(indices), per_chunk)]
+
+
 def cuda_time_ms(fn, warmup: int, iters: int) -> float:
     """Median of `iters` CUDA-event timings of fn() after `warmup` calls."""
     for _ in range(warmup):
@@ -176,15 +189,15 @@ def run(args) -> None:
 
             def step():
                 torch._foreach_lerp_(bufs, grads, 0.05)
-                updates = torch._foreach_lerp(grads, bufs, 0.95)
-                for (rows, cols), idx in by_shape.items():
-                    stack = torch.cat([updates[i].reshape(-1, rows, cols) for i in idx])
-                    out = ops.orthogonalize(stack, "gram", flat, list(restarts), 1e-7)
-                    scale = -0.02 * 0.2 * max(rows, cols) ** 0.5
-                    pieces = out.split([params[i].numel() // (rows * cols) for i in idx])
-                    torch._foreach_add_([params[i] for i in idx],
-                                        [piece.view(params[i].shape) for piece, i in zip(pieces, idx)],
-                                        alpha=scale)
+                for (rows, cols), all_idx in by_shape.items():
+                    for idx in chunks(all_idx, rows * cols):
+                        stack = torch.cat([grads[i].lerp(bufs[i], 0.95).reshape(-1, rows, cols) for i in idx])
+                        out = ops.orthogonalize(stack, "gram", flat, list(restarts), 1e-7)
+                        scale = -0.02 * 0.2 * max(rows, cols) ** 0.5
+                        pieces = out.split([params[i].numel() // (rows * cols) for i in idx])
+                        torch._foreach_add_([params[i] for i in idx],
+                                            [piece.view(params[i].shape) for piece, i in zip(pieces, idx)],
+                                            alpha=scale)
             return step
 
         def dmuon_optimizer_step():
@@ -225,7 +238,8 @@ def run(args) -> None:
         groups: dict = OrderedDict()
         for p in params:
             groups.setdefault(tuple(p.shape[-2:]), []).append(p.grad.reshape(-1, *p.shape[-2:]))
-        stacks = [torch.cat(g) for g in groups.values()]
+        stacks = [torch.cat([g[j] for j in part]) for g in groups.values()
+                  for part in chunks(list(range(len(g))), g[0].shape[-2] * g[0].shape[-1])]
         coefficients, restarts = _C.default_schedule("gram", 5)
         flat = [x for c in coefficients for x in c]
         for backend in (["cuda"] if kernel_ok else []) + ["cuda_dense", "aten"]:
