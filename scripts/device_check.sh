@@ -23,6 +23,15 @@ done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
 
+# NOTE: the GPU machine's environment sets CC/CXX to /opt/gcc, a toolchain that links
+# libstdc++ statically into shared objects. dmuon._C then carries its own libstdc++
+# beside the one Python and torch load, and the first iostream use (the planner's
+# Plan::serialize) segfaults inside codecvt (seen 2026-11-29 with cuda-gdb: frames of
+# libstdc++'s read_utf8_code_point resolved inside _C.so). Build with the system compilers.
+if [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+fi
+
 # Build (no GoogleTest or CBC on the GPU machine: the core tests and MILP are skipped there).
 start=$(date +%s)
 if ! python3 -m pip install -q --no-build-isolation --no-deps -e . -Cbuild-dir=build/device \
