@@ -22,7 +22,9 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_types.h>
 
+#include <algorithm>
 #include <mutex>
+#include <set>
 
 #include "ns/cuda/cuda_check.h"
 
@@ -251,12 +253,16 @@ void launch(const SymProductArgs& args, const Sm90SymConfig& config, cudaStream_
   // Launch: persistent grid of min(work, SMs) CTAs, one per SM.
   auto kernel = sm90_sym_product_kernel<Elem>;
   const int smem_bytes = static_cast<int>(sizeof(typename Traits::SharedStorage));
-  static std::once_flag attribute_once;
-  std::call_once(attribute_once, [&] {
-    DMUON_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  });
   int device = 0, num_sms = 0;
   DMUON_CHECK_CUDA(cudaGetDevice(&device));
+  // NOTE: the shared-memory opt-in is a per-device function attribute: set once per device.
+  {
+    static std::mutex mutex;
+    static std::set<int> devices_set;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (devices_set.insert(device).second)
+      DMUON_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  }
   DMUON_CHECK_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t ctas = config.num_ctas > 0 ? config.num_ctas : num_sms;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(p.num_work, ctas));
