@@ -1,4 +1,5 @@
 // dmuon._C.dist: the owner-centric step runtime (MuonRuntime) and its option structs.
+#include <pybind11/stl.h>
 #include <torch/extension.h>
 
 #include "bindings.h"
@@ -28,13 +29,16 @@ void register_dist_bindings(py::module_& m) {
 
   py::class_<RuntimeOptions>(d, "RuntimeOptions")
       .def(py::init([](std::string mode, int64_t bucket_bytes, std::string wire_dtype,
-                       std::string solver, std::string device_type, bool profile) {
-             return RuntimeOptions{std::move(mode), bucket_bytes, std::move(wire_dtype),
-                                   std::move(solver), std::move(device_type), profile};
+                       std::string solver, std::string device_type, bool profile,
+                       std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries) {
+             return RuntimeOptions{std::move(mode),        bucket_bytes, std::move(wire_dtype),
+                                   std::move(solver),      std::move(device_type), profile,
+                                   std::move(cost_entries)};
            }),
            py::arg("mode") = "owner", py::arg("bucket_bytes") = int64_t{64} << 20,
            py::arg("wire_dtype") = "auto", py::arg("solver") = "milp",
-           py::arg("device_type") = "cpu", py::arg("profile") = false);
+           py::arg("device_type") = "cpu", py::arg("profile") = false,
+           py::arg("cost_entries") = std::vector<std::tuple<int64_t, int64_t, int64_t, double>>{});
 
   py::class_<MuonGroupOptions>(d, "GroupOptions")
       .def(py::init([](double lr, double weight_decay, double momentum, bool nesterov,
@@ -63,7 +67,11 @@ void register_dist_bindings(py::module_& m) {
   py::class_<MuonRuntime>(d, "MuonRuntime")
       .def(py::init<const std::string&, std::vector<std::string>, std::vector<dist::ParamLayout>,
                     RuntimeOptions>(),
-           py::arg("group_name"), py::arg("names"), py::arg("layouts"), py::arg("options"))
+           py::arg("group_name"), py::arg("names"), py::arg("layouts"), py::arg("options"),
+           // NOTE: the constructor broadcasts the plan. Holding the GIL while c10d's Gloo
+           // thread drops tensors that have Python objects (it needs the GIL to decref
+           // them, under its own work mutex) deadlocks: seen in CI at world 3, rank 0.
+           py::call_guard<py::gil_scoped_release>())
       .def("step",
            [](MuonRuntime& runtime, std::vector<at::Tensor> params,
               std::vector<std::optional<at::Tensor>> grads,

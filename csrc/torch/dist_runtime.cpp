@@ -107,9 +107,18 @@ void MuonRuntime::make_plan() {
     }
     plan::ProblemOptions problem_options;
     problem_options.world_size = world_size_;
-    const auto cost = options_.device_type == "cuda" ? plan::AnalyticCostModel::gpu_default()
-                                                     : plan::AnalyticCostModel::cpu_default();
-    const plan::Problem problem = plan::build_problem(matrices, problem_options, cost.as_cost_fn());
+    // Costs: measured NS times when given (identical on every rank), else the analytic model.
+    plan::CostFn cost_fn;
+    if (!options_.cost_entries.empty()) {
+      plan::CostTable table;
+      for (const auto& [rows, cols, count, seconds] : options_.cost_entries) table.set(rows, cols, count, seconds);
+      cost_fn = table.as_cost_fn();
+    } else {
+      cost_fn = (options_.device_type == "cuda" ? plan::AnalyticCostModel::gpu_default()
+                                                : plan::AnalyticCostModel::cpu_default())
+                    .as_cost_fn();
+    }
+    const plan::Problem problem = plan::build_problem(matrices, problem_options, cost_fn);
     const plan::SolverKind solver = plan::parse_solver(options_.solver);
     std::string text;
     if (rank_ == 0) text = plan::solve(problem, solver, plan::MilpOptions::from_env()).serialize();

@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dist/buckets.h"
@@ -30,6 +31,9 @@ struct RuntimeOptions {
   std::string solver = "milp";      ///< owner planner: "milp" | "lpt" | "round_robin"
   std::string device_type = "cpu";  ///< "cpu" | "cuda": cost model and collective buffers
   bool profile = false;             ///< synchronize the device between phases to time them
+  /// Measured NS seconds (rows, cols, num_matrices, seconds) for the planner; empty: the
+  /// analytic model of device_type. Every rank must pass the same entries.
+  std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries;
 };
 
 /// Where the time of the last step went (seconds) and what it moved (bytes, this rank).

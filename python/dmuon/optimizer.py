@@ -10,6 +10,7 @@ torch optimizer) and checks gradients for NaN/Inf with one host sync per step.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Callable, Iterable
 
 import torch
@@ -26,6 +27,7 @@ _NONFINITE = ("raise", "skip")
 _MODES = ("owner", "gather")
 _WIRE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 _PLANNERS = ("milp", "lpt", "round_robin")
+_COST_MODELS = ("auto", "analytic", "profile")
 _MUON_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 _MUON_KEYS = ("lr", "weight_decay", "momentum", "nesterov", "ns_algorithm", "ns_coefficients",
@@ -72,7 +74,10 @@ class DMuon(torch.optim.Optimizer):
     ``bucket_size_mb``: wire bytes per pipeline bucket; ``process_group``: the group of
     replicated parameters (default: the default group); ``wire_dtype``: "auto" (float32
     on CPU, bfloat16 on CUDA) or a dtype name; ``planner``: "milp", "lpt" or
-    "round_robin".
+    "round_robin"; ``cost_model``: what the planner balances — "profile" times the real
+    Newton–Schulz per shape and batch size on rank 0 (median of 5 runs, cached on disk at
+    ``cost_cache``) and shares the table, "analytic" uses FLOP counts, "auto" profiles on
+    GPUs and uses the analytic model on CPUs.
     """
 
     def __init__(
@@ -99,9 +104,12 @@ class DMuon(torch.optim.Optimizer):
         process_group: Any = None,
         wire_dtype: str = "auto",
         planner: str = "milp",
+        cost_model: str = "auto",
+        cost_cache: str | None = "~/.cache/dmuon/ns_costs.txt",
     ) -> None:
         for arg, value, allowed in (("nonfinite", nonfinite, _NONFINITE), ("mode", mode, _MODES),
-                                    ("wire_dtype", wire_dtype, _WIRE_DTYPES), ("planner", planner, _PLANNERS)):
+                                    ("wire_dtype", wire_dtype, _WIRE_DTYPES), ("planner", planner, _PLANNERS),
+                                    ("cost_model", cost_model, _COST_MODELS)):
             if value not in allowed:
                 raise ValueError(f"{arg} must be one of {allowed}, got {value!r}")
         if not (isinstance(bucket_size_mb, (int, float)) and bucket_size_mb >= 0 and math.isfinite(bucket_size_mb)):
@@ -110,6 +118,8 @@ class DMuon(torch.optim.Optimizer):
         self._runtime_options = dict(mode=mode, bucket_bytes=int(bucket_size_mb * 2**20),
                                      wire_dtype=wire_dtype, solver=planner)
         self._process_group = process_group
+        self._cost_model = cost_model
+        self._cost_cache = cost_cache
         self._runtime = None
         self._muon_defaults = dict(
             lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
@@ -282,10 +292,46 @@ class DMuon(torch.optim.Optimizer):
             layouts = [_C.dist.ParamLayout(list(pl.global_shape), self._batch_dims[id(p)], pl.sharded)
                        for (_, p), pl in zip(muon, placements)]
             device = next((local_p.device.type for _, p in muon for local_p in [distributed.local(p)]), "cpu")
-            options = _C.dist.RuntimeOptions(device_type="cuda" if device == "cuda" else "cpu", **self._runtime_options)
+            device_type = "cuda" if device == "cuda" else "cpu"
+            costs = self._measured_costs(muon, layouts, group, device_type)
+            options = _C.dist.RuntimeOptions(device_type=device_type, cost_entries=costs, **self._runtime_options)
             self._runtime = _C.dist.MuonRuntime(distributed.group_name(group), [self.param_name(p) for _, p in muon],
                                                 layouts, options)
         return self._runtime
+
+    def _measured_costs(self, muon, layouts, group, device_type: str) -> list[tuple[int, int, int, float]]:
+        """Measured NS times for the planner (empty: analytic model). Rank 0 of the group
+        times every distinct shape at batch sizes up to its count; every rank gets the same
+        table, so every rank builds the same planning problem."""
+        use_profile = self._cost_model == "profile" or (self._cost_model == "auto" and device_type == "cuda")
+        if not use_profile or not muon:
+            return []
+        from dmuon.plan.profile import batch_sizes, profile_cost_table
+
+        counts: dict[tuple[int, int], int] = {}
+        for layout in layouts:
+            shape = list(layout.global_shape)
+            rows = shape[1] if layout.batch_dims == 1 else shape[0]
+            cols = math.prod(shape[1 + layout.batch_dims:])
+            num = shape[0] if layout.batch_dims == 1 else 1
+            if rows and cols and num:
+                counts[(rows, cols)] = counts.get((rows, cols), 0) + num
+        points = [(rows, cols, b) for (rows, cols), count in counts.items() for b in batch_sizes(count)]
+        first = next(g for g in self.param_groups if g["use_muon"])
+        world = 1 if group is None else torch.distributed.get_world_size(group)
+        entries: list[Any] = [None]
+        if world == 1 or torch.distributed.get_rank(group) == 0:
+            device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+            cache = None if self._cost_cache is None else os.path.expanduser(self._cost_cache)
+            if cache:
+                os.makedirs(os.path.dirname(cache) or ".", exist_ok=True)
+            table = profile_cost_table(points, device=device, algorithm=first["ns_algorithm"],
+                                       num_steps=first["ns_steps"], cache_path=cache)
+            entries = [[tuple(e) for e in table.entries()]]
+        if world > 1:
+            torch.distributed.broadcast_object_list(entries, group=group,
+                                                    src=torch.distributed.get_global_rank(group, 0))
+        return entries[0]
 
     @property
     def runtime(self) -> Any:

@@ -154,3 +154,24 @@ def wrapped_training_matches_single_process(rank: int, world: int, wrapper: str,
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
         errors[name] = _rel(full.detach(), q.detach())
     return {"errors": errors, "owners": opt.runtime.owners}
+
+
+def profiled_costs_give_one_plan(rank: int, world: int) -> dict:
+    """cost_model="profile": rank 0 times the NS, every rank plans from the same table."""
+    import tempfile
+
+    initial = _global_tensors(0)
+    mesh = init_device_mesh("cpu", (world,))
+    params = [nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)])) for t in initial]
+    single = [nn.Parameter(t.clone()) for t in initial]
+    cache = tempfile.mkdtemp() + "/costs.txt" if rank == 0 else None
+    opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(params)], lr=0.02, cost_model="profile", cost_cache=cache)
+    single_opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(single)], lr=0.02, cost_model="analytic")
+    grads = _global_tensors(7)
+    for p, q, g in zip(params, single, grads):
+        p.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
+        q.grad = g.clone()
+    opt.step()
+    single_opt.step()
+    errors = [_rel(p.full_tensor(), q.detach()) for p, q in zip(params, single)]
+    return {"plan": opt.runtime.plan_text, "errors": errors}

@@ -55,3 +55,10 @@ def test_mismatched_parameter_lists_fail_on_every_rank_quickly():
     assert time.monotonic() - start < 60
     for rank, message in results.items():
         assert "differ across ranks" in message and "proj" in message, (rank, message)
+
+
+def test_profiled_cost_table_is_shared_so_every_rank_runs_one_plan():
+    results = run_distributed(dist_workers.profiled_costs_give_one_plan, 2)
+    assert results[0]["plan"] == results[1]["plan"]
+    for rank, result in results.items():
+        assert max(result["errors"]) < TOLERANCE, (rank, result["errors"])

@@ -6,28 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dmuon import _C
 from dmuon._ops import ops
-from dmuon.reference import default_coefficients, default_restarts, newton_schulz_gram, newton_schulz_standard
+from ns_helpers import reference, rel, schedule
 
-
-def schedule(algorithm, steps=5):
-    coefficients, restarts = _C.default_schedule(algorithm, steps)
-    return [x for c in coefficients for x in c], list(restarts)
-
-
-def reference(x, algorithm, dtype=torch.float64):
-    outs = []
-    for G in x.reshape(-1, *x.shape[-2:]):
-        if algorithm == "gram":
-            outs.append(newton_schulz_gram(G, default_coefficients("gram", 5), default_restarts("gram", 5), 1e-7, dtype))
-        else:
-            outs.append(newton_schulz_standard(G, default_coefficients("standard", 5), 1e-7, dtype))
-    return torch.stack(outs).reshape(x.shape)
-
-
-def rel(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 @pytest.mark.parametrize("algorithm", ["gram", "standard"])

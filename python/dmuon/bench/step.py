@@ -11,7 +11,6 @@ each rank sent and the planner's predicted makespan.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
