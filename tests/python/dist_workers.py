@@ -175,3 +175,29 @@ def profiled_costs_give_one_plan(rank: int, world: int) -> dict:
     single_opt.step()
     errors = [_rel(p.full_tensor(), q.detach()) for p, q in zip(params, single)]
     return {"plan": opt.runtime.plan_text, "errors": errors}
+
+
+def nonfinite_on_one_rank(rank: int, world: int, policy: str) -> dict:
+    """NaN in one rank's shard of a matrix and Inf in a 3-D expert stack: every rank must
+    raise (naming the parameter and step) or skip the step, changing nothing."""
+    initial = _global_tensors(0)
+    mesh = init_device_mesh("cpu", (world,))
+    params = [nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)])) for t in initial]
+    opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(params)], lr=0.02, nonfinite=policy)
+    for step in range(2):
+        for p, g in zip(params, _global_tensors(50 + step)):
+            p.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
+        if step == 1:
+            if rank == world - 1:
+                params[0].grad.to_local()[0, 0] = float("nan")  # a 2-D matrix, last rank only
+            stack = params[6].grad.to_local()  # the 3-D expert stack (5, 6, 8)
+            if stack.numel():
+                stack.view(-1)[-1] = float("inf")
+        before = [p.full_tensor().clone() for p in params]
+        try:
+            opt.step()
+        except dmuon.NonFiniteGradientError as error:
+            return {"raised": str(error)}
+    unchanged = all(torch.equal(p.full_tensor(), b) for p, b in zip(params, before))
+    return {"unchanged": unchanged, "skipped": opt.param_groups[0]["num_skipped_steps"],
+            "steps": opt.param_groups[0]["num_steps"]}

@@ -62,3 +62,16 @@ def test_profiled_cost_table_is_shared_so_every_rank_runs_one_plan():
     assert results[0]["plan"] == results[1]["plan"]
     for rank, result in results.items():
         assert max(result["errors"]) < TOLERANCE, (rank, result["errors"])
+
+
+def test_nonfinite_gradient_on_one_rank_raises_on_every_rank():
+    results = run_distributed(dist_workers.nonfinite_on_one_rank, 3, "raise")
+    for rank, result in results.items():
+        assert "raised" in result, (rank, result)
+        assert "'w0'" in result["raised"] and "step 2" in result["raised"], (rank, result)
+
+
+def test_nonfinite_gradient_skip_is_agreed_and_changes_nothing():
+    results = run_distributed(dist_workers.nonfinite_on_one_rank, 3, "skip")
+    for rank, result in results.items():
+        assert result == {"unchanged": True, "skipped": 1, "steps": 2}, (rank, result)
