@@ -1,0 +1,98 @@
+"""Workers for the checkpoint tests: train a small model under FSDP2, DDP or on one
+process, save or load through torch.distributed.checkpoint, and continue training."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+import dmuon
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(32, 16), nn.Linear(16, 24), nn.ReLU(), nn.Linear(24, 16),
+                         nn.LayerNorm(16), nn.Linear(16, 10, bias=False))
+
+
+def wrap(model: nn.Module, wrapper: str, world: int) -> nn.Module:
+    """FSDP2 on every layer with parameters, DDP, or nothing ("none")."""
+    if wrapper == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in model:
+            if any(True for _ in layer.parameters()):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+    if wrapper == "ddp":
+        return nn.parallel.DistributedDataParallel(model)
+    return model
+
+
+def train(model: nn.Module, opt: torch.optim.Optimizer, first_step: int, num_steps: int) -> None:
+    """The same global batches at every world size (data parallel: the mean loss)."""
+    for step in range(first_step, first_step + num_steps):
+        tokens = torch.randint(0, 32, (4, 6), generator=torch.Generator().manual_seed(step))
+        opt.zero_grad()
+        model(tokens).pow(2).mean().backward()
+        opt.step()
+
+
+def snapshot(model: nn.Module) -> dict[str, np.ndarray]:
+    """Full parameters by name (numpy: results travel between processes by value)."""
+    out = {}
+    for name, p in model.named_parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        out[name.removeprefix("module.")] = full.detach().numpy().copy()
+    return out
+
+
+def _state(model, opt, full: bool):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=full, cpu_offload=full)
+    return get_state_dict(model, opt, options=options)
+
+
+def save_then_continue(rank: int, world: int, wrapper: str, path: str, full: bool = False) -> dict:
+    """3 steps, checkpoint, 3 more steps: the uninterrupted trajectory."""
+    import torch.distributed.checkpoint as dcp
+
+    model = wrap(make_model(), wrapper, world)
+    opt = dmuon.DMuon(model, lr=0.02, weight_decay=0.1)
+    train(model, opt, 0, 3)
+    msd, osd = _state(model, opt, full)
+    if full:
+        if rank == 0:
+            torch.save({"model": msd, "optim": osd}, path)
+    else:
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+    train(model, opt, 3, 3)
+    return snapshot(model)
+
+
+def load_then_continue(rank: int, world: int, wrapper: str, path: str, full: bool = False) -> dict:
+    """A fresh model and optimizer, the checkpoint loaded, 3 more steps."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    model = wrap(make_model(), wrapper, world)
+    opt = dmuon.DMuon(model, lr=0.5, weight_decay=0.0)  # options come back from the checkpoint
+    if full:
+        state = torch.load(path, weights_only=False)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=StateDictOptions(full_state_dict=True))
+    else:
+        msd, osd = _state(model, opt, False)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    assert opt.param_groups[0]["lr"] == 0.02 and opt.param_groups[0]["weight_decay"] == 0.1
+    dist.barrier()
+    train(model, opt, 3, 3)
+    return snapshot(model)
