@@ -87,7 +87,7 @@ void register_dist_bindings(py::module_& m) {
            py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"), py::arg("group_idx"),
            py::arg("groups"), py::arg("step_idx"))
       .def("all_reduce_flags", &MuonRuntime::all_reduce_flags, py::arg("local"), py::arg("op"),
-           py::arg("what"), py::call_guard<py::gil_scoped_release>())
+           py::arg("what"), py::arg("step_idx"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rank", &MuonRuntime::rank)
       .def_property_readonly("world_size", &MuonRuntime::world_size)
       .def_property_readonly("owners", &MuonRuntime::owners)

@@ -176,8 +176,10 @@ void MuonRuntime::sync_for_profile() const {
 }
 
 std::vector<int64_t> MuonRuntime::all_reduce_flags(const std::vector<int64_t>& local,
-                                                   const std::string& op, const std::string& what) {
+                                                   const std::string& op, const std::string& what,
+                                                   int64_t step_idx) {
   DMUON_CHECK(op == "sum" || op == "max", "all_reduce_flags: op must be sum or max, got ", op);
+  step_idx_ = step_idx;
   if (!group_ || world_size_ == 1 || local.empty()) return local;
   at::Device device = options_.device_type == "cuda"
                           ? at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index())
@@ -417,7 +419,7 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
   }
   // NOTE: max over ranks of (num_params − first bad index) finds the smallest bad index.
   const int64_t encoded = first_bad < 0 ? 0 : static_cast<int64_t>(num_params) - first_bad;
-  const int64_t agreed = all_reduce_flags({encoded}, "max", "all_reduce of the finite check")[0];
+  const int64_t agreed = all_reduce_flags({encoded}, "max", "all_reduce of the finite check", step_idx)[0];
   DMUON_CHECK(agreed == 0, "dmuon step ", step_idx_, ": the orthogonalized update of parameter ",
               static_cast<int64_t>(num_params) - agreed, " (",
               names_[static_cast<size_t>(static_cast<int64_t>(num_params) - agreed)],

@@ -58,9 +58,10 @@ class MuonRuntime {
             const std::vector<at::Tensor>& momentum_buffers, const std::vector<int64_t>& group_idx,
             const std::vector<MuonGroupOptions>& groups, int64_t step_idx);
 
-  /// Element-wise all_reduce over the group of small integer flags (op "sum" | "max").
+  /// Element-wise all_reduce over the group of small integer flags (op "sum" | "max");
+  /// `what` and step_idx name the collective and the step in errors.
   std::vector<int64_t> all_reduce_flags(const std::vector<int64_t>& local, const std::string& op,
-                                        const std::string& what);
+                                        const std::string& what, int64_t step_idx);
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }

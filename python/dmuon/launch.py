@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import queue as queue_module
 import socket
+import time
 import traceback
 from typing import Any, Callable
 
@@ -86,13 +87,27 @@ def launch(fn: Callable, world: int, *args: Any, backend: str | None = None, tim
         p.start()
     done: dict[int, Any] = {}
     errors: dict[int, str] = {}
+    deadline = time.monotonic() + timeout_s
     try:
-        for _ in range(world):
-            rank, status, payload = results.get(timeout=timeout_s)
-            (done if status == "ok" else errors)[rank] = payload
-    except queue_module.Empty as error:
-        raise TimeoutError(f"a {world}-rank run exceeded {timeout_s:.0f} s; ranks that finished: "
-                           f"{sorted(done)}, ranks that failed: {errors}") from error
+        # NOTE: poll, so that a rank that dies without reporting (a crash, os._exit) is
+        # noticed at once instead of after the whole deadline.
+        while len(done) + len(errors) < world:
+            try:
+                rank, status, payload = results.get(timeout=0.5)
+                (done if status == "ok" else errors)[rank] = payload
+                continue
+            except queue_module.Empty:
+                pass
+            for rank, p in enumerate(procs):
+                if rank not in done and rank not in errors and p.exitcode is not None:
+                    try:  # its last words may still be in the queue
+                        r, status, payload = results.get(timeout=1.0)
+                        (done if status == "ok" else errors)[r] = payload
+                    except queue_module.Empty:
+                        errors[rank] = f"rank {rank} exited with code {p.exitcode} without reporting"
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"a {world}-rank run exceeded {timeout_s:.0f} s; ranks that finished: "
+                                   f"{sorted(done)}, ranks that failed: {errors}")
     finally:
         for p in procs:
             p.join(timeout=10)

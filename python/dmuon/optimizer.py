@@ -359,7 +359,7 @@ class DMuon(torch.optim.Optimizer):
         local_bad = ops.nonfinite_mask(with_grads).tolist() if with_grads else []
         bad_iter = iter(local_bad)
         bad = [int(next(bad_iter)) if h else 0 for h in has_grad]
-        agreed = runtime.all_reduce_flags(has_grad + bad, "sum", "all_reduce of the gradient checks")
+        agreed = runtime.all_reduce_flags(has_grad + bad, "sum", "all_reduce of the gradient checks", step_idx)
         world = runtime.world_size
         has_grad, bad = agreed[:len(every)], agreed[len(every):]
         for p, count in zip(every, has_grad):

@@ -201,3 +201,28 @@ def nonfinite_on_one_rank(rank: int, world: int, policy: str) -> dict:
     unchanged = all(torch.equal(p.full_tensor(), b) for p, b in zip(params, before))
     return {"unchanged": unchanged, "skipped": opt.param_groups[0]["num_skipped_steps"],
             "steps": opt.param_groups[0]["num_steps"]}
+
+
+def a_rank_dies_mid_training(rank: int, world: int) -> str:
+    """The last rank exits between steps; the survivors' next step must fail, naming the
+    step and the collective, instead of hanging."""
+    import os
+
+    initial = _global_tensors(0)
+    mesh = init_device_mesh("cpu", (world,))
+    params = [nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)])) for t in initial]
+    opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(params)], lr=0.02)
+    from torch.distributed.tensor import DTensor
+
+    for step in range(2):
+        if step == 1 and rank == world - 1:
+            os._exit(17)
+        for p, g in zip(params, _global_tensors(60 + step)):
+            # NOTE: local shards wrapped without communication, so that the optimizer's
+            # own collectives are the first to meet the dead rank.
+            local = p.to_local()
+            chunks = list(torch.chunk(g, world)) + [g[:0]] * world
+            p.grad = DTensor.from_local(chunks[rank].reshape(local.shape).clone(), mesh, [Shard(0)],
+                                        run_check=False, shape=g.shape, stride=g.stride())
+        opt.step()
+    return "no error"

@@ -75,3 +75,13 @@ def test_nonfinite_gradient_skip_is_agreed_and_changes_nothing():
     results = run_distributed(dist_workers.nonfinite_on_one_rank, 3, "skip")
     for rank, result in results.items():
         assert result == {"unchanged": True, "skipped": 1, "steps": 2}, (rank, result)
+
+
+def test_a_dead_rank_makes_the_others_fail_naming_step_and_collective():
+    start = time.monotonic()
+    results = run_distributed(dist_workers.a_rank_dies_mid_training, 3, expect_errors=True,
+                              timeout_s=90, collective_timeout_s=10)
+    assert time.monotonic() - start < 60
+    assert "exited with code 17" in results[2]
+    for rank in (0, 1):
+        assert "dmuon step 2" in results[rank] and "all_reduce" in results[rank], results[rank]
