@@ -8,6 +8,7 @@ times it (CUDA events on a GPU, ``perf_counter`` on the CPU).
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterable
 
 import torch
@@ -54,9 +55,14 @@ def profile_cost_table(
     points = sorted(set(points))
     if cache_path:
         cached = plan.CostTable()
-        if cached.load(cache_path, key) and all(
-            _has(cached, rows, cols, n) for rows, cols, n in points
-        ):
+        try:
+            loaded = cached.load(cache_path, key)
+        except RuntimeError as error:
+            # NOTE: a cache is never trusted: a corrupt or truncated file is ignored with
+            # one warning and rebuilt below (written atomically over it).
+            warnings.warn(f"ignoring the NS cost cache {cache_path}: {error}", RuntimeWarning, stacklevel=2)
+            loaded = False
+        if loaded and all(_has(cached, rows, cols, n) for rows, cols, n in points):
             return cached
     steps, restarts = _C.default_schedule(algorithm, num_steps)
     coefficients = [c for step in steps for c in step]
