@@ -203,10 +203,11 @@ def nonfinite_on_one_rank(rank: int, world: int, policy: str) -> dict:
             "steps": opt.param_groups[0]["num_steps"]}
 
 
-def a_rank_dies_mid_training(rank: int, world: int) -> str:
-    """The last rank exits between steps; the survivors' next step must fail, naming the
-    step and the collective, instead of hanging."""
+def a_rank_dies_mid_training(rank: int, world: int, how: str = "exit") -> str:
+    """The last rank exits (or stalls past the collective timeout) between steps; the
+    others' next step must fail, naming the step and the collective, instead of hanging."""
     import os
+    import time
 
     initial = _global_tensors(0)
     mesh = init_device_mesh("cpu", (world,))
@@ -216,7 +217,10 @@ def a_rank_dies_mid_training(rank: int, world: int) -> str:
 
     for step in range(2):
         if step == 1 and rank == world - 1:
-            os._exit(17)
+            if how == "exit":
+                os._exit(17)
+            time.sleep(12)  # stalls well past the 5 s collective timeout
+            return "stalled"
         for p, g in zip(params, _global_tensors(60 + step)):
             # NOTE: local shards wrapped without communication, so that the optimizer's
             # own collectives are the first to meet the dead rank.

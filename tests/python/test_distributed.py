@@ -85,3 +85,12 @@ def test_a_dead_rank_makes_the_others_fail_naming_step_and_collective():
     assert "exited with code 17" in results[2]
     for rank in (0, 1):
         assert "dmuon step 2" in results[rank] and "all_reduce" in results[rank], results[rank]
+
+
+def test_a_stalled_rank_makes_the_others_fail_within_the_timeout():
+    start = time.monotonic()
+    results = run_distributed(dist_workers.a_rank_dies_mid_training, 3, "stall", expect_errors=True,
+                              timeout_s=90, collective_timeout_s=5)
+    assert time.monotonic() - start < 60
+    for rank in (0, 1):
+        assert "dmuon step 2" in results[rank] and "all_reduce" in results[rank], results[rank]

@@ -48,6 +48,38 @@ def _matrices(args) -> list:
     return manifest.name, matrices
 
 
+def _memory_now(device: str) -> int:
+    """Bytes in use: the CUDA allocator's, or this process's resident set (VmRSS)."""
+    if device == "cuda":
+        return torch.cuda.memory_allocated()
+    return _proc_status_kib("VmRSS") * 1024
+
+
+def _reset_peak(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:  # NOTE: writing 5 to clear_refs resets the kernel's peak-RSS counter (VmHWM)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak(device: str) -> int:
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated()
+    return _proc_status_kib("VmHWM") * 1024
+
+
+def _proc_status_kib(field: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+    except (OSError, StopIteration):
+        return 0
+
+
 def _time_steps(step, num_steps: int, warmup: int, device: str) -> list[float]:
     import torch.distributed as dist
 
@@ -92,8 +124,11 @@ def _worker(rank: int, world: int, shapes: list, modes: list, options: dict) -> 
                 s = opt.runtime.last_stats
                 splits.append((s.momentum_s, s.pack_s, s.comm_wait_s, s.ns_s, s.apply_s, s.bytes_sent))
 
+        # Peak extra memory of the steps (above what the parameters and gradients hold).
+        before = _memory_now(device)
+        _reset_peak(device)
         times = _time_steps(step, options["steps"], options["warmup"], device)
-        entry = {"median_s": statistics.median(times)}
+        entry = {"median_s": statistics.median(times), "peak_extra_bytes": max(0, _peak(device) - before)}
         if mode != "adamw":
             timed = splits[options["warmup"]:]
             entry["split"] = [statistics.median(col) for col in zip(*timed)]
@@ -130,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
           f"({'NCCL' if device == 'cuda' else 'Gloo'}) | buckets of {args.bucket_mb:g} MiB | planner {args.planner} "
           f"| median of {args.steps} steps after {args.warmup} warm-up")
     header = (f"{'method':<8} {'step ms':>9} {'momentum':>9} {'pack':>8} {'comm wait':>10} {'NS':>9} "
-              f"{'apply':>8} {'MB sent/rank':>13} {'buckets':>8} {'vs gather':>10} {'vs AdamW':>9}")
+              f"{'apply':>8} {'MB sent/rank':>13} {'buckets':>8} {'peak+ MB':>9} {'vs gather':>10} {'vs AdamW':>9}")
     print(header)
     print("-" * len(header))
     adamw = worst("adamw", "median_s")
@@ -141,8 +176,12 @@ def run(args: argparse.Namespace) -> int:
         vs_gather = f"{gather / step_s:9.2f}x" if gather else f"{'-':>10}"
         print(f"{mode:<8} {step_s * 1e3:9.1f} {split[0] * 1e3:9.1f} {split[1] * 1e3:8.1f} {split[2] * 1e3:10.1f} "
               f"{split[3] * 1e3:9.1f} {split[4] * 1e3:8.1f} {split[5] / 2**20:13.2f} "
-              f"{results[0][mode]['num_buckets']:8d} {vs_gather} {adamw / step_s:8.3f}x")
-    print(f"{'adamw':<8} {adamw * 1e3:9.1f}")
+              f"{results[0][mode]['num_buckets']:8d} {worst(mode, 'peak_extra_bytes') / 2**20:9.1f} "
+              f"{vs_gather} {adamw / step_s:8.3f}x")
+    print(f"{'adamw':<8} {adamw * 1e3:9.1f} {'':>9} {'':>8} {'':>10} {'':>9} {'':>8} {'':>13} {'':>8} "
+          f"{worst('adamw', 'peak_extra_bytes') / 2**20:9.1f}")
+    print("peak+ MB: the slowest rank's peak memory during the timed steps above what it held before "
+          f"({'CUDA allocator' if device == 'cuda' else 'resident set, VmHWM'})")
     if "owner" in modes:
         print(f"planner's predicted NS makespan (analytic {device} model): "
               f"{results[0]['owner']['predicted_s'] * 1e3:.1f} ms; measured NS on the slowest rank: "
