@@ -21,6 +21,9 @@ void register_dist_bindings(py::module_& m) {
       .def_readonly("global_shape", &dist::ParamLayout::global_shape)
       .def_readonly("batch_dims", &dist::ParamLayout::batch_dims)
       .def_readonly("sharded", &dist::ParamLayout::sharded)
+      .def_property_readonly("matrix_rows", &dist::ParamLayout::matrix_rows)
+      .def_property_readonly("cols", &dist::ParamLayout::cols)
+      .def_property_readonly("num_matrices", &dist::ParamLayout::num_matrices)
       .def("rank_rows", [](const dist::ParamLayout& l, int world) {
         std::vector<std::pair<int64_t, int64_t>> out;
         for (const auto& b : l.rank_rows(world)) out.emplace_back(b.begin, b.count);

@@ -310,10 +310,7 @@ class DMuon(torch.optim.Optimizer):
 
         counts: dict[tuple[int, int], int] = {}
         for layout in layouts:
-            shape = list(layout.global_shape)
-            rows = shape[1] if layout.batch_dims == 1 else shape[0]
-            cols = math.prod(shape[1 + layout.batch_dims:])
-            num = shape[0] if layout.batch_dims == 1 else 1
+            rows, cols, num = layout.matrix_rows, layout.cols, layout.num_matrices
             if rows and cols and num:
                 counts[(rows, cols)] = counts.get((rows, cols), 0) + num
         points = [(rows, cols, b) for (rows, cols), count in counts.items() for b in batch_sizes(count)]
