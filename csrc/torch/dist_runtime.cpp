@@ -208,10 +208,9 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
   for (const auto& g : groups)
     schedules.push_back(make_schedule(g.algorithm, g.coefficients, g.restart_after, g.eps));
 
-  // Momentum on the local rows into fresh buffers; the update viewed as [local_rows, cols].
-  auto phase_start = Clock::now();
+  // Which parameters take part, with their local shapes checked.
   std::vector<bool> active(num_params, false);
-  std::vector<at::Tensor> new_buffers(num_params), updates(num_params);
+  std::vector<at::Tensor> updates(num_params);
   for (size_t i = 0; i < num_params; ++i) {
     const auto& layout = layouts_[i];
     const dist::RowBlock mine = rows_[i][static_cast<size_t>(rank_)];
@@ -230,14 +229,24 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
                 "parameter ", i, " (", names_[i], "): gradient ", grads[i].sizes(),
                 " or momentum buffer does not match its local shape ", p.sizes());
     active[i] = true;
-    const double mu = groups[static_cast<size_t>(group_idx[i])].momentum;
-    new_buffers[i] = momentum_buffers[i].lerp(grads[i], 1.0 - mu);
-    at::Tensor update = groups[static_cast<size_t>(group_idx[i])].nesterov ? grads[i].lerp(new_buffers[i], mu)
-                                                                            : new_buffers[i];
-    updates[i] = update.reshape({mine.count, layout.cols()});
   }
-  sync_for_profile();
-  stats_.momentum_s = seconds_since(phase_start);
+
+  // Momentum of one bucket's parameters, in place on the local rows, and the update viewed
+  // as [local_rows, cols]. NOTE: done bucket by bucket so that updates never exist for the
+  // whole model at once; the caller has checked gradients and buffers for NaN/Inf.
+  auto prepare_updates = [&](const dist::Bucket& bucket) {
+    const auto start = Clock::now();
+    for (int idx : bucket.param_idx) {
+      if (!active[idx]) continue;
+      const auto& options = groups[static_cast<size_t>(group_idx[idx])];
+      at::Tensor buffer = momentum_buffers[idx];
+      buffer.lerp_(grads[idx], 1.0 - options.momentum);
+      at::Tensor update = options.nesterov ? grads[idx].lerp(buffer, options.momentum) : buffer;
+      updates[idx] = update.reshape({rows_[idx][rank_].count, layouts_[idx].cols()});
+    }
+    sync_for_profile();
+    stats_.momentum_s += seconds_since(start);
+  };
 
   const at::Device device = params.empty() ? at::Device(at::kCPU) : params[0].device();
   auto computes = [&](int idx) { return gather || owners_[static_cast<size_t>(idx)] == rank_; };
@@ -245,6 +254,7 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
 
   // Forward: every rank sends its rows of each sharded matrix to the ranks that compute it.
   auto issue_forward = [&](const dist::Bucket& bucket) {
+    prepare_updates(bucket);
     const auto start = Clock::now();
     InFlight flight;
     std::vector<int64_t> send_splits(static_cast<size_t>(world_size_), 0);
@@ -388,7 +398,35 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
     flight = InFlight{};
   };
 
-  // The pipeline: forward of bucket k+1 in flight during NS of bucket k; returns async.
+  // Apply one bucket's results: p ← p·(1 − lr·wd) − lr·ratio(m, n)·O, then free them.
+  // NOTE: inputs were checked finite, so O is; should Newton–Schulz still produce NaN/Inf,
+  // those entries are not applied and the step raises at its end, on every rank.
+  std::vector<at::Tensor> finite_flags;
+  std::vector<size_t> flag_owner;
+  auto apply_bucket = [&](const dist::Bucket& bucket) {
+    const auto start = Clock::now();
+    for (int idx : bucket.param_idx) {
+      if (!active[idx]) continue;
+      DMUON_CHECK(local_results[idx].defined(), "internal: no result for parameter ", idx, " (", names_[idx], ")");
+      const auto& options = groups[static_cast<size_t>(group_idx[idx])];
+      at::Tensor result = local_results[idx];
+      finite_flags.push_back(at::logical_not(at::isfinite(result).all()).to(device));
+      flag_owner.push_back(static_cast<size_t>(idx));
+      const double ratio = optim::adjusted_lr_ratio(optim::parse_adjust_lr(options.adjust_lr),
+                                                    layouts_[idx].matrix_rows(), layouts_[idx].cols());
+      at::Tensor param = params[idx];
+      if (options.weight_decay != 0.0) param.mul_(1.0 - options.lr * options.weight_decay);
+      param.add_(at::nan_to_num(result, 0.0, 0.0, 0.0).reshape(param.sizes()).to(param.scalar_type()),
+                 -options.lr * ratio);
+      local_results[idx] = at::Tensor();
+      updates[idx] = at::Tensor();
+    }
+    sync_for_profile();
+    stats_.apply_s += seconds_since(start);
+  };
+
+  // The pipeline: forward of bucket k+1 in flight during NS of bucket k; returns async;
+  // each bucket is applied as soon as its results are back.
   const size_t num_buckets = buckets_.size();
   stats_.num_buckets = static_cast<int64_t>(num_buckets);
   std::vector<InFlight> forward(num_buckets), back(num_buckets);
@@ -397,23 +435,20 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
     if (k + 1 < num_buckets) forward[k + 1] = issue_forward(buckets_[k + 1]);
     auto results = orthogonalize_bucket(buckets_[k], forward[k]);
     back[k] = issue_return(buckets_[k], results);
-    if (k >= 1) finish_return(buckets_[k - 1], back[k - 1]);
+    if (k >= 1) {
+      finish_return(buckets_[k - 1], back[k - 1]);
+      apply_bucket(buckets_[k - 1]);
+    }
   }
-  if (num_buckets > 0) finish_return(buckets_[num_buckets - 1], back[num_buckets - 1]);
+  if (num_buckets > 0) {
+    finish_return(buckets_[num_buckets - 1], back[num_buckets - 1]);
+    apply_bucket(buckets_[num_buckets - 1]);
+  }
 
-  // Agree that every result is finite (one host sync and one tiny all_reduce).
-  phase_start = Clock::now();
-  std::vector<at::Tensor> flags;
-  std::vector<size_t> flag_owner;
-  for (size_t i = 0; i < num_params; ++i) {
-    if (!active[i]) continue;
-    DMUON_CHECK(local_results[i].defined(), "internal: no result for parameter ", i, " (", names_[i], ")");
-    flags.push_back(at::logical_not(at::isfinite(local_results[i]).all()).to(device));
-    flag_owner.push_back(i);
-  }
+  // Agree that every result was finite (one host sync and one tiny all_reduce).
   int64_t first_bad = -1;
-  if (!flags.empty()) {
-    at::Tensor bad = at::stack(flags).to(at::kCPU);
+  if (!finite_flags.empty()) {
+    at::Tensor bad = at::stack(finite_flags).to(at::kCPU);
     for (size_t k = 0; k < flag_owner.size(); ++k)
       if (bad.data_ptr<bool>()[k]) { first_bad = static_cast<int64_t>(flag_owner[k]); break; }
   }
@@ -423,22 +458,7 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
   DMUON_CHECK(agreed == 0, "dmuon step ", step_idx_, ": the orthogonalized update of parameter ",
               static_cast<int64_t>(num_params) - agreed, " (",
               names_[static_cast<size_t>(static_cast<int64_t>(num_params) - agreed)],
-              ") is not finite (non-finite momentum or gradient); nothing was changed");
-
-  // Commit the momentum and apply: p ← p·(1 − lr·wd) − lr·ratio(m, n)·O.
-  for (size_t i = 0; i < num_params; ++i) {
-    if (!active[i]) continue;
-    const auto& options = groups[static_cast<size_t>(group_idx[i])];
-    at::Tensor buffer = momentum_buffers[i];
-    buffer.copy_(new_buffers[i]);
-    const double ratio = optim::adjusted_lr_ratio(optim::parse_adjust_lr(options.adjust_lr),
-                                                  layouts_[i].matrix_rows(), layouts_[i].cols());
-    at::Tensor param = params[i];
-    if (options.weight_decay != 0.0) param.mul_(1.0 - options.lr * options.weight_decay);
-    param.add_(local_results[i].reshape(param.sizes()).to(param.scalar_type()), -options.lr * ratio);
-  }
-  sync_for_profile();
-  stats_.apply_s = seconds_since(phase_start);
+              ") is not finite; its non-finite entries were not applied (the rest of the step was)");
   stats_.total_s = seconds_since(step_start);
 }
 

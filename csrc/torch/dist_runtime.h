@@ -3,10 +3,12 @@
 // Each Muon parameter has one owner rank (from the planner). Per step:
 //   momentum on the local rows (shard or replica) → pack the update into a wire buffer →
 //   all_to_all so each owner holds its full matrices → batched Newton–Schulz on the owner →
-//   all_to_all back so every rank holds its rows of the result → one agreement that every
-//   result is finite → apply (lr scaling, decoupled weight decay) and commit the momentum.
+//   all_to_all back so every rank holds its rows of the result → apply (lr scaling,
+//   decoupled weight decay) → at the end, one agreement that every result was finite.
 // Work goes in buckets in plan order; the next bucket's all_to_all is in flight while the
-// current one is orthogonalized, and results travel back asynchronously. mode "gather" is
+// current one is orthogonalized, results travel back asynchronously, and each bucket is
+// applied as soon as its results are back, so a step's extra memory is a few buckets plus
+// the Newton–Schulz workspace of the largest matrix, never a copy of the model. mode "gather" is
 // the naive baseline: every rank gathers every matrix and orthogonalizes all of them.
 #pragma once
 
@@ -52,8 +54,9 @@ class MuonRuntime {
   /// One step over every Muon parameter, local tensors (this rank's rows). grads may hold
   /// undefined tensors (and momentum_buffers then too) for parameters without a gradient
   /// on every rank: they are skipped.
-  /// group_idx[i] indexes `groups`. Transactional across ranks: when any update is not
-  /// finite every rank throws and nothing changes.
+  /// group_idx[i] indexes `groups`. The caller checks gradients and momentum buffers for
+  /// NaN/Inf first (collectively); should an orthogonalized update still be non-finite,
+  /// its non-finite entries are not applied and every rank throws at the end of the step.
   void step(at::TensorList params, const std::vector<at::Tensor>& grads,
             const std::vector<at::Tensor>& momentum_buffers, const std::vector<int64_t>& group_idx,
             const std::vector<MuonGroupOptions>& groups, int64_t step_idx);

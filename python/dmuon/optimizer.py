@@ -352,17 +352,30 @@ class DMuon(torch.optim.Optimizer):
             if p.grad is not None and p.grad.is_sparse:
                 raise RuntimeError(f"parameter {self.param_name(p)!r} has a sparse gradient; DMuon needs dense gradients")
         has_grad = [int(p.grad is not None) for p in every]
-        with_grads = [distributed.local(p.grad) for p in every if p.grad is not None]
-        local_bad = ops.nonfinite_mask(with_grads).tolist() if with_grads else []
-        bad_iter = iter(local_bad)
-        bad = [int(next(bad_iter)) if h else 0 for h in has_grad]
-        agreed = runtime.all_reduce_flags(has_grad + bad, "sum", "all_reduce of the gradient checks", step_idx)
+        # NOTE: momentum buffers are checked with the gradients (same sync): the runtime
+        # updates them in place, bucket by bucket, so they must be finite beforehand.
+        has_buffer = [int(p.grad is not None and "momentum_buffer" in self.state.get(p, {})) for p in every]
+        checked = [distributed.local(t) for p, b in zip(every, has_buffer) if p.grad is not None
+                   for t in ([p.grad, self.state[p]["momentum_buffer"]] if b else [p.grad])]
+        local_bad = iter(ops.nonfinite_mask(checked).tolist() if checked else [])
+        grad_bad, buffer_bad = [], []
+        for h, b in zip(has_grad, has_buffer):
+            grad_bad.append(int(next(local_bad)) if h else 0)
+            buffer_bad.append(int(next(local_bad)) if b else 0)
+        agreed = runtime.all_reduce_flags(has_grad + grad_bad + buffer_bad, "sum",
+                                          "all_reduce of the gradient checks", step_idx)
         world = runtime.world_size
-        has_grad, bad = agreed[:len(every)], agreed[len(every):]
+        n = len(every)
+        has_grad, bad, corrupt = agreed[:n], agreed[n:2 * n], agreed[2 * n:]
         for p, count in zip(every, has_grad):
             if count not in (0, world):
                 raise RuntimeError(f"parameter {self.param_name(p)!r} has a gradient on {count} of {world} ranks "
                                    f"at step {step_idx}; every rank must have it or none")
+        corrupt_names = [self.param_name(p) for p, c in zip(every, corrupt) if c]
+        if corrupt_names:
+            raise NonFiniteGradientError(
+                f"the momentum buffer of parameter {corrupt_names[0]!r} holds NaN or Inf at step {step_idx} "
+                "(corrupt optimizer state); nothing was updated")
         if any(bad):
             names = [self.param_name(p) for p, b in zip(every, bad) if b]
             if self.nonfinite == "raise":
