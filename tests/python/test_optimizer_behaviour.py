@@ -144,3 +144,17 @@ def test_nonfinite_skip_counts_and_changes_nothing():
     assert opt.param_groups[0]["num_skipped_steps"] == 1 and opt.param_groups[0]["num_steps"] == 2
     train(model, opt, 1)
     assert opt.param_groups[0]["num_skipped_steps"] == 1 and opt.param_groups[0]["num_steps"] == 3
+
+
+def test_corrupt_momentum_buffer_is_reported_and_nothing_changes():
+    model = make_model()
+    opt = dmuon.DMuon(model, lr=0.01, nonfinite="skip")
+    train(model, opt, 1)
+    opt.state[model[3].weight]["momentum_buffer"][1, 2] = float("nan")
+    before = copy.deepcopy(model)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    with pytest.raises(dmuon.NonFiniteGradientError, match=r"momentum buffer of parameter '3\.weight'"):
+        opt.step()
+    for p, q in zip(model.parameters(), before.parameters()):
+        assert torch.equal(p, q)
