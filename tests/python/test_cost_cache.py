@@ -65,3 +65,14 @@ def test_concurrent_writers_never_leave_a_torn_file(tmp_path):
         p.join(timeout=120)
         assert p.exitcode == 0
     assert _valid(path)
+
+
+def test_cache_of_another_dmuon_version_is_not_used(tmp_path):
+    from dmuon import _C
+
+    path = tmp_path / "costs.txt"
+    _profile(path)
+    path.write_text(path.read_text().replace(f"dmuon {_C.__version__}", "dmuon 0.0.1"))
+    table = _profile(path)
+    assert len(table) == len(POINTS) and _valid(path)
+    assert f"dmuon {_C.__version__}" in path.read_text()

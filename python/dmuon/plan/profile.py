@@ -30,9 +30,14 @@ def batch_sizes(count: int) -> list[int]:
 
 
 def cache_key(device: torch.device, algorithm: str, num_steps: int) -> str:
-    """What the timings depend on: device, CUDA runtime, torch and dmuon, NS settings."""
+    """What the timings depend on: device, CUDA runtime, torch, dmuon, NS settings."""
+    from dmuon import _C
+
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return f"{name} | cuda {torch.version.cuda} | torch {torch.__version__} | ns {algorithm} x{num_steps}"
+    # NOTE: the dmuon version is part of the key: a table written by another version (other
+    # kernels) is not trusted.
+    return (f"{name} | cuda {torch.version.cuda} | torch {torch.__version__} | dmuon {_C.__version__} "
+            f"| ns {algorithm} x{num_steps}")
 
 
 def profile_cost_table(
