@@ -3,7 +3,6 @@
 #include <torch/library.h>
 
 #include "common/check.h"
-#include "optim/update_rule.h"
 #include "orthogonalize.h"
 
 namespace dmuon::torch_adapter {
@@ -43,12 +42,6 @@ at::Tensor nonfinite_mask_op(at::TensorList tensors) {
   return at::stack(flags).to(at::kCPU);
 }
 
-double adjusted_lr_ratio_op(int64_t rows, int64_t cols, c10::string_view adjust_lr) {
-  return translate_errors([&] {
-    return optim::adjusted_lr_ratio(optim::parse_adjust_lr(std::string(adjust_lr)), rows, cols);
-  });
-}
-
 }  // namespace
 }  // namespace dmuon::torch_adapter
 
@@ -57,14 +50,9 @@ TORCH_LIBRARY(dmuon, m) {
       "orthogonalize(Tensor x, str algorithm, float[] coefficients, int[] restart_after, "
       "float eps, str backend='auto', str compute_dtype='auto') -> Tensor");
   m.def("nonfinite_mask(Tensor[] tensors) -> Tensor");
-  m.def("adjusted_lr_ratio(int rows, int cols, str adjust_lr) -> float");
 }
 
 TORCH_LIBRARY_IMPL(dmuon, CompositeExplicitAutograd, m) {
   m.impl("orthogonalize", &dmuon::torch_adapter::orthogonalize_op);
   m.impl("nonfinite_mask", &dmuon::torch_adapter::nonfinite_mask_op);
-}
-
-TORCH_LIBRARY_IMPL(dmuon, CatchAll, m) {
-  m.impl("adjusted_lr_ratio", &dmuon::torch_adapter::adjusted_lr_ratio_op);
 }
