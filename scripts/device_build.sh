@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Build dmuon on a GPU machine (editable install into build/device) for the device scripts.
+# Sourced by scripts/device_check.sh and scripts/multigpu_run.sh; needs OUT set.
+# Carry .cutlass (the unpacked nvidia-cutlass headers) so the sm_90a kernel is built.
+# NOTE: the GPU machine's environment sets CC/CXX to /opt/gcc, a toolchain that links
+# libstdc++ statically into shared objects. dmuon._C then carries its own libstdc++
+# beside the one Python and torch load, and the first iostream use (the planner's
+# Plan::serialize) segfaults inside codecvt (seen 2026-11-29 with cuda-gdb: frames of
+# libstdc++'s read_utf8_code_point resolved inside _C.so). Build with the system compilers.
+if [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+fi
+
+# Build (no GoogleTest or CBC on the GPU machine: the core tests and MILP are skipped there).
+start=$(date +%s)
+if ! python3 -m pip install -q --no-build-isolation --no-deps -e . -Cbuild-dir=build/device \
+      -Ccmake.define.DMUON_BUILD_TESTS=OFF > "$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"; echo "BUILD FAILED"; return 1 2>/dev/null || exit 1
+fi
+echo "build: $(( $(date +%s) - start )) s"
+grep -h "CUTLASS" "$OUT/build.log" build/device/CMakeCache.txt 2>/dev/null | head -2
+SO=$(ls build/device/csrc/torch/_C*.so 2>/dev/null | head -1)
+if [ -n "$SO" ] && command -v cuobjdump >/dev/null; then
+  echo "SASS of the sym kernel: $(cuobjdump -sass "$SO" 2>/dev/null | grep -c HGMMA) HGMMA, $(cuobjdump -sass "$SO" 2>/dev/null | grep -c UTMALDG) UTMALDG"
+fi
+
