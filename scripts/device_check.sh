@@ -35,35 +35,80 @@ except RuntimeError as e:
     print('C++ error reaches Python:', str(e).split(': ')[-1][:60])
 " || echo "C++ ERROR PATH CRASHED"
 
-# GPU tests (the kernel tests first, then every gpu-marked test).
-timeout 420 python3 -m pytest -q -x tests/python/test_gpu_ns_kernels.py 2>&1 | tee "$OUT/pytest_kernels.log" | tail -15
-timeout 300 python3 -m pytest -q -m gpu tests/python --ignore tests/python/test_gpu_ns_kernels.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -8
+# Autotuner results of this run only (never a stale cache from an earlier build).
+export DMUON_AUTOTUNE_CACHE=/tmp/dmuon_autotune_device.txt
+rm -f "$DMUON_AUTOTUNE_CACHE"
 
-# compute-sanitizer on the symmetric kernel and one NS run (small shapes).
+# GPU tests: the autotuner/graph tests first (every kernel configuration), then the kernel
+# and NS tests, then every other gpu-marked test.
+timeout 240 python3 -m pytest -q -x tests/python/test_gpu_autotune.py 2>&1 | tee "$OUT/pytest_autotune.log" | tail -6
+
+# Benchmark (autotuned configs printed once per shape into the log), one table per model.
+if [ ${#MODELS[@]} -gt 0 ]; then
+  args=()
+  for model in "${MODELS[@]}"; do args+=(--model "$model"); done
+  DMUON_PRINT_CONFIGS=1 timeout ${BENCH_TIMEOUT:-300} python3 -m dmuon bench ns "${args[@]}" ${BENCH_ARGS:-} \
+    2> "$OUT/bench_configs.log" | tee "$OUT/bench.log"
+  grep -E "rejected|Error|error" "$OUT/bench_configs.log" | head -5
+fi
+
+timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x tests/python/test_gpu_ns_kernels.py 2>&1 | tee "$OUT/pytest_kernels.log" | tail -4
+timeout 200 python3 -m pytest -q -m gpu tests/python --ignore tests/python/test_gpu_ns_kernels.py \
+  --ignore tests/python/test_gpu_autotune.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -4
+
+# Numerics: square fp16 Gram NS, restart after 2 vs after 2 and 4, vs standard iteration
+# (DMUON_AUTOTUNE=0 keeps the Gram schedule on the Gram iteration).
+DMUON_AUTOTUNE=0 DMUON_AUTOTUNE_CACHE=none timeout 120 python3 - <<'PY' 2>&1 | tee "$OUT/restarts.log"
+import torch
+from dmuon import _C
+from dmuon._ops import ops
+from dmuon.reference import default_coefficients, newton_schulz_gram
+c, _ = _C.default_schedule("gram", 5)
+flat = [v for t in c for v in t]
+torch.manual_seed(0)
+print("square fp16 NS error vs fp64 (relative Frobenius, mean of 4 matrices): restarts [2] | [2,4] | standard iteration | fp64-ref-in-fp16")
+for m, n in [(96, 96), (128, 128), (896, 896), (64, 200), (896, 4864)]:
+    x = torch.randn(4, m, n, device="cuda", dtype=torch.float64)
+    exact = torch.stack([newton_schulz_gram(g, default_coefficients("gram", 5), [2], 1e-7, torch.float64) for g in x])
+    def err(out):
+        return float(((out.double() - exact).flatten(1).norm(dim=1) / exact.flatten(1).norm(dim=1)).mean())
+    r2 = ops.orthogonalize(x.float(), "gram", flat, [2], 1e-7, "cuda", "float16")
+    r24 = ops.orthogonalize(x.float(), "gram", flat, [2, 4], 1e-7, "cuda", "float16")
+    st = ops.orthogonalize(x.float(), "standard", flat, [], 1e-7, "cuda", "float16")
+    ref16 = torch.stack([newton_schulz_gram(g, default_coefficients("gram", 5), [2], 1e-7, torch.float16) for g in x.float()])
+    print(f"{m}x{n}: {err(r2):.4f} | {err(r24):.4f} | {err(st):.4f} | {err(ref16):.4f}")
+PY
+
+# compute-sanitizer on every symmetric-kernel configuration and one NS run (small shapes).
 if [ "$SANITIZE" = 1 ]; then
   cat > /tmp/dmuon_sanitize.py <<'PY'
 import torch, dmuon
 from dmuon._ops import ops
-x = (torch.randn(3, 203, 333, device="cuda") / 20).half()
 ld = 336
-xp = torch.zeros(3, 203, ld, device="cuda", dtype=torch.half)[..., :333]; xp.copy_(x)
-d = ops.cuda_sym_product(xp, xp, None, 1.0, 0.0, True)
+xp = torch.zeros(3, 203, ld, device="cuda", dtype=torch.half)[..., :333]
+xp.copy_(torch.randn(3, 203, 333, device="cuda") / 20)
+cp = torch.zeros(3, 203, 208, device="cuda", dtype=torch.half)[..., :203]
+cp.copy_(torch.randn(3, 203, 203, device="cuda"))
+cp = ((cp + cp.transpose(1, 2)) / 2).contiguous()
+cpp = torch.zeros(3, 203, 208, device="cuda", dtype=torch.half)[..., :203]
+cpp.copy_(cp)
+for config in ops.cuda_sym_configs():
+    ops.cuda_sym_product_config(xp, xp, None, 1.0, 0.0, config)
+    ops.cuda_sym_product_config(xp, xp, cpp, 0.5, -0.25, config)
 c, r = dmuon._C.default_schedule("gram", 5)
-out = ops.orthogonalize(torch.randn(2, 130, 300, device="cuda"), "gram", [v for t in c for v in t], list(r), 1e-7, "cuda", "float16")
-torch.cuda.synchronize(); print("sanitize script ok", bool(torch.isfinite(out).all()))
+x = torch.randn(2, 130, 300, device="cuda")
+for _ in range(3):  # eager, captured, replayed
+    out = ops.orthogonalize(x, "gram", [v for t in c for v in t], list(r), 1e-7, "cuda", "float16")
+torch.cuda.synchronize(); print("sanitize script ok", bool(torch.isfinite(out).all()), ops.cuda_graph_stats(x))
 PY
   for tool in memcheck racecheck; do
-    timeout 200 compute-sanitizer --tool $tool --print-limit 10 \
-      python3 /tmp/dmuon_sanitize.py 2>&1 | tail -4 | tee "$OUT/sanitize_$tool.log"
+    DMUON_AUTOTUNE=0 DMUON_AUTOTUNE_CACHE=none timeout 200 compute-sanitizer --tool $tool --print-limit 10 \
+      python3 /tmp/dmuon_sanitize.py 2>&1 | tail -3 | tee "$OUT/sanitize_$tool.log"
   done
 fi
 
-# Benchmark: one table per model, printed last.
-for model in "${MODELS[@]}"; do
-  timeout 300 python3 -m dmuon bench ns --model "$model" 2>&1 | tee "$OUT/bench_$model.log"
-done
-# The full optimizer (its step runtime included), separately: a failure there keeps the tables above.
-if [ ${#MODELS[@]} -gt 0 ]; then
-  timeout 200 python3 -m dmuon bench ns --model "${MODELS[0]}" --dmuon-optimizer --iters 5 --sym-shapes 2>&1 \
-    | grep -E "DMuon|dmuon NS|torch.optim.Muon|Error|error" | tee "$OUT/bench_dmuon_optimizer.log"
-fi
+# The short table, last.
+echo "=== summary ==="
+tail -1 "$OUT/pytest_autotune.log"; tail -1 "$OUT/pytest_kernels.log"; tail -1 "$OUT/pytest_gpu.log"
+grep -E "^X·Xᵀ" "$OUT/bench.log" 2>/dev/null | sed -E 's/; sm90.*//' | cut -c1-220
+grep -E "^model |^dmuon|^torch|^plain|^NS only" "$OUT/bench.log" 2>/dev/null

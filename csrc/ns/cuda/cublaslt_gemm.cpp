@@ -6,18 +6,21 @@
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "ns/cuda/cuda_check.h"
 
 namespace dmuon::ns::cuda {
 namespace {
 
+// NOTE: the autotuner times up to this many of the heuristic's algorithms per problem.
+constexpr int kMaxAlgos = 8;
+
 // One cached cuBLASLt plan: descriptors and the heuristic's algorithm.
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  size_t workspace_needed = 0;
+  std::vector<cublasLtMatmulAlgo_t> algos;  // heuristic order, at most kMaxAlgos
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -72,23 +75,53 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmDesc& g, size
   DMUON_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
   DMUON_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof(workspace_bytes)));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kMaxAlgos] = {};
   int num_results = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      handle, plan->op, plan->a, plan->b, plan->c, plan->d, pref, 1, &result, &num_results);
+      handle, plan->op, plan->a, plan->b, plan->c, plan->d, pref, kMaxAlgos, results, &num_results);
   cublasLtMatmulPreferenceDestroy(pref);
   DMUON_CHECK_CUBLAS(status);
   DMUON_CHECK(num_results > 0, "cuBLASLt has no algorithm for the ", g.batch, "x", g.m, "x",
               g.n, "x", g.k, " product");
-  plan->algo = result.algo;
-  plan->workspace_needed = result.workspaceSize;
+  for (int i = 0; i < num_results; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->algos.push_back(results[i].algo);
+  DMUON_CHECK(!plan->algos.empty(), "cuBLASLt offers no usable algorithm for the ", g.batch, "x",
+              g.m, "x", g.n, "x", g.k, " product");
   return plan;
 }
 
 }  // namespace
 
+namespace {
+
+// The cached plan of a (normalized) descriptor on the current device.
+Plan* plan_for(const GemmDesc& desc, size_t workspace_bytes, cublasLtHandle_t* handle_out) {
+  int device = 0;
+  DMUON_CHECK_CUDA(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto& h = g_handles[device];
+  if (h == nullptr) DMUON_CHECK_CUBLAS(cublasLtCreate(&h));
+  *handle_out = h;
+  const Key key{device, static_cast<int>(desc.dtype), desc.transpose_b, desc.batch, desc.m,
+                desc.n, desc.k, desc.lda, desc.stride_a, desc.ldb, desc.stride_b, desc.ldc,
+                desc.stride_c, desc.ldd, desc.stride_d, 0, workspace_bytes};
+  auto& slot = g_plans[key];
+  if (!slot) slot = make_plan(h, desc, workspace_bytes);
+  return slot.get();
+}
+
+}  // namespace
+
+int gemm_num_algos(const GemmDesc& g, bool has_c, size_t workspace_bytes) {
+  GemmDesc desc = g;
+  if (!has_c) desc.ldc = desc.ldd, desc.stride_c = desc.stride_d;
+  cublasLtHandle_t handle = nullptr;
+  return static_cast<int>(plan_for(desc, workspace_bytes, &handle)->algos.size());
+}
+
 void gemm(const GemmDesc& g, double alpha, const void* a, const void* b, double beta,
-          const void* c, void* d, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+          const void* c, void* d, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+          int algo_idx) {
   DMUON_CHECK(g.batch >= 1 && g.m >= 1 && g.n >= 1 && g.k >= 1, "gemm: invalid shape [", g.batch,
               ", ", g.m, ", ", g.n, ", ", g.k, "]");
   if (workspace == nullptr) workspace_bytes = 0;
@@ -99,27 +132,14 @@ void gemm(const GemmDesc& g, double alpha, const void* a, const void* b, double 
     desc.stride_c = desc.stride_d;
     beta = 0.0;
   }
-  int device = 0;
-  DMUON_CHECK_CUDA(cudaGetDevice(&device));
-
-  Plan* plan = nullptr;
   cublasLtHandle_t handle = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    auto& h = g_handles[device];
-    if (h == nullptr) DMUON_CHECK_CUBLAS(cublasLtCreate(&h));
-    handle = h;
-    const Key key{device, static_cast<int>(desc.dtype), desc.transpose_b, desc.batch, desc.m,
-                  desc.n, desc.k, desc.lda, desc.stride_a, desc.ldb, desc.stride_b, desc.ldc,
-                  desc.stride_c, desc.ldd, desc.stride_d, 0, workspace_bytes};
-    auto& slot = g_plans[key];
-    if (!slot) slot = make_plan(handle, desc, workspace_bytes);
-    plan = slot.get();
-  }
+  Plan* plan = plan_for(desc, workspace_bytes, &handle);
+  DMUON_CHECK(algo_idx >= 0 && algo_idx < static_cast<int>(plan->algos.size()), "gemm: algorithm ",
+              algo_idx, " of ", plan->algos.size());
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
   DMUON_CHECK_CUBLAS(cublasLtMatmul(handle, plan->op, &alpha_f, b, plan->a, a, plan->b, &beta_f,
-                                    c, plan->c, d, plan->d, &plan->algo, workspace,
-                                    workspace_bytes, stream));
+                                    c, plan->c, d, plan->d, &plan->algos[static_cast<size_t>(algo_idx)],
+                                    workspace, workspace_bytes, stream));
 }
 
 }  // namespace dmuon::ns::cuda

@@ -23,7 +23,14 @@ struct GemmDesc {
 /// Enqueue the product on `stream` (fp32 accumulation, fp32 α/β, β·C in the epilogue).
 /// `c` may be null when beta == 0. The cuBLASLt plan of each descriptor is cached.
 /// `workspace` (may be null) lets cuBLASLt pick algorithms that need scratch space.
+/// `algo_idx` picks the heuristic's algo_idx-th algorithm (0: its first choice; the
+/// autotuner times the others, see gemm_num_algos).
 void gemm(const GemmDesc& desc, double alpha, const void* a, const void* b, double beta,
-          const void* c, void* d, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+          const void* c, void* d, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+          int algo_idx = 0);
+
+/// How many algorithms cuBLASLt's heuristic offers for the product (at most 8).
+/// `has_c`: whether β·C is used (C's layout then differs from D's).
+int gemm_num_algos(const GemmDesc& desc, bool has_c, size_t workspace_bytes);
 
 }  // namespace dmuon::ns::cuda

@@ -5,8 +5,13 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
 
 #include "common/check.h"
+#include "ns/cuda/autotune.h"
 #include "ns/cuda/cublaslt_gemm.h"
 #include "ns/cuda/cuda_check.h"
 #include "ns/cuda/elementwise.h"
@@ -44,7 +49,7 @@ struct CudaBackend {
     args.d = d.data, args.ldd = d.ld, args.stride_d = d.batch_stride;
     args.alpha = alpha;
     args.beta = c == nullptr ? 0.0 : beta;
-    run_sym_product(args, sym_mode, cublas_workspace, stream);
+    Autotuner::instance().sym_product(args, sym_mode, cublas_workspace, kCublasWorkspaceBytes, stream);
   }
 
   void gemm(double alpha, BatchedMatrix<Elem> a, BatchedMatrix<Elem> b, double beta,
@@ -55,8 +60,9 @@ struct CudaBackend {
     g.lda = a.ld, g.stride_a = a.batch_stride, g.ldb = b.ld, g.stride_b = b.batch_stride;
     g.ldd = d.ld, g.stride_d = d.batch_stride;
     if (c != nullptr) g.ldc = c->ld, g.stride_c = c->batch_stride;
-    cuda::gemm(g, alpha, a.data, b.data, c == nullptr ? 0.0 : beta, c == nullptr ? nullptr : c->data,
-               d.data, cublas_workspace, kCublasWorkspaceBytes, stream);
+    Autotuner::instance().gemm(g, alpha, a.data, b.data, c == nullptr ? 0.0 : beta,
+                               c == nullptr ? nullptr : c->data, d.data, cublas_workspace,
+                               kCublasWorkspaceBytes, stream);
   }
 
   void add_identity(BatchedMatrix<Elem> z, double a, BatchedMatrix<Elem> q) {
@@ -66,24 +72,9 @@ struct CudaBackend {
 
   static void run_sym_product(const SymProductArgs& args, SymMode mode, void* workspace,
                               cudaStream_t stream) {
-    if (mode == SymMode::kKernel) {
-#if defined(DMUON_WITH_SM90_SYM)
-      sm90_sym_product(args, Sm90SymConfig{}, stream);
-      return;
-#else
-      DMUON_FAIL("the sm_90a symmetric kernel is not part of this build (no CUTLASS headers)");
-#endif
-    }
-    // Portable path: dense product, then the lower triangle mirrored onto the upper one.
-    GemmDesc g;
-    g.dtype = args.dtype;
-    g.transpose_b = true;
-    g.batch = args.batch, g.m = args.m, g.n = args.m, g.k = args.k;
-    g.lda = args.lda, g.stride_a = args.stride_a, g.ldb = args.ldb, g.stride_b = args.stride_b;
-    g.ldc = args.ldc, g.stride_c = args.stride_c, g.ldd = args.ldd, g.stride_d = args.stride_d;
-    cuda::gemm(g, args.alpha, args.a, args.b, args.beta, args.c, args.d, workspace,
-               workspace == nullptr ? 0 : kCublasWorkspaceBytes, stream);
-    mirror_lower(args.dtype, args.d, args.batch, args.m, args.ldd, args.stride_d, stream);
+    // Untuned: the kernel's default configuration, or cuBLASLt's first algorithm mirrored.
+    sym_product_with(args, mode == SymMode::kKernel ? Sm90SymConfig{}.name() : "lt:0", workspace,
+                     workspace == nullptr ? 0 : kCublasWorkspaceBytes, stream);
   }
 };
 
@@ -124,36 +115,124 @@ Layout layout_workspace(void* base, Algorithm algorithm, int64_t batch, int64_t 
   return l;
 }
 
-template <typename Elem>
-void orthogonalize_typed(const Schedule& schedule, DType dtype, SymMode sym_mode,
-                         const float* input, float* output, int64_t batch, int64_t rows,
-                         int64_t cols, const Layout& ws, cudaStream_t stream) {
-  const bool transposed = rows > cols;
-  const int64_t m = transposed ? cols : rows, n = transposed ? rows : cols;
-  const int64_t ld_n = padded_ld(n), ld_m = padded_ld(m);
+// The wide orientation of a rows×cols problem.
+struct Wide {
+  bool transposed;
+  int64_t m, n, ld_n, ld_m;
+  Wide(int64_t rows, int64_t cols)
+      : transposed(rows > cols),
+        m(std::min(rows, cols)),
+        n(std::max(rows, cols)),
+        ld_n(padded_ld(std::max(rows, cols))),
+        ld_m(padded_ld(std::min(rows, cols))) {}
+};
 
-  // Normalize in fp32 and cast into the wide, padded iterate.
+// Normalize in fp32 and cast into the wide, padded iterate ws.x.
+void prepare(const Schedule& schedule, DType dtype, const float* input, int64_t batch, int64_t rows,
+             int64_t cols, const Layout& ws, cudaStream_t stream) {
+  const Wide w(rows, cols);
   sum_squares(input, batch, rows * cols, ws.sum_squares, stream);
-  normalize_cast(dtype, input, batch, rows, cols, transposed, ws.sum_squares, schedule.eps, ws.x,
-                 ld_n, stream);
+  normalize_cast(dtype, input, batch, rows, cols, w.transposed, ws.sum_squares, schedule.eps, ws.x,
+                 w.ld_n, stream);
+}
 
+// The iteration on ws.x (prepared); returns the buffer holding the result. `algorithm`
+// may differ from schedule.algorithm: a Gram schedule can run as the standard iteration
+// (the same polynomial in exact arithmetic; no restarts).
+template <typename Elem>
+void* iterate_typed(const Schedule& schedule, Algorithm algorithm, DType dtype, SymMode sym_mode,
+                    int64_t batch, int64_t rows, int64_t cols, const Layout& ws, cudaStream_t stream) {
+  const Wide w(rows, cols);
   auto iterate = [&](void* p) {
-    return BatchedMatrix<Elem>{static_cast<Elem*>(p), batch, m, n, ld_n, m * ld_n};
+    return BatchedMatrix<Elem>{static_cast<Elem*>(p), batch, w.m, w.n, w.ld_n, w.m * w.ld_n};
   };
   auto square = [&](void* p) {
-    return BatchedMatrix<Elem>{static_cast<Elem*>(p), batch, m, m, ld_m, m * ld_m};
+    return BatchedMatrix<Elem>{static_cast<Elem*>(p), batch, w.m, w.m, w.ld_m, w.m * w.ld_m};
   };
   CudaBackend<Elem> backend{dtype, sym_mode, ws.cublas, stream};
   BatchedMatrix<Elem> result;
-  if (schedule.algorithm == Algorithm::kStandard) {
-    StandardWorkspace<Elem> w{iterate(ws.x_alt), square(ws.mm[0]), square(ws.mm[1])};
-    result = run_standard_ns(backend, schedule, iterate(ws.x), w);
+  if (algorithm == Algorithm::kStandard) {
+    Schedule standard = schedule;
+    standard.algorithm = Algorithm::kStandard;
+    standard.restart_after.clear();
+    StandardWorkspace<Elem> sw{iterate(ws.x_alt), square(ws.mm[0]), square(ws.mm[1])};
+    result = run_standard_ns(backend, standard, iterate(ws.x), sw);
   } else {
-    GramWorkspace<Elem> w{iterate(ws.x_alt), square(ws.mm[0]), square(ws.mm[1]),
-                          square(ws.mm[2]),  square(ws.mm[3]), square(ws.mm[4])};
-    result = run_gram_ns(backend, schedule, iterate(ws.x), w);
+    GramWorkspace<Elem> gw{iterate(ws.x_alt), square(ws.mm[0]), square(ws.mm[1]),
+                           square(ws.mm[2]),  square(ws.mm[3]), square(ws.mm[4])};
+    result = run_gram_ns(backend, schedule, iterate(ws.x), gw);
   }
-  write_back(dtype, result.data, ld_n, batch, rows, cols, transposed, output, stream);
+  return result.data;
+}
+
+void* iterate_any(const Schedule& schedule, Algorithm algorithm, DType dtype, SymMode sym_mode,
+                  int64_t batch, int64_t rows, int64_t cols, const Layout& ws, cudaStream_t stream) {
+  if (dtype == DType::kFloat16)
+    return iterate_typed<__half>(schedule, algorithm, dtype, sym_mode, batch, rows, cols, ws, stream);
+  return iterate_typed<__nv_bfloat16>(schedule, algorithm, dtype, sym_mode, batch, rows, cols, ws, stream);
+}
+
+// Key of the Gram-vs-standard choice: shape, batch, dtype, and the schedule's fingerprint.
+autotune::TuneKey ns_key(const Schedule& schedule, DType dtype, SymMode sym_mode, int64_t batch,
+                         int64_t rows, int64_t cols) {
+  const Wide w(rows, cols);
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](double v) {
+    uint64_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    h = (h ^ bits) * 1099511628211ull;
+  };
+  for (const Coefficients& c : schedule.steps) mix(c.a), mix(c.b), mix(c.c);
+  for (int r : schedule.restart_after) mix(static_cast<double>(r));
+  char extra[64];
+  std::snprintf(extra, sizeof(extra), "x%zu:%016llx%s", schedule.steps.size(),
+                static_cast<unsigned long long>(h), sym_mode == SymMode::kKernel ? "" : ":dense");
+  return {"ns", w.m, w.n, 0, batch, dtype_name(dtype), extra};
+}
+
+// NOTE: Gram and standard NS differ only by rounding, each within a few percent of the
+// exact polar factor in half precision; a larger relative (Frobenius) difference means
+// the standard candidate is broken, and it may not win.
+constexpr double kAlgorithmTolerance = 0.05;
+
+// Which iteration runs a schedule: standard schedules always standard; Gram schedules
+// the measured winner (tuned here, on these operands, the first time).
+Algorithm choose_algorithm(const Schedule& schedule, DType dtype, SymMode sym_mode, const float* input,
+                           int64_t batch, int64_t rows, int64_t cols, const Layout& ws,
+                           cudaStream_t stream) {
+  if (schedule.algorithm != Algorithm::kGram) return schedule.algorithm;
+  Autotuner& tuner = Autotuner::instance();
+  const autotune::TuneKey key = ns_key(schedule, dtype, sym_mode, batch, rows, cols);
+  if (auto hit = tuner.lookup(key)) {
+    tuner.report(key, *hit, "cached");
+    return hit->config == "standard" ? Algorithm::kStandard : Algorithm::kGram;
+  }
+  if (!tuner.enabled() || stream_is_capturing(stream)) return Algorithm::kGram;
+  const Wide w(rows, cols);
+  const size_t bytes = static_cast<size_t>(batch * w.m * w.ld_n) * 2;
+  void* reference = nullptr;
+  if (bytes > (size_t{1} << 30) || cudaMallocAsync(&reference, bytes, stream) != cudaSuccess) {
+    cudaGetLastError();
+    return Algorithm::kGram;  // NOTE: too large to hold a reference copy: keep Gram, untuned
+  }
+  auto run = [&](Algorithm algorithm) {
+    prepare(schedule, dtype, input, batch, rows, cols, ws, stream);
+    return iterate_any(schedule, algorithm, dtype, sym_mode, batch, rows, cols, ws, stream);
+  };
+  const void* gram_result = run(Algorithm::kGram);  // tunes its products
+  DMUON_CHECK_CUDA(cudaMemcpyAsync(reference, gram_result, bytes, cudaMemcpyDeviceToDevice, stream));
+  const double gram_ms = time_on_stream([&] { run(Algorithm::kGram); }, stream);
+  const void* standard_result = run(Algorithm::kStandard);  // tunes its products
+  const CompareStats s = compare_16bit(dtype, standard_result, reference, batch, w.m, w.n, w.ld_n,
+                                       w.m * w.ld_n, false, stream);
+  const double rel = std::sqrt(s.sum_sq_diff / std::max(s.sum_sq_ref, 1e-300));
+  double standard_ms = std::numeric_limits<double>::infinity();
+  if (s.nonfinite == 0 && rel <= kAlgorithmTolerance)
+    standard_ms = time_on_stream([&] { run(Algorithm::kStandard); }, stream);
+  DMUON_CHECK_CUDA(cudaFreeAsync(reference, stream));
+  const bool standard = standard_ms < gram_ms;
+  tuner.record(key, {standard ? "standard" : "gram", standard ? standard_ms : gram_ms});
+  return standard ? Algorithm::kStandard : Algorithm::kGram;
 }
 
 }  // namespace
@@ -184,9 +263,10 @@ size_t workspace_bytes(Algorithm algorithm, int64_t batch, int64_t rows, int64_t
   return layout_workspace(nullptr, algorithm, batch, m, n).bytes;
 }
 
-void orthogonalize(const Schedule& schedule, DType dtype, SymMode sym_mode, const float* input,
-                   float* output, int64_t batch, int64_t rows, int64_t cols, void* workspace,
-                   size_t workspace_size, cudaStream_t stream) {
+namespace {
+
+Layout checked_layout(const Schedule& schedule, int64_t batch, int64_t rows, int64_t cols,
+                      void* workspace, size_t workspace_size) {
   schedule.validate();
   DMUON_CHECK(batch >= 1 && rows >= 1 && cols >= 1, "orthogonalize: invalid shape [", batch, ", ",
               rows, ", ", cols, "]");
@@ -196,10 +276,51 @@ void orthogonalize(const Schedule& schedule, DType dtype, SymMode sym_mode, cons
   const Layout ws = layout_workspace(workspace, schedule.algorithm, batch, m, n);
   DMUON_CHECK(workspace_size >= ws.bytes, "orthogonalize: workspace of ", workspace_size,
               " bytes, needs ", ws.bytes);
-  if (dtype == DType::kFloat16)
-    orthogonalize_typed<__half>(schedule, dtype, sym_mode, input, output, batch, rows, cols, ws, stream);
-  else
-    orthogonalize_typed<__nv_bfloat16>(schedule, dtype, sym_mode, input, output, batch, rows, cols, ws, stream);
+  return ws;
+}
+
+}  // namespace
+
+void orthogonalize(const Schedule& schedule, DType dtype, SymMode sym_mode, const float* input,
+                   float* output, int64_t batch, int64_t rows, int64_t cols, void* workspace,
+                   size_t workspace_size, cudaStream_t stream) {
+  const Layout ws = checked_layout(schedule, batch, rows, cols, workspace, workspace_size);
+  const Algorithm algorithm = choose_algorithm(schedule, dtype, sym_mode, input, batch, rows, cols, ws, stream);
+  prepare(schedule, dtype, input, batch, rows, cols, ws, stream);
+  const void* result = iterate_any(schedule, algorithm, dtype, sym_mode, batch, rows, cols, ws, stream);
+  orthogonalize_finish(dtype, result, batch, rows, cols, output, stream);
+}
+
+void orthogonalize_prepare(const Schedule& schedule, DType dtype, const float* input, int64_t batch,
+                           int64_t rows, int64_t cols, void* workspace, size_t workspace_size,
+                           cudaStream_t stream) {
+  const Layout ws = checked_layout(schedule, batch, rows, cols, workspace, workspace_size);
+  prepare(schedule, dtype, input, batch, rows, cols, ws, stream);
+}
+
+void* orthogonalize_iterate(const Schedule& schedule, DType dtype, SymMode sym_mode, int64_t batch,
+                            int64_t rows, int64_t cols, void* workspace, size_t workspace_size,
+                            cudaStream_t stream) {
+  const Layout ws = checked_layout(schedule, batch, rows, cols, workspace, workspace_size);
+  Algorithm algorithm = schedule.algorithm;
+  if (algorithm == Algorithm::kGram) {
+    if (auto hit = Autotuner::instance().lookup(ns_key(schedule, dtype, sym_mode, batch, rows, cols)))
+      algorithm = hit->config == "standard" ? Algorithm::kStandard : Algorithm::kGram;
+  }
+  return iterate_any(schedule, algorithm, dtype, sym_mode, batch, rows, cols, ws, stream);
+}
+
+void orthogonalize_finish(DType dtype, const void* result, int64_t batch, int64_t rows, int64_t cols,
+                          float* output, cudaStream_t stream) {
+  const Wide w(rows, cols);
+  write_back(dtype, result, w.ld_n, batch, rows, cols, w.transposed, output, stream);
+}
+
+double tuned_ns_ms(int64_t rows, int64_t cols, int64_t batch, DType dtype, const Schedule& schedule,
+                   SymMode sym_mode) {
+  if (schedule.algorithm != Algorithm::kGram) return -1.0;
+  auto hit = Autotuner::instance().lookup(ns_key(schedule, dtype, sym_mode, batch, rows, cols));
+  return hit ? hit->time_ms : -1.0;
 }
 
 void sym_product(const SymProductArgs& args, SymMode mode, cudaStream_t stream) {

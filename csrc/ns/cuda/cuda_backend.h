@@ -45,6 +45,25 @@ void orthogonalize(const Schedule& schedule, DType dtype, SymMode sym_mode, cons
                    float* output, int64_t batch, int64_t rows, int64_t cols, void* workspace,
                    size_t workspace_bytes, cudaStream_t stream);
 
+/// The same run in three parts, for CUDA-graph capture of the middle one: prepare
+/// (fp32 normalization and cast into the workspace; reads `input`), iterate (only
+/// workspace buffers: capturable once the shape's configurations are tuned; returns the
+/// workspace buffer holding the result), finish (write-back into `output`).
+void orthogonalize_prepare(const Schedule& schedule, DType dtype, const float* input, int64_t batch,
+                           int64_t rows, int64_t cols, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream);
+void* orthogonalize_iterate(const Schedule& schedule, DType dtype, SymMode sym_mode, int64_t batch,
+                            int64_t rows, int64_t cols, void* workspace, size_t workspace_bytes,
+                            cudaStream_t stream);
+void orthogonalize_finish(DType dtype, const void* result, int64_t batch, int64_t rows, int64_t cols,
+                          float* output, cudaStream_t stream);
+
+/// The autotuner's measured time (ms) of the Gram-vs-standard winner for this problem
+/// (iteration and normalization, no write-back), or −1 when not measured in this process
+/// or its cache.
+double tuned_ns_ms(int64_t rows, int64_t cols, int64_t batch, DType dtype, const Schedule& schedule,
+                   SymMode sym_mode);
+
 /// One symmetric product D = α·A·Bᵀ + β·C over a batch of m×m results (A, B: m×k), all
 /// row-major 16-bit matrices with leading dimensions and batch strides in elements.
 /// For tests and the self-check. c may be null when beta == 0.

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "ns/cuda/cuda_check.h"
 
@@ -155,7 +156,82 @@ dim3 tiles(int64_t rows, int64_t cols, int64_t batch) {
               static_cast<unsigned>((rows + kTile - 1) / kTile), static_cast<unsigned>(batch));
 }
 
+// Comparison of d against r, one block-reduction per block and a few atomics.
+// stats: [0] max|d−r| (as uint bits), [1] max|r| (bits), [2] nonfinite, [3] asymmetric
+// (all unsigned); sums: [0] Σ(d−r)², [1] Σr² (fp32 block sums accumulated in fp64).
+template <typename T>
+__global__ void compare_kernel(const T* __restrict__ d, const T* __restrict__ r,  // [batch, rows, ld]
+                               int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                               bool check_symmetric, unsigned* __restrict__ stats,
+                               double* __restrict__ sums) {
+  const int64_t b = blockIdx.y;
+  const T* dm = d + b * stride;
+  const T* rm = r + b * stride;
+  float max_diff = 0.f, max_ref = 0.f, sq_diff = 0.f, sq_ref = 0.f;
+  unsigned nonfinite = 0, asym = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * cols;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / cols, col = i % cols;
+    const float dv = to_float(dm[row * ld + col]), rv = to_float(rm[row * ld + col]);
+    if (!isfinite(dv)) {
+      ++nonfinite;
+    } else {
+      max_diff = fmaxf(max_diff, fabsf(dv - rv));
+      sq_diff = fmaf(dv - rv, dv - rv, sq_diff);
+    }
+    max_ref = fmaxf(max_ref, fabsf(rv));
+    sq_ref = fmaf(rv, rv, sq_ref);
+    if (check_symmetric) {
+      const T a = dm[row * ld + col], t = dm[col * ld + row];
+      if (*reinterpret_cast<const unsigned short*>(&a) != *reinterpret_cast<const unsigned short*>(&t)) ++asym;
+    }
+  }
+  atomicMax(stats + 0, __float_as_uint(max_diff));  // NOTE: non-negative floats order like their bits
+  atomicMax(stats + 1, __float_as_uint(max_ref));
+  if (nonfinite) atomicAdd(stats + 2, nonfinite);
+  if (asym) atomicAdd(stats + 3, asym);
+  atomicAdd(sums + 0, static_cast<double>(sq_diff));
+  atomicAdd(sums + 1, static_cast<double>(sq_ref));
+}
+
 }  // namespace
+
+CompareStats compare_16bit(DType dtype, const void* d, const void* r, int64_t batch, int64_t rows,
+                           int64_t cols, int64_t ld, int64_t stride, bool check_symmetric,
+                           cudaStream_t stream) {
+  DMUON_CHECK(!check_symmetric || rows == cols, "compare_16bit: symmetry needs square matrices");
+  DMUON_CHECK(batch >= 1 && batch <= 65535, "compare_16bit: batch ", batch, " out of range");
+  void* scratch = nullptr;
+  DMUON_CHECK_CUDA(cudaMallocAsync(&scratch, 64, stream));
+  unsigned* stats = static_cast<unsigned*>(scratch);
+  double* sums = reinterpret_cast<double*>(static_cast<char*>(scratch) + 32);
+  DMUON_CHECK_CUDA(cudaMemsetAsync(scratch, 0, 64, stream));
+  const int64_t blocks = std::min<int64_t>((rows * cols + 255) / 256, 256);
+  dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    compare_kernel<T><<<dim3(static_cast<unsigned>(std::max<int64_t>(blocks, 1)), static_cast<unsigned>(batch)),
+                        256, 0, stream>>>(static_cast<const T*>(d), static_cast<const T*>(r), rows, cols,
+                                          ld, stride, check_symmetric, stats, sums);
+  });
+  DMUON_CHECK_CUDA(cudaGetLastError());
+  unsigned host_stats[4];
+  double host_sums[2];
+  DMUON_CHECK_CUDA(cudaMemcpyAsync(host_stats, stats, sizeof(host_stats), cudaMemcpyDeviceToHost, stream));
+  DMUON_CHECK_CUDA(cudaMemcpyAsync(host_sums, sums, sizeof(host_sums), cudaMemcpyDeviceToHost, stream));
+  DMUON_CHECK_CUDA(cudaFreeAsync(scratch, stream));
+  DMUON_CHECK_CUDA(cudaStreamSynchronize(stream));
+  CompareStats out;
+  float f;
+  std::memcpy(&f, &host_stats[0], 4);
+  out.max_abs_diff = f;
+  std::memcpy(&f, &host_stats[1], 4);
+  out.max_abs_ref = f;
+  out.nonfinite = host_stats[2];
+  out.asymmetric = host_stats[3];
+  out.sum_sq_diff = host_sums[0];
+  out.sum_sq_ref = host_sums[1];
+  return out;
+}
 
 void sum_squares(const float* x, int64_t batch, int64_t numel, float* out, cudaStream_t stream) {
   DMUON_CHECK_CUDA(cudaMemsetAsync(out, 0, sizeof(float) * batch, stream));

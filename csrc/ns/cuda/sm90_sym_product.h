@@ -3,22 +3,45 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
+#include <vector>
+
 #include "ns/cuda/cuda_backend.h"
 
 namespace dmuon::ns::cuda {
 
-/// Configuration of the kernel (compile-time candidates; see sm90_sym_product.cu).
+/// How a tile's result reaches global memory (see sm90_sym_kernel.cuh).
+enum class Sm90Epilogue { kDirect, kStaged };
+
+/// Configuration of the kernel (compile-time instances: stages 4–6 × both epilogues).
 struct Sm90SymConfig {
   int tile = 128;    ///< square output tile (rows = cols)
   int tile_k = 64;   ///< k extent of one pipeline stage
   int stages = 5;    ///< TMA → WGMMA pipeline depth
   int num_ctas = 0;  ///< persistent CTAs (0: one per SM)
+  Sm90Epilogue epilogue = Sm90Epilogue::kDirect;
+
+  std::string name() const;  ///< e.g. "sm90:staged:s5:c0"
+  /// Parse name(); false when the text names no built configuration.
+  static bool parse(const std::string& text, Sm90SymConfig* config);
 };
+
+/// Every built configuration, in a fixed order (the autotuner's candidates; num_ctas 0).
+std::vector<Sm90SymConfig> sm90_sym_configs();
+
+/// Empty when `config` can run `args`, else the reason (alignment, shape, unbuilt instance).
+std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymConfig& config);
 
 /// D = α·A·Bᵀ + β·C for a batch of m×m results whose exact value is symmetric: computes
 /// the lower-triangle tiles only and writes each with its mirror. Requirements (checked):
 /// leading dimensions and batch strides multiples of 8 elements, 16-byte aligned pointers.
 void sm90_sym_product(const SymProductArgs& args, const Sm90SymConfig& config,
                       cudaStream_t stream);
+
+namespace sm90 {
+// The instances of one element type (sm90_sym_product_{f16,bf16}.cu); false: not built.
+bool launch_f16(const SymProductArgs& args, const Sm90SymConfig& config, cudaStream_t stream);
+bool launch_bf16(const SymProductArgs& args, const Sm90SymConfig& config, cudaStream_t stream);
+}  // namespace sm90
 
 }  // namespace dmuon::ns::cuda

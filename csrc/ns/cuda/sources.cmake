@@ -5,6 +5,8 @@ target_sources(dmuon_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/cublaslt_gemm.cpp
   ${CMAKE_CURRENT_LIST_DIR}/elementwise.cu
   ${CMAKE_CURRENT_LIST_DIR}/cuda_backend.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_config.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/autotune.cpp
 )
 target_link_libraries(dmuon_core PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt)
 # NOTE: the shared CUDA runtime, the one torch loads: CMake's default (static cudart linked
@@ -18,7 +20,10 @@ if(DMUON_CUTLASS_INCLUDE_DIR)
   # NOTE: the kernel is sm_90a-only (WGMMA, TMA), so it is compiled for that target alone
   # (an object library of its own) instead of also emitting the portable compute_80 PTX:
   # that halves the file's compile time (the build's longest) on CI's 2 cores.
-  add_library(dmuon_ns_sm90 OBJECT ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_product.cu)
+  # NOTE: one object per element type so the instances (6 each) compile in parallel.
+  add_library(dmuon_ns_sm90 OBJECT ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_product.cu
+                                   ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_product_f16.cu
+                                   ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_product_bf16.cu)
   set_target_properties(dmuon_ns_sm90 PROPERTIES CUDA_ARCHITECTURES "90a-real"
                                                  POSITION_INDEPENDENT_CODE ON
                                                  CUDA_RUNTIME_LIBRARY Shared)

@@ -3,11 +3,16 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <cuda_runtime.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdio>
+#include <list>
+#include <memory>
+#include <sstream>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -15,6 +20,11 @@
 #include <utility>
 
 #include "common/check.h"
+#include "common/env.h"
+#include "../orthogonalize.h"
+#include "ns/cuda/autotune.h"
+#include "ns/cuda/cuda_check.h"
+#include "ns/cuda/sm90_sym_product.h"
 #include "ns/cuda/cuda_backend.h"
 
 namespace dmuon::torch_adapter {
@@ -122,6 +132,83 @@ at::Tensor cuda_sym_product(const at::Tensor& a, const at::Tensor& b, const at::
   return d;
 }
 
+// ---------------------------------------------------------------- CUDA graphs
+// The iteration of one (device, stream, dtype, kernel, batch, shape, schedule) problem is
+// captured once into a CUDA graph over a workspace kept with it, and replayed; the
+// normalization (which reads the caller's input) and the write-back run outside it.
+// NOTE: the first call of a problem runs eagerly (it tunes the configurations, which
+// synchronizes); the second captures; later ones replay. Workspaces are kept up to
+// DMUON_GRAPH_CACHE_MB (default 8192) in total, least recently used evicted first.
+namespace {
+
+struct GraphEntry {
+  at::Tensor workspace;
+  size_t bytes = 0;
+  int calls = 0;
+  bool capture_failed = false;
+  cudaGraphExec_t exec = nullptr;
+  void* result = nullptr;
+  ~GraphEntry() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
+};
+
+struct GraphCache {
+  std::mutex mutex;
+  std::list<std::pair<std::string, std::unique_ptr<GraphEntry>>> entries;  // most recent first
+  size_t total_bytes = 0;
+  int64_t num_captures = 0, num_replays = 0;
+};
+
+GraphCache& graph_cache() {
+  static GraphCache cache;
+  return cache;
+}
+
+std::string graph_key(const ns::Schedule& schedule, at::ScalarType dtype, bool use_kernel, int64_t num,
+                      int64_t rows, int64_t cols, const at::Tensor& like, cudaStream_t stream) {
+  std::ostringstream key;
+  key.precision(17);
+  key << like.get_device() << "|" << reinterpret_cast<uintptr_t>(stream) << "|" << dtype << "|" << use_kernel
+      << "|" << num << "x" << rows << "x" << cols << "|" << ns::algorithm_name(schedule.algorithm) << "|"
+      << schedule.eps;
+  for (const auto& c : schedule.steps) key << "|" << c.a << "," << c.b << "," << c.c;
+  key << "|r";
+  for (int r : schedule.restart_after) key << r << ",";
+  return key.str();
+}
+
+// Capture the iteration into entry.exec; false (and the stream left usable) on failure.
+bool capture(GraphEntry& entry, const ns::Schedule& schedule, ns::cuda::DType dtype, ns::cuda::SymMode mode,
+             int64_t num, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  void* result = nullptr;
+  bool ok = true;
+  try {
+    result = ns::cuda::orthogonalize_iterate(schedule, dtype, mode, num, rows, cols,
+                                             entry.workspace.data_ptr(), entry.bytes, stream);
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  ok = ok && end == cudaSuccess && graph != nullptr;
+  if (ok) ok = cudaGraphInstantiate(&entry.exec, graph, 0) == cudaSuccess;
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (!ok) {
+    cudaGetLastError();
+    entry.exec = nullptr;
+    return false;
+  }
+  entry.result = result;
+  return true;
+}
+
+}  // namespace
+
 at::Tensor orthogonalize_cuda(const at::Tensor& batch, const ns::Schedule& schedule,
                               at::ScalarType dtype, bool use_kernel) {
   DMUON_CHECK(batch.is_cuda() && batch.dim() == 3, "orthogonalize_cuda: expected a CUDA [B, m, n] tensor");
@@ -130,13 +217,68 @@ at::Tensor orthogonalize_cuda(const at::Tensor& batch, const ns::Schedule& sched
   at::Tensor input = batch.to(at::kFloat).contiguous();
   at::Tensor output = at::empty({num, rows, cols}, input.options());
   const size_t bytes = ns::cuda::workspace_bytes(schedule.algorithm, num, rows, cols);
-  // NOTE: the caching allocator's blocks are 512-byte aligned, more than the 256 needed.
-  at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, input.options().dtype(at::kByte));
-  ns::cuda::orthogonalize(schedule, to_dtype(dtype),
-                          use_kernel ? ns::cuda::SymMode::kKernel : ns::cuda::SymMode::kDenseMirror,
-                          input.data_ptr<float>(), output.data_ptr<float>(), num, rows, cols,
-                          workspace.data_ptr(), bytes, at::cuda::getCurrentCUDAStream());
+  const auto mode = use_kernel ? ns::cuda::SymMode::kKernel : ns::cuda::SymMode::kDenseMirror;
+  const ns::cuda::DType half = to_dtype(dtype);
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  static const bool graphs = env::get_bool("DMUON_CUDA_GRAPHS", true);
+  static const size_t budget = static_cast<size_t>(std::max<int64_t>(0, env::get_int("DMUON_GRAPH_CACHE_MB", 8192))) << 20;
+  if (!graphs || bytes > budget || ns::cuda::stream_is_capturing(stream)) {
+    // NOTE: the caching allocator's blocks are 512-byte aligned, more than the 256 needed.
+    at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, input.options().dtype(at::kByte));
+    ns::cuda::orthogonalize(schedule, half, mode, input.data_ptr<float>(), output.data_ptr<float>(), num, rows,
+                            cols, workspace.data_ptr(), bytes, stream);
+    return output;
+  }
+
+  GraphCache& cache = graph_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  const std::string key = graph_key(schedule, dtype, use_kernel, num, rows, cols, input, stream);
+  auto it = cache.entries.begin();
+  while (it != cache.entries.end() && it->first != key) ++it;
+  if (it == cache.entries.end()) {
+    // Make room (least recently used last), then keep a workspace for this problem.
+    while (!cache.entries.empty() && cache.total_bytes + bytes > budget) {
+      cache.total_bytes -= cache.entries.back().second->bytes;
+      cache.entries.pop_back();
+    }
+    auto entry = std::make_unique<GraphEntry>();
+    entry->bytes = bytes;
+    entry->workspace = at::empty({static_cast<int64_t>(bytes)}, input.options().dtype(at::kByte));
+    cache.total_bytes += bytes;
+    cache.entries.emplace_front(key, std::move(entry));
+  } else if (it != cache.entries.begin()) {
+    cache.entries.splice(cache.entries.begin(), cache.entries, it);
+  }
+  GraphEntry& entry = *cache.entries.front().second;
+  void* ws = entry.workspace.data_ptr();
+  if (entry.calls++ == 0 || entry.capture_failed) {
+    ns::cuda::orthogonalize(schedule, half, mode, input.data_ptr<float>(), output.data_ptr<float>(), num, rows,
+                            cols, ws, bytes, stream);
+    return output;
+  }
+  ns::cuda::orthogonalize_prepare(schedule, half, input.data_ptr<float>(), num, rows, cols, ws, bytes, stream);
+  if (entry.exec == nullptr) {
+    if (!capture(entry, schedule, half, mode, num, rows, cols, stream)) {
+      entry.capture_failed = true;
+      TORCH_WARN_ONCE("dmuon: CUDA-graph capture of the Newton–Schulz iteration failed; running it eagerly");
+      void* result = ns::cuda::orthogonalize_iterate(schedule, half, mode, num, rows, cols, ws, bytes, stream);
+      ns::cuda::orthogonalize_finish(half, result, num, rows, cols, output.data_ptr<float>(), stream);
+      return output;
+    }
+    ++cache.num_captures;
+  }
+  DMUON_CHECK_CUDA(cudaGraphLaunch(entry.exec, stream));
+  ++cache.num_replays;
+  ns::cuda::orthogonalize_finish(half, entry.result, num, rows, cols, output.data_ptr<float>(), stream);
   return output;
+}
+
+std::vector<int64_t> cuda_graph_stats() {
+  GraphCache& cache = graph_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  return {static_cast<int64_t>(cache.entries.size()), cache.num_captures, cache.num_replays,
+          static_cast<int64_t>(cache.total_bytes)};
 }
 
 }  // namespace dmuon::torch_adapter
@@ -156,6 +298,70 @@ at::Tensor cuda_sym_product_op(const at::Tensor& a, const at::Tensor& b,
   }
 }
 
+at::Tensor cuda_sym_product_config_op(const at::Tensor& a, const at::Tensor& b,
+                                      const std::optional<at::Tensor>& c, double alpha, double beta,
+                                      c10::string_view config) {
+  try {
+    TORCH_CHECK(a.is_cuda() && b.is_cuda() && a.dim() == 3 && b.sizes() == a.sizes() &&
+                    a.scalar_type() == b.scalar_type() && a.stride(2) == 1 && b.stride(2) == 1,
+                "cuda_sym_product_config: A and B must be CUDA [B, m, k] tensors of one dtype with unit column stride");
+    c10::cuda::CUDAGuard guard(a.device());
+    const int64_t batch = a.size(0), m = a.size(1);
+    at::Tensor d = at::empty({batch, m, dmuon::ns::cuda::padded_ld(m)}, a.options()).narrow(2, 0, m);
+    d.fill_(std::numeric_limits<double>::quiet_NaN());  // poisoned: every element must be written
+    const at::Tensor cc = c.has_value() ? *c : at::Tensor();
+    TORCH_CHECK(!cc.defined() || (cc.sizes() == d.sizes() && cc.scalar_type() == a.scalar_type() && cc.stride(2) == 1),
+                "cuda_sym_product_config: C must be [B, m, m] of A's dtype");
+    dmuon::ns::cuda::SymProductArgs args;
+    args.dtype = a.scalar_type() == at::kHalf ? dmuon::ns::cuda::DType::kFloat16 : dmuon::ns::cuda::DType::kBFloat16;
+    args.batch = batch, args.m = m, args.k = a.size(2);
+    args.a = a.data_ptr(), args.lda = a.stride(1), args.stride_a = a.stride(0);
+    args.b = b.data_ptr(), args.ldb = b.stride(1), args.stride_b = b.stride(0);
+    if (cc.defined()) args.c = cc.data_ptr(), args.ldc = cc.stride(1), args.stride_c = cc.stride(0);
+    args.d = d.data_ptr(), args.ldd = d.stride(1), args.stride_d = d.stride(0);
+    args.alpha = alpha;
+    args.beta = cc.defined() ? beta : 0.0;
+    // NOTE: cuBLASLt candidates ("lt:<i>") get a scratch workspace like the backend's.
+    at::Tensor lt_ws = at::empty({32 << 20}, a.options().dtype(at::kByte));
+    dmuon::ns::cuda::sym_product_with(args, std::string(config), lt_ws.data_ptr(), 32 << 20,
+                                      at::cuda::getCurrentCUDAStream());
+    return d;
+  } catch (const dmuon::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+std::vector<std::string> cuda_sym_configs_op() {
+  std::vector<std::string> names;
+  if (!dmuon::ns::cuda::sym_kernel_built()) return names;
+  for (const auto& c : dmuon::ns::cuda::sm90_sym_configs()) names.push_back(c.name());
+  return names;
+}
+
+double cuda_ns_tuned_ms_op(const at::Tensor& like, int64_t rows, int64_t cols, int64_t batch,
+                           c10::string_view algorithm, at::ArrayRef<double> coefficients,
+                           at::IntArrayRef restart_after, double eps, c10::string_view dtype, bool use_kernel) {
+  try {
+    c10::cuda::CUDAGuard guard(like.device());
+    const auto schedule = dmuon::torch_adapter::make_schedule(std::string(algorithm), coefficients, restart_after, eps);
+    TORCH_CHECK(dtype == "float16" || dtype == "bfloat16", "dtype must be float16 or bfloat16");
+    return dmuon::ns::cuda::tuned_ns_ms(rows, cols, batch,
+                                        dtype == "float16" ? dmuon::ns::cuda::DType::kFloat16
+                                                           : dmuon::ns::cuda::DType::kBFloat16,
+                                        schedule,
+                                        use_kernel ? dmuon::ns::cuda::SymMode::kKernel
+                                                   : dmuon::ns::cuda::SymMode::kDenseMirror);
+  } catch (const dmuon::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+int64_t cuda_autotune_measurements_op(const at::Tensor&) {
+  return dmuon::ns::cuda::Autotuner::instance().num_measurements();
+}
+
+std::vector<int64_t> cuda_graph_stats_op(const at::Tensor&) { return dmuon::torch_adapter::cuda_graph_stats(); }
+
 bool cuda_sym_kernel_usable_op(const at::Tensor& x, c10::string_view dtype) {
   TORCH_CHECK(dtype == "float16" || dtype == "bfloat16", "dtype must be float16 or bfloat16");
   return dmuon::torch_adapter::cuda_sym_kernel_usable(x, dtype == "float16" ? at::kHalf : at::kBFloat16);
@@ -166,9 +372,19 @@ bool cuda_sym_kernel_usable_op(const at::Tensor& x, c10::string_view dtype) {
 TORCH_LIBRARY_FRAGMENT(dmuon, m) {
   m.def("cuda_sym_product(Tensor a, Tensor b, Tensor? c, float alpha, float beta, bool use_kernel) -> Tensor");
   m.def("cuda_sym_kernel_usable(Tensor x, str dtype) -> bool");
+  m.def("cuda_sym_product_config(Tensor a, Tensor b, Tensor? c, float alpha, float beta, str config) -> Tensor");
+  m.def("cuda_sym_configs() -> str[]", &cuda_sym_configs_op);
+  m.def("cuda_ns_tuned_ms(Tensor like, int rows, int cols, int batch, str algorithm, float[] coefficients, "
+        "int[] restart_after, float eps, str dtype, bool use_kernel) -> float");
+  m.def("cuda_autotune_measurements(Tensor like) -> int");
+  m.def("cuda_graph_stats(Tensor like) -> int[]");
 }
 
 TORCH_LIBRARY_IMPL(dmuon, CUDA, m) {
   m.impl("cuda_sym_product", &cuda_sym_product_op);
   m.impl("cuda_sym_kernel_usable", &cuda_sym_kernel_usable_op);
+  m.impl("cuda_sym_product_config", &cuda_sym_product_config_op);
+  m.impl("cuda_ns_tuned_ms", &cuda_ns_tuned_ms_op);
+  m.impl("cuda_autotune_measurements", &cuda_autotune_measurements_op);
+  m.impl("cuda_graph_stats", &cuda_graph_stats_op);
 }

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "ns/schedule.h"
 
 namespace dmuon::torch_adapter {
@@ -17,6 +19,9 @@ bool cuda_sym_kernel_usable(const at::Tensor& x, at::ScalarType dtype);
 /// sm_90a symmetric kernel, otherwise dense cuBLASLt products mirrored.
 at::Tensor orthogonalize_cuda(const at::Tensor& batch, const ns::Schedule& schedule,
                               at::ScalarType dtype, bool use_kernel);
+
+/// [number of cached graphs, captures, replays, bytes of kept workspaces] (tests).
+std::vector<int64_t> cuda_graph_stats();
 
 /// One symmetric product on CUDA tensors (tests): D = α·A·Bᵀ + β·C for [B, m, k] inputs
 /// A and B (fp16/bf16, row strides multiples of 8) and C [B, m, m] or undefined.

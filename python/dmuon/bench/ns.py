@@ -1,7 +1,8 @@
-"""`python -m dmuon bench ns --model NAME`: the single-GPU optimizer step over every Muon
-matrix of a model manifest, against torch.optim.Muon, a plain batched PyTorch Newton–Schulz
-step and torch's fused AdamW, all measured in the same run; plus the symmetric kernel
-against cuBLAS's dense product for X·Xᵀ.
+"""`python -m dmuon bench ns --model NAME`: the single-GPU optimizer step `dmuon.DMuon.step`
+(fp32 parameters: momentum, Newton–Schulz, apply) over every Muon matrix of a model manifest,
+against torch.optim.Muon, a plain batched PyTorch Newton–Schulz step and torch's fused AdamW,
+all measured in the same run; plus every configuration of the symmetric kernel against
+cuBLAS's dense product for X·Xᵀ.
 
 Times are CUDA-event medians after warm-up. TFLOP/s are "executed" (the FLOPs each method
 actually performs) against the dense bf16 peak measured in the same run, and
@@ -102,20 +103,22 @@ def gram_symmetric_flops(shapes) -> float:
 
 
 def plain_batched_ns_(groups: dict, steps: int = 5) -> None:
-    """Keller Jordan's quintic in bf16 over stacked same-shape updates (in place)."""
+    """Keller Jordan's quintic in bf16 over stacked same-shape updates (in place), in batches
+    of at most 2 GiB of fp32 matrices (the 7B stacks would not fit next to the model)."""
     a, b, c = 3.4445, -4.7750, 2.0315
     for key, (params, bufs) in groups.items():
-        x = torch.stack(bufs).to(torch.bfloat16)
-        if x.shape[-2] > x.shape[-1]:
-            x = x.transpose(-2, -1)
-        x = x / x.flatten(1).norm(dim=1).clamp_min(1e-7).view(-1, 1, 1)
-        for _ in range(steps):
-            A = x @ x.transpose(-2, -1)
-            B = torch.baddbmm(A, A, A, beta=b, alpha=c)
-            x = torch.baddbmm(x, B, x, beta=a, alpha=1.0)
-        if key[1] > key[2]:
-            x = x.transpose(-2, -1)
-        torch._foreach_add_(params, list(x.float().unbind(0)), alpha=-0.02)
+        for part in chunks(list(range(len(bufs))), key[1] * key[2]):
+            x = torch.stack([bufs[i] for i in part]).to(torch.bfloat16)
+            if x.shape[-2] > x.shape[-1]:
+                x = x.transpose(-2, -1)
+            x = x / x.flatten(1).norm(dim=1).clamp_min(1e-7).view(-1, 1, 1)
+            for _ in range(steps):
+                A = x @ x.transpose(-2, -1)
+                B = torch.baddbmm(A, A, A, beta=b, alpha=c)
+                x = torch.baddbmm(x, B, x, beta=a, alpha=1.0)
+            if key[1] > key[2]:
+                x = x.transpose(-2, -1)
+            torch._foreach_add_([params[i] for i in part], list(x.float().unbind(0)), alpha=-0.02)
 
 
 def environment() -> str:
@@ -131,6 +134,36 @@ def environment() -> str:
             f"CUDA {torch.version.cuda}")
 
 
+def _free() -> None:
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def sym_kernel_table(args, ops, kernel_ok: bool) -> None:
+    """X·Xᵀ in fp16: cuBLAS dense vs every built configuration of the symmetric kernel."""
+    configs = list(ops.cuda_sym_configs()) if kernel_ok and hasattr(ops, "cuda_sym_configs") else []
+    for m, k in [(int(s.split("x")[0]), int(s.split("x")[1])) for s in args.sym_shapes]:
+        x = torch.randn(1, m, k, device="cuda", dtype=torch.float16) / k**0.5
+        iters = max(args.iters * 4, 20)
+        dense_ms = cuda_time_ms(lambda: torch.bmm(x, x.transpose(1, 2)), 3, iters)
+        line = f"X·Xᵀ {m}x{k} fp16: cuBLAS dense {dense_ms:.3f} ms ({2 * m * m * k / dense_ms / 1e9:.0f} TFLOP/s)"
+        if configs:
+            timed = {}
+            for config in configs:
+                timed[config] = cuda_time_ms(lambda c=config: ops.cuda_sym_product_config(x, x, None, 1.0, 0.0, c),
+                                             3, iters)
+            best = min(timed, key=timed.get)
+            line += (f"; best sym config {best} {timed[best]:.3f} ms (speed-up {dense_ms / timed[best]:.2f}x); "
+                     + ", ".join(f"{c.split(':', 1)[1]} {t:.3f}" for c, t in timed.items()))
+        else:
+            line += ", dmuon sym kernel: not usable on this GPU/build"
+        print(line, flush=True)
+        del x
+    _free()
+
+
 def run(args) -> None:
     import dmuon  # noqa: F401
     from dmuon._ops import _C, ops
@@ -140,69 +173,47 @@ def run(args) -> None:
     torch.manual_seed(0)
     print(environment())
     peak = dense_bf16_peak_tflops()
-    print(f"dense bf16 peak (8192^3 matmul, same run): {peak:.0f} TFLOP/s")
-
+    print(f"dense bf16 peak (8192^3 matmul, same run): {peak:.0f} TFLOP/s", flush=True)
     kernel_ok = hasattr(ops, "cuda_sym_kernel_usable") and ops.cuda_sym_kernel_usable(
         torch.zeros(1, device="cuda"), "float16")
-    rows_out = []
-
-    # Symmetric kernel vs cuBLAS dense for X·Xᵀ.
-    for m, k in [(int(s.split("x")[0]), int(s.split("x")[1])) for s in args.sym_shapes]:
-        x = torch.randn(1, m, k, device="cuda", dtype=torch.float16) / k**0.5
-        dense_ms = cuda_time_ms(lambda: torch.bmm(x, x.transpose(1, 2)), 3, args.iters * 4)
-        line = f"X·Xᵀ {m}x{k} fp16: cuBLAS dense {dense_ms:.3f} ms ({2 * m * m * k / dense_ms / 1e9:.0f} TFLOP/s)"
-        if kernel_ok:
-            sym_ms = cuda_time_ms(lambda: ops.cuda_sym_product(x, x, None, 1.0, 0.0, True), 3, args.iters * 4)
-            mirror_ms = cuda_time_ms(lambda: ops.cuda_sym_product(x, x, None, 1.0, 0.0, False), 3, args.iters * 4)
-            line += (f", dmuon sym kernel {sym_ms:.3f} ms (speed-up {dense_ms / sym_ms:.2f}x, "
-                     f"dense-equivalent {2 * m * m * k / sym_ms / 1e9:.0f} TFLOP/s), cuBLASLt+mirror {mirror_ms:.3f} ms")
-        else:
-            line += ", dmuon sym kernel: not usable on this GPU/build"
-        print(line)
+    if args.sym_shapes:
+        sym_kernel_table(args, ops, kernel_ok)
 
     for model in args.model:
         shapes = model_shapes(model)
         ns_eq = ns_equivalent_flops(shapes)
+        executed_dmuon = gram_symmetric_flops(shapes) * (1 if kernel_ok else 2)
         params = [torch.randn(*((b,) if b > 1 else ()), r, c, device="cuda") * 0.02 for b, r, c in shapes]
         for p in params:
             p.grad = torch.randn_like(p) * 1e-3
+        numel = sum(p.numel() for p in params)
         results = OrderedDict()
+        # NOTE: the largest model's first steps tune every configuration and capture the
+        # graphs; they are warm-up, never timed.
+        warmup = max(args.warmup, 3)
 
-        def measure(name, make_step, executed):
+        def measure(name, make_step, executed, iters=args.iters, warm=args.warmup):
             step = make_step()
-            ms = cuda_time_ms(step, args.warmup, args.iters)
-            results[name] = (ms, executed)
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            try:
+                ms = cuda_time_ms(step, warm, iters)
+            except torch.OutOfMemoryError:
+                print(f"{name}: out of memory", flush=True)
+                ms = float("nan")
+            extra = (torch.cuda.max_memory_allocated() - base) / 2**30
+            results[name] = (ms, executed, extra)
+            print(f"  {name}: {ms:.2f} ms", flush=True)
             del step
-            torch.cuda.empty_cache()
+            _free()
 
-        def dmuon_step():
-            # The single-GPU Muon step through dmuon's NS op: EMA momentum with Nesterov,
-            # one batched orthogonalize per shape (backend "auto": the CUDA backend where the
-            # kernel is usable), decoupled update scaled as "match_rms_adamw".
-            coefficients, restarts = _C.default_schedule("gram", 5)
-            flat = [float(x) for c in coefficients for x in c]
-            bufs = [torch.zeros_like(p) for p in params]
-            grads = [p.grad for p in params]
-            by_shape: dict = OrderedDict()
-            for i, p in enumerate(params):
-                by_shape.setdefault(tuple(p.shape[-2:]), []).append(i)
-
-            def step():
-                torch._foreach_lerp_(bufs, grads, 0.05)
-                for (rows, cols), all_idx in by_shape.items():
-                    for idx in chunks(all_idx, rows * cols):
-                        stack = torch.cat([grads[i].lerp(bufs[i], 0.95).reshape(-1, rows, cols) for i in idx])
-                        out = ops.orthogonalize(stack, "gram", flat, list(restarts), 1e-7)
-                        scale = -0.02 * 0.2 * max(rows, cols) ** 0.5
-                        pieces = out.split([params[i].numel() // (rows * cols) for i in idx])
-                        torch._foreach_add_([params[i] for i in idx],
-                                            [piece.view(params[i].shape) for piece, i in zip(pieces, idx)],
-                                            alpha=scale)
-            return step
-
-        def dmuon_optimizer_step():
-            opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0)
-            return opt.step
+        def dmuon_step(bucket_mb):
+            def make():
+                # NOTE: one GPU: the plan is trivial, so the analytic cost model (no profiling).
+                opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, bucket_size_mb=bucket_mb,
+                                  cost_model="analytic")
+                return opt.step
+            return make
 
         def torch_muon_step():
             opt = torch.optim.Muon([p for p in params if p.dim() == 2], lr=0.02, weight_decay=0.0)
@@ -227,43 +238,44 @@ def run(args) -> None:
             opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
             return opt.step
 
-        if args.dmuon_optimizer:
-            measure("dmuon.DMuon.step", dmuon_optimizer_step, gram_symmetric_flops(shapes) * (1 if kernel_ok else 2))
-        measure("dmuon NS step (" + ("sym kernel)" if kernel_ok else "ATen fallback)"), dmuon_step,
-                gram_symmetric_flops(shapes) * (1 if kernel_ok else 2))
+        print(f"model {model}: timing", flush=True)
+        for bucket_mb in args.bucket_mb:
+            measure(f"dmuon.DMuon.step (bucket {bucket_mb:g} MiB)", dmuon_step(bucket_mb), executed_dmuon,
+                    warm=warmup)
         measure("torch.optim.Muon", torch_muon_step, ns_eq)
         measure("plain batched PyTorch NS (bf16)", plain_step, ns_eq)
         measure("torch AdamW (fused)", adamw_step, 0.0)
-        # NS alone per backend (same-shape batches, as the optimizer groups them).
-        groups: dict = OrderedDict()
-        for p in params:
-            groups.setdefault(tuple(p.shape[-2:]), []).append(p.grad.reshape(-1, *p.shape[-2:]))
-        stacks = [torch.cat([g[j] for j in part]) for g in groups.values()
-                  for part in chunks(list(range(len(g))), g[0].shape[-2] * g[0].shape[-1])]
-        coefficients, restarts = _C.default_schedule("gram", 5)
-        flat = [x for c in coefficients for x in c]
-        for backend in (["cuda"] if kernel_ok else []) + ["cuda_dense", "aten"]:
-            if backend.startswith("cuda") and not hasattr(ops, "cuda_sym_product"):
-                continue
 
-            def ns_only(backend=backend):
-                return lambda: [ops.orthogonalize(s, "gram", flat, list(restarts), 1e-7, backend, "float16") for s in stacks]
-            executed = gram_symmetric_flops(shapes)  # one triangle of every symmetric product
-            if backend != "cuda":  # dense products: 8m²n + 28m³
-                executed = sum(b * (8 * min(r, c) ** 2 * max(r, c) + 28 * min(r, c) ** 3) for b, r, c in shapes)
-            measure(f"Gram NS only, backend {backend}", ns_only, executed)
+        if args.ns_only:
+            # NS alone per backend, on same-shape batches (≤ 2 GiB each).
+            coefficients, restarts = _C.default_schedule("gram", 5)
+            flat = [x for c in coefficients for x in c]
+            groups: dict = OrderedDict()
+            for p in params:
+                groups.setdefault(tuple(p.shape[-2:]), []).append(p.grad.reshape(-1, *p.shape[-2:]))
+            stacks = [torch.cat([g[j] for j in part]) for g in groups.values()
+                      for part in chunks(list(range(len(g))), g[0].shape[-2] * g[0].shape[-1])]
+            for backend in (["cuda"] if kernel_ok else []) + ["cuda_dense"]:
+                def ns_only(backend=backend):
+                    return lambda: [ops.orthogonalize(s, "gram", flat, list(restarts), 1e-7, backend, "float16")
+                                    for s in stacks]
+                executed = gram_symmetric_flops(shapes) * (1 if backend == "cuda" else 2)
+                measure(f"NS only (orthogonalize op), backend {backend}", ns_only, executed, warm=warmup)
+            del stacks, groups
 
         base = results["torch.optim.Muon"][0]
-        print(f"\nmodel {model}: {len(shapes)} Muon matrices, {len(groups)} shapes, "
-              f"NS-equivalent {ns_eq / 1e12:.2f} TFLOP per step")
-        print(f"{'method':40s} {'time ms':>9s} {'exec TF/s':>10s} {'% peak':>7s} {'NS-eq TF/s':>11s} {'vs Muon':>8s}")
-        for name, (ms, executed) in results.items():
+        adamw = results["torch AdamW (fused)"][0]
+        print(f"\nmodel {model}: {len(shapes)} Muon matrices, {numel / 1e9:.2f} B parameters, "
+              f"NS-equivalent {ns_eq / 1e12:.2f} TFLOP per step; peak {peak:.0f} TFLOP/s; "
+              f"exec TF/s of dmuon counts Gram NS with symmetric products (6m²n+14m³)")
+        print(f"{'method':44s} {'time ms':>9s} {'exec TF/s':>10s} {'% peak':>7s} {'NS-eq TF/s':>11s} "
+              f"{'vs Muon':>8s} {'vs AdamW':>9s} {'peak+ GiB':>10s}")
+        for name, (ms, executed, extra) in results.items():
             tf = executed / (ms * 1e-3) / 1e12
-            print(f"{name:40s} {ms:9.2f} {tf:10.0f} {100 * tf / peak:6.0f}% {ns_eq / (ms * 1e-3) / 1e12:11.0f} "
-                  f"{base / ms:7.2f}x")
-            rows_out.append((model, name, ms))
-        del params, stacks, groups
-        torch.cuda.empty_cache()
+            print(f"{name:44s} {ms:9.2f} {tf:10.0f} {100 * tf / peak:6.0f}% {ns_eq / (ms * 1e-3) / 1e12:11.0f} "
+                  f"{base / ms:7.2f}x {ms / adamw:8.2f}x {extra:10.2f}", flush=True)
+        del params
+        _free()
 
 
 def register(subparsers) -> None:
@@ -272,8 +284,10 @@ def register(subparsers) -> None:
                         help="model manifest name (repeatable), e.g. qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b")
     parser.add_argument("--iters", type=int, default=10, help="timed repetitions (median reported)")
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--dmuon-optimizer", action="store_true",
-                        help="also time dmuon.DMuon.step (the full optimizer, its step runtime included)")
+    parser.add_argument("--bucket-mb", type=float, nargs="+", default=[64.0],
+                        help="DMuon bucket_size_mb values to time (0: one bucket)")
+    parser.add_argument("--ns-only", action="store_true",
+                        help="also time the orthogonalize op alone per backend (cuda, cuda_dense)")
     parser.add_argument("--sym-shapes", nargs="*", default=["3584x18944", "4096x14336", "896x4864"],
                         help="m x k shapes of the X·Xᵀ kernel comparison")
     parser.set_defaults(func=run)

@@ -1,0 +1,382 @@
+// dmuon/ns/cuda/autotune.cpp — candidate enumeration, checks, timing and caching of the
+// CUDA NS backend's configurations (see autotune.h).
+#include "ns/cuda/autotune.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "common/check.h"
+#include "common/env.h"
+#include "ns/cuda/cuda_check.h"
+#include "ns/cuda/elementwise.h"
+#include "ns/cuda/sm90_sym_product.h"
+
+#ifndef DMUON_VERSION
+#define DMUON_VERSION "unknown"
+#endif
+
+namespace dmuon::ns::cuda {
+namespace {
+
+using autotune::TuneEntry;
+using autotune::TuneKey;
+
+// NOTE: tuning compares every candidate with a reference copy of the output; above this
+// many bytes of scratch (e.g. a batch of 64 4096×4096 products) the untuned default runs
+// instead of risking an out-of-memory next to the model.
+constexpr size_t kMaxScratchBytes = size_t{4} << 30;
+
+// Check tolerances: max |candidate − reference| ≤ tol · max |reference|. Both sides are
+// fp32-accumulated and rounded once to 16 bits, so they differ by accumulation order and
+// one rounding (fp16 ulp 2⁻¹⁰, bf16 2⁻⁷ relative to each element).
+double tolerance(DType dtype) { return dtype == DType::kFloat16 ? 4e-3 : 3e-2; }
+
+std::mutex g_mutex;
+std::map<std::string, std::unique_ptr<autotune::TuneCache>> g_caches;  // gpu name → cache
+std::map<int, std::string> g_device_names;                            // device → gpu name
+std::set<std::string> g_reported;
+std::string g_cache_path;
+bool g_path_resolved = false;
+std::atomic<int64_t> g_measurements{0};
+
+std::string gpu_name(int device) {
+  auto it = g_device_names.find(device);
+  if (it != g_device_names.end()) return it->second;
+  cudaDeviceProp prop{};
+  DMUON_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  return g_device_names[device] = prop.name;
+}
+
+autotune::TuneEnvironment environment_of(const std::string& name) {
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  return {name, std::to_string(driver), std::to_string(runtime), DMUON_VERSION};
+}
+
+// Scratch device memory for one tuning, stream-ordered; null when unavailable.
+struct Scratch {
+  void* ptr = nullptr;
+  cudaStream_t stream = nullptr;
+  Scratch(size_t bytes, cudaStream_t s) : stream(s) {
+    if (bytes > kMaxScratchBytes || cudaMallocAsync(&ptr, bytes, s) != cudaSuccess) {
+      cudaGetLastError();  // NOTE: an out-of-memory here only means "do not tune"
+      ptr = nullptr;
+    }
+  }
+  ~Scratch() {
+    if (ptr) cudaFreeAsync(ptr, stream);
+  }
+};
+
+size_t span_bytes(int64_t batch, int64_t rows, int64_t ld, int64_t stride) {
+  return static_cast<size_t>((batch - 1) * stride + (rows - 1) * ld + ld) * 2;
+}
+
+// Whether a candidate's output matches the reference (and is symmetric when required).
+bool passes(const CompareStats& s, DType dtype, bool symmetric, std::string* why) {
+  char text[256];
+  const double limit = tolerance(dtype) * std::max(static_cast<double>(s.max_abs_ref), 1e-30);
+  if (s.nonfinite > 0 || (symmetric && s.asymmetric > 0) || !(s.max_abs_diff <= limit)) {
+    std::snprintf(text, sizeof(text), "max error %.3g (limit %.3g), %u non-finite, %u asymmetric",
+                  static_cast<double>(s.max_abs_diff), limit, s.nonfinite, s.asymmetric);
+    *why = text;
+    return false;
+  }
+  return true;
+}
+
+// Test hook: DMUON_AUTOTUNE_TEST_BREAK=<prefix> perturbs (α·1.5) every candidate whose
+// name starts with the prefix, so that tests can show a failing candidate never wins.
+bool broken_for_testing(const std::string& config) {
+  static const std::string prefix = env::get_string("DMUON_AUTOTUNE_TEST_BREAK", "");
+  return !prefix.empty() && config.rfind(prefix, 0) == 0;
+}
+
+GemmDesc dense_of(const SymProductArgs& args) {
+  GemmDesc g;
+  g.dtype = args.dtype;
+  g.transpose_b = true;
+  g.batch = args.batch, g.m = args.m, g.n = args.m, g.k = args.k;
+  g.lda = args.lda, g.stride_a = args.stride_a, g.ldb = args.ldb, g.stride_b = args.stride_b;
+  g.ldc = args.ldc, g.stride_c = args.stride_c, g.ldd = args.ldd, g.stride_d = args.stride_d;
+  return g;
+}
+
+int parse_lt(const std::string& config) {
+  if (config.rfind("lt:", 0) != 0) return -1;
+  try {
+    return std::stoi(config.substr(3));
+  } catch (...) {
+    return -1;
+  }
+}
+
+}  // namespace
+
+const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "float16" : "bfloat16"; }
+
+bool stream_is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+double time_on_stream(const std::function<void()>& fn, cudaStream_t stream) {
+  cudaEvent_t start, end;
+  DMUON_CHECK_CUDA(cudaEventCreate(&start));
+  DMUON_CHECK_CUDA(cudaEventCreate(&end));
+  std::vector<double> times;
+  // NOTE: one timed run decides how many more: short products get 5 (noise), long ones 2.
+  for (int i = 0, reps = 1; i < reps; ++i) {
+    DMUON_CHECK_CUDA(cudaEventRecord(start, stream));
+    fn();
+    DMUON_CHECK_CUDA(cudaEventRecord(end, stream));
+    DMUON_CHECK_CUDA(cudaEventSynchronize(end));
+    float ms = 0.f;
+    DMUON_CHECK_CUDA(cudaEventElapsedTime(&ms, start, end));
+    times.push_back(ms);
+    if (i == 0) reps = ms < 2.0 ? 6 : 3;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(end);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+void sym_product_with(const SymProductArgs& args, const std::string& config, void* lt_workspace,
+                      size_t lt_workspace_bytes, cudaStream_t stream) {
+  const int lt = parse_lt(config);
+  if (lt >= 0) {
+    const GemmDesc g = dense_of(args);
+    gemm(g, args.alpha, args.a, args.b, args.c == nullptr ? 0.0 : args.beta, args.c, args.d,
+         lt_workspace, lt_workspace_bytes, stream, lt);
+    mirror_lower(args.dtype, args.d, args.batch, args.m, args.ldd, args.stride_d, stream);
+    return;
+  }
+  Sm90SymConfig kernel;
+  DMUON_CHECK(Sm90SymConfig::parse(config, &kernel), "unknown symmetric-product configuration '", config, "'");
+#if defined(DMUON_WITH_SM90_SYM)
+  sm90_sym_product(args, kernel, stream);
+#else
+  DMUON_FAIL("the sm_90a symmetric kernel is not part of this build (no CUTLASS headers)");
+#endif
+}
+
+Autotuner& Autotuner::instance() {
+  static Autotuner tuner;
+  return tuner;
+}
+
+bool Autotuner::enabled() const {
+  static const bool on = env::get_bool("DMUON_AUTOTUNE", true);
+  return on;
+}
+
+int64_t Autotuner::num_measurements() const { return g_measurements.load(); }
+
+autotune::TuneCache& Autotuner::cache() {
+  int device = 0;
+  DMUON_CHECK_CUDA(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_path_resolved) {
+    g_cache_path = autotune::default_cache_path();
+    g_path_resolved = true;
+  }
+  const std::string name = gpu_name(device);
+  auto& slot = g_caches[name];
+  if (!slot) {
+    slot = std::make_unique<autotune::TuneCache>(environment_of(name));
+    if (!g_cache_path.empty()) slot->load(g_cache_path);
+  }
+  return *slot;
+}
+
+std::optional<TuneEntry> Autotuner::lookup(const TuneKey& key) { return cache().get(key); }
+
+void Autotuner::report(const TuneKey& key, const TuneEntry& entry, const char* how) {
+  static const bool print = env::get_bool("DMUON_PRINT_CONFIGS", false);
+  if (!print) return;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (!g_reported.insert(key.str()).second) return;
+  }
+  std::fprintf(stderr, "dmuon: config %s m=%lld n=%lld k=%lld batch=%lld %s %s -> %s (%.4f ms, %s)\n",
+               key.op.c_str(), static_cast<long long>(key.m), static_cast<long long>(key.n),
+               static_cast<long long>(key.k), static_cast<long long>(key.batch), key.dtype.c_str(),
+               key.extra.c_str(), entry.config.c_str(), entry.time_ms, how);
+}
+
+void Autotuner::record(const TuneKey& key, const TuneEntry& entry) {
+  autotune::TuneCache& c = cache();
+  c.put(key, entry);
+  std::string path;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    path = g_cache_path;
+  }
+  if (!path.empty()) {
+    try {
+      c.save(path);
+    } catch (const Error& error) {
+      // NOTE: an unwritable cache costs re-tuning in the next process, nothing else.
+      static std::once_flag once;
+      std::call_once(once, [&] {
+        std::fprintf(stderr, "dmuon: warning: cannot write the autotune cache: %s\n", error.what());
+      });
+    }
+  }
+  report(key, entry, "tuned");
+}
+
+void Autotuner::sym_product(const SymProductArgs& args, SymMode mode, void* lt_workspace,
+                            size_t lt_workspace_bytes, cudaStream_t stream) {
+  const bool kernel_mode = mode == SymMode::kKernel;
+  const std::string fallback = kernel_mode ? Sm90SymConfig{}.name() : "lt:0";
+  TuneKey key{"sym", args.m, args.m, args.k, args.batch, dtype_name(args.dtype),
+              std::string(args.beta != 0.0 ? "beta" : "nobeta") + (kernel_mode ? "" : ":dense")};
+  if (auto hit = lookup(key)) {
+    // NOTE: a cached name that does not apply to these operands (alignment) is skipped.
+    bool applies = false;
+    const int lt = parse_lt(hit->config);
+    if (lt >= 0) {
+      applies = lt < gemm_num_algos(dense_of(args), args.beta != 0.0 && args.c != nullptr,
+                                    lt_workspace == nullptr ? 0 : lt_workspace_bytes);
+    } else if (kernel_mode) {
+      Sm90SymConfig c;
+      applies = Sm90SymConfig::parse(hit->config, &c) && sm90_sym_config_rejects(args, c).empty();
+    }
+    if (applies) {
+      report(key, *hit, "cached");
+      sym_product_with(args, hit->config, lt_workspace, lt_workspace_bytes, stream);
+      return;
+    }
+  }
+  if (!enabled() || stream_is_capturing(stream)) {
+    report(key, {fallback, 0.0}, "default");
+    sym_product_with(args, fallback, lt_workspace, lt_workspace_bytes, stream);
+    return;
+  }
+
+  // Reference: cuBLASLt's first algorithm, mirrored, into scratch with D's layout.
+  const size_t bytes = span_bytes(args.batch, args.m, args.ldd, args.stride_d);
+  Scratch scratch(bytes, stream);
+  if (scratch.ptr == nullptr) {
+    report(key, {fallback, 0.0}, "default (no scratch memory to tune)");
+    sym_product_with(args, fallback, lt_workspace, lt_workspace_bytes, stream);
+    return;
+  }
+  SymProductArgs ref_args = args;
+  ref_args.d = scratch.ptr;
+  sym_product_with(ref_args, "lt:0", lt_workspace, lt_workspace_bytes, stream);
+
+  std::vector<std::string> candidates;
+#if defined(DMUON_WITH_SM90_SYM)
+  if (kernel_mode)
+    for (const Sm90SymConfig& c : sm90_sym_configs())
+      if (sm90_sym_config_rejects(args, c).empty()) candidates.push_back(c.name());
+#endif
+  const int num_lt = gemm_num_algos(dense_of(args), args.beta != 0.0 && args.c != nullptr,
+                                    lt_workspace == nullptr ? 0 : lt_workspace_bytes);
+  for (int i = 0; i < num_lt; ++i) candidates.push_back("lt:" + std::to_string(i));
+
+  std::string best;
+  double best_ms = 0.0;
+  for (const std::string& config : candidates) {
+    SymProductArgs run_args = args;
+    if (broken_for_testing(config)) run_args.alpha *= 1.5;
+    auto run = [&] { sym_product_with(run_args, config, lt_workspace, lt_workspace_bytes, stream); };
+    std::string why;
+    try {
+      run();
+      const CompareStats s = compare_16bit(args.dtype, args.d, scratch.ptr, args.batch, args.m, args.m,
+                                           args.ldd, args.stride_d, /*check_symmetric=*/true, stream);
+      if (!passes(s, args.dtype, true, &why)) {
+        report({key.op, key.m, key.n, key.k, key.batch, key.dtype, key.extra + " candidate " + config},
+               {config, 0.0}, ("rejected: " + why).c_str());
+        continue;
+      }
+      const double ms = time_on_stream(run, stream);
+      ++g_measurements;
+      if (best.empty() || ms < best_ms) best = config, best_ms = ms;
+    } catch (const Error& error) {
+      report({key.op, key.m, key.n, key.k, key.batch, key.dtype, key.extra + " candidate " + config},
+             {config, 0.0}, (std::string("rejected: ") + error.what()).c_str());
+    }
+  }
+  DMUON_CHECK(!best.empty(), "autotune: no candidate passed the check for the symmetric product ", key.str());
+  // The winner's result in D (the last candidate run may have been another one).
+  sym_product_with(args, best, lt_workspace, lt_workspace_bytes, stream);
+  record(key, {best, best_ms});
+}
+
+void Autotuner::gemm(const GemmDesc& g, double alpha, const void* a, const void* b, double beta,
+                     const void* c, void* d, void* lt_workspace, size_t lt_workspace_bytes,
+                     cudaStream_t stream) {
+  const bool has_c = c != nullptr && beta != 0.0;
+  TuneKey key{"gemm", g.m, g.n, g.k, g.batch, dtype_name(g.dtype),
+              std::string(has_c ? "beta" : "nobeta") + (g.transpose_b ? ":tb" : "")};
+  auto run_with = [&](int algo, double a_scale, void* out) {
+    cuda::gemm(g, alpha * a_scale, a, b, has_c ? beta : 0.0, has_c ? c : nullptr, out, lt_workspace,
+               lt_workspace_bytes, stream, algo);
+  };
+  const size_t ws_bytes = lt_workspace == nullptr ? 0 : lt_workspace_bytes;
+  if (auto hit = lookup(key)) {
+    const int algo = parse_lt(hit->config);
+    if (algo >= 0 && algo < gemm_num_algos(g, has_c, ws_bytes)) {
+      report(key, *hit, "cached");
+      run_with(algo, 1.0, d);
+      return;
+    }
+  }
+  const int num = gemm_num_algos(g, has_c, ws_bytes);
+  if (!enabled() || stream_is_capturing(stream) || num <= 1) {
+    if (num <= 1 && enabled() && !stream_is_capturing(stream)) {
+      run_with(0, 1.0, d);
+      record(key, {"lt:0", 0.0});
+      return;
+    }
+    report(key, {"lt:0", 0.0}, "default");
+    run_with(0, 1.0, d);
+    return;
+  }
+  Scratch scratch(span_bytes(g.batch, g.m, g.ldd, g.stride_d), stream);
+  if (scratch.ptr == nullptr) {
+    report(key, {"lt:0", 0.0}, "default (no scratch memory to tune)");
+    run_with(0, 1.0, d);
+    return;
+  }
+  run_with(0, 1.0, scratch.ptr);
+  int best = -1;
+  double best_ms = 0.0;
+  for (int algo = 0; algo < num; ++algo) {
+    const std::string name = "lt:" + std::to_string(algo);
+    const double scale = broken_for_testing(name) ? 1.5 : 1.0;
+    std::string why;
+    try {
+      run_with(algo, scale, d);
+      const CompareStats s = compare_16bit(g.dtype, d, scratch.ptr, g.batch, g.m, g.n, g.ldd, g.stride_d,
+                                           /*check_symmetric=*/false, stream);
+      if (!passes(s, g.dtype, false, &why)) continue;
+      const double ms = time_on_stream([&] { run_with(algo, scale, d); }, stream);
+      ++g_measurements;
+      if (best < 0 || ms < best_ms) best = algo, best_ms = ms;
+    } catch (const Error&) {
+      continue;
+    }
+  }
+  DMUON_CHECK(best >= 0, "autotune: no cuBLASLt algorithm passed the check for ", key.str());
+  run_with(best, 1.0, d);
+  record(key, {"lt:" + std::to_string(best), best_ms});
+}
+
+}  // namespace dmuon::ns::cuda

@@ -1,0 +1,68 @@
+// dmuon/ns/cuda/sm90_sym_config.cpp — names, parsing and applicability of the sm_90a
+// symmetric kernel's configurations (host code, built whether or not the kernel is).
+#include <cstdint>
+#include <cstdio>
+#include <sstream>
+
+#include "ns/cuda/sm90_sym_product.h"
+
+namespace dmuon::ns::cuda {
+
+std::string Sm90SymConfig::name() const {
+  std::ostringstream out;
+  out << "sm90:" << (epilogue == Sm90Epilogue::kStaged ? "staged" : "direct") << ":s" << stages
+      << ":c" << num_ctas;
+  return out.str();
+}
+
+bool Sm90SymConfig::parse(const std::string& text, Sm90SymConfig* config) {
+  char epilogue[16] = {0};
+  int stages = 0, ctas = 0;
+  if (std::sscanf(text.c_str(), "sm90:%15[a-z]:s%d:c%d", epilogue, &stages, &ctas) != 3) return false;
+  Sm90SymConfig c;
+  const std::string e(epilogue);
+  if (e != "staged" && e != "direct") return false;
+  c.epilogue = e == "staged" ? Sm90Epilogue::kStaged : Sm90Epilogue::kDirect;
+  c.stages = stages;
+  c.num_ctas = ctas;
+  if (stages < 4 || stages > 6 || ctas < 0) return false;
+  if (c.name() != text) return false;
+  *config = c;
+  return true;
+}
+
+std::vector<Sm90SymConfig> sm90_sym_configs() {
+  std::vector<Sm90SymConfig> configs;
+  for (Sm90Epilogue e : {Sm90Epilogue::kStaged, Sm90Epilogue::kDirect})
+    for (int stages : {4, 5, 6}) {
+      Sm90SymConfig c;
+      c.epilogue = e;
+      c.stages = stages;
+      configs.push_back(c);
+    }
+  return configs;
+}
+
+std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymConfig& config) {
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  std::ostringstream why;
+  if (config.tile != 128 || config.tile_k != 64 || config.stages < 4 || config.stages > 6)
+    why << "configuration " << config.tile << "x" << config.tile << "x" << config.tile_k << ", "
+        << config.stages << " stages is not built (tile 128x128x64, 4-6 stages)";
+  else if (!aligned(args.a) || !aligned(args.b))
+    why << "A and B must be 16-byte aligned";
+  else if (args.lda % 8 || args.ldb % 8 || args.stride_a % 8 || args.stride_b % 8)
+    why << "lda/ldb and batch strides must be multiples of 8, got lda=" << args.lda << " ldb=" << args.ldb
+        << " stride_a=" << args.stride_a << " stride_b=" << args.stride_b;
+  else if (!(args.m >= 1 && args.k >= 1 && args.batch >= 1 && args.m < (1 << 30) && args.k < (1 << 30) &&
+             args.batch < (1 << 30)))
+    why << "invalid shape [" << args.batch << ", " << args.m << ", " << args.k << "]";
+  else if (args.beta != 0.0 && args.c == nullptr)
+    why << "beta != 0 needs C";
+  else if (config.epilogue == Sm90Epilogue::kStaged &&
+           (!aligned(args.d) || args.ldd % 8 || args.stride_d % 8))
+    why << "the staged epilogue needs a 16-byte aligned D with ldd and batch stride multiples of 8";
+  return why.str();
+}
+
+}  // namespace dmuon::ns::cuda

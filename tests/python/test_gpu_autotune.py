@@ -1,0 +1,165 @@
+"""The CUDA backend's autotuner and CUDA graphs on a GPU: every built symmetric-kernel
+configuration against the dense product, a candidate that fails its check never wins,
+the on-disk cache is reused by the next process and a corrupt one is ignored with one
+warning, and graph replays give the eager result."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dmuon._ops import ops
+from ns_helpers import reference, rel, schedule
+
+pytestmark = pytest.mark.gpu
+
+
+def has_cuda_backend() -> bool:
+    return torch.cuda.is_available() and hasattr(ops, "cuda_sym_product_config")
+
+
+def is_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_backend = pytest.mark.skipif(not has_cuda_backend(), reason="this build has no CUDA backend")
+needs_kernel = pytest.mark.skipif(not (has_cuda_backend() and is_sm90() and ops.cuda_sym_configs()),
+                                  reason="the sm_90a kernel needs an sm_90 GPU and a CUTLASS build")
+
+
+def padded(t: torch.Tensor) -> torch.Tensor:
+    """A copy whose row stride is a multiple of 8, the padding NaN (never to be read)."""
+    ld = (t.shape[-1] + 7) // 8 * 8
+    storage = torch.full((*t.shape[:-1], ld), float("nan"), dtype=t.dtype, device=t.device)
+    view = storage[..., : t.shape[-1]]
+    view.copy_(t)
+    return view
+
+
+# ---------------------------------------------------------------- every configuration
+
+CONFIG_SHAPES = [(1, 64, 64), (3, 127, 1001), (2, 257, 129), (1, 8, 8), (64, 40, 72), (1, 520, 1000), (2, 384, 384)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", CONFIG_SHAPES)
+@pytest.mark.parametrize("with_c", [False, True])
+def test_every_sym_config_matches_dense(dtype, shape, with_c):
+    batch, m, k = shape
+    a = padded((torch.randn(batch, m, k, device="cuda") / math.sqrt(k)).to(dtype))
+    c = None
+    alpha, beta = (1.0, 0.0) if not with_c else (0.75, -0.5)
+    if with_c:
+        c0 = torch.randn(batch, m, m, device="cuda")
+        c = padded((c0 + c0.transpose(1, 2)).to(dtype))
+    exact = alpha * a.double() @ a.double().transpose(1, 2) + (beta * c.double() if with_c else 0.0)
+    same = (torch.baddbmm(c, a, a.transpose(1, 2), beta=beta, alpha=alpha) if with_c
+            else a @ a.transpose(1, 2)).double()
+    for config in list(ops.cuda_sym_configs()) + ["lt:0"]:
+        d = ops.cuda_sym_product_config(a, a, c, alpha, beta, config)
+        assert torch.isfinite(d).all(), f"{config}: unwritten (NaN-poisoned) or non-finite output"
+        assert torch.equal(d, d.transpose(1, 2)), f"{config}: not exactly symmetric"
+        assert rel(d, exact) <= 3 * rel(same, exact) + 1e-6, (config, rel(d, exact), rel(same, exact))
+
+
+@needs_kernel
+def test_unknown_config_is_a_clear_error():
+    a = padded(torch.randn(1, 16, 16, device="cuda").half())
+    with pytest.raises(RuntimeError, match="configuration"):
+        ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, "sm90:fancy:s9:c0")
+
+
+# ---------------------------------------------------------------- tuning in child processes
+
+_TUNE_SCRIPT = """
+import sys, torch
+from dmuon import _C
+from dmuon._ops import ops
+c, r = _C.default_schedule("gram", 5)
+flat = [v for t in c for v in t]
+torch.manual_seed(1)
+x = torch.randn(3, 200, 520, device="cuda")
+out = ops.orthogonalize(x, "gram", flat, list(r), 1e-7, "cuda", "float16")
+torch.save(out.cpu(), sys.argv[1])
+print("measurements", ops.cuda_autotune_measurements(x))
+"""
+
+
+def run_child(tmp_path, env_extra: dict, out_name: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, DMUON_AUTOTUNE_CACHE=str(tmp_path / "autotune.txt"), DMUON_PRINT_CONFIGS="1",
+               **env_extra)
+    env.pop("DMUON_AUTOTUNE", None)
+    return subprocess.run([sys.executable, "-c", _TUNE_SCRIPT, str(tmp_path / out_name)], capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+def chosen(stderr: str, op: str) -> list[str]:
+    """The configs printed as chosen ("-> CONFIG (… ms, tuned|cached)") for an op."""
+    picks = []
+    for line in stderr.splitlines():
+        if line.startswith(f"dmuon: config {op} ") and "candidate" not in line and "->" in line:
+            picks.append(line.split("->")[1].split()[0])
+    return picks
+
+
+@needs_kernel
+def test_failing_candidates_never_win_and_the_cache_is_reused(tmp_path):
+    # Every sm90 candidate perturbed (α·1.5): all must be rejected, cuBLASLt must win.
+    broken = run_child(tmp_path, {"DMUON_AUTOTUNE_TEST_BREAK": "sm90"}, "broken.pt")
+    assert broken.returncode == 0, broken.stderr[-3000:]
+    assert "rejected" in broken.stderr
+    picks = chosen(broken.stderr, "sym")
+    assert picks and all(p.startswith("lt:") for p in picks), picks
+    # A fresh cache, no perturbation: a second process reuses the first one's results.
+    (tmp_path / "autotune.txt").unlink()
+    first = run_child(tmp_path, {}, "first.pt")
+    second = run_child(tmp_path, {}, "second.pt")
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr[-2000:], second.stderr[-2000:])
+    assert "measurements 0" not in first.stdout
+    assert "measurements 0" in second.stdout, second.stdout
+    assert "cached" in second.stderr and "tuned" not in second.stderr
+    # NOTE: the same configurations in both processes (bitwise equal unless a cuBLASLt
+    # algorithm reduces split-K partials with atomics).
+    assert rel(torch.load(tmp_path / "first.pt"), torch.load(tmp_path / "second.pt")) <= 1e-3
+    text = (tmp_path / "autotune.txt").read_text()
+    assert text.startswith("dmuon-autotune 1\n") and "\nend\t" in text
+
+
+@needs_backend
+def test_corrupt_cache_is_ignored_with_one_warning_and_rebuilt(tmp_path):
+    (tmp_path / "autotune.txt").write_text("dmuon-autotune 1\nenv\tgarbage\nentry\tsym\t1\n")
+    result = run_child(tmp_path, {}, "out.pt")
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if "ignoring the autotune cache" in line]
+    assert len(warnings) == 1, result.stderr[-3000:]
+    assert (tmp_path / "autotune.txt").read_text().startswith("dmuon-autotune 1\nenv\tgpu ")
+
+
+# ---------------------------------------------------------------- graphs
+
+
+@needs_backend
+@pytest.mark.parametrize("algorithm", ["gram", "standard"])
+def test_graph_replays_match_the_eager_run(algorithm):
+    coefficients, restarts = schedule(algorithm)
+    dtype = "float16" if algorithm == "gram" else "bfloat16"
+    x = torch.randn(5, 136, 400, device="cuda")
+    before = ops.cuda_graph_stats(x)
+    eager = ops.orthogonalize(x, algorithm, coefficients, restarts, 1e-7, "cuda", dtype)  # tunes
+    captured = ops.orthogonalize(x, algorithm, coefficients, restarts, 1e-7, "cuda", dtype)  # captures
+    replayed = ops.orthogonalize(x, algorithm, coefficients, restarts, 1e-7, "cuda", dtype)  # replays
+    after = ops.cuda_graph_stats(x)
+    assert after[1] >= before[1] + 1 and after[2] >= before[2] + 2, (before, after)
+    assert rel(captured, eager) <= 1e-3 and rel(replayed, eager) <= 1e-3
+    # New inputs through the same graph.
+    y = torch.randn(5, 136, 400, device="cuda")
+    out = ops.orthogonalize(y, algorithm, coefficients, restarts, 1e-7, "cuda", dtype)
+    expected = reference(y, algorithm)
+    half = torch.float16 if algorithm == "gram" else torch.bfloat16
+    assert rel(out, expected) <= 3 * rel(reference(y, algorithm, half), expected) + 1e-3
