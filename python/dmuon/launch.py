@@ -64,13 +64,41 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def resolve_world(world: str | int, device: str, *, argument: str = "--world") -> int:
+    """A world size from a command line: "auto" is every local GPU on CUDA (2 processes on
+    the CPU); a number must be >= 1 and, on CUDA, at most the number of GPUs."""
+    import torch
+
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    num_gpus = torch.cuda.device_count() if device == "cuda" else 0
+    if world == "auto":
+        if device == "cpu":
+            return 2
+        if num_gpus < 1:
+            raise ValueError(f"{argument} auto: no CUDA GPU is visible")
+        return num_gpus
+    try:
+        value = int(world)
+    except (TypeError, ValueError):
+        raise ValueError(f"{argument} must be 'auto' or a positive integer, got {world!r}") from None
+    if value < 1:
+        raise ValueError(f"{argument} must be >= 1, got {value}")
+    if device == "cuda" and value > num_gpus:
+        raise ValueError(f"{argument} {value} needs {value} GPUs (one per rank over NCCL), found {num_gpus}")
+    return value
+
+
 def launch(fn: Callable, world: int, *args: Any, backend: str | None = None, timeout_s: float = 600.0,
            collective_timeout_s: float = 120.0, return_errors: bool = False) -> dict[int, Any]:
     """fn(rank, world, *args) on `world` processes; {rank: result}. With return_errors,
-    failed ranks map to their traceback text instead of raising RankFailed."""
+    failed ranks map to their traceback text instead of raising RankFailed.
+    backend "gloo": CPU processes; "nccl": rank r drives GPU r (torch.cuda.set_device(r))."""
     if world < 1:
         raise ValueError(f"world must be >= 1, got {world}")
     backend = backend or default_backend()
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if backend == "nccl":
         import torch
 

@@ -1,8 +1,14 @@
-"""Worker functions for the distributed tests (run in spawned processes by dist_harness)."""
+"""Worker functions for the distributed tests (run in spawned processes by dist_harness).
+
+Device-aware: under Gloo they compute on the CPU (tests/python/test_distributed.py), under
+NCCL on this rank's GPU (tests/python/test_multigpu.py), with the same code and checks.
+The single-process reference is DMuon on a process group of this rank alone, so it never
+communicates, whatever the default group is."""
 
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,28 +23,64 @@ import dmuon
 SHAPES = [(16, 24), (5, 7), (1, 64), (3, 300), (2, 9), (7, 5), (5, 6, 8), (6, 3, 2, 2)]
 
 
-def _global_tensors(seed: int, shapes=SHAPES) -> list[torch.Tensor]:
+def _device() -> torch.device:
+    """This rank's GPU under NCCL (one process per GPU), else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _exact_options() -> dict:
+    """DMuon options that keep the distributed step bit-comparable to one process.
+    NOTE: on GPUs the wire defaults to bfloat16, which rounds what is exchanged; float32
+    on the wire carries the fp32 momentum and updates exactly, so the CPU suite's 1e-5
+    tolerance still holds there (every shape in SHAPES is distinct, so each Newton–Schulz
+    call sees one parameter, as in the single process). test_multigpu checks the bfloat16
+    wire separately (production_precision_matches_single_process)."""
+    return {"wire_dtype": "float32"} if _device().type == "cuda" else {}
+
+
+_OWN_GROUPS: list = []
+
+
+def _own_group():
+    """A process group holding only this rank (created once, collectively, by all ranks)."""
+    if not _OWN_GROUPS:
+        world = dist.get_world_size()
+        # NOTE: Gloo groups: the reference never communicates, so no NCCL communicator is needed.
+        _OWN_GROUPS.extend(dist.new_group([r], backend="gloo") for r in range(world))
+    return _OWN_GROUPS[dist.get_rank()]
+
+
+def _single_process_dmuon(params, **options):
+    """The single-process reference: DMuon on a one-rank group (no exchange, no plan sharing)."""
+    return dmuon.DMuon(params, process_group=_own_group(), **options)
+
+
+def _global_tensors(seed: int, shapes=SHAPES, device: torch.device | None = None) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(*s, generator=gen) / s[-1] ** 0.5 for s in shapes]
+    return [(torch.randn(*s, generator=gen) / s[-1] ** 0.5).to(device or _device()) for s in shapes]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach(), b.detach()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def sharded_and_replicated_match_single_process(rank: int, world: int, algorithm: str, num_steps: int = 3,
                                                 hsdp: bool = False) -> dict:
     """Owner mode (sharded and replicated) and gather mode against single-process DMuon."""
-    options = dict(lr=0.02, weight_decay=0.1, ns_algorithm=algorithm, bucket_size_mb=0.001)
+    options = dict(lr=0.02, weight_decay=0.1, ns_algorithm=algorithm, bucket_size_mb=0.001, **_exact_options())
     initial = _global_tensors(0)
     single = [nn.Parameter(t.clone()) for t in initial]
-    single_opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(single)], **options)
+    single_opt = _single_process_dmuon([(f"w{i}", p) for i, p in enumerate(single)], **options)
 
+    device_type = _device().type
     if hsdp:
-        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+        mesh = init_device_mesh(device_type, (2, world // 2), mesh_dim_names=("replicate", "shard"))
         placements = [Replicate(), Shard(0)]
     else:
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(device_type, (world,))
         placements = [Shard(0)]
     sharded = [nn.Parameter(distribute_tensor(t.clone(), mesh, placements)) for t in initial]
     sharded_opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(sharded)], **options)
@@ -74,7 +116,9 @@ def sharded_and_replicated_match_single_process(rank: int, world: int, algorithm
 def mismatched_parameters(rank: int, world: int) -> str:
     """Rank 1 builds a different parameter list: every rank must raise (not hang)."""
     shape = (4, 6) if rank != 1 else (4, 7)
-    params = [("embed", nn.Parameter(torch.randn(10, 3))), ("proj", nn.Parameter(torch.randn(*shape)))]
+    device = _device()
+    params = [("embed", nn.Parameter(torch.randn(10, 3, device=device))),
+              ("proj", nn.Parameter(torch.randn(*shape, device=device)))]
     try:
         dmuon.DMuon(params, process_group=dist.group.WORLD)
     except ValueError as error:
@@ -108,7 +152,7 @@ class TinyTransformer(nn.Module):
 
 def _batches(step: int, world: int, per_rank: int = 2, seq: int = 6) -> torch.Tensor:
     gen = torch.Generator().manual_seed(1000 + step)
-    return torch.randint(0, 32, (world * per_rank, seq), generator=gen)
+    return torch.randint(0, 32, (world * per_rank, seq), generator=gen).to(_device())
 
 
 def _loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -120,16 +164,22 @@ def wrapped_training_matches_single_process(rank: int, world: int, wrapper: str,
     """FSDP2 fully_shard or DDP training vs single-process DMuon on the whole batch.
     NOTE: FSDP2 on Gloo was reported to sum gradients instead of averaging them; with
     torch 2.11 its gradients are means (measured), so no correction is applied and this
-    comparison would catch a regression."""
+    comparison would catch a regression.
+    Returns per parameter the error relative to the reference parameter ("errors") and
+    relative to the reference's total change ("update_errors", used on GPUs, where
+    Newton–Schulz iterates in float16: the gradients of a split batch differ from the whole
+    batch's in the last bits, and float16 rounding turns that into ~1e-4 of the update)."""
     torch.manual_seed(0)
-    reference = TinyTransformer()
+    device = _device()
+    reference = TinyTransformer().to(device)
     model = copy.deepcopy(reference)
-    options = dict(lr=0.01, weight_decay=0.05)
-    ref_opt = dmuon.DMuon(reference, **options)
+    initial = [p.detach().clone() for p in reference.parameters()]
+    options = dict(lr=0.01, weight_decay=0.05, **_exact_options())
+    ref_opt = _single_process_dmuon(reference, **options)
     if wrapper == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(device.type, (world,))
         for layer in (model.qkv, model.proj, model.up, model.down):
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -149,11 +199,12 @@ def wrapped_training_matches_single_process(rank: int, world: int, wrapper: str,
         _loss(wrapped, tokens[rank * per_rank:(rank + 1) * per_rank]).backward()
         opt.step()
 
-    errors = {}
-    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+    errors, update_errors = {}, {}
+    for (name, p), q, q0 in zip(model.named_parameters(), reference.parameters(), initial):
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
         errors[name] = _rel(full.detach(), q.detach())
-    return {"errors": errors, "owners": opt.runtime.owners}
+        update_errors[name] = _rel(full.detach() - q0, q.detach() - q0)
+    return {"errors": errors, "update_errors": update_errors, "owners": opt.runtime.owners}
 
 
 def profiled_costs_give_one_plan(rank: int, world: int) -> dict:
@@ -161,12 +212,14 @@ def profiled_costs_give_one_plan(rank: int, world: int) -> dict:
     import tempfile
 
     initial = _global_tensors(0)
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(_device().type, (world,))
     params = [nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)])) for t in initial]
     single = [nn.Parameter(t.clone()) for t in initial]
     cache = tempfile.mkdtemp() + "/costs.txt" if rank == 0 else None
-    opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(params)], lr=0.02, cost_model="profile", cost_cache=cache)
-    single_opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(single)], lr=0.02, cost_model="analytic")
+    opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(params)], lr=0.02, cost_model="profile", cost_cache=cache,
+                      **_exact_options())
+    single_opt = _single_process_dmuon([(f"w{i}", p) for i, p in enumerate(single)], lr=0.02, cost_model="analytic",
+                                       **_exact_options())
     grads = _global_tensors(7)
     for p, q, g in zip(params, single, grads):
         p.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
@@ -181,7 +234,7 @@ def nonfinite_on_one_rank(rank: int, world: int, policy: str) -> dict:
     """NaN in one rank's shard of a matrix and Inf in a 3-D expert stack: every rank must
     raise (naming the parameter and step) or skip the step, changing nothing."""
     initial = _global_tensors(0)
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(_device().type, (world,))
     params = [nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)])) for t in initial]
     opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(params)], lr=0.02, nonfinite=policy)
     for step in range(2):
@@ -230,3 +283,77 @@ def a_rank_dies_mid_training(rank: int, world: int, how: str = "exit") -> str:
                                         run_check=False, shape=g.shape, stride=g.stride())
         opt.step()
     return "no error"
+
+
+def production_precision_matches_single_process(rank: int, world: int, num_steps: int = 3) -> dict:
+    """Default options (on GPUs: bfloat16 on the wire, Newton–Schulz in float16): each step's
+    update of owner mode (sharded), gather mode and replicated owner mode, per parameter,
+    relative to the single-process update on this device. Also what gather mode sent: with
+    every matrix sharded, each rank sends its rows of every matrix to the world − 1 others."""
+    options = dict(lr=0.02, weight_decay=0.0, bucket_size_mb=0.001)
+    initial = _global_tensors(0)
+    mesh = init_device_mesh(_device().type, (world,))
+    single = [nn.Parameter(t.clone()) for t in initial]
+    runs = {"single": (single, _single_process_dmuon([(f"w{i}", p) for i, p in enumerate(single)], **options))}
+    for name, mode, sharded in (("sharded", "owner", True), ("gather", "gather", True), ("replicated", "owner", False)):
+        params = [nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)]) if sharded else t.clone())
+                  for t in initial]
+        runs[name] = (params, dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(params)], mode=mode, **options))
+
+    def full(p: torch.Tensor) -> torch.Tensor:
+        return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+
+    errors = {name: [0.0] * len(initial) for name in runs if name != "single"}
+    for step in range(num_steps):
+        grads = _global_tensors(200 + step)
+        before = {name: [full(p) for p in params] for name, (params, _) in runs.items()}
+        for name, (params, opt) in runs.items():
+            for p, g in zip(params, grads):
+                p.grad = distribute_tensor(g.clone(), mesh, [Shard(0)]) if hasattr(p, "full_tensor") else g.clone()
+            opt.step()
+        single_updates = [full(p) - b for p, b in zip(single, before["single"])]
+        for name in errors:
+            for i, (p, b) in enumerate(zip(runs[name][0], before[name])):
+                errors[name][i] = max(errors[name][i], _rel(full(p) - b, single_updates[i]))
+    gather_stats = runs["gather"][1].runtime.last_stats
+    return {"errors": errors, "finite": all(torch.isfinite(full(p)).all().item() for ps, _ in runs.values() for p in ps),
+            "gather_bytes_sent": gather_stats.bytes_sent,
+            "local_numels": [p.to_local().numel() for p in runs["gather"][0]],
+            "wire_element_size": 2 if _device().type == "cuda" else 4}
+
+
+# The distributed checks of the CPU suite, in one process group (one launch per world size).
+# NOTE: scenario names are what test_multigpu asserts on; each returns the worker's result
+# or {"error": traceback}. A scenario that fails on some ranks only can leave the others in
+# a collective: the launcher's deadline and the collective timeout end the run then.
+def nccl_scenarios(world: int) -> list[tuple[str, Any, tuple]]:
+    scenarios = [
+        ("sharded-gram", sharded_and_replicated_match_single_process, ("gram",)),
+        ("sharded-standard", sharded_and_replicated_match_single_process, ("standard",)),
+        ("fsdp2", wrapped_training_matches_single_process, ("fsdp2",)),
+        ("ddp", wrapped_training_matches_single_process, ("ddp",)),
+        ("profiled-plan", profiled_costs_give_one_plan, ()),
+        ("nonfinite-raise", nonfinite_on_one_rank, ("raise",)),
+        ("nonfinite-skip", nonfinite_on_one_rank, ("skip",)),
+        ("mismatched", mismatched_parameters, ()),
+        ("production", production_precision_matches_single_process, ()),
+    ]
+    if world >= 4 and world % 2 == 0:
+        scenarios.insert(2, ("hsdp", sharded_and_replicated_match_single_process, ("gram", 2, True)))
+    return scenarios
+
+
+def all_scenarios(rank: int, world: int) -> dict:
+    """Every scenario of nccl_scenarios(world) in turn, in this process group."""
+    import sys
+    import traceback
+
+    results = {}
+    for name, fn, args in nccl_scenarios(world):
+        try:
+            results[name] = fn(rank, world, *args)
+        except Exception:  # noqa: BLE001 - reported per scenario, the others still run
+            text = traceback.format_exc()
+            print(f"rank {rank}: scenario {name} failed:\n{text}", file=sys.stderr, flush=True)
+            results[name] = {"error": text}
+    return results
