@@ -178,9 +178,24 @@ std::string graph_key(const ns::Schedule& schedule, at::ScalarType dtype, bool u
   return key.str();
 }
 
+// A private non-blocking stream per device to capture on.
+// NOTE: the caller's stream may be the legacy default stream, which cannot capture
+// (cudaErrorStreamCaptureUnsupported: every graph test failed so on the H200, 2026-11-29);
+// capturing runs nothing, so the graph is recorded on this stream and launched on the
+// caller's, in the caller's stream order.
+cudaStream_t capture_stream(int device) {
+  static std::mutex mutex;
+  static std::map<int, cudaStream_t> streams;
+  std::lock_guard<std::mutex> lock(mutex);
+  cudaStream_t& s = streams[device];
+  if (s == nullptr) DMUON_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
 // Capture the iteration into entry.exec; false (and the stream left usable) on failure.
 bool capture(GraphEntry& entry, const ns::Schedule& schedule, ns::cuda::DType dtype, ns::cuda::SymMode mode,
-             int64_t num, int64_t rows, int64_t cols, cudaStream_t stream) {
+             int64_t num, int64_t rows, int64_t cols, int device) {
+  cudaStream_t stream = capture_stream(device);
   if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
     cudaGetLastError();
     return false;
@@ -259,7 +274,7 @@ at::Tensor orthogonalize_cuda(const at::Tensor& batch, const ns::Schedule& sched
   }
   ns::cuda::orthogonalize_prepare(schedule, half, input.data_ptr<float>(), num, rows, cols, ws, bytes, stream);
   if (entry.exec == nullptr) {
-    if (!capture(entry, schedule, half, mode, num, rows, cols, stream)) {
+    if (!capture(entry, schedule, half, mode, num, rows, cols, input.get_device())) {
       entry.capture_failed = true;
       TORCH_WARN_ONCE("dmuon: CUDA-graph capture of the Newton–Schulz iteration failed; running it eagerly");
       void* result = ns::cuda::orthogonalize_iterate(schedule, half, mode, num, rows, cols, ws, bytes, stream);

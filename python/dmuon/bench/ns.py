@@ -164,6 +164,24 @@ def sym_kernel_table(args, ops, kernel_ok: bool) -> None:
     _free()
 
 
+def profile_step(step, warmup: int) -> None:
+    """Where one warm DMuon.step spends its time: the top CUDA kernels and the host wall."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    cuda_total = sum(e.self_device_time_total for e in events) / 1e3
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
+                                                         "cudaGraphLaunch", "cublasLtMatmul"))
+    print(f"  profile of one step: {cuda_total:.2f} ms of device time, {launches} launches; top kernels:")
+    print(events.table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=60))
+
+
 def run(args) -> None:
     import dmuon  # noqa: F401
     from dmuon._ops import _C, ops
@@ -242,6 +260,9 @@ def run(args) -> None:
         for bucket_mb in args.bucket_mb:
             measure(f"dmuon.DMuon.step (bucket {bucket_mb:g} MiB)", dmuon_step(bucket_mb), executed_dmuon,
                     warm=warmup)
+        if args.profile:
+            profile_step(dmuon_step(args.bucket_mb[-1])(), warmup)
+            _free()
         measure("torch.optim.Muon", torch_muon_step, ns_eq)
         measure("plain batched PyTorch NS (bf16)", plain_step, ns_eq)
         measure("torch AdamW (fused)", adamw_step, 0.0)
@@ -286,6 +307,8 @@ def register(subparsers) -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--bucket-mb", type=float, nargs="+", default=[64.0],
                         help="DMuon bucket_size_mb values to time (0: one bucket)")
+    parser.add_argument("--profile", action="store_true",
+                        help="print a torch.profiler summary of one DMuon.step (last bucket size)")
     parser.add_argument("--ns-only", action="store_true",
                         help="also time the orthogonalize op alone per backend (cuda, cuda_dense)")
     parser.add_argument("--sym-shapes", nargs="*", default=["3584x18944", "4096x14336", "896x4864"],
