@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "plan/layer_spread.h"
 #include "plan/planner.h"
 
 namespace py = pybind11;
@@ -164,6 +165,31 @@ void register_plan_bindings(py::module_& m) {
       py::arg("problem"), py::arg("solver") = "milp", py::arg("milp_options") = MilpOptions{},
       "solver: 'round_robin' | 'lpt' | 'milp'");
   p.def("deserialize_plan", &deserialize_plan, py::arg("problem"), py::arg("text"));
+
+  // Layer spreading (weight-ownership mode): same loads, one layer's matrices on different owners.
+  py::class_<LayerSpreadStats>(p, "LayerSpreadStats")
+      .def_readonly("num_layers", &LayerSpreadStats::num_layers)
+      .def_readonly("worst_layer", &LayerSpreadStats::worst_layer)
+      .def_readonly("max_matrices_per_owner", &LayerSpreadStats::max_matrices_per_owner)
+      .def_readonly("max_collisions", &LayerSpreadStats::max_collisions)
+      .def_readonly("total_collisions", &LayerSpreadStats::total_collisions)
+      .def_readonly("max_bytes_per_owner", &LayerSpreadStats::max_bytes_per_owner)
+      .def_readonly("matrices_bound", &LayerSpreadStats::matrices_bound)
+      .def_readonly("collisions_bound", &LayerSpreadStats::collisions_bound)
+      .def_readonly("bytes_bound", &LayerSpreadStats::bytes_bound)
+      .def_readonly("matrices_bound_for_counts", &LayerSpreadStats::matrices_bound_for_counts)
+      .def_readonly("bytes_bound_for_counts", &LayerSpreadStats::bytes_bound_for_counts);
+  p.def(
+      "spread_layers",
+      [](const Problem& problem, const std::vector<int>& layer_of, Plan plan) {
+        py::gil_scoped_release release;
+        spread_layers(problem, layer_of, plan);
+        return plan;
+      },
+      py::arg("problem"), py::arg("layer_of"), py::arg("plan"),
+      "a copy of plan with each layer's matrices spread over owners (layer_of[i]: layer id, -1: none); "
+      "loads, batch sizes and makespan unchanged");
+  p.def("layer_spread_stats", &layer_spread_stats, py::arg("problem"), py::arg("layer_of"), py::arg("plan"));
   p.def("milp_available", &milp_available);
   py::class_<PlanCache>(p, "PlanCache")
       .def(py::init<std::string>(), py::arg("directory") = "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -193,3 +194,76 @@ def test_profiled_costs_are_cached_on_disk(tmp_path, capsys):
     # Same cached costs → same problem hash and plans.
     assert second["problem_hash"] == first["problem_hash"]
     assert second["plans"]["lpt"]["load_s"] == first["plans"]["lpt"]["load_s"]
+
+
+# ---- Layer spreading (weight-ownership mode) --------------------------------------------
+
+
+def test_layer_index_from_names():
+    from dmuon.plan import layer_ids, layer_index
+
+    assert layer_index("model.layers.12.self_attn.q_proj.weight") == 12
+    assert layer_index("layers.3.mlp.experts.5.up_proj") == 3  # the block, not the expert
+    assert layer_index("transformer.h.7.attn.c_attn.weight") == 7
+    assert layer_index("encoder.layer.2.attention.self.query.weight") == 2
+    assert layer_ids(["lm_head.weight", "block0.w", "w[3]", "blocks.4.fc1.weight"]) == [-1, -1, -1, 4]
+
+
+def test_cli_reports_layer_spreading(capsys):
+    # Llama-3.1-8B at D = 8 from LPT: 4 matrices of one layer on one owner before, all 7 of
+    # every layer on distinct owners after; publish bytes per owner down to one gate_proj.
+    report = _plan_json(capsys, "--model", "llama-3.1-8b", "--world", "8", "--solvers", "lpt,milp")
+    gate_bytes = 14336 * 4096 * 2
+    lpt = report["plans"]["lpt"]["layer_spread"]
+    assert lpt["before"]["num_layers"] == lpt["after"]["num_layers"] == 32
+    assert lpt["before"]["max_matrices_per_owner"] == 4
+    assert lpt["after"]["max_matrices_per_owner"] == lpt["after"]["matrices_bound"] == 1
+    assert lpt["after"]["total_collisions"] == 0
+    assert lpt["after"]["max_bytes_per_owner"] == lpt["after"]["bytes_bound"] == gate_bytes
+    for plan in report["plans"].values():
+        before, after = plan["layer_spread"]["before"], plan["layer_spread"]["after"]
+        assert after["max_bytes_per_owner"] <= before["max_bytes_per_owner"]
+        assert after["max_bytes_per_owner"] >= after["bytes_bound_for_counts"] >= after["bytes_bound"]
+        assert after["max_matrices_per_owner"] >= after["matrices_bound_for_counts"] >= after["matrices_bound"]
+
+
+def test_cli_text_shows_spreading_and_spread_owners(capsys):
+    assert main(["plan", "--model", "llama-3.1-8b", "--world", "8", "--solvers", "lpt", "--per-rank", "--spread"]) == 0
+    out = capsys.readouterr().out
+    assert "layer spreading (32 layers" in out and "publish_MB/owner" in out
+    assert "4->1 [1/1]" in out  # matrices of the worst layer on one owner: before -> after [bounds]
+    assert "lpt: per rank (after layer spreading)" in out
+    # --per-rank --spread lists the spread owners: no rank holds two matrices of one layer.
+    for line in out.splitlines():
+        if line.strip().startswith("rank "):
+            layers = re.findall(r"layers\.(\d+)\.", line)
+            assert len(layers) == len(set(layers)), line
+
+
+def test_cli_without_layer_names(tmp_path, capsys):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({"name": "tiny", "matrices": [{"name": "block{i}.w", "rows": 64, "cols": 256, "count": 4}]}))
+    assert main(["plan", "--manifest", str(path), "--world", "2", "--solvers", "lpt"]) == 0
+    assert "no layer ids in the matrix names" in capsys.readouterr().out
+
+
+def test_python_api_spread_layers_keeps_loads_and_round_trips():
+    from dmuon.plan import deserialize, layer_spread_stats, spread_layers
+
+    # Layer by layer: plans deal units to ranks in input order, so whole layers share a rank.
+    names = [f"model.layers.{l}.{kind}.weight" for l in range(6) for kind in ("q", "k", "v", "o")]
+    problem = make_problem([(n, 256, 256, 1) for n in names], world_size=4)
+    plan = solve(problem, "lpt")
+    spread = spread_layers(problem, plan)
+    assert [r.load_seconds for r in spread.ranks] == [r.load_seconds for r in plan.ranks]
+    assert spread.makespan == plan.makespan
+    assert layer_spread_stats(problem, plan).max_matrices_per_owner == 4
+    stats = layer_spread_stats(problem, spread)
+    assert stats.max_matrices_per_owner == 1 and stats.total_collisions == 0 and stats.num_layers == 6
+    for layer in range(6):  # every layer's 4 matrices on 4 owners
+        assert len({spread.owner[i] for i, n in enumerate(names) if f".{layer}." in n}) == 4
+    assert list(deserialize(problem, spread.serialize()).owner) == list(spread.owner)
+    # Explicit layer ids: all -1 leaves the plan as it was; a wrong length names the argument.
+    assert list(spread_layers(problem, plan, [-1] * len(names)).owner) == list(plan.owner)
+    with pytest.raises(RuntimeError, match="layer_of has 3 entries"):
+        spread_layers(problem, plan, [0, 1, 2])

@@ -10,18 +10,33 @@ Runtime use::
     plan = solve(problem, "milp")          # plan.owner[i], plan.ranks[r].batches
     text = plan.serialize()                 # broadcast from rank 0; others call
     plan = deserialize(problem, text)       # (checks the inputs' hash)
+
+Weight-ownership mode: ``spread_layers(problem, plan)`` moves same-shape matrices between
+owners so one layer's matrices are published by different ranks (loads unchanged).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from dmuon.plan.manifest import Manifest, Matrix, load_manifest, load_model, manifest_from_config, shipped_models
+from dmuon.plan.manifest import (
+    Manifest,
+    Matrix,
+    layer_ids,
+    layer_index,
+    load_manifest,
+    load_model,
+    manifest_from_config,
+    shipped_models,
+)
 
 __all__ = [
     "Manifest",
     "Matrix",
     "deserialize",
+    "layer_ids",
+    "layer_index",
+    "layer_spread_stats",
     "load_manifest",
     "load_model",
     "make_problem",
@@ -29,6 +44,7 @@ __all__ = [
     "native",
     "shipped_models",
     "solve",
+    "spread_layers",
 ]
 
 
@@ -83,3 +99,18 @@ def solve(problem, solver: str = "milp", *, time_limit_s: float | None = None, m
 def deserialize(problem, text: str):
     """Rebuilds a broadcast plan for ``problem``; raises if it was made for other inputs."""
     return native().deserialize_plan(problem, text)
+
+
+def spread_layers(problem, plan, layer_of: list[int] | None = None):
+    """A copy of ``plan`` whose same-shape matrices are reassigned so that one layer's matrices
+    land on different owners (per-rank counts, batches, loads and makespan unchanged).
+    ``layer_of``: a layer id per matrix (-1: none); default parsed from the matrix names."""
+    layers = layer_ids(m.name for m in problem.matrices) if layer_of is None else list(layer_of)
+    return native().spread_layers(problem, layers, plan)
+
+
+def layer_spread_stats(problem, plan, layer_of: list[int] | None = None):
+    """How well ``plan`` spreads layers over owners (``LayerSpreadStats``); ``layer_of`` as in
+    ``spread_layers``."""
+    layers = layer_ids(m.name for m in problem.matrices) if layer_of is None else list(layer_of)
+    return native().layer_spread_stats(problem, layers, plan)

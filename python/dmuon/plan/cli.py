@@ -1,4 +1,5 @@
-"""`python -m dmuon plan`: compare the round-robin, LPT and MILP owner plans of a model."""
+"""`python -m dmuon plan`: compare the round-robin, LPT and MILP owner plans of a model, and how
+well each spreads a layer's matrices over owners before and after layer spreading."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def register(subparsers) -> None:
     parser.add_argument("--world", type=int, required=True, help="number of ranks D")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--per-rank", action="store_true", help="show each rank's matrices")
+    parser.add_argument("--spread", action="store_true",
+                        help="with --per-rank: show the plans after layer spreading (weight-ownership mode)")
     parser.add_argument("--plot", metavar="FILE", help="draw every rank's load per solver (PNG)")
     parser.add_argument("--solvers", default=",".join(_SOLVERS), help="comma-separated subset of the solvers")
     parser.add_argument("--bandwidth-gbps", type=float, default=50.0, help="GB/s an owner receives at")
@@ -45,7 +48,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dmuon.plan import make_problem, native
+    from dmuon.plan import layer_ids, make_problem, native
 
     try:
         solvers = [s.strip() for s in args.solvers.split(",") if s.strip()]
@@ -84,11 +87,13 @@ def run(args: argparse.Namespace) -> int:
             max_nodes=env.max_nodes if args.max_nodes is None else args.max_nodes,
         )
         plans = {name: plan.solve(problem, name, milp_options) for name in solvers}
+        layer_of = layer_ids(m.name for m in manifest.matrices)
+        spread = {name: plan.spread_layers(problem, layer_of, p) for name, p in plans.items()}
     except (ValueError, OSError, RuntimeError) as error:
         print(f"python -m dmuon plan: error: {error}", file=sys.stderr)
         return 2
 
-    report = _report(manifest, problem, cost_info, args, plans)
+    report = _report(manifest, problem, cost_info, args, plans, spread, layer_of)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -115,7 +120,30 @@ def _measured_cost(manifest, args):
     return table, {"kind": "measured", "device": device, "num_points": len(table)}
 
 
-def _report(manifest, problem, cost_info, args, plans) -> dict:
+def _spread_stats(problem, layer_of, plan) -> dict:
+    """Layer spreading figures of one plan (see LayerSpreadStats)."""
+    from dmuon.plan import native
+
+    stats = native().layer_spread_stats(problem, layer_of, plan)
+    return {
+        key: getattr(stats, key)
+        for key in (
+            "num_layers",
+            "worst_layer",
+            "max_matrices_per_owner",
+            "max_collisions",
+            "total_collisions",
+            "max_bytes_per_owner",
+            "matrices_bound",
+            "collisions_bound",
+            "bytes_bound",
+            "matrices_bound_for_counts",
+            "bytes_bound_for_counts",
+        )
+    }
+
+
+def _report(manifest, problem, cost_info, args, plans, spread, layer_of) -> dict:
     """Everything the table, the JSON and the plot show."""
     shapes = problem.shapes
     out = {
@@ -127,6 +155,7 @@ def _report(manifest, problem, cost_info, args, plans) -> dict:
         "cost_model": cost_info,
         "bandwidth_bytes_per_s": problem.options.bandwidth_bytes_per_s,
         "memory_cap_bytes": problem.options.memory_cap_bytes,
+        "spread": args.spread,
         "plans": {},
     }
     for name, p in plans.items():
@@ -142,7 +171,13 @@ def _report(manifest, problem, cost_info, args, plans) -> dict:
             "load_s": [r.load_seconds for r in p.ranks],
             "compute_s": [r.compute_seconds for r in p.ranks],
             "recv_bytes": [r.recv_bytes for r in p.ranks],
+            "layer_spread": {
+                "before": _spread_stats(problem, layer_of, p),
+                "after": _spread_stats(problem, layer_of, spread[name]),
+            },
         }
+        if args.spread:
+            p = spread[name]
         if args.per_rank:
             entry["ranks"] = [
                 {
@@ -187,14 +222,36 @@ def _print_table(report: dict, per_rank: bool) -> None:
             f"{p['imbalance']:>9.3f} {min(recv) / 1e6:>8.1f}/{max(recv) / 1e6:<8.1f} "
             f"{p['solve_s'] * 1e3:>9.1f} {_bound(p):>12}  {p['status']}"
         )
+    _print_spread(report)
     if not per_rank:
         return
     for name, p in report["plans"].items():
-        print(f"\n{name}: per rank")
+        print(f"\n{name}: per rank{' (after layer spreading)' if report['spread'] else ''}")
         for rank in p["ranks"]:
             parts = [f"{b['shape']}x{b['num_matrices']}[{', '.join(b['matrices'])}]" for b in rank["batches"]]
             print(f"  rank {rank['rank']:>3} {rank['load_s'] * 1e3:9.4f} ms {rank['recv_bytes'] / 1e6:9.1f} MB  "
                   f"{'; '.join(parts) or '(nothing)'}")
+
+
+def _print_spread(report: dict) -> None:
+    """The worst layer's owners before → after layer spreading, per solver, with bounds."""
+    plans = report["plans"]
+    num_layers = next(iter(plans.values()))["layer_spread"]["before"]["num_layers"]
+    if num_layers == 0:
+        print("\nlayer spreading: no layer ids in the matrix names (e.g. 'model.layers.12.…')")
+        return
+    print(f"\nlayer spreading ({num_layers} layers; worst layer, before -> after, [bound / bound with "
+          f"the plan's counts]; same loads)")
+    print(f"{'solver':<12} {'matrices/owner':>18} {'collisions':>12} {'all_collisions':>15} {'publish_MB/owner':>26}")
+    for name, p in plans.items():
+        b, a = p["layer_spread"]["before"], p["layer_spread"]["after"]
+        matrices = f"{b['max_matrices_per_owner']}->{a['max_matrices_per_owner']} " \
+                   f"[{a['matrices_bound']}/{a['matrices_bound_for_counts']}]"
+        collisions = f"{b['max_collisions']}->{a['max_collisions']} [{a['collisions_bound']}]"
+        total = f"{b['total_collisions']}->{a['total_collisions']}"
+        publish = f"{b['max_bytes_per_owner'] / 1e6:.1f}->{a['max_bytes_per_owner'] / 1e6:.1f} " \
+                  f"[{a['bytes_bound'] / 1e6:.1f}/{a['bytes_bound_for_counts'] / 1e6:.1f}]"
+        print(f"{name:<12} {matrices:>18} {collisions:>12} {total:>15} {publish:>26}")
 
 
 def _bound(plan: dict) -> str:

@@ -10,11 +10,18 @@ Embeddings and the output head are not Muon matrices (they go to AdamW).
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 _MANIFEST_DIR = "manifests"
+
+# A decoder block's index in a parameter name: "model.layers.12.self_attn.q_proj.weight",
+# "transformer.h.3.attn.c_attn.weight", "blocks.7.mlp.fc1.weight", "encoder.layer.2....".
+# NOTE: the first match wins, so "layers.3.mlp.experts.5.up_proj" is layer 3, not 5.
+_LAYER_RE = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)(?:\.|$)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,6 +38,18 @@ class Matrix:
 class Manifest:
     name: str
     matrices: tuple[Matrix, ...]
+
+
+def layer_index(name: str) -> int:
+    """The layer a parameter name belongs to (``model.layers.12.self_attn.q_proj.weight`` → 12),
+    or -1 when the name shows none."""
+    match = _LAYER_RE.search(name)
+    return int(match.group(1)) if match else -1
+
+
+def layer_ids(names: Iterable[str]) -> list[int]:
+    """``layer_index`` of every name: the ``layer_of`` argument of layer spreading."""
+    return [layer_index(name) for name in names]
 
 
 def read_json(path: str | Path) -> object:
