@@ -64,6 +64,19 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def resolve_device(device: str, *, argument: str = "--device") -> str:
+    """'auto' → cuda when a GPU is visible, else cpu; 'cuda' without a GPU is an error."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"{argument} must be auto, cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{argument} cuda: no CUDA GPU is visible")
+    return device
+
+
 def resolve_world(world: str | int, device: str, *, argument: str = "--world") -> int:
     """A world size from a command line: "auto" is every local GPU on CUDA (2 processes on
     the CPU); a number must be >= 1 and, on CUDA, at most the number of GPUs."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 # Each module exposes register(subparsers) and sets `func` on its parser.
-_BENCH_MODULES = ("dmuon.bench.ns", "dmuon.bench.step")
+_BENCH_MODULES = ("dmuon.bench.ns", "dmuon.bench.step", "dmuon.bench.e2e")
 
 
 def register(subparsers) -> None:

@@ -1,22 +1,35 @@
 """`python -m dmuon bench step`: the distributed optimizer step on N local processes.
 
 Every rank holds the manifest's Muon matrices as DTensors sharded on dim 0 (FSDP2's
-layout) with random gradients; the same run times dmuon's owner mode, the naive
-gather-then-compute mode, and torch's AdamW on the same parameters. The table splits
-dmuon's step into momentum, packing, communication wait, Newton–Schulz and apply (the
-slowest rank's figures; on GPUs DMUON_PROFILE=1 makes the split exact), with the bytes
-each rank sent and the planner's predicted makespan.
+layout: torch.chunk rows per rank, uneven and empty shards included) with random
+gradients, made on its own device (one GPU per rank over NCCL, or CPU processes over
+Gloo). The same run times dmuon's owner mode, the naive gather-then-compute mode and
+torch's fused AdamW on the same parameters, and prints one table per world size: the step
+time, its split into momentum, packing, communication wait, Newton–Schulz and apply, the
+bytes each rank sent and received, the planner's predicted NS makespan next to the
+measured NS, and the speed-up over gather. `--worlds 2,4,8` adds a scaling table.
+
+NOTE: on GPUs the phases of a step overlap and run asynchronously, so the split comes from
+extra steps in which the runtime synchronizes the device after each phase (its `profile`
+option, as DMUON_PROFILE=1); the step time comes from the normal, overlapped steps. On the
+CPU every phase is synchronous and the timed steps give the split directly.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
 from dmuon.bench.environment import environment_line
+from dmuon.bench.memory import memory_in_use, peak, reset_peak
+
+_SPLIT_NAMES = ("momentum", "pack", "comm wait", "NS", "apply")
 
 
 def register(subparsers) -> None:
@@ -24,19 +37,30 @@ def register(subparsers) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="a shipped manifest (python -m dmuon plan lists them)")
     source.add_argument("--manifest", help="a JSON manifest or a Hugging Face config.json")
-    parser.add_argument("--world", type=int, default=2, help="processes (GPUs with NCCL when present)")
+    parser.add_argument("--world", default="2",
+                        help="processes: N, or 'auto' = every GPU (2 CPU processes without CUDA)")
+    parser.add_argument("--worlds", default=None,
+                        help="comma-separated world sizes, one table each plus a scaling table (e.g. 2,4,8); "
+                             "on CUDA sizes above the GPU count are skipped with a note; overrides --world")
     parser.add_argument("--mode", choices=("owner", "gather", "all"), default="all")
     parser.add_argument("--max-matrices", type=int, default=0,
                         help="use only the first K Muon matrices (0: all); CPU runs need few")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per method")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (plan, profiling, allocation)")
+    parser.add_argument("--profile-steps", type=int, default=3,
+                        help="GPU only: synchronized steps that split the time into phases (0: no split)")
     parser.add_argument("--bucket-mb", type=float, default=64.0, help="wire MiB per pipeline bucket")
     parser.add_argument("--planner", choices=("milp", "lpt", "round_robin"), default="milp")
+    parser.add_argument("--wire-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                        help="dtype of the exchanged updates (auto: bfloat16 on CUDA, float32 on the CPU)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here (after each world)")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per world size before it is killed")
     parser.set_defaults(func=run)
 
 
-def _matrices(args) -> list:
+# ----------------------------------------------------------------------------- inputs
+def _matrices(args) -> tuple[str, list]:
     from dmuon.plan.manifest import load_manifest, load_model
 
     manifest = load_model(args.model) if args.model else load_manifest(args.manifest)
@@ -48,39 +72,42 @@ def _matrices(args) -> list:
     return manifest.name, matrices
 
 
-def _memory_now(device: str) -> int:
-    """Bytes in use: the CUDA allocator's, or this process's resident set (VmRSS)."""
-    if device == "cuda":
-        return torch.cuda.memory_allocated()
-    return _proc_status_kib("VmRSS") * 1024
+def resolve_worlds(args, device: str) -> tuple[list[int], list[int]]:
+    """(world sizes to run, sizes skipped for lack of GPUs) from --worlds or --world."""
+    from dmuon.launch import resolve_world
+
+    if args.worlds is None:
+        return [resolve_world(args.world, device)], []
+    items = [item.strip() for item in str(args.worlds).split(",") if item.strip()]
+    if not items:
+        raise ValueError(f"--worlds must list world sizes like 2,4,8, got {args.worlds!r}")
+    worlds, skipped = [], []
+    for item in items:
+        if not item.isdigit() or int(item) < 1:
+            raise ValueError(f"--worlds: {item!r} is not a positive integer (in {args.worlds!r})")
+        world = int(item)
+        if device == "cuda" and world > torch.cuda.device_count():
+            skipped.append(world)
+        elif world not in worlds:
+            worlds.append(world)
+    if not worlds:
+        raise ValueError(f"--worlds {args.worlds}: none fits the {torch.cuda.device_count()} visible GPU(s)")
+    return worlds, skipped
 
 
-def _reset_peak(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        return
-    try:  # NOTE: writing 5 to clear_refs resets the kernel's peak-RSS counter (VmHWM)
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
+def _check_counts(args) -> None:
+    for name in ("steps", "warmup", "profile_steps"):
+        value = getattr(args, name)
+        if value < (1 if name == "steps" else 0):
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {1 if name == 'steps' else 0}, got {value}")
+    if not args.bucket_mb >= 0:
+        raise ValueError(f"--bucket-mb must be >= 0, got {args.bucket_mb}")
 
 
-def _peak(device: str) -> int:
-    if device == "cuda":
-        return torch.cuda.max_memory_allocated()
-    return _proc_status_kib("VmHWM") * 1024
-
-
-def _proc_status_kib(field: str) -> int:
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-    except (OSError, StopIteration):
-        return 0
-
-
+# ------------------------------------------------------------------------- timing
 def _time_steps(step, num_steps: int, warmup: int, device: str) -> list[float]:
+    """Wall time of each step after `warmup` untimed ones; ranks start together, and on
+    CUDA each step is synchronized, so a time covers the device work too."""
     import torch.distributed as dist
 
     times = []
@@ -97,93 +124,225 @@ def _time_steps(step, num_steps: int, warmup: int, device: str) -> list[float]:
     return times
 
 
-def _worker(rank: int, world: int, shapes: list, modes: list, options: dict) -> dict:
+# ------------------------------------------------------------------------ the worker
+def _local_rows(dim0: int, rank: int, world: int) -> int:
+    """Rows of dim 0 on `rank` under Shard(0): torch.chunk's split (the last ranks may be empty)."""
+    chunk = -(-dim0 // world)
+    begin = min(rank * chunk, dim0)
+    return min(begin + chunk, dim0) - begin
+
+
+def _sharded_tensors(shapes: list, mesh, rank: int, world: int, seed: int, device: str) -> list:
+    """DTensors sharded on dim 0, each rank drawing its own rows on its device (no full
+    tensor is ever made: the 7B matrices are 26 GB in float32)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    gen = torch.Generator(device=device).manual_seed(seed * 1000 + rank)
+    tensors = []
+    for shape in shapes:
+        local = torch.randn((_local_rows(shape[0], rank, world), *shape[1:]), generator=gen, device=device)
+        local /= shape[-1] ** 0.5
+        stride = torch.empty(shape, device="meta").stride()
+        tensors.append(DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape),
+                                          stride=stride))
+    return tensors
+
+
+def _dmuon(params: list, names: list, mode: str, options: dict, profile: bool):
     import dmuon
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
 
+    opt = dmuon.DMuon(list(zip(names, params)), lr=1e-3, mode=mode, bucket_size_mb=options["bucket_mb"],
+                      planner=options["planner"], wire_dtype=options["wire_dtype"])
+    if profile:
+        # NOTE: the runtime's `profile` option (what DMUON_PROFILE=1 sets process-wide) is not
+        # a DMuon argument; it rides on the options DMuon passes to the runtime it builds at
+        # the first step. Fail loudly if that private dict changes shape.
+        if not isinstance(getattr(opt, "_runtime_options", None), dict):
+            raise RuntimeError("bench step: DMuon has no _runtime_options dict; the profiled split needs "
+                               "another way to set the runtime's profile option")
+        opt._runtime_options["profile"] = True
+    return opt
+
+
+def _run_method(method: str, shapes: list, names: list, mesh, rank: int, world: int, options: dict) -> dict:
+    """Time one method on fresh parameters and gradients; for dmuon modes also its split."""
     device = options["device"]
-    mesh = init_device_mesh(device, (world,))
-    gen = torch.Generator().manual_seed(0)
-    full = [torch.randn(*shape, generator=gen) / shape[-1] ** 0.5 for shape in shapes]
-    results = {}
-    for mode in modes + ["adamw"]:
-        params = [torch.nn.Parameter(distribute_tensor(t.to(device), mesh, [Shard(0)])) for t in full]
-        for p in params:
-            p.grad = distribute_tensor(torch.randn_like(p.full_tensor()), mesh, [Shard(0)])
-        if mode == "adamw":
-            opt = torch.optim.AdamW(params, lr=1e-3, foreach=True)
+    params = [torch.nn.Parameter(t) for t in _sharded_tensors(shapes, mesh, rank, world, 0, device)]
+    for p, g in zip(params, _sharded_tensors(shapes, mesh, rank, world, 1, device)):
+        p.grad = g
+    if method == "adamw":
+        opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    else:
+        opt = _dmuon(params, names, method, options, profile=False)
+    splits = []
+
+    def step():
+        opt.step()
+        if method != "adamw":
+            s = opt.runtime.last_stats
+            splits.append((s.momentum_s, s.pack_s, s.comm_wait_s, s.ns_s, s.apply_s, s.bytes_sent, s.bytes_received))
+
+    # Timed steps; peak memory above what parameters and gradients hold.
+    before = memory_in_use(device)
+    reset_peak(device)
+    times = _time_steps(step, options["steps"], options["warmup"], device)
+    entry = {"step_s": statistics.median(times), "peak_extra_bytes": max(0, peak(device) - before)}
+    if method != "adamw":
+        timed = [statistics.median(col) for col in zip(*splits[options["warmup"]:])]
+        source = "the timed steps" if device == "cpu" else "the timed steps (host time only: not synchronized)"
+        entry.update(split_s=timed[:5], split_source=source, bytes_sent=int(timed[5]),
+                     bytes_received=int(timed[6]), num_buckets=opt.runtime.num_buckets,
+                     predicted_ns_s=opt.runtime.predicted_makespan_s if method == "owner" else None)
+        # GPUs: the split from extra steps that synchronize after each phase.
+        if device == "cuda" and options["profile_steps"] > 0:
+            del opt
+            opt = _dmuon(params, names, method, options, profile=True)
+            splits.clear()
+            profiled = _time_steps(step, options["profile_steps"], 1, device)
+            entry.update(split_s=[statistics.median(col) for col in zip(*splits[1:])][:5],
+                         split_source=f"{options['profile_steps']} synchronized steps",
+                         profiled_step_s=statistics.median(profiled))
+    del opt, params
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return entry
+
+
+def _worker(rank: int, world: int, shapes: list, names: list, methods: list, options: dict) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(options["device"], (world,))
+    return {method: _run_method(method, shapes, names, mesh, rank, world, options) for method in methods}
+
+
+# ------------------------------------------------------------------------- reporting
+def _slowest(results: dict, world: int, methods: list) -> dict:
+    """Per method, the slowest rank's figure of every quantity (bytes: the largest)."""
+    merged = {}
+    for method in methods:
+        per_rank = [results[r][method] for r in range(world)]
+        entry = {"step_s": max(e["step_s"] for e in per_rank),
+                 "peak_extra_bytes": max(e["peak_extra_bytes"] for e in per_rank)}
+        if method != "adamw":
+            entry.update(split_s=[max(e["split_s"][k] for e in per_rank) for k in range(5)],
+                         split_source=per_rank[0]["split_source"],
+                         bytes_sent=max(e["bytes_sent"] for e in per_rank),
+                         bytes_received=max(e["bytes_received"] for e in per_rank),
+                         num_buckets=per_rank[0]["num_buckets"], predicted_ns_s=per_rank[0]["predicted_ns_s"])
+            if "profiled_step_s" in per_rank[0]:
+                entry["profiled_step_s"] = max(e["profiled_step_s"] for e in per_rank)
+        merged[method] = entry
+    return merged
+
+
+def _print_world(world: int, merged: dict, context: dict) -> None:
+    device = context["device"]
+    print(f"world {world} ({'NCCL, one GPU per rank' if device == 'cuda' else 'Gloo, CPU processes'})")
+    header = (f"{'method':<14} {'step ms':>9} {'momentum':>9} {'pack':>7} {'comm wait':>10} {'NS':>8} {'apply':>7} "
+              f"{'MB sent/rank':>13} {'MB recv/rank':>13} {'buckets':>8} {'peak+ MB':>9} {'vs gather':>10} "
+              f"{'x AdamW':>8}")
+    print(header)
+    print("-" * len(header))
+    adamw = merged["adamw"]["step_s"]
+    gather = merged["gather"]["step_s"] if "gather" in merged else None
+    for method, entry in merged.items():
+        label = "adamw (fused)" if method == "adamw" else method
+        row = f"{label:<14} {entry['step_s'] * 1e3:9.1f} "
+        if method == "adamw":
+            row += f"{'':>9} {'':>7} {'':>10} {'':>8} {'':>7} {'':>13} {'':>13} {'':>8} "
         else:
-            opt = dmuon.DMuon([(f"m{i}", p) for i, p in enumerate(params)], lr=1e-3, mode=mode,
-                              bucket_size_mb=options["bucket_mb"], planner=options["planner"])
-        splits = []
+            s = [x * 1e3 for x in entry["split_s"]]
+            row += (f"{s[0]:9.1f} {s[1]:7.1f} {s[2]:10.1f} {s[3]:8.1f} {s[4]:7.1f} "
+                    f"{entry['bytes_sent'] / 2**20:13.2f} {entry['bytes_received'] / 2**20:13.2f} "
+                    f"{entry['num_buckets']:8d} ")
+        row += f"{entry['peak_extra_bytes'] / 2**20:9.1f} "
+        row += f"{gather / entry['step_s']:9.2f}x " if gather else f"{'-':>10} "
+        row += f"{entry['step_s'] / adamw:7.2f}x"
+        print(row)
+    split_source = next((e["split_source"] for e in merged.values() if "split_source" in e), None)
+    if split_source:
+        extra = ""
+        profiled = {m: e["profiled_step_s"] for m, e in merged.items() if "profiled_step_s" in e}
+        if profiled:
+            extra = " (those steps took " + ", ".join(f"{m} {t * 1e3:.1f} ms" for m, t in profiled.items()) + ")"
+        print(f"split: median of {split_source}{extra}; step ms: median of {context['steps']} normal steps")
+    if "owner" in merged:
+        predicted = merged["owner"]["predicted_ns_s"]
+        measured = merged["owner"]["split_s"][3]
+        ratio = f" ({measured / predicted:.2f}x the prediction)" if predicted > 0 else ""
+        print(f"planner's predicted NS makespan ({context['cost_model']}): {predicted * 1e3:.1f} ms; "
+              f"measured NS on the slowest rank: {measured * 1e3:.1f} ms{ratio}")
+    print(f"peak+ MB: the slowest rank's peak memory during the timed steps above what it held before "
+          f"({'CUDA allocator' if device == 'cuda' else 'resident set, VmHWM'})")
+    print(flush=True)
 
-        def step():
-            opt.step()
-            if mode != "adamw":
-                s = opt.runtime.last_stats
-                splits.append((s.momentum_s, s.pack_s, s.comm_wait_s, s.ns_s, s.apply_s, s.bytes_sent))
 
-        # Peak extra memory of the steps (above what the parameters and gradients hold).
-        before = _memory_now(device)
-        _reset_peak(device)
-        times = _time_steps(step, options["steps"], options["warmup"], device)
-        entry = {"median_s": statistics.median(times), "peak_extra_bytes": max(0, _peak(device) - before)}
-        if mode != "adamw":
-            timed = splits[options["warmup"]:]
-            entry["split"] = [statistics.median(col) for col in zip(*timed)]
-            entry["predicted_s"] = opt.runtime.predicted_makespan_s
-            entry["num_buckets"] = opt.runtime.num_buckets
-        results[mode] = entry
-        del opt, params
-    return results
+def _print_scaling(worlds: dict, name: str) -> None:
+    print(f"scaling: {name} (slowest rank, ms)")
+    header = (f"{'world':>5} {'owner':>9} {'gather':>9} {'adamw':>9} {'owner vs gather':>16} {'owner x AdamW':>14} "
+              f"{'predicted NS':>13} {'measured NS':>12} {'owner MB sent':>14} {'gather MB sent':>15}")
+    print(header)
+    print("-" * len(header))
+    for world, merged in worlds.items():
+        def ms(method, key="step_s"):
+            return merged[method][key] * 1e3 if method in merged else float("nan")
+
+        owner, gather, adamw = ms("owner"), ms("gather"), ms("adamw")
+        predicted = merged["owner"]["predicted_ns_s"] * 1e3 if "owner" in merged else float("nan")
+        measured = merged["owner"]["split_s"][3] * 1e3 if "owner" in merged else float("nan")
+        sent = {m: merged[m]["bytes_sent"] / 2**20 if m in merged else float("nan") for m in ("owner", "gather")}
+        print(f"{world:>5} {owner:9.1f} {gather:9.1f} {adamw:9.1f} {gather / owner:15.2f}x {owner / adamw:13.2f}x "
+              f"{predicted:13.1f} {measured:12.1f} {sent['owner']:14.2f} {sent['gather']:15.2f}")
+    print(flush=True)
+
+
+def _write_json(path: Path | None, record: dict) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
 
 
 def run(args: argparse.Namespace) -> int:
-    from dmuon.launch import launch
+    from dmuon.launch import launch, resolve_device
 
-    if args.world < 1:
-        raise ValueError(f"--world must be >= 1, got {args.world}")
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    _check_counts(args)
+    device = resolve_device(args.device)
+    worlds, skipped = resolve_worlds(args, device)
     name, matrices = _matrices(args)
-    shapes = []
-    for m in matrices:
-        shapes.append((m.batch, m.rows, m.cols) if m.batch > 1 else (m.rows, m.cols))
-    modes = ["owner", "gather"] if args.mode == "all" else [args.mode]
+    shapes = [(m.batch, m.rows, m.cols) if m.batch > 1 else (m.rows, m.cols) for m in matrices]
+    names = [m.name for m in matrices]
+    methods = (["owner", "gather"] if args.mode == "all" else [args.mode]) + ["adamw"]
+    wire = args.wire_dtype if args.wire_dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    context = dict(device=device, steps=args.steps,
+                   cost_model="profiled NS cost table" if device == "cuda" else "analytic CPU cost model")
     options = dict(device=device, bucket_mb=args.bucket_mb, planner=args.planner, steps=args.steps,
-                   warmup=args.warmup)
-    results = launch(_worker, args.world, shapes, modes, options, backend="nccl" if device == "cuda" else "gloo",
-                     timeout_s=3600)
+                   warmup=args.warmup, profile_steps=args.profile_steps, wire_dtype=args.wire_dtype)
 
-    # The slowest rank sets each figure.
-    def worst(mode, key):
-        return max(r[mode][key] for r in results.values())
-
+    # Header, then one table per world size as it finishes.
     num_params = sum(m.rows * m.cols * m.batch for m in matrices)
-    print(f"dmuon bench step | {environment_line(device)}")
-    print(f"model {name}: {len(matrices)} Muon matrices, {num_params / 1e6:.1f} M parameters | world {args.world} "
-          f"({'NCCL' if device == 'cuda' else 'Gloo'}) | buckets of {args.bucket_mb:g} MiB | planner {args.planner} "
-          f"| median of {args.steps} steps after {args.warmup} warm-up")
-    header = (f"{'method':<8} {'step ms':>9} {'momentum':>9} {'pack':>8} {'comm wait':>10} {'NS':>9} "
-              f"{'apply':>8} {'MB sent/rank':>13} {'buckets':>8} {'peak+ MB':>9} {'vs gather':>10} {'vs AdamW':>9}")
-    print(header)
-    print("-" * len(header))
-    adamw = worst("adamw", "median_s")
-    gather = worst("gather", "median_s") if "gather" in modes else None
-    for mode in modes:
-        split = [max(r[mode]["split"][k] for r in results.values()) for k in range(6)]
-        step_s = worst(mode, "median_s")
-        vs_gather = f"{gather / step_s:9.2f}x" if gather else f"{'-':>10}"
-        print(f"{mode:<8} {step_s * 1e3:9.1f} {split[0] * 1e3:9.1f} {split[1] * 1e3:8.1f} {split[2] * 1e3:10.1f} "
-              f"{split[3] * 1e3:9.1f} {split[4] * 1e3:8.1f} {split[5] / 2**20:13.2f} "
-              f"{results[0][mode]['num_buckets']:8d} {worst(mode, 'peak_extra_bytes') / 2**20:9.1f} "
-              f"{vs_gather} {adamw / step_s:8.3f}x")
-    print(f"{'adamw':<8} {adamw * 1e3:9.1f} {'':>9} {'':>8} {'':>10} {'':>9} {'':>8} {'':>13} {'':>8} "
-          f"{worst('adamw', 'peak_extra_bytes') / 2**20:9.1f}")
-    print("peak+ MB: the slowest rank's peak memory during the timed steps above what it held before "
-          f"({'CUDA allocator' if device == 'cuda' else 'resident set, VmHWM'})")
-    if "owner" in modes:
-        print(f"planner's predicted NS makespan (analytic {device} model): "
-              f"{results[0]['owner']['predicted_s'] * 1e3:.1f} ms; measured NS on the slowest rank: "
-              f"{max(r['owner']['split'][3] for r in results.values()) * 1e3:.1f} ms")
+    env = environment_line(device)
+    print(f"dmuon bench step | {env}")
+    print(f"model {name}: {len(matrices)} Muon matrices, {num_params / 1e6:.1f} M parameters, float32, sharded on "
+          f"dim 0 (FSDP2) | wire {wire} | buckets of {args.bucket_mb:g} MiB | planner {args.planner} | "
+          f"median of {args.steps} steps after {args.warmup} warm-up")
+    if skipped:
+        print(f"skipped world sizes {skipped}: only {torch.cuda.device_count()} GPU(s) visible")
+    print(flush=True)
+    record = {"environment": env, "model": name, "num_matrices": len(matrices), "num_params": num_params,
+              "device": device, "wire_dtype": wire, "bucket_mb": args.bucket_mb, "planner": args.planner,
+              "steps": args.steps, "warmup": args.warmup, "skipped_worlds": skipped, "worlds": {}}
+    done = {}
+    for world in worlds:
+        results = launch(_worker, world, shapes, names, methods, options,
+                         backend="nccl" if device == "cuda" else "gloo", timeout_s=args.timeout)
+        done[world] = _slowest(results, world, methods)
+        _print_world(world, done[world], context)
+        record["worlds"][str(world)] = {"slowest_rank": done[world], "per_rank": {str(r): results[r] for r in results}}
+        _write_json(args.json, record)
+    if len(done) > 1:
+        _print_scaling(done, name)
     return 0

@@ -1,0 +1,366 @@
+"""`python -m dmuon bench e2e`: the end-to-end training step with each optimizer.
+
+A model (a Hugging Face decoder from its config with random weights, or dmuon's small GPT:
+see e2e_models) is wrapped by FSDP2 — fully_shard on every decoder layer, then the root —
+with bf16 mixed precision on GPUs (parameters gathered in bfloat16, gradients reduced in
+float32; float32 throughout on CPUs), and trained on random tokens. Each optimizer
+(e2e_optimizers) gets a fresh model from the same seed; its step (forward, backward,
+optimizer step, zero_grad; every rank synchronized) is timed after warm-up steps, and the
+table reports the median with the difference from AdamW in percent.
+
+`--micro-batch auto` sizes the per-rank batch on GPUs: two probe runs (micro-batch 1 and
+2, with AdamW, whose state is the largest) give the memory per sequence, which predicts
+the largest micro-batch within 90% of the GPU; the ranks agree on the smallest prediction;
+if any optimizer then runs out of memory, every rank agrees on it, drops to a smaller
+micro-batch and starts over (descending search).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from dmuon.bench.environment import environment_line
+from dmuon.bench.memory import peak, reset_peak
+
+# NOTE: the share of GPU memory the predicted micro-batch may fill: the allocator's
+# fragmentation and NCCL's buffers live outside what the probes measure.
+_MEMORY_BUDGET = 0.90
+
+
+def register(subparsers) -> None:
+    from dmuon.bench.e2e_models import MODEL_NAMES
+    from dmuon.bench.e2e_optimizers import OPTIMIZERS
+
+    parser = subparsers.add_parser("e2e", help="end-to-end training step (FSDP2): dmuon vs gather vs AdamW")
+    parser.add_argument("--model", required=True, choices=MODEL_NAMES,
+                        help="a shipped config (Hugging Face transformers, random weights) or 'tiny' (dmuon's GPT)")
+    parser.add_argument("--world", default="auto", help="processes: N, or 'auto' = every GPU (2 CPU processes without CUDA)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--seq", type=int, default=4096, help="tokens per sequence")
+    parser.add_argument("--micro-batch", default="auto",
+                        help="sequences per rank per step: N, or 'auto' = the largest that fits (GPUs; 1 on CPUs)")
+    parser.add_argument("--max-micro-batch", type=int, default=64, help="upper bound of the auto search")
+    parser.add_argument("--optimizers", default="dmuon,gather,adamw",
+                        help=f"comma-separated, from {','.join(OPTIMIZERS)}")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per optimizer (median reported)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (allocation, plan, profiling)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is killed")
+    parser.set_defaults(func=run)
+
+
+# ------------------------------------------------------------------------ arguments
+def _micro_batch_arg(value: str) -> int | None:
+    """None for 'auto', else a positive integer."""
+    if value == "auto":
+        return None
+    if not str(value).isdigit() or int(value) < 1:
+        raise ValueError(f"--micro-batch must be 'auto' or a positive integer, got {value!r}")
+    return int(value)
+
+
+def _check_args(args) -> None:
+    for name, low in (("seq", 2), ("steps", 1), ("warmup", 0), ("max_micro_batch", 1)):
+        if getattr(args, name) < low:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+
+
+# --------------------------------------------------------------------- collective bits
+def _any_rank(flag: bool, device: str) -> bool:
+    """True on every rank if `flag` is True on any."""
+    import torch.distributed as dist
+
+    t = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def _min_over_ranks(value: int, device: str) -> int:
+    import torch.distributed as dist
+
+    t = torch.tensor([value], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def _out_of_memory(fn) -> bool:
+    """Run fn(); True if it ran out of GPU memory.
+    NOTE: the exception (and with it the frames that hold activations) is dropped here, so
+    the memory is free once the caller deletes the model. Ranks are assumed to run out
+    together (same model, same batch size); a rank that runs out alone leaves the others in
+    a collective until the timeout."""
+    try:
+        fn()
+        return False
+    except torch.cuda.OutOfMemoryError:
+        return True
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------ the worker
+class _Run:
+    """One rank's view of the benchmark: mesh, model spec, settings."""
+
+    def __init__(self, rank: int, world: int, config: dict) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        from dmuon.bench.e2e_models import model_spec
+        from dmuon.bench.e2e_optimizers import Settings
+
+        self.rank, self.world, self.config = rank, world, config
+        self.device = config["device"]
+        self.torch_device = torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
+        self.mesh = init_device_mesh(self.device, (world,))
+        self.spec = model_spec(config["model"], config["seq"])
+        self.settings = Settings(device_type=self.device)
+        # bf16 compute with float32 master weights and gradient reduction on GPUs.
+        self.mp_policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                          if self.device == "cuda" else MixedPrecisionPolicy())
+        self.param_counts: dict | None = None
+
+    def build(self, name: str):
+        """A fresh model (same seed on every rank and for every optimizer), prepared,
+        sharded (each decoder layer, then the root) and its optimizer."""
+        from torch.distributed.fsdp import fully_shard
+
+        from dmuon.bench.e2e_models import check_muon_shapes
+        from dmuon.bench.e2e_optimizers import OPTIMIZERS
+        from dmuon.routing import route_module
+
+        entry = OPTIMIZERS[name]
+        torch.manual_seed(self.config["seed"])
+        with self.torch_device:
+            model = self.spec.build()
+        model = model.to(self.torch_device).train()
+        if self.param_counts is None:
+            check_muon_shapes(model, self.spec.name)
+            routed = route_module(model)
+            self.param_counts = {"total": sum(r.param.numel() for r in routed),
+                                 "muon": sum(r.param.numel() for r in routed if r.use_muon),
+                                 "muon_matrices": sum(1 for r in routed if r.use_muon)}
+        if entry.prepare is not None:
+            entry.prepare(model, self.mesh)
+        for block in self.spec.blocks(model):
+            fully_shard(block, mesh=self.mesh, mp_policy=self.mp_policy)
+        fully_shard(model, mesh=self.mesh, mp_policy=self.mp_policy)
+        return model, entry.build(model, self.settings)
+
+    def tokens(self, micro_batch: int) -> torch.Tensor:
+        gen = torch.Generator(device=self.torch_device).manual_seed(self.config["seed"] * 1000 + self.rank)
+        return torch.randint(0, self.spec.vocab_size, (micro_batch, self.config["seq"]), generator=gen,
+                             device=self.torch_device)
+
+    def sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def train(self, name: str, micro_batch: int, num_steps: int, warmup: int) -> dict | None:
+        """Time `num_steps` steps after `warmup` with a fresh model; None (on every rank)
+        if any rank ran out of memory."""
+        import torch.distributed as dist
+
+        state: dict = {}
+        _free(self.device)
+        reset_peak(self.device)
+
+        def build():
+            state["model"], state["opt"] = self.build(name)
+            state["tokens"] = self.tokens(micro_batch)
+
+        times: list[tuple[float, float, float]] = []
+
+        def step():
+            model, opt, tokens = state["model"], state["opt"], state["tokens"]
+            # NOTE: on GPUs, events split forward+backward from the optimizer step without a
+            # sync between them; the event after backward follows FSDP2's last reduce-scatter
+            # (backward ends by making the current stream wait for it).
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if self.device == "cuda" else None
+            dist.barrier()
+            self.sync()
+            start = time.perf_counter()
+            if events:
+                events[0].record()
+            loss = self.spec.loss(model, tokens)
+            loss.backward()
+            if events:
+                events[1].record()
+            mid = time.perf_counter()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if events:
+                events[2].record()
+            self.sync()
+            end = time.perf_counter()
+            if events:
+                split = (events[0].elapsed_time(events[1]) / 1e3, events[1].elapsed_time(events[2]) / 1e3)
+            else:
+                split = (mid - start, end - mid)
+            times.append((end - start, *split))
+            state["loss"] = float(loss.detach())
+
+        failed = _any_rank(_out_of_memory(build), self.device)
+        for _ in range(warmup + num_steps):
+            if failed:
+                break
+            failed = _any_rank(_out_of_memory(step), self.device)
+        result = None
+        if not failed:
+            timed = times[warmup:]
+            result = {"step_s": statistics.median(t[0] for t in timed),
+                      "fwd_bwd_s": statistics.median(t[1] for t in timed),
+                      "opt_s": statistics.median(t[2] for t in timed),
+                      "peak_bytes": peak(self.device), "loss": state["loss"]}
+            if not math.isfinite(state["loss"]):
+                raise FloatingPointError(f"{name}: loss is {state['loss']} after {warmup + num_steps} steps")
+        state.clear()
+        _free(self.device)
+        return result
+
+    def predict_micro_batch(self) -> tuple[int, dict]:
+        """The largest micro-batch predicted to fit: peak memory at 1 and 2 sequences (two
+        steps each, so the optimizer state exists) extrapolated to the GPU's budget."""
+        from dmuon.bench.e2e_optimizers import PROBE_OPTIMIZER
+
+        cap = self.config["max_micro_batch"]
+        if self.device != "cuda":
+            return 1, {"note": "CPU: micro-batch 1 (no memory search on CPUs)"}
+        _free(self.device)
+        free, _ = torch.cuda.mem_get_info()
+        budget = _MEMORY_BUDGET * (free + torch.cuda.memory_reserved())
+        peaks = {}
+        for b in (1, 2):
+            result = self.train(PROBE_OPTIMIZER, b, num_steps=1, warmup=1)
+            if result is None:
+                if b == 1:
+                    raise RuntimeError(f"--model {self.spec.name} does not fit at micro-batch 1, seq "
+                                       f"{self.config['seq']} on {self.world} GPU(s)")
+                return 1, {"peak_bytes": peaks, "budget_bytes": budget, "note": "micro-batch 2 ran out of memory"}
+            peaks[b] = result["peak_bytes"]
+        per_sequence = max(1, peaks[2] - peaks[1])
+        fixed = peaks[1] - per_sequence
+        predicted = int(max(1, min(cap, (budget - fixed) // per_sequence)))
+        agreed = _min_over_ranks(predicted, self.device)
+        return agreed, {"peak_bytes": peaks, "budget_bytes": budget, "per_sequence_bytes": per_sequence,
+                        "predicted": predicted}
+
+
+def _next_smaller(micro_batch: int) -> int:
+    return max(1, min(micro_batch - 1, int(micro_batch * 0.85)))
+
+
+def _worker(rank: int, world: int, config: dict) -> dict:
+    run_ = _Run(rank, world, config)
+    fixed = config["micro_batch"]
+    micro_batch, probe = (fixed, {}) if fixed else run_.predict_micro_batch()
+    out_of_memory_at = []
+    while True:
+        results = {}
+        for name in config["optimizers"]:
+            results[name] = run_.train(name, micro_batch, config["steps"], config["warmup"])
+            if results[name] is None:
+                break
+        if all(r is not None for r in results.values()):
+            break
+        out_of_memory_at.append(micro_batch)
+        if fixed or micro_batch == 1:
+            raise RuntimeError(f"{name} ran out of memory at micro-batch {micro_batch} (seq {config['seq']}); "
+                               f"{'try a smaller --micro-batch' if fixed else 'the model does not fit'}")
+        micro_batch = _next_smaller(micro_batch)
+    return {"micro_batch": micro_batch, "probe": probe, "out_of_memory_at": out_of_memory_at,
+            "param_counts": run_.param_counts, "optimizers": results}
+
+
+# ------------------------------------------------------------------------- reporting
+def _slowest(results: dict) -> dict:
+    """Per optimizer, the slowest rank's medians and the largest peak."""
+    names = list(results[0]["optimizers"])
+    merged = {}
+    for name in names:
+        per_rank = [r["optimizers"][name] for r in results.values()]
+        merged[name] = {key: max(e[key] for e in per_rank) for key in ("step_s", "fwd_bwd_s", "opt_s", "peak_bytes")}
+        merged[name]["loss"] = per_rank[0]["loss"]
+    return merged
+
+
+def _print_table(merged: dict, context: dict) -> None:
+    header = (f"{'optimizer':<10} {'step ms':>9} {'fwd+bwd ms':>11} {'opt step ms':>12} {'tokens/s':>11} "
+              f"{'peak GB':>8} {'loss':>7} {'vs AdamW':>9}")
+    print(header)
+    print("-" * len(header))
+    adamw = merged.get("adamw", {}).get("step_s")
+    tokens = context["world"] * context["micro_batch"] * context["seq"]
+    for name, e in merged.items():
+        versus = f"{(e['step_s'] - adamw) / adamw * 100:+8.2f}%" if adamw else f"{'-':>9}"
+        print(f"{name:<10} {e['step_s'] * 1e3:9.1f} {e['fwd_bwd_s'] * 1e3:11.1f} {e['opt_s'] * 1e3:12.1f} "
+              f"{tokens / e['step_s']:11,.0f} {e['peak_bytes'] / 1e9:8.2f} {e['loss']:7.3f} {versus}")
+    print("step: forward + backward + optimizer step + zero_grad, every rank synchronized (slowest rank's median); "
+          "fwd+bwd and opt step: the same steps split by CUDA events (CPU: by the clock); vs AdamW: step time difference")
+    print(flush=True)
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.3f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
+def run(args: argparse.Namespace) -> int:
+    from dmuon.bench.e2e_models import HF_CONFIGS, require_transformers
+    from dmuon.bench.e2e_optimizers import OPTIMIZERS, parse_optimizers
+    from dmuon.launch import launch, resolve_device, resolve_world
+
+    _check_args(args)
+    device = resolve_device(args.device)
+    world = resolve_world(args.world, device)
+    micro_batch = _micro_batch_arg(args.micro_batch)
+    optimizers = parse_optimizers(args.optimizers)
+    if args.model in HF_CONFIGS:
+        require_transformers(args.model)  # NOTE: fail here, before any process starts
+    config = dict(model=args.model, device=device, seq=args.seq, micro_batch=micro_batch,
+                  max_micro_batch=args.max_micro_batch, optimizers=optimizers, steps=args.steps,
+                  warmup=args.warmup, seed=args.seed)
+
+    env = environment_line(device)
+    print(f"dmuon bench e2e | {env}", flush=True)
+    results = launch(_worker, world, config, backend="nccl" if device == "cuda" else "gloo", timeout_s=args.timeout)
+    first = results[0]
+    merged = _slowest(results)
+    counts = first["param_counts"]
+    precision = "bf16 params / fp32 reduce (FSDP2 MixedPrecisionPolicy)" if device == "cuda" else "fp32"
+    print(f"model {args.model}: {_count(counts['total'])} parameters ({_count(counts['muon'])} in "
+          f"{counts['muon_matrices']} Muon matrices) | FSDP2: fully_shard per decoder layer + root, {precision} | "
+          f"world {world} ({'NCCL' if device == 'cuda' else 'Gloo'}) | seq {args.seq}")
+    probe = first["probe"]
+    how = "given" if micro_batch else "auto"
+    if micro_batch is None and "peak_bytes" in probe and len(probe["peak_bytes"]) == 2:
+        p = probe["peak_bytes"]
+        how += (f": AdamW probe peaks {p[1] / 1e9:.1f} GB at 1, {p[2] / 1e9:.1f} GB at 2 sequences; "
+                f"budget {probe['budget_bytes'] / 1e9:.1f} GB -> {probe['predicted']}")
+    elif "note" in probe and micro_batch is None:
+        how += f": {probe['note']}"
+    if first["out_of_memory_at"]:
+        how += f"; out of memory at {first['out_of_memory_at']}"
+    print(f"micro-batch {first['micro_batch']} per rank ({how}) | median of {args.steps} steps after "
+          f"{args.warmup} warm-up | optimizers: " + "; ".join(f"{n} = {OPTIMIZERS[n].description}" for n in optimizers))
+    _print_table(merged, dict(world=world, micro_batch=first["micro_batch"], seq=args.seq))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        record = {"environment": env, "config": {**config, "world": world}, "micro_batch": first["micro_batch"],
+                  "probe": {k: v for k, v in probe.items()}, "out_of_memory_at": first["out_of_memory_at"],
+                  "param_counts": counts, "slowest_rank": merged,
+                  "per_rank": {str(r): results[r]["optimizers"] for r in results}}
+        args.json.write_text(json.dumps(record, indent=1, default=str))
+    return 0

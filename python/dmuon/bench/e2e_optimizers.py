@@ -1,0 +1,77 @@
+"""The optimizers `python -m dmuon bench e2e` compares, by name.
+
+Each entry builds its optimizer on the FSDP2-sharded model; an entry may also `prepare` the
+unsharded model first (called before fully_shard, with the device mesh). Adding one is a
+few lines here, e.g. the weight-ownership mode once python/dmuon/ownership.py exists:
+
+    OPTIMIZERS["dmuon-ownership"] = OptimizerEntry(
+        description="DMuon on owner-held matrices (dmuon.own_matrices before fully_shard)",
+        prepare=lambda model, mesh: dmuon.own_matrices(model, mesh=mesh),
+        build=lambda model, s: dmuon.DMuon(model, lr=s.lr, weight_decay=s.weight_decay, adamw_lr=s.adamw_lr))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+    """What every optimizer is built with (the figures are times: the values only need to
+    be sane, and are the same for every run)."""
+
+    lr: float = 0.02  # Muon (match_rms_adamw scale)
+    adamw_lr: float = 3e-4  # AdamW, and DMuon's AdamW parameters
+    weight_decay: float = 0.1
+    device_type: str = "cuda"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimizerEntry:
+    description: str
+    build: Callable[[nn.Module, Settings], torch.optim.Optimizer]
+    prepare: Callable[[nn.Module, Any], None] | None = None  # (unsharded model, device mesh)
+
+
+def _dmuon(mode: str) -> Callable[[nn.Module, Settings], torch.optim.Optimizer]:
+    def build(model: nn.Module, s: Settings) -> torch.optim.Optimizer:
+        import dmuon
+
+        return dmuon.DMuon(model, lr=s.lr, weight_decay=s.weight_decay, adamw_lr=s.adamw_lr, mode=mode)
+
+    return build
+
+
+def _adamw(model: nn.Module, s: Settings) -> torch.optim.Optimizer:
+    # NOTE: fused: torch's fastest AdamW, the baseline the overhead target is measured against.
+    return torch.optim.AdamW(model.parameters(), lr=s.adamw_lr, weight_decay=s.weight_decay, fused=True)
+
+
+OPTIMIZERS: dict[str, OptimizerEntry] = {
+    "dmuon": OptimizerEntry(description="DMuon, owner mode (sharded matrices, each orthogonalized once)",
+                            build=_dmuon("owner")),
+    "gather": OptimizerEntry(description="DMuon, gather mode (every rank gathers and orthogonalizes every matrix)",
+                             build=_dmuon("gather")),
+    "adamw": OptimizerEntry(description="torch.optim.AdamW(fused=True) on every parameter", build=_adamw),
+}
+
+# The probe that sizes the micro-batch: AdamW keeps the most state per parameter (two
+# float32 moments; DMuon keeps one momentum for matrices and AdamW's two for the rest).
+PROBE_OPTIMIZER = "adamw"
+
+
+def parse_optimizers(text: str) -> list[str]:
+    """`--optimizers a,b,c` → names, each known, none twice."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise ValueError(f"--optimizers must name at least one of {', '.join(OPTIMIZERS)}, got {text!r}")
+    unknown = [name for name in names if name not in OPTIMIZERS]
+    if unknown:
+        raise ValueError(f"--optimizers: unknown {unknown}; known: {', '.join(OPTIMIZERS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--optimizers lists a name twice: {text!r}")
+    return names

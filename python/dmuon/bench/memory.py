@@ -1,0 +1,39 @@
+"""Memory figures for the benchmarks: the CUDA allocator's, or the process's resident set."""
+
+from __future__ import annotations
+
+import torch
+
+
+def memory_in_use(device: str) -> int:
+    """Bytes in use: the CUDA allocator's, or this process's resident set (VmRSS)."""
+    if device == "cuda":
+        return torch.cuda.memory_allocated()
+    return _proc_status_kib("VmRSS") * 1024
+
+
+def reset_peak(device: str) -> None:
+    """Start a new peak: the allocator's statistics, or the kernel's peak-RSS counter."""
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:  # NOTE: writing 5 to clear_refs resets the kernel's peak-RSS counter (VmHWM)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak(device: str) -> int:
+    """Bytes at the peak since the last reset_peak."""
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated()
+    return _proc_status_kib("VmHWM") * 1024
+
+
+def _proc_status_kib(field: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+    except (OSError, StopIteration):
+        return 0

@@ -1,0 +1,127 @@
+"""`python -m dmuon bench e2e` on CPU processes over Gloo (dmuon's tiny GPT under FSDP2):
+the table and JSON, the micro-batch search after running out of memory, the optimizer
+registry's prepare-before-fully_shard hook, the Hugging Face config table against the
+shipped manifests, and bad arguments."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from dist_harness import run_distributed
+from dmuon.__main__ import main
+from dmuon.bench.e2e_models import HF_CONFIGS
+from dmuon.plan.manifest import load_model, manifest_from_config
+
+_TINY_RUN = ["bench", "e2e", "--model", "tiny", "--device", "cpu", "--seq", "16", "--steps", "2", "--warmup", "1"]
+
+
+def test_tiny_model_on_two_gloo_ranks_prints_every_optimizer_against_adamw(tmp_path, capsys):
+    out = tmp_path / "e2e.json"
+    assert main([*_TINY_RUN, "--world", "2", "--micro-batch", "2", "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("optimizer"))
+    rows = {line.split()[0]: line.split() for line in lines[header + 2:header + 5]}
+    assert set(rows) == {"dmuon", "gather", "adamw"}
+    assert rows["adamw"][-1] == "+0.00%" and rows["dmuon"][-1].endswith("%")
+    assert any("micro-batch 2 per rank (given)" in line and "FSDP2" not in line for line in lines)
+
+    record = json.loads(out.read_text())
+    assert record["micro_batch"] == 2 and record["config"]["world"] == 2
+    for name, entry in record["slowest_rank"].items():
+        assert entry["step_s"] >= entry["opt_s"] > 0 and entry["fwd_bwd_s"] > 0, name
+        assert torch.isfinite(torch.tensor(entry["loss"])), name
+    assert record["param_counts"]["muon_matrices"] == 12  # 2 blocks x (q, k, v, o, up, down)
+    assert set(record["per_rank"]) == {"0", "1"}
+
+
+def _runs_out_above_three_sequences(rank: int, world: int) -> dict:
+    """bench e2e's worker where a step with more than 3 sequences runs out of memory on
+    every rank and the prediction says 6: the search must agree on 5, 4, then settle on 3."""
+    import dmuon.bench.e2e as e2e
+    from dmuon.bench import e2e_models
+
+    real = e2e_models.model_spec
+
+    def spec_that_runs_out(name, seq):
+        spec = real(name, seq)
+
+        def loss(model, tokens):
+            if tokens.shape[0] > 3:
+                raise torch.cuda.OutOfMemoryError("simulated: out of memory")
+            return spec.loss(model, tokens)
+
+        return dataclasses.replace(spec, loss=loss)
+
+    e2e_models.model_spec = spec_that_runs_out
+    e2e._Run.predict_micro_batch = lambda self: (6, {"predicted": 6})
+    config = dict(model="tiny", device="cpu", seq=8, micro_batch=None, max_micro_batch=64,
+                  optimizers=["adamw", "dmuon"], steps=1, warmup=0, seed=0)
+    return e2e._worker(rank, world, config)
+
+
+def test_out_of_memory_makes_every_rank_step_down_the_micro_batch():
+    for rank, result in run_distributed(_runs_out_above_three_sequences, 2).items():
+        assert result["micro_batch"] == 3 and result["out_of_memory_at"] == [6, 5, 4], (rank, result)
+        assert set(result["optimizers"]) == {"adamw", "dmuon"}
+
+
+def _prepare_sees_the_unsharded_model(rank: int, world: int) -> dict:
+    """A registry entry with a prepare hook, as the weight-ownership mode will have."""
+    import dmuon.bench.e2e as e2e
+    from dmuon.bench.e2e_optimizers import OPTIMIZERS, OptimizerEntry
+    from torch.distributed.tensor import DTensor
+
+    seen = {}
+
+    def prepare(model, mesh):
+        seen["prepared_dtensors"] = any(isinstance(p, DTensor) for p in model.parameters())
+        seen["mesh_size"] = mesh.size()
+
+    def build(model, settings):
+        seen["built_dtensors"] = all(isinstance(p, DTensor) for p in model.parameters())
+        return torch.optim.SGD(model.parameters(), lr=settings.adamw_lr)
+
+    OPTIMIZERS["prepared"] = OptimizerEntry(description="test", prepare=prepare, build=build)
+    config = dict(model="tiny", device="cpu", seq=8, micro_batch=1, max_micro_batch=64,
+                  optimizers=["prepared"], steps=1, warmup=0, seed=0)
+    result = e2e._worker(rank, world, config)
+    return {**seen, "step_s": result["optimizers"]["prepared"]["step_s"]}
+
+
+def test_an_entry_prepares_the_model_before_fully_shard():
+    for rank, seen in run_distributed(_prepare_sees_the_unsharded_model, 2).items():
+        assert seen["prepared_dtensors"] is False and seen["built_dtensors"] is True, (rank, seen)
+        assert seen["mesh_size"] == 2 and seen["step_s"] > 0
+
+
+@pytest.mark.parametrize("name", sorted(HF_CONFIGS))
+def test_hf_configs_have_the_shipped_manifests_muon_matrices(name):
+    _, values = HF_CONFIGS[name]
+    from_config = manifest_from_config(values, name=name)
+    shapes = Counter((m.rows, m.cols, m.batch) for m in from_config.matrices)
+    assert shapes == Counter((m.rows, m.cols, m.batch) for m in load_model(name).matrices)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is not None, reason="transformers is installed")
+def test_hugging_face_model_without_transformers_is_a_clear_error():
+    with pytest.raises(ImportError, match="--model qwen2.5-1.5b .* needs the 'transformers' package"):
+        main(["bench", "e2e", "--model", "qwen2.5-1.5b", "--device", "cpu", "--world", "1"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--micro-batch", "0"], "--micro-batch must be 'auto' or a positive integer"),
+    (["--optimizers", "dmuon,sgd"], r"--optimizers: unknown \['sgd'\]"),
+    (["--optimizers", "adamw,adamw"], "--optimizers lists a name twice"),
+    (["--optimizers", ","], "--optimizers must name at least one"),
+    (["--seq", "1"], "--seq must be >= 2"),
+    (["--world", "0"], "--world must be >= 1"),
+])
+def test_bad_arguments_name_the_argument(argv, message):
+    with pytest.raises(ValueError, match=message):
+        main([*_TINY_RUN, *argv])
