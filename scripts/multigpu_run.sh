@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Issue 8 in one device call: build dmuon, check it over NCCL, time the optimizer step at
+# every world size, time the end-to-end training step; a short summary table last.
+# Usage (device tool; carry [".cutlass"] so the sm_90a kernel is built; kind nvidia-h200-x2,
+# -x4 or -x8 — the world sizes follow the GPUs present):
+#   bash scripts/multigpu_run.sh [--stages test,step,e2e] [--worlds 2,4,8]
+#        [--step-models qwen2.5-1.5b,qwen2.5-7b] [--e2e-model qwen2.5-1.5b] [--budget SECONDS]
+# Every stage runs under `timeout`, clipped to what is left of the budget (default 540 s,
+# the build included), so one hang cannot eat the call; logs and JSON go to $OUT.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+OUT=${OUT:-/tmp/dmuon_out}
+mkdir -p "$OUT"
+START=$(date +%s)
+
+# NVLink multicast stays off (the launcher sets these for its ranks too).
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+# Arguments.
+STAGES=test,step,e2e
+WORLDS_WANTED=2,4,8
+STEP_MODELS=qwen2.5-1.5b,qwen2.5-7b
+E2E_MODEL=qwen2.5-1.5b
+BUDGET=540
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --stages) STAGES=$2; shift ;;
+    --worlds) WORLDS_WANTED=$2; shift ;;
+    --step-models) STEP_MODELS=$2; shift ;;
+    --e2e-model) E2E_MODEL=$2; shift ;;
+    --budget) BUDGET=$2; shift ;;
+    *) echo "unknown argument $1 (see the header of $0)"; exit 2 ;;
+  esac
+  shift
+done
+wants() { [[ ",$STAGES," == *",$1,"* ]]; }
+
+# Stage runner: name, timeout (s), command...; appends "name<TAB>status<TAB>seconds" to
+# stages.tsv. NOTE: 20 s of the budget are kept for the summary.
+: > "$OUT/stages.tsv"
+run_stage() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$(( START + BUDGET - 20 - $(date +%s) ))
+  if [ "$left" -lt 30 ]; then
+    printf '%s\tskipped (budget spent)\t0\n' "$name" >> "$OUT/stages.tsv"
+    echo "== $name: skipped, ${left} s of the budget left"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "== $name (timeout ${limit} s): $*"
+  local t0 rc status
+  t0=$(date +%s)
+  timeout --kill-after=15 "$limit" "$@"
+  rc=$?
+  case $rc in
+    0) status=ok ;;
+    124|137) status="timed out after ${limit} s" ;;
+    *) status="failed (exit $rc)" ;;
+  esac
+  printf '%s\t%s\t%s\n' "$name" "$status" "$(( $(date +%s) - t0 ))" >> "$OUT/stages.tsv"
+  echo "== $name: $status"
+}
+
+# Environment: GPUs, driver, interconnect, torch/CUDA/NCCL, transformers.
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
+nvidia-smi topo -m 2>/dev/null | head -12
+python3 -c "
+import torch
+print('torch', torch.__version__, '| CUDA', torch.version.cuda, '| NCCL', '.'.join(map(str, torch.cuda.nccl.version())),
+      '| GPUs', torch.cuda.device_count())
+try:
+    import transformers; print('transformers', transformers.__version__)
+except ImportError:
+    print('transformers: not installed (bench e2e on Hugging Face models will fail)')
+"
+NUM_GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
+WORLDS=$(python3 -c "print(','.join(w for w in '$WORLDS_WANTED'.split(',') if w.strip().isdigit() and 2 <= int(w) <= $NUM_GPUS))")
+NUM_WORLDS=$(echo "$WORLDS" | tr ',' '\n' | grep -c .)
+echo "world sizes: ${WORLDS:-none} (of $WORLDS_WANTED; $NUM_GPUS GPUs) | stages: $STAGES | budget ${BUDGET} s"
+
+# Build (always: the package must exist on this machine; incremental when warm).
+t0=$(date +%s)
+if ! source scripts/device_build.sh; then
+  printf 'build\tfailed\t%s\n' "$(( $(date +%s) - t0 ))" >> "$OUT/stages.tsv"
+  python3 -m dmuon.bench.summary "$OUT" 2>/dev/null || cat "$OUT/stages.tsv"
+  exit 1
+fi
+printf 'build\tok\t%s\n' "$(( $(date +%s) - t0 ))" >> "$OUT/stages.tsv"
+if [ "$NUM_WORLDS" -eq 0 ]; then
+  echo "fewer than 2 GPUs: nothing multi-GPU to run"
+  python3 -m dmuon.bench.summary "$OUT"
+  exit 1
+fi
+
+# 1. Correctness over NCCL: the CPU suite's distributed scenarios at every world size.
+if wants test; then
+  run_stage "pytest multigpu" $(( 60 + 90 * NUM_WORLDS )) \
+    bash -c "python3 -m pytest -q -p no:cacheprovider -m multigpu tests/python/test_multigpu.py 2>&1 \
+             | tee '$OUT/pytest_multigpu.log' | tail -25; exit \${PIPESTATUS[0]}"
+fi
+
+# 2. Optimizer step (owner vs gather vs fused AdamW) per model at every world size.
+if wants step; then
+  for model in ${STEP_MODELS//,/ }; do
+    run_stage "bench step $model" $(( 60 + 100 * NUM_WORLDS )) \
+      bash -c "python3 -m dmuon bench step --model '$model' --worlds '$WORLDS' --json '$OUT/step_$model.json' 2>&1 \
+               | tee '$OUT/step_$model.log' | grep -v -E 'UserWarning|FutureWarning|DeprecationWarning|warnings.warn'; exit \${PIPESTATUS[0]}"
+  done
+fi
+
+# 3. End-to-end training step on every GPU: dmuon vs gather vs AdamW, largest micro-batch.
+if wants e2e; then
+  run_stage "bench e2e $E2E_MODEL" 300 \
+    bash -c "python3 -m dmuon bench e2e --model '$E2E_MODEL' --world auto --seq 4096 --micro-batch auto \
+             --optimizers dmuon,gather,adamw --json '$OUT/e2e_$E2E_MODEL.json' 2>&1 \
+             | tee '$OUT/e2e_$E2E_MODEL.log' | grep -v -E 'UserWarning|FutureWarning|DeprecationWarning|warnings.warn'; exit \${PIPESTATUS[0]}"
+fi
+
+echo "total: $(( $(date +%s) - START )) s"
+python3 -m dmuon.bench.summary "$OUT"
