@@ -79,12 +79,14 @@ def _prepare_sees_the_unsharded_model(rank: int, world: int) -> dict:
 
     seen = {}
 
-    def prepare(model, mesh):
+    def prepare(model, mesh, settings):
         seen["prepared_dtensors"] = any(isinstance(p, DTensor) for p in model.parameters())
         seen["mesh_size"] = mesh.size()
+        return {"ignored_params": {model.lm_head.weight}}  # passed to every fully_shard call
 
     def build(model, settings):
-        seen["built_dtensors"] = all(isinstance(p, DTensor) for p in model.parameters())
+        seen["lm_head_sharded"] = isinstance(model.lm_head.weight, DTensor)
+        seen["others_sharded"] = all(isinstance(p, DTensor) for n, p in model.named_parameters() if n != "lm_head.weight")
         return torch.optim.SGD(model.parameters(), lr=settings.adamw_lr)
 
     OPTIMIZERS["prepared"] = OptimizerEntry(description="test", prepare=prepare, build=build)
@@ -94,9 +96,10 @@ def _prepare_sees_the_unsharded_model(rank: int, world: int) -> dict:
     return {**seen, "step_s": result["optimizers"]["prepared"]["step_s"]}
 
 
-def test_an_entry_prepares_the_model_before_fully_shard():
+def test_an_entry_prepares_the_model_before_fully_shard_and_passes_it_arguments():
     for rank, seen in run_distributed(_prepare_sees_the_unsharded_model, 2).items():
-        assert seen["prepared_dtensors"] is False and seen["built_dtensors"] is True, (rank, seen)
+        assert seen["prepared_dtensors"] is False and seen["others_sharded"] is True, (rank, seen)
+        assert seen["lm_head_sharded"] is False, (rank, seen)
         assert seen["mesh_size"] == 2 and seen["step_s"] > 0
 
 

@@ -153,11 +153,10 @@ class _Run:
             self.param_counts = {"total": sum(r.param.numel() for r in routed),
                                  "muon": sum(r.param.numel() for r in routed if r.use_muon),
                                  "muon_matrices": sum(1 for r in routed if r.use_muon)}
-        if entry.prepare is not None:
-            entry.prepare(model, self.mesh)
+        extra = (entry.prepare(model, self.mesh, self.settings) if entry.prepare is not None else None) or {}
         for block in self.spec.blocks(model):
-            fully_shard(block, mesh=self.mesh, mp_policy=self.mp_policy)
-        fully_shard(model, mesh=self.mesh, mp_policy=self.mp_policy)
+            fully_shard(block, mesh=self.mesh, mp_policy=self.mp_policy, **extra)
+        fully_shard(model, mesh=self.mesh, mp_policy=self.mp_policy, **extra)
         return model, entry.build(model, self.settings)
 
     def tokens(self, micro_batch: int) -> torch.Tensor:

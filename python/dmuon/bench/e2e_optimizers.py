@@ -1,13 +1,17 @@
 """The optimizers `python -m dmuon bench e2e` compares, by name.
 
 Each entry builds its optimizer on the FSDP2-sharded model; an entry may also `prepare` the
-unsharded model first (called before fully_shard, with the device mesh). Adding one is a
-few lines here, e.g. the weight-ownership mode once python/dmuon/ownership.py exists:
+unsharded model first: prepare(model, mesh, settings) runs before fully_shard and returns
+extra keyword arguments for every fully_shard call (or None). Adding one is a few lines
+here, e.g. the weight-ownership mode once python/dmuon/ownership.py is in:
+
+    def _own(model, mesh, s):
+        owned = dmuon.own_matrices(model, mesh, param_dtype=torch.bfloat16 if s.device_type == "cuda" else None)
+        return {"ignored_params": owned.params}  # FSDP2 shards everything else
 
     OPTIMIZERS["dmuon-ownership"] = OptimizerEntry(
-        description="DMuon on owner-held matrices (dmuon.own_matrices before fully_shard)",
-        prepare=lambda model, mesh: dmuon.own_matrices(model, mesh=mesh),
-        build=lambda model, s: dmuon.DMuon(model, lr=s.lr, weight_decay=s.weight_decay, adamw_lr=s.adamw_lr))
+        description="DMuon, weight-ownership mode (dmuon.own_matrices before fully_shard)",
+        prepare=_own, build=_dmuon("owner"))
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ class Settings:
 class OptimizerEntry:
     description: str
     build: Callable[[nn.Module, Settings], torch.optim.Optimizer]
-    prepare: Callable[[nn.Module, Any], None] | None = None  # (unsharded model, device mesh)
+    # (unsharded model, device mesh, settings) -> extra fully_shard keyword arguments or None
+    prepare: Callable[[nn.Module, Any, Settings], dict[str, Any] | None] | None = None
 
 
 def _dmuon(mode: str) -> Callable[[nn.Module, Settings], torch.optim.Optimizer]:
