@@ -111,6 +111,29 @@ def test_hf_configs_have_the_shipped_manifests_muon_matrices(name):
     assert shapes == Counter((m.rows, m.cols, m.batch) for m in load_model(name).matrices)
 
 
+def _small_qwen2_under_fsdp2(rank: int, world: int) -> dict:
+    """The Hugging Face path (config -> model -> FSDP2 per decoder layer -> loss) on a
+    scaled-down Qwen2 config."""
+    import dmuon.bench.e2e as e2e
+    from dmuon.bench import e2e_models
+
+    e2e_models.HF_CONFIGS["qwen2-small"] = ("qwen2", dict(
+        vocab_size=1000, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        hidden_act="silu"))
+    config = dict(model="qwen2-small", device="cpu", seq=32, micro_batch=2, max_micro_batch=64,
+                  optimizers=["dmuon", "adamw"], steps=1, warmup=1, seed=0)
+    return e2e._worker(rank, world, config)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+def test_hugging_face_decoder_trains_under_fsdp2():
+    for rank, result in run_distributed(_small_qwen2_under_fsdp2, 2).items():
+        assert result["param_counts"]["muon_matrices"] == 14, (rank, result)  # 2 layers x q, k, v, o, gate, up, down
+        for name, entry in result["optimizers"].items():
+            assert entry["step_s"] > 0 and 0 < entry["loss"] < 20, (rank, name, entry)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is not None, reason="transformers is installed")
 def test_hugging_face_model_without_transformers_is_a_clear_error():
     with pytest.raises(ImportError, match="--model qwen2.5-1.5b .* needs the 'transformers' package"):

@@ -119,16 +119,17 @@ def _hf_spec(name: str) -> ModelSpec:
 
 
 def check_muon_shapes(model: nn.Module, name: str) -> None:
-    """The built model's Muon matrices (dmuon's routing) must be the manifest's, so the
-    end-to-end figures and `bench step`'s describe the same matrices."""
+    """The built model's Muon matrices (dmuon's routing) must be those its config describes
+    (plan.manifest_from_config; the shipped manifests are checked against HF_CONFIGS by the
+    tests), so the end-to-end figures and `bench step`'s are about the same matrices."""
     if name not in HF_CONFIGS:
         return
-    from dmuon.plan.manifest import load_model
+    from dmuon.plan.manifest import manifest_from_config
     from dmuon.routing import route_module
 
     built = Counter(tuple(r.param.shape) for r in route_module(model) if r.use_muon)
-    manifest = Counter((m.rows, m.cols) if m.batch == 1 else (m.batch, m.rows, m.cols)
-                       for m in load_model(name).matrices)
-    if built != manifest:
-        raise ValueError(f"--model {name}: the built model's Muon matrices {dict(built)} differ from the "
-                         f"manifest's {dict(manifest)}")
+    expected = Counter((m.rows, m.cols) if m.batch == 1 else (m.batch, m.rows, m.cols)
+                       for m in manifest_from_config(HF_CONFIGS[name][1], name=name).matrices)
+    if built != expected:
+        raise ValueError(f"--model {name}: the built model's Muon matrices {dict(built)} differ from those of "
+                         f"its config {dict(expected)}")
