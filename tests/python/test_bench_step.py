@@ -34,7 +34,7 @@ def test_worlds_print_one_table_each_a_scaling_table_and_json(tmp_path, capsys):
     manifest.write_text(json.dumps(_MANIFEST))
     out = tmp_path / "step.json"
     assert main(["bench", "step", "--manifest", str(manifest), "--worlds", "1,2", "--device", "cpu",
-                 "--steps", "1", "--warmup", "0", "--json", str(out)]) == 0
+                 "--steps", "1", "--warmup", "0", "--profile-steps", "1", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "world 1 (Gloo" in printed and "world 2 (Gloo" in printed and "scaling: small" in printed
     for method in ("owner", "gather", "adamw (fused)"):
@@ -49,6 +49,8 @@ def test_worlds_print_one_table_each_a_scaling_table_and_json(tmp_path, capsys):
     assert two["gather"]["bytes_sent"] == _rank0_numel(2) * 4
     assert 0 < two["owner"]["bytes_sent"] <= two["gather"]["bytes_sent"]
     assert two["owner"]["predicted_ns_s"] > 0 and len(two["owner"]["split_s"]) == 5
+    # The split comes from the extra synchronized steps (on a second process group).
+    assert two["owner"]["split_source"] == "1 synchronized steps" and two["owner"]["profiled_step_s"] > 0
     assert all(entry["step_s"] > 0 for entry in two.values())
     assert set(record["worlds"]["2"]["per_rank"]) == {"0", "1"}
 

@@ -11,8 +11,10 @@ measured NS, and the speed-up over gather. `--worlds 2,4,8` adds a scaling table
 
 NOTE: on GPUs the phases of a step overlap and run asynchronously, so the split comes from
 extra steps in which the runtime synchronizes the device after each phase (its `profile`
-option, as DMUON_PROFILE=1); the step time comes from the normal, overlapped steps. On the
-CPU every phase is synchronous and the timed steps give the split directly.
+option, as DMUON_PROFILE=1) on a second process group whose NCCL wait() blocks the host
+(TORCH_NCCL_BLOCKING_WAIT=1; NCCL's default wait only orders streams, which would leave
+the communication time inside the next phase); the step time comes from the normal,
+overlapped steps. On the CPU every phase is synchronous and the timed steps give the split.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ def register(subparsers) -> None:
                         help="use only the first K Muon matrices (0: all); CPU runs need few")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per method")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (plan, profiling, allocation)")
-    parser.add_argument("--profile-steps", type=int, default=3,
-                        help="GPU only: synchronized steps that split the time into phases (0: no split)")
+    parser.add_argument("--profile-steps", type=int, default=None,
+                        help="extra synchronized steps that split the time into phases (default: 3 on GPUs, "
+                             "0 on CPUs, whose timed steps are synchronous already)")
     parser.add_argument("--bucket-mb", type=float, default=64.0, help="wire MiB per pipeline bucket")
     parser.add_argument("--planner", choices=("milp", "lpt", "round_robin"), default="milp")
     parser.add_argument("--wire-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
@@ -98,6 +101,8 @@ def resolve_worlds(args, device: str) -> tuple[list[int], list[int]]:
 def _check_counts(args) -> None:
     for name in ("steps", "warmup", "profile_steps"):
         value = getattr(args, name)
+        if value is None:
+            continue
         if value < (1 if name == "steps" else 0):
             raise ValueError(f"--{name.replace('_', '-')} must be >= {1 if name == 'steps' else 0}, got {value}")
     if not args.bucket_mb >= 0:
@@ -164,7 +169,36 @@ def _dmuon(params: list, names: list, mode: str, options: dict, profile: bool):
     return opt
 
 
-def _run_method(method: str, shapes: list, names: list, mesh, rank: int, world: int, options: dict) -> dict:
+def _profiling_mesh(world: int, device: str):
+    """A second 1-D mesh over every rank for the synchronized steps; on GPUs its NCCL group
+    blocks the host in wait(), so that a profiled step's "comm wait" is the transfer."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    previous = os.environ.get("TORCH_NCCL_BLOCKING_WAIT")
+    os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"  # NOTE: read when a process group is made
+    try:
+        group = dist.new_group(list(range(world)), backend="nccl" if device == "cuda" else "gloo")
+    finally:
+        if previous is None:
+            del os.environ["TORCH_NCCL_BLOCKING_WAIT"]
+        else:
+            os.environ["TORCH_NCCL_BLOCKING_WAIT"] = previous
+    return DeviceMesh.from_group(group, device)
+
+
+def _on_mesh(t, mesh):
+    """The same local rows as a DTensor on another mesh (no copy)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    return DTensor.from_local(t.detach().to_local(), mesh, [Shard(0)], run_check=False, shape=t.shape,
+                              stride=t.stride())
+
+
+def _run_method(method: str, shapes: list, names: list, mesh, rank: int, world: int, options: dict,
+                profiling_mesh=None) -> dict:
     """Time one method on fresh parameters and gradients; for dmuon modes also its split."""
     device = options["device"]
     params = [torch.nn.Parameter(t) for t in _sharded_tensors(shapes, mesh, rank, world, 0, device)]
@@ -193,14 +227,18 @@ def _run_method(method: str, shapes: list, names: list, mesh, rank: int, world: 
         entry.update(split_s=timed[:5], split_source=source, bytes_sent=int(timed[5]),
                      bytes_received=int(timed[6]), num_buckets=opt.runtime.num_buckets,
                      predicted_ns_s=opt.runtime.predicted_makespan_s if method == "owner" else None)
-        # GPUs: the split from extra steps that synchronize after each phase.
-        if device == "cuda" and options["profile_steps"] > 0:
+        # The split from extra steps that synchronize after each phase (GPUs by default).
+        if profiling_mesh is not None:
             del opt
-            opt = _dmuon(params, names, method, options, profile=True)
+            profiled_params = [torch.nn.Parameter(_on_mesh(p, profiling_mesh)) for p in params]
+            for q, p in zip(profiled_params, params):
+                q.grad = _on_mesh(p.grad, profiling_mesh)
+            opt = _dmuon(profiled_params, names, method, options, profile=True)
             splits.clear()
             profiled = _time_steps(step, options["profile_steps"], 1, device)
             entry.update(split_s=[statistics.median(col) for col in zip(*splits[1:])][:5],
-                         split_source=f"{options['profile_steps']} synchronized steps",
+                         split_source=f"{options['profile_steps']} synchronized steps"
+                         + (" (NCCL wait blocking)" if device == "cuda" else ""),
                          profiled_step_s=statistics.median(profiled))
     del opt, params
     gc.collect()
@@ -213,7 +251,9 @@ def _worker(rank: int, world: int, shapes: list, names: list, methods: list, opt
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(options["device"], (world,))
-    return {method: _run_method(method, shapes, names, mesh, rank, world, options) for method in methods}
+    profiling_mesh = _profiling_mesh(world, options["device"]) if options["profile_steps"] > 0 else None
+    return {method: _run_method(method, shapes, names, mesh, rank, world, options, profiling_mesh)
+            for method in methods}
 
 
 # ------------------------------------------------------------------------- reporting
@@ -311,6 +351,7 @@ def run(args: argparse.Namespace) -> int:
 
     _check_counts(args)
     device = resolve_device(args.device)
+    profile_steps = args.profile_steps if args.profile_steps is not None else (3 if device == "cuda" else 0)
     worlds, skipped = resolve_worlds(args, device)
     name, matrices = _matrices(args)
     shapes = [(m.batch, m.rows, m.cols) if m.batch > 1 else (m.rows, m.cols) for m in matrices]
@@ -320,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
     context = dict(device=device, steps=args.steps,
                    cost_model="profiled NS cost table" if device == "cuda" else "analytic CPU cost model")
     options = dict(device=device, bucket_mb=args.bucket_mb, planner=args.planner, steps=args.steps,
-                   warmup=args.warmup, profile_steps=args.profile_steps, wire_dtype=args.wire_dtype)
+                   warmup=args.warmup, profile_steps=profile_steps, wire_dtype=args.wire_dtype)
 
     # Header, then one table per world size as it finishes.
     num_params = sum(m.rows * m.cols * m.batch for m in matrices)
