@@ -31,9 +31,6 @@ import torch
 from dmuon.bench.environment import environment_line
 from dmuon.bench.memory import memory_in_use, peak, reset_peak
 
-_SPLIT_NAMES = ("momentum", "pack", "comm wait", "NS", "apply")
-
-
 def register(subparsers) -> None:
     parser = subparsers.add_parser("step", help="distributed optimizer step: owner vs gather vs AdamW")
     source = parser.add_mutually_exclusive_group(required=True)
