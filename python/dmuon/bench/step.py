@@ -31,6 +31,7 @@ import torch
 from dmuon.bench.environment import environment_line
 from dmuon.bench.memory import memory_in_use, peak, reset_peak
 
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser("step", help="distributed optimizer step: owner vs gather vs AdamW")
     source = parser.add_mutually_exclusive_group(required=True)
