@@ -122,3 +122,5 @@ fi
 
 echo "total: $(( $(date +%s) - START )) s"
 python3 -m dmuon.bench.summary "$OUT"
+# Exit status: 0 only if every stage that ran or was skipped for the budget was ok.
+if cut -f2 "$OUT/stages.tsv" | grep -qv '^ok$'; then exit 1; fi
