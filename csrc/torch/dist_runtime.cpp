@@ -14,8 +14,7 @@
 #include "common/env.h"
 #include "optim/update_rule.h"
 #include "orthogonalize.h"
-#include "plan/cost_model.h"
-#include "plan/planner.h"
+#include "owner_planning.h"
 
 namespace dmuon::torch_adapter {
 namespace {
@@ -89,62 +88,27 @@ void MuonRuntime::make_plan() {
   for (const auto& layout : layouts_) wire_bytes.push_back(layout.numel() * wire_size);
   const size_t num_params = layouts_.size();
 
-  if (options_.mode == "gather") {
+  if (num_params == 0) {
+    // Nothing to plan (e.g. every Muon matrix is owned by the weight-ownership runtime).
+    order_by_rank_.assign(static_cast<size_t>(world_size_), {});
+  } else if (options_.mode == "gather") {
     // Everyone computes everything; buckets follow parameter order.
     owners_.assign(num_params, -1);
     order_by_rank_.assign(1, {});
     for (size_t i = 0; i < num_params; ++i) order_by_rank_[0].push_back(static_cast<int>(i));
   } else {
-    std::vector<plan::MatrixSpec> matrices;
-    for (size_t i = 0; i < num_params; ++i) {
-      const auto& layout = layouts_[i];
-      // NOTE: the planner rejects empty matrices; a zero-size parameter costs nothing and
-      // is planned as a 1x1 matrix so that it still gets an owner.
-      matrices.push_back({names_[i], std::max<int64_t>(1, layout.matrix_rows()),
-                          std::max<int64_t>(1, layout.cols()),
-                          std::max<int64_t>(1, layout.num_matrices()),
-                          std::max<int64_t>(1, wire_bytes[i]), 0});
-    }
-    plan::ProblemOptions problem_options;
-    problem_options.world_size = world_size_;
-    // Costs: measured NS times when given (identical on every rank), else the analytic model.
-    plan::CostFn cost_fn;
-    if (!options_.cost_entries.empty()) {
-      plan::CostTable table;
-      for (const auto& [rows, cols, count, seconds] : options_.cost_entries) table.set(rows, cols, count, seconds);
-      cost_fn = table.as_cost_fn();
-    } else {
-      cost_fn = (options_.device_type == "cuda" ? plan::AnalyticCostModel::gpu_default()
-                                                : plan::AnalyticCostModel::cpu_default())
-                    .as_cost_fn();
-    }
-    const plan::Problem problem = plan::build_problem(matrices, problem_options, cost_fn);
-    const plan::SolverKind solver = plan::parse_solver(options_.solver);
-    std::string text;
-    if (rank_ == 0) text = plan::solve(problem, solver, plan::MilpOptions::from_env()).serialize();
-
-    // Broadcast the plan's text (length first) from rank 0.
-    if (group_ && world_size_ > 1) {
-      const at::TensorOptions opts = at::TensorOptions().device(
-          options_.device_type == "cuda" ? at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index())
-                                         : at::Device(at::kCPU));
-      std::vector<at::Tensor> length{at::tensor({static_cast<int64_t>(text.size())}, opts.dtype(at::kLong))};
-      wait_and_check(group_->broadcast(length), length[0], "broadcast of the plan's length");
-      const int64_t num_bytes = length[0].item<int64_t>();
-      at::Tensor bytes = at::empty({num_bytes}, at::TensorOptions().dtype(at::kByte));
-      if (rank_ == 0) std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
-      std::vector<at::Tensor> payload{bytes.to(opts.device())};
-      wait_and_check(group_->broadcast(payload), payload[0], "broadcast of the plan");
-      at::Tensor host = payload[0].to(at::kCPU);
-      text.assign(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()), static_cast<size_t>(num_bytes));
-    }
-    const plan::Plan plan = plan::deserialize_plan(problem, text);
-    plan_text_ = text;
-    predicted_makespan_s_ = plan.makespan;
-    owners_ = plan.owner;
+    OwnerPlanInput input{names_, layouts_, wire_bytes, world_size_, options_.solver,
+                         options_.device_type, options_.cost_entries};
+    const at::Device device = options_.device_type == "cuda"
+        ? at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index())
+        : at::Device(at::kCPU);
+    const OwnerPlan planned = plan_owners(input, group_, rank_, device);
+    plan_text_ = planned.text;
+    predicted_makespan_s_ = planned.plan.makespan;
+    owners_ = planned.plan.owner;
     order_by_rank_.assign(static_cast<size_t>(world_size_), {});
     for (int r = 0; r < world_size_; ++r)
-      for (const auto& batch : plan.ranks[static_cast<size_t>(r)].batches)
+      for (const auto& batch : planned.plan.ranks[static_cast<size_t>(r)].batches)
         for (int idx : batch.matrix_idx) order_by_rank_[static_cast<size_t>(r)].push_back(idx);
   }
   buckets_ = dist::make_buckets(order_by_rank_, wire_bytes, options_.bucket_bytes);
