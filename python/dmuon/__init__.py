@@ -5,7 +5,8 @@
 """
 
 from dmuon.optimizer import DMuon, NonFiniteGradientError
+from dmuon.ownership import OwnedMatrices, own_matrices
 from dmuon.routing import RoutedParam, route_module, route_params
 
-__all__ = ["DMuon", "NonFiniteGradientError", "RoutedParam", "route_module", "route_params"]
+__all__ = ["DMuon", "NonFiniteGradientError", "OwnedMatrices", "own_matrices", "RoutedParam", "route_module", "route_params"]
 __version__ = "0.1.0"

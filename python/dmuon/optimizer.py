@@ -19,6 +19,7 @@ from torch.optim.adam import adam as _torch_adam
 
 from dmuon import distributed
 from dmuon._ops import _C, ops
+from dmuon.ownership import ownership_of
 from dmuon.routing import RoutedParam, default_batch_dims, route_module, route_params
 
 _NS_ALGORITHMS = ("gram", "standard")
@@ -131,8 +132,11 @@ class DMuon(torch.optim.Optimizer):
             betas=adamw_betas, eps=adamw_eps)
         self._param_names: dict[int, str] = {}
         self._batch_dims: dict[int, int] = {}
+        self._ownership = None
         super().__init__(self._initial_groups(params, muon_filter), {"lr": lr})
         self._check_ranks_agree()
+        self._ownership = self._find_ownership()
+        self._configure_ownership()
 
     # ----------------------------------------------------------------- construction
     def _initial_groups(self, params: Any, muon_filter: Any) -> list[dict[str, Any]]:
@@ -204,6 +208,9 @@ class DMuon(torch.optim.Optimizer):
             self._validate_adamw_group(group, group_idx)
         super().add_param_group(group)
         self._runtime = None  # NOTE: rebuilt (collectively) at the next step
+        if getattr(self, "_ownership", None) is not None:
+            self._ownership = self._find_ownership()
+            self._configure_ownership()
 
     @staticmethod
     def _validate_param(name: str, param: torch.Tensor, use_muon: bool) -> None:
@@ -262,9 +269,77 @@ class DMuon(torch.optim.Optimizer):
 
     # ------------------------------------------------------------ distribution
     def _muon_params(self) -> list[tuple[int, torch.Tensor]]:
-        """(group index, parameter) of every Muon parameter, in group order."""
+        """(group index, parameter) of every Muon parameter the step runtime handles (the
+        owned ones of the weight-ownership mode excluded), in group order."""
         return [(g_idx, p) for g_idx, group in enumerate(self.param_groups) if group["use_muon"]
-                for p in group["params"]]
+                for p in group["params"] if ownership_of(p) is None]
+
+    # ------------------------------------------------------- weight ownership
+    def _find_ownership(self) -> Any:
+        """The OwnedMatrices of the owned parameters (at most one), checked complete."""
+        handles = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                handle = ownership_of(p)
+                if handle is not None:
+                    if not group["use_muon"]:
+                        raise ValueError(f"parameter {self.param_name(p)!r} is owned (dmuon.own_matrices) "
+                                         "but sits in an AdamW group; owned matrices must use Muon")
+                    handles[id(handle)] = handle
+        if len(handles) > 1:
+            raise ValueError("DMuon's parameters come from several own_matrices calls; use one per model")
+        if not handles:
+            return None
+        handle = next(iter(handles.values()))
+        mine = {id(p) for group in self.param_groups for p in group["params"]}
+        missing = [e.name for e in handle._entries if id(e.master) not in mine]
+        if missing:
+            raise ValueError(f"every owned matrix must be in this optimizer, but {missing[:3]} are not")
+        handle._attach(self)
+        return handle
+
+    def _owned_group_slots(self) -> tuple[list[Any], list[int]]:
+        """Group options of the Muon groups and, per owned matrix, its slot among them."""
+        options, slot = self._muon_group_options()
+        group_of = {id(p): g_idx for g_idx, group in enumerate(self.param_groups) for p in group["params"]}
+        return options, [slot[group_of[id(e.master)]] for e in self._ownership._entries]
+
+    def _configure_ownership(self) -> None:
+        """Options and momentum buffers the owner's early Newton–Schulz uses next backward."""
+        handle = self._ownership
+        if handle is None:
+            return
+        options, slots = self._owned_group_slots()
+        # NOTE: buffers are created at the first commit (None: zeros), so that the state
+        # stays empty until the first step, as torch optimizers' state does.
+        buffers = []
+        for e in handle._entries:
+            mine = handle.runtime.owners[e.index] == handle.runtime.rank
+            buffers.append(self.state.get(e.master, {}).get("momentum_buffer") if mine else None)
+        handle.runtime.configure(slots, options, buffers)
+
+    @torch.no_grad()
+    def init_state(self) -> None:
+        """Creates every state entry a step would create (zeros), without stepping: the
+        target structure for loading a checkpoint into a fresh optimizer."""
+        handle = self._ownership
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if group["use_muon"]:
+                    if handle is not None and ownership_of(p) is handle and not handle.is_owner(p):
+                        continue  # the owner holds it (materialized() shares it)
+                    if "momentum_buffer" not in state:
+                        state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                elif "step" not in state:
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        self._configure_ownership()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._configure_ownership()
 
     def _placements(self) -> tuple[list[distributed.Placement], Any]:
         muon = self._muon_params()
@@ -344,10 +419,13 @@ class DMuon(torch.optim.Optimizer):
                 loss = closure()
         runtime = self._ensure_runtime()
         step_idx = self.param_groups[0]["num_steps"] + 1
+        # NOTE: owned matrices first: their reduction and Newton–Schulz ran during backward;
+        # finish() waits for them, and every exit below commits or discards their results.
+        owned = self._finish_owned(step_idx)
 
         # Which parameters have gradients and which gradients are not finite, agreed by all
         # ranks: one host sync for the local check and one small all_reduce.
-        every = [p for group in self.param_groups for p in group["params"]]
+        every = [p for group in self.param_groups for p in group["params"] if ownership_of(p) is None]
         for p in every:
             if p.grad is not None and p.grad.is_sparse:
                 raise RuntimeError(f"parameter {self.param_name(p)!r} has a sparse gradient; DMuon needs dense gradients")
@@ -369,15 +447,18 @@ class DMuon(torch.optim.Optimizer):
         has_grad, bad, corrupt = agreed[:n], agreed[n:2 * n], agreed[2 * n:]
         for p, count in zip(every, has_grad):
             if count not in (0, world):
+                self._discard_owned()
                 raise RuntimeError(f"parameter {self.param_name(p)!r} has a gradient on {count} of {world} ranks "
                                    f"at step {step_idx}; every rank must have it or none")
-        corrupt_names = [self.param_name(p) for p, c in zip(every, corrupt) if c]
+        corrupt_names = [self.param_name(p) for p, c in zip(every, corrupt) if c] + owned["corrupt"]
         if corrupt_names:
+            self._discard_owned()
             raise NonFiniteGradientError(
                 f"the momentum buffer of parameter {corrupt_names[0]!r} holds NaN or Inf at step {step_idx} "
                 "(corrupt optimizer state); nothing was updated")
-        if any(bad):
-            names = [self.param_name(p) for p, b in zip(every, bad) if b]
+        if any(bad) or owned["bad"]:
+            names = [self.param_name(p) for p, b in zip(every, bad) if b] + owned["bad"]
+            self._discard_owned()
             if self.nonfinite == "raise":
                 raise NonFiniteGradientError(
                     f"non-finite gradient (NaN or Inf) in parameter {names[0]!r} at step {step_idx}"
@@ -390,6 +471,7 @@ class DMuon(torch.optim.Optimizer):
         active = {id(p) for p, count in zip(every, has_grad) if count}
 
         self._muon_step(runtime, active, step_idx)
+        self._commit_owned(owned, step_idx)
         for group in self.param_groups:
             group["num_steps"] += 1
             if not group["use_muon"]:
@@ -398,11 +480,8 @@ class DMuon(torch.optim.Optimizer):
                     self._adamw_group_step(group, params)
         return loss
 
-    def _muon_step(self, runtime: Any, active: set[int], step_idx: int) -> None:
-        """Every Muon parameter through the C++ runtime in one call."""
-        muon = self._muon_params()
-        if not muon:
-            return
+    def _muon_group_options(self) -> tuple[list[Any], dict[int, int]]:
+        """C++ options of every Muon group, and each Muon group's slot among them."""
         group_options, group_slot = [], {}
         for g_idx, group in enumerate(self.param_groups):
             if group["use_muon"]:
@@ -413,6 +492,14 @@ class DMuon(torch.optim.Optimizer):
                     momentum=float(group["momentum"]), nesterov=bool(group["nesterov"]),
                     adjust_lr=group["adjust_lr"] or "none", algorithm=group["ns_algorithm"],
                     coefficients=coefficients, restart_after=restarts, eps=float(group["eps"])))
+        return group_options, group_slot
+
+    def _muon_step(self, runtime: Any, active: set[int], step_idx: int) -> None:
+        """Every Muon parameter through the C++ runtime in one call."""
+        muon = self._muon_params()
+        if not muon:
+            return
+        group_options, group_slot = self._muon_group_options()
         params, grads, buffers, slots = [], [], [], []
         for g_idx, p in muon:
             params.append(distributed.local(p))
@@ -427,6 +514,52 @@ class DMuon(torch.optim.Optimizer):
                 buffers.append(None)
             slots.append(group_slot[g_idx])
         runtime.step(params, grads, buffers, slots, group_options, step_idx)
+
+    def _finish_owned(self, step_idx: int) -> dict[str, Any]:
+        """Waits for the owned matrices' early work; their agreed flags."""
+        out: dict[str, Any] = {"bad": [], "corrupt": [], "active": []}
+        handle = self._ownership
+        if handle is None:
+            return out
+        rt = handle.runtime
+        n = len(handle._entries)
+        try:
+            local = rt.finish(step_idx)
+            agreed = rt.all_reduce_flags(local, "sum", f"dmuon step {step_idx}: all_reduce of the owned gradient checks")
+        except Exception:
+            rt.discard()
+            handle._after_step()
+            raise
+        world = rt.world_size
+        for e, count in zip(handle._entries, agreed[:n]):
+            if count not in (0, world):
+                self._discard_owned()
+                raise RuntimeError(f"parameter {e.name!r} has a gradient on {count} of {world} ranks "
+                                   f"at step {step_idx}; every rank must have it or none")
+        out["active"] = [count == world for count in agreed[:n]]
+        out["bad"] = [e.name for e, b in zip(handle._entries, agreed[n:2 * n]) if b]
+        out["corrupt"] = [e.name for e, b in zip(handle._entries, agreed[2 * n:]) if b]
+        return out
+
+    def _discard_owned(self) -> None:
+        if self._ownership is not None:
+            self._ownership.runtime.discard()
+            self._ownership._after_step()
+
+    def _commit_owned(self, owned: dict[str, Any], step_idx: int) -> None:
+        handle = self._ownership
+        if handle is None:
+            return
+        for e in handle._entries:
+            if handle.runtime.owners[e.index] == handle.runtime.rank and "momentum_buffer" not in self.state[e.master]:
+                self.state[e.master]["momentum_buffer"] = torch.zeros_like(e.master, memory_format=torch.contiguous_format)
+        self._configure_ownership()
+        options, _ = self._owned_group_slots()
+        try:
+            handle.runtime.commit([e.master for e in handle._entries], owned["active"], options, step_idx)
+        finally:
+            handle._after_step()
+        self._configure_ownership()
 
     def _adamw_group_step(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
         exp_avgs, exp_avg_sqs, steps = [], [], []

@@ -1,0 +1,177 @@
+"""Rank functions of the weight-ownership tests (run by dist_harness on Gloo processes)."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+
+import dmuon
+from dist_workers import TinyTransformer, _batches, _device, _loss, _rel, _single_process_dmuon
+
+
+def _full(p: torch.Tensor) -> torch.Tensor:
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
+
+
+def ownership_matches_single_process(rank: int, world: int, wrapper: str, mesh_shape: tuple = (),
+                                     accumulate: int = 1, reshard: bool = True, num_steps: int = 3) -> dict:
+    """Weight-ownership training (owned matrices; the rest under FSDP2 or plain DP) against
+    single-process DMuon on the whole batch. Returns per parameter the relative error."""
+    torch.manual_seed(0)
+    device = _device()
+    reference = TinyTransformer().to(device)
+    model = copy.deepcopy(reference)
+    options = dict(lr=0.01, weight_decay=0.05)
+    ref_opt = _single_process_dmuon(reference, **options)
+    mesh = init_device_mesh(device.type, mesh_shape) if mesh_shape else None
+    owned = dmuon.own_matrices(model, mesh, reshard_after_forward=reshard, bucket_size_mb=0.001,
+                               replicate_others=(wrapper == "dp"))
+    if wrapper == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        flat = init_device_mesh(device.type, (world,))
+        for layer in (model.qkv, model.proj, model.up, model.down):
+            fully_shard(layer, mesh=flat, ignored_params=owned.params)
+        fully_shard(model, mesh=flat, ignored_params=owned.params)
+    opt = dmuon.DMuon(model, **options)
+
+    per_rank = 2 * accumulate
+    for step in range(num_steps):
+        tokens = _batches(step, world, per_rank)
+        ref_opt.zero_grad()
+        _loss(reference, tokens).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        mine = tokens[rank * per_rank:(rank + 1) * per_rank]
+        for micro in range(accumulate):
+            last = micro == accumulate - 1
+            owned.set_requires_gradient_sync(last)
+            if wrapper == "fsdp2":
+                model.set_requires_gradient_sync(last)
+            part = mine[micro * 2:(micro + 1) * 2]
+            (_loss(model, part) / accumulate).backward()
+        opt.step()
+
+    errors = {}
+    with owned.materialized(opt):
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            errors[name] = _rel(_full(p).detach(), q.detach())
+    owners = [owned.owner_of(e.master) for e in owned._entries]
+    # After leaving the block, non-owners hold no bytes of the owned weights again.
+    freed = all(dmuon._C.ownership.storage_is_allocated(e.master) == (owners[e.index] == rank)
+                for e in owned._entries)
+    return {"errors": errors, "owners": owners, "freed_again": freed}
+
+
+class _SlowBackward(torch.autograd.Function):
+    """Identity whose backward sleeps: the layers below it get their gradients late."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+class _Deep(nn.Module):
+    def __init__(self, width: int = 48, depth: int = 4):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(depth))
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = torch.tanh(layer(x))
+            if i == 0:
+                x = _SlowBackward.apply(x, 0.5)
+        return x
+
+
+def orthogonalization_overlaps_backward(rank: int, world: int) -> dict:
+    """Newton–Schulz of the last layer's bucket runs while the first layer's backward is
+    still pending (its gradient is held back 0.5 s); times from the runtime's timeline."""
+    torch.manual_seed(0)
+    model = _Deep()
+    owned = dmuon.own_matrices(model, bucket_size_mb=0.0001, replicate_others=True)
+    opt = dmuon.DMuon(model, lr=0.01)
+    for _ in range(2):
+        owned.runtime.clear_timeline()
+        opt.zero_grad()
+        model(torch.randn(8, 48)).square().mean().backward()
+        opt.step()
+    events = owned.timeline()
+    names = [e.name for e in owned._entries]
+    first, last = names.index("layers.0.weight"), names.index("layers.3.weight")
+    bucket_of = {i: k for k, bucket in enumerate(owned.runtime.buckets) for i in bucket}
+    t = lambda what, index: next(e.seconds for e in events if e.what == what and e.index == index)
+    return {
+        "first_grad": t("grad_ready", first),
+        "last_ns_begin": t("ns_begin", bucket_of[last]),
+        "last_ns_end": t("ns_end", bucket_of[last]),
+        "finish": next(e.seconds for e in events if e.what == "finish"),
+    }
+
+
+def ownership_checkpoint_resumes(rank: int, world: int, path: str, phase: str) -> dict:
+    """DCP through materialized(): phase "save" trains 2 steps and saves, then trains 2
+    more; phase "load" (any world size) loads and trains the same 2 steps. Returns the
+    final parameters (full) for comparison."""
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    owned = dmuon.own_matrices(model, replicate_others=True)
+    opt = dmuon.DMuon(model, lr=0.01, weight_decay=0.05)
+
+    def train(steps):
+        for step in steps:
+            tokens = _batches(step, world, 2)
+            opt.zero_grad()
+            _loss(model, tokens[rank * 2:(rank + 1) * 2]).backward()
+            opt.step()
+
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    if phase == "save":
+        train(range(2))
+        with owned.materialized(opt):
+            model_state, optim_state = get_state_dict(model, opt)
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+    else:
+        with owned.materialized(opt):
+            model_state, optim_state = get_state_dict(model, opt)
+            state = {"model": model_state, "optim": optim_state}
+            dcp.load(state, checkpoint_id=path)
+            set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    train(range(2, 4))
+    with owned.materialized(opt):
+        return {name: p.detach().double().tolist() for name, p in model.named_parameters()}
+
+
+class _Blocks(nn.Module):
+    """Two decoder-like layers of four same-shape matrices each."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.ModuleDict({k: nn.Linear(width, width, bias=False) for k in ("q", "k", "v", "o")}) for _ in range(2))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer["o"](torch.tanh(layer["q"](x) + layer["k"](x) * layer["v"](x)))
+        return x
+
+
+def owners_of_layers(rank: int, world: int) -> list[list[int]]:
+    """Owners of each layer's matrices (the plan shared by every rank)."""
+    model = _Blocks()
+    owned = dmuon.own_matrices(model)
+    return [[owned.owner_of(layer[k].weight) for k in ("q", "k", "v", "o")] for layer in model.layers]

@@ -1,0 +1,105 @@
+"""Weight-ownership mode on Gloo processes: same parameters as single-process DMuon (fp32,
+1e-5 relative), with FSDP2 on the rest, plain DP, gradient accumulation and a 2×2 mesh;
+Newton–Schulz overlapping backward; DCP checkpoints; bad inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import dmuon
+import ownership_workers
+from dist_harness import run_distributed
+
+TOLERANCE = 1e-5
+
+
+def _check(results: dict, world: int) -> None:
+    for rank, result in results.items():
+        for name, error in result["errors"].items():
+            assert error < TOLERANCE, (rank, name, error)
+        assert result["freed_again"], rank
+    owners = {tuple(r["owners"]) for r in results.values()}
+    assert len(owners) == 1  # every rank agrees on the plan
+    if world > 1:
+        assert len(set(next(iter(owners)))) > 1  # the work is spread
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_plain_data_parallel_matches_single_process(world):
+    _check(run_distributed(ownership_workers.ownership_matches_single_process, world, "dp"), world)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp2_on_the_rest_matches_single_process(world):
+    _check(run_distributed(ownership_workers.ownership_matches_single_process, world, "fsdp2"), world)
+
+
+def test_gradient_accumulation_reduces_once_and_matches():
+    _check(run_distributed(ownership_workers.ownership_matches_single_process, 2, "fsdp2", (), 2), 2)
+
+
+def test_weights_kept_between_forward_and_backward_match():
+    _check(run_distributed(ownership_workers.ownership_matches_single_process, 2, "dp", (), 1, False), 2)
+
+
+def test_two_level_mesh_matches_single_process():
+    _check(run_distributed(ownership_workers.ownership_matches_single_process, 4, "dp", (2, 2)), 4)
+
+
+def test_newton_schulz_runs_while_backward_continues():
+    results = run_distributed(ownership_workers.orthogonalization_overlaps_backward, 2)
+    for rank, t in results.items():
+        # The last layer's bucket was orthogonalized completely before the first layer's
+        # gradient existed, i.e. under backward.
+        assert t["last_ns_begin"] < t["last_ns_end"] < t["first_grad"] < t["finish"], (rank, t)
+
+
+def test_checkpoint_resumes_exactly_through_dcp(tmp_path):
+    """Saved at world 2 after 2 steps, loaded by a fresh run (another plan is possible), the
+    next 2 steps equal those of the run that kept going."""
+    path = str(tmp_path / "ckpt")
+    saved = run_distributed(ownership_workers.ownership_checkpoint_resumes, 2, path, "save")
+    loaded = run_distributed(ownership_workers.ownership_checkpoint_resumes, 2, path, "load")
+    for name, value in saved[0].items():
+        value = torch.tensor(value)
+        err = float((torch.tensor(loaded[0][name]) - value).norm() / value.norm())
+        assert err < 1e-6, (name, err)
+
+
+# ----------------------------------------------------------------------- bad inputs
+def test_own_matrices_rejects_bad_arguments():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
+    with pytest.raises(ValueError, match="prefetch"):
+        dmuon.own_matrices(model, prefetch=-1)
+    with pytest.raises(ValueError, match="reduce_dtype"):
+        dmuon.own_matrices(model, reduce_dtype=torch.int32)
+    with pytest.raises(ValueError, match="planner"):
+        dmuon.own_matrices(model, planner="magic")
+    with pytest.raises(TypeError, match="model"):
+        dmuon.own_matrices([1, 2])
+    with pytest.raises(ValueError, match="no Muon matrix"):
+        dmuon.own_matrices(nn.Sequential(nn.LayerNorm(4)))
+
+
+def test_owned_matrix_in_an_adamw_group_is_rejected():
+    model = nn.Sequential(nn.Linear(8, 8, bias=False), nn.Linear(8, 4, bias=False))
+    dmuon.own_matrices(model, predicate=lambda name, p: True)
+    with pytest.raises(ValueError, match="AdamW group"):
+        dmuon.DMuon([{"params": list(model.parameters()), "use_muon": False}], lr=0.01)
+    with pytest.raises(ValueError, match="already owned"):
+        dmuon.own_matrices(model, predicate=lambda name, p: True)
+
+
+def test_single_process_matches_plain_dmuon():
+    results = run_distributed(ownership_workers.ownership_matches_single_process, 1, "dp")
+    _check(results, 1)
+
+
+def test_each_layers_matrices_land_on_different_owners():
+    """Layer spreading: with 4 same-shape matrices per layer and 4 ranks, no owner publishes
+    two matrices of one layer (the plan's balance is unchanged: 2 matrices per rank)."""
+    owners = run_distributed(ownership_workers.owners_of_layers, 4)[0]
+    for layer in owners:
+        assert sorted(layer) == [0, 1, 2, 3], owners
