@@ -2,16 +2,8 @@
 
 Each entry builds its optimizer on the FSDP2-sharded model; an entry may also `prepare` the
 unsharded model first: prepare(model, mesh, settings) runs before fully_shard and returns
-extra keyword arguments for every fully_shard call (or None). Adding one is a few lines
-here, e.g. the weight-ownership mode once python/dmuon/ownership.py is in:
-
-    def _own(model, mesh, s):
-        owned = dmuon.own_matrices(model, mesh, param_dtype=torch.bfloat16 if s.device_type == "cuda" else None)
-        return {"ignored_params": owned.params}  # FSDP2 shards everything else
-
-    OPTIMIZERS["dmuon-ownership"] = OptimizerEntry(
-        description="DMuon, weight-ownership mode (dmuon.own_matrices before fully_shard)",
-        prepare=_own, build=_dmuon("owner"))
+extra keyword arguments for every fully_shard call (or None), as the weight-ownership
+mode does (dmuon.own_matrices, then FSDP2 shards everything else).
 """
 
 from __future__ import annotations
@@ -56,7 +48,19 @@ def _adamw(model: nn.Module, s: Settings) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=s.adamw_lr, weight_decay=s.weight_decay, fused=True)
 
 
+def _own_matrices(model: nn.Module, mesh: Any, s: Settings) -> dict[str, Any]:
+    import dmuon
+
+    # NOTE: bf16 compute copies match FSDP2's bf16 parameters; gradients reduce in float32
+    # like FSDP2's reduce_dtype.
+    owned = dmuon.own_matrices(model, mesh, param_dtype=torch.bfloat16 if s.device_type == "cuda" else None)
+    return {"ignored_params": owned.params}
+
+
 OPTIMIZERS: dict[str, OptimizerEntry] = {
+    "dmuon-ownership": OptimizerEntry(
+        description="DMuon, weight-ownership mode (dmuon.own_matrices before fully_shard)",
+        prepare=_own_matrices, build=_dmuon("owner")),
     "dmuon": OptimizerEntry(description="DMuon, owner mode (sharded matrices, each orthogonalized once)",
                             build=_dmuon("owner")),
     "gather": OptimizerEntry(description="DMuon, gather mode (every rank gathers and orthogonalizes every matrix)",
