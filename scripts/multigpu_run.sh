@@ -3,9 +3,9 @@
 # every world size, time the end-to-end training step; a short summary table last.
 # Usage (device tool; carry [".cutlass"] so the sm_90a kernel is built; kind nvidia-h200-x2,
 # -x4 or -x8 — the world sizes follow the GPUs present):
-#   bash scripts/multigpu_run.sh [--stages test,step,e2e] [--worlds 2,4,8]
+#   bash scripts/multigpu_run.sh [--stages test,step,e2e,e2e1] [--worlds 2,4,8]
 #        [--step-models qwen2.5-1.5b,qwen2.5-7b] [--e2e-model qwen2.5-1.5b]
-#        [--e2e-optimizers dmuon,gather,adamw] [--budget SECONDS]
+#        [--e2e-optimizers dmuon-ownership,dmuon,gather,adamw] [--budget SECONDS]
 # Every stage runs under `timeout`, clipped to what is left of the budget (default 540 s,
 # the build included), so one hang cannot eat the call; logs and JSON go to $OUT.
 set -uo pipefail
@@ -22,7 +22,7 @@ STAGES=test,step,e2e
 WORLDS_WANTED=2,4,8
 STEP_MODELS=qwen2.5-1.5b,qwen2.5-7b
 E2E_MODEL=qwen2.5-1.5b
-E2E_OPTIMIZERS=dmuon,gather,adamw
+E2E_OPTIMIZERS=dmuon-ownership,dmuon,gather,adamw
 BUDGET=540
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -118,6 +118,14 @@ if wants e2e; then
     bash -c "python3 -m dmuon bench e2e --model '$E2E_MODEL' --world auto --seq 4096 --micro-batch auto \
              --optimizers '$E2E_OPTIMIZERS' --json '$OUT/e2e_$E2E_MODEL.json' 2>&1 \
              | tee '$OUT/e2e_$E2E_MODEL.log' | grep -v -E 'UserWarning|FutureWarning|DeprecationWarning|warnings.warn'; exit \${PIPESTATUS[0]}"
+fi
+
+# 4. (issue 7) The same training step on one GPU: weight-ownership vs owner mode vs AdamW.
+if wants e2e1; then
+  run_stage "bench e2e qwen2.5-0.5b, 1 GPU" 200 \
+    bash -c "python3 -m dmuon bench e2e --model qwen2.5-0.5b --world 1 --seq 4096 --micro-batch auto \
+             --optimizers dmuon-ownership,dmuon,adamw --json '$OUT/e2e_1gpu.json' 2>&1 \
+             | tee '$OUT/e2e_1gpu.log' | grep -v -E 'UserWarning|FutureWarning|DeprecationWarning|warnings.warn'; exit \${PIPESTATUS[0]}"
 fi
 
 echo "total: $(( $(date +%s) - START )) s"

@@ -281,15 +281,18 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
     }
     flight = InFlight{};  // NOTE: free the receive buffer before the NS workspace is allocated
 
-    // One batched call per (group, m, n).
-    std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<int>> batches;
+    // One batched call per (group, m, n, float64 or not). NOTE: float64 parameters iterate
+    // in float64 (the single-process precision), all others in float32.
+    std::map<std::tuple<int64_t, int64_t, int64_t, bool>, std::vector<int>> batches;
     for (const auto& [idx, matrix] : full)
-      batches[{group_idx[idx], layouts_[idx].matrix_rows(), layouts_[idx].cols()}].push_back(idx);
+      batches[{group_idx[idx], layouts_[idx].matrix_rows(), layouts_[idx].cols(),
+               params[idx].scalar_type() == at::kDouble}].push_back(idx);
     std::map<int, at::Tensor> results;
     for (const auto& [key, members] : batches) {
-      const auto [g, m, n] = key;
+      const auto [g, m, n, wide] = key;
       std::vector<at::Tensor> stack;
-      for (int idx : members) stack.push_back(full[idx].to(at::kFloat).view({-1, m, n}));
+      const at::ScalarType ns_dtype = wide ? at::kDouble : at::kFloat;
+      for (int idx : members) stack.push_back(full[idx].to(ns_dtype).view({-1, m, n}));
       at::Tensor out = orthogonalize(at::cat(stack, 0), schedules[static_cast<size_t>(g)]);
       int64_t offset = 0;
       for (int idx : members) {

@@ -430,7 +430,7 @@ void OwnershipRuntime::process(Issued& issued) {
   }
   DMUON_CHECK(!groups.empty(), "the ownership runtime has no optimizer options: build dmuon.DMuon over the "
               "owned parameters before the first backward");
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<int>> batches;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, std::vector<int>> batches;  // + float64?
   std::map<int, at::Tensor> updates;
   for (size_t k = 0; k < bucket.param_idx.size(); ++k) {
     const int i = bucket.param_idx[k];
@@ -447,17 +447,18 @@ void OwnershipRuntime::process(Issued& issued) {
     at::Tensor update = options.nesterov ? grad.to(buffer.scalar_type()).lerp(momentum, options.momentum) : momentum;
     new_momentum_[i] = momentum;
     updates[i] = update;
-    batches[{group_idx[i], layout.matrix_rows(), layout.cols()}].push_back(i);
+    batches[{group_idx[i], layout.matrix_rows(), layout.cols(), update.scalar_type() == at::kDouble}].push_back(i);
     issued.keep.push_back(momentum);
     issued.keep.push_back(grad_bad_[i]);
     issued.keep.push_back(buffer_bad_[i]);
   }
   for (const auto& [key, members] : batches) {
-    const auto [g, m, n] = key;
+    const auto [g, m, n, wide] = key;
     const auto& options = groups[static_cast<size_t>(g)];
     const ns::Schedule schedule = make_schedule(options.algorithm, options.coefficients, options.restart_after, options.eps);
     std::vector<at::Tensor> stack;
-    for (int i : members) stack.push_back(updates[i].to(at::kFloat).view({-1, m, n}));
+    const at::ScalarType ns_dtype = wide ? at::kDouble : at::kFloat;
+    for (int i : members) stack.push_back(updates[i].to(ns_dtype).view({-1, m, n}));
     at::Tensor out = orthogonalize(at::cat(stack, 0), schedule);
     int64_t offset = 0;
     for (int i : members) {

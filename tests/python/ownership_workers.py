@@ -26,6 +26,7 @@ def ownership_matches_single_process(rank: int, world: int, wrapper: str, mesh_s
     device = _device()
     reference = TinyTransformer().to(device)
     model = copy.deepcopy(reference)
+    initial = [p.detach().clone() for p in reference.parameters()]
     options = dict(lr=0.01, weight_decay=0.05)
     ref_opt = _single_process_dmuon(reference, **options)
     mesh = init_device_mesh(device.type, mesh_shape) if mesh_shape else None
@@ -57,15 +58,16 @@ def ownership_matches_single_process(rank: int, world: int, wrapper: str, mesh_s
             (_loss(model, part) / accumulate).backward()
         opt.step()
 
-    errors = {}
+    errors, update_errors = {}, {}
     with owned.materialized(opt):
-        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        for (name, p), q, q0 in zip(model.named_parameters(), reference.parameters(), initial):
             errors[name] = _rel(_full(p).detach(), q.detach())
+            update_errors[name] = _rel(_full(p).detach() - q0, q.detach() - q0)
     owners = [owned.owner_of(e.master) for e in owned._entries]
     # After leaving the block, non-owners hold no bytes of the owned weights again.
     freed = all(dmuon._C.ownership.storage_is_allocated(e.master) == (owners[e.index] == rank)
                 for e in owned._entries)
-    return {"errors": errors, "owners": owners, "freed_again": freed}
+    return {"errors": errors, "update_errors": update_errors, "owners": owners, "freed_again": freed}
 
 
 class _SlowBackward(torch.autograd.Function):

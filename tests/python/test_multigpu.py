@@ -139,3 +139,23 @@ def test_bfloat16_wire_and_half_precision_stay_close_to_single_process(world):
         assert result["wire_element_size"] == 2
         expected = sum(result["local_numels"]) * (world - 1) * 2
         assert result["gather_bytes_sent"] == expected, (rank, result["gather_bytes_sent"], expected)
+
+
+# ------------------------------------------------------------ weight-ownership mode
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("wrapper", ["fsdp2", "dp"])
+def test_weight_ownership_mode_over_nccl(world, wrapper):
+    """dmuon.own_matrices over NCCL (publish broadcasts, all_to_all reduce-to-owner, NS on a
+    side stream under backward) against single-process DMuon on the same GPU: the update
+    within the training tolerance (split-batch gradients, float16 Newton–Schulz)."""
+    import ownership_workers
+
+    num_gpus = torch.cuda.device_count()
+    if num_gpus < world:
+        pytest.skip(f"world {world} needs {world} GPUs, found {num_gpus}")
+    results = run_distributed(ownership_workers.ownership_matches_single_process, world, wrapper,
+                              backend="nccl", timeout_s=300, collective_timeout_s=60)
+    for rank, result in results.items():
+        for name, error in result["update_errors"].items():
+            assert error < TRAINING_UPDATE_TOLERANCE, (rank, name, error)
+        assert result["freed_again"], rank
