@@ -6,6 +6,7 @@
 #   bash scripts/multigpu_run.sh [--stages test,step,e2e,e2e1] [--worlds 2,4,8]
 #        [--step-models qwen2.5-1.5b,qwen2.5-7b] [--e2e-model qwen2.5-1.5b]
 #        [--e2e-optimizers dmuon-ownership,dmuon,gather,adamw] [--budget SECONDS]
+# --worlds 1 is the dry run on one GPU (NCCL with one rank: no transfers, every code path).
 # Every stage runs under `timeout`, clipped to what is left of the budget (default 540 s,
 # the build included), so one hang cannot eat the call; logs and JSON go to $OUT.
 set -uo pipefail
@@ -78,7 +79,7 @@ except ImportError:
     print('transformers: not installed (bench e2e on Hugging Face models will fail)')
 "
 NUM_GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
-WORLDS=$(python3 -c "print(','.join(w for w in '$WORLDS_WANTED'.split(',') if w.strip().isdigit() and 2 <= int(w) <= $NUM_GPUS))")
+WORLDS=$(python3 -c "print(','.join(w for w in '$WORLDS_WANTED'.split(',') if w.strip().isdigit() and 1 <= int(w) <= $NUM_GPUS))")
 NUM_WORLDS=$(echo "$WORLDS" | tr ',' '\n' | grep -c .)
 echo "world sizes: ${WORLDS:-none} (of $WORLDS_WANTED; $NUM_GPUS GPUs) | stages: $STAGES | budget ${BUDGET} s"
 
@@ -91,7 +92,7 @@ if ! source scripts/device_build.sh; then
 fi
 printf 'build\tok\t%s\n' "$(( $(date +%s) - t0 ))" >> "$OUT/stages.tsv"
 if [ "$NUM_WORLDS" -eq 0 ]; then
-  echo "fewer than 2 GPUs: nothing multi-GPU to run"
+  echo "no world size of --worlds fits the GPUs present"
   python3 -m dmuon.bench.summary "$OUT"
   exit 1
 fi

@@ -13,6 +13,7 @@
 #include "common/check.h"
 #include "common/env.h"
 #include "optim/update_rule.h"
+#include "foreach_ops.h"
 #include "orthogonalize.h"
 #include "owner_planning.h"
 
@@ -172,6 +173,10 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
   for (const auto& g : groups)
     schedules.push_back(make_schedule(g.algorithm, g.coefficients, g.restart_after, g.eps));
 
+  // NaN/Inf flags of the orthogonalized batches (one per batch) and their first parameter.
+  std::vector<at::Tensor> finite_flags;
+  std::vector<size_t> flag_owner;
+
   // Which parameters take part, with their local shapes checked.
   std::vector<bool> active(num_params, false);
   std::vector<at::Tensor> updates(num_params);
@@ -200,13 +205,22 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
   // whole model at once; the caller has checked gradients and buffers for NaN/Inf.
   auto prepare_updates = [&](const dist::Bucket& bucket) {
     const auto start = Clock::now();
-    for (int idx : bucket.param_idx) {
-      if (!active[idx]) continue;
-      const auto& options = groups[static_cast<size_t>(group_idx[idx])];
-      at::Tensor buffer = momentum_buffers[idx];
-      buffer.lerp_(grads[idx], 1.0 - options.momentum);
-      at::Tensor update = options.nesterov ? grads[idx].lerp(buffer, options.momentum) : buffer;
-      updates[idx] = update.reshape({rows_[idx][rank_].count, layouts_[idx].cols()});
+    // One multi-tensor lerp per group (and one more for Nesterov).
+    std::map<int64_t, std::vector<int>> by_group;
+    for (int idx : bucket.param_idx)
+      if (active[idx]) by_group[group_idx[idx]].push_back(idx);
+    for (const auto& [g, members] : by_group) {
+      const auto& options = groups[static_cast<size_t>(g)];
+      std::vector<at::Tensor> buffers, grad_list;
+      for (int idx : members) {
+        buffers.push_back(momentum_buffers[idx]);
+        grad_list.push_back(grads[idx]);
+      }
+      foreach_lerp_(buffers, grad_list, 1.0 - options.momentum);
+      std::vector<at::Tensor> outs = buffers;
+      if (options.nesterov) outs = at::_foreach_lerp(grad_list, buffers, options.momentum);
+      for (size_t k = 0; k < members.size(); ++k)
+        updates[members[k]] = outs[k].reshape({rows_[members[k]][rank_].count, layouts_[members[k]].cols()});
     }
     sync_for_profile();
     stats_.momentum_s += seconds_since(start);
@@ -294,6 +308,12 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
       const at::ScalarType ns_dtype = wide ? at::kDouble : at::kFloat;
       for (int idx : members) stack.push_back(full[idx].to(ns_dtype).view({-1, m, n}));
       at::Tensor out = orthogonalize(at::cat(stack, 0), schedules[static_cast<size_t>(g)]);
+      // NOTE: checked and sanitized where computed, once per batch: inputs were finite, so
+      // NaN/Inf here is rare; such entries are zeroed (never applied) and the step raises
+      // at its end on every rank, naming the batch's first parameter.
+      finite_flags.push_back(at::logical_not(at::isfinite(out).all()));
+      flag_owner.push_back(static_cast<size_t>(members.front()));
+      out.nan_to_num_(0.0, 0.0, 0.0);
       int64_t offset = 0;
       for (int idx : members) {
         const int64_t count = layouts_[idx].num_matrices();
@@ -365,28 +385,30 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
     flight = InFlight{};
   };
 
-  // Apply one bucket's results: p ← p·(1 − lr·wd) − lr·ratio(m, n)·O, then free them.
-  // NOTE: inputs were checked finite, so O is; should Newton–Schulz still produce NaN/Inf,
-  // those entries are not applied and the step raises at its end, on every rank.
-  std::vector<at::Tensor> finite_flags;
-  std::vector<size_t> flag_owner;
+  // Apply one bucket's results: p ← p·(1 − lr·wd) − lr·ratio(m, n)·O, then free them,
+  // with multi-tensor kernels per group. Results were checked and sanitized by the rank
+  // that computed them (orthogonalize_bucket).
   auto apply_bucket = [&](const dist::Bucket& bucket) {
     const auto start = Clock::now();
+    std::map<int64_t, std::vector<int>> by_group;
     for (int idx : bucket.param_idx) {
       if (!active[idx]) continue;
       DMUON_CHECK(local_results[idx].defined(), "internal: no result for parameter ", idx, " (", names_[idx], ")");
-      const auto& options = groups[static_cast<size_t>(group_idx[idx])];
-      at::Tensor result = local_results[idx];
-      finite_flags.push_back(at::logical_not(at::isfinite(result).all()).to(device));
-      flag_owner.push_back(static_cast<size_t>(idx));
-      const double ratio = optim::adjusted_lr_ratio(optim::parse_adjust_lr(options.adjust_lr),
-                                                    layouts_[idx].matrix_rows(), layouts_[idx].cols());
-      at::Tensor param = params[idx];
-      if (options.weight_decay != 0.0) param.mul_(1.0 - options.lr * options.weight_decay);
-      param.add_(at::nan_to_num(result, 0.0, 0.0, 0.0).reshape(param.sizes()).to(param.scalar_type()),
-                 -options.lr * ratio);
-      local_results[idx] = at::Tensor();
-      updates[idx] = at::Tensor();
+      by_group[group_idx[idx]].push_back(idx);
+    }
+    for (const auto& [g, members] : by_group) {
+      const auto& options = groups[static_cast<size_t>(g)];
+      std::vector<at::Tensor> param_list, result_list;
+      std::vector<double> scales;
+      for (int idx : members) {
+        param_list.push_back(params[idx]);
+        result_list.push_back(local_results[idx]);
+        scales.push_back(-options.lr * optim::adjusted_lr_ratio(optim::parse_adjust_lr(options.adjust_lr),
+                                                               layouts_[idx].matrix_rows(), layouts_[idx].cols()));
+        local_results[idx] = at::Tensor();
+        updates[idx] = at::Tensor();
+      }
+      foreach_apply_(param_list, result_list, scales, 1.0 - options.lr * options.weight_decay);
     }
     sync_for_profile();
     stats_.apply_s += seconds_since(start);
@@ -415,14 +437,14 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
   // Agree that every result was finite (one host sync and one tiny all_reduce).
   int64_t first_bad = -1;
   if (!finite_flags.empty()) {
-    at::Tensor bad = at::stack(finite_flags).to(at::kCPU);
+    at::Tensor bad = at::stack(finite_flags).to(at::kCPU);  // the step's one host sync
     for (size_t k = 0; k < flag_owner.size(); ++k)
       if (bad.data_ptr<bool>()[k]) { first_bad = static_cast<int64_t>(flag_owner[k]); break; }
   }
   // NOTE: max over ranks of (num_params − first bad index) finds the smallest bad index.
   const int64_t encoded = first_bad < 0 ? 0 : static_cast<int64_t>(num_params) - first_bad;
   const int64_t agreed = all_reduce_flags({encoded}, "max", "all_reduce of the finite check", step_idx)[0];
-  DMUON_CHECK(agreed == 0, "dmuon step ", step_idx_, ": the orthogonalized update of parameter ",
+  DMUON_CHECK(agreed == 0, "dmuon step ", step_idx_, ": the orthogonalized update of the batch of parameter ",
               static_cast<int64_t>(num_params) - agreed, " (",
               names_[static_cast<size_t>(static_cast<int64_t>(num_params) - agreed)],
               ") is not finite; its non-finite entries were not applied (the rest of the step was)");

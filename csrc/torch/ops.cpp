@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include "common/check.h"
+#include "foreach_ops.h"
 #include "orthogonalize.h"
 
 namespace dmuon::torch_adapter {
@@ -30,16 +31,7 @@ at::Tensor orthogonalize_op(const at::Tensor& x, c10::string_view algorithm,
 
 // Bool [N] on the CPU: tensors[i] holds a NaN or ±Inf. One host sync for the whole list.
 at::Tensor nonfinite_mask_op(at::TensorList tensors) {
-  if (tensors.empty()) return at::empty({0}, at::kBool);
-  std::vector<at::Tensor> flags;
-  flags.reserve(tensors.size());
-  const at::Device device = tensors[0].device();
-  for (const at::Tensor& t : tensors) {
-    at::Tensor bad = t.numel() == 0 ? at::zeros({}, t.options().dtype(at::kBool))
-                                    : at::logical_not(at::isfinite(t).all());
-    flags.push_back(bad.to(device));
-  }
-  return at::stack(flags).to(at::kCPU);
+  return nonfinite_flags(tensors).to(at::kCPU);
 }
 
 }  // namespace

@@ -103,3 +103,16 @@ def test_each_layers_matrices_land_on_different_owners():
     owners = run_distributed(ownership_workers.owners_of_layers, 4)[0]
     for layer in owners:
         assert sorted(layer) == [0, 1, 2, 3], owners
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wrapper", ["dp", "fsdp2"])
+def test_weight_ownership_on_one_gpu(wrapper):
+    """One NCCL rank on one GPU: the side-stream worker, storage release and publish copies
+    on CUDA, against single-process DMuon (update within 1e-2: float16 Newton–Schulz)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    results = run_distributed(ownership_workers.ownership_matches_single_process, 1, wrapper, backend="nccl")
+    for name, error in results[0]["update_errors"].items():
+        assert error < 1e-2, (name, error)
+    assert results[0]["freed_again"]
