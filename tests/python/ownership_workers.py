@@ -124,8 +124,8 @@ def orthogonalization_overlaps_backward(rank: int, world: int) -> dict:
 
 def ownership_checkpoint_resumes(rank: int, world: int, path: str, phase: str) -> dict:
     """DCP through materialized(): phase "save" trains 2 steps and saves, then trains 2
-    more; phase "load" (any world size) loads and trains the same 2 steps. Returns the
-    final parameters (full) for comparison."""
+    more; phase "load" (world 1, 2 or 4: another plan) loads and trains the same 2 steps.
+    Returns the final parameters (full) for comparison."""
     import torch.distributed.checkpoint as dcp
 
     torch.manual_seed(0)
@@ -133,11 +133,15 @@ def ownership_checkpoint_resumes(rank: int, world: int, path: str, phase: str) -
     owned = dmuon.own_matrices(model, replicate_others=True)
     opt = dmuon.DMuon(model, lr=0.01, weight_decay=0.05)
 
+    # NOTE: one global batch of 4 sequences split over the ranks, so runs at different
+    # world sizes see the same data.
+    per_rank = 4 // world
+
     def train(steps):
         for step in steps:
-            tokens = _batches(step, world, 2)
+            tokens = _batches(step, 1, 4)
             opt.zero_grad()
-            _loss(model, tokens[rank * 2:(rank + 1) * 2]).backward()
+            _loss(model, tokens[rank * per_rank:(rank + 1) * per_rank]).backward()
             opt.step()
 
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict

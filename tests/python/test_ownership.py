@@ -56,16 +56,18 @@ def test_newton_schulz_runs_while_backward_continues():
         assert t["last_ns_begin"] < t["last_ns_end"] < t["first_grad"] < t["finish"], (rank, t)
 
 
-def test_checkpoint_resumes_exactly_through_dcp(tmp_path):
-    """Saved at world 2 after 2 steps, loaded by a fresh run (another plan is possible), the
-    next 2 steps equal those of the run that kept going."""
+@pytest.mark.parametrize("load_world", [1, 2, 4])
+def test_checkpoint_resumes_through_dcp_at_any_world_size(tmp_path, load_world):
+    """Saved at world 2 after 2 steps; a fresh run at world 1, 2 or 4 (another owner plan)
+    loads it and takes the next 2 steps like the run that kept going: bitwise at the same
+    world, within float rounding of the split batch (1e-5) elsewhere."""
     path = str(tmp_path / "ckpt")
     saved = run_distributed(ownership_workers.ownership_checkpoint_resumes, 2, path, "save")
-    loaded = run_distributed(ownership_workers.ownership_checkpoint_resumes, 2, path, "load")
+    loaded = run_distributed(ownership_workers.ownership_checkpoint_resumes, load_world, path, "load")
     for name, value in saved[0].items():
         value = torch.tensor(value)
         err = float((torch.tensor(loaded[0][name]) - value).norm() / value.norm())
-        assert err < 1e-6, (name, err)
+        assert err < (1e-12 if load_world == 2 else 1e-5), (load_world, name, err)
 
 
 # ----------------------------------------------------------------------- bad inputs
