@@ -12,22 +12,14 @@
 #include <vector>
 
 #include "common/check.h"
+#include "error_of.h"
 #include "plan/layer_spread.h"
 #include "plan/planner.h"
 
 namespace dmuon::plan {
 namespace {
 
-// The message of the dmuon::Error that `fn` throws ("" when it throws none).
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "";
-}
+using dmuon::testing::error_of;
 
 // A problem with its layer ids.
 struct Layered {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "error_of.h"
 #include "plan/cost_model.h"
 #include "plan/plan.h"
 #include "plan/problem.h"
@@ -13,16 +14,7 @@
 namespace dmuon::plan {
 namespace {
 
-// The message of the dmuon::Error that `fn` throws ("" when it throws none).
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "";
-}
+using dmuon::testing::error_of;
 
 std::vector<MatrixSpec> small_matrices() {
   return {{"q", 64, 64}, {"k", 16, 64}, {"up", 256, 64}, {"down", 64, 256}, {"q2", 64, 64}};

@@ -327,15 +327,7 @@ at::Tensor cuda_sym_product_config_op(const at::Tensor& a, const at::Tensor& b,
     const at::Tensor cc = c.has_value() ? *c : at::Tensor();
     TORCH_CHECK(!cc.defined() || (cc.sizes() == d.sizes() && cc.scalar_type() == a.scalar_type() && cc.stride(2) == 1),
                 "cuda_sym_product_config: C must be [B, m, m] of A's dtype");
-    dmuon::ns::cuda::SymProductArgs args;
-    args.dtype = a.scalar_type() == at::kHalf ? dmuon::ns::cuda::DType::kFloat16 : dmuon::ns::cuda::DType::kBFloat16;
-    args.batch = batch, args.m = m, args.k = a.size(2);
-    args.a = a.data_ptr(), args.lda = a.stride(1), args.stride_a = a.stride(0);
-    args.b = b.data_ptr(), args.ldb = b.stride(1), args.stride_b = b.stride(0);
-    if (cc.defined()) args.c = cc.data_ptr(), args.ldc = cc.stride(1), args.stride_c = cc.stride(0);
-    args.d = d.data_ptr(), args.ldd = d.stride(1), args.stride_d = d.stride(0);
-    args.alpha = alpha;
-    args.beta = cc.defined() ? beta : 0.0;
+    dmuon::ns::cuda::SymProductArgs args = dmuon::torch_adapter::sym_args(a, b, cc, d, alpha, beta);
     // NOTE: cuBLASLt candidates ("lt:<i>") get a scratch workspace like the backend's.
     at::Tensor lt_ws = at::empty({32 << 20}, a.options().dtype(at::kByte));
     dmuon::ns::cuda::sym_product_with(args, std::string(config), lt_ws.data_ptr(), 32 << 20,
