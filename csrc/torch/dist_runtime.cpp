@@ -390,25 +390,26 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
   // that computed them (orthogonalize_bucket).
   auto apply_bucket = [&](const dist::Bucket& bucket) {
     const auto start = Clock::now();
-    std::map<int64_t, std::vector<int>> by_group;
+    // Per (group, lr scale): one scale per multi-tensor call (same-shape matrices share it).
+    std::map<std::pair<int64_t, double>, std::vector<int>> by_scale;
     for (int idx : bucket.param_idx) {
       if (!active[idx]) continue;
       DMUON_CHECK(local_results[idx].defined(), "internal: no result for parameter ", idx, " (", names_[idx], ")");
-      by_group[group_idx[idx]].push_back(idx);
+      const auto& options = groups[static_cast<size_t>(group_idx[idx])];
+      const double scale = -options.lr * optim::adjusted_lr_ratio(optim::parse_adjust_lr(options.adjust_lr),
+                                                                  layouts_[idx].matrix_rows(), layouts_[idx].cols());
+      by_scale[{group_idx[idx], scale}].push_back(idx);
     }
-    for (const auto& [g, members] : by_group) {
-      const auto& options = groups[static_cast<size_t>(g)];
+    for (const auto& [key, members] : by_scale) {
+      const auto& options = groups[static_cast<size_t>(key.first)];
       std::vector<at::Tensor> param_list, result_list;
-      std::vector<double> scales;
       for (int idx : members) {
         param_list.push_back(params[idx]);
         result_list.push_back(local_results[idx]);
-        scales.push_back(-options.lr * optim::adjusted_lr_ratio(optim::parse_adjust_lr(options.adjust_lr),
-                                                               layouts_[idx].matrix_rows(), layouts_[idx].cols()));
         local_results[idx] = at::Tensor();
         updates[idx] = at::Tensor();
       }
-      foreach_apply_(param_list, result_list, scales, 1.0 - options.lr * options.weight_decay);
+      foreach_apply_(param_list, result_list, key.second, 1.0 - options.lr * options.weight_decay);
     }
     sync_for_profile();
     stats_.apply_s += seconds_since(start);

@@ -30,17 +30,15 @@ void foreach_lerp_(std::vector<at::Tensor>& buffers, const std::vector<at::Tenso
   at::_foreach_lerp_(buffers, grads, weight);
 }
 
-void foreach_apply_(std::vector<at::Tensor>& params, std::vector<at::Tensor>& updates,
-                    const std::vector<double>& scales, double decay) {
+void foreach_apply_(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& updates,
+                    double scale, double decay) {
   if (params.empty()) return;
   std::vector<at::Tensor> converted;
   converted.reserve(updates.size());
   for (size_t i = 0; i < updates.size(); ++i)
     converted.push_back(updates[i].reshape(params[i].sizes()).to(params[i].scalar_type()));
-  std::vector<at::Scalar> scalars(scales.begin(), scales.end());
-  at::_foreach_mul_(converted, scalars);
   if (decay != 1.0) at::_foreach_mul_(params, decay);
-  at::_foreach_add_(params, converted);
+  at::_foreach_add_(params, converted, scale);
 }
 
 }  // namespace dmuon::torch_adapter

@@ -16,9 +16,10 @@ at::Tensor nonfinite_flags(at::TensorList tensors);
 /// buffers[i] ← lerp(buffers[i], grads[i], weight), in place, for every i.
 void foreach_lerp_(std::vector<at::Tensor>& buffers, const std::vector<at::Tensor>& grads, double weight);
 
-/// params[i] ← params[i]·decay + scales[i]·updates[i] (updates are consumed: scaled in
-/// place, converted to the parameter's dtype and shape first).
-void foreach_apply_(std::vector<at::Tensor>& params, std::vector<at::Tensor>& updates,
-                    const std::vector<double>& scales, double decay);
+/// params[i] ← params[i]·decay + scale·updates[i] (updates converted to the parameter's
+/// dtype and shape first). NOTE: one scale per call keeps add_'s arithmetic (p + α·u),
+/// the same as the per-parameter form.
+void foreach_apply_(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& updates,
+                    double scale, double decay);
 
 }  // namespace dmuon::torch_adapter

@@ -391,6 +391,8 @@ class DMuon(torch.optim.Optimizer):
         points = [(rows, cols, b) for (rows, cols), count in counts.items() for b in batch_sizes(count)]
         first = next(g for g in self.param_groups if g["use_muon"])
         world = 1 if group is None else torch.distributed.get_world_size(group)
+        if world == 1:
+            return []  # NOTE: one rank owns everything: there is nothing to balance
         entries: list[Any] = [None]
         if world == 1 or torch.distributed.get_rank(group) == 0:
             device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")

@@ -371,6 +371,12 @@ def own_matrices(model: nn.Module, mesh: Any = None,
             raise ValueError(f"parameter {r.name!r} is not contiguous")
 
     groups = _Groups(mesh)
+    # NOTE: every rank must own the same matrices; a mismatch raises here on every rank
+    # (one all_gather_object) instead of hanging in the first publish.
+    from dmuon.distributed import check_same_parameters_on_all_ranks
+
+    check_same_parameters_on_all_ranks(
+        groups.world, [("own_matrices", r.name, tuple(r.param.shape), str(r.param.dtype)) for r in routed])
     device = routed[0].param.device
     device_type = "cuda" if device.type == "cuda" else "cpu"
     layouts = [_C.dist.ParamLayout(list(r.param.shape), r.batch_dims, False) for r in routed]

@@ -181,3 +181,34 @@ def owners_of_layers(rank: int, world: int) -> list[list[int]]:
     model = _Blocks()
     owned = dmuon.own_matrices(model)
     return [[owned.owner_of(layer[k].weight) for k in ("q", "k", "v", "o")] for layer in model.layers]
+
+
+def mismatched_owned_matrices(rank: int, world: int) -> str:
+    """Rank 1 builds a wider model: own_matrices must raise on every rank, not hang."""
+    model = nn.Sequential(nn.Linear(8, 8 if rank != 1 else 12, bias=False), nn.Linear(8 if rank != 1 else 12, 4, bias=False))
+    try:
+        dmuon.own_matrices(model, predicate=lambda name, p: True)
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+def dead_rank_during_backward(rank: int, world: int) -> str:
+    """Rank 1 exits in the middle of training; rank 0's step fails naming the step and the
+    collective within the collective timeout instead of hanging."""
+    import os
+
+    torch.manual_seed(0)
+    model = _Deep(width=16, depth=3)
+    dmuon.own_matrices(model, bucket_size_mb=0.0001, replicate_others=True)
+    opt = dmuon.DMuon(model, lr=0.01)
+    try:
+        for step in range(3):
+            if step == 2 and rank == 1:
+                os._exit(0)
+            opt.zero_grad()
+            model(torch.randn(4, 16)).square().mean().backward()
+            opt.step()
+    except Exception as error:  # noqa: BLE001 - the message is the result
+        return str(error)
+    return "no error"

@@ -118,3 +118,16 @@ def test_weight_ownership_on_one_gpu(wrapper):
     for name, error in results[0]["update_errors"].items():
         assert error < 1e-2, (name, error)
     assert results[0]["freed_again"]
+
+
+def test_mismatched_owned_matrices_raise_on_every_rank():
+    results = run_distributed(ownership_workers.mismatched_owned_matrices, 2, timeout_s=60, collective_timeout_s=20)
+    for rank, message in results.items():
+        assert "differ across ranks" in message and "own_matrices" in message, (rank, message)
+
+
+def test_a_dead_rank_fails_the_others_with_a_named_collective():
+    results = run_distributed(ownership_workers.dead_rank_during_backward, 2, timeout_s=90,
+                              collective_timeout_s=10, expect_errors=True)
+    message = str(results[0])
+    assert "no error" not in message and ("failed" in message or "Connection" in message), message
