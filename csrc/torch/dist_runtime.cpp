@@ -12,7 +12,6 @@
 
 #include "common/check.h"
 #include "common/env.h"
-#include "optim/update_rule.h"
 #include "foreach_ops.h"
 #include "orthogonalize.h"
 #include "owner_planning.h"
@@ -216,7 +215,7 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
         buffers.push_back(momentum_buffers[idx]);
         grad_list.push_back(grads[idx]);
       }
-      foreach_lerp_(buffers, grad_list, 1.0 - options.momentum);
+      at::_foreach_lerp_(buffers, grad_list, 1.0 - options.momentum);
       std::vector<at::Tensor> outs = buffers;
       if (options.nesterov) outs = at::_foreach_lerp(grad_list, buffers, options.momentum);
       for (size_t k = 0; k < members.size(); ++k)
@@ -390,27 +389,20 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
   // that computed them (orthogonalize_bucket).
   auto apply_bucket = [&](const dist::Bucket& bucket) {
     const auto start = Clock::now();
-    // Per (group, lr scale): one scale per multi-tensor call (same-shape matrices share it).
-    std::map<std::pair<int64_t, double>, std::vector<int>> by_scale;
+    std::vector<at::Tensor> param_list, result_list;
+    std::vector<double> scales, decays;
     for (int idx : bucket.param_idx) {
       if (!active[idx]) continue;
       DMUON_CHECK(local_results[idx].defined(), "internal: no result for parameter ", idx, " (", names_[idx], ")");
       const auto& options = groups[static_cast<size_t>(group_idx[idx])];
-      const double scale = -options.lr * optim::adjusted_lr_ratio(optim::parse_adjust_lr(options.adjust_lr),
-                                                                  layouts_[idx].matrix_rows(), layouts_[idx].cols());
-      by_scale[{group_idx[idx], scale}].push_back(idx);
+      param_list.push_back(params[idx]);
+      result_list.push_back(local_results[idx]);
+      scales.push_back(options.update_scale(layouts_[idx].matrix_rows(), layouts_[idx].cols()));
+      decays.push_back(options.decay());
+      local_results[idx] = at::Tensor();
+      updates[idx] = at::Tensor();
     }
-    for (const auto& [key, members] : by_scale) {
-      const auto& options = groups[static_cast<size_t>(key.first)];
-      std::vector<at::Tensor> param_list, result_list;
-      for (int idx : members) {
-        param_list.push_back(params[idx]);
-        result_list.push_back(local_results[idx]);
-        local_results[idx] = at::Tensor();
-        updates[idx] = at::Tensor();
-      }
-      foreach_apply_(param_list, result_list, key.second, 1.0 - options.lr * options.weight_decay);
-    }
+    apply_updates_(param_list, result_list, scales, decays);
     sync_for_profile();
     stats_.apply_s += seconds_since(start);
   };

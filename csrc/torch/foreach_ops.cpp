@@ -25,20 +25,19 @@ at::Tensor nonfinite_flags(at::TensorList tensors) {
   return at::logical_not(at::isfinite(at::stack(norms)));
 }
 
-void foreach_lerp_(std::vector<at::Tensor>& buffers, const std::vector<at::Tensor>& grads, double weight) {
-  if (buffers.empty()) return;
-  at::_foreach_lerp_(buffers, grads, weight);
-}
-
-void foreach_apply_(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& updates,
-                    double scale, double decay) {
-  if (params.empty()) return;
-  std::vector<at::Tensor> converted;
-  converted.reserve(updates.size());
-  for (size_t i = 0; i < updates.size(); ++i)
-    converted.push_back(updates[i].reshape(params[i].sizes()).to(params[i].scalar_type()));
-  if (decay != 1.0) at::_foreach_mul_(params, decay);
-  at::_foreach_add_(params, converted, scale);
+void apply_updates_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& updates,
+                    const std::vector<double>& scales, const std::vector<double>& decays) {
+  std::map<std::pair<double, double>, std::vector<size_t>> groups;
+  for (size_t i = 0; i < params.size(); ++i) groups[{scales[i], decays[i]}].push_back(i);
+  for (const auto& [key, members] : groups) {
+    std::vector<at::Tensor> targets, converted;
+    for (size_t i : members) {
+      targets.push_back(params[i]);
+      converted.push_back(updates[i].reshape(params[i].sizes()).to(params[i].scalar_type()));
+    }
+    if (key.second != 1.0) at::_foreach_mul_(targets, key.second);
+    at::_foreach_add_(targets, converted, key.first);
+  }
 }
 
 }  // namespace dmuon::torch_adapter

@@ -13,13 +13,11 @@ namespace dmuon::torch_adapter {
 /// tensor holds NaN or ±Inf. Multi-tensor max-abs norms grouped by device and dtype.
 at::Tensor nonfinite_flags(at::TensorList tensors);
 
-/// buffers[i] ← lerp(buffers[i], grads[i], weight), in place, for every i.
-void foreach_lerp_(std::vector<at::Tensor>& buffers, const std::vector<at::Tensor>& grads, double weight);
-
-/// params[i] ← params[i]·decay + scale·updates[i] (updates converted to the parameter's
-/// dtype and shape first). NOTE: one scale per call keeps add_'s arithmetic (p + α·u),
-/// the same as the per-parameter form.
-void foreach_apply_(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& updates,
-                    double scale, double decay);
+/// params[i] ← params[i]·decays[i] + scales[i]·updates[i] (updates converted to the
+/// parameter's dtype and shape first): one multi-tensor call per distinct (scale, decay).
+/// NOTE: a single scale per call keeps add_'s arithmetic (p + α·u), the same as the
+/// per-parameter form, so results do not depend on how parameters are grouped.
+void apply_updates_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& updates,
+                    const std::vector<double>& scales, const std::vector<double>& decays);
 
 }  // namespace dmuon::torch_adapter

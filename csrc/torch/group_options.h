@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "optim/update_rule.h"
+
 namespace dmuon::torch_adapter {
 
 /// Options shared by every parameter of one Muon param group.
@@ -18,6 +20,13 @@ struct MuonGroupOptions {
   std::vector<double> coefficients;   // a, b, c per step
   std::vector<int64_t> restart_after;
   double eps = 1e-7;
+
+  /// Factor of the orthogonalized update of an m×n matrix in p ← p·decay() + scale·O.
+  double update_scale(int64_t rows, int64_t cols) const {
+    return -lr * optim::adjusted_lr_ratio(optim::parse_adjust_lr(adjust_lr), rows, cols);
+  }
+  /// Decoupled weight decay's factor on the parameter.
+  double decay() const { return 1.0 - lr * weight_decay; }
 };
 
 }  // namespace dmuon::torch_adapter

@@ -11,7 +11,7 @@
 #include <map>
 
 #include "common/check.h"
-#include "optim/update_rule.h"
+#include "foreach_ops.h"
 #include "orthogonalize.h"
 #include "owner_planning.h"
 #include "plan/layer_spread.h"
@@ -91,8 +91,6 @@ OwnershipRuntime::OwnershipRuntime(const std::string& shard_group, const std::st
   issued_.assign(buckets_.size(), false);
   new_momentum_.resize(n);
   update_.resize(n);
-  grad_bad_.resize(n);
-  buffer_bad_.resize(n);
   group_idx_.assign(n, 0);
   momentum_buffers_.resize(n);
 
@@ -246,12 +244,7 @@ void OwnershipRuntime::publish(int64_t i, const at::Tensor& compute, const at::T
     DMUON_CHECK(storage_is_allocated(master), "publish: the owner's master weight of ", names_[i], " has no storage");
     alias.copy_(master.reshape(alias.sizes()));
   }
-  if (grid_.world() == 1) return;
-  // Two levels: across replicas among the owner's shard coordinate, then inside shards.
-  if (replicate_group_ && grid_.shard_of(rank_) == grid_.shard_of(owner)) {
-    wait_work(broadcast(replicate_group_, alias, grid_.replica_of(owner)), "broadcast of " + names_[i] + " across replicas");
-  }
-  publish_work_[i] = broadcast(shard_group_, alias, grid_.shard_of(owner));
+  publish_work_[i] = broadcast_from_owner(i, alias);
 }
 
 void OwnershipRuntime::wait_published(int64_t i) {
@@ -274,11 +267,18 @@ void OwnershipRuntime::materialize(int64_t i, const at::Tensor& tensor) {
   DMUON_CHECK(owner != rank_ || storage_is_allocated(tensor), "materialize: the owner's copy of ", names_[i],
               " has no storage");
   allocate_storage(tensor);
-  if (grid_.world() == 1) return;
   at::Tensor alias = storage_alias(tensor);
+  wait_work(broadcast_from_owner(i, alias), "broadcast of " + names_[i] + " from its owner");
+}
+
+// Two levels: across replicas among the owner's shard coordinate (waited), then inside
+// shard groups (returned in flight; null with one rank).
+c10::intrusive_ptr<c10d::Work> OwnershipRuntime::broadcast_from_owner(int64_t i, at::Tensor& tensor) {
+  if (grid_.world() == 1) return nullptr;
+  const int owner = owners_[i];
   if (replicate_group_ && grid_.shard_of(rank_) == grid_.shard_of(owner))
-    wait_work(broadcast(replicate_group_, alias, grid_.replica_of(owner)), "broadcast of " + names_[i] + " across replicas");
-  wait_work(broadcast(shard_group_, alias, grid_.shard_of(owner)), "broadcast of " + names_[i] + " from its owner");
+    wait_work(broadcast(replicate_group_, tensor, grid_.replica_of(owner)), "broadcast of " + names_[i] + " across replicas");
+  return broadcast(shard_group_, tensor, grid_.shard_of(owner));
 }
 
 // ----------------------------------------------------------------------------- backward
@@ -413,8 +413,6 @@ void OwnershipRuntime::process(Issued& issued) {
     wait_work(replicate_reduce_group_->alltoall_base(recv, send, output_splits, input_splits),
               "all_to_all of gradients across replicas (bucket " + std::to_string(issued.k) + ")");
     mine = recv.view({grid_.replicas, -1}).sum(0);
-  } else if (grid_.replicas > 1) {
-    mine = partial;
   }
 
   // Snapshot of the options for this bucket's matrices.
@@ -432,6 +430,8 @@ void OwnershipRuntime::process(Issued& issued) {
               "owned parameters before the first backward");
   std::map<std::tuple<int64_t, int64_t, int64_t, bool>, std::vector<int>> batches;  // + float64?
   std::map<int, at::Tensor> updates;
+  std::vector<at::Tensor> grad_list, buffer_list;
+  std::vector<size_t> grad_slots, buffer_slots;  // where their flags go in finish()'s result
   for (size_t k = 0; k < bucket.param_idx.size(); ++k) {
     const int i = bucket.param_idx[k];
     if (owners_[static_cast<size_t>(i)] != rank_ || layouts_[i].numel() == 0) continue;
@@ -441,16 +441,23 @@ void OwnershipRuntime::process(Issued& issued) {
                           .div(static_cast<double>(grid_.world()));
     // NOTE: no buffer yet (before the first step): momentum starts from zeros.
     at::Tensor buffer = buffers[i].defined() ? buffers[i].reshape({-1}) : at::zeros({layout.numel()}, grad.options());
-    grad_bad_[i] = at::logical_not(at::isfinite(grad).all());
-    buffer_bad_[i] = at::logical_not(at::isfinite(buffer).all());
+    grad_list.push_back(grad);
+    buffer_list.push_back(buffer);
+    grad_slots.push_back(names_.size() + static_cast<size_t>(i));
+    buffer_slots.push_back(2 * names_.size() + static_cast<size_t>(i));
     at::Tensor momentum = buffer.lerp(grad.to(buffer.scalar_type()), 1.0 - options.momentum);
     at::Tensor update = options.nesterov ? grad.to(buffer.scalar_type()).lerp(momentum, options.momentum) : momentum;
     new_momentum_[i] = momentum;
     updates[i] = update;
     batches[{group_idx[i], layout.matrix_rows(), layout.cols(), update.scalar_type() == at::kDouble}].push_back(i);
     issued.keep.push_back(momentum);
-    issued.keep.push_back(grad_bad_[i]);
-    issued.keep.push_back(buffer_bad_[i]);
+  }
+  // NaN/Inf of the reduced gradients and of the buffers: two multi-tensor checks per bucket.
+  if (!grad_list.empty()) {
+    input_flags_.push_back({nonfinite_flags(grad_list), grad_slots});
+    input_flags_.push_back({nonfinite_flags(buffer_list), buffer_slots});
+    issued.keep.push_back(input_flags_[input_flags_.size() - 2].flags);
+    issued.keep.push_back(input_flags_.back().flags);
   }
   for (const auto& [key, members] : batches) {
     const auto [g, m, n, wide] = key;
@@ -460,6 +467,12 @@ void OwnershipRuntime::process(Issued& issued) {
     const at::ScalarType ns_dtype = wide ? at::kDouble : at::kFloat;
     for (int i : members) stack.push_back(updates[i].to(ns_dtype).view({-1, m, n}));
     at::Tensor out = orthogonalize(at::cat(stack, 0), schedule);
+    // NOTE: as in the sharded runtime, checked and sanitized once per batch where computed;
+    // commit() applies the rest and raises, naming the first applied matrix of the batch.
+    result_flags_.push_back({at::logical_not(at::isfinite(out).all()).expand({static_cast<int64_t>(members.size())}),
+                             std::vector<size_t>(members.begin(), members.end())});
+    issued.keep.push_back(result_flags_.back().flags);
+    out.nan_to_num_(0.0, 0.0, 0.0);
     int64_t offset = 0;
     for (int i : members) {
       const int64_t count = layouts_[i].num_matrices();
@@ -487,18 +500,15 @@ std::vector<int64_t> OwnershipRuntime::finish(int64_t step_idx) {
   flush(true);
   wait_worker();
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     record("finish", step_idx);
     window_open_ = false;
     if (worker_error_) {
       std::exception_ptr error = worker_error_;
       worker_error_ = nullptr;
-      for (auto& issued : finished_)
-        for (auto& t : issued->keep) hand_over(t);
-      finished_.clear();
-      std::fill(contributed_.begin(), contributed_.end(), false);
-      std::fill(issued_.begin(), issued_.end(), false);
-      next_to_issue_ = 0;
+      reset_window();
+      lock.unlock();
+      discard();
       std::rethrow_exception(error);
     }
   }
@@ -508,22 +518,30 @@ std::vector<int64_t> OwnershipRuntime::finish(int64_t step_idx) {
   }
   const size_t n = names_.size();
   std::vector<int64_t> flags(3 * n, 0);
-  std::vector<at::Tensor> bad;
-  std::vector<size_t> slot;
-  for (size_t i = 0; i < n; ++i) {
-    flags[i] = contributed_[i] ? 1 : 0;
-    if (grad_bad_[i].defined()) { bad.push_back(grad_bad_[i]); slot.push_back(n + i); }
-    if (buffer_bad_[i].defined()) { bad.push_back(buffer_bad_[i]); slot.push_back(2 * n + i); }
-  }
-  if (!bad.empty()) {
-    at::Tensor host = at::stack(bad).to(at::kCPU);  // one sync
-    for (size_t k = 0; k < slot.size(); ++k) flags[slot[k]] = host.data_ptr<bool>()[k] ? 1 : 0;
-  }
+  for (size_t i = 0; i < n; ++i) flags[i] = contributed_[i] ? 1 : 0;
+  for (const auto& [i, bad] : read_flags(input_flags_)) flags[i] = bad ? 1 : 0;
   std::lock_guard<std::mutex> lock(mutex_);
+  reset_window();
+  return flags;
+}
+
+void OwnershipRuntime::reset_window() {
   std::fill(contributed_.begin(), contributed_.end(), false);
   std::fill(issued_.begin(), issued_.end(), false);
   next_to_issue_ = 0;
-  return flags;
+}
+
+// Every (slot, flag) of a list of flag tensors, read with one host sync.
+std::vector<std::pair<size_t, bool>> OwnershipRuntime::read_flags(const std::vector<FlagSet>& sets) {
+  std::vector<std::pair<size_t, bool>> out;
+  if (sets.empty()) return out;
+  std::vector<at::Tensor> all;
+  for (const auto& set : sets) all.push_back(set.flags.to(sets.front().flags.device()));
+  at::Tensor host = at::cat(all).to(at::kCPU).contiguous();
+  const bool* bad = host.data_ptr<bool>();
+  for (const auto& set : sets)
+    for (size_t slot : set.slots) out.emplace_back(slot, *bad++);
+  return out;
 }
 
 void OwnershipRuntime::commit(const std::vector<at::Tensor>& masters, const std::vector<bool>& active,
@@ -532,31 +550,28 @@ void OwnershipRuntime::commit(const std::vector<at::Tensor>& masters, const std:
   DMUON_CHECK(masters.size() == n && active.size() == n, "OwnershipRuntime::commit: expected ", n,
               " masters and activity flags");
   step_idx_ = step_idx - 1;
-  std::vector<at::Tensor> result_bad;
-  std::vector<size_t> result_owner;
+  std::vector<at::Tensor> param_list, update_list, buffer_list, momentum_list;
+  std::vector<double> scales, decays;
+  std::vector<bool> applied(n, false);
   for (size_t i = 0; i < n; ++i) {
     if (owners_[i] != rank_ || !active[i] || !update_[i].defined()) continue;
-    const auto& options = groups[static_cast<size_t>(group_idx_[i])];
-    at::Tensor update = update_[i];
-    result_bad.push_back(at::logical_not(at::isfinite(update).all()));
-    result_owner.push_back(i);
     DMUON_CHECK(momentum_buffers_[i].defined(), "commit: no momentum buffer configured for ", names_[i]);
-    momentum_buffers_[i].copy_(new_momentum_[i].view(momentum_buffers_[i].sizes()));
-    const double ratio = optim::adjusted_lr_ratio(optim::parse_adjust_lr(options.adjust_lr),
-                                                  layouts_[i].matrix_rows(), layouts_[i].cols());
-    at::Tensor param = masters[i];
-    if (options.weight_decay != 0.0) param.mul_(1.0 - options.lr * options.weight_decay);
-    param.add_(at::nan_to_num(update, 0.0, 0.0, 0.0).reshape(param.sizes()).to(param.scalar_type()),
-               -options.lr * ratio);
+    const auto& options = groups[static_cast<size_t>(group_idx_[i])];
+    buffer_list.push_back(momentum_buffers_[i]);
+    momentum_list.push_back(new_momentum_[i].view(momentum_buffers_[i].sizes()));
+    param_list.push_back(masters[i]);
+    update_list.push_back(update_[i]);
+    scales.push_back(options.update_scale(layouts_[i].matrix_rows(), layouts_[i].cols()));
+    decays.push_back(options.decay());
+    applied[i] = true;
   }
-  discard();
+  if (!buffer_list.empty()) at::_foreach_copy_(buffer_list, momentum_list);
+  apply_updates_(param_list, update_list, scales, decays);
   // Agree that every applied result was finite (one host sync, one tiny all_reduce).
   int64_t first_bad = -1;
-  if (!result_bad.empty()) {
-    at::Tensor bad = at::stack(result_bad).to(at::kCPU);
-    for (size_t k = 0; k < result_owner.size(); ++k)
-      if (bad.data_ptr<bool>()[k]) { first_bad = static_cast<int64_t>(result_owner[k]); break; }
-  }
+  for (const auto& [i, bad] : read_flags(result_flags_))
+    if (bad && applied[i] && (first_bad < 0 || static_cast<int64_t>(i) < first_bad)) first_bad = static_cast<int64_t>(i);
+  discard();
   const int64_t encoded = first_bad < 0 ? 0 : static_cast<int64_t>(n) - first_bad;
   const int64_t agreed = all_reduce_flags({encoded}, "max", "all_reduce of the finite check")[0];
   DMUON_CHECK(agreed == 0, "dmuon step ", step_idx, ": the orthogonalized update of ",
@@ -570,9 +585,9 @@ void OwnershipRuntime::discard() {
     hand_over(update_[i]);
     update_[i] = at::Tensor();
     new_momentum_[i] = at::Tensor();
-    grad_bad_[i] = at::Tensor();
-    buffer_bad_[i] = at::Tensor();
   }
+  input_flags_.clear();
+  result_flags_.clear();
   for (auto& issued : finished_)
     for (auto& t : issued->keep) hand_over(t);
   finished_.clear();

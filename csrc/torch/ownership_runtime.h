@@ -117,11 +117,19 @@ class OwnershipRuntime {
 
  private:
   struct Issued;  // one bucket on its way through the reduction and the worker
+  /// NaN/Inf flags (bool [k], made on the worker) and the matrix or flag slot of each.
+  struct FlagSet {
+    at::Tensor flags;
+    std::vector<size_t> slots;
+  };
   void make_plan();
   void issue_bucket(size_t k);
   void worker_loop();
   void process(Issued& issued);
   void wait_worker();
+  void reset_window();  // with mutex_ held
+  static std::vector<std::pair<size_t, bool>> read_flags(const std::vector<FlagSet>& sets);
+  c10::intrusive_ptr<c10d::Work> broadcast_from_owner(int64_t i, at::Tensor& tensor);
   void record(const std::string& what, int64_t index);
   at::Device device() const;
   c10::intrusive_ptr<c10d::Work> broadcast(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
@@ -168,7 +176,8 @@ class OwnershipRuntime {
   int64_t step_idx_ = 0;
   // Results of the window (owner): new momentum, orthogonalized update, flags.
   std::vector<at::Tensor> new_momentum_, update_;
-  std::vector<at::Tensor> grad_bad_, buffer_bad_;
+  std::vector<FlagSet> input_flags_;   // reduced gradients and buffers: slots of finish()'s result
+  std::vector<FlagSet> result_flags_;  // one per NS batch: its matrices
   std::vector<std::unique_ptr<Issued>> finished_;  // kept until commit/discard (stream safety)
   std::optional<c10::Event> worker_done_event_;
   // Timeline.

@@ -331,10 +331,8 @@ class DMuon(torch.optim.Optimizer):
                         continue  # the owner holds it (materialized() shares it)
                     if "momentum_buffer" not in state:
                         state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                elif "step" not in state:
-                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                else:
+                    self._adamw_state(p)
         self._configure_ownership()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -563,14 +561,19 @@ class DMuon(torch.optim.Optimizer):
             handle._after_step()
         self._configure_ownership()
 
+    def _adamw_state(self, p: torch.Tensor) -> dict[str, Any]:
+        """`p`'s AdamW state, created (zeros, step 0) on first use."""
+        state = self.state[p]
+        if "step" not in state:
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
+
     def _adamw_group_step(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
         exp_avgs, exp_avg_sqs, steps = [], [], []
         for p in params:
-            state = self.state[p]
-            if "step" not in state:
-                state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state = self._adamw_state(p)
             exp_avgs.append(state["exp_avg"])
             exp_avg_sqs.append(state["exp_avg_sq"])
             steps.append(state["step"])

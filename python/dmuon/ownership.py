@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten
 
 from dmuon._ops import _C
@@ -121,6 +122,7 @@ class OwnedMatrices:
         self._units: list[nn.Module] = []
         self._unit_params: dict[int, list[_Owned]] = {}
         self._order: list[int] = []          # unit ids in forward order (learned once)
+        self._position: dict[int, int] = {}  # unit id → its index in _order
         self._order_frozen = False
         self._handles: list[Any] = []
         for entry in entries:
@@ -216,9 +218,9 @@ class OwnedMatrices:
             self.runtime.publish(e.index, e.compute, e.master)
 
     def _prefetch_units(self, unit_key: int, direction: int) -> None:
-        if not self._order_frozen or self._prefetch <= 0 or unit_key not in self._order:
+        pos = self._position.get(unit_key) if self._order_frozen else None
+        if pos is None or self._prefetch <= 0:
             return
-        pos = self._order.index(unit_key)
         for step in range(1, self._prefetch + 1):
             nxt = pos + direction * step
             if 0 <= nxt < len(self._order):
@@ -249,7 +251,8 @@ class OwnedMatrices:
 
     def _pre_forward(self, module: nn.Module, args: Any) -> None:
         key = id(module)
-        if not self._order_frozen and key not in self._order:
+        if not self._order_frozen and key not in self._position:
+            self._position[key] = len(self._order)
             self._order.append(key)
         entries = self._unit_params[key]
         self._publish(entries)
@@ -363,10 +366,10 @@ def own_matrices(model: nn.Module, mesh: Any = None,
     for r in routed:
         if getattr(r.param, _ATTR, None) is not None:
             raise ValueError(f"parameter {r.name!r} is already owned (own_matrices was called twice)")
-        if type(r.param) is not nn.Parameter and not isinstance(r.param, nn.Parameter):
-            raise TypeError(f"parameter {r.name!r} is a {type(r.param).__name__}; call own_matrices before fully_shard")
-        if r.param.__class__.__name__ == "DTensor" or hasattr(r.param, "placements"):
+        if isinstance(r.param, DTensor):
             raise TypeError(f"parameter {r.name!r} is already a DTensor; call own_matrices before fully_shard")
+        if not isinstance(r.param, nn.Parameter):
+            raise TypeError(f"parameter {r.name!r} is a {type(r.param).__name__}, not an nn.Parameter")
         if not r.param.is_contiguous():
             raise ValueError(f"parameter {r.name!r} is not contiguous")
 
