@@ -16,6 +16,11 @@
 #include "orthogonalize.h"
 #include "owner_planning.h"
 
+#if defined(DMUON_WITH_CUDA) && defined(DMUON_WITH_CUDA_NS)
+#include "cuda/fused_local_step.h"
+#define DMUON_HAS_FUSED_LOCAL_STEP 1
+#endif
+
 namespace dmuon::torch_adapter {
 namespace {
 
@@ -156,6 +161,75 @@ std::vector<int64_t> MuonRuntime::all_reduce_flags(const std::vector<int64_t>& l
   return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
 }
 
+void MuonRuntime::run_fused_local(at::TensorList params, const std::vector<at::Tensor>& grads,
+                                  const std::vector<at::Tensor>& momentum_buffers,
+                                  const std::vector<int64_t>& group_idx, const std::vector<MuonGroupOptions>& groups,
+                                  const std::vector<ns::Schedule>& schedules, std::vector<bool>& active,
+                                  std::vector<at::Tensor>& finite_flags, std::vector<size_t>& flag_owner) {
+#if defined(DMUON_HAS_FUSED_LOCAL_STEP)
+  // Batches: (group, rows, cols) → usable parameters, in parameter order.
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<int>> batches;
+  for (size_t i = 0; i < layouts_.size(); ++i) {
+    if (!active[i] || !fused_local_step_usable(params[i], grads[i], momentum_buffers[i],
+                                               groups[static_cast<size_t>(group_idx[i])]))
+      continue;
+    batches[{group_idx[i], layouts_[i].matrix_rows(), layouts_[i].cols()}].push_back(static_cast<int>(i));
+    active[i] = false;  // NOTE: done here; the bucket pipeline skips it
+  }
+  // Split each into as few parts as the workspace bound allows, of near-equal sizes.
+  // NOTE: near-equal sizes keep the distinct NS problems (graphs, workspaces) at ≤ 2 per shape.
+  struct Part {
+    int64_t group, rows, cols, num_matrices = 0;
+    std::vector<int> members;
+  };
+  std::vector<Part> parts;
+  for (const auto& [key, members] : batches) {
+    const auto [g, rows, cols] = key;
+    int64_t num_matrices = 0;
+    for (int idx : members) num_matrices += layouts_[idx].num_matrices();
+    const int64_t capacity = fused_batch_capacity(rows, cols, schedules[static_cast<size_t>(g)]);
+    const int64_t num_parts = (num_matrices + capacity - 1) / capacity;
+    const int64_t per_part = (num_matrices + num_parts - 1) / num_parts;
+    for (int idx : members) {
+      if (parts.empty() || parts.back().group != g || parts.back().rows != rows || parts.back().cols != cols ||
+          parts.back().num_matrices + layouts_[idx].num_matrices() > per_part)
+        parts.push_back(Part{g, rows, cols});
+      parts.back().members.push_back(idx);
+      parts.back().num_matrices += layouts_[idx].num_matrices();
+    }
+  }
+
+  // Each part: momentum, NS and apply on the current stream; one NaN/Inf flag per part.
+  at::Tensor flags = at::zeros({static_cast<int64_t>(parts.size())}, params[0].options().dtype(at::kInt));
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const Part& part = parts[k];
+    std::vector<at::Tensor> p, gr, mo;
+    for (int idx : part.members) {
+      p.push_back(params[idx]);
+      gr.push_back(grads[idx]);
+      mo.push_back(momentum_buffers[idx]);
+    }
+    auto phase_start = Clock::now();
+    fused_local_batch(p, gr, mo, part.rows, part.cols, groups[static_cast<size_t>(part.group)],
+                      schedules[static_cast<size_t>(part.group)], flags.narrow(0, static_cast<int64_t>(k), 1),
+                      [&](const char* phase) {
+                        sync_for_profile();
+                        const double seconds = seconds_since(phase_start);
+                        phase_start = Clock::now();
+                        const std::string name(phase);
+                        (name == "momentum" ? stats_.momentum_s : name == "ns" ? stats_.ns_s : stats_.apply_s) +=
+                            seconds;
+                      });
+    finite_flags.push_back(flags[static_cast<int64_t>(k)] != 0);
+    flag_owner.push_back(static_cast<size_t>(part.members.front()));
+    stats_.num_orthogonalized += static_cast<int64_t>(part.members.size());
+  }
+#else
+  (void)params, (void)grads, (void)momentum_buffers, (void)group_idx, (void)groups, (void)schedules, (void)active,
+      (void)finite_flags, (void)flag_owner;
+#endif
+}
+
 void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& grads,
                        const std::vector<at::Tensor>& momentum_buffers, const std::vector<int64_t>& group_idx,
                        const std::vector<MuonGroupOptions>& groups, int64_t step_idx) {
@@ -198,6 +272,13 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
                 " or momentum buffer does not match its local shape ", p.sizes());
     active[i] = true;
   }
+
+  // One process on a GPU: whole local matrices take the fused path (fused_local_step.h),
+  // batched by group and shape over the whole model; the rest go through the buckets.
+  // NOTE: with nothing to communicate, buckets only bound memory; the fused batches are
+  // bounded by their NS workspace (DMUON_NS_BATCH_MB) instead.
+  if (!communicate) run_fused_local(params, grads, momentum_buffers, group_idx, groups, schedules, active,
+                                    finite_flags, flag_owner);
 
   // Momentum of one bucket's parameters, in place on the local rows, and the update viewed
   // as [local_rows, cols]. NOTE: done bucket by bucket so that updates never exist for the

@@ -22,6 +22,7 @@
 #include "dist/buckets.h"
 #include "dist/shard_layout.h"
 #include "group_options.h"
+#include "ns/schedule.h"
 
 namespace dmuon::torch_adapter {
 
@@ -82,6 +83,13 @@ class MuonRuntime {
                                             std::vector<int64_t> output_splits,
                                             std::vector<int64_t> input_splits);
   void sync_for_profile() const;
+  // One process on a GPU: the usable active parameters through the fused kernels (they
+  // are then marked inactive for the bucket pipeline); one flag per batch.
+  void run_fused_local(at::TensorList params, const std::vector<at::Tensor>& grads,
+                       const std::vector<at::Tensor>& momentum_buffers, const std::vector<int64_t>& group_idx,
+                       const std::vector<MuonGroupOptions>& groups, const std::vector<ns::Schedule>& schedules,
+                       std::vector<bool>& active, std::vector<at::Tensor>& finite_flags,
+                       std::vector<size_t>& flag_owner);
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;  // null for one process
   int rank_ = 0;

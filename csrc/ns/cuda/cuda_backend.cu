@@ -136,6 +136,14 @@ void prepare(const Schedule& schedule, DType dtype, const float* input, int64_t 
                  w.ld_n, stream);
 }
 
+// The preparation of a packed fp32 input, as a PrepareIterate.
+PrepareIterate prepare_from(const Schedule& schedule, DType dtype, const float* input, int64_t batch,
+                            int64_t rows, int64_t cols, const Layout& ws) {
+  return [&schedule, dtype, input, batch, rows, cols, ws](void*, int64_t, cudaStream_t stream) {
+    prepare(schedule, dtype, input, batch, rows, cols, ws, stream);
+  };
+}
+
 // The iteration on ws.x (prepared); returns the buffer holding the result. `algorithm`
 // may differ from schedule.algorithm: a Gram schedule can run as the standard iteration
 // (the same polynomial in exact arithmetic; no restarts).
@@ -209,7 +217,7 @@ bool square_runs_standard(const Schedule& schedule, int64_t rows, int64_t cols) 
 // Which iteration runs a schedule: standard schedules always standard; square Gram
 // schedules standard (above); other Gram schedules the measured winner (tuned here, on
 // these operands, the first time).
-Algorithm choose_algorithm(const Schedule& schedule, DType dtype, SymMode sym_mode, const float* input,
+Algorithm choose_algorithm(const Schedule& schedule, DType dtype, SymMode sym_mode, const PrepareIterate& prep,
                            int64_t batch, int64_t rows, int64_t cols, const Layout& ws,
                            cudaStream_t stream) {
   if (schedule.algorithm != Algorithm::kGram) return schedule.algorithm;
@@ -229,7 +237,7 @@ Algorithm choose_algorithm(const Schedule& schedule, DType dtype, SymMode sym_mo
     return Algorithm::kGram;  // NOTE: too large to hold a reference copy: keep Gram, untuned
   }
   auto run = [&](Algorithm algorithm) {
-    prepare(schedule, dtype, input, batch, rows, cols, ws, stream);
+    prep(ws.x, w.ld_n, stream);
     return iterate_any(schedule, algorithm, dtype, sym_mode, batch, rows, cols, ws, stream);
   };
   const void* gram_result = run(Algorithm::kGram);  // tunes its products
@@ -298,17 +306,25 @@ void orthogonalize(const Schedule& schedule, DType dtype, SymMode sym_mode, cons
                    float* output, int64_t batch, int64_t rows, int64_t cols, void* workspace,
                    size_t workspace_size, cudaStream_t stream) {
   const Layout ws = checked_layout(schedule, batch, rows, cols, workspace, workspace_size);
-  const Algorithm algorithm = choose_algorithm(schedule, dtype, sym_mode, input, batch, rows, cols, ws, stream);
-  prepare(schedule, dtype, input, batch, rows, cols, ws, stream);
-  const void* result = iterate_any(schedule, algorithm, dtype, sym_mode, batch, rows, cols, ws, stream);
+  const void* result = orthogonalize_prepared(schedule, dtype, sym_mode, batch, rows, cols, workspace,
+                                              workspace_size, stream,
+                                              prepare_from(schedule, dtype, input, batch, rows, cols, ws));
   orthogonalize_finish(dtype, result, batch, rows, cols, output, stream);
 }
 
-void orthogonalize_prepare(const Schedule& schedule, DType dtype, const float* input, int64_t batch,
-                           int64_t rows, int64_t cols, void* workspace, size_t workspace_size,
-                           cudaStream_t stream) {
+const void* orthogonalize_prepared(const Schedule& schedule, DType dtype, SymMode sym_mode, int64_t batch,
+                                   int64_t rows, int64_t cols, void* workspace, size_t workspace_size,
+                                   cudaStream_t stream, const PrepareIterate& prep) {
   const Layout ws = checked_layout(schedule, batch, rows, cols, workspace, workspace_size);
-  prepare(schedule, dtype, input, batch, rows, cols, ws, stream);
+  const Wide w(rows, cols);
+  const Algorithm algorithm = choose_algorithm(schedule, dtype, sym_mode, prep, batch, rows, cols, ws, stream);
+  prep(ws.x, w.ld_n, stream);
+  return iterate_any(schedule, algorithm, dtype, sym_mode, batch, rows, cols, ws, stream);
+}
+
+void* iterate_buffer(const Schedule& schedule, int64_t batch, int64_t rows, int64_t cols, void* workspace,
+                     size_t workspace_size) {
+  return checked_layout(schedule, batch, rows, cols, workspace, workspace_size).x;
 }
 
 void* orthogonalize_iterate(const Schedule& schedule, DType dtype, SymMode sym_mode, int64_t batch,

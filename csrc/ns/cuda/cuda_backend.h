@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "ns/schedule.h"
 
@@ -45,13 +46,25 @@ void orthogonalize(const Schedule& schedule, DType dtype, SymMode sym_mode, cons
                    float* output, int64_t batch, int64_t rows, int64_t cols, void* workspace,
                    size_t workspace_bytes, cudaStream_t stream);
 
-/// The same run in three parts, for CUDA-graph capture of the middle one: prepare
-/// (fp32 normalization and cast into the workspace; reads `input`), iterate (only
-/// workspace buffers: capturable once the shape's configurations are tuned; returns the
-/// workspace buffer holding the result), finish (write-back into `output`).
-void orthogonalize_prepare(const Schedule& schedule, DType dtype, const float* input, int64_t batch,
-                           int64_t rows, int64_t cols, void* workspace, size_t workspace_bytes,
-                           cudaStream_t stream);
+/// Writes the normalized, wide 16-bit iterate of every matrix into `x` (batch × m × ld,
+/// m = min(rows, cols), ld = padded_ld(max(rows, cols)), tall matrices transposed), on
+/// `stream`. It may be called several times for one run (the autotuner's first run of a
+/// problem re-runs the iteration), so it must not modify what it reads.
+using PrepareIterate = std::function<void(void* x, int64_t ld, cudaStream_t stream)>;
+
+/// orthogonalize() with the caller's preparation and without the write-back: returns the
+/// workspace buffer that holds the 16-bit result (wide orientation, leading dimension
+/// padded_ld(max(rows, cols)), batch stride m·ld).
+const void* orthogonalize_prepared(const Schedule& schedule, DType dtype, SymMode sym_mode, int64_t batch,
+                                   int64_t rows, int64_t cols, void* workspace, size_t workspace_bytes,
+                                   cudaStream_t stream, const PrepareIterate& prepare);
+
+/// The same run in parts, for CUDA-graph capture of the iteration: the caller prepares
+/// the iterate buffer (iterate_buffer), then orthogonalize_iterate runs on workspace
+/// buffers only (capturable once the shape's configurations are tuned) and returns the
+/// buffer holding the result, which orthogonalize_finish writes back into `output`.
+void* iterate_buffer(const Schedule& schedule, int64_t batch, int64_t rows, int64_t cols, void* workspace,
+                     size_t workspace_bytes);
 void* orthogonalize_iterate(const Schedule& schedule, DType dtype, SymMode sym_mode, int64_t batch,
                             int64_t rows, int64_t cols, void* workspace, size_t workspace_bytes,
                             cudaStream_t stream);

@@ -4,6 +4,7 @@ include(${PROJECT_SOURCE_DIR}/cmake/cutlass.cmake)
 target_sources(dmuon_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/cublaslt_gemm.cpp
   ${CMAKE_CURRENT_LIST_DIR}/elementwise.cu
+  ${CMAKE_CURRENT_LIST_DIR}/matrix_list.cu
   ${CMAKE_CURRENT_LIST_DIR}/cuda_backend.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/autotune.cpp

@@ -26,6 +26,7 @@
 #include "ns/cuda/cuda_check.h"
 #include "ns/cuda/sm90_sym_product.h"
 #include "ns/cuda/cuda_backend.h"
+#include "ns/cuda/elementwise.h"
 
 namespace dmuon::torch_adapter {
 namespace {
@@ -231,24 +232,54 @@ at::Tensor orthogonalize_cuda(const at::Tensor& batch, const ns::Schedule& sched
   const int64_t num = batch.size(0), rows = batch.size(1), cols = batch.size(2);
   at::Tensor input = batch.to(at::kFloat).contiguous();
   at::Tensor output = at::empty({num, rows, cols}, input.options());
+  at::Tensor sum_squares = at::empty({num}, input.options());
+  const ns::cuda::DType half = to_dtype(dtype);
+  const bool transposed = rows > cols;
+  const float* in = input.data_ptr<float>();
+  float* out = output.data_ptr<float>();
+  float* sums = sum_squares.data_ptr<float>();
+  orthogonalize_cuda_prepared(
+      num, rows, cols, schedule, dtype, use_kernel, input,
+      [&](void* x, int64_t ld, cudaStream_t stream) {
+        ns::cuda::sum_squares(in, num, rows * cols, sums, stream);
+        ns::cuda::normalize_cast(half, in, num, rows, cols, transposed, sums, schedule.eps, x, ld, stream);
+      },
+      [&](const void* result, int64_t, cudaStream_t stream) {
+        ns::cuda::orthogonalize_finish(half, result, num, rows, cols, out, stream);
+      });
+  return output;
+}
+
+void orthogonalize_cuda_prepared(int64_t num, int64_t rows, int64_t cols, const ns::Schedule& schedule,
+                                 at::ScalarType dtype, bool use_kernel, const at::Tensor& like,
+                                 const ns::cuda::PrepareIterate& prepare, const FinishResult& finish) {
+  DMUON_CHECK(like.is_cuda(), "orthogonalize_cuda_prepared: expected a CUDA tensor to place the workspace");
+  DMUON_CHECK(num >= 1 && rows >= 1 && cols >= 1, "orthogonalize_cuda_prepared: invalid batch [", num, ", ",
+              rows, ", ", cols, "]");
+  c10::cuda::CUDAGuard guard(like.device());
   const size_t bytes = ns::cuda::workspace_bytes(schedule.algorithm, num, rows, cols);
   const auto mode = use_kernel ? ns::cuda::SymMode::kKernel : ns::cuda::SymMode::kDenseMirror;
   const ns::cuda::DType half = to_dtype(dtype);
+  const int64_t ld = ns::cuda::padded_ld(std::max(rows, cols));
+  const at::TensorOptions bytes_options = like.options().dtype(at::kByte);
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  auto eager = [&](void* ws) {
+    finish(ns::cuda::orthogonalize_prepared(schedule, half, mode, num, rows, cols, ws, bytes, stream, prepare), ld,
+           stream);
+  };
 
   static const bool graphs = env::get_bool("DMUON_CUDA_GRAPHS", true);
   static const size_t budget = static_cast<size_t>(std::max<int64_t>(0, env::get_int("DMUON_GRAPH_CACHE_MB", 8192))) << 20;
   if (!graphs || bytes > budget || ns::cuda::stream_is_capturing(stream)) {
     // NOTE: the caching allocator's blocks are 512-byte aligned, more than the 256 needed.
-    at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, input.options().dtype(at::kByte));
-    ns::cuda::orthogonalize(schedule, half, mode, input.data_ptr<float>(), output.data_ptr<float>(), num, rows,
-                            cols, workspace.data_ptr(), bytes, stream);
-    return output;
+    at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, bytes_options);
+    eager(workspace.data_ptr());
+    return;
   }
 
   GraphCache& cache = graph_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
-  const std::string key = graph_key(schedule, dtype, use_kernel, num, rows, cols, input, stream);
+  const std::string key = graph_key(schedule, dtype, use_kernel, num, rows, cols, like, stream);
   auto it = cache.entries.begin();
   while (it != cache.entries.end() && it->first != key) ++it;
   if (it == cache.entries.end()) {
@@ -259,7 +290,7 @@ at::Tensor orthogonalize_cuda(const at::Tensor& batch, const ns::Schedule& sched
     }
     auto entry = std::make_unique<GraphEntry>();
     entry->bytes = bytes;
-    entry->workspace = at::empty({static_cast<int64_t>(bytes)}, input.options().dtype(at::kByte));
+    entry->workspace = at::empty({static_cast<int64_t>(bytes)}, bytes_options);
     cache.total_bytes += bytes;
     cache.entries.emplace_front(key, std::move(entry));
   } else if (it != cache.entries.begin()) {
@@ -268,25 +299,22 @@ at::Tensor orthogonalize_cuda(const at::Tensor& batch, const ns::Schedule& sched
   GraphEntry& entry = *cache.entries.front().second;
   void* ws = entry.workspace.data_ptr();
   if (entry.calls++ == 0 || entry.capture_failed) {
-    ns::cuda::orthogonalize(schedule, half, mode, input.data_ptr<float>(), output.data_ptr<float>(), num, rows,
-                            cols, ws, bytes, stream);
-    return output;
+    eager(ws);
+    return;
   }
-  ns::cuda::orthogonalize_prepare(schedule, half, input.data_ptr<float>(), num, rows, cols, ws, bytes, stream);
+  prepare(ns::cuda::iterate_buffer(schedule, num, rows, cols, ws, bytes), ld, stream);
   if (entry.exec == nullptr) {
-    if (!capture(entry, schedule, half, mode, num, rows, cols, input.get_device())) {
+    if (!capture(entry, schedule, half, mode, num, rows, cols, like.get_device())) {
       entry.capture_failed = true;
       TORCH_WARN_ONCE("dmuon: CUDA-graph capture of the Newton–Schulz iteration failed; running it eagerly");
-      void* result = ns::cuda::orthogonalize_iterate(schedule, half, mode, num, rows, cols, ws, bytes, stream);
-      ns::cuda::orthogonalize_finish(half, result, num, rows, cols, output.data_ptr<float>(), stream);
-      return output;
+      finish(ns::cuda::orthogonalize_iterate(schedule, half, mode, num, rows, cols, ws, bytes, stream), ld, stream);
+      return;
     }
     ++cache.num_captures;
   }
   DMUON_CHECK_CUDA(cudaGraphLaunch(entry.exec, stream));
   ++cache.num_replays;
-  ns::cuda::orthogonalize_finish(half, entry.result, num, rows, cols, output.data_ptr<float>(), stream);
-  return output;
+  finish(entry.result, ld, stream);
 }
 
 std::vector<int64_t> cuda_graph_stats() {

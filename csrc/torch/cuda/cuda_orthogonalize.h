@@ -4,8 +4,12 @@
 
 #include <ATen/ATen.h>
 
+#include <cuda_runtime.h>
+
+#include <functional>
 #include <vector>
 
+#include "ns/cuda/cuda_backend.h"
 #include "ns/schedule.h"
 
 namespace dmuon::torch_adapter {
@@ -19,6 +23,17 @@ bool cuda_sym_kernel_usable(const at::Tensor& x, at::ScalarType dtype);
 /// sm_90a symmetric kernel, otherwise dense cuBLASLt products mirrored.
 at::Tensor orthogonalize_cuda(const at::Tensor& batch, const ns::Schedule& schedule,
                               at::ScalarType dtype, bool use_kernel);
+
+/// Consumes the 16-bit result of a run (wide orientation, leading dimension ld, batch
+/// stride min(rows, cols)·ld), enqueued on `stream`; the buffer is reused by later runs.
+using FinishResult = std::function<void(const void* result, int64_t ld, cudaStream_t stream)>;
+
+/// The CUDA backend on a batch whose iterate the caller writes (`prepare`, see
+/// ns::cuda::PrepareIterate) and whose result it consumes (`finish`), on the current
+/// stream of `like`'s device: autotuned on first use, then replayed as a CUDA graph.
+void orthogonalize_cuda_prepared(int64_t num, int64_t rows, int64_t cols, const ns::Schedule& schedule,
+                                 at::ScalarType dtype, bool use_kernel, const at::Tensor& like,
+                                 const ns::cuda::PrepareIterate& prepare, const FinishResult& finish);
 
 /// [number of cached graphs, captures, replays, bytes of kept workspaces] (tests).
 std::vector<int64_t> cuda_graph_stats();

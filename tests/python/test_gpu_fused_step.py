@@ -1,0 +1,150 @@
+"""The fused single-GPU step (csrc/torch/cuda/fused_local_step.cpp, marker gpu): whole fp32
+matrices on one GPU go through momentum → normalization → Newton–Schulz → apply without
+stacked copies. It must agree with the bucketed path (DMUON_FUSED_STEP=0) and the float64
+reference, be deterministic, split batches under a small workspace bound without changing
+the result beyond half-precision rounding, and keep the NaN/Inf policy.
+
+Tolerances: both paths iterate in fp16 (Gram) / bf16 (standard) from the same momentum; they
+differ only in how the Frobenius norm is summed (the bucketed path adds block sums with
+atomics), so one step's updates agree to ~1e-3 relative; 2e-2 leaves room for bf16.
+Momentum buffers use ATen's lerp arithmetic in both paths: equal to 1e-6 relative.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import dmuon
+from dmuon.reference import ReferenceDMuon
+
+pytestmark = pytest.mark.gpu
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# Wide, tall, square, odd (cols % 4 != 0, padded rows), tiny, and a 3-D stack of matrices.
+SHAPES = [(64, 96), (96, 64), (127, 301), (130, 66), (5, 7), (3, 40, 72), (256, 256)]
+
+# One process: builds the model from a seed, runs 3 steps in two param groups (Gram with
+# Nesterov and decay; standard without Nesterov, adjusted lr), prints parameters' and
+# buffers' per-step deltas as JSON. The environment picks the path.
+_RUN = textwrap.dedent("""
+    import json, sys, torch, dmuon
+    shapes = json.loads(sys.argv[1])
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter((torch.randn(*s) / s[-1] ** 0.5).cuda()) for s in shapes]
+    half = len(params) // 2
+    opt = dmuon.DMuon([dict(params=params[:half], weight_decay=0.1),
+                       dict(params=params[half:], ns_algorithm="standard", nesterov=False, adjust_lr="match_rms_adamw")],
+                      lr=0.02)
+    deltas = []
+    for step in range(3):
+        before = [p.detach().clone() for p in params]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt.step()
+        deltas.append([(p.detach() - b).double().cpu().flatten().tolist() for p, b in zip(params, before)])
+    buffers = [opt.state[p]["momentum_buffer"].double().cpu().flatten().tolist() for p in params]
+    stats = opt.runtime.last_stats
+    print(json.dumps({"deltas": deltas, "buffers": buffers, "orthogonalized": stats.num_orthogonalized}))
+""")
+
+
+def run_path(env: dict[str, str], shapes=SHAPES) -> dict:
+    out = subprocess.run([sys.executable, "-c", _RUN, json.dumps(shapes)], capture_output=True, text=True,
+                         env={**os.environ, **env}, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def rel(a, b) -> float:
+    a, b = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+@needs_gpu
+def test_fused_path_matches_the_bucketed_path():
+    fused = run_path({"DMUON_FUSED_STEP": "1"})
+    bucketed = run_path({"DMUON_FUSED_STEP": "0"})
+    for step, (df, db) in enumerate(zip(fused["deltas"], bucketed["deltas"])):
+        for i, (a, b) in enumerate(zip(df, db)):
+            assert rel(a, b) <= 2e-2, (step, SHAPES[i], rel(a, b))
+    for i, (a, b) in enumerate(zip(fused["buffers"], bucketed["buffers"])):
+        assert rel(a, b) <= 1e-6, (SHAPES[i], rel(a, b))
+    assert fused["orthogonalized"] == bucketed["orthogonalized"] == len(SHAPES)  # parameters
+
+
+@needs_gpu
+def test_fused_batches_split_under_a_small_workspace_bound():
+    # NOTE: 1 MiB holds one or two of these matrices per batch: many batches of each shape.
+    shapes = [(64, 96)] * 9 + [(96, 64)] * 7 + [(3, 40, 72)]
+    whole = run_path({"DMUON_FUSED_STEP": "1"}, shapes)
+    split = run_path({"DMUON_FUSED_STEP": "1", "DMUON_NS_BATCH_MB": "1"}, shapes)
+    for df, ds in zip(whole["deltas"], split["deltas"]):
+        for a, b in zip(df, ds):
+            assert rel(a, b) <= 2e-2
+    assert whole["orthogonalized"] == split["orthogonalized"] == 9 + 7 + 1
+
+
+@needs_gpu
+def test_fused_step_is_deterministic():
+    def run() -> list[torch.Tensor]:
+        torch.manual_seed(1)
+        params = [torch.nn.Parameter(torch.randn(*s, device="cuda")) for s in SHAPES]
+        opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.01)
+        for _ in range(2):
+            for p in params:
+                p.grad = torch.randn_like(p)
+            opt.step()
+        return [p.detach().clone() for p in params] + [opt.state[p]["momentum_buffer"].clone() for p in params]
+
+    first, second = run(), run()
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@needs_gpu
+def test_fused_and_other_parameters_in_one_step():
+    # fp64 and bf16 parameters cannot take the fused path; they share the step with fp32 ones.
+    torch.manual_seed(2)
+    params = [torch.nn.Parameter(torch.randn(64, 96, device="cuda")),
+              torch.nn.Parameter(torch.randn(64, 96, device="cuda", dtype=torch.float64)),
+              torch.nn.Parameter(torch.randn(48, 80, device="cuda").bfloat16()),
+              torch.nn.Parameter(torch.randn(96, 64, device="cuda"))]
+    reference = [torch.nn.Parameter(p.detach().double().cpu()) for p in params]
+    opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0)
+    group = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
+    ref = ReferenceDMuon([dict(group, params=reference)])
+    for _ in range(2):
+        before = [p.detach().double().cpu() for p in params]
+        for p, r in zip(params, reference):
+            g = torch.randn(p.shape, dtype=torch.float64)
+            p.grad, r.grad = g.to(p.dtype).cuda(), g
+        opt.step()
+        ref.step()
+        for p, r, b in zip(params, reference, before):
+            d, d_exact = p.detach().double().cpu() - b, r.detach() - b
+            tol = 0.1 if p.dtype == torch.bfloat16 else 3e-2
+            assert (d - d_exact).norm() <= tol * d_exact.norm(), (p.dtype, p.shape)
+
+
+@needs_gpu
+def test_fused_step_reports_a_non_finite_result_and_applies_none_of_it():
+    # NOTE: an NS polynomial that only scales (a = 1e4, b = c = 0) overflows fp16 within three
+    # steps: the result is Inf everywhere although the gradients are finite.
+    torch.manual_seed(3)
+    params = [torch.nn.Parameter(torch.randn(64, 96, device="cuda")), torch.nn.Parameter(torch.randn(96, 64, device="cuda"))]
+    before = [p.detach().clone() for p in params]
+    opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, ns_coefficients=[(1e4, 0.0, 0.0)] * 5)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    with pytest.raises(RuntimeError, match="not finite"):
+        opt.step()
+    for p, b in zip(params, before):
+        assert torch.equal(p.detach(), b)
