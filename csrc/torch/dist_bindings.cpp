@@ -89,6 +89,19 @@ void register_dist_bindings(py::module_& m) {
            },
            py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"), py::arg("group_idx"),
            py::arg("groups"), py::arg("step_idx"))
+      .def("check_fused",
+           [](MuonRuntime& runtime, std::vector<at::Tensor> params,
+              std::vector<std::optional<at::Tensor>> grads,
+              std::vector<std::optional<at::Tensor>> buffers, std::vector<int64_t> group_idx,
+              std::vector<MuonGroupOptions> groups, int64_t step_idx) {
+             std::vector<at::Tensor> defined_grads, defined_buffers;
+             for (auto& g : grads) defined_grads.push_back(g.has_value() ? *g : at::Tensor());
+             for (auto& b : buffers) defined_buffers.push_back(b.has_value() ? *b : at::Tensor());
+             py::gil_scoped_release release;
+             return runtime.check_fused(params, defined_grads, defined_buffers, group_idx, groups, step_idx);
+           },
+           py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"), py::arg("group_idx"),
+           py::arg("groups"), py::arg("step_idx"))
       .def("all_reduce_flags", &MuonRuntime::all_reduce_flags, py::arg("local"), py::arg("op"),
            py::arg("what"), py::arg("step_idx"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rank", &MuonRuntime::rank)

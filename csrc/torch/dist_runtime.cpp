@@ -161,72 +161,142 @@ std::vector<int64_t> MuonRuntime::all_reduce_flags(const std::vector<int64_t>& l
   return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
 }
 
+#if defined(DMUON_HAS_FUSED_LOCAL_STEP)
+// The fused path's check results, kept from check_fused() for the step that follows.
+struct MuonRuntime::FusedState {
+  int64_t step_idx = -1;
+  std::vector<FusedBatch> batches;
+  std::vector<at::Tensor> partials;
+};
+
+namespace {
+
+// Fused batches of the usable parameters among `candidates`: by (group, rows, cols), each
+// split into as few near-equal parts as the workspace bound allows.
+// NOTE: near-equal sizes keep the distinct NS problems (graphs, workspaces) at ≤ 2 per shape.
+std::vector<FusedBatch> plan_fused(const std::vector<dist::ParamLayout>& layouts, at::TensorList params,
+                                   const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& momenta,
+                                   const std::vector<int64_t>& group_idx, const std::vector<MuonGroupOptions>& groups,
+                                   const std::vector<ns::Schedule>& schedules, const std::vector<bool>& candidates) {
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<int>> by_shape;
+  for (size_t i = 0; i < layouts.size(); ++i)
+    if (candidates[i] && fused_local_step_usable(params[i], grads[i], momenta[i],
+                                                 groups[static_cast<size_t>(group_idx[i])]))
+      by_shape[{group_idx[i], layouts[i].matrix_rows(), layouts[i].cols()}].push_back(static_cast<int>(i));
+  std::vector<FusedBatch> batches;
+  for (const auto& [key, members] : by_shape) {
+    const auto [g, rows, cols] = key;
+    int64_t num_matrices = 0;
+    for (int idx : members) num_matrices += layouts[idx].num_matrices();
+    const int64_t capacity = fused_batch_capacity(rows, cols, schedules[static_cast<size_t>(g)]);
+    const int64_t num_parts = (num_matrices + capacity - 1) / capacity;
+    const int64_t per_part = (num_matrices + num_parts - 1) / num_parts;
+    std::vector<int> part;
+    int64_t in_part = 0;
+    for (size_t k = 0; k <= members.size(); ++k) {
+      if (k == members.size() || (!part.empty() && in_part + layouts[members[k]].num_matrices() > per_part)) {
+        batches.push_back(make_fused_batch(g, rows, cols, std::move(part), params, grads, momenta));
+        part.clear();
+        in_part = 0;
+      }
+      if (k == members.size()) break;
+      part.push_back(members[k]);
+      in_part += layouts[members[k]].num_matrices();
+    }
+  }
+  return batches;
+}
+
+}  // namespace
+#else
+struct MuonRuntime::FusedState {};
+#endif
+
+MuonRuntime::~MuonRuntime() = default;
+
+std::vector<int64_t> MuonRuntime::check_fused(at::TensorList params, const std::vector<at::Tensor>& grads,
+                                              const std::vector<at::Tensor>& momentum_buffers,
+                                              const std::vector<int64_t>& group_idx,
+                                              const std::vector<MuonGroupOptions>& groups, int64_t step_idx) {
+  const size_t num_params = layouts_.size();
+  DMUON_CHECK(params.size() == num_params && grads.size() == num_params && momentum_buffers.size() == num_params &&
+                  group_idx.size() == num_params,
+              "MuonRuntime::check_fused: expected ", num_params, " params, grads, buffers and group indices");
+  std::vector<int64_t> codes(num_params, -1);
+  fused_.reset();
+#if defined(DMUON_HAS_FUSED_LOCAL_STEP)
+  if ((group_ && world_size_ > 1) || num_params == 0) return codes;
+  std::vector<ns::Schedule> schedules;
+  for (const auto& g : groups) schedules.push_back(make_schedule(g.algorithm, g.coefficients, g.restart_after, g.eps));
+  std::vector<bool> candidates(num_params, false);
+  for (size_t i = 0; i < num_params; ++i) {
+    DMUON_CHECK(group_idx[i] >= 0 && static_cast<size_t>(group_idx[i]) < groups.size(), "parameter ", i,
+                ": group index ", group_idx[i], " out of range");
+    candidates[i] = grads[i].defined() && layouts_[i].numel() > 0 && grads[i].sizes() == params[i].sizes();
+  }
+  auto state = std::make_unique<FusedState>();
+  state->step_idx = step_idx;
+  state->batches = plan_fused(layouts_, params, grads, momentum_buffers, group_idx, groups, schedules, candidates);
+  if (state->batches.empty()) return codes;
+  // Every batch's check on the device, then one copy of all flags to the host.
+  std::vector<at::Tensor> flags;
+  for (const FusedBatch& batch : state->batches) {
+    flags.push_back(at::zeros({static_cast<int64_t>(batch.matrices.size()), 2}, params[0].options().dtype(at::kInt)));
+    state->partials.push_back(fused_check(batch, groups[static_cast<size_t>(batch.group)], params[0], flags.back()));
+  }
+  const at::Tensor host = at::cat(flags, 0).to(at::kCPU);
+  const int* f = host.data_ptr<int>();
+  for (const FusedBatch& batch : state->batches) {
+    for (int idx : batch.members) codes[static_cast<size_t>(idx)] = 0;
+    for (size_t k = 0; k < batch.matrices.size(); ++k, f += 2)
+      codes[static_cast<size_t>(batch.members[static_cast<size_t>(batch.matrix_member[k])])] |=
+          (f[0] != 0 ? 1 : 0) | (f[1] != 0 ? 2 : 0);
+  }
+  fused_ = std::move(state);
+#else
+  (void)params, (void)grads, (void)momentum_buffers, (void)group_idx, (void)groups, (void)step_idx;
+#endif
+  return codes;
+}
+
 void MuonRuntime::run_fused_local(at::TensorList params, const std::vector<at::Tensor>& grads,
                                   const std::vector<at::Tensor>& momentum_buffers,
                                   const std::vector<int64_t>& group_idx, const std::vector<MuonGroupOptions>& groups,
                                   const std::vector<ns::Schedule>& schedules, std::vector<bool>& active,
-                                  std::vector<at::Tensor>& finite_flags, std::vector<size_t>& flag_owner) {
+                                  std::vector<at::Tensor>& finite_flags, std::vector<size_t>& flag_owner,
+                                  int64_t step_idx) {
 #if defined(DMUON_HAS_FUSED_LOCAL_STEP)
-  // Batches: (group, rows, cols) → usable parameters, in parameter order.
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<int>> batches;
-  for (size_t i = 0; i < layouts_.size(); ++i) {
-    if (!active[i] || !fused_local_step_usable(params[i], grads[i], momentum_buffers[i],
-                                               groups[static_cast<size_t>(group_idx[i])]))
-      continue;
-    batches[{group_idx[i], layouts_[i].matrix_rows(), layouts_[i].cols()}].push_back(static_cast<int>(i));
-    active[i] = false;  // NOTE: done here; the bucket pipeline skips it
-  }
-  // Split each into as few parts as the workspace bound allows, of near-equal sizes.
-  // NOTE: near-equal sizes keep the distinct NS problems (graphs, workspaces) at ≤ 2 per shape.
-  struct Part {
-    int64_t group, rows, cols, num_matrices = 0;
-    std::vector<int> members;
-  };
-  std::vector<Part> parts;
-  for (const auto& [key, members] : batches) {
-    const auto [g, rows, cols] = key;
-    int64_t num_matrices = 0;
-    for (int idx : members) num_matrices += layouts_[idx].num_matrices();
-    const int64_t capacity = fused_batch_capacity(rows, cols, schedules[static_cast<size_t>(g)]);
-    const int64_t num_parts = (num_matrices + capacity - 1) / capacity;
-    const int64_t per_part = (num_matrices + num_parts - 1) / num_parts;
-    for (int idx : members) {
-      if (parts.empty() || parts.back().group != g || parts.back().rows != rows || parts.back().cols != cols ||
-          parts.back().num_matrices + layouts_[idx].num_matrices() > per_part)
-        parts.push_back(Part{g, rows, cols});
-      parts.back().members.push_back(idx);
-      parts.back().num_matrices += layouts_[idx].num_matrices();
-    }
-  }
-
-  // Each part: momentum, NS and apply on the current stream; one NaN/Inf flag per part.
-  at::Tensor flags = at::zeros({static_cast<int64_t>(parts.size())}, params[0].options().dtype(at::kInt));
-  for (size_t k = 0; k < parts.size(); ++k) {
-    const Part& part = parts[k];
-    std::vector<at::Tensor> p, gr, mo;
-    for (int idx : part.members) {
-      p.push_back(params[idx]);
-      gr.push_back(grads[idx]);
-      mo.push_back(momentum_buffers[idx]);
-    }
+  std::vector<FusedBatch> batches =
+      plan_fused(layouts_, params, grads, momentum_buffers, group_idx, groups, schedules, active);
+  // NOTE: the check's partial sums are reused when check_fused() saw exactly these tensors
+  // for this step; otherwise (e.g. momentum buffers created after the check) recomputed.
+  std::unique_ptr<FusedState> checked = std::move(fused_);
+  bool reuse = checked && checked->step_idx == step_idx && checked->batches.size() == batches.size();
+  for (size_t k = 0; reuse && k < batches.size(); ++k) reuse = batches[k].same_tensors(checked->batches[k]);
+  if (batches.empty()) return;
+  at::Tensor flags = at::zeros({static_cast<int64_t>(batches.size())}, params[0].options().dtype(at::kInt));
+  for (size_t k = 0; k < batches.size(); ++k) {
+    const FusedBatch& batch = batches[k];
+    const MuonGroupOptions& options = groups[static_cast<size_t>(batch.group)];
+    for (int idx : batch.members) active[static_cast<size_t>(idx)] = false;  // NOTE: the buckets skip them
     auto phase_start = Clock::now();
-    fused_local_batch(p, gr, mo, part.rows, part.cols, groups[static_cast<size_t>(part.group)],
-                      schedules[static_cast<size_t>(part.group)], flags.narrow(0, static_cast<int64_t>(k), 1),
-                      [&](const char* phase) {
-                        sync_for_profile();
-                        const double seconds = seconds_since(phase_start);
-                        phase_start = Clock::now();
-                        const std::string name(phase);
-                        (name == "momentum" ? stats_.momentum_s : name == "ns" ? stats_.ns_s : stats_.apply_s) +=
-                            seconds;
-                      });
+    const at::Tensor partials = reuse ? checked->partials[k] : fused_check(batch, options, params[0], at::Tensor());
+    sync_for_profile();
+    stats_.momentum_s += seconds_since(phase_start);
+    phase_start = Clock::now();
+    fused_update(batch, options, schedules[static_cast<size_t>(batch.group)], partials, params[0],
+                 flags.narrow(0, static_cast<int64_t>(k), 1), [&](const char* phase) {
+                   sync_for_profile();
+                   (std::string(phase) == "ns" ? stats_.ns_s : stats_.apply_s) += seconds_since(phase_start);
+                   phase_start = Clock::now();
+                 });
     finite_flags.push_back(flags[static_cast<int64_t>(k)] != 0);
-    flag_owner.push_back(static_cast<size_t>(part.members.front()));
-    stats_.num_orthogonalized += static_cast<int64_t>(part.members.size());
+    flag_owner.push_back(static_cast<size_t>(batch.members.front()));
+    stats_.num_orthogonalized += static_cast<int64_t>(batch.members.size());
   }
 #else
   (void)params, (void)grads, (void)momentum_buffers, (void)group_idx, (void)groups, (void)schedules, (void)active,
-      (void)finite_flags, (void)flag_owner;
+      (void)finite_flags, (void)flag_owner, (void)step_idx;
 #endif
 }
 
@@ -277,8 +347,10 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
   // batched by group and shape over the whole model; the rest go through the buckets.
   // NOTE: with nothing to communicate, buckets only bound memory; the fused batches are
   // bounded by their NS workspace (DMUON_NS_BATCH_MB) instead.
-  if (!communicate) run_fused_local(params, grads, momentum_buffers, group_idx, groups, schedules, active,
-                                    finite_flags, flag_owner);
+  if (!communicate)
+    run_fused_local(params, grads, momentum_buffers, group_idx, groups, schedules, active, finite_flags, flag_owner,
+                    step_idx);
+  fused_.reset();
 
   // Momentum of one bucket's parameters, in place on the local rows, and the update viewed
   // as [local_rows, cols]. NOTE: done bucket by bucket so that updates never exist for the

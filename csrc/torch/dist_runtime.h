@@ -15,6 +15,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -62,6 +63,19 @@ class MuonRuntime {
             const std::vector<at::Tensor>& momentum_buffers, const std::vector<int64_t>& group_idx,
             const std::vector<MuonGroupOptions>& groups, int64_t step_idx);
 
+  ~MuonRuntime();
+
+  /// The NaN/Inf check of the parameters the fused single-GPU path will update (one
+  /// process on an sm_90 GPU, whole fp32 matrices; fused_local_step.h): one read of their
+  /// gradients and momentum buffers (undefined: not created yet) that also sums what the
+  /// step needs, kept for step(step_idx) on the same tensors. Returns per parameter −1
+  /// (not checked here: the caller checks it), else bit 0 = gradient non-finite, bit 1 =
+  /// momentum buffer non-finite. Nothing is modified.
+  std::vector<int64_t> check_fused(at::TensorList params, const std::vector<at::Tensor>& grads,
+                                   const std::vector<at::Tensor>& momentum_buffers,
+                                   const std::vector<int64_t>& group_idx, const std::vector<MuonGroupOptions>& groups,
+                                   int64_t step_idx);
+
   /// Element-wise all_reduce over the group of small integer flags (op "sum" | "max");
   /// `what` and step_idx name the collective and the step in errors.
   std::vector<int64_t> all_reduce_flags(const std::vector<int64_t>& local, const std::string& op,
@@ -89,7 +103,7 @@ class MuonRuntime {
                        const std::vector<at::Tensor>& momentum_buffers, const std::vector<int64_t>& group_idx,
                        const std::vector<MuonGroupOptions>& groups, const std::vector<ns::Schedule>& schedules,
                        std::vector<bool>& active, std::vector<at::Tensor>& finite_flags,
-                       std::vector<size_t>& flag_owner);
+                       std::vector<size_t>& flag_owner, int64_t step_idx);
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;  // null for one process
   int rank_ = 0;
@@ -106,6 +120,8 @@ class MuonRuntime {
   std::vector<dist::Bucket> buckets_;
   StepStats stats_;
   int64_t step_idx_ = 0;
+  struct FusedState;                  // check_fused()'s results (fused path only)
+  std::unique_ptr<FusedState> fused_;
 };
 
 }  // namespace dmuon::torch_adapter

@@ -433,11 +433,18 @@ class DMuon(torch.optim.Optimizer):
         # NOTE: momentum buffers are checked with the gradients (same sync): the runtime
         # updates them in place, bucket by bucket, so they must be finite beforehand.
         has_buffer = [int(p.grad is not None and "momentum_buffer" in self.state.get(p, {})) for p in every]
-        checked = [distributed.local(t) for p, b in zip(every, has_buffer) if p.grad is not None
+        # NOTE: the runtime checks what its fused single-GPU path will update in the same
+        # read that sums the update's norm (code −1: not its own, checked here).
+        fused = self._fused_check_codes(runtime, step_idx)
+        checked = [distributed.local(t) for p, b in zip(every, has_buffer) if p.grad is not None and id(p) not in fused
                    for t in ([p.grad, self.state[p]["momentum_buffer"]] if b else [p.grad])]
         local_bad = iter(ops.nonfinite_mask(checked).tolist() if checked else [])
         grad_bad, buffer_bad = [], []
-        for h, b in zip(has_grad, has_buffer):
+        for p, h, b in zip(every, has_grad, has_buffer):
+            if id(p) in fused:
+                grad_bad.append(fused[id(p)] & 1)
+                buffer_bad.append((fused[id(p)] >> 1) & 1)
+                continue
             grad_bad.append(int(next(local_bad)) if h else 0)
             buffer_bad.append(int(next(local_bad)) if b else 0)
         agreed = runtime.all_reduce_flags(has_grad + grad_bad + buffer_bad, "sum",
@@ -493,6 +500,23 @@ class DMuon(torch.optim.Optimizer):
                     adjust_lr=group["adjust_lr"] or "none", algorithm=group["ns_algorithm"],
                     coefficients=coefficients, restart_after=restarts, eps=float(group["eps"])))
         return group_options, group_slot
+
+    def _fused_check_codes(self, runtime: Any, step_idx: int) -> dict[int, int]:
+        """id(param) → NaN/Inf bits (1 gradient, 2 momentum buffer) of the Muon parameters the
+        runtime checks itself (its fused single-GPU path); others are absent."""
+        muon = self._muon_params()
+        if runtime.world_size != 1 or not muon or not any(p.is_cuda for _, p in muon):
+            return {}
+        group_options, group_slot = self._muon_group_options()
+        params, grads, buffers, slots = [], [], [], []
+        for g_idx, p in muon:
+            params.append(distributed.local(p))
+            grads.append(None if p.grad is None else distributed.local(p.grad))
+            buffer = self.state.get(p, {}).get("momentum_buffer") if p.grad is not None else None
+            buffers.append(None if buffer is None else distributed.local(buffer))
+            slots.append(group_slot[g_idx])
+        codes = runtime.check_fused(params, grads, buffers, slots, group_options, step_idx)
+        return {id(p): code for (_, p), code in zip(muon, codes) if code >= 0}
 
     def _muon_step(self, runtime: Any, active: set[int], step_idx: int) -> None:
         """Every Muon parameter through the C++ runtime in one call."""

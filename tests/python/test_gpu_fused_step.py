@@ -148,3 +148,48 @@ def test_fused_step_reports_a_non_finite_result_and_applies_none_of_it():
         opt.step()
     for p, b in zip(params, before):
         assert torch.equal(p.detach(), b)
+
+
+@needs_gpu
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+def test_fused_check_changes_nothing_on_a_bad_gradient(policy):
+    # NOTE: the fused path checks gradients and buffers in its own first pass; a NaN must
+    # leave parameters and momentum buffers bitwise untouched, as in the bucketed path.
+    torch.manual_seed(4)
+    params = [torch.nn.Parameter(torch.randn(64, 96, device="cuda")), torch.nn.Parameter(torch.randn(96, 64, device="cuda"))]
+    opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.1, nonfinite=policy)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    before = [p.detach().clone() for p in params]
+    buffers = [opt.state[p]["momentum_buffer"].clone() for p in params]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    params[1].grad[5, 7] = float("nan")
+    if policy == "raise":
+        with pytest.raises(dmuon.NonFiniteGradientError, match="non-finite gradient"):
+            opt.step()
+    else:
+        opt.step()
+        assert opt.param_groups[0]["num_skipped_steps"] == 1
+    for p, b, m in zip(params, before, buffers):
+        assert torch.equal(p.detach(), b)
+        assert torch.equal(opt.state[p]["momentum_buffer"], m)
+    params[1].grad = torch.randn_like(params[1])
+    opt.step()
+    assert all(not torch.equal(p.detach(), b) for p, b in zip(params, before))
+
+
+@needs_gpu
+def test_fused_check_names_a_corrupt_momentum_buffer():
+    torch.manual_seed(5)
+    params = [torch.nn.Parameter(torch.randn(64, 96, device="cuda"))]
+    opt = dmuon.DMuon(params, lr=0.02)
+    params[0].grad = torch.randn_like(params[0])
+    opt.step()
+    opt.state[params[0]]["momentum_buffer"][3, 3] = float("inf")
+    before = params[0].detach().clone()
+    params[0].grad = torch.randn_like(params[0])
+    with pytest.raises(dmuon.NonFiniteGradientError, match="momentum buffer"):
+        opt.step()
+    assert torch.equal(params[0].detach(), before)

@@ -88,45 +88,46 @@ __device__ float block_sum(float value) {
 }
 
 // ---------------------------------------------------------------- pass 1
-// Block (chunk, matrix): momentum of kChunk elements in place, Σ U² into one partial.
+// Block (chunk, matrix): the new momentum and update of kChunk elements in registers
+// (nothing is written), Σ U² into one partial, and whether the gradient or the momentum
+// holds NaN/Inf. A null momentum reads as zeros (a buffer not created yet).
 template <bool kVec4>
-__global__ void momentum_partials_kernel(const __grid_constant__ Pointers ptrs, int64_t numel,
-                                         int64_t num_chunks, Rule rule,
-                                         float* __restrict__ partials) {  // [count, num_chunks]
+__global__ void check_partials_kernel(const __grid_constant__ Pointers ptrs, int64_t numel,
+                                      int64_t num_chunks, Rule rule,
+                                      float* __restrict__ partials,  // [count, num_chunks]
+                                      int* __restrict__ flags) {     // [count, 2] or null
   const int b = blockIdx.y;
   const float* grad = ptrs.grad[b];
-  float* momentum = ptrs.momentum[b];
+  const float* momentum = ptrs.momentum[b];
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * kChunk;
   const int64_t end = min(numel, begin + kChunk);
   float acc = 0.f;
+  bool grad_ok = true, momentum_ok = true;
+  auto visit = [&](float g, float m_old) {
+    grad_ok = grad_ok && isfinite(g);
+    momentum_ok = momentum_ok && isfinite(m_old);
+    const float u = update_of(g, lerp(m_old, g, rule.buffer_weight), rule);
+    acc = fmaf(u, u, acc);
+  };
   if constexpr (kVec4) {
     // NOTE: numel % 4 == 0 and 16-byte aligned rows, checked by the host.
     for (int64_t i = begin + 4 * threadIdx.x; i < end; i += 4 * kThreads) {
       const float4 g = *reinterpret_cast<const float4*>(grad + i);
-      float4 m = *reinterpret_cast<const float4*>(momentum + i);
-      m.x = lerp(m.x, g.x, rule.buffer_weight);
-      m.y = lerp(m.y, g.y, rule.buffer_weight);
-      m.z = lerp(m.z, g.z, rule.buffer_weight);
-      m.w = lerp(m.w, g.w, rule.buffer_weight);
-      *reinterpret_cast<float4*>(momentum + i) = m;
-      const float ux = update_of(g.x, m.x, rule), uy = update_of(g.y, m.y, rule);
-      const float uz = update_of(g.z, m.z, rule), uw = update_of(g.w, m.w, rule);
-      acc = fmaf(ux, ux, acc);
-      acc = fmaf(uy, uy, acc);
-      acc = fmaf(uz, uz, acc);
-      acc = fmaf(uw, uw, acc);
+      const float4 m = momentum != nullptr ? *reinterpret_cast<const float4*>(momentum + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+      visit(g.x, m.x);
+      visit(g.y, m.y);
+      visit(g.z, m.z);
+      visit(g.w, m.w);
     }
   } else {
-    for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-      const float g = grad[i];
-      const float m = lerp(momentum[i], g, rule.buffer_weight);
-      momentum[i] = m;
-      const float u = update_of(g, m, rule);
-      acc = fmaf(u, u, acc);
-    }
+    for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) visit(grad[i], momentum != nullptr ? momentum[i] : 0.f);
   }
   const float total = block_sum(acc);
   if (threadIdx.x == 0) partials[b * num_chunks + blockIdx.x] = total;
+  if (flags != nullptr) {
+    if (!grad_ok) atomicOr(flags + 2 * b, 1);
+    if (!momentum_ok) atomicOr(flags + 2 * b + 1, 1);
+  }
 }
 
 // Block b: scales[b] from its partials, in a fixed order.
@@ -144,21 +145,28 @@ __global__ void partials_to_scales_kernel(const float* __restrict__ partials,  /
 // Wide iterate, rows ≤ cols (no transpose), 4 elements per thread: out[r][c..c+3].
 // NOTE: cols % 4 == 0 and aligned pointers (host-checked); the thread that writes a row's
 // last 4 elements also zeroes its padding columns [cols, ld).
-template <typename T>
+template <typename T, bool kUpdateMomentum>
 __global__ void normalized_update_flat_kernel(const __grid_constant__ Pointers ptrs, int64_t rows,
                                               int64_t cols, Rule rule,
                                               const float* __restrict__ scales,  // [count]
                                               T* __restrict__ out, int64_t ld) {  // [count, rows, ld]
   const int b = blockIdx.y;
   const float* grad = ptrs.grad[b];
-  const float* momentum = ptrs.momentum[b];
+  float* momentum = ptrs.momentum[b];
   const float scale = scales[b];
   T* dst = out + static_cast<int64_t>(b) * rows * ld;
   const int64_t numel = rows * cols;
   for (int64_t i = 4 * (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x); i < numel;
        i += 4 * static_cast<int64_t>(gridDim.x) * kThreads) {
     const float4 g = *reinterpret_cast<const float4*>(grad + i);
-    const float4 m = *reinterpret_cast<const float4*>(momentum + i);
+    float4 m = *reinterpret_cast<const float4*>(momentum + i);
+    if constexpr (kUpdateMomentum) {
+      m.x = lerp(m.x, g.x, rule.buffer_weight);
+      m.y = lerp(m.y, g.y, rule.buffer_weight);
+      m.z = lerp(m.z, g.z, rule.buffer_weight);
+      m.w = lerp(m.w, g.w, rule.buffer_weight);
+      *reinterpret_cast<float4*>(momentum + i) = m;
+    }
     const int64_t r = i / cols, c = i - r * cols;
     // NOTE: ld % 8 == 0 and c % 4 == 0: one aligned 8-byte store.
     *reinterpret_cast<uint2*>(dst + r * ld + c) =
@@ -170,7 +178,7 @@ __global__ void normalized_update_flat_kernel(const __grid_constant__ Pointers p
 }
 
 // Any shape: 64×64 tiles of the iterate (m×ld); kTranspose → out[r][c] = U[c][r].
-template <typename T, bool kTranspose>
+template <typename T, bool kTranspose, bool kUpdateMomentum>
 __global__ void normalized_update_tile_kernel(const __grid_constant__ Pointers ptrs, int64_t rows,
                                               int64_t cols, Rule rule,
                                               const float* __restrict__ scales,  // [count]
@@ -178,7 +186,17 @@ __global__ void normalized_update_tile_kernel(const __grid_constant__ Pointers p
   __shared__ float tile[kTile][kTile + 1];  // [64, 65] (padded against bank conflicts)
   const int b = blockIdx.z;
   const float* grad = ptrs.grad[b];
-  const float* momentum = ptrs.momentum[b];
+  float* momentum = ptrs.momentum[b];
+  // The update at one element, writing the new momentum first when kUpdateMomentum.
+  auto update_at = [&](int64_t at) {
+    const float g = grad[at];
+    float m = momentum[at];
+    if constexpr (kUpdateMomentum) {
+      m = lerp(m, g, rule.buffer_weight);
+      momentum[at] = m;
+    }
+    return update_of(g, m, rule);
+  };
   const float scale = scales[b];
   const int64_t m = kTranspose ? cols : rows, n = kTranspose ? rows : cols;
   T* dst = out + static_cast<int64_t>(b) * m * ld;
@@ -190,8 +208,7 @@ __global__ void normalized_update_tile_kernel(const __grid_constant__ Pointers p
         const int64_t src_row = c0 + i, src_col = r0 + j;
         float u = 0.f;
         if (src_row < rows && src_col < cols) {
-          const int64_t at = src_row * cols + src_col;
-          u = update_of(grad[at], momentum[at], rule);
+          u = update_at(src_row * cols + src_col);
         }
         tile[i][j] = u;
       }
@@ -207,7 +224,7 @@ __global__ void normalized_update_tile_kernel(const __grid_constant__ Pointers p
         const int64_t r = r0 + i, c = c0 + j;
         if (r >= m || c >= ld) continue;
         float u = 0.f;
-        if (c < n) u = update_of(grad[r * cols + c], momentum[r * cols + c], rule) * scale;
+        if (c < n) u = update_at(r * cols + c) * scale;
         dst[r * ld + c] = from_float<T>(u);
       }
   }
@@ -335,19 +352,20 @@ int64_t num_partials(int64_t count, int64_t rows, int64_t cols) {
   return count * std::max<int64_t>(1, (rows * cols + kChunk - 1) / kChunk);
 }
 
-void momentum_partials(const StepMatrix* matrices, int64_t count, int64_t rows, int64_t cols,
-                       MomentumRule rule, float* partials, cudaStream_t stream) {
-  check_shape("momentum_partials", count, rows, cols);
+void check_partials(const StepMatrix* matrices, int64_t count, int64_t rows, int64_t cols, MomentumRule rule,
+                    float* partials, int* flags, cudaStream_t stream) {
+  check_shape("check_partials", count, rows, cols);
   const int64_t numel = rows * cols;
   const int64_t num_chunks = std::max<int64_t>(1, (numel + kChunk - 1) / kChunk);
   const Rule r = make_rule(rule);
   for_each_launch(matrices, count, [&](int64_t first, int64_t n, const Pointers& ptrs, bool vec4) {
     const dim3 grid(static_cast<unsigned>(num_chunks), static_cast<unsigned>(n));
     float* out = partials + first * num_chunks;
+    int* f = flags != nullptr ? flags + 2 * first : nullptr;
     if (vec4 && numel % 4 == 0)
-      momentum_partials_kernel<true><<<grid, kThreads, 0, stream>>>(ptrs, numel, num_chunks, r, out);
+      check_partials_kernel<true><<<grid, kThreads, 0, stream>>>(ptrs, numel, num_chunks, r, out, f);
     else
-      momentum_partials_kernel<false><<<grid, kThreads, 0, stream>>>(ptrs, numel, num_chunks, r, out);
+      check_partials_kernel<false><<<grid, kThreads, 0, stream>>>(ptrs, numel, num_chunks, r, out, f);
     DMUON_CHECK_CUDA(cudaGetLastError());
   });
 }
@@ -363,8 +381,8 @@ void partials_to_scales(const float* partials, int64_t count, int64_t rows, int6
 }
 
 void normalized_update(DType dtype, const StepMatrix* matrices, int64_t count, int64_t rows,
-                       int64_t cols, MomentumRule rule, const float* scales, void* iterate,
-                       int64_t ld, cudaStream_t stream) {
+                       int64_t cols, MomentumRule rule, bool update_momentum, const float* scales,
+                       void* iterate, int64_t ld, cudaStream_t stream) {
   check_shape("normalized_update", count, rows, cols);
   const bool transpose = rows > cols;
   const int64_t m = transpose ? cols : rows, n = transpose ? rows : cols;
@@ -375,10 +393,14 @@ void normalized_update(DType dtype, const StepMatrix* matrices, int64_t count, i
     for_each_launch(matrices, count, [&](int64_t first, int64_t num, const Pointers& ptrs, bool vec4) {
       T* out = static_cast<T*>(iterate) + first * m * ld;
       if (!transpose && vec4 && cols % 4 == 0) {
-        normalized_update_flat_kernel<T><<<dim3(flat_blocks(rows * cols), static_cast<unsigned>(num)), kThreads, 0,
-                                           stream>>>(ptrs, rows, cols, r, scales + first, out, ld);
+        auto kernel = update_momentum ? normalized_update_flat_kernel<T, true> : normalized_update_flat_kernel<T, false>;
+        kernel<<<dim3(flat_blocks(rows * cols), static_cast<unsigned>(num)), kThreads, 0, stream>>>(
+            ptrs, rows, cols, r, scales + first, out, ld);
       } else {
-        auto kernel = transpose ? normalized_update_tile_kernel<T, true> : normalized_update_tile_kernel<T, false>;
+        auto kernel = transpose ? (update_momentum ? normalized_update_tile_kernel<T, true, true>
+                                                   : normalized_update_tile_kernel<T, true, false>)
+                                : (update_momentum ? normalized_update_tile_kernel<T, false, true>
+                                                   : normalized_update_tile_kernel<T, false, false>);
         kernel<<<tiles(m, ld, num), dim3(kHalfTile, kTileRows), 0, stream>>>(ptrs, rows, cols, r, scales + first, out, ld);
       }
       DMUON_CHECK_CUDA(cudaGetLastError());

@@ -10,28 +10,30 @@
 #include "common/env.h"
 #include "cuda_orthogonalize.h"
 #include "ns/cuda/cuda_backend.h"
-#include "ns/cuda/matrix_list.h"
 
 namespace dmuon::torch_adapter {
 namespace {
 
 // NOTE: Gram NS iterates in fp16, standard NS in bf16 (DESIGN.md §3), as orthogonalize()'s "auto".
-at::ScalarType iterate_dtype(const ns::Schedule& schedule) {
-  return schedule.algorithm == ns::Algorithm::kGram ? at::kHalf : at::kBFloat16;
+at::ScalarType iterate_dtype(ns::Algorithm algorithm) {
+  return algorithm == ns::Algorithm::kGram ? at::kHalf : at::kBFloat16;
 }
+
+ns::cuda::MomentumRule rule_of(const MuonGroupOptions& options) { return {options.momentum, options.nesterov}; }
 
 }  // namespace
 
 bool fused_local_step_usable(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& momentum,
                              const MuonGroupOptions& options) {
   static const bool enabled = env::get_bool("DMUON_FUSED_STEP", true);
-  if (!enabled || !param.is_cuda() || param.dim() < 2) return false;
-  for (const at::Tensor* t : {&param, &grad, &momentum})
+  if (!enabled || !param.defined() || !param.is_cuda() || param.dim() < 2) return false;
+  for (const at::Tensor* t : {&param, &grad, &momentum}) {
+    if (t == &momentum && !t->defined()) continue;
     if (!t->defined() || t->scalar_type() != at::kFloat || !t->is_contiguous() || t->device() != param.device() ||
         t->sizes() != param.sizes())
       return false;
-  const ns::Algorithm algorithm = ns::parse_algorithm(options.algorithm);
-  return cuda_sym_kernel_usable(param, algorithm == ns::Algorithm::kGram ? at::kHalf : at::kBFloat16);
+  }
+  return cuda_sym_kernel_usable(param, iterate_dtype(ns::parse_algorithm(options.algorithm)));
 }
 
 int64_t fused_batch_capacity(int64_t rows, int64_t cols, const ns::Schedule& schedule) {
@@ -44,64 +46,96 @@ int64_t fused_batch_capacity(int64_t rows, int64_t cols, const ns::Schedule& sch
   return 1 + static_cast<int64_t>((limit - one) / std::max<size_t>(per_matrix, 1));
 }
 
-void fused_local_batch(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
-                       const std::vector<at::Tensor>& momenta, int64_t rows, int64_t cols,
-                       const MuonGroupOptions& options, const ns::Schedule& schedule, const at::Tensor& flag,
-                       const std::function<void(const char* phase)>& phase_done) {
-  DMUON_CHECK(!params.empty() && params.size() == grads.size() && params.size() == momenta.size(),
-              "fused_local_batch: ", params.size(), " params, ", grads.size(), " grads, ", momenta.size(),
-              " momentum buffers");
+bool FusedBatch::same_tensors(const FusedBatch& other) const {
+  if (group != other.group || rows != other.rows || cols != other.cols || members != other.members ||
+      matrices.size() != other.matrices.size())
+    return false;
+  for (size_t k = 0; k < matrices.size(); ++k)
+    if (matrices[k].param != other.matrices[k].param || matrices[k].grad != other.matrices[k].grad ||
+        matrices[k].momentum != other.matrices[k].momentum)
+      return false;
+  return true;
+}
+
+FusedBatch make_fused_batch(int64_t group, int64_t rows, int64_t cols, std::vector<int> members,
+                            at::TensorList params, const std::vector<at::Tensor>& grads,
+                            const std::vector<at::Tensor>& momenta) {
+  FusedBatch batch;
+  batch.group = group, batch.rows = rows, batch.cols = cols;
+  batch.members = std::move(members);
+  const int64_t matrix_numel = rows * cols;
+  for (size_t m = 0; m < batch.members.size(); ++m) {
+    const int idx = batch.members[m];
+    const at::Tensor& p = params[static_cast<size_t>(idx)];
+    DMUON_CHECK(p.numel() % matrix_numel == 0, "fused batch: parameter ", idx, " of shape ", p.sizes(),
+                " is not whole ", rows, "x", cols, " matrices");
+    const at::Tensor& buffer = momenta[static_cast<size_t>(idx)];
+    for (int64_t k = 0; k < p.numel() / matrix_numel; ++k) {
+      batch.matrices.push_back({p.data_ptr<float>() + k * matrix_numel,
+                                grads[static_cast<size_t>(idx)].data_ptr<float>() + k * matrix_numel,
+                                buffer.defined() ? buffer.data_ptr<float>() + k * matrix_numel : nullptr});
+      batch.matrix_member.push_back(static_cast<int>(m));
+    }
+  }
+  return batch;
+}
+
+at::Tensor fused_check(const FusedBatch& batch, const MuonGroupOptions& options, const at::Tensor& like,
+                       const at::Tensor& flags) {
+  c10::cuda::CUDAGuard guard(like.device());
+  const int64_t count = static_cast<int64_t>(batch.matrices.size());
+  DMUON_CHECK(!flags.defined() || (flags.is_cuda() && flags.scalar_type() == at::kInt && flags.numel() == 2 * count),
+              "fused_check: flags must be int32 CUDA [", count, ", 2]");
+  at::Tensor partials = at::empty({ns::cuda::num_partials(count, batch.rows, batch.cols)}, like.options());
+  ns::cuda::check_partials(batch.matrices.data(), count, batch.rows, batch.cols, rule_of(options),
+                           partials.data_ptr<float>(), flags.defined() ? flags.data_ptr<int>() : nullptr,
+                           at::cuda::getCurrentCUDAStream());
+  return partials;
+}
+
+void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, const ns::Schedule& schedule,
+                  const at::Tensor& partials, const at::Tensor& like, const at::Tensor& flag,
+                  const std::function<void(const char* phase)>& phase_done) {
   DMUON_CHECK(flag.is_cuda() && flag.scalar_type() == at::kInt && flag.numel() == 1,
-              "fused_local_batch: flag must be one int32 CUDA element");
-  c10::cuda::CUDAGuard guard(params[0].device());
+              "fused_update: flag must be one int32 CUDA element");
+  for (const auto& m : batch.matrices)
+    DMUON_CHECK(m.momentum != nullptr, "fused_update: a momentum buffer of parameter ",
+                batch.members[static_cast<size_t>(batch.matrix_member[&m - batch.matrices.data()])],
+                " is missing");
+  c10::cuda::CUDAGuard guard(like.device());
   auto done = [&](const char* phase) {
     if (phase_done) phase_done(phase);
   };
+  const int64_t count = static_cast<int64_t>(batch.matrices.size()), rows = batch.rows, cols = batch.cols;
+  at::Tensor scales = at::empty({count}, like.options());
+  ns::cuda::partials_to_scales(partials.data_ptr<float>(), count, rows, cols, schedule.eps, scales.data_ptr<float>(),
+                               at::cuda::getCurrentCUDAStream());
 
-  // The matrices of every tensor, in list order.
-  std::vector<ns::cuda::StepMatrix> matrices;
-  const int64_t matrix_numel = rows * cols;
-  for (size_t i = 0; i < params.size(); ++i) {
-    DMUON_CHECK(params[i].numel() % matrix_numel == 0 && params[i].device() == params[0].device(),
-                "fused_local_batch: parameter ", i, " of shape ", params[i].sizes(), " is not whole ", rows, "x",
-                cols, " matrices on ", params[0].device());
-    for (int64_t k = 0; k < params[i].numel() / matrix_numel; ++k)
-      matrices.push_back({params[i].data_ptr<float>() + k * matrix_numel,
-                          grads[i].data_ptr<float>() + k * matrix_numel,
-                          momenta[i].data_ptr<float>() + k * matrix_numel});
-  }
-  const int64_t count = static_cast<int64_t>(matrices.size());
-  const at::TensorOptions floats = params[0].options();
-  at::Tensor partials = at::empty({ns::cuda::num_partials(count, rows, cols)}, floats);
-  at::Tensor scales = at::empty({count}, floats);
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-
-  // Pass 1: momentum in place and the partial sums of the update's squares.
-  const ns::cuda::MomentumRule rule{options.momentum, options.nesterov};
-  ns::cuda::momentum_partials(matrices.data(), count, rows, cols, rule, partials.data_ptr<float>(), stream);
-  ns::cuda::partials_to_scales(partials.data_ptr<float>(), count, rows, cols, schedule.eps,
-                               scales.data_ptr<float>(), stream);
-  done("momentum");
-
-  // Pass 2 inside the backend's run (the autotuner may repeat it), then pass 3 on its result.
-  const at::ScalarType dtype = iterate_dtype(schedule);
+  // Pass 2 inside the backend's run, then pass 3 on its result.
+  // NOTE: the backend may prepare the iterate more than once (the autotuner's first run of
+  // a problem): only the first preparation updates the momentum, later ones read it.
+  const at::ScalarType dtype = iterate_dtype(schedule.algorithm);
   const ns::cuda::DType half = dtype == at::kHalf ? ns::cuda::DType::kFloat16 : ns::cuda::DType::kBFloat16;
-  const bool use_kernel = cuda_sym_kernel_usable(params[0], dtype);
+  const bool use_kernel = cuda_sym_kernel_usable(like, dtype);
+  const ns::cuda::MomentumRule rule = rule_of(options);
   const float* scale_ptr = scales.data_ptr<float>();
   const double update_scale = options.update_scale(rows, cols), decay = options.decay();
   int* flag_ptr = flag.data_ptr<int>();
-  bool ns_reported = false;
+  bool momentum_updated = false, ns_reported = false;
   orthogonalize_cuda_prepared(
-      count, rows, cols, schedule, dtype, use_kernel, params[0],
+      count, rows, cols, schedule, dtype, use_kernel, like,
       [&](void* x, int64_t ld, cudaStream_t s) {
-        ns::cuda::normalized_update(half, matrices.data(), count, rows, cols, rule, scale_ptr, x, ld, s);
+        ns::cuda::normalized_update(half, batch.matrices.data(), count, rows, cols, rule, !momentum_updated,
+                                    scale_ptr, x, ld, s);
+        momentum_updated = true;
       },
       [&](const void* result, int64_t ld, cudaStream_t s) {
         done("ns");
         ns_reported = true;
-        ns::cuda::apply_result(half, result, ld, matrices.data(), count, rows, cols, update_scale, decay, flag_ptr,
-                               s);
+        ns::cuda::apply_result(half, result, ld, batch.matrices.data(), count, rows, cols, update_scale, decay,
+                               flag_ptr, s);
       });
+  DMUON_CHECK(momentum_updated, "internal: the fused batch's iterate was never prepared");
   if (!ns_reported) done("ns");
   done("apply");
 }

@@ -1,7 +1,7 @@
 // dmuon/torch/cuda/fused_local_step.h — the Muon step of whole local matrices on one GPU:
-// per same-shape batch, momentum, normalization, Newton–Schulz and apply with the fused
-// kernels of ns/cuda/matrix_list.h, reading parameters, gradients and momentum buffers
-// where they are (no stacked copies, no fp32 write-back of the result).
+// per same-shape batch, a read-only check pass, then momentum, normalization, Newton–Schulz
+// and apply with the fused kernels of ns/cuda/matrix_list.h, reading parameters, gradients
+// and momentum buffers where they are (no stacked copies, no fp32 write-back of the result).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -10,13 +10,15 @@
 #include <vector>
 
 #include "../group_options.h"
+#include "ns/cuda/matrix_list.h"
 #include "ns/schedule.h"
 
 namespace dmuon::torch_adapter {
 
 /// True when (param, grad, momentum) can take the fused path: contiguous fp32 CUDA
 /// tensors of one shape on one device, where the sm_90a symmetric kernel is usable (the
-/// backend orthogonalize()'s "auto" picks there), unless DMUON_FUSED_STEP=0.
+/// backend orthogonalize()'s "auto" picks there), unless DMUON_FUSED_STEP=0. An undefined
+/// momentum stands for a buffer not created yet (it will be made like the parameter).
 bool fused_local_step_usable(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& momentum,
                              const MuonGroupOptions& options);
 
@@ -24,15 +26,33 @@ bool fused_local_step_usable(const at::Tensor& param, const at::Tensor& grad, co
 /// stays within DMUON_NS_BATCH_MB (default 2048) MiB, and at least one.
 int64_t fused_batch_capacity(int64_t rows, int64_t cols, const ns::Schedule& schedule);
 
-/// One batch: every tensor of the lists holds whole rows×cols matrices (numel a multiple
-/// of rows·cols), all usable (fused_local_step_usable) and of one param group. Updates
-/// the momentum buffers and parameters in place, on the current stream. A non-finite
-/// result entry is not applied (only the decay is) and sets `flag` (int32 CUDA scalar)
-/// to 1. `phase_done` (may be empty) is called after "momentum", "ns" and "apply" are
-/// enqueued.
-void fused_local_batch(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
-                       const std::vector<at::Tensor>& momenta, int64_t rows, int64_t cols,
-                       const MuonGroupOptions& options, const ns::Schedule& schedule, const at::Tensor& flag,
-                       const std::function<void(const char* phase)>& phase_done);
+/// Whole rows×cols matrices of some parameters of one param group.
+struct FusedBatch {
+  int64_t group = 0, rows = 0, cols = 0;
+  std::vector<int> members;                    ///< parameter indices
+  std::vector<ns::cuda::StepMatrix> matrices;  ///< every matrix of the members, in order
+  std::vector<int> matrix_member;              ///< matrices[k] belongs to members[matrix_member[k]]
+  bool same_tensors(const FusedBatch& other) const;
+};
+
+/// The batch of `members` (params[i] etc. hold whole rows×cols matrices); an undefined
+/// momentum buffer gives null momentum pointers (read as zeros by the check pass).
+FusedBatch make_fused_batch(int64_t group, int64_t rows, int64_t cols, std::vector<int> members,
+                            at::TensorList params, const std::vector<at::Tensor>& grads,
+                            const std::vector<at::Tensor>& momenta);
+
+/// Pass 1 on the current stream: returns the partial sums for fused_update; with `flags`
+/// (int32 CUDA [matrices, 2], zeros) also marks gradients [k][0] and momentum buffers [k][1]
+/// that hold NaN/Inf. Writes nothing else.
+at::Tensor fused_check(const FusedBatch& batch, const MuonGroupOptions& options, const at::Tensor& like,
+                       const at::Tensor& flags);
+
+/// Passes 2 and 3 on the current stream: momentum and parameters in place (momentum
+/// buffers defined). A non-finite result entry is not applied (only the decay is) and
+/// sets `flag` (int32 CUDA scalar) to 1. `phase_done` (may be empty) is called after the
+/// "ns" and "apply" phases are enqueued.
+void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, const ns::Schedule& schedule,
+                  const at::Tensor& partials, const at::Tensor& like, const at::Tensor& flag,
+                  const std::function<void(const char* phase)>& phase_done);
 
 }  // namespace dmuon::torch_adapter
