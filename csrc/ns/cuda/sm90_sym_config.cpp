@@ -9,19 +9,14 @@
 namespace dmuon::ns::cuda {
 
 namespace {
-// NOTE: the tmastore epilogue's two 32 KiB tiles leave room for 5 stages (227 KiB); wide
-// stages are 48 KiB (A 256 rows, B 128 rows), 4 of them beside the staged tile.
-int max_stages(Sm90Epilogue epilogue) {
-  return epilogue == Sm90Epilogue::kTmaStore ? 5 : epilogue == Sm90Epilogue::kWide ? 4 : 6;
-}
-int min_stages(Sm90Epilogue epilogue) { return epilogue == Sm90Epilogue::kWide ? 3 : 4; }
+// NOTE: the tmastore epilogue's two 32 KiB tiles leave room for 5 stages (227 KiB).
+int max_stages(Sm90Epilogue epilogue) { return epilogue == Sm90Epilogue::kTmaStore ? 5 : 6; }
 }  // namespace
 
 std::string Sm90SymConfig::name() const {
   std::ostringstream out;
   const char* epilogue_name = epilogue == Sm90Epilogue::kStaged     ? "staged"
                               : epilogue == Sm90Epilogue::kTmaStore ? "tmastore"
-                              : epilogue == Sm90Epilogue::kWide     ? "wide"
                                                                     : "direct";
   out << "sm90:" << epilogue_name << ":s" << stages
       << ":c" << num_ctas;
@@ -40,14 +35,12 @@ bool Sm90SymConfig::parse(const std::string& text, Sm90SymConfig* config) {
     c.epilogue = Sm90Epilogue::kDirect;
   } else if (e == "tmastore") {
     c.epilogue = Sm90Epilogue::kTmaStore;
-  } else if (e == "wide") {
-    c.epilogue = Sm90Epilogue::kWide;
   } else {
     return false;
   }
   c.stages = stages;
   c.num_ctas = ctas;
-  if (stages < min_stages(c.epilogue) || stages > max_stages(c.epilogue) || ctas < 0) return false;
+  if (stages < 4 || stages > max_stages(c.epilogue) || ctas < 0) return false;
   if (c.name() != text) return false;
   *config = c;
   return true;
@@ -62,15 +55,15 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
       c.stages = stages;
       configs.push_back(c);
     }
+  // NOTE: tmastore against the best staged/direct configuration, same run (H200,
+  // 2026-11-29, scripts/sym_kernel_bench.py, fp16): β·C products 896³ b72 1.57×,
+  // 1536³ b56–84 1.44–1.47×, 3584³ b7–28 1.22×; Gram X·Xᵀ 896×4864 b72 1.10×,
+  // 1536×8960 b28–84 1.07–1.09×, 3584×18944 b1–7 1.03–1.05×.
+  // NOTE: 256×128 units (two row tiles over one column panel; commit ff991b6) were slower
+  // than the best 128×128 configuration on every one of those shapes (0.62–0.99×): removed.
   for (int stages : {4, 5}) {
     Sm90SymConfig c;
     c.epilogue = Sm90Epilogue::kTmaStore;
-    c.stages = stages;
-    configs.push_back(c);
-  }
-  for (int stages : {3, 4}) {
-    Sm90SymConfig c;
-    c.epilogue = Sm90Epilogue::kWide;
     c.stages = stages;
     configs.push_back(c);
   }
@@ -80,10 +73,9 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
 std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymConfig& config) {
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   std::ostringstream why;
-  if (config.tile != 128 || config.tile_k != 64 || config.stages < min_stages(config.epilogue) ||
-      config.stages > max_stages(config.epilogue))
+  if (config.tile != 128 || config.tile_k != 64 || config.stages < 4 || config.stages > max_stages(config.epilogue))
     why << "configuration " << config.tile << "x" << config.tile << "x" << config.tile_k << ", "
-        << config.stages << " stages is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore, 3-4 for wide)";
+        << config.stages << " stages is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore)";
   else if (!aligned(args.a) || !aligned(args.b))
     why << "A and B must be 16-byte aligned";
   else if (args.lda % 8 || args.ldb % 8 || args.stride_a % 8 || args.stride_b % 8)
@@ -94,7 +86,7 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
     why << "invalid shape [" << args.batch << ", " << args.m << ", " << args.k << "]";
   else if (args.beta != 0.0 && args.c == nullptr)
     why << "beta != 0 needs C";
-  else if ((config.epilogue == Sm90Epilogue::kStaged || config.epilogue == Sm90Epilogue::kWide) &&
+  else if (config.epilogue == Sm90Epilogue::kStaged &&
            (!aligned(args.d) || args.ldd % 8 || args.stride_d % 8))
     why << "the staged epilogue needs a 16-byte aligned D with ldd and batch stride multiples of 8";
   else if (config.epilogue == Sm90Epilogue::kTmaStore &&

@@ -55,24 +55,17 @@ struct Traits {
   static constexpr int kTile = 128;
   static constexpr int kTileK = 64;
   static constexpr int kStages = kStagesT;
-  static constexpr bool kWide = kEpiT == static_cast<int>(Sm90Epilogue::kWide);
-  static constexpr bool kStaged = kEpiT == static_cast<int>(Sm90Epilogue::kStaged) || kWide;
+  static constexpr bool kStaged = kEpiT == static_cast<int>(Sm90Epilogue::kStaged);
   static constexpr bool kTmaStore = kEpiT == static_cast<int>(Sm90Epilogue::kTmaStore);
-  // Work unit: kRows row tiles × one column tile (wide: 256×128, A panel 256 rows).
-  static constexpr int kRows = kWide ? 2 : 1;
-  static constexpr int kUnitRows = kRows * kTile;
-  static_assert(kRows == 1 || kStaged, "wide units use the staged epilogue");
   static constexpr int kNumConsumerThreads = 256;
   static constexpr int kNumThreads = 128 + kNumConsumerThreads;
-  static constexpr int kTxBytes = (kUnitRows + kTile) * kTileK * static_cast<int>(sizeof(Elem));
+  static constexpr int kTxBytes = 2 * kTile * kTileK * static_cast<int>(sizeof(Elem));
   static constexpr int kEpilogueElems = kStaged ? kTile * kTile : 8;
   static constexpr int kTmaTileElems = kTmaStore ? kTile * kTile : 8;
   static constexpr int kTileBytes = kTile * kTile * static_cast<int>(sizeof(Elem));
 
   using SmemLayout = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
                                             make_shape(Int<kTile>{}, Int<kTileK>{}, Int<kStages>{})));
-  using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
-                                             make_shape(Int<kUnitRows>{}, Int<kTileK>{}, Int<kStages>{})));
   using TiledMma = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Elem, Elem, float, Shape<Int<64>, Int<kTile>, Int<kTileK>>,
                            GMMA::Major::K, GMMA::Major::K>(),
@@ -87,11 +80,6 @@ struct Traits {
                          make_shape(Int<kTile>{}, Int<kTileK>{}));
   }
   using TmaAtom = decltype(tma(nullptr, 1, 1, 1, 8, 8));
-  static auto tma_rows(const Elem* ptr, int m, int k, int batch, int64_t ld, int64_t stride) {
-    return make_tma_atom(SM90_TMA_LOAD{}, gmem(ptr, m, k, batch, ld, stride), SmemLayoutA{}(_, _, 0),
-                         make_shape(Int<kUnitRows>{}, Int<kTileK>{}));
-  }
-  using TmaAtomA = decltype(tma_rows(nullptr, 1, 1, 1, 8, 8));
 
   // tmastore: the 128×128 output tile in shared memory, 128-byte swizzled (8×64 atoms), the
   // layout of both the C load and the D stores. NOTE: the swizzle makes the accumulator-
@@ -112,7 +100,7 @@ struct Traits {
   using TmaLoadC = conditional_t<kTmaStore, decltype(tma_load_c(nullptr, 1, 1, 8, 8)), char>;
 
   struct SharedStorage {
-    alignas(1024) ArrayEngine<Elem, cosize_v<SmemLayoutA>> a;  // [kStages][kUnitRows, kTileK] swizzled
+    alignas(1024) ArrayEngine<Elem, cosize_v<SmemLayout>> a;  // [kStages][kTile, kTileK] swizzled
     alignas(1024) ArrayEngine<Elem, cosize_v<SmemLayout>> b;  // [kStages][kTile, kTileK] swizzled
     alignas(16) Elem epilogue[kEpilogueElems];                // [kTile, kTile] swizzled (staged only)
     alignas(1024) Elem tile[kTmaTileElems];    // [kTile, kTile] EpiLayout: C, then D's tile (tmastore)
@@ -124,8 +112,7 @@ struct Traits {
   };
 
   struct Params {
-    TmaAtomA tma_a;  // (kUnitRows, kTileK) boxes
-    TmaAtom tma_b;   // (kTile, kTileK) boxes
+    TmaAtom tma_a, tma_b;
     TmaStoreD tma_d;  // tmastore only
     TmaLoadC tma_c;   // tmastore only (D's view when there is no C: never loaded)
     int m, k, batch, num_row_tiles;
@@ -158,26 +145,6 @@ __device__ __forceinline__ void decode_triangle(int64_t t, int& i, int& j) {
   while (static_cast<int64_t>(r + 1) * (r + 2) / 2 <= t) ++r;
   i = r;
   j = static_cast<int>(t - static_cast<int64_t>(r) * (r + 1) / 2);
-}
-
-// Wide units of one matrix: row-tile pair q (rows 2q, 2q+1) × column tile j ≤ 2q + 1,
-// u = q(q+1) + j; the last pair of an odd row-tile count has j ≤ 2q only.
-// → (top row tile i = 2q, column tile j).
-__device__ __forceinline__ void decode_pairs(int64_t u, int& i, int& j) {
-  int q = static_cast<int>((sqrt(4.0 * static_cast<double>(u) + 1.0) - 1.0) * 0.5);
-  while (static_cast<int64_t>(q) * (q + 1) > u) --q;
-  while (static_cast<int64_t>(q + 1) * (q + 2) <= u) ++q;
-  i = 2 * q;
-  j = static_cast<int>(u - static_cast<int64_t>(q) * (q + 1));
-}
-
-template <int kRows>
-__device__ __forceinline__ void decode_unit(int64_t u, int& i, int& j) {
-  if constexpr (kRows == 1) {
-    decode_triangle(u, i, j);
-  } else {
-    decode_pairs(u, i, j);
-  }
 }
 
 // Staged epilogue tile: element (r, c) of the 128×128 tile, 16-byte chunks XOR-swizzled.
@@ -229,13 +196,12 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
   }
   __syncthreads();
 
-  Tensor sA = make_tensor(make_smem_ptr(smem.a.begin()), typename T::SmemLayoutA{});  // (kUnitRows, kTileK, kStages)
+  Tensor sA = make_tensor(make_smem_ptr(smem.a.begin()), typename T::SmemLayout{});  // (kTile, kTileK, kStages)
   Tensor sB = make_tensor(make_smem_ptr(smem.b.begin()), typename T::SmemLayout{});  // (kTile, kTileK, kStages)
   Tensor mA = p.tma_a.get_tma_tensor(make_shape(p.m, p.k, p.batch));               // (m, k, batch) coords
   Tensor mB = p.tma_b.get_tma_tensor(make_shape(p.m, p.k, p.batch));               // (m, k, batch) coords
   const int num_k_tiles = (p.k + kTileK - 1) / kTileK;
   const auto tile_mk = make_shape(Int<kTile>{}, Int<kTileK>{});
-  const auto unit_mk = make_shape(Int<T::kUnitRows>{}, Int<kTileK>{});
   const auto tile_mm = make_shape(Int<kTile>{}, Int<kTile>{});
   // tmastore: the k-tile after which the consumers release the epilogue tiles (the last
   // tile's TMA stores have read them) and after whose load the producer loads the next C.
@@ -256,8 +222,8 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
       for (int64_t w = blockIdx.x; w < p.num_work; w += gridDim.x) {
         const int l = static_cast<int>(w / p.num_tri);
         int ti, tj;
-        decode_unit<T::kRows>(w % p.num_tri, ti, tj);
-        Tensor gA = local_tile(mA(_, _, l), unit_mk, make_coord(ti / T::kRows, _));  // (kUnitRows, kTileK, k_tiles)
+        decode_triangle(w % p.num_tri, ti, tj);
+        Tensor gA = local_tile(mA(_, _, l), tile_mk, make_coord(ti, _));  // (kTile, kTileK, k_tiles)
         Tensor gB = local_tile(mB(_, _, l), tile_mk, make_coord(tj, _));  // (kTile, kTileK, k_tiles)
         auto [tAgA, tAsA] = tma_partition(p.tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA),
                                           group_modes<0, 2>(gA));  // (TMA, k_tiles), (TMA, kStages)
@@ -297,9 +263,9 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
   Tensor tCsB = thr_mma.partition_B(sB);              // (MMA, MMA_N, MMA_K, kStages)
   Tensor tCrA = thr_mma.make_fragment_A(tCsA);        // smem descriptors
   Tensor tCrB = thr_mma.make_fragment_B(tCsB);        // smem descriptors
-  Tensor cD = make_identity_tensor(make_shape(Int<T::kUnitRows>{}, Int<kTile>{}));  // (kUnitRows, kTile) → (r, c)
+  Tensor cD = make_identity_tensor(make_shape(Int<kTile>{}, Int<kTile>{}));  // (kTile, kTile) → (r, c)
   Tensor tCcD = thr_mma.partition_C(cD);              // (MMA, MMA_M, MMA_N) coords
-  Tensor acc = partition_fragment_C(mma, make_shape(Int<T::kUnitRows>{}, Int<kTile>{}));  // (MMA, MMA_M, MMA_N) fp32
+  Tensor acc = partition_fragment_C(mma, make_shape(Int<kTile>{}, Int<kTile>{}));  // (MMA, MMA_M, MMA_N) fp32
 
   RingState<kStages> state{0, 0u};
   bool store_pending = false;  // tmastore, consumer 0: TMA stores in flight from the epilogue tiles
@@ -307,7 +273,7 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
   for (int64_t w = blockIdx.x; w < p.num_work; w += gridDim.x) {
     const int l = static_cast<int>(w / p.num_tri);
     int ti, tj;
-    decode_unit<T::kRows>(w % p.num_tri, ti, tj);
+    decode_triangle(w % p.num_tri, ti, tj);
 
     // Main loop: keep one WGMMA batch in flight; free a stage once its batch retired.
     mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -403,69 +369,59 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
         if (r != col) d[col * p.ldd + r] = e;
       }
     } else {
-      // Staged epilogue, once per row tile of the unit (wide: tiles (ti, tj), (ti + 1, tj);
-      // an upper or out-of-range one is skipped).
-      for (int h = 0; h < T::kRows; ++h) {
-        const int hti = ti + h;
-        if (hti >= p.num_row_tiles || hti < tj) continue;
-        const int64_t hrow0 = static_cast<int64_t>(hti) * kTile;
-        const bool hdiag = hti == tj;
-        // Staged epilogue, pass 1: the rounded tile α·acc + β·C into shared memory.
-        Elem* tile = smem.epilogue;  // [kTile, kTile] swizzled
-        consumer_barrier();          // NOTE: the previous tile's passes 2–3 are done reading
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc); ++i) {
-          const int ur = get<0>(tCcD(i)), tc = get<1>(tCcD(i));
-          if (T::kRows > 1 && ur / kTile != h) continue;
-          const int tr = ur - h * kTile;
-          const int64_t r = hrow0 + tr, col = col0 + tc;
-          float v = p.alpha * acc(i);
-          if (c != nullptr && r < p.m && col < p.m) v += p.beta * static_cast<float>(c[r * p.ldc + col]);
-          tile[epilogue_index(tr, tc)] = static_cast<Elem>(v);
-        }
-        consumer_barrier();
+      // Staged epilogue, pass 1: the rounded tile α·acc + β·C into shared memory.
+      Elem* tile = smem.epilogue;  // [kTile, kTile] swizzled
+      consumer_barrier();          // NOTE: the previous tile's passes 2–3 are done reading
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc); ++i) {
+        const int tr = get<0>(tCcD(i)), tc = get<1>(tCcD(i));
+        const int64_t r = row0 + tr, col = col0 + tc;
+        float v = p.alpha * acc(i);
+        if (c != nullptr && r < p.m && col < p.m) v += p.beta * static_cast<float>(c[r * p.ldc + col]);
+        tile[epilogue_index(tr, tc)] = static_cast<Elem>(v);
+      }
+      consumer_barrier();
 
-        // Pass 2: rows of the tile, 16 bytes per thread and step (coalesced). On a hdiag
-        // tile, (r, c) with r < c takes the value computed for (c, r).
-        constexpr int kChunks = kTile * kTile / 8;  // 2048 chunks of 8 elements
-        for (int q = consumer_idx; q < kChunks; q += T::kNumConsumerThreads) {
-          const int tr = q >> 4, tc = (q & 15) << 3;
-          const int64_t r = hrow0 + tr, col = col0 + tc;
-          if (r >= p.m || col >= p.m) continue;
-          Elem* out = d + r * p.ldd + col;
-          if (!hdiag && col + 8 <= p.m) {
-            *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(tile + epilogue_index(tr, tc));
-          } else {
-            for (int e = 0; e < 8 && col + e < p.m; ++e) {
-              const int cc = tc + e;
-              out[e] = (hdiag && tr < cc) ? tile[epilogue_index(cc, tr)] : tile[epilogue_index(tr, cc)];
-            }
+      // Pass 2: rows of the tile, 16 bytes per thread and step (coalesced). On a diagonal
+      // tile, (r, c) with r < c takes the value computed for (c, r).
+      constexpr int kChunks = kTile * kTile / 8;  // 2048 chunks of 8 elements
+      for (int q = consumer_idx; q < kChunks; q += T::kNumConsumerThreads) {
+        const int tr = q >> 4, tc = (q & 15) << 3;
+        const int64_t r = row0 + tr, col = col0 + tc;
+        if (r >= p.m || col >= p.m) continue;
+        Elem* out = d + r * p.ldd + col;
+        if (!diagonal && col + 8 <= p.m) {
+          *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(tile + epilogue_index(tr, tc));
+        } else {
+          for (int e = 0; e < 8 && col + e < p.m; ++e) {
+            const int cc = tc + e;
+            out[e] = (diagonal && tr < cc) ? tile[epilogue_index(cc, tr)] : tile[epilogue_index(tr, cc)];
           }
         }
-        // Pass 3 (off-hdiag tiles): the mirror, D[col0 + c][hrow0 + r…r+7] = tile[r…r+7][c].
-        if (!hdiag) {
-          for (int q = consumer_idx; q < kChunks; q += T::kNumConsumerThreads) {
-            const int tc = q >> 4, tr = (q & 15) << 3;
-            const int64_t mr = col0 + tc, mc = hrow0 + tr;  // mirror row / first mirror column
-            if (mr >= p.m || mc >= p.m) continue;
-            // NOTE: gathered as raw 16-bit values packed into one uint4 (an Elem array
-            // indexed through a pointer cast would live in local memory).
-            const uint16_t* raw = reinterpret_cast<const uint16_t*>(tile);
-            auto pair = [&](int e) {
-              return static_cast<uint32_t>(raw[epilogue_index(tr + e, tc)]) |
-                     (static_cast<uint32_t>(raw[epilogue_index(tr + e + 1, tc)]) << 16);
-            };
-            const uint4 packed = make_uint4(pair(0), pair(2), pair(4), pair(6));
-            Elem* out = d + mr * p.ldd + mc;
-            if (mc + 8 <= p.m) {
-              *reinterpret_cast<uint4*>(out) = packed;
-            } else {
-              const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-              uint16_t* out_raw = reinterpret_cast<uint16_t*>(out);
-              CUTE_UNROLL
-              for (int e = 0; e < 8; ++e)
-                if (mc + e < p.m) out_raw[e] = static_cast<uint16_t>(words[e / 2] >> (16 * (e % 2)));
-            }
+      }
+      // Pass 3 (off-diagonal tiles): the mirror, D[col0 + c][row0 + r…r+7] = tile[r…r+7][c].
+      if (!diagonal) {
+        for (int q = consumer_idx; q < kChunks; q += T::kNumConsumerThreads) {
+          const int tc = q >> 4, tr = (q & 15) << 3;
+          const int64_t mr = col0 + tc, mc = row0 + tr;  // mirror row / first mirror column
+          if (mr >= p.m || mc >= p.m) continue;
+          // NOTE: gathered as raw 16-bit values packed into one uint4 (an Elem array
+          // indexed through a pointer cast would live in local memory).
+          const uint16_t* raw = reinterpret_cast<const uint16_t*>(tile);
+          auto pair = [&](int e) {
+            return static_cast<uint32_t>(raw[epilogue_index(tr + e, tc)]) |
+                   (static_cast<uint32_t>(raw[epilogue_index(tr + e + 1, tc)]) << 16);
+          };
+          const uint4 packed = make_uint4(pair(0), pair(2), pair(4), pair(6));
+          Elem* out = d + mr * p.ldd + mc;
+          if (mc + 8 <= p.m) {
+            *reinterpret_cast<uint4*>(out) = packed;
+          } else {
+            const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+            uint16_t* out_raw = reinterpret_cast<uint16_t*>(out);
+            CUTE_UNROLL
+            for (int e = 0; e < 8; ++e)
+              if (mc + e < p.m) out_raw[e] = static_cast<uint16_t>(words[e / 2] >> (16 * (e % 2)));
           }
         }
       }
@@ -483,8 +439,8 @@ template <class Elem, int kStages, int kEpi>
 void launch(const SymProductArgs& args, int num_ctas, cudaStream_t stream) {
   using T = Traits<Elem, kStages, kEpi>;
   typename T::Params p{
-      T::tma_rows(static_cast<const Elem*>(args.a), static_cast<int>(args.m), static_cast<int>(args.k),
-                  static_cast<int>(args.batch), args.lda, args.stride_a),
+      T::tma(static_cast<const Elem*>(args.a), static_cast<int>(args.m), static_cast<int>(args.k),
+             static_cast<int>(args.batch), args.lda, args.stride_a),
       T::tma(static_cast<const Elem*>(args.b), static_cast<int>(args.m), static_cast<int>(args.k),
              static_cast<int>(args.batch), args.ldb, args.stride_b),
       {}, {},
@@ -492,9 +448,7 @@ void launch(const SymProductArgs& args, int num_ctas, cudaStream_t stream) {
       static_cast<const Elem*>(args.c), args.ldc, args.stride_c, static_cast<Elem*>(args.d), args.ldd,
       args.stride_d, static_cast<float>(args.alpha), static_cast<float>(args.beta)};
   p.num_row_tiles = static_cast<int>((args.m + T::kTile - 1) / T::kTile);
-  const int64_t nrt = p.num_row_tiles, pairs = (nrt + 1) / 2;
-  // Units per matrix: triangle tiles, or (wide) Σ over row-tile pairs of min(2q + 2, nrt).
-  p.num_tri = T::kRows == 1 ? nrt * (nrt + 1) / 2 : pairs * (pairs + 1) - (nrt % 2);
+  p.num_tri = static_cast<int64_t>(p.num_row_tiles) * (p.num_row_tiles + 1) / 2;
   p.num_work = p.num_tri * args.batch;
   if constexpr (T::kTmaStore) {
     const int m = static_cast<int>(args.m), batch = static_cast<int>(args.batch);
@@ -532,7 +486,6 @@ bool launch_instance(const SymProductArgs& args, const Sm90SymConfig& config, cu
   constexpr int kDirect = static_cast<int>(Sm90Epilogue::kDirect);
   constexpr int kStaged = static_cast<int>(Sm90Epilogue::kStaged);
   constexpr int kTmaStore = static_cast<int>(Sm90Epilogue::kTmaStore);
-  constexpr int kWide = static_cast<int>(Sm90Epilogue::kWide);
   switch (config.stages * 4 + static_cast<int>(config.epilogue)) {
     case 4 * 4 + kDirect: launch<Elem, 4, kDirect>(args, config.num_ctas, stream); return true;
     case 5 * 4 + kDirect: launch<Elem, 5, kDirect>(args, config.num_ctas, stream); return true;
@@ -542,8 +495,6 @@ bool launch_instance(const SymProductArgs& args, const Sm90SymConfig& config, cu
     case 6 * 4 + kStaged: launch<Elem, 6, kStaged>(args, config.num_ctas, stream); return true;
     case 4 * 4 + kTmaStore: launch<Elem, 4, kTmaStore>(args, config.num_ctas, stream); return true;
     case 5 * 4 + kTmaStore: launch<Elem, 5, kTmaStore>(args, config.num_ctas, stream); return true;
-    case 3 * 4 + kWide: launch<Elem, 3, kWide>(args, config.num_ctas, stream); return true;
-    case 4 * 4 + kWide: launch<Elem, 4, kWide>(args, config.num_ctas, stream); return true;
     default: return false;
   }
 }

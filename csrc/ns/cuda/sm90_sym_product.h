@@ -11,11 +11,10 @@
 namespace dmuon::ns::cuda {
 
 /// How a tile's result reaches global memory (see sm90_sym_kernel.cuh).
-/// kWide: 256×128 work units (two row tiles over one column tile) with the staged epilogue.
-enum class Sm90Epilogue { kDirect, kStaged, kTmaStore, kWide };
+enum class Sm90Epilogue { kDirect, kStaged, kTmaStore };
 
 /// Configuration of the kernel (compile-time instances: stages 4–6 × direct/staged,
-/// stages 4–5 × tmastore, stages 3–4 × wide).
+/// stages 4–5 × tmastore).
 struct Sm90SymConfig {
   int tile = 128;    ///< square output tile (rows = cols)
   int tile_k = 64;   ///< k extent of one pipeline stage
