@@ -135,7 +135,8 @@ def test_failing_candidates_never_win_and_the_cache_is_reused(tmp_path):
     # NOTE: not "cuBLASLt wins every product": for the β·C product of this child (m = 200)
     # α·1.5 can stay within the check's tolerance, and there the fastest sm90 candidate
     # wins. That was hidden while cuBLASLt outran every old sm90 configuration at m = 200;
-    # sm90:tmastore:s5 outran it (H200, 2026-11-29). See the device log of that run.
+    # sm90:tmastore:s5 outran it (H200, 2026-11-29: with the break, all 8 sm90 candidates
+    # were rejected for X·Xᵀ, k = 520, and none for the β·C product, k = 200).
     broken = run_child(tmp_path, {"DMUON_AUTOTUNE_TEST_BREAK": "sm90"}, "broken.pt")
     assert broken.returncode == 0, broken.stderr[-3000:]
     assert "rejected" in broken.stderr

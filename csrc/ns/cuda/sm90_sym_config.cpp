@@ -55,10 +55,11 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
       c.stages = stages;
       configs.push_back(c);
     }
-  // NOTE: tmastore against the best staged/direct configuration, same run (H200,
-  // 2026-11-29, scripts/sym_kernel_bench.py, fp16): β·C products 896³ b72 1.57×,
-  // 1536³ b56–84 1.44–1.47×, 3584³ b7–28 1.22×; Gram X·Xᵀ 896×4864 b72 1.10×,
-  // 1536×8960 b28–84 1.07–1.09×, 3584×18944 b1–7 1.03–1.05×.
+  // NOTE: tmastore against the best staged/direct configuration of the same run, range of
+  // two runs (H200, 2026-11-29, scripts/sym_kernel_bench.py, fp16): β·C products 896³ b72
+  // 1.56–1.57×, 1536³ b56–84 1.44–1.47×, 3584³ b7–28 1.22–1.32×; X·Xᵀ 896×4864 b72
+  // 1.10–1.16×, 1536×8960 b28–84 1.03–1.11×, 256×1536 b56 1.14–1.17×; 3584×18944 b1–7
+  // 0.94–1.05× (a wash: the staged and direct configurations stay candidates).
   // NOTE: 256×128 units (two row tiles over one column panel; commit ff991b6) were slower
   // than the best 128×128 configuration on every one of those shapes (speed 0.39–0.995× of it): removed.
   for (int stages : {4, 5}) {

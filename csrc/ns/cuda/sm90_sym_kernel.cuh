@@ -205,8 +205,9 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
   const auto tile_mm = make_shape(Int<kTile>{}, Int<kTile>{});
   // tmastore: the k-tile after which the consumers release the epilogue tiles (the last
   // tile's TMA stores have read them) and after whose load the producer loads the next C.
-  // NOTE: two k-tiles into the next mainloop: the 64 KiB of stores have long been read
-  // by then, and C still arrives num_k_tiles − 3 k-tiles ahead of its epilogue.
+  // NOTE: two k-tiles into the next mainloop (chosen, not tuned): 64 KiB of stores
+  // should have been read by then, and C is requested about num_k_tiles − 3 k-tiles ahead
+  // of its epilogue. The measured gain of the whole epilogue: sm90_sym_configs().
   const int release_kt = std::min(2, num_k_tiles - 1);
   const int c_load_kt = std::min(kStages + 2, num_k_tiles - 1);
   const bool with_c = p.beta != 0.f;
