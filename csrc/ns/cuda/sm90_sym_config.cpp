@@ -8,9 +8,17 @@
 
 namespace dmuon::ns::cuda {
 
+namespace {
+// NOTE: the tmastore epilogue's two 32 KiB tiles leave room for 5 stages (227 KiB).
+int max_stages(Sm90Epilogue epilogue) { return epilogue == Sm90Epilogue::kTmaStore ? 5 : 6; }
+}  // namespace
+
 std::string Sm90SymConfig::name() const {
   std::ostringstream out;
-  out << "sm90:" << (epilogue == Sm90Epilogue::kStaged ? "staged" : "direct") << ":s" << stages
+  const char* epilogue_name = epilogue == Sm90Epilogue::kStaged     ? "staged"
+                              : epilogue == Sm90Epilogue::kTmaStore ? "tmastore"
+                                                                    : "direct";
+  out << "sm90:" << epilogue_name << ":s" << stages
       << ":c" << num_ctas;
   return out.str();
 }
@@ -21,11 +29,18 @@ bool Sm90SymConfig::parse(const std::string& text, Sm90SymConfig* config) {
   if (std::sscanf(text.c_str(), "sm90:%15[a-z]:s%d:c%d", epilogue, &stages, &ctas) != 3) return false;
   Sm90SymConfig c;
   const std::string e(epilogue);
-  if (e != "staged" && e != "direct") return false;
-  c.epilogue = e == "staged" ? Sm90Epilogue::kStaged : Sm90Epilogue::kDirect;
+  if (e == "staged") {
+    c.epilogue = Sm90Epilogue::kStaged;
+  } else if (e == "direct") {
+    c.epilogue = Sm90Epilogue::kDirect;
+  } else if (e == "tmastore") {
+    c.epilogue = Sm90Epilogue::kTmaStore;
+  } else {
+    return false;
+  }
   c.stages = stages;
   c.num_ctas = ctas;
-  if (stages < 4 || stages > 6 || ctas < 0) return false;
+  if (stages < 4 || stages > max_stages(c.epilogue) || ctas < 0) return false;
   if (c.name() != text) return false;
   *config = c;
   return true;
@@ -40,15 +55,28 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
       c.stages = stages;
       configs.push_back(c);
     }
+  // NOTE: tmastore against the best staged/direct configuration of the same run, range of
+  // two runs (H200, 2026-11-29, scripts/sym_kernel_bench.py, fp16): β·C products 896³ b72
+  // 1.56–1.57×, 1536³ b56–84 1.44–1.47×, 3584³ b7–28 1.22–1.32×; X·Xᵀ 896×4864 b72
+  // 1.10–1.16×, 1536×8960 b28–84 1.03–1.11×, 256×1536 b56 1.14–1.17×; 3584×18944 b1–7
+  // 0.94–1.05× (a wash: the staged and direct configurations stay candidates).
+  // NOTE: 256×128 units (two row tiles over one column panel; commit ff991b6) were slower
+  // than the best 128×128 configuration on every one of those shapes (speed 0.39–0.995× of it): removed.
+  for (int stages : {4, 5}) {
+    Sm90SymConfig c;
+    c.epilogue = Sm90Epilogue::kTmaStore;
+    c.stages = stages;
+    configs.push_back(c);
+  }
   return configs;
 }
 
 std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymConfig& config) {
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   std::ostringstream why;
-  if (config.tile != 128 || config.tile_k != 64 || config.stages < 4 || config.stages > 6)
+  if (config.tile != 128 || config.tile_k != 64 || config.stages < 4 || config.stages > max_stages(config.epilogue))
     why << "configuration " << config.tile << "x" << config.tile << "x" << config.tile_k << ", "
-        << config.stages << " stages is not built (tile 128x128x64, 4-6 stages)";
+        << config.stages << " stages is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore)";
   else if (!aligned(args.a) || !aligned(args.b))
     why << "A and B must be 16-byte aligned";
   else if (args.lda % 8 || args.ldb % 8 || args.stride_a % 8 || args.stride_b % 8)
@@ -62,6 +90,11 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
   else if (config.epilogue == Sm90Epilogue::kStaged &&
            (!aligned(args.d) || args.ldd % 8 || args.stride_d % 8))
     why << "the staged epilogue needs a 16-byte aligned D with ldd and batch stride multiples of 8";
+  else if (config.epilogue == Sm90Epilogue::kTmaStore &&
+           (!aligned(args.d) || args.ldd % 8 || args.stride_d % 8 ||
+            (args.beta != 0.0 && (!aligned(args.c) || args.ldc % 8 || args.stride_c % 8))))
+    why << "the tmastore epilogue needs 16-byte aligned D and C with leading dimensions and batch strides "
+           "multiples of 8 (TMA)";
   return why.str();
 }
 

@@ -14,11 +14,15 @@
 // NOTE: exact symmetry matters: the antisymmetric part of the rounding error otherwise
 // grows through the Gram iteration (see the NOTE in csrc/torch/aten_ns_backend.h).
 //
-// Two epilogues (template flag kStaged):
-//   direct  each thread forms α·acc + β·C in fp32 and stores the 16-bit value and its
-//           mirror straight from the accumulator layout (2-byte, strided mirror stores);
-//   staged  the rounded tile goes to a swizzled shared-memory tile first; then 16-byte
-//           coalesced stores of the rows and of the transposed rows (the mirror).
+// Three epilogues (template parameter kEpi, an Sm90Epilogue):
+//   direct    each thread forms α·acc + β·C in fp32 and stores the 16-bit value and its
+//             mirror straight from the accumulator layout (2-byte, strided mirror stores);
+//   staged    the rounded tile goes to a swizzled shared-memory tile first; then 16-byte
+//             coalesced stores of the rows and of the transposed rows (the mirror);
+//   tmastore  the producer TMA-loads the C tile into a shared-memory tile during the
+//             mainloop; the consumers write the rounded tile over it and its transpose into
+//             a second one, and one thread issues TMA stores of both (clipped at m × m by
+//             the TMA unit), which drain while the consumers run the next tile's mainloop.
 #pragma once
 
 // NOTE: cute/tensor.hpp must come first (the atom headers assume its declarations).
@@ -45,16 +49,20 @@ using namespace cute;
 // NOTE: 128×128×64 tiles are 32 KiB a stage; 64 fp32 accumulators per consumer thread;
 // one CTA per SM. Square tiles keep diagonal tiles aligned with the triangle. The staged
 // epilogue adds a 32 KiB 16-bit tile, so it fits up to 6 stages (227 KiB limit).
-template <class Elem, int kStagesT, bool kStagedT>
+// NOTE: the tmastore epilogue keeps two 32 KiB tiles (tile, mirror): up to 5 stages.
+template <class Elem, int kStagesT, int kEpiT>
 struct Traits {
   static constexpr int kTile = 128;
   static constexpr int kTileK = 64;
   static constexpr int kStages = kStagesT;
-  static constexpr bool kStaged = kStagedT;
+  static constexpr bool kStaged = kEpiT == static_cast<int>(Sm90Epilogue::kStaged);
+  static constexpr bool kTmaStore = kEpiT == static_cast<int>(Sm90Epilogue::kTmaStore);
   static constexpr int kNumConsumerThreads = 256;
   static constexpr int kNumThreads = 128 + kNumConsumerThreads;
   static constexpr int kTxBytes = 2 * kTile * kTileK * static_cast<int>(sizeof(Elem));
   static constexpr int kEpilogueElems = kStaged ? kTile * kTile : 8;
+  static constexpr int kTmaTileElems = kTmaStore ? kTile * kTile : 8;
+  static constexpr int kTileBytes = kTile * kTile * static_cast<int>(sizeof(Elem));
 
   using SmemLayout = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
                                             make_shape(Int<kTile>{}, Int<kTileK>{}, Int<kStages>{})));
@@ -73,16 +81,40 @@ struct Traits {
   }
   using TmaAtom = decltype(tma(nullptr, 1, 1, 1, 8, 8));
 
+  // tmastore: the 128×128 output tile in shared memory, 128-byte swizzled (8×64 atoms), the
+  // layout of both the C load and the D stores. NOTE: the swizzle makes the accumulator-
+  // layout writes of the tile and of its transpose free of bank conflicts.
+  using EpiLayout = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
+                                           make_shape(Int<kTile>{}, Int<kTile>{})));
+  // D and C as (m, m, batch) TMA views, one 128×128 box per tile (two 128×64 boxes issued).
+  static auto tma_store_d(Elem* ptr, int m, int batch, int64_t ld, int64_t stride) {
+    return make_tma_atom(SM90_TMA_STORE{},
+                         make_tensor(make_gmem_ptr(ptr), make_shape(m, m, batch), make_stride(ld, Int<1>{}, stride)),
+                         EpiLayout{}, make_shape(Int<kTile>{}, Int<kTile>{}));
+  }
+  static auto tma_load_c(const Elem* ptr, int m, int batch, int64_t ld, int64_t stride) {
+    return make_tma_atom(SM90_TMA_LOAD{}, gmem(ptr, m, m, batch, ld, stride), EpiLayout{},
+                         make_shape(Int<kTile>{}, Int<kTile>{}));
+  }
+  using TmaStoreD = conditional_t<kTmaStore, decltype(tma_store_d(nullptr, 1, 1, 8, 8)), char>;
+  using TmaLoadC = conditional_t<kTmaStore, decltype(tma_load_c(nullptr, 1, 1, 8, 8)), char>;
+
   struct SharedStorage {
     alignas(1024) ArrayEngine<Elem, cosize_v<SmemLayout>> a;  // [kStages][kTile, kTileK] swizzled
     alignas(1024) ArrayEngine<Elem, cosize_v<SmemLayout>> b;  // [kStages][kTile, kTileK] swizzled
     alignas(16) Elem epilogue[kEpilogueElems];                // [kTile, kTile] swizzled (staged only)
+    alignas(1024) Elem tile[kTmaTileElems];    // [kTile, kTile] EpiLayout: C, then D's tile (tmastore)
+    alignas(1024) Elem mirror[kTmaTileElems];  // [kTile, kTile] EpiLayout: the tile transposed (tmastore)
     alignas(8) uint64_t full[kStages];   // TMA → consumers: stage loaded
     alignas(8) uint64_t empty[kStages];  // consumers → TMA: stage free
+    alignas(8) uint64_t c_full;          // tmastore: TMA → consumers: C tile loaded
+    alignas(8) uint64_t epi_empty;       // tmastore: last TMA store has read tile/mirror
   };
 
   struct Params {
     TmaAtom tma_a, tma_b;
+    TmaStoreD tma_d;  // tmastore only
+    TmaLoadC tma_c;   // tmastore only (D's view when there is no C: never loaded)
     int m, k, batch, num_row_tiles;
     int64_t num_tri, num_work;
     const Elem* c;  // [batch, m, ldc] (may be null when beta == 0)
@@ -123,16 +155,25 @@ __device__ __forceinline__ int epilogue_index(int r, int c) {
   return r * 128 + ((((c >> 3) ^ (r & 7) ^ ((r >> 3) & 7)) & 15) << 3) + (c & 7);
 }
 
+// tmastore epilogue tile: element (r, c) of Traits::EpiLayout (128×128, 8×64 atoms with the
+// 128-byte swizzle: 16-byte chunk (c/8)%8 of row r XOR r%8; column halves 8192 apart).
+// NOTE: computed here rather than through the CuTe tensor: indexing that tensor for the 64
+// accumulator values kept 128 smem offsets live across the tile loop (168 registers,
+// 640 bytes of spills per thread in ptxas -v, nvcc 13, 2026-11-29).
+__host__ __device__ __forceinline__ int tma_tile_index(int r, int c) {
+  return ((c >> 6) << 13) + (r << 6) + ((((c >> 3) ^ r) & 7) << 3) + (c & 7);
+}
+
 // Consumers only (256 threads): named barrier 1 (0 is __syncthreads).
 __device__ __forceinline__ void consumer_barrier() {
   asm volatile("bar.sync 1, 256;" ::: "memory");
 }
 
-template <class Elem, int kStages, bool kStaged>
-__global__ void __launch_bounds__(Traits<Elem, kStages, kStaged>::kNumThreads, 1)
-    sym_product_kernel(CUTE_GRID_CONSTANT const typename Traits<Elem, kStages, kStaged>::Params p) {
+template <class Elem, int kStages, int kEpi>
+__global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
+    sym_product_kernel(CUTE_GRID_CONSTANT const typename Traits<Elem, kStages, kEpi>::Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using T = Traits<Elem, kStages, kStaged>;
+  using T = Traits<Elem, kStages, kEpi>;
   constexpr int kTile = T::kTile, kTileK = T::kTileK;
   using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
@@ -147,6 +188,10 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kStaged>::kNumThreads, 1
       FullBarrier::init(&smem.full[s], 1);
       EmptyBarrier::init(&smem.empty[s], T::kNumConsumerThreads);
     }
+    if constexpr (T::kTmaStore) {
+      FullBarrier::init(&smem.c_full, 1);
+      EmptyBarrier::init(&smem.epi_empty, 1);
+    }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -157,6 +202,15 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kStaged>::kNumThreads, 1
   Tensor mB = p.tma_b.get_tma_tensor(make_shape(p.m, p.k, p.batch));               // (m, k, batch) coords
   const int num_k_tiles = (p.k + kTileK - 1) / kTileK;
   const auto tile_mk = make_shape(Int<kTile>{}, Int<kTileK>{});
+  const auto tile_mm = make_shape(Int<kTile>{}, Int<kTile>{});
+  // tmastore: the k-tile after which the consumers release the epilogue tiles (the last
+  // tile's TMA stores have read them) and after whose load the producer loads the next C.
+  // NOTE: two k-tiles into the next mainloop (chosen, not tuned): 64 KiB of stores
+  // should have been read by then, and C is requested about num_k_tiles − 3 k-tiles ahead
+  // of its epilogue. The measured gain of the whole epilogue: sm90_sym_configs().
+  const int release_kt = std::min(2, num_k_tiles - 1);
+  const int c_load_kt = std::min(kStages + 2, num_k_tiles - 1);
+  const bool with_c = p.beta != 0.f;
 
   if (warpgroup_idx == 0) {
     // Producer: one thread walks the same work list and fills the ring.
@@ -165,6 +219,7 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kStaged>::kNumThreads, 1
     cutlass::arch::warpgroup_reg_dealloc<40>();
     if (threadIdx.x == 0) {
       RingState<kStages> state{0, 1u};  // NOTE: parity 1 — the first round finds every stage free.
+      uint32_t epi_phase = 1u;          // tmastore: likewise, the first C load finds the tile free
       for (int64_t w = blockIdx.x; w < p.num_work; w += gridDim.x) {
         const int l = static_cast<int>(w / p.num_tri);
         int ti, tj;
@@ -181,6 +236,19 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kStaged>::kNumThreads, 1
           copy(p.tma_a.with(smem.full[state.index]), tAgA(_, kt), tAsA(_, state.index));
           copy(p.tma_b.with(smem.full[state.index]), tBgB(_, kt), tBsB(_, state.index));
           state.advance();
+          // tmastore with β·C: the C tile into the epilogue tile once the last stores read it.
+          if constexpr (T::kTmaStore) {
+            if (with_c && kt == c_load_kt) {
+              EmptyBarrier::wait(&smem.epi_empty, epi_phase);
+              epi_phase ^= 1u;
+              Tensor sC = make_tensor(make_smem_ptr(smem.tile), typename T::EpiLayout{});  // (kTile, kTile)
+              Tensor mC = p.tma_c.get_tma_tensor(make_shape(p.m, p.m, p.batch));          // (m, m, batch) coords
+              Tensor gC = local_tile(mC(_, _, l), tile_mm, make_coord(ti, tj));            // (kTile, kTile)
+              auto [tCgC, tCsC] = tma_partition(p.tma_c, group_modes<0, 2>(sC), group_modes<0, 2>(gC));
+              FullBarrier::arrive_and_expect_tx(&smem.c_full, T::kTileBytes);
+              copy(p.tma_c.with(smem.c_full), tCgC, tCsC);
+            }
+          }
         }
       }
     }
@@ -201,6 +269,8 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kStaged>::kNumThreads, 1
   Tensor acc = partition_fragment_C(mma, make_shape(Int<kTile>{}, Int<kTile>{}));  // (MMA, MMA_M, MMA_N) fp32
 
   RingState<kStages> state{0, 0u};
+  bool store_pending = false;  // tmastore, consumer 0: TMA stores in flight from the epilogue tiles
+  uint32_t c_phase = 0u;       // tmastore: parity of the next C load
   for (int64_t w = blockIdx.x; w < p.num_work; w += gridDim.x) {
     const int l = static_cast<int>(w / p.num_tri);
     int ti, tj;
@@ -224,6 +294,17 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kStaged>::kNumThreads, 1
       if (prev_stage >= 0) EmptyBarrier::arrive(&smem.empty[prev_stage]);
       prev_stage = state.index;
       state.advance();
+      // tmastore: once the last tile's stores have read the epilogue tiles, free them.
+      if constexpr (T::kTmaStore) {
+        if (kt == release_kt) {
+          if (store_pending) {
+            tma_store_wait<0>();
+            EmptyBarrier::arrive(&smem.epi_empty);
+            store_pending = false;
+          }
+          __syncwarp();  // NOTE: warp 0 converged again before the next (aligned) WGMMA
+        }
+      }
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
@@ -234,7 +315,49 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kStaged>::kNumThreads, 1
     Elem* d = p.d + l * p.stride_d;
     const Elem* c = p.beta != 0.f ? p.c + l * p.stride_c : nullptr;
 
-    if constexpr (!kStaged) {
+    if constexpr (T::kTmaStore) {
+      // tmastore epilogue, pass 1: α·acc + β·C in fp32 (C from the tile the producer
+      // loaded), rounded once, into the tile and its transpose into the mirror. A diagonal
+      // tile takes its lower triangle's values in both halves and has no mirror.
+      Tensor sT = make_tensor(make_smem_ptr(smem.tile), typename T::EpiLayout{});    // (kTile, kTile)
+      Tensor sM = make_tensor(make_smem_ptr(smem.mirror), typename T::EpiLayout{});  // (kTile, kTile)
+      Elem* tile = smem.tile;      // [kTile, kTile] at tma_tile_index (= sT's layout)
+      Elem* mirror = smem.mirror;  // [kTile, kTile] at tma_tile_index (= sM's layout)
+      if (with_c) {
+        FullBarrier::wait(&smem.c_full, c_phase);
+        c_phase ^= 1u;
+      }
+      consumer_barrier();  // NOTE: without C, orders these writes after the release above
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc); ++i) {
+        const int tr = get<0>(tCcD(i)), tc = get<1>(tCcD(i));
+        if (diagonal && tr < tc) continue;
+        const int at = tma_tile_index(tr, tc), at_t = tma_tile_index(tc, tr);
+        float v = p.alpha * acc(i);
+        if (with_c) v += p.beta * static_cast<float>(tile[at]);
+        const Elem e = static_cast<Elem>(v);
+        tile[at] = e;
+        (diagonal ? tile : mirror)[at_t] = e;  // NOTE: at_t == at on the diagonal: same value
+      }
+      tma_store_fence();  // the generic-proxy writes, visible to the TMA unit
+      consumer_barrier();
+
+      // Pass 2: one thread stores the tile and the mirror (clipped at m × m) and moves on.
+      if (consumer_idx == 0) {
+        Tensor mD = p.tma_d.get_tma_tensor(make_shape(p.m, p.m, p.batch));  // (m, m, batch) coords
+        Tensor gD = local_tile(mD(_, _, l), tile_mm, make_coord(ti, tj));    // (kTile, kTile)
+        auto [tDgD, tDsT] = tma_partition(p.tma_d, group_modes<0, 2>(sT), group_modes<0, 2>(gD));
+        copy(p.tma_d, tDsT, tDgD);
+        if (!diagonal) {
+          Tensor gM = local_tile(mD(_, _, l), tile_mm, make_coord(tj, ti));  // (kTile, kTile)
+          auto [tMgM, tMsM] = tma_partition(p.tma_d, group_modes<0, 2>(sM), group_modes<0, 2>(gM));
+          copy(p.tma_d, tMsM, tMgM);
+        }
+        tma_store_arrive();
+        store_pending = true;
+      }
+      __syncwarp();
+    } else if constexpr (!T::kStaged) {
       // Direct epilogue: α·acc + β·C in fp32, one rounding, tile and mirror.
       CUTE_UNROLL
       for (int i = 0; i < size(acc); ++i) {
@@ -305,27 +428,41 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kStaged>::kNumThreads, 1
       }
     }
   }
+  // tmastore: shared memory must outlive the last TMA stores' reads.
+  if constexpr (T::kTmaStore) {
+    if (store_pending) tma_store_wait<0>();
+  }
 #endif
 }
 
 // Host launch of one instance. Requirements are checked by the caller (sym_config_applies).
-template <class Elem, int kStages, bool kStaged>
+template <class Elem, int kStages, int kEpi>
 void launch(const SymProductArgs& args, int num_ctas, cudaStream_t stream) {
-  using T = Traits<Elem, kStages, kStaged>;
+  using T = Traits<Elem, kStages, kEpi>;
   typename T::Params p{
       T::tma(static_cast<const Elem*>(args.a), static_cast<int>(args.m), static_cast<int>(args.k),
              static_cast<int>(args.batch), args.lda, args.stride_a),
       T::tma(static_cast<const Elem*>(args.b), static_cast<int>(args.m), static_cast<int>(args.k),
              static_cast<int>(args.batch), args.ldb, args.stride_b),
+      {}, {},
       static_cast<int>(args.m), static_cast<int>(args.k), static_cast<int>(args.batch), 0, 0, 0,
       static_cast<const Elem*>(args.c), args.ldc, args.stride_c, static_cast<Elem*>(args.d), args.ldd,
       args.stride_d, static_cast<float>(args.alpha), static_cast<float>(args.beta)};
   p.num_row_tiles = static_cast<int>((args.m + T::kTile - 1) / T::kTile);
   p.num_tri = static_cast<int64_t>(p.num_row_tiles) * (p.num_row_tiles + 1) / 2;
   p.num_work = p.num_tri * args.batch;
+  if constexpr (T::kTmaStore) {
+    const int m = static_cast<int>(args.m), batch = static_cast<int>(args.batch);
+    p.tma_d = T::tma_store_d(static_cast<Elem*>(args.d), m, batch, args.ldd, args.stride_d);
+    // NOTE: without C the C view is D's (a valid descriptor that the kernel never loads).
+    const bool with_c = args.beta != 0.0 && args.c != nullptr;
+    p.tma_c = with_c ? T::tma_load_c(static_cast<const Elem*>(args.c), m, batch, args.ldc, args.stride_c)
+                     : T::tma_load_c(static_cast<const Elem*>(args.d), m, batch, args.ldd, args.stride_d);
+  }
 
   // Launch: persistent grid of min(work, CTAs) CTAs, one per SM.
-  auto kernel = sym_product_kernel<Elem, kStages, kStaged>;
+  auto kernel = sym_product_kernel<Elem, kStages, kEpi>;
+  static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "over the 227 KiB shared-memory opt-in");
   const int smem_bytes = static_cast<int>(sizeof(typename T::SharedStorage));
   int device = 0, num_sms = 0;
   DMUON_CHECK_CUDA(cudaGetDevice(&device));
@@ -344,17 +481,21 @@ void launch(const SymProductArgs& args, int num_ctas, cudaStream_t stream) {
   DMUON_CHECK_CUDA(cudaGetLastError());
 }
 
-// Every built (stages, staged) instance of one element type; false when not built.
+// Every built (stages, epilogue) instance of one element type; false when not built.
 template <class Elem>
 bool launch_instance(const SymProductArgs& args, const Sm90SymConfig& config, cudaStream_t stream) {
-  const bool staged = config.epilogue == Sm90Epilogue::kStaged;
-  switch (config.stages * 2 + (staged ? 1 : 0)) {
-    case 4 * 2: launch<Elem, 4, false>(args, config.num_ctas, stream); return true;
-    case 5 * 2: launch<Elem, 5, false>(args, config.num_ctas, stream); return true;
-    case 6 * 2: launch<Elem, 6, false>(args, config.num_ctas, stream); return true;
-    case 4 * 2 + 1: launch<Elem, 4, true>(args, config.num_ctas, stream); return true;
-    case 5 * 2 + 1: launch<Elem, 5, true>(args, config.num_ctas, stream); return true;
-    case 6 * 2 + 1: launch<Elem, 6, true>(args, config.num_ctas, stream); return true;
+  constexpr int kDirect = static_cast<int>(Sm90Epilogue::kDirect);
+  constexpr int kStaged = static_cast<int>(Sm90Epilogue::kStaged);
+  constexpr int kTmaStore = static_cast<int>(Sm90Epilogue::kTmaStore);
+  switch (config.stages * 4 + static_cast<int>(config.epilogue)) {
+    case 4 * 4 + kDirect: launch<Elem, 4, kDirect>(args, config.num_ctas, stream); return true;
+    case 5 * 4 + kDirect: launch<Elem, 5, kDirect>(args, config.num_ctas, stream); return true;
+    case 6 * 4 + kDirect: launch<Elem, 6, kDirect>(args, config.num_ctas, stream); return true;
+    case 4 * 4 + kStaged: launch<Elem, 4, kStaged>(args, config.num_ctas, stream); return true;
+    case 5 * 4 + kStaged: launch<Elem, 5, kStaged>(args, config.num_ctas, stream); return true;
+    case 6 * 4 + kStaged: launch<Elem, 6, kStaged>(args, config.num_ctas, stream); return true;
+    case 4 * 4 + kTmaStore: launch<Elem, 4, kTmaStore>(args, config.num_ctas, stream); return true;
+    case 5 * 4 + kTmaStore: launch<Elem, 5, kTmaStore>(args, config.num_ctas, stream); return true;
     default: return false;
   }
 }

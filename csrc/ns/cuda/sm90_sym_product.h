@@ -11,9 +11,10 @@
 namespace dmuon::ns::cuda {
 
 /// How a tile's result reaches global memory (see sm90_sym_kernel.cuh).
-enum class Sm90Epilogue { kDirect, kStaged };
+enum class Sm90Epilogue { kDirect, kStaged, kTmaStore };
 
-/// Configuration of the kernel (compile-time instances: stages 4–6 × both epilogues).
+/// Configuration of the kernel (compile-time instances: stages 4–6 × direct/staged,
+/// stages 4–5 × tmastore).
 struct Sm90SymConfig {
   int tile = 128;    ///< square output tile (rows = cols)
   int tile_k = 64;   ///< k extent of one pipeline stage

@@ -1,0 +1,156 @@
+"""Time the sm_90a symmetric-product configurations against cuBLAS (torch.bmm/baddbmm).
+
+    python3 scripts/sym_kernel_bench.py [--configs sm90:staged:s4:c0 ...] [--split-k]
+
+For every shape (m×k, batch, with or without β·C): cuBLAS's dense product, each kernel
+configuration, and (--split-k) the best configuration and cuBLAS again at k doubled: with
+t(k) ≈ fill+epilogue + k·mainloop, the intercept 2·t(k) − t(2k) is the per-call time that
+does not scale with k (epilogue, pipeline fill, launch). TFLOP/s are "executed": the
+kernel's lower-triangle tiles (2·128²·k each), cuBLAS's full m²k.
+Times: CUDA events, median after warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+
+import torch
+
+from dmuon._ops import ops
+
+# (m, k, batch, with β·C): the Gram products X·Xᵀ and the m³ products of Qwen2.5 0.5B–7B.
+SHAPES = [
+    (896, 4864, 72, False),
+    (1536, 8960, 28, False),
+    (1536, 8960, 84, False),
+    (3584, 18944, 1, False),
+    (3584, 18944, 7, False),
+    (896, 896, 72, True),
+    (1536, 1536, 56, True),
+    (1536, 1536, 84, True),
+    (3584, 3584, 7, True),
+    (3584, 3584, 28, True),
+    (256, 1536, 56, False),
+]
+
+
+def cuda_time_ms(fn, budget_ms: float = 60.0) -> float:
+    """Median CUDA-event time of fn() after warm-up; about budget_ms of timed runs."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    iters = int(min(50, max(5, budget_ms / max(start.elapsed_time(end), 1e-3))))
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def operands(m: int, k: int, batch: int, with_c: bool):
+    """A, B ([batch, m, k] fp16, row stride a multiple of 8) and C (or None)."""
+    ld = (k + 7) // 8 * 8
+    a = (torch.randn(batch, m, ld, device="cuda") / math.sqrt(k)).half()[..., :k]
+    b = a if not with_c else (torch.randn(batch, m, ld, device="cuda") / math.sqrt(k)).half()[..., :k]
+    c = None
+    if with_c:
+        c = torch.randn(batch, m, m, device="cuda").half()
+        c = c + c.transpose(1, 2)
+    return a, b, c
+
+
+def time_shape(m, k, batch, with_c, configs):
+    """{name: ms} for cuBLAS ("cublas") and every configuration."""
+    a, b, c = operands(m, k, batch, with_c)
+    alpha, beta = (1.0, 0.0) if not with_c else (0.75, -0.5)
+    if with_c:
+        dense = lambda: torch.baddbmm(c, a, b.transpose(1, 2), beta=beta, alpha=alpha)  # noqa: E731
+    else:
+        dense = lambda: torch.bmm(a, b.transpose(1, 2))  # noqa: E731
+    out = {"cublas": cuda_time_ms(dense)}
+    for config in configs:
+        try:
+            out[config] = cuda_time_ms(lambda: ops.cuda_sym_product_config(a, b, c, alpha, beta, config))
+        except RuntimeError as error:  # an unbuilt or inapplicable configuration
+            print(f"  {config}: {str(error).splitlines()[0][:120]}")
+    del a, b, c
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", nargs="*", default=None, help="default: ops.cuda_sym_configs()")
+    parser.add_argument("--old", nargs="*", default=None,
+                        help="the baseline set (default: the staged/direct configurations)")
+    parser.add_argument("--split-k", action="store_true", help="also time k doubled (intercept)")
+    parser.add_argument("--shapes", nargs="*", default=None, help="MxKxB[c] (c: with β·C)")
+    args = parser.parse_args()
+    configs = args.configs if args.configs is not None else list(ops.cuda_sym_configs())
+    old = set(args.old) if args.old is not None else {
+        c for c in configs if c.split(":")[1] in ("staged", "direct")}
+    shapes = SHAPES
+    if args.shapes:
+        shapes = []
+        for s in args.shapes:
+            with_c = s.endswith("c")
+            m, k, b = (int(v) for v in s.rstrip("c").split("x"))
+            shapes.append((m, k, b, with_c))
+    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    print("configs:", " ".join(configs))
+
+    rows = []
+    for m, k, batch, with_c in shapes:
+        times = time_shape(m, k, batch, with_c, configs)
+        tiles = (m + 127) // 128
+        tri_flop = batch * tiles * (tiles + 1) // 2 * 2 * 128 * 128 * k
+        dense_flop = 2 * batch * m * m * k
+        print(f"{m}x{k} b{batch}{' +C' if with_c else ''}: " +
+              "  ".join(f"{n} {t:.4f}" for n, t in times.items()))
+        olds = {n: t for n, t in times.items() if n in old}
+        news = {n: t for n, t in times.items() if n != "cublas" and n not in old}
+        best_old = min(olds, key=olds.get) if olds else None
+        best_new = min(news, key=news.get) if news else None
+        row = dict(shape=f"{m}x{k}{'+C' if with_c else ''}", batch=batch, cublas=times["cublas"],
+                   old=best_old, old_ms=olds.get(best_old), new=best_new, new_ms=news.get(best_new),
+                   tri_flop=tri_flop, dense_flop=dense_flop)
+        if args.split_k:
+            best = best_new if best_new and news[best_new] < (olds.get(best_old) or 1e9) else best_old
+            names = [best] + ([best_old] if best != best_old and best_old else [])
+            t2 = time_shape(m, 2 * k, batch, with_c, names)
+            row["split"] = {n: (times[n], t2[n], 2 * times[n] - t2[n]) for n in names}
+            row["split"]["cublas"] = (times["cublas"], t2["cublas"], 2 * times["cublas"] - t2["cublas"])
+        rows.append(row)
+
+    # Table.
+    print()
+    print(f"{'shape':>14} {'b':>3} {'cuBLAS ms':>10} {'old ms':>9} {'new ms':>9} {'old x':>6} {'new x':>6} "
+          f"{'new/old':>7} {'oldTF':>6} {'newTF':>6} {'cubTF':>6}  best old / best new")
+    for r in rows:
+        o, n, cb = r["old_ms"], r["new_ms"], r["cublas"]
+        tf = lambda flop, ms: f"{flop / ms / 1e9:6.0f}" if ms else "     -"  # noqa: E731
+        print(f"{r['shape']:>14} {r['batch']:>3} {cb:10.4f} {o or 0:9.4f} {n or 0:9.4f} "
+              f"{cb / o if o else 0:6.2f} {cb / n if n else 0:6.2f} {o / n if (o and n) else 0:7.3f} "
+              f"{tf(r['tri_flop'], o)} {tf(r['tri_flop'], n)} {tf(r['dense_flop'], cb)}  {r['old']} / {r['new']}")
+    if any("split" in r for r in rows):
+        print()
+        print("k doubled: name t(k) t(2k) intercept=2t(k)-t(2k) [ms], intercept share of t(k)")
+        for r in rows:
+            for name, (t1, t2, icpt) in r.get("split", {}).items():
+                print(f"{r['shape']:>14} b{r['batch']:<3} {name:>22} {t1:9.4f} {t2:9.4f} {icpt:9.4f} "
+                      f"{icpt / t1:6.1%}")
+
+
+if __name__ == "__main__":
+    main()
