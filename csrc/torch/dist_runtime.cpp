@@ -12,6 +12,7 @@
 
 #include "common/check.h"
 #include "common/env.h"
+#include "flag_reduce.h"
 #include "foreach_ops.h"
 #include "orthogonalize.h"
 #include "owner_planning.h"
@@ -147,18 +148,14 @@ void MuonRuntime::sync_for_profile() const {
 std::vector<int64_t> MuonRuntime::all_reduce_flags(const std::vector<int64_t>& local,
                                                    const std::string& op, const std::string& what,
                                                    int64_t step_idx) {
-  DMUON_CHECK(op == "sum" || op == "max", "all_reduce_flags: op must be sum or max, got ", op);
   step_idx_ = step_idx;
-  if (!group_ || world_size_ == 1 || local.empty()) return local;
-  at::Device device = options_.device_type == "cuda"
-                          ? at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index())
-                          : at::Device(at::kCPU);
-  std::vector<at::Tensor> tensors{at::tensor(local, at::TensorOptions().dtype(at::kLong)).to(device)};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = op == "sum" ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
-  wait_and_check(group_->allreduce(tensors, opts), tensors[0], what);
-  at::Tensor host = tensors[0].to(at::kCPU).contiguous();
-  return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+  const at::Device device = options_.device_type == "cuda"
+      ? at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index())
+      : at::Device(at::kCPU);
+  return torch_adapter::all_reduce_flags({{group_, what}}, local, op, device,
+                                         [&](const c10::intrusive_ptr<c10d::Work>& work, const std::string& name) {
+                                           wait_and_check(work, at::Tensor(), name);
+                                         });
 }
 
 #if defined(DMUON_HAS_FUSED_LOCAL_STEP)

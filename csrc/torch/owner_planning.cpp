@@ -61,16 +61,18 @@ plan::Problem build_owner_problem(const OwnerPlanInput& input) {
   return plan::build_problem(matrices, problem_options, cost_fn);
 }
 
+std::string solve_owner_plan(const plan::Problem& problem, const std::string& solver,
+                             const std::function<void(const plan::Problem&, plan::Plan&)>& adjust) {
+  plan::Plan solved = plan::solve(problem, plan::parse_solver(solver), plan::MilpOptions::from_env());
+  if (adjust) adjust(problem, solved);
+  return solved.serialize();
+}
+
 OwnerPlan plan_owners(const OwnerPlanInput& input, const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                       int rank, const at::Device& device,
                       const std::function<void(const plan::Problem&, plan::Plan&)>& adjust) {
   OwnerPlan out{build_owner_problem(input), {}, {}};
-  std::string text;
-  if (rank == 0) {
-    plan::Plan solved = plan::solve(out.problem, plan::parse_solver(input.solver), plan::MilpOptions::from_env());
-    if (adjust) adjust(out.problem, solved);
-    text = solved.serialize();
-  }
+  const std::string text = rank == 0 ? solve_owner_plan(out.problem, input.solver, adjust) : std::string();
   out.text = broadcast_text(group, rank, text, device, "planning owners");
   out.plan = plan::deserialize_plan(out.problem, out.text);
   return out;

@@ -34,6 +34,11 @@ struct OwnerPlan {
 /// The planning problem of `input` (identical on every rank).
 plan::Problem build_owner_problem(const OwnerPlanInput& input);
 
+/// Solves `problem` with `solver`, applies `adjust` (e.g. layer spreading) when given, and
+/// returns the plan's text (what rank 0 broadcasts).
+std::string solve_owner_plan(const plan::Problem& problem, const std::string& solver,
+                             const std::function<void(const plan::Problem&, plan::Plan&)>& adjust = {});
+
 /// Solves on rank 0 (after `adjust`, e.g. layer spreading, when given) and broadcasts
 /// the text over `group` (null: one process). `what` names the runtime in errors.
 OwnerPlan plan_owners(const OwnerPlanInput& input, const c10::intrusive_ptr<c10d::ProcessGroup>& group,

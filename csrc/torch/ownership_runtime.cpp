@@ -12,6 +12,7 @@
 
 #include "common/check.h"
 #include "foreach_ops.h"
+#include "flag_reduce.h"
 #include "orthogonalize.h"
 #include "owner_planning.h"
 #include "plan/layer_spread.h"
@@ -139,12 +140,7 @@ void OwnershipRuntime::make_plan() {
       // Grid rank 0 solves; its text goes across replicas (shard coordinate 0), then
       // inside every shard group.
       const plan::Problem problem = build_owner_problem(input);
-      std::string text;
-      if (rank_ == 0) {
-        plan::Plan solved = plan::solve(problem, plan::parse_solver(options_.solver), plan::MilpOptions::from_env());
-        adjust(problem, solved);
-        text = solved.serialize();
-      }
+      std::string text = rank_ == 0 ? solve_owner_plan(problem, options_.solver, adjust) : std::string();
       if (grid_.shard_of(rank_) == 0)
         text = broadcast_text(replicate_group_, grid_.replica_of(rank_), text, device(), "planning owners");
       text = broadcast_text(shard_group_, grid_.shard_of(rank_), text, device(), "planning owners");
@@ -596,15 +592,9 @@ void OwnershipRuntime::discard() {
 
 std::vector<int64_t> OwnershipRuntime::all_reduce_flags(const std::vector<int64_t>& local, const std::string& op,
                                                         const std::string& what) {
-  DMUON_CHECK(op == "sum" || op == "max", "all_reduce_flags: op must be sum or max, got ", op);
-  if (grid_.world() == 1 || local.empty()) return local;
-  std::vector<at::Tensor> tensors{at::tensor(local, at::TensorOptions().dtype(at::kLong)).to(device())};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = op == "sum" ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
-  wait_work(shard_group_->allreduce(tensors, opts), what + " (shard group)");
-  if (replicate_group_) wait_work(replicate_group_->allreduce(tensors, opts), what + " (replicas)");
-  at::Tensor host = tensors[0].to(at::kCPU).contiguous();
-  return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+  return torch_adapter::all_reduce_flags(
+      {{shard_group_, what + " (shard group)"}, {replicate_group_, what + " (replicas)"}}, local, op, device(),
+      [&](const c10::intrusive_ptr<c10d::Work>& work, const std::string& name) { wait_work(work, name); });
 }
 
 }  // namespace dmuon::torch_adapter

@@ -1,0 +1,28 @@
+// dmuon/torch/flag_reduce.h — agreement on small integer flags (NaN/Inf checks, which
+// parameters have gradients) over one or more process groups; shared by both runtimes.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace dmuon::torch_adapter {
+
+/// One process group of an agreement, and the collective's name in errors.
+struct FlagGroup {
+  c10::intrusive_ptr<c10d::ProcessGroup> group;  ///< null or size 1: skipped
+  std::string what;
+};
+
+/// Waits for one collective; throws the caller's error (naming `what`) when it failed.
+using WaitFn = std::function<void(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what)>;
+
+/// Element-wise all_reduce of `local` (op "sum" | "max") over each group in turn (a 2-D
+/// mesh: shard group, then replicas), as int64 on `device`; the agreed flags.
+std::vector<int64_t> all_reduce_flags(const std::vector<FlagGroup>& groups, const std::vector<int64_t>& local,
+                                      const std::string& op, const at::Device& device, const WaitFn& wait);
+
+}  // namespace dmuon::torch_adapter
