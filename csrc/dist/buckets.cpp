@@ -38,4 +38,27 @@ std::vector<Bucket> make_buckets(const std::vector<std::vector<int>>& order_by_r
   return buckets;
 }
 
+std::vector<std::vector<int>> split_near_equal(const std::vector<int64_t>& counts, int64_t capacity) {
+  DMUON_CHECK(capacity >= 1, "split_near_equal: capacity must be at least 1, got ", capacity);
+  int64_t total = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    DMUON_CHECK(counts[i] >= 1, "split_near_equal: item ", i, " holds ", counts[i], " matrices");
+    total += counts[i];
+  }
+  std::vector<std::vector<int>> runs;
+  if (counts.empty()) return runs;
+  const int64_t num_runs = (total + capacity - 1) / capacity;
+  const int64_t per_run = (total + num_runs - 1) / num_runs;
+  int64_t in_run = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (runs.empty() || (in_run > 0 && in_run + counts[i] > per_run)) {
+      runs.emplace_back();
+      in_run = 0;
+    }
+    runs.back().push_back(static_cast<int>(i));
+    in_run += counts[i];
+  }
+  return runs;
+}
+
 }  // namespace dmuon::dist

@@ -20,4 +20,12 @@ struct Bucket {
 std::vector<Bucket> make_buckets(const std::vector<std::vector<int>>& order_by_rank,
                                  const std::vector<int64_t>& wire_bytes, int64_t bucket_bytes);
 
+/// One device's batches of same-shape matrices: consecutive runs of items (item i holds
+/// counts[i] ≥ 1 matrices) as few as `capacity` matrices per run allows, of near-equal
+/// size: a run closes before it would pass ⌈total / ⌈total / capacity⌉⌉ matrices, so
+/// same-count items give runs of at most two sizes (one NS problem, one CUDA graph, one
+/// workspace each). An item larger than the capacity is a run of its own. Returns the
+/// runs as item indices, in order.
+std::vector<std::vector<int>> split_near_equal(const std::vector<int64_t>& counts, int64_t capacity);
+
 }  // namespace dmuon::dist

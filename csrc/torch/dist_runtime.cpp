@@ -169,8 +169,7 @@ struct MuonRuntime::FusedState {
 namespace {
 
 // Fused batches of the usable parameters among `candidates`: by (group, rows, cols), each
-// split into as few near-equal parts as the workspace bound allows.
-// NOTE: near-equal sizes keep the distinct NS problems (graphs, workspaces) at ≤ 2 per shape.
+// split into as few near-equal parts as the workspace bound allows (dist::split_near_equal).
 std::vector<FusedBatch> plan_fused(const std::vector<dist::ParamLayout>& layouts, at::TensorList params,
                                    const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& momenta,
                                    const std::vector<int64_t>& group_idx, const std::vector<MuonGroupOptions>& groups,
@@ -183,22 +182,13 @@ std::vector<FusedBatch> plan_fused(const std::vector<dist::ParamLayout>& layouts
   std::vector<FusedBatch> batches;
   for (const auto& [key, members] : by_shape) {
     const auto [g, rows, cols] = key;
-    int64_t num_matrices = 0;
-    for (int idx : members) num_matrices += layouts[idx].num_matrices();
+    std::vector<int64_t> counts;
+    for (int idx : members) counts.push_back(layouts[idx].num_matrices());
     const int64_t capacity = fused_batch_capacity(rows, cols, schedules[static_cast<size_t>(g)]);
-    const int64_t num_parts = (num_matrices + capacity - 1) / capacity;
-    const int64_t per_part = (num_matrices + num_parts - 1) / num_parts;
-    std::vector<int> part;
-    int64_t in_part = 0;
-    for (size_t k = 0; k <= members.size(); ++k) {
-      if (k == members.size() || (!part.empty() && in_part + layouts[members[k]].num_matrices() > per_part)) {
-        batches.push_back(make_fused_batch(g, rows, cols, std::move(part), params, grads, momenta));
-        part.clear();
-        in_part = 0;
-      }
-      if (k == members.size()) break;
-      part.push_back(members[k]);
-      in_part += layouts[members[k]].num_matrices();
+    for (const auto& run : dist::split_near_equal(counts, capacity)) {
+      std::vector<int> part;
+      for (int k : run) part.push_back(members[static_cast<size_t>(k)]);
+      batches.push_back(make_fused_batch(g, rows, cols, std::move(part), params, grads, momenta));
     }
   }
   return batches;
