@@ -280,6 +280,8 @@ void MuonRuntime::run_fused_local(at::TensorList params, const std::vector<at::T
     finite_flags.push_back(flags[static_cast<int64_t>(k)] != 0);
     flag_owner.push_back(static_cast<size_t>(batch.members.front()));
     stats_.num_orthogonalized += static_cast<int64_t>(batch.members.size());
+    stats_.num_fused += static_cast<int64_t>(batch.members.size());
+    ++stats_.num_fused_batches;
   }
 #else
   (void)params, (void)grads, (void)momentum_buffers, (void)group_idx, (void)groups, (void)schedules, (void)active,

@@ -225,13 +225,23 @@ def run(args) -> None:
             del step
             _free()
 
+        last_dmuon = {}
+
         def dmuon_step(bucket_mb):
             def make():
                 # NOTE: one GPU: the plan is trivial, so the analytic cost model (no profiling).
                 opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, bucket_size_mb=bucket_mb,
                                   cost_model="analytic")
+                last_dmuon["opt"] = opt
                 return opt.step
             return make
+
+        def report_path():
+            # Which path the timed steps took: the fused single-GPU step ignores the buckets.
+            stats = last_dmuon.pop("opt").runtime.last_stats
+            print(f"    path: {stats.num_fused} of {len(params)} parameters fused "
+                  f"({stats.num_fused_batches} batches), {stats.num_buckets} buckets for the rest", flush=True)
+            _free()
 
         def torch_muon_step():
             opt = torch.optim.Muon([p for p in params if p.dim() == 2], lr=0.02, weight_decay=0.0)
@@ -260,9 +270,10 @@ def run(args) -> None:
         for bucket_mb in args.bucket_mb:
             measure(f"dmuon.DMuon.step (bucket {bucket_mb:g} MiB)", dmuon_step(bucket_mb), executed_dmuon,
                     warm=warmup)
+            report_path()
         if args.profile:
             profile_step(dmuon_step(args.bucket_mb[-1])(), warmup)
-            _free()
+            report_path()
         measure("torch.optim.Muon", torch_muon_step, ns_eq)
         measure("plain batched PyTorch NS (bf16)", plain_step, ns_eq)
         measure("torch AdamW (fused)", adamw_step, 0.0)
