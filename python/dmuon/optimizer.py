@@ -361,6 +361,14 @@ class DMuon(torch.optim.Optimizer):
         """The C++ step runtime for the current Muon parameters (built collectively)."""
         if self._runtime is None:
             muon = self._muon_params()
+            # NOTE: one runtime drives one device (its collectives, flags and fused batches).
+            devices = {}
+            for _, p in muon:
+                devices.setdefault(distributed.local(p).device, self.param_name(p))
+            if len(devices) > 1:
+                (first, a), (second, b) = list(devices.items())[:2]
+                raise ValueError(f"DMuon needs every Muon parameter on one device: {a!r} is on {first}, "
+                                 f"{b!r} on {second}")
             placements, group = self._placements()
             layouts = [_C.dist.ParamLayout(list(pl.global_shape), self._batch_dims[id(p)], pl.sharded)
                        for (_, p), pl in zip(muon, placements)]

@@ -63,6 +63,15 @@ def test_empty_and_mixed_inputs():
         dmuon.DMuon([{"params": [matrix(), nn.Parameter(torch.randn(3))]}])
 
 
+def test_muon_parameters_on_two_devices_name_both():
+    # NOTE: "meta" stands in for a second device on CPU-only machines.
+    a, b = matrix(), nn.Parameter(torch.randn(4, 6, device="meta"))
+    opt = dmuon.DMuon([a, b], lr=0.02)
+    a.grad, b.grad = torch.randn(4, 6), torch.randn(4, 6, device="meta")
+    with pytest.raises(ValueError, match=r"one device: 'params\[0\]' is on cpu, 'params\[1\]' on meta"):
+        opt.step()
+
+
 def test_sparse_gradient_names_the_parameter():
     p = matrix()
     opt = dmuon.DMuon([("table", p)])
