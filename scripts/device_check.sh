@@ -79,31 +79,12 @@ for m, n in [(96, 96), (128, 128), (896, 896), (64, 200), (896, 4864)]:
     print(f"{m}x{n}: {err(r2):.4f} | {err(r24):.4f} | {err(st):.4f} | {err(ref16):.4f}")
 PY
 
-# compute-sanitizer on every symmetric-kernel configuration and one NS run (small shapes).
+# compute-sanitizer on every kernel: symmetric-kernel configurations, one NS run, the fused
+# step (scripts/sanitize_kernels.py, small shapes).
 if [ "$SANITIZE" = 1 ]; then
-  cat > /tmp/dmuon_sanitize.py <<'PY'
-import torch, dmuon
-from dmuon._ops import ops
-ld = 336
-xp = torch.zeros(3, 203, ld, device="cuda", dtype=torch.half)[..., :333]
-xp.copy_(torch.randn(3, 203, 333, device="cuda") / 20)
-cp = torch.zeros(3, 203, 208, device="cuda", dtype=torch.half)[..., :203]
-cp.copy_(torch.randn(3, 203, 203, device="cuda"))
-cp = ((cp + cp.transpose(1, 2)) / 2).contiguous()
-cpp = torch.zeros(3, 203, 208, device="cuda", dtype=torch.half)[..., :203]
-cpp.copy_(cp)
-for config in ops.cuda_sym_configs():
-    ops.cuda_sym_product_config(xp, xp, None, 1.0, 0.0, config)
-    ops.cuda_sym_product_config(xp, xp, cpp, 0.5, -0.25, config)
-c, r = dmuon._C.default_schedule("gram", 5)
-x = torch.randn(2, 130, 300, device="cuda")
-for _ in range(3):  # eager, captured, replayed
-    out = ops.orthogonalize(x, "gram", [v for t in c for v in t], list(r), 1e-7, "cuda", "float16")
-torch.cuda.synchronize(); print("sanitize script ok", bool(torch.isfinite(out).all()), ops.cuda_graph_stats(x))
-PY
   for tool in memcheck racecheck; do
     DMUON_AUTOTUNE=0 DMUON_AUTOTUNE_CACHE=none timeout 200 compute-sanitizer --tool $tool --print-limit 10 \
-      python3 /tmp/dmuon_sanitize.py 2>&1 | tail -3 | tee "$OUT/sanitize_$tool.log"
+      python3 scripts/sanitize_kernels.py 2>&1 | tail -3 | tee "$OUT/sanitize_$tool.log"
   done
 fi
 
