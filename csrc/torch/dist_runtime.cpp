@@ -174,14 +174,16 @@ std::vector<FusedBatch> plan_fused(const std::vector<dist::ParamLayout>& layouts
                                    const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& momenta,
                                    const std::vector<int64_t>& group_idx, const std::vector<MuonGroupOptions>& groups,
                                    const std::vector<ns::Schedule>& schedules, const std::vector<bool>& candidates) {
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<int>> by_shape;
+  // NOTE: keyed by device too: a batch's kernels run on one device.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int>, std::vector<int>> by_shape;
   for (size_t i = 0; i < layouts.size(); ++i)
     if (candidates[i] && fused_local_step_usable(params[i], grads[i], momenta[i],
                                                  groups[static_cast<size_t>(group_idx[i])]))
-      by_shape[{group_idx[i], layouts[i].matrix_rows(), layouts[i].cols()}].push_back(static_cast<int>(i));
+      by_shape[{group_idx[i], layouts[i].matrix_rows(), layouts[i].cols(), params[i].get_device()}].push_back(
+          static_cast<int>(i));
   std::vector<FusedBatch> batches;
   for (const auto& [key, members] : by_shape) {
-    const auto [g, rows, cols] = key;
+    const auto [g, rows, cols, device] = key;
     std::vector<int64_t> counts;
     for (int idx : members) counts.push_back(layouts[idx].num_matrices());
     const int64_t capacity = fused_batch_capacity(rows, cols, schedules[static_cast<size_t>(g)]);
@@ -228,12 +230,14 @@ std::vector<int64_t> MuonRuntime::check_fused(at::TensorList params, const std::
   // Every batch's check on the device, then one copy of all flags to the host.
   std::vector<at::Tensor> flags;
   for (const FusedBatch& batch : state->batches) {
-    flags.push_back(at::zeros({static_cast<int64_t>(batch.matrices.size()), 2}, params[0].options().dtype(at::kInt)));
-    state->partials.push_back(fused_check(batch, groups[static_cast<size_t>(batch.group)], params[0], flags.back()));
+    const at::Tensor& like = params[static_cast<size_t>(batch.members.front())];
+    flags.push_back(at::zeros({static_cast<int64_t>(batch.matrices.size()), 2}, like.options().dtype(at::kInt)));
+    state->partials.push_back(fused_check(batch, groups[static_cast<size_t>(batch.group)], like, flags.back()));
   }
-  const at::Tensor host = at::cat(flags, 0).to(at::kCPU);
-  const int* f = host.data_ptr<int>();
-  for (const FusedBatch& batch : state->batches) {
+  for (size_t b = 0; b < flags.size(); ++b) {
+    const FusedBatch& batch = state->batches[b];
+    const at::Tensor host = flags[b].to(at::kCPU);  // NOTE: the first copy waits; the rest are ready
+    const int* f = host.data_ptr<int>();
     for (int idx : batch.members) codes[static_cast<size_t>(idx)] = 0;
     for (size_t k = 0; k < batch.matrices.size(); ++k, f += 2)
       codes[static_cast<size_t>(batch.members[static_cast<size_t>(batch.matrix_member[k])])] |=
@@ -261,23 +265,24 @@ void MuonRuntime::run_fused_local(at::TensorList params, const std::vector<at::T
   bool reuse = checked && checked->step_idx == step_idx && checked->batches.size() == batches.size();
   for (size_t k = 0; reuse && k < batches.size(); ++k) reuse = batches[k].same_tensors(checked->batches[k]);
   if (batches.empty()) return;
-  at::Tensor flags = at::zeros({static_cast<int64_t>(batches.size())}, params[0].options().dtype(at::kInt));
   for (size_t k = 0; k < batches.size(); ++k) {
     const FusedBatch& batch = batches[k];
     const MuonGroupOptions& options = groups[static_cast<size_t>(batch.group)];
+    const at::Tensor& like = params[static_cast<size_t>(batch.members.front())];
     for (int idx : batch.members) active[static_cast<size_t>(idx)] = false;  // NOTE: the buckets skip them
     auto phase_start = Clock::now();
-    const at::Tensor partials = reuse ? checked->partials[k] : fused_check(batch, options, params[0], at::Tensor());
+    const at::Tensor partials = reuse ? checked->partials[k] : fused_check(batch, options, like, at::Tensor());
     sync_for_profile();
     stats_.momentum_s += seconds_since(phase_start);
     phase_start = Clock::now();
-    fused_update(batch, options, schedules[static_cast<size_t>(batch.group)], partials, params[0],
-                 flags.narrow(0, static_cast<int64_t>(k), 1), [&](const char* phase) {
+    const at::Tensor flag = at::zeros({1}, like.options().dtype(at::kInt));
+    fused_update(batch, options, schedules[static_cast<size_t>(batch.group)], partials, like, flag,
+                 [&](const char* phase) {
                    sync_for_profile();
                    (std::string(phase) == "ns" ? stats_.ns_s : stats_.apply_s) += seconds_since(phase_start);
                    phase_start = Clock::now();
                  });
-    finite_flags.push_back(flags[static_cast<int64_t>(k)] != 0);
+    finite_flags.push_back(flag.squeeze(0) != 0);
     flag_owner.push_back(static_cast<size_t>(batch.members.front()));
     stats_.num_orthogonalized += static_cast<int64_t>(batch.members.size());
     stats_.num_fused += static_cast<int64_t>(batch.members.size());
