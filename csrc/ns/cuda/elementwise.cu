@@ -1,13 +1,11 @@
 // dmuon/ns/cuda/elementwise.cu — normalization, cast, transpose, a·I, mirror kernels.
 #include "ns/cuda/elementwise.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
 #include <cstring>
 
 #include "ns/cuda/cuda_check.h"
+#include "ns/cuda/half_types.cuh"
 
 namespace dmuon::ns::cuda {
 namespace {
@@ -19,11 +17,6 @@ constexpr int kTileRows = 8;
 // reduction's atomics to a few thousand per step while still filling the GPU.
 constexpr int kReduceThreads = 256;
 
-template <typename T> __device__ T from_float(float v);
-template <> __device__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-__device__ float to_float(__half v) { return __half2float(v); }
-__device__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 // Block-wide sum of squares of one chunk of one matrix, one atomic per block.
 __global__ void sum_squares_kernel(const float* __restrict__ x,  // [batch, numel]
@@ -144,12 +137,6 @@ __global__ void mirror_lower_kernel(T* __restrict__ d,  // [batch, m, ld]
   }
 }
 
-template <typename Fn>
-void dispatch(DType dtype, Fn&& fn) {
-  if (dtype == DType::kFloat16) fn(__half{});
-  else fn(__nv_bfloat16{});
-}
-
 dim3 tiles(int64_t rows, int64_t cols, int64_t batch) {
   DMUON_CHECK(batch <= 65535, "batch of ", batch, " matrices exceeds the grid limit 65535");
   return dim3(static_cast<unsigned>((cols + kTile - 1) / kTile),
@@ -207,7 +194,7 @@ CompareStats compare_16bit(DType dtype, const void* d, const void* r, int64_t ba
   double* sums = reinterpret_cast<double*>(static_cast<char*>(scratch) + 32);
   DMUON_CHECK_CUDA(cudaMemsetAsync(scratch, 0, 64, stream));
   const int64_t blocks = std::min<int64_t>((rows * cols + 255) / 256, 256);
-  dispatch(dtype, [&](auto zero) {
+  dispatch_half(dtype, [&](auto zero) {
     using T = decltype(zero);
     compare_kernel<T><<<dim3(static_cast<unsigned>(std::max<int64_t>(blocks, 1)), static_cast<unsigned>(batch)),
                         256, 0, stream>>>(static_cast<const T*>(d), static_cast<const T*>(r), rows, cols,
@@ -245,7 +232,7 @@ void normalize_cast(DType dtype, const float* in, int64_t batch, int64_t rows, i
                     bool transpose, const float* sum_sq, double eps, void* out, int64_t ld_out,
                     cudaStream_t stream) {
   const int64_t m = transpose ? cols : rows;
-  dispatch(dtype, [&](auto zero) {
+  dispatch_half(dtype, [&](auto zero) {
     using T = decltype(zero);
     auto kernel = transpose ? normalize_cast_kernel<T, true> : normalize_cast_kernel<T, false>;
     kernel<<<tiles(m, ld_out, batch), dim3(kTile, kTileRows), 0, stream>>>(
@@ -256,7 +243,7 @@ void normalize_cast(DType dtype, const float* in, int64_t batch, int64_t rows, i
 
 void write_back(DType dtype, const void* in, int64_t ld_in, int64_t batch, int64_t rows,
                 int64_t cols, bool transpose, float* out, cudaStream_t stream) {
-  dispatch(dtype, [&](auto zero) {
+  dispatch_half(dtype, [&](auto zero) {
     using T = decltype(zero);
     auto kernel = transpose ? write_back_kernel<T, true> : write_back_kernel<T, false>;
     kernel<<<tiles(rows, cols, batch), dim3(kTile, kTileRows), 0, stream>>>(
@@ -268,7 +255,7 @@ void write_back(DType dtype, const void* in, int64_t ld_in, int64_t batch, int64
 void add_identity(DType dtype, const void* z, double a, void* q, int64_t batch, int64_t m,
                   int64_t ld, int64_t stride, cudaStream_t stream) {
   const int64_t blocks = std::min<int64_t>((m * m + 255) / 256, 1024);
-  dispatch(dtype, [&](auto zero) {
+  dispatch_half(dtype, [&](auto zero) {
     using T = decltype(zero);
     add_identity_kernel<T><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(batch)), 256, 0, stream>>>(
         static_cast<const T*>(z), static_cast<float>(a), static_cast<T*>(q), m, ld, stride);
@@ -278,7 +265,7 @@ void add_identity(DType dtype, const void* z, double a, void* q, int64_t batch, 
 
 void mirror_lower(DType dtype, void* d, int64_t batch, int64_t m, int64_t ld, int64_t stride,
                   cudaStream_t stream) {
-  dispatch(dtype, [&](auto zero) {
+  dispatch_half(dtype, [&](auto zero) {
     using T = decltype(zero);
     mirror_lower_kernel<T><<<tiles(m, m, batch), dim3(kTile, kTileRows), 0, stream>>>(
         static_cast<T*>(d), m, ld, stride);

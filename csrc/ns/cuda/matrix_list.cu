@@ -1,12 +1,10 @@
 // dmuon/ns/cuda/matrix_list.cu — fused momentum, normalization and apply over matrix lists.
 #include "ns/cuda/matrix_list.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
 
 #include "ns/cuda/cuda_check.h"
+#include "ns/cuda/half_types.cuh"
 
 namespace dmuon::ns::cuda {
 namespace {
@@ -33,11 +31,6 @@ struct Pointers {
   float* momentum[kMaxPerLaunch];
 };
 
-template <typename T> __device__ T from_float(float v);
-template <> __device__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-__device__ float to_float(__half v) { return __half2float(v); }
-__device__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 // Four 16-bit values as one 8-byte word (x in the low half of .x) and back.
 template <typename T>
@@ -303,12 +296,6 @@ __global__ void apply_result_tile_kernel(const T* __restrict__ result,  // [coun
 }
 
 // ---------------------------------------------------------------- host side
-template <typename Fn>
-void dispatch(DType dtype, Fn&& fn) {
-  if (dtype == DType::kFloat16) fn(__half{});
-  else fn(__nv_bfloat16{});
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The list in launches of at most kMaxPerLaunch: fn(first, count_in_launch, pointers, vec4).
@@ -388,7 +375,7 @@ void normalized_update(DType dtype, const StepMatrix* matrices, int64_t count, i
   const int64_t m = transpose ? cols : rows, n = transpose ? rows : cols;
   DMUON_CHECK(ld >= n && ld % 8 == 0, "normalized_update: leading dimension ", ld, " for ", n, " columns");
   const Rule r = make_rule(rule);
-  dispatch(dtype, [&](auto zero) {
+  dispatch_half(dtype, [&](auto zero) {
     using T = decltype(zero);
     for_each_launch(matrices, count, [&](int64_t first, int64_t num, const Pointers& ptrs, bool vec4) {
       T* out = static_cast<T*>(iterate) + first * m * ld;
@@ -415,7 +402,7 @@ void apply_result(DType dtype, const void* result, int64_t ld, const StepMatrix*
   const bool transpose = rows > cols;
   const int64_t m = transpose ? cols : rows, n = transpose ? rows : cols;
   DMUON_CHECK(ld >= n && ld % 8 == 0, "apply_result: leading dimension ", ld, " for ", n, " columns");
-  dispatch(dtype, [&](auto zero) {
+  dispatch_half(dtype, [&](auto zero) {
     using T = decltype(zero);
     for_each_launch(matrices, count, [&](int64_t first, int64_t num, const Pointers& ptrs, bool vec4) {
       const T* src = static_cast<const T*>(result) + first * m * ld;
