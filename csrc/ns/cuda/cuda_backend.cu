@@ -130,10 +130,7 @@ struct Wide {
 // Normalize in fp32 and cast into the wide, padded iterate ws.x.
 void prepare(const Schedule& schedule, DType dtype, const float* input, int64_t batch, int64_t rows,
              int64_t cols, const Layout& ws, cudaStream_t stream) {
-  const Wide w(rows, cols);
-  sum_squares(input, batch, rows * cols, ws.sum_squares, stream);
-  normalize_cast(dtype, input, batch, rows, cols, w.transposed, ws.sum_squares, schedule.eps, ws.x,
-                 w.ld_n, stream);
+  prepare_packed(schedule, dtype, input, batch, rows, cols, ws.sum_squares, ws.x, Wide(rows, cols).ld_n, stream);
 }
 
 // The preparation of a packed fp32 input, as a PrepareIterate.
@@ -320,6 +317,13 @@ const void* orthogonalize_prepared(const Schedule& schedule, DType dtype, SymMod
   const Algorithm algorithm = choose_algorithm(schedule, dtype, sym_mode, prep, batch, rows, cols, ws, stream);
   prep(ws.x, w.ld_n, stream);
   return iterate_any(schedule, algorithm, dtype, sym_mode, batch, rows, cols, ws, stream);
+}
+
+void prepare_packed(const Schedule& schedule, DType dtype, const float* input, int64_t batch, int64_t rows,
+                    int64_t cols, float* sum_squares_out, void* x, int64_t ld, cudaStream_t stream) {
+  sum_squares(input, batch, rows * cols, sum_squares_out, stream);
+  normalize_cast(dtype, input, batch, rows, cols, Wide(rows, cols).transposed, sum_squares_out, schedule.eps, x, ld,
+                 stream);
 }
 
 void* iterate_buffer(const Schedule& schedule, int64_t batch, int64_t rows, int64_t cols, void* workspace,

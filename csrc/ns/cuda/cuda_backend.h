@@ -52,6 +52,12 @@ void orthogonalize(const Schedule& schedule, DType dtype, SymMode sym_mode, cons
 /// problem re-runs the iteration), so it must not modify what it reads.
 using PrepareIterate = std::function<void(void* x, int64_t ld, cudaStream_t stream)>;
 
+/// The preparation orthogonalize() makes of `batch` packed fp32 rows×cols matrices: each
+/// matrix's sum of squares into sum_squares[batch] (fp32), then the matrices divided by
+/// max(√sum, eps) and cast into x (ld as for PrepareIterate; tall matrices transposed).
+void prepare_packed(const Schedule& schedule, DType dtype, const float* input, int64_t batch, int64_t rows,
+                    int64_t cols, float* sum_squares, void* x, int64_t ld, cudaStream_t stream);
+
 /// orthogonalize() with the caller's preparation and without the write-back: returns the
 /// workspace buffer that holds the 16-bit result (wide orientation, leading dimension
 /// padded_ld(max(rows, cols)), batch stride m·ld).

@@ -26,7 +26,6 @@
 #include "ns/cuda/cuda_check.h"
 #include "ns/cuda/sm90_sym_product.h"
 #include "ns/cuda/cuda_backend.h"
-#include "ns/cuda/elementwise.h"
 
 namespace dmuon::torch_adapter {
 namespace {
@@ -234,15 +233,13 @@ at::Tensor orthogonalize_cuda(const at::Tensor& batch, const ns::Schedule& sched
   at::Tensor output = at::empty({num, rows, cols}, input.options());
   at::Tensor sum_squares = at::empty({num}, input.options());
   const ns::cuda::DType half = to_dtype(dtype);
-  const bool transposed = rows > cols;
   const float* in = input.data_ptr<float>();
   float* out = output.data_ptr<float>();
   float* sums = sum_squares.data_ptr<float>();
   orthogonalize_cuda_prepared(
       num, rows, cols, schedule, dtype, use_kernel, input,
       [&](void* x, int64_t ld, cudaStream_t stream) {
-        ns::cuda::sum_squares(in, num, rows * cols, sums, stream);
-        ns::cuda::normalize_cast(half, in, num, rows, cols, transposed, sums, schedule.eps, x, ld, stream);
+        ns::cuda::prepare_packed(schedule, half, in, num, rows, cols, sums, x, ld, stream);
       },
       [&](const void* result, int64_t, cudaStream_t stream) {
         ns::cuda::orthogonalize_finish(half, result, num, rows, cols, out, stream);
