@@ -9,6 +9,16 @@
 namespace py = pybind11;
 
 namespace dmuon::torch_adapter {
+namespace {
+
+// None → an undefined tensor: a parameter without a gradient (or buffer) this step.
+std::vector<at::Tensor> or_undefined(const std::vector<std::optional<at::Tensor>>& tensors) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : tensors) out.push_back(t.has_value() ? *t : at::Tensor());
+  return out;
+}
+
+}  // namespace
 
 void register_dist_bindings(py::module_& m) {
   py::module_ d = m.def_submodule("dist", "owner-centric distributed Muon step");
@@ -82,10 +92,7 @@ void register_dist_bindings(py::module_& m) {
               std::vector<std::optional<at::Tensor>> grads,
               std::vector<std::optional<at::Tensor>> buffers, std::vector<int64_t> group_idx,
               std::vector<MuonGroupOptions> groups, int64_t step_idx) {
-             // None → an undefined tensor: the parameter has no gradient this step.
-             std::vector<at::Tensor> defined_grads, defined_buffers;
-             for (auto& g : grads) defined_grads.push_back(g.has_value() ? *g : at::Tensor());
-             for (auto& b : buffers) defined_buffers.push_back(b.has_value() ? *b : at::Tensor());
+             const std::vector<at::Tensor> defined_grads = or_undefined(grads), defined_buffers = or_undefined(buffers);
              py::gil_scoped_release release;
              runtime.step(params, defined_grads, defined_buffers, group_idx, groups, step_idx);
            },
@@ -96,9 +103,7 @@ void register_dist_bindings(py::module_& m) {
               std::vector<std::optional<at::Tensor>> grads,
               std::vector<std::optional<at::Tensor>> buffers, std::vector<int64_t> group_idx,
               std::vector<MuonGroupOptions> groups, int64_t step_idx) {
-             std::vector<at::Tensor> defined_grads, defined_buffers;
-             for (auto& g : grads) defined_grads.push_back(g.has_value() ? *g : at::Tensor());
-             for (auto& b : buffers) defined_buffers.push_back(b.has_value() ? *b : at::Tensor());
+             const std::vector<at::Tensor> defined_grads = or_undefined(grads), defined_buffers = or_undefined(buffers);
              py::gil_scoped_release release;
              return runtime.check_fused(params, defined_grads, defined_buffers, group_idx, groups, step_idx);
            },

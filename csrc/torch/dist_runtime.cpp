@@ -105,10 +105,7 @@ void MuonRuntime::make_plan() {
   } else {
     OwnerPlanInput input{names_, layouts_, wire_bytes, world_size_, options_.solver,
                          options_.device_type, options_.cost_entries};
-    const at::Device device = options_.device_type == "cuda"
-        ? at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index())
-        : at::Device(at::kCPU);
-    const OwnerPlan planned = plan_owners(input, group_, rank_, device);
+    const OwnerPlan planned = plan_owners(input, group_, rank_, collective_device(options_.device_type));
     plan_text_ = planned.text;
     predicted_makespan_s_ = planned.plan.makespan;
     owners_ = planned.plan.owner;
@@ -149,10 +146,7 @@ std::vector<int64_t> MuonRuntime::all_reduce_flags(const std::vector<int64_t>& l
                                                    const std::string& op, const std::string& what,
                                                    int64_t step_idx) {
   step_idx_ = step_idx;
-  const at::Device device = options_.device_type == "cuda"
-      ? at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index())
-      : at::Device(at::kCPU);
-  return torch_adapter::all_reduce_flags({{group_, what}}, local, op, device,
+  return torch_adapter::all_reduce_flags({{group_, what}}, local, op, collective_device(options_.device_type),
                                          [&](const c10::intrusive_ptr<c10d::Work>& work, const std::string& name) {
                                            wait_and_check(work, at::Tensor(), name);
                                          });

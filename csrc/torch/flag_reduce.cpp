@@ -1,9 +1,17 @@
 // dmuon/torch/flag_reduce.cpp — all_reduce of small integer flags over a chain of groups.
 #include "flag_reduce.h"
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 #include "common/check.h"
 
 namespace dmuon::torch_adapter {
+
+at::Device collective_device(const std::string& device_type) {
+  if (device_type == "cuda")
+    return at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index());
+  return at::Device(at::kCPU);
+}
 
 std::vector<int64_t> all_reduce_flags(const std::vector<FlagGroup>& groups, const std::vector<int64_t>& local,
                                       const std::string& op, const at::Device& device, const WaitFn& wait) {

@@ -11,6 +11,10 @@
 
 namespace dmuon::torch_adapter {
 
+/// The device a runtime's collectives use: the current CUDA device for device_type "cuda",
+/// else the CPU.
+at::Device collective_device(const std::string& device_type);
+
 /// One process group of an agreement, and the collective's name in errors.
 struct FlagGroup {
   c10::intrusive_ptr<c10d::ProcessGroup> group;  ///< null or size 1: skipped

@@ -112,11 +112,7 @@ OwnershipRuntime::~OwnershipRuntime() {
   if (worker_.joinable()) worker_.join();
 }
 
-at::Device OwnershipRuntime::device() const {
-  if (options_.device_type == "cuda")
-    return at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index());
-  return at::Device(at::kCPU);
-}
+at::Device OwnershipRuntime::device() const { return collective_device(options_.device_type); }
 
 // Owners (balanced NS time, layers spread) and gradient buckets in backward order.
 void OwnershipRuntime::make_plan() {
