@@ -509,20 +509,37 @@ class DMuon(torch.optim.Optimizer):
                     coefficients=coefficients, restart_after=restarts, eps=float(group["eps"])))
         return group_options, group_slot
 
+    def _runtime_args(self, muon: list[tuple[int, torch.Tensor]], takes_part: Callable[[torch.Tensor], bool],
+                      create_buffers: bool) -> tuple[list, list, list, list, list]:
+        """The runtime's arguments for the Muon parameters `muon`: local parameters, and for
+        those `takes_part` accepts their local gradients and momentum buffers (None for the
+        others). A missing buffer is created (zeros) when `create_buffers`, else passed as None."""
+        group_options, group_slot = self._muon_group_options()
+        params, grads, buffers, slots = [], [], [], []
+        for g_idx, p in muon:
+            params.append(distributed.local(p))
+            slots.append(group_slot[g_idx])
+            if not takes_part(p):
+                grads.append(None)
+                buffers.append(None)
+                continue
+            # NOTE: only creating a buffer adds a state entry (a check must change nothing).
+            state = self.state[p] if create_buffers else self.state.get(p, {})
+            if create_buffers and "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            grads.append(distributed.local(p.grad))
+            buffer = state.get("momentum_buffer")
+            buffers.append(None if buffer is None else distributed.local(buffer))
+        return params, grads, buffers, slots, group_options
+
     def _fused_check_codes(self, runtime: Any, step_idx: int) -> dict[int, int]:
         """id(param) → NaN/Inf bits (1 gradient, 2 momentum buffer) of the Muon parameters the
         runtime checks itself (its fused single-GPU path); others are absent."""
         muon = self._muon_params()
         if runtime.world_size != 1 or not muon or not any(p.is_cuda for _, p in muon):
             return {}
-        group_options, group_slot = self._muon_group_options()
-        params, grads, buffers, slots = [], [], [], []
-        for g_idx, p in muon:
-            params.append(distributed.local(p))
-            grads.append(None if p.grad is None else distributed.local(p.grad))
-            buffer = self.state.get(p, {}).get("momentum_buffer") if p.grad is not None else None
-            buffers.append(None if buffer is None else distributed.local(buffer))
-            slots.append(group_slot[g_idx])
+        params, grads, buffers, slots, group_options = self._runtime_args(
+            muon, lambda p: p.grad is not None, create_buffers=False)
         codes = runtime.check_fused(params, grads, buffers, slots, group_options, step_idx)
         return {id(p): code for (_, p), code in zip(muon, codes) if code >= 0}
 
@@ -531,20 +548,8 @@ class DMuon(torch.optim.Optimizer):
         muon = self._muon_params()
         if not muon:
             return
-        group_options, group_slot = self._muon_group_options()
-        params, grads, buffers, slots = [], [], [], []
-        for g_idx, p in muon:
-            params.append(distributed.local(p))
-            if id(p) in active:
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                grads.append(distributed.local(p.grad))
-                buffers.append(distributed.local(state["momentum_buffer"]))
-            else:
-                grads.append(None)
-                buffers.append(None)
-            slots.append(group_slot[g_idx])
+        params, grads, buffers, slots, group_options = self._runtime_args(
+            muon, lambda p: id(p) in active, create_buffers=True)
         runtime.step(params, grads, buffers, slots, group_options, step_idx)
 
     def _finish_owned(self, step_idx: int) -> dict[str, Any]:
