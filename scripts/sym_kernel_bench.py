@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 
 import torch
 
 from dmuon._ops import ops
+from dmuon.bench import ns as bench_ns
 
 # (m, k, batch, with β·C): the Gram products X·Xᵀ and the m³ products of Qwen2.5 0.5B–7B.
 SHAPES = [
@@ -38,24 +38,8 @@ SHAPES = [
 
 def cuda_time_ms(fn, budget_ms: float = 60.0) -> float:
     """Median CUDA-event time of fn() after warm-up; about budget_ms of timed runs."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    iters = int(min(50, max(5, budget_ms / max(start.elapsed_time(end), 1e-3))))
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    probe = bench_ns.cuda_time_ms(fn, 2, 1)  # two warm-ups, one probe
+    return bench_ns.cuda_time_ms(fn, 0, int(min(50, max(5, budget_ms / max(probe, 1e-3)))))
 
 
 def operands(m: int, k: int, batch: int, with_c: bool):
