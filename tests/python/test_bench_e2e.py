@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import time
 from collections import Counter
 
 import pytest
@@ -69,6 +70,39 @@ def test_out_of_memory_makes_every_rank_step_down_the_micro_batch():
     for rank, result in run_distributed(_runs_out_above_three_sequences, 2).items():
         assert result["micro_batch"] == 3 and result["out_of_memory_at"] == [6, 5, 4], (rank, result)
         assert set(result["optimizers"]) == {"adamw", "dmuon"}
+
+
+def _rank0_runs_out_alone(rank: int, world: int) -> dict:
+    """Rank 0 runs out of memory inside its first step, rank 1 does not (memory can differ by
+    rank): rank 0 must report it within the agreement timeout instead of hanging."""
+    import dmuon.bench.e2e as e2e
+    from dmuon.bench import e2e_models
+
+    real = e2e_models.model_spec
+
+    def spec_that_runs_out(name, seq):
+        spec = real(name, seq)
+
+        def loss(model, tokens):
+            if rank == 0:
+                raise torch.cuda.OutOfMemoryError("simulated: out of memory")
+            return spec.loss(model, tokens)
+
+        return dataclasses.replace(spec, loss=loss)
+
+    e2e_models.model_spec = spec_that_runs_out
+    config = dict(model="tiny", device="cpu", seq=8, micro_batch=2, max_micro_batch=64, optimizers=["adamw"],
+                  steps=1, warmup=0, seed=0, agree_timeout_s=3.0)
+    return e2e._worker(rank, world, config)
+
+
+def test_a_rank_that_runs_out_alone_is_reported_not_hung():
+    start = time.monotonic()
+    results = run_distributed(_rank0_runs_out_alone, 2, collective_timeout_s=8, timeout_s=60, expect_errors=True)
+    assert time.monotonic() - start < 50
+    assert "rank 0: this rank ran out of GPU memory (adamw at micro-batch 2, seq 8)" in results[0], results[0]
+    assert "pass a smaller --micro-batch" in results[0], results[0]
+    assert isinstance(results[1], str), results[1]  # rank 1 failed too (its collective timed out)
 
 
 def _prepare_sees_the_unsharded_model(rank: int, world: int) -> dict:

@@ -76,29 +76,35 @@ def _check_args(args) -> None:
 
 
 # --------------------------------------------------------------------- collective bits
-def _any_rank(flag: bool, device: str) -> bool:
-    """True on every rank if `flag` is True on any."""
+# NOTE: seconds a rank waits for the others to reach an agreement (below NCCL's 120 s
+# watchdog, so that the cause is reported before the stuck rank is killed).
+_AGREE_TIMEOUT_S = 90.0
+
+
+def _all_reduce_int(value: int, op, group, timeout_s: float) -> int:
+    """all_reduce of one integer on a Gloo group; TimeoutError when a rank does not come.
+    NOTE: the agreement runs on its own Gloo group with a timeout: a rank that ran out of
+    memory inside a step skipped some of FSDP2's collectives, and on the default NCCL group
+    its all-reduce would pair with another rank's pending all-gather and hang both."""
+    import datetime
+
     import torch.distributed as dist
 
-    t = torch.tensor([int(flag)], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
-
-
-def _min_over_ranks(value: int, device: str) -> int:
-    import torch.distributed as dist
-
-    t = torch.tensor([value], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    t = torch.tensor([value], dtype=torch.int64)
+    work = dist.all_reduce(t, op=op, group=group, async_op=True)
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+    except RuntimeError as error:
+        raise TimeoutError(str(error)) from error
     return int(t.item())
 
 
 def _out_of_memory(fn) -> bool:
     """Run fn(); True if it ran out of GPU memory.
     NOTE: the exception (and with it the frames that hold activations) is dropped here, so
-    the memory is free once the caller deletes the model. Ranks are assumed to run out
-    together (same model, same batch size); a rank that runs out alone leaves the others in
-    a collective until the timeout."""
+    the memory is free once the caller deletes the model. Ranks that run out together (same
+    model, same batch size) agree on a smaller micro-batch; a rank that runs out alone leaves
+    the others in a collective, and the agreement's timeout (_Run.any_rank) reports it."""
     try:
         fn()
         return False
@@ -133,6 +139,31 @@ class _Run:
         self.mp_policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                           if self.device == "cuda" else MixedPrecisionPolicy())
         self.param_counts: dict | None = None
+        self.control = torch.distributed.new_group(backend="gloo")
+        self.agree_timeout_s = float(config.get("agree_timeout_s", _AGREE_TIMEOUT_S))
+
+    def any_rank(self, flag: bool, what: str) -> bool:
+        """True on every rank if `flag` (ran out of memory) is True on any."""
+        import torch.distributed as dist
+
+        try:
+            return bool(_all_reduce_int(int(flag), dist.ReduceOp.MAX, self.control, self.agree_timeout_s))
+        except TimeoutError as error:
+            cause = (f"this rank ran out of GPU memory ({what}, seq {self.config['seq']}) and "
+                     if flag else "")
+            raise RuntimeError(
+                f"rank {self.rank}: {cause}the other ranks did not reach the out-of-memory agreement within "
+                f"{self.agree_timeout_s:.0f} s; a rank that runs out inside a step skips collectives the others "
+                f"wait in (memory can differ by rank, e.g. in owner mode): pass a smaller --micro-batch") from error
+
+    def min_over_ranks(self, value: int) -> int:
+        import torch.distributed as dist
+
+        try:
+            return _all_reduce_int(value, dist.ReduceOp.MIN, self.control, self.agree_timeout_s)
+        except TimeoutError as error:
+            raise RuntimeError(f"rank {self.rank}: the ranks did not agree on the micro-batch within "
+                               f"{self.agree_timeout_s:.0f} s") from error
 
     def build(self, name: str):
         """A fresh model (same seed on every rank and for every optimizer), prepared,
@@ -216,11 +247,11 @@ class _Run:
             times.append((end - start, *split))
             state["loss"] = float(loss.detach())
 
-        failed = _any_rank(_out_of_memory(build), self.device)
+        failed = self.any_rank(_out_of_memory(build), f"{name} at micro-batch {micro_batch}")
         for _ in range(warmup + num_steps):
             if failed:
                 break
-            failed = _any_rank(_out_of_memory(step), self.device)
+            failed = self.any_rank(_out_of_memory(step), f"{name} at micro-batch {micro_batch}")
         result = None
         if not failed:
             timed = times[warmup:]
@@ -256,11 +287,24 @@ class _Run:
                 return 1, {"peak_bytes": peaks, "budget_bytes": budget, "note": "micro-batch 2 ran out of memory"}
             peaks[b] = result["peak_bytes"]
         per_sequence = max(1, peaks[2] - peaks[1])
-        fixed = peaks[1] - per_sequence
+        # NOTE: activations grow with the micro-batch alike for every optimizer, but the
+        # optimizers' own peaks differ, and by rank: owner mode holds whole matrices and the
+        # Newton–Schulz workspace on their owners. Each other optimizer's peak at one sequence
+        # gives its fixed part; the largest one sizes the batch.
+        fixed_by_optimizer = {PROBE_OPTIMIZER: peaks[1] - per_sequence}
+        for name in self.config["optimizers"]:
+            if name in fixed_by_optimizer:
+                continue
+            result = self.train(name, 1, num_steps=1, warmup=1)
+            if result is None:
+                raise RuntimeError(f"{name}: --model {self.spec.name} does not fit at micro-batch 1, seq "
+                                   f"{self.config['seq']} on {self.world} GPU(s)")
+            fixed_by_optimizer[name] = result["peak_bytes"] - per_sequence
+        fixed = max(fixed_by_optimizer.values())
         predicted = int(max(1, min(cap, (budget - fixed) // per_sequence)))
-        agreed = _min_over_ranks(predicted, self.device)
+        agreed = self.min_over_ranks(predicted)
         return agreed, {"peak_bytes": peaks, "budget_bytes": budget, "per_sequence_bytes": per_sequence,
-                        "predicted": predicted}
+                        "fixed_bytes": fixed_by_optimizer, "predicted": predicted}
 
 
 def _next_smaller(micro_batch: int) -> int:
@@ -375,6 +419,9 @@ def run(args: argparse.Namespace) -> int:
         p = probe["peak_bytes"]
         how += (f": AdamW probe peaks {p[1] / 1e9:.1f} GB at 1, {p[2] / 1e9:.1f} GB at 2 sequences; "
                 f"budget {probe['budget_bytes'] / 1e9:.1f} GB -> {probe['predicted']}")
+        if probe.get("fixed_bytes"):
+            largest = max(probe["fixed_bytes"], key=probe["fixed_bytes"].get)
+            how += f" (largest fixed part: {largest}, {probe['fixed_bytes'][largest] / 1e9:.1f} GB)"
     elif "note" in probe and micro_batch is None:
         how += f": {probe['note']}"
     if first["out_of_memory_at"]:
