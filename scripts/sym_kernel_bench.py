@@ -1,12 +1,16 @@
 """Time the sm_90a symmetric-product configurations against cuBLAS (torch.bmm/baddbmm).
 
-    python3 scripts/sym_kernel_bench.py [--configs sm90:staged:s4:c0 ...] [--split-k]
+    python3 scripts/sym_kernel_bench.py [--configs sm90:staged:s4:c0 ...] [--split-k] [--experimental]
 
 For every shape (m×k, batch, with or without β·C): cuBLAS's dense product, each kernel
 configuration, and (--split-k) the best configuration and cuBLAS again at k doubled: with
 t(k) ≈ fill+epilogue + k·mainloop, the intercept 2·t(k) − t(2k) is the per-call time that
 does not scale with k (epilogue, pipeline fill, launch). TFLOP/s are "executed": the
 kernel's lower-triangle tiles (2·128²·k each), cuBLAS's full m²k.
+The default list holds one 2-CTA cluster configuration ("sm90:mc2-tmastore:s5:c0");
+--experimental sets DMUON_SYM_EXPERIMENTAL=1 so that it holds the other two as well; any name
+can also be given to --configs. With cluster names in the list, "old" (the baseline) defaults
+to every 1-CTA configuration and "new" to the cluster ones.
 Times: CUDA events, median after warm-up.
 """
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 import torch
 
@@ -73,6 +78,11 @@ def time_shape(m, k, batch, with_c, configs):
     return out
 
 
+def is_cluster(config: str) -> bool:
+    """The 2-CTA cluster configurations ("sm90:mc2-<epilogue>:s<stages>:c<ctas>")."""
+    return config.startswith("sm90:mc2-")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="*", default=None, help="default: ops.cuda_sym_configs()")
@@ -80,10 +90,19 @@ def main() -> None:
                         help="the baseline set (default: the staged/direct configurations)")
     parser.add_argument("--split-k", action="store_true", help="also time k doubled (intercept)")
     parser.add_argument("--shapes", nargs="*", default=None, help="MxKxB[c] (c: with β·C)")
+    parser.add_argument("--experimental", action="store_true",
+                        help="DMUON_SYM_EXPERIMENTAL=1: the default list includes every mc2 configuration")
     args = parser.parse_args()
+    if args.experimental:
+        # NOTE: read by the C++ side at its first use (cached), which comes after this.
+        os.environ["DMUON_SYM_EXPERIMENTAL"] = "1"
     configs = args.configs if args.configs is not None else list(ops.cuda_sym_configs())
-    old = set(args.old) if args.old is not None else {
-        c for c in configs if c.split(":")[1] in ("staged", "direct")}
+    if args.old is not None:
+        old = set(args.old)
+    elif any(is_cluster(c) for c in configs):
+        old = {c for c in configs if not is_cluster(c)}
+    else:
+        old = {c for c in configs if c.split(":")[1] in ("staged", "direct")}
     shapes = SHAPES
     if args.shapes:
         shapes = []

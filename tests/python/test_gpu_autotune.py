@@ -71,6 +71,68 @@ def test_every_sym_config_matches_dense(dtype, shape, with_c):
         assert rel(d, exact) <= 3 * rel(same, exact) + 1e-6, (config, rel(d, exact), rel(same, exact))
 
 
+# ---------------------------------------------------------------- 2-CTA cluster configurations
+
+# NOTE: the 2-CTA cluster configurations (mc2, TMA multicast), called by name whether or not
+# they are candidates; ":c2" runs one cluster over every unit in turn (every pair kind, one
+# after the other), ":c4" two.
+CLUSTER_CONFIGS = ["sm90:mc2-tmastore:s4:c0", "sm90:mc2-tmastore:s5:c0", "sm90:mc2-staged:s6:c0",
+                   "sm90:mc2-tmastore:s4:c2", "sm90:mc2-staged:s6:c4"]
+# The cluster configurations that are autotuner candidates without DMUON_SYM_EXPERIMENTAL.
+DEFAULT_CLUSTER_CONFIGS = ["sm90:mc2-tmastore:s5:c0"]
+experimental_knob = os.environ.get("DMUON_SYM_EXPERIMENTAL", "0").lower() in ("1", "true", "yes", "on")
+
+# (batch, m, k) for the pair list (csrc/ns/cuda/sm90_sym_pairs.h), R = ceil(m/128) row tiles,
+# L = ceil(R/2): (1, 100, 70) R=1: one lone tile, shadowed by rank 1 (odd m and k, one k-tile);
+# (3, 200, 130) R=2: a column pair per matrix, lone tiles of matrices 0 and 1 paired (sharing
+# nothing), matrix 2's shadowed; (2, 383, 1001) R=3: column pairs and a row pair (A shared),
+# 16 k-tiles; (5, 520, 200) R=5: column and row pairs, 5 lone tiles; (16, 1000, 520) R=8:
+# 288 units, several per cluster; (1, 1100, 64) R=9: 22 units, one k-tile each.
+CLUSTER_SHAPES = [(1, 100, 70), (3, 200, 130), (2, 383, 1001), (5, 520, 200), (16, 1000, 520), (1, 1100, 64)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", CLUSTER_SHAPES)
+@pytest.mark.parametrize("with_c", [False, True])
+@pytest.mark.parametrize("operands", ["same", "distinct", "strided"])
+def test_cluster_sym_configs_match_dense(dtype, shape, with_c, operands):
+    """The checks of test_every_sym_config_matches_dense. "distinct": B = A·M with M symmetric
+    (A·Bᵀ is symmetric, A ≠ B), so a panel loaded from the wrong operand is caught; "strided":
+    every other matrix of a larger batch (batch strides 2·m·ld)."""
+    batch, m, k = shape
+    gen = torch.Generator(device="cuda").manual_seed(batch * 7919 + m * 31 + k)
+    a = padded((torch.randn(batch, m, k, device="cuda", generator=gen) / math.sqrt(k)).to(dtype))
+    b = a
+    if operands == "distinct":
+        s = torch.randn(k, k, device="cuda", generator=gen, dtype=torch.float64) / math.sqrt(k)
+        b = padded((a.double() @ (s + s.T) / 2).to(dtype))
+    elif operands == "strided":
+        wide = padded((torch.randn(2 * batch, m, k, device="cuda", generator=gen) / math.sqrt(k)).to(dtype))
+        a = b = wide[::2]
+    c = None
+    alpha, beta = (1.0, 0.0) if not with_c else (0.75, -0.5)
+    if with_c:
+        c0 = torch.randn(batch, m, m, device="cuda", generator=gen)
+        c = padded((c0 + c0.transpose(1, 2)).to(dtype))
+    exact = alpha * a.double() @ b.double().transpose(1, 2) + (beta * c.double() if with_c else 0.0)
+    exact = (exact + exact.transpose(1, 2)) / 2  # NOTE: "distinct": B rounded, A·Bᵀ nearly symmetric
+    same = (torch.baddbmm(c, a, b.transpose(1, 2), beta=beta, alpha=alpha) if with_c
+            else a @ b.transpose(1, 2)).double()
+    for config in CLUSTER_CONFIGS:
+        d = ops.cuda_sym_product_config(a, b, c, alpha, beta, config)
+        assert torch.isfinite(d).all(), f"{config}: unwritten (NaN-poisoned) or non-finite output"
+        assert torch.equal(d, d.transpose(1, 2)), f"{config}: not exactly symmetric"
+        assert rel(d, exact) <= 3 * rel(same, exact) + 1e-6, (config, rel(d, exact), rel(same, exact))
+
+
+@needs_kernel
+def test_cluster_candidates_follow_the_experimental_knob():
+    names = [name for name in ops.cuda_sym_configs() if ":mc2-" in name]
+    expected = [c for c in CLUSTER_CONFIGS if c.endswith(":c0")] if experimental_knob else DEFAULT_CLUSTER_CONFIGS
+    assert sorted(names) == sorted(expected), names
+
+
 @needs_kernel
 def test_unknown_config_is_a_clear_error():
     a = padded(torch.randn(1, 16, 16, device="cuda").half())

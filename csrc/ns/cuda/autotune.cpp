@@ -254,6 +254,13 @@ void Autotuner::sym_product(const SymProductArgs& args, SymMode mode, void* lt_w
     } else if (kernel_mode) {
       Sm90SymConfig c;
       applies = Sm90SymConfig::parse(hit->config, &c) && sm90_sym_config_rejects(args, c).empty();
+      // NOTE: a winner that is no candidate now (an experimental one, cached under
+      // DMUON_SYM_EXPERIMENTAL=1) is not reused without the knob: that code runs only when asked for.
+      if (applies) {
+        const auto candidates = sm90_sym_configs();
+        applies = std::any_of(candidates.begin(), candidates.end(),
+                              [&](const Sm90SymConfig& k) { return k.name() == c.name(); });
+      }
     }
     if (applies) {
       report(key, *hit, "cached");

@@ -3,7 +3,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <sstream>
+#include <utility>
 
+#include "common/env.h"
 #include "ns/cuda/sm90_sym_product.h"
 
 namespace dmuon::ns::cuda {
@@ -11,6 +13,20 @@ namespace dmuon::ns::cuda {
 namespace {
 // NOTE: the tmastore epilogue's two 32 KiB tiles leave room for 5 stages (227 KiB).
 int max_stages(Sm90Epilogue epilogue) { return epilogue == Sm90Epilogue::kTmaStore ? 5 : 6; }
+
+// The built 2-CTA cluster instances (sm90_sym_kernel.cuh, launch_instance).
+// NOTE: tmastore because the X·Xᵀ shapes it is for are mainloop-bound and tmastore was the
+// best epilogue on most shapes; staged s6 as the deepest ring (no tmastore tiles).
+bool mc2_built(Sm90Epilogue epilogue, int stages) {
+  return (epilogue == Sm90Epilogue::kTmaStore && (stages == 4 || stages == 5)) ||
+         (epilogue == Sm90Epilogue::kStaged && stages == 6);
+}
+
+bool built(const Sm90SymConfig& c) {
+  if (c.tile != 128 || c.tile_k != 64) return false;
+  if (c.cluster == 2) return mc2_built(c.epilogue, c.stages);
+  return c.cluster == 1 && c.stages >= 4 && c.stages <= max_stages(c.epilogue);
+}
 }  // namespace
 
 std::string Sm90SymConfig::name() const {
@@ -18,17 +34,20 @@ std::string Sm90SymConfig::name() const {
   const char* epilogue_name = epilogue == Sm90Epilogue::kStaged     ? "staged"
                               : epilogue == Sm90Epilogue::kTmaStore ? "tmastore"
                                                                     : "direct";
-  out << "sm90:" << epilogue_name << ":s" << stages
-      << ":c" << num_ctas;
+  out << "sm90:" << (cluster == 2 ? "mc2-" : "") << epilogue_name << ":s" << stages << ":c" << num_ctas;
   return out.str();
 }
 
 bool Sm90SymConfig::parse(const std::string& text, Sm90SymConfig* config) {
-  char epilogue[16] = {0};
+  char epilogue[24] = {0};
   int stages = 0, ctas = 0;
-  if (std::sscanf(text.c_str(), "sm90:%15[a-z]:s%d:c%d", epilogue, &stages, &ctas) != 3) return false;
+  if (std::sscanf(text.c_str(), "sm90:%23[a-z0-9-]:s%d:c%d", epilogue, &stages, &ctas) != 3) return false;
   Sm90SymConfig c;
-  const std::string e(epilogue);
+  std::string e(epilogue);
+  if (e.rfind("mc2-", 0) == 0) {
+    c.cluster = 2;
+    e = e.substr(4);
+  }
   if (e == "staged") {
     c.epilogue = Sm90Epilogue::kStaged;
   } else if (e == "direct") {
@@ -40,7 +59,7 @@ bool Sm90SymConfig::parse(const std::string& text, Sm90SymConfig* config) {
   }
   c.stages = stages;
   c.num_ctas = ctas;
-  if (stages < 4 || stages > max_stages(c.epilogue) || ctas < 0) return false;
+  if (!built(c) || ctas < 0 || (c.cluster == 2 && ctas % 2)) return false;
   if (c.name() != text) return false;
   *config = c;
   return true;
@@ -68,15 +87,50 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
     c.stages = stages;
     configs.push_back(c);
   }
+  // 2-CTA cluster, TMA multicast of the shared panel, tmastore s5. NOTE: measured on an H200
+  // (2026-11-29, scripts/device_multicast.sh, BENCHMARKS.md): against the best 1-CTA
+  // configuration 1.08× on long-k X·Xᵀ at larger batches (1536×8960 b28, 3584×18944 b7),
+  // 1.00–1.02× on 1536×8960 b84, 3584×18944 b1 and 3584×3584+C b28, 0.94–0.97× on the other
+  // shapes; the autotuner keeps it where it wins. Memcheck and racecheck clean.
+  {
+    Sm90SymConfig c;
+    c.epilogue = Sm90Epilogue::kTmaStore;
+    c.stages = 5;
+    c.cluster = 2;
+    configs.push_back(c);
+  }
+  // NOTE: DMUON_SYM_EXPERIMENTAL=1 (default 0) appends the other cluster configurations,
+  // which won no shape of that run, so that the autotuner, ops.cuda_sym_configs() and the
+  // tests that walk it try them; they are callable by name either way.
+  if (env::get_bool("DMUON_SYM_EXPERIMENTAL", false))
+    for (const Sm90SymConfig& c : sm90_sym_experimental_configs()) configs.push_back(c);
+  return configs;
+}
+
+std::vector<Sm90SymConfig> sm90_sym_experimental_configs() {
+  // NOTE: 2-CTA clusters sharing one operand panel by TMA multicast (mc2) that won no
+  // measured shape (tmastore s4 0.86–0.99×, staged s6 0.55–1.02× of the best 1-CTA
+  // configuration, mc2-tmastore s5 faster than both everywhere; BENCHMARKS.md run E).
+  std::vector<Sm90SymConfig> configs;
+  for (auto [epilogue, stages] : {std::pair{Sm90Epilogue::kTmaStore, 4}, std::pair{Sm90Epilogue::kStaged, 6}}) {
+    Sm90SymConfig c;
+    c.epilogue = epilogue;
+    c.stages = stages;
+    c.cluster = 2;
+    configs.push_back(c);
+  }
   return configs;
 }
 
 std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymConfig& config) {
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   std::ostringstream why;
-  if (config.tile != 128 || config.tile_k != 64 || config.stages < 4 || config.stages > max_stages(config.epilogue))
-    why << "configuration " << config.tile << "x" << config.tile << "x" << config.tile_k << ", "
-        << config.stages << " stages is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore)";
+  if (!built(config))
+    why << "configuration " << config.tile << "x" << config.tile << "x" << config.tile_k << ", " << config.stages
+        << " stages, cluster " << config.cluster
+        << " is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore; cluster 2: tmastore s4-s5, staged s6)";
+  else if (config.cluster == 2 && config.num_ctas % 2)
+    why << "a 2-CTA cluster configuration needs an even CTA count (0: all SMs), got " << config.num_ctas;
   else if (!aligned(args.a) || !aligned(args.b))
     why << "A and B must be 16-byte aligned";
   else if (args.lda % 8 || args.ldb % 8 || args.stride_a % 8 || args.stride_b % 8)

@@ -23,10 +23,52 @@
 //             mainloop; the consumers write the rounded tile over it and its transpose into
 //             a second one, and one thread issues TMA stores of both (clipped at m × m by
 //             the TMA unit), which drain while the consumers run the next tile's mainloop.
+//
+// 2-CTA cluster variant ("mc2", kCluster = 2). First run on an H200 2026-11-29: correct,
+// memcheck and racecheck clean, up to 1.08× on long-k X·Xᵀ (sm90_sym_config.cpp).
+// NOTE: why: long-k X·Xᵀ products spend > 85% of their time in the mainloop at 460–510
+// executed TFLOP/s (cuBLAS dense: 650–770); a 128×128×64 k-tile is 32 KiB of L2 reads per
+// 2.1 MFLOP, about 15 TB/s over 132 SMs at peak. Sharing one of the two panels halves it.
+//   Work: clusters of 2 CTAs walk a list of tile pairs (sm90_sym_pairs.h); CTA rank r takes
+//   tile r of the pair. Column pairs (i, j), (i+1, j) share the B panel j, row pairs
+//   (R−1, j), (R−1, j−2) share the A panel R−1, pairs of lone tiles of two matrices share
+//   nothing, and a last lone tile is run by both CTAs (rank 1 computes, writes nothing).
+//   Loads: the shared panel's k-tile is issued as two TMA slices, one by each CTA, each
+//   multicast (mask 0b11) to the same shared-memory offset in both CTAs and completing
+//   transaction bytes on the full barrier at the same offset in both; the other panel is a
+//   plain TMA load of the CTA's own. A unit that shares nothing loads both panels plainly.
+//   Invariants of the barrier protocol:
+//   I1 lockstep: both CTAs walk the same units with the same k-tile count, so stage use n
+//      (n-th fill of the ring, counted over all units) is the same stage and phase in both.
+//   I2 full[s] (count 1, local): the CTA's own producer arrives with expect-tx = 32 KiB (own
+//      A + B, whatever the kind: own panel 16 KiB + both 8 KiB slices of the shared one,
+//      or 2 × 16 KiB own). The peer's slice may complete its bytes before that arrive: the
+//      tx-count goes negative and the phase cannot complete while the arrival is pending.
+//   I3 empty[s] (count 2 CTAs × 8 consumer warps = 16): after a stage use's WGMMAs retired
+//      (warpgroup_wait in that warp), lane 0 of every consumer warp arrives on empty[s] of
+//      BOTH CTAs (mapa + remote mbarrier.arrive). A producer waits on its own empty[s] only,
+//      so it issues use n+kStages into stage s only after both CTAs' consumers released use
+//      n: its multicast slice then never overwrites a stage the peer still reads. Every unit
+//      (also those that share nothing) follows this rule, so the rule needs no mode switch.
+//   I4 no early arrivals: a peer's arrival for use n+kStages on our empty[s] needs its full
+//      barrier for that use, which needs our slice (or, for units sharing nothing, its own
+//      producer, which waited on its empty[s] = both CTAs' release of use n): an arrival is
+//      never counted into the phase of an earlier use. Likewise no transaction bytes of use
+//      n+kStages reach our full[s] before our consumers waited for use n.
+//   I5 start/exit: barriers are initialized and fenced (fence.mbarrier_init) before a
+//      cluster_sync, so no remote arrive or multicast reaches an uninitialized barrier; every
+//      thread of both CTAs (producer warpgroup included, no early return) ends with a
+//      cluster_sync, so no CTA exits while its peer may still arrive on its barriers.
+//      Multicast writes into a CTA are all for stage uses its own consumers wait for, so
+//      they have landed before its consumers finish.
+//   I6 the epilogues, the tmastore barriers (c_full, epi_empty) and the C loads stay local;
+//      rank 1 of a shadow unit skips its C load and its epilogue (both, so their parities
+//      stay matched).
 #pragma once
 
 // NOTE: cute/tensor.hpp must come first (the atom headers assume its declarations).
 #include <cute/tensor.hpp>
+#include <cute/arch/cluster_sm90.hpp>
 #include <cute/arch/mma_sm90.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_atom.hpp>
@@ -35,10 +77,12 @@
 #include <cutlass/numeric_types.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <set>
 
 #include "ns/cuda/cuda_check.h"
+#include "ns/cuda/sm90_sym_pairs.h"
 #include "ns/cuda/sm90_sym_product.h"
 
 namespace dmuon::ns::cuda::sm90 {
@@ -50,11 +94,15 @@ using namespace cute;
 // one CTA per SM. Square tiles keep diagonal tiles aligned with the triangle. The staged
 // epilogue adds a 32 KiB 16-bit tile, so it fits up to 6 stages (227 KiB limit).
 // NOTE: the tmastore epilogue keeps two 32 KiB tiles (tile, mirror): up to 5 stages.
-template <class Elem, int kStagesT, int kEpiT>
+// NOTE: kClusterT = 2: the "mc2" variant (2-CTA clusters, one operand panel multicast; see
+// the block "2-CTA cluster variant" below the kernel's header comment). 1: the plain kernel.
+template <class Elem, int kStagesT, int kEpiT, int kClusterT = 1>
 struct Traits {
   static constexpr int kTile = 128;
   static constexpr int kTileK = 64;
   static constexpr int kStages = kStagesT;
+  static constexpr int kCluster = kClusterT;
+  static_assert(kCluster == 1 || kCluster == 2, "clusters of 1 or 2 CTAs");
   static constexpr bool kStaged = kEpiT == static_cast<int>(Sm90Epilogue::kStaged);
   static constexpr bool kTmaStore = kEpiT == static_cast<int>(Sm90Epilogue::kTmaStore);
   static constexpr int kNumConsumerThreads = 256;
@@ -80,6 +128,16 @@ struct Traits {
                          make_shape(Int<kTile>{}, Int<kTileK>{}));
   }
   using TmaAtom = decltype(tma(nullptr, 1, 1, 1, 8, 8));
+  // mc2: the same (kTile, kTileK) panel k-tile, issued as kCluster slices (one per CTA of the
+  // cluster, each multicast to every CTA of it).
+  static auto tma_mc(const Elem* ptr, int m, int k, int batch, int64_t ld, int64_t stride) {
+    return make_tma_atom(SM90_TMA_LOAD_MULTICAST{}, gmem(ptr, m, k, batch, ld, stride), SmemLayout{}(_, _, 0),
+                         make_shape(Int<kTile>{}, Int<kTileK>{}), Int<kCluster>{});
+  }
+  using TmaAtomMc = conditional_t<(kCluster > 1), decltype(tma_mc(nullptr, 1, 1, 1, 8, 8)), char>;
+  // mc2: empty-barrier arrivals per stage use: lane 0 of each of the 8 consumer warps, of
+  // every CTA of the cluster (plain kernel: every consumer thread of the CTA).
+  static constexpr int kEmptyArrivals = kCluster > 1 ? kCluster * kNumConsumerThreads / 32 : kNumConsumerThreads;
 
   // tmastore: the 128×128 output tile in shared memory, 128-byte swizzled (8×64 atoms), the
   // layout of both the C load and the D stores. NOTE: the swizzle makes the accumulator-
@@ -122,6 +180,9 @@ struct Traits {
     Elem* d;        // [batch, m, ldd]
     int64_t ldd, stride_d;
     float alpha, beta;
+    // mc2 only (NOTE: last, so that the plain kernel's parameter offsets stay as they were).
+    TmaAtomMc tma_am, tma_bm;  // multicast slices of the A and B panels
+    PairList pairs;            // the pair list (sm90_sym_pairs.h)
   };
 };
 
@@ -169,11 +230,77 @@ __device__ __forceinline__ void consumer_barrier() {
   asm volatile("bar.sync 1, 256;" ::: "memory");
 }
 
-template <class Elem, int kStages, int kEpi>
-__global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
-    sym_product_kernel(CUTE_GRID_CONSTANT const typename Traits<Elem, kStages, kEpi>::Params p) {
+// mc2: lane 0 of every consumer warp, after its warp's WGMMAs on `stage` retired, releases
+// the stage in both CTAs of the cluster (invariant I3). Plain kernel: every consumer thread.
+template <class T>
+__device__ __forceinline__ void release_stage(uint64_t* empty, int stage) {
+  if constexpr (T::kCluster > 1) {
+    const uint32_t lane0 = (threadIdx.x % 32) == 0;
+    CUTE_UNROLL
+    for (uint32_t cta = 0; cta < T::kCluster; ++cta) cutlass::arch::ClusterBarrier::arrive(&empty[stage], cta, lane0);
+    __syncwarp();  // NOTE: the warp converged again before the next (aligned) WGMMA
+  } else {
+    cutlass::arch::ClusterBarrier::arrive(&empty[stage]);
+  }
+}
+
+// Work item w of this CTA → (matrix l, row tile ti, col tile tj); mc2: w is a pair-list unit,
+// `kind` its pair kind and `writes` false where this CTA only shadows its peer's tile.
+template <class T>
+__device__ __forceinline__ void decode_work(const typename T::Params& p, int64_t w, int& l, int& ti, int& tj,
+                                            PairKind& kind, bool& writes) {
+  if constexpr (T::kCluster > 1) {
+    const PairTile t = decode_pair(p.pairs, w, static_cast<int>(cute::block_rank_in_cluster()));
+    l = t.l;
+    ti = t.ti;
+    tj = t.tj;
+    kind = t.kind;
+    writes = t.writes;
+  } else {
+    l = static_cast<int>(w / p.num_tri);
+    decode_triangle(w % p.num_tri, ti, tj);
+    kind = PairKind::kSeparate;
+    writes = true;
+  }
+}
+
+// mc2 producer: the A and B k-tiles `kt` of one stage use. The shared panel (B for kShareB
+// and kShadow units, A for kShareA) as this CTA's slice of it, multicast to both CTAs (the
+// peer issues the other slice); the other panel, and both in a kSeparate unit, as plain
+// loads of this CTA's own (the caller's partitions).
+template <class T, class SmemA, class SmemB, class TAgA, class TAsA, class TBgB, class TBsB>
+__device__ __forceinline__ void load_panels_mc2(const typename T::Params& p, PairKind kind, int l, int ti, int tj,
+                                                int kt, int stage, const SmemA& sA, const SmemB& sB, uint64_t* full,
+                                                const TAgA& tAgA, const TAsA& tAsA, const TBgB& tBgB,
+                                                const TBsB& tBsB) {
+  constexpr uint16_t kMask = (1u << T::kCluster) - 1;  // every CTA of the cluster: 0b11
+  const int rank = static_cast<int>(cute::block_rank_in_cluster());
+  // This CTA's slice of panel `row_tile` (k-tile kt), into both CTAs' stage `stage`.
+  auto multicast = [&](const auto& atom, const auto& smem_panels, int row_tile) {
+    Tensor m = atom.get_tma_tensor(make_shape(p.m, p.k, p.batch));  // (m, k, batch) coords
+    Tensor g = local_tile(m(_, _, l), make_shape(Int<T::kTile>{}, Int<T::kTileK>{}),
+                          make_coord(row_tile, _));  // (kTile, kTileK, k_tiles)
+    auto [tg, ts] = tma_partition(atom, rank, Layout<Int<T::kCluster>>{}, group_modes<0, 2>(smem_panels),
+                                  group_modes<0, 2>(g));  // (TMA slice, k_tiles), (TMA slice, kStages)
+    copy(atom.with(*full, kMask), tg(_, kt), ts(_, stage));
+  };
+  if (kind == PairKind::kShareA) {
+    multicast(p.tma_am, sA, ti);
+  } else {
+    copy(p.tma_a.with(*full), tAgA(_, kt), tAsA(_, stage));
+  }
+  if (kind == PairKind::kShareB || kind == PairKind::kShadow) {
+    multicast(p.tma_bm, sB, tj);
+  } else {
+    copy(p.tma_b.with(*full), tBgB(_, kt), tBsB(_, stage));
+  }
+}
+
+template <class Elem, int kStages, int kEpi, int kCluster>
+__global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster>::kNumThreads, 1)
+    sym_product_kernel(CUTE_GRID_CONSTANT const typename Traits<Elem, kStages, kEpi, kCluster>::Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using T = Traits<Elem, kStages, kEpi>;
+  using T = Traits<Elem, kStages, kEpi, kCluster>;
   constexpr int kTile = T::kTile, kTileK = T::kTileK;
   using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
@@ -186,7 +313,7 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       FullBarrier::init(&smem.full[s], 1);
-      EmptyBarrier::init(&smem.empty[s], T::kNumConsumerThreads);
+      EmptyBarrier::init(&smem.empty[s], T::kEmptyArrivals);
     }
     if constexpr (T::kTmaStore) {
       FullBarrier::init(&smem.c_full, 1);
@@ -194,7 +321,12 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
     }
     cutlass::arch::fence_barrier_init();
   }
-  __syncthreads();
+  // mc2: both CTAs' barriers initialized before any remote arrive or multicast (I5).
+  if constexpr (kCluster > 1) {
+    cute::cluster_sync();
+  } else {
+    __syncthreads();
+  }
 
   Tensor sA = make_tensor(make_smem_ptr(smem.a.begin()), typename T::SmemLayout{});  // (kTile, kTileK, kStages)
   Tensor sB = make_tensor(make_smem_ptr(smem.b.begin()), typename T::SmemLayout{});  // (kTile, kTileK, kStages)
@@ -211,6 +343,9 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
   const int release_kt = std::min(2, num_k_tiles - 1);
   const int c_load_kt = std::min(kStages + 2, num_k_tiles - 1);
   const bool with_c = p.beta != 0.f;
+  // Work list: tiles × batch, strided over CTAs; mc2: pair units, strided over clusters.
+  const int64_t work_begin = blockIdx.x / kCluster, work_step = gridDim.x / kCluster;
+  const int64_t num_work = kCluster > 1 ? p.pairs.num_units : p.num_work;
 
   if (warpgroup_idx == 0) {
     // Producer: one thread walks the same work list and fills the ring.
@@ -220,10 +355,11 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
     if (threadIdx.x == 0) {
       RingState<kStages> state{0, 1u};  // NOTE: parity 1 — the first round finds every stage free.
       uint32_t epi_phase = 1u;          // tmastore: likewise, the first C load finds the tile free
-      for (int64_t w = blockIdx.x; w < p.num_work; w += gridDim.x) {
-        const int l = static_cast<int>(w / p.num_tri);
-        int ti, tj;
-        decode_triangle(w % p.num_tri, ti, tj);
+      for (int64_t w = work_begin; w < num_work; w += work_step) {
+        int l, ti, tj;
+        [[maybe_unused]] PairKind kind;
+        bool writes;
+        decode_work<T>(p, w, l, ti, tj, kind, writes);
         Tensor gA = local_tile(mA(_, _, l), tile_mk, make_coord(ti, _));  // (kTile, kTileK, k_tiles)
         Tensor gB = local_tile(mB(_, _, l), tile_mk, make_coord(tj, _));  // (kTile, kTileK, k_tiles)
         auto [tAgA, tAsA] = tma_partition(p.tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA),
@@ -233,12 +369,19 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
         for (int kt = 0; kt < num_k_tiles; ++kt) {
           EmptyBarrier::wait(&smem.empty[state.index], state.phase);
           FullBarrier::arrive_and_expect_tx(&smem.full[state.index], T::kTxBytes);
-          copy(p.tma_a.with(smem.full[state.index]), tAgA(_, kt), tAsA(_, state.index));
-          copy(p.tma_b.with(smem.full[state.index]), tBgB(_, kt), tBsB(_, state.index));
+          if constexpr (kCluster > 1) {
+            // mc2: the shared panel as this CTA's slice, multicast to both CTAs (I2, I3).
+            load_panels_mc2<T>(p, kind, l, ti, tj, kt, state.index, sA, sB, &smem.full[state.index], tAgA, tAsA,
+                               tBgB, tBsB);
+          } else {
+            copy(p.tma_a.with(smem.full[state.index]), tAgA(_, kt), tAsA(_, state.index));
+            copy(p.tma_b.with(smem.full[state.index]), tBgB(_, kt), tBsB(_, state.index));
+          }
           state.advance();
           // tmastore with β·C: the C tile into the epilogue tile once the last stores read it.
+          // NOTE: mc2: not for a tile this CTA only shadows (its epilogue is skipped too, I6).
           if constexpr (T::kTmaStore) {
-            if (with_c && kt == c_load_kt) {
+            if (with_c && kt == c_load_kt && writes) {
               EmptyBarrier::wait(&smem.epi_empty, epi_phase);
               epi_phase ^= 1u;
               Tensor sC = make_tensor(make_smem_ptr(smem.tile), typename T::EpiLayout{});  // (kTile, kTile)
@@ -251,6 +394,11 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
           }
         }
       }
+    }
+    // mc2: no early exit (I5): the producer warpgroup joins the final cluster_sync.
+    if constexpr (kCluster > 1) {
+      __syncwarp();
+      cute::cluster_sync();
     }
     return;
   }
@@ -271,10 +419,11 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
   RingState<kStages> state{0, 0u};
   bool store_pending = false;  // tmastore, consumer 0: TMA stores in flight from the epilogue tiles
   uint32_t c_phase = 0u;       // tmastore: parity of the next C load
-  for (int64_t w = blockIdx.x; w < p.num_work; w += gridDim.x) {
-    const int l = static_cast<int>(w / p.num_tri);
-    int ti, tj;
-    decode_triangle(w % p.num_tri, ti, tj);
+  for (int64_t w = work_begin; w < num_work; w += work_step) {
+    int l, ti, tj;
+    [[maybe_unused]] PairKind kind;
+    [[maybe_unused]] bool writes;
+    decode_work<T>(p, w, l, ti, tj, kind, writes);
 
     // Main loop: keep one WGMMA batch in flight; free a stage once its batch retired.
     mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -291,7 +440,7 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
       warpgroup_commit_batch();
       warpgroup_wait<1>();
       warpgroup_fence_operand(acc);
-      if (prev_stage >= 0) EmptyBarrier::arrive(&smem.empty[prev_stage]);
+      if (prev_stage >= 0) release_stage<T>(smem.empty, prev_stage);
       prev_stage = state.index;
       state.advance();
       // tmastore: once the last tile's stores have read the epilogue tiles, free them.
@@ -308,7 +457,11 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
-    EmptyBarrier::arrive(&smem.empty[prev_stage]);
+    release_stage<T>(smem.empty, prev_stage);
+    // mc2: rank 1 of a shadow unit only kept the barrier protocol going (I6).
+    if constexpr (kCluster > 1) {
+      if (!writes) continue;
+    }
 
     const int64_t row0 = static_cast<int64_t>(ti) * kTile, col0 = static_cast<int64_t>(tj) * kTile;
     const bool diagonal = ti == tj;
@@ -432,13 +585,18 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi>::kNumThreads, 1)
   if constexpr (T::kTmaStore) {
     if (store_pending) tma_store_wait<0>();
   }
+  // mc2: no CTA exits while its peer may still arrive on its barriers (I5).
+  if constexpr (kCluster > 1) {
+    __syncwarp();
+    cute::cluster_sync();
+  }
 #endif
 }
 
 // Host launch of one instance. Requirements are checked by the caller (sym_config_applies).
-template <class Elem, int kStages, int kEpi>
+template <class Elem, int kStages, int kEpi, int kCluster = 1>
 void launch(const SymProductArgs& args, int num_ctas, cudaStream_t stream) {
-  using T = Traits<Elem, kStages, kEpi>;
+  using T = Traits<Elem, kStages, kEpi, kCluster>;
   typename T::Params p{
       T::tma(static_cast<const Elem*>(args.a), static_cast<int>(args.m), static_cast<int>(args.k),
              static_cast<int>(args.batch), args.lda, args.stride_a),
@@ -447,7 +605,7 @@ void launch(const SymProductArgs& args, int num_ctas, cudaStream_t stream) {
       {}, {},
       static_cast<int>(args.m), static_cast<int>(args.k), static_cast<int>(args.batch), 0, 0, 0,
       static_cast<const Elem*>(args.c), args.ldc, args.stride_c, static_cast<Elem*>(args.d), args.ldd,
-      args.stride_d, static_cast<float>(args.alpha), static_cast<float>(args.beta)};
+      args.stride_d, static_cast<float>(args.alpha), static_cast<float>(args.beta), {}, {}, {}};
   p.num_row_tiles = static_cast<int>((args.m + T::kTile - 1) / T::kTile);
   p.num_tri = static_cast<int64_t>(p.num_row_tiles) * (p.num_row_tiles + 1) / 2;
   p.num_work = p.num_tri * args.batch;
@@ -459,9 +617,15 @@ void launch(const SymProductArgs& args, int num_ctas, cudaStream_t stream) {
     p.tma_c = with_c ? T::tma_load_c(static_cast<const Elem*>(args.c), m, batch, args.ldc, args.stride_c)
                      : T::tma_load_c(static_cast<const Elem*>(args.d), m, batch, args.ldd, args.stride_d);
   }
+  if constexpr (kCluster > 1) {
+    const int m = static_cast<int>(args.m), k = static_cast<int>(args.k), batch = static_cast<int>(args.batch);
+    p.tma_am = T::tma_mc(static_cast<const Elem*>(args.a), m, k, batch, args.lda, args.stride_a);
+    p.tma_bm = T::tma_mc(static_cast<const Elem*>(args.b), m, k, batch, args.ldb, args.stride_b);
+    p.pairs = make_pair_list(p.num_row_tiles, batch);
+  }
 
   // Launch: persistent grid of min(work, CTAs) CTAs, one per SM.
-  auto kernel = sym_product_kernel<Elem, kStages, kEpi>;
+  auto kernel = sym_product_kernel<Elem, kStages, kEpi, kCluster>;
   static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "over the 227 KiB shared-memory opt-in");
   const int smem_bytes = static_cast<int>(sizeof(typename T::SharedStorage));
   int device = 0, num_sms = 0;
@@ -476,17 +640,62 @@ void launch(const SymProductArgs& args, int num_ctas, cudaStream_t stream) {
   }
   DMUON_CHECK_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t ctas = num_ctas > 0 ? std::min<int64_t>(num_ctas, num_sms) : num_sms;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(p.num_work, ctas));
-  kernel<<<grid, T::kNumThreads, smem_bytes, stream>>>(p);
+  if constexpr (kCluster == 1) {
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(p.num_work, ctas));
+    kernel<<<grid, T::kNumThreads, smem_bytes, stream>>>(p);
+  } else {
+    // mc2 launch: a persistent grid of whole clusters (2 × 1 × 1), no more than fit at once.
+    cudaLaunchConfig_t config = {};
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = kCluster;
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    config.blockDim = dim3(T::kNumThreads, 1, 1);
+    config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+    config.stream = stream;
+    // NOTE: one CTA per SM and clusters confined to a GPC: with GPCs of odd SM counts
+    // fewer than num_sms / 2 clusters fit. Asked once per device (the attribute set above
+    // comes first: the occupancy query sees the opt-in).
+    static std::mutex mutex;
+    static std::map<int, int> fitting_clusters;
+    int max_clusters = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      auto it = fitting_clusters.find(device);
+      if (it == fitting_clusters.end()) {
+        config.gridDim = dim3(static_cast<unsigned>(num_sms / kCluster * kCluster), 1, 1);
+        DMUON_CHECK_CUDA(cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &config));
+        it = fitting_clusters.emplace(device, max_clusters).first;
+      }
+      max_clusters = it->second;
+    }
+    DMUON_CHECK(max_clusters > 0, "sm90_sym_product: no 2-CTA cluster of this kernel fits on device ", device);
+    const int64_t clusters = std::min<int64_t>({p.pairs.num_units, ctas / kCluster, max_clusters});
+    config.gridDim = dim3(static_cast<unsigned>(std::max<int64_t>(clusters, 1) * kCluster), 1, 1);
+    DMUON_CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, p));
+  }
   DMUON_CHECK_CUDA(cudaGetLastError());
 }
 
-// Every built (stages, epilogue) instance of one element type; false when not built.
+// Every built (stages, epilogue, cluster) instance of one element type; false when not built.
 template <class Elem>
 bool launch_instance(const SymProductArgs& args, const Sm90SymConfig& config, cudaStream_t stream) {
   constexpr int kDirect = static_cast<int>(Sm90Epilogue::kDirect);
   constexpr int kStaged = static_cast<int>(Sm90Epilogue::kStaged);
   constexpr int kTmaStore = static_cast<int>(Sm90Epilogue::kTmaStore);
+  // mc2 (2-CTA clusters; which are autotuner candidates: sm90_sym_config.cpp).
+  if (config.cluster == 2) {
+    switch (config.stages * 4 + static_cast<int>(config.epilogue)) {
+      case 4 * 4 + kTmaStore: launch<Elem, 4, kTmaStore, 2>(args, config.num_ctas, stream); return true;
+      case 5 * 4 + kTmaStore: launch<Elem, 5, kTmaStore, 2>(args, config.num_ctas, stream); return true;
+      case 6 * 4 + kStaged: launch<Elem, 6, kStaged, 2>(args, config.num_ctas, stream); return true;
+      default: return false;
+    }
+  }
+  if (config.cluster != 1) return false;
   switch (config.stages * 4 + static_cast<int>(config.epilogue)) {
     case 4 * 4 + kDirect: launch<Elem, 4, kDirect>(args, config.num_ctas, stream); return true;
     case 5 * 4 + kDirect: launch<Elem, 5, kDirect>(args, config.num_ctas, stream); return true;

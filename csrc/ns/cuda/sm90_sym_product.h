@@ -14,21 +14,28 @@ namespace dmuon::ns::cuda {
 enum class Sm90Epilogue { kDirect, kStaged, kTmaStore };
 
 /// Configuration of the kernel (compile-time instances: stages 4–6 × direct/staged,
-/// stages 4–5 × tmastore).
+/// stages 4–5 × tmastore; 2-CTA clusters: tmastore s4–s5, staged s6).
 struct Sm90SymConfig {
   int tile = 128;    ///< square output tile (rows = cols)
   int tile_k = 64;   ///< k extent of one pipeline stage
   int stages = 5;    ///< TMA → WGMMA pipeline depth
-  int num_ctas = 0;  ///< persistent CTAs (0: one per SM)
+  int num_ctas = 0;  ///< persistent CTAs (0: one per SM; clusters: an even count)
   Sm90Epilogue epilogue = Sm90Epilogue::kDirect;
+  int cluster = 1;   ///< CTAs per cluster: 2 shares one operand panel by TMA multicast ("mc2-")
 
-  std::string name() const;  ///< e.g. "sm90:staged:s5:c0"
+  std::string name() const;  ///< e.g. "sm90:staged:s5:c0", "sm90:mc2-tmastore:s4:c0"
   /// Parse name(); false when the text names no built configuration.
   static bool parse(const std::string& text, Sm90SymConfig* config);
 };
 
 /// Every built configuration, in a fixed order (the autotuner's candidates; num_ctas 0).
+/// Of the 2-CTA cluster ones only mc2-tmastore s5; the others (sm90_sym_experimental_configs)
+/// are appended only when DMUON_SYM_EXPERIMENTAL=1.
 std::vector<Sm90SymConfig> sm90_sym_configs();
+
+/// The cluster configurations that won no measured shape (tmastore s4, staged s6);
+/// callable by name whether or not DMUON_SYM_EXPERIMENTAL is set.
+std::vector<Sm90SymConfig> sm90_sym_experimental_configs();
 
 /// Empty when `config` can run `args`, else the reason (alignment, shape, unbuilt instance).
 std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymConfig& config);
