@@ -196,22 +196,35 @@ def wrapped_training_matches_single_process(rank: int, world: int, wrapper: str,
         wrapped = nn.parallel.DistributedDataParallel(model)
         opt = dmuon.DMuon(model, **options)
 
-    per_rank = 2
+    train_beside_reference(rank, world, reference, ref_opt, opt, lambda mine: _loss(wrapped, mine).backward(),
+                           num_steps, per_rank=2)
+    errors, update_errors = errors_against_reference(model, reference, initial)
+    return {"errors": errors, "update_errors": update_errors, "owners": opt.runtime.owners}
+
+
+def train_beside_reference(rank: int, world: int, reference: nn.Module, ref_opt, opt, backward,
+                           num_steps: int, per_rank: int) -> None:
+    """Each step: the single-process reference on the whole batch of world·per_rank
+    sequences, then backward(this rank's per_rank sequences) and opt.step()."""
     for step in range(num_steps):
         tokens = _batches(step, world, per_rank)
         ref_opt.zero_grad()
         _loss(reference, tokens).backward()
         ref_opt.step()
         opt.zero_grad()
-        _loss(wrapped, tokens[rank * per_rank:(rank + 1) * per_rank]).backward()
+        backward(tokens[rank * per_rank:(rank + 1) * per_rank])
         opt.step()
 
+
+def errors_against_reference(model: nn.Module, reference: nn.Module, initial: list) -> tuple[dict, dict]:
+    """Per parameter of `model` (whole tensors: DTensors are gathered): the error relative to
+    the reference parameter, and relative to the reference's change since `initial`."""
     errors, update_errors = {}, {}
     for (name, p), q, q0 in zip(model.named_parameters(), reference.parameters(), initial):
-        full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        errors[name] = _rel(full.detach(), q.detach())
-        update_errors[name] = _rel(full.detach() - q0, q.detach() - q0)
-    return {"errors": errors, "update_errors": update_errors, "owners": opt.runtime.owners}
+        full = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+        errors[name] = _rel(full, q.detach())
+        update_errors[name] = _rel(full - q0, q.detach() - q0)
+    return errors, update_errors
 
 
 def profiled_costs_give_one_plan(rank: int, world: int) -> dict:

@@ -6,16 +6,12 @@ import copy
 import time
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 import dmuon
-from dist_workers import TinyTransformer, _batches, _device, _loss, _rel, _single_process_dmuon
-
-
-def _full(p: torch.Tensor) -> torch.Tensor:
-    return p.full_tensor() if hasattr(p, "full_tensor") else p
+from dist_workers import (TinyTransformer, _batches, _device, _loss, _single_process_dmuon, errors_against_reference,
+                          train_beside_reference)
 
 
 def ownership_matches_single_process(rank: int, world: int, wrapper: str, mesh_shape: tuple = (),
@@ -41,28 +37,17 @@ def ownership_matches_single_process(rank: int, world: int, wrapper: str, mesh_s
         fully_shard(model, mesh=flat, ignored_params=owned.params)
     opt = dmuon.DMuon(model, **options)
 
-    per_rank = 2 * accumulate
-    for step in range(num_steps):
-        tokens = _batches(step, world, per_rank)
-        ref_opt.zero_grad()
-        _loss(reference, tokens).backward()
-        ref_opt.step()
-        opt.zero_grad()
-        mine = tokens[rank * per_rank:(rank + 1) * per_rank]
+    def backward(mine: torch.Tensor) -> None:
         for micro in range(accumulate):
             last = micro == accumulate - 1
             owned.set_requires_gradient_sync(last)
             if wrapper == "fsdp2":
                 model.set_requires_gradient_sync(last)
-            part = mine[micro * 2:(micro + 1) * 2]
-            (_loss(model, part) / accumulate).backward()
-        opt.step()
+            (_loss(model, mine[micro * 2:(micro + 1) * 2]) / accumulate).backward()
 
-    errors, update_errors = {}, {}
+    train_beside_reference(rank, world, reference, ref_opt, opt, backward, num_steps, per_rank=2 * accumulate)
     with owned.materialized(opt):
-        for (name, p), q, q0 in zip(model.named_parameters(), reference.parameters(), initial):
-            errors[name] = _rel(_full(p).detach(), q.detach())
-            update_errors[name] = _rel(_full(p).detach() - q0, q.detach() - q0)
+        errors, update_errors = errors_against_reference(model, reference, initial)
     owners = [owned.owner_of(e.master) for e in owned._entries]
     # After leaving the block, non-owners hold no bytes of the owned weights again.
     freed = all(dmuon._C.ownership.storage_is_allocated(e.master) == (owners[e.index] == rank)
