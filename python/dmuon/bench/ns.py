@@ -11,7 +11,6 @@ actually performs) against the dense bf16 peak measured in the same run, and
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections import OrderedDict
 
