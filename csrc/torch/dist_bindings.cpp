@@ -18,6 +18,22 @@ std::vector<at::Tensor> or_undefined(const std::vector<std::optional<at::Tensor>
   return out;
 }
 
+// A MuonRuntime method over (params, grads, buffers, group_idx, groups, step_idx) as a
+// Python method: None gradients and buffers become undefined tensors, and the GIL is
+// released for the call.
+template <class Result>
+auto per_parameter_method(Result (MuonRuntime::*method)(at::TensorList, const std::vector<at::Tensor>&,
+                                                        const std::vector<at::Tensor>&, const std::vector<int64_t>&,
+                                                        const std::vector<MuonGroupOptions>&, int64_t)) {
+  return [method](MuonRuntime& runtime, std::vector<at::Tensor> params, std::vector<std::optional<at::Tensor>> grads,
+                  std::vector<std::optional<at::Tensor>> buffers, std::vector<int64_t> group_idx,
+                  std::vector<MuonGroupOptions> groups, int64_t step_idx) {
+    const std::vector<at::Tensor> defined_grads = or_undefined(grads), defined_buffers = or_undefined(buffers);
+    py::gil_scoped_release release;
+    return (runtime.*method)(params, defined_grads, defined_buffers, group_idx, groups, step_idx);
+  };
+}
+
 }  // namespace
 
 void register_dist_bindings(py::module_& m) {
@@ -87,28 +103,10 @@ void register_dist_bindings(py::module_& m) {
            // thread drops tensors that have Python objects (it needs the GIL to decref
            // them, under its own work mutex) deadlocks: seen in CI at world 3, rank 0.
            py::call_guard<py::gil_scoped_release>())
-      .def("step",
-           [](MuonRuntime& runtime, std::vector<at::Tensor> params,
-              std::vector<std::optional<at::Tensor>> grads,
-              std::vector<std::optional<at::Tensor>> buffers, std::vector<int64_t> group_idx,
-              std::vector<MuonGroupOptions> groups, int64_t step_idx) {
-             const std::vector<at::Tensor> defined_grads = or_undefined(grads), defined_buffers = or_undefined(buffers);
-             py::gil_scoped_release release;
-             runtime.step(params, defined_grads, defined_buffers, group_idx, groups, step_idx);
-           },
-           py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"), py::arg("group_idx"),
-           py::arg("groups"), py::arg("step_idx"))
-      .def("check_fused",
-           [](MuonRuntime& runtime, std::vector<at::Tensor> params,
-              std::vector<std::optional<at::Tensor>> grads,
-              std::vector<std::optional<at::Tensor>> buffers, std::vector<int64_t> group_idx,
-              std::vector<MuonGroupOptions> groups, int64_t step_idx) {
-             const std::vector<at::Tensor> defined_grads = or_undefined(grads), defined_buffers = or_undefined(buffers);
-             py::gil_scoped_release release;
-             return runtime.check_fused(params, defined_grads, defined_buffers, group_idx, groups, step_idx);
-           },
-           py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"), py::arg("group_idx"),
-           py::arg("groups"), py::arg("step_idx"))
+      .def("step", per_parameter_method(&MuonRuntime::step), py::arg("params"), py::arg("grads"),
+           py::arg("momentum_buffers"), py::arg("group_idx"), py::arg("groups"), py::arg("step_idx"))
+      .def("check_fused", per_parameter_method(&MuonRuntime::check_fused), py::arg("params"), py::arg("grads"),
+           py::arg("momentum_buffers"), py::arg("group_idx"), py::arg("groups"), py::arg("step_idx"))
       .def("all_reduce_flags", &MuonRuntime::all_reduce_flags, py::arg("local"), py::arg("op"),
            py::arg("what"), py::arg("step_idx"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rank", &MuonRuntime::rank)
