@@ -81,24 +81,6 @@ def _check_args(args) -> None:
 _AGREE_TIMEOUT_S = 90.0
 
 
-def _all_reduce_int(value: int, op, group, timeout_s: float) -> int:
-    """all_reduce of one integer on a Gloo group; TimeoutError when a rank does not come.
-    NOTE: the agreement runs on its own Gloo group with a timeout: a rank that ran out of
-    memory inside a step skipped some of FSDP2's collectives, and on the default NCCL group
-    its all-reduce would pair with another rank's pending all-gather and hang both."""
-    import datetime
-
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.int64)
-    work = dist.all_reduce(t, op=op, group=group, async_op=True)
-    try:
-        work.wait(timeout=datetime.timedelta(seconds=timeout_s))
-    except RuntimeError as error:
-        raise TimeoutError(str(error)) from error
-    return int(t.item())
-
-
 def _out_of_memory(fn) -> bool:
     """Run fn(); True if it ran out of GPU memory.
     NOTE: the exception (and with it the frames that hold activations) is dropped here, so
@@ -142,28 +124,40 @@ class _Run:
         self.control = torch.distributed.new_group(backend="gloo")
         self.agree_timeout_s = float(config.get("agree_timeout_s", _AGREE_TIMEOUT_S))
 
+    def agree(self, value: int, op, failure: str) -> int:
+        """all_reduce of one integer over the control group; a RuntimeError naming this rank
+        and `failure` when the other ranks do not come within agree_timeout_s.
+        NOTE: its own Gloo group with a timeout: a rank that ran out of memory inside a step
+        skipped some of FSDP2's collectives, and on the default NCCL group its all-reduce
+        would pair with another rank's pending all-gather and hang both."""
+        import datetime
+
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.int64)
+        work = dist.all_reduce(t, op=op, group=self.control, async_op=True)
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=self.agree_timeout_s))
+        except RuntimeError as error:
+            raise RuntimeError(f"rank {self.rank}: {failure}") from error
+        return int(t.item())
+
     def any_rank(self, flag: bool, what: str) -> bool:
         """True on every rank if `flag` (ran out of memory) is True on any."""
         import torch.distributed as dist
 
-        try:
-            return bool(_all_reduce_int(int(flag), dist.ReduceOp.MAX, self.control, self.agree_timeout_s))
-        except TimeoutError as error:
-            cause = (f"this rank ran out of GPU memory ({what}, seq {self.config['seq']}) and "
-                     if flag else "")
-            raise RuntimeError(
-                f"rank {self.rank}: {cause}the other ranks did not reach the out-of-memory agreement within "
-                f"{self.agree_timeout_s:.0f} s; a rank that runs out inside a step skips collectives the others "
-                f"wait in (memory can differ by rank, e.g. in owner mode): pass a smaller --micro-batch") from error
+        cause = f"this rank ran out of GPU memory ({what}, seq {self.config['seq']}) and " if flag else ""
+        return bool(self.agree(int(flag), dist.ReduceOp.MAX,
+                               f"{cause}the other ranks did not reach the out-of-memory agreement within "
+                               f"{self.agree_timeout_s:.0f} s; a rank that runs out inside a step skips collectives "
+                               "the others wait in (memory can differ by rank, e.g. in owner mode): pass a smaller "
+                               "--micro-batch"))
 
     def min_over_ranks(self, value: int) -> int:
         import torch.distributed as dist
 
-        try:
-            return _all_reduce_int(value, dist.ReduceOp.MIN, self.control, self.agree_timeout_s)
-        except TimeoutError as error:
-            raise RuntimeError(f"rank {self.rank}: the ranks did not agree on the micro-batch within "
-                               f"{self.agree_timeout_s:.0f} s") from error
+        return self.agree(value, dist.ReduceOp.MIN,
+                          f"the ranks did not agree on the micro-batch within {self.agree_timeout_s:.0f} s")
 
     def build(self, name: str):
         """A fresh model (same seed on every rank and for every optimizer), prepared,
