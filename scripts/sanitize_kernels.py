@@ -2,7 +2,8 @@
 
     DMUON_AUTOTUNE=0 DMUON_AUTOTUNE_CACHE=none compute-sanitizer --tool memcheck python3 scripts/sanitize_kernels.py
 
-every symmetric-kernel configuration with and without β·C on odd, padded shapes; one Gram NS
+every symmetric-kernel configuration with and without β·C on odd, padded shapes (split-K
+also with its slices forced); one Gram NS
 eagerly, captured and replayed; and the fused single-GPU step (check, momentum+normalize,
 apply) on wide, tall, odd-sized and stacked matrices, with and without Nesterov.
 """
@@ -24,6 +25,13 @@ cpp.copy_(cp)
 for config in ops.cuda_sym_configs():
     ops.cuda_sym_product_config(xp, xp, None, 1.0, 0.0, config)
     ops.cuda_sym_product_config(xp, xp, cpp, 0.5, -0.25, config)
+# Tail split-K in its two forms: whole waves and a tail (9 tiles on 7 CTAs: 2 tail tiles in
+# 3 slices), and fewer tiles than CTAs (3 tiles in 5 slices); 21 k-tiles.
+xk = torch.zeros(3, 203, 1336, device="cuda", dtype=torch.half)[..., :1333]
+xk.copy_(torch.randn(3, 203, 1333, device="cuda") / 40)
+for config, x_split in (("sm90:sk-tmastore:s5:c7", xk), ("sm90:sk-tmastore:s4:c0", xk[:1])):
+    ops.cuda_sym_product_config(x_split, x_split, None, 1.0, 0.0, config)
+    ops.cuda_sym_product_config(x_split, x_split, cpp[: x_split.shape[0]], 0.5, -0.25, config)
 
 # One Gram NS: eager, captured, replayed.
 c, r = dmuon._C.default_schedule("gram", 5)

@@ -133,6 +133,55 @@ def test_cluster_candidates_follow_the_experimental_knob():
     assert sorted(names) == sorted(expected), names
 
 
+# ---------------------------------------------------------------- tail split-K
+
+# NOTE: (config, (batch, m, k)) chosen so that the split runs in each of its forms (T tiles,
+# G CTAs, K k-tiles; split = min(G / tail, K / 4, 16)): whole waves and a tail
+# (c7, T = 576: 574 whole, 2 tail tiles in 2 slices of 4–5 k-tiles; c5, T = 12: 10 whole,
+# 2 tail tiles in 2 slices of 16), fewer tiles than CTAs (T = 3, 4 slices of 4; T = 6, 16
+# slices of 4), and a split of 1 (K = 4: the plain path under an sk name).
+SPLIT_CASES = [("sm90:sk-tmastore:s5:c7", (16, 1000, 520)), ("sm90:sk-tmastore:s4:c5", (2, 300, 2000)),
+               ("sm90:sk-tmastore:s4:c0", (3, 127, 1001)), ("sm90:sk-tmastore:s5:c0", (1, 384, 4096)),
+               ("sm90:sk-tmastore:s5:c0", (1, 64, 200))]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("config,shape", SPLIT_CASES)
+@pytest.mark.parametrize("with_c", [False, True])
+def test_split_k_configs_match_dense_and_repeat_exactly(dtype, config, shape, with_c):
+    """Every element written, exactly symmetric, within the dense product's error of the exact
+    product, and bitwise the same on a second run (the slices are summed in slice order,
+    whichever finishes last)."""
+    batch, m, k = shape
+    gen = torch.Generator(device="cuda").manual_seed(batch * 131 + m + k)
+    a = padded((torch.randn(batch, m, k, device="cuda", generator=gen) / math.sqrt(k)).to(dtype))
+    c = None
+    alpha, beta = (1.0, 0.0) if not with_c else (0.75, -0.5)
+    if with_c:
+        c0 = torch.randn(batch, m, m, device="cuda", generator=gen)
+        c = padded((c0 + c0.transpose(1, 2)).to(dtype))
+    exact = alpha * a.double() @ a.double().transpose(1, 2) + (beta * c.double() if with_c else 0.0)
+    same = (torch.baddbmm(c, a, a.transpose(1, 2), beta=beta, alpha=alpha) if with_c
+            else a @ a.transpose(1, 2)).double()
+    d = ops.cuda_sym_product_config(a, a, c, alpha, beta, config)
+    assert torch.isfinite(d).all(), f"{config}: unwritten (NaN-poisoned) or non-finite output"
+    assert torch.equal(d, d.transpose(1, 2)), f"{config}: not exactly symmetric"
+    assert rel(d, exact) <= 3 * rel(same, exact) + 1e-6, (config, rel(d, exact), rel(same, exact))
+    again = ops.cuda_sym_product_config(a, a, c, alpha, beta, config)
+    assert torch.equal(d, again), f"{config}: a second run differs"
+
+
+@needs_kernel
+def test_split_k_is_a_candidate_and_only_for_the_one_cta_tmastore_kernel():
+    names = list(ops.cuda_sym_configs())
+    assert "sm90:sk-tmastore:s4:c0" in names and "sm90:sk-tmastore:s5:c0" in names, names
+    a = padded(torch.randn(1, 16, 16, device="cuda").half())
+    for unbuilt in ("sm90:sk-staged:s5:c0", "sm90:mc2-sk-tmastore:s5:c0"):
+        with pytest.raises(RuntimeError, match="configuration"):
+            ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, unbuilt)
+
+
 @needs_kernel
 def test_unknown_config_is_a_clear_error():
     a = padded(torch.randn(1, 16, 16, device="cuda").half())

@@ -109,6 +109,17 @@ GemmDesc dense_of(const SymProductArgs& args) {
   return g;
 }
 
+// The kernel's scratch (split-K slices) is the cuBLASLt workspace unless the call brings its
+// own. NOTE: both are stream-ordered on the call's stream: never in use by two kernels at once.
+SymProductArgs with_scratch(const SymProductArgs& args, void* workspace, size_t workspace_bytes) {
+  SymProductArgs out = args;
+  if (out.scratch == nullptr) {
+    out.scratch = workspace;
+    out.scratch_bytes = workspace == nullptr ? 0 : workspace_bytes;
+  }
+  return out;
+}
+
 int parse_lt(const std::string& config) {
   if (config.rfind("lt:", 0) != 0) return -1;
   try {
@@ -166,7 +177,7 @@ void sym_product_with(const SymProductArgs& args, const std::string& config, voi
   Sm90SymConfig kernel;
   DMUON_CHECK(Sm90SymConfig::parse(config, &kernel), "unknown symmetric-product configuration '", config, "'");
 #if defined(DMUON_WITH_SM90_SYM)
-  sm90_sym_product(args, kernel, stream);
+  sm90_sym_product(with_scratch(args, lt_workspace, lt_workspace_bytes), kernel, stream);
 #else
   DMUON_FAIL("the sm_90a symmetric kernel is not part of this build (no CUTLASS headers)");
 #endif
@@ -238,8 +249,9 @@ void Autotuner::record(const TuneKey& key, const TuneEntry& entry) {
   report(key, entry, "tuned");
 }
 
-void Autotuner::sym_product(const SymProductArgs& args, SymMode mode, void* lt_workspace,
+void Autotuner::sym_product(const SymProductArgs& call_args, SymMode mode, void* lt_workspace,
                             size_t lt_workspace_bytes, cudaStream_t stream) {
+  const SymProductArgs args = with_scratch(call_args, lt_workspace, lt_workspace_bytes);
   const bool kernel_mode = mode == SymMode::kKernel;
   const std::string fallback = kernel_mode ? Sm90SymConfig{}.name() : "lt:0";
   TuneKey key{"sym", args.m, args.m, args.k, args.batch, dtype_name(args.dtype),

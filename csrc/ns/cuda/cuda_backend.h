@@ -98,6 +98,10 @@ struct SymProductArgs {
   void* d = nullptr;
   int64_t ldd = 0, stride_d = 0;
   double alpha = 1.0, beta = 0.0;
+  /// Stream-ordered device scratch (the backend's cuBLASLt workspace): the split-K
+  /// configurations ("sm90:sk-…") keep their partial tiles and counters there.
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
 };
 void sym_product(const SymProductArgs& args, SymMode mode, cudaStream_t stream);
 

@@ -1,5 +1,8 @@
 // dmuon/ns/cuda/sm90_sym_config.cpp — names, parsing and applicability of the sm_90a
 // symmetric kernel's configurations (host code, built whether or not the kernel is).
+#include <cuda_runtime.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <sstream>
@@ -24,6 +27,9 @@ bool mc2_built(Sm90Epilogue epilogue, int stages) {
 
 bool built(const Sm90SymConfig& c) {
   if (c.tile != 128 || c.tile_k != 64) return false;
+  // NOTE: split-K is a runtime switch of the 1-CTA kernel; only its tmastore instances
+  // handle the slices that skip their epilogue (sm90_sym_kernel.cuh).
+  if (c.split_k && (c.cluster != 1 || c.epilogue != Sm90Epilogue::kTmaStore)) return false;
   if (c.cluster == 2) return mc2_built(c.epilogue, c.stages);
   return c.cluster == 1 && c.stages >= 4 && c.stages <= max_stages(c.epilogue);
 }
@@ -34,7 +40,7 @@ std::string Sm90SymConfig::name() const {
   const char* epilogue_name = epilogue == Sm90Epilogue::kStaged     ? "staged"
                               : epilogue == Sm90Epilogue::kTmaStore ? "tmastore"
                                                                     : "direct";
-  out << "sm90:" << (cluster == 2 ? "mc2-" : "") << epilogue_name << ":s" << stages << ":c" << num_ctas;
+  out << "sm90:" << (cluster == 2 ? "mc2-" : "") << (split_k ? "sk-" : "") << epilogue_name << ":s" << stages << ":c" << num_ctas;
   return out.str();
 }
 
@@ -47,6 +53,10 @@ bool Sm90SymConfig::parse(const std::string& text, Sm90SymConfig* config) {
   if (e.rfind("mc2-", 0) == 0) {
     c.cluster = 2;
     e = e.substr(4);
+  }
+  if (e.rfind("sk-", 0) == 0) {
+    c.split_k = true;
+    e = e.substr(3);
   }
   if (e == "staged") {
     c.epilogue = Sm90Epilogue::kStaged;
@@ -87,6 +97,16 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
     c.stages = stages;
     configs.push_back(c);
   }
+  // Tail split-K, tmastore s4–s5: the partial last wave of tiles as k-slices on every CTA.
+  // NOTE: why: 3584×18944 X·Xᵀ is 406 triangle tiles, 3.08 waves on 132 SMs: the fourth
+  // wave keeps 10 SMs busy for a whole tile's mainloop (a quarter of the kernel).
+  for (int stages : {4, 5}) {
+    Sm90SymConfig c;
+    c.epilogue = Sm90Epilogue::kTmaStore;
+    c.stages = stages;
+    c.split_k = true;
+    configs.push_back(c);
+  }
   // 2-CTA cluster, TMA multicast of the shared panel, tmastore s5. NOTE: measured on an H200
   // (2026-11-29, scripts/device_multicast.sh, BENCHMARKS.md): against the best 1-CTA
   // configuration 1.08× on long-k X·Xᵀ at larger batches (1536×8960 b28, 3584×18944 b7),
@@ -122,13 +142,19 @@ std::vector<Sm90SymConfig> sm90_sym_experimental_configs() {
   return configs;
 }
 
+size_t sm90_sym_split_scratch_bytes(int num_ctas) {
+  // NOTE: counters first, then the partial tiles (256-byte aligned; sm90_sym_kernel.cuh).
+  const size_t n = static_cast<size_t>(std::max(num_ctas, 0));
+  return (n * sizeof(int) + 255) / 256 * 256 + n * 128 * 128 * sizeof(float);
+}
+
 std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymConfig& config) {
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   std::ostringstream why;
   if (!built(config))
     why << "configuration " << config.tile << "x" << config.tile << "x" << config.tile_k << ", " << config.stages
-        << " stages, cluster " << config.cluster
-        << " is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore; cluster 2: tmastore s4-s5, staged s6)";
+        << " stages, cluster " << config.cluster << (config.split_k ? ", split-K" : "")
+        << " is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore; cluster 2: tmastore s4-s5, staged s6; split-K: 1-CTA tmastore)";
   else if (config.cluster == 2 && config.num_ctas % 2)
     why << "a 2-CTA cluster configuration needs an even CTA count (0: all SMs), got " << config.num_ctas;
   else if (!aligned(args.a) || !aligned(args.b))
@@ -149,6 +175,21 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
             (args.beta != 0.0 && (!aligned(args.c) || args.ldc % 8 || args.stride_c % 8))))
     why << "the tmastore epilogue needs 16-byte aligned D and C with leading dimensions and batch strides "
            "multiples of 8 (TMA)";
+  else if (config.split_k) {
+    int device = 0, num_sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      why << "cannot query the device's SM count";
+    } else {
+      const int ctas = config.num_ctas > 0 ? std::min(config.num_ctas, num_sms) : num_sms;
+      const size_t needed = sm90_sym_split_scratch_bytes(ctas);
+      if (args.scratch == nullptr || args.scratch_bytes < needed ||
+          reinterpret_cast<uintptr_t>(args.scratch) % 256 != 0)
+        why << "a split-K configuration needs " << needed << " bytes of 256-byte aligned scratch, got "
+            << args.scratch_bytes << (args.scratch == nullptr ? " (none)" : "");
+    }
+  }
   return why.str();
 }
 

@@ -24,6 +24,15 @@
 //             a second one, and one thread issues TMA stores of both (clipped at m × m by
 //             the TMA unit), which drain while the consumers run the next tile's mainloop.
 //
+// Tail split-K ("sk-", a runtime switch of the 1-CTA kernel, Params::split > 1): when the
+// tiles do not fill the last wave of CTAs, the whole waves run as above and each tile of the
+// partial last wave is cut into `split` k-slices, one per CTA. A slice stores its fp32
+// accumulators to scratch (fragment order: coalesced, and every slice's thread holds the
+// same (r, c) elements), fences, and counts itself in the tile's counter; the slice that
+// counts last sums all slices in slice order (deterministic: the same sums whichever
+// finishes last) and runs the tile's epilogue. Nobody waits for another CTA, so the scheme
+// needs no co-residency. The counters are zeroed by a memset before each launch.
+//
 // 2-CTA cluster variant ("mc2", kCluster = 2). First run on an H200 2026-11-29: correct,
 // memcheck and racecheck clean, up to 1.08× on long-k X·Xᵀ (sm90_sym_config.cpp).
 // NOTE: why: long-k X·Xᵀ products spend > 85% of their time in the mainloop at 460–510
@@ -167,6 +176,7 @@ struct Traits {
     alignas(8) uint64_t empty[kStages];  // consumers → TMA: stage free
     alignas(8) uint64_t c_full;          // tmastore: TMA → consumers: C tile loaded
     alignas(8) uint64_t epi_empty;       // tmastore: last TMA store has read tile/mirror
+    int split_last;                      // split-K: this slice was its tile's last to finish
   };
 
   struct Params {
@@ -183,6 +193,12 @@ struct Traits {
     // mc2 only (NOTE: last, so that the plain kernel's parameter offsets stay as they were).
     TmaAtomMc tma_am, tma_bm;  // multicast slices of the A and B panels
     PairList pairs;            // the pair list (sm90_sym_pairs.h)
+    // Split-K (1-CTA only): units w < num_full are whole tiles; then `split` k-slices of each
+    // remaining tile. split == 1: every unit is a whole tile (num_full == num_work).
+    int64_t num_full;
+    int split;
+    int* counters;    // [tail tiles] slices finished (zeroed before the launch)
+    float* partials;  // [tail tiles][split][16][256] float4: each slice's accumulators
   };
 };
 
@@ -244,24 +260,43 @@ __device__ __forceinline__ void release_stage(uint64_t* empty, int stage) {
   }
 }
 
-// Work item w of this CTA → (matrix l, row tile ti, col tile tj); mc2: w is a pair-list unit,
-// `kind` its pair kind and `writes` false where this CTA only shadows its peer's tile.
+// One unit of a CTA's work: a tile (matrix l, row tile ti, col tile tj) over k-tiles
+// [k_begin, k_end). mc2: `kind` is the pair kind and `writes` false where this CTA only
+// shadows its peer's tile. Split-K: `slot` (tail tile) and `part` (its slice), −1 for a whole tile.
+struct WorkUnit {
+  int l, ti, tj;
+  int k_begin, k_end;
+  int slot, part;
+  PairKind kind;
+  bool writes;
+};
+
+// Work item w of this CTA → its unit (mc2: w is a pair-list unit).
 template <class T>
-__device__ __forceinline__ void decode_work(const typename T::Params& p, int64_t w, int& l, int& ti, int& tj,
-                                            PairKind& kind, bool& writes) {
+__device__ __forceinline__ WorkUnit decode_work(const typename T::Params& p, int64_t w, int num_k_tiles) {
+  WorkUnit u{0, 0, 0, 0, num_k_tiles, -1, -1, PairKind::kSeparate, true};
   if constexpr (T::kCluster > 1) {
     const PairTile t = decode_pair(p.pairs, w, static_cast<int>(cute::block_rank_in_cluster()));
-    l = t.l;
-    ti = t.ti;
-    tj = t.tj;
-    kind = t.kind;
-    writes = t.writes;
+    u.l = t.l;
+    u.ti = t.ti;
+    u.tj = t.tj;
+    u.kind = t.kind;
+    u.writes = t.writes;
   } else {
-    l = static_cast<int>(w / p.num_tri);
-    decode_triangle(w % p.num_tri, ti, tj);
-    kind = PairKind::kSeparate;
-    writes = true;
+    int64_t tile = w;
+    if (w >= p.num_full) {
+      // NOTE: slices of balanced length (the split never exceeds num_k_tiles / 4).
+      const int64_t v = w - p.num_full;
+      u.slot = static_cast<int>(v / p.split);
+      u.part = static_cast<int>(v % p.split);
+      tile = p.num_full + u.slot;
+      u.k_begin = static_cast<int>(static_cast<int64_t>(u.part) * num_k_tiles / p.split);
+      u.k_end = static_cast<int>(static_cast<int64_t>(u.part + 1) * num_k_tiles / p.split);
+    }
+    u.l = static_cast<int>(tile / p.num_tri);
+    decode_triangle(tile % p.num_tri, u.ti, u.tj);
   }
+  return u;
 }
 
 // mc2 producer: the A and B k-tiles `kt` of one stage use. The shared panel (B for kShareB
@@ -294,6 +329,42 @@ __device__ __forceinline__ void load_panels_mc2(const typename T::Params& p, Pai
   } else {
     copy(p.tma_b.with(*full), tBgB(_, kt), tBsB(_, stage));
   }
+}
+
+// Split-K, consumers (256 threads): store this slice's accumulators, count the slice in its
+// tile's counter; true (with `acc` the sum of every slice, in slice order) for the slice
+// that counted last, false for the others.
+// NOTE: the threadfence-reduction pattern: each thread's stores are fenced before the
+// barrier that precedes the counting atomic; the last slice fences again before it reads
+// (L2-coherent loads: the other slices' stores never sat in this SM's L1).
+template <class T, class Acc>
+__device__ __forceinline__ bool split_k_reduce(const typename T::Params& p, const WorkUnit& u, int consumer_idx,
+                                               Acc& acc, int* split_last) {
+  static_assert(decltype(size(acc))::value == 64, "64 fp32 accumulators per consumer thread");
+  constexpr int kVecs = 16, kThreads = T::kNumConsumerThreads;
+  float4* tile_slices = reinterpret_cast<float4*>(p.partials) + static_cast<int64_t>(u.slot) * p.split * kVecs * kThreads;
+  float4* mine = tile_slices + static_cast<int64_t>(u.part) * kVecs * kThreads + consumer_idx;
+  CUTE_UNROLL
+  for (int q = 0; q < kVecs; ++q)
+    __stcg(mine + q * kThreads, make_float4(acc(4 * q), acc(4 * q + 1), acc(4 * q + 2), acc(4 * q + 3)));
+  __threadfence();
+  consumer_barrier();
+  if (consumer_idx == 0) *split_last = atomicAdd(&p.counters[u.slot], 1) == p.split - 1;
+  consumer_barrier();
+  if (!*split_last) return false;
+  __threadfence();
+  CUTE_UNROLL
+  for (int q = 0; q < kVecs; ++q) {
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int part = 0; part < p.split; ++part) {
+      const float4 v = part == u.part ? make_float4(acc(4 * q), acc(4 * q + 1), acc(4 * q + 2), acc(4 * q + 3))
+                                      : __ldcg(tile_slices + (static_cast<int64_t>(part) * kVecs + q) * kThreads +
+                                               consumer_idx);
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    acc(4 * q) = sum.x, acc(4 * q + 1) = sum.y, acc(4 * q + 2) = sum.z, acc(4 * q + 3) = sum.w;
+  }
+  return true;
 }
 
 template <class Elem, int kStages, int kEpi, int kCluster>
@@ -335,13 +406,14 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster>::kNumThr
   const int num_k_tiles = (p.k + kTileK - 1) / kTileK;
   const auto tile_mk = make_shape(Int<kTile>{}, Int<kTileK>{});
   const auto tile_mm = make_shape(Int<kTile>{}, Int<kTile>{});
-  // tmastore: the k-tile after which the consumers release the epilogue tiles (the last
-  // tile's TMA stores have read them) and after whose load the producer loads the next C.
+  // tmastore: the k-tile of a unit (counted from its first) after which the consumers
+  // release the epilogue tiles (the last tile's TMA stores have read them) and after whose
+  // load the producer loads the next C.
   // NOTE: two k-tiles into the next mainloop (chosen, not tuned): 64 KiB of stores
   // should have been read by then, and C is requested about num_k_tiles − 3 k-tiles ahead
   // of its epilogue. The measured gain of the whole epilogue: sm90_sym_configs().
-  const int release_kt = std::min(2, num_k_tiles - 1);
-  const int c_load_kt = std::min(kStages + 2, num_k_tiles - 1);
+  auto release_kt = [](const WorkUnit& u) { return u.k_begin + std::min(2, u.k_end - u.k_begin - 1); };
+  auto c_load_kt = [](const WorkUnit& u) { return u.k_begin + std::min(kStages + 2, u.k_end - u.k_begin - 1); };
   const bool with_c = p.beta != 0.f;
   // Work list: tiles × batch, strided over CTAs; mc2: pair units, strided over clusters.
   const int64_t work_begin = blockIdx.x / kCluster, work_step = gridDim.x / kCluster;
@@ -356,22 +428,21 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster>::kNumThr
       RingState<kStages> state{0, 1u};  // NOTE: parity 1 — the first round finds every stage free.
       uint32_t epi_phase = 1u;          // tmastore: likewise, the first C load finds the tile free
       for (int64_t w = work_begin; w < num_work; w += work_step) {
-        int l, ti, tj;
-        [[maybe_unused]] PairKind kind;
-        bool writes;
-        decode_work<T>(p, w, l, ti, tj, kind, writes);
+        const WorkUnit u = decode_work<T>(p, w, num_k_tiles);
+        const int l = u.l, ti = u.ti, tj = u.tj;
+        const int c_kt = c_load_kt(u);
         Tensor gA = local_tile(mA(_, _, l), tile_mk, make_coord(ti, _));  // (kTile, kTileK, k_tiles)
         Tensor gB = local_tile(mB(_, _, l), tile_mk, make_coord(tj, _));  // (kTile, kTileK, k_tiles)
         auto [tAgA, tAsA] = tma_partition(p.tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA),
                                           group_modes<0, 2>(gA));  // (TMA, k_tiles), (TMA, kStages)
         auto [tBgB, tBsB] = tma_partition(p.tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB),
                                           group_modes<0, 2>(gB));  // (TMA, k_tiles), (TMA, kStages)
-        for (int kt = 0; kt < num_k_tiles; ++kt) {
+        for (int kt = u.k_begin; kt < u.k_end; ++kt) {
           EmptyBarrier::wait(&smem.empty[state.index], state.phase);
           FullBarrier::arrive_and_expect_tx(&smem.full[state.index], T::kTxBytes);
           if constexpr (kCluster > 1) {
             // mc2: the shared panel as this CTA's slice, multicast to both CTAs (I2, I3).
-            load_panels_mc2<T>(p, kind, l, ti, tj, kt, state.index, sA, sB, &smem.full[state.index], tAgA, tAsA,
+            load_panels_mc2<T>(p, u.kind, l, ti, tj, kt, state.index, sA, sB, &smem.full[state.index], tAgA, tAsA,
                                tBgB, tBsB);
           } else {
             copy(p.tma_a.with(smem.full[state.index]), tAgA(_, kt), tAsA(_, state.index));
@@ -380,8 +451,9 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster>::kNumThr
           state.advance();
           // tmastore with β·C: the C tile into the epilogue tile once the last stores read it.
           // NOTE: mc2: not for a tile this CTA only shadows (its epilogue is skipped too, I6).
+          // Split-K: for every slice (which one finishes last is not known yet).
           if constexpr (T::kTmaStore) {
-            if (with_c && kt == c_load_kt && writes) {
+            if (with_c && kt == c_kt && u.writes) {
               EmptyBarrier::wait(&smem.epi_empty, epi_phase);
               epi_phase ^= 1u;
               Tensor sC = make_tensor(make_smem_ptr(smem.tile), typename T::EpiLayout{});  // (kTile, kTile)
@@ -420,15 +492,14 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster>::kNumThr
   bool store_pending = false;  // tmastore, consumer 0: TMA stores in flight from the epilogue tiles
   uint32_t c_phase = 0u;       // tmastore: parity of the next C load
   for (int64_t w = work_begin; w < num_work; w += work_step) {
-    int l, ti, tj;
-    [[maybe_unused]] PairKind kind;
-    [[maybe_unused]] bool writes;
-    decode_work<T>(p, w, l, ti, tj, kind, writes);
+    const WorkUnit u = decode_work<T>(p, w, num_k_tiles);
+    const int l = u.l, ti = u.ti, tj = u.tj;
+    [[maybe_unused]] const int release_at = release_kt(u);
 
     // Main loop: keep one WGMMA batch in flight; free a stage once its batch retired.
     mma.accumulate_ = GMMA::ScaleOut::Zero;
     int prev_stage = -1;
-    for (int kt = 0; kt < num_k_tiles; ++kt) {
+    for (int kt = u.k_begin; kt < u.k_end; ++kt) {
       FullBarrier::wait(&smem.full[state.index], state.phase);
       warpgroup_fence_operand(acc);
       warpgroup_arrive();
@@ -445,7 +516,7 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster>::kNumThr
       state.advance();
       // tmastore: once the last tile's stores have read the epilogue tiles, free them.
       if constexpr (T::kTmaStore) {
-        if (kt == release_kt) {
+        if (kt == release_at) {
           if (store_pending) {
             tma_store_wait<0>();
             EmptyBarrier::arrive(&smem.epi_empty);
@@ -460,7 +531,22 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster>::kNumThr
     release_stage<T>(smem.empty, prev_stage);
     // mc2: rank 1 of a shadow unit only kept the barrier protocol going (I6).
     if constexpr (kCluster > 1) {
-      if (!writes) continue;
+      if (!u.writes) continue;
+    }
+    // Split-K: publish this slice; the tile's last slice to finish sums them and goes on.
+    if (u.part >= 0) {
+      if (!split_k_reduce<T>(p, u, consumer_idx, acc, &smem.split_last)) {
+        // NOTE: tmastore: the producer loaded C for this slice too; take the load (parity)
+        // and free the epilogue tile for the next one (one epi_empty arrival per C load).
+        if constexpr (T::kTmaStore) {
+          if (with_c) {
+            FullBarrier::wait(&smem.c_full, c_phase);
+            c_phase ^= 1u;
+            if (consumer_idx == 0) EmptyBarrier::arrive(&smem.epi_empty);
+          }
+        }
+        continue;
+      }
     }
 
     const int64_t row0 = static_cast<int64_t>(ti) * kTile, col0 = static_cast<int64_t>(tj) * kTile;
@@ -594,8 +680,16 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster>::kNumThr
 }
 
 // Host launch of one instance. Requirements are checked by the caller (sym_config_applies).
+// Split-K shape of a launch: slices of at least kMinSliceKTiles k-tiles, at most kMaxSplit
+// slices a tile.
+// NOTE: the last slice reads the other split − 1 partial tiles (64 KiB each) from L2 on one
+// SM while every slice's mainloop shrinks as 1/split; for 3584×18944 (296 k-tiles, 10 tail
+// tiles on 132 SMs) the sum of both is smallest near 12 slices, hence the cap of 16.
+constexpr int kMinSliceKTiles = 4;
+constexpr int kMaxSplit = 16;
+
 template <class Elem, int kStages, int kEpi, int kCluster = 1>
-void launch(const SymProductArgs& args, int num_ctas, cudaStream_t stream) {
+void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t stream) {
   using T = Traits<Elem, kStages, kEpi, kCluster>;
   typename T::Params p{
       T::tma(static_cast<const Elem*>(args.a), static_cast<int>(args.m), static_cast<int>(args.k),
@@ -605,10 +699,12 @@ void launch(const SymProductArgs& args, int num_ctas, cudaStream_t stream) {
       {}, {},
       static_cast<int>(args.m), static_cast<int>(args.k), static_cast<int>(args.batch), 0, 0, 0,
       static_cast<const Elem*>(args.c), args.ldc, args.stride_c, static_cast<Elem*>(args.d), args.ldd,
-      args.stride_d, static_cast<float>(args.alpha), static_cast<float>(args.beta), {}, {}, {}};
+      args.stride_d, static_cast<float>(args.alpha), static_cast<float>(args.beta), {}, {}, {},
+      0, 1, nullptr, nullptr};
   p.num_row_tiles = static_cast<int>((args.m + T::kTile - 1) / T::kTile);
   p.num_tri = static_cast<int64_t>(p.num_row_tiles) * (p.num_row_tiles + 1) / 2;
   p.num_work = p.num_tri * args.batch;
+  p.num_full = p.num_work;
   if constexpr (T::kTmaStore) {
     const int m = static_cast<int>(args.m), batch = static_cast<int>(args.batch);
     p.tma_d = T::tma_store_d(static_cast<Elem*>(args.d), m, batch, args.ldd, args.stride_d);
@@ -640,6 +736,25 @@ void launch(const SymProductArgs& args, int num_ctas, cudaStream_t stream) {
   }
   DMUON_CHECK_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t ctas = num_ctas > 0 ? std::min<int64_t>(num_ctas, num_sms) : num_sms;
+  // Split-K: whole waves of tiles as they are, the tail tiles cut into k-slices (header).
+  if (split_k) {
+    DMUON_CHECK(kCluster == 1 && T::kTmaStore, "sm90_sym_product: split-K needs the 1-CTA tmastore kernel");
+    const int num_k_tiles = (p.k + T::kTileK - 1) / T::kTileK;
+    const int64_t full = p.num_work / ctas * ctas, tail = p.num_work - full;
+    const int64_t split = tail == 0 ? 1
+                                    : std::min<int64_t>({ctas / tail, num_k_tiles / kMinSliceKTiles, kMaxSplit});
+    if (split >= 2) {
+      const size_t counter_bytes = (static_cast<size_t>(ctas) * sizeof(int) + 255) / 256 * 256;
+      DMUON_CHECK(args.scratch != nullptr && args.scratch_bytes >= sm90_sym_split_scratch_bytes(static_cast<int>(ctas)),
+                  "sm90_sym_product: split-K scratch too small");
+      p.num_full = full;
+      p.split = static_cast<int>(split);
+      p.num_work = full + tail * split;
+      p.counters = static_cast<int*>(args.scratch);
+      p.partials = reinterpret_cast<float*>(static_cast<char*>(args.scratch) + counter_bytes);
+      DMUON_CHECK_CUDA(cudaMemsetAsync(p.counters, 0, static_cast<size_t>(tail) * sizeof(int), stream));
+    }
+  }
   if constexpr (kCluster == 1) {
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(p.num_work, ctas));
     kernel<<<grid, T::kNumThreads, smem_bytes, stream>>>(p);
@@ -689,22 +804,22 @@ bool launch_instance(const SymProductArgs& args, const Sm90SymConfig& config, cu
   // mc2 (2-CTA clusters; which are autotuner candidates: sm90_sym_config.cpp).
   if (config.cluster == 2) {
     switch (config.stages * 4 + static_cast<int>(config.epilogue)) {
-      case 4 * 4 + kTmaStore: launch<Elem, 4, kTmaStore, 2>(args, config.num_ctas, stream); return true;
-      case 5 * 4 + kTmaStore: launch<Elem, 5, kTmaStore, 2>(args, config.num_ctas, stream); return true;
-      case 6 * 4 + kStaged: launch<Elem, 6, kStaged, 2>(args, config.num_ctas, stream); return true;
+      case 4 * 4 + kTmaStore: launch<Elem, 4, kTmaStore, 2>(args, config.num_ctas, config.split_k, stream); return true;
+      case 5 * 4 + kTmaStore: launch<Elem, 5, kTmaStore, 2>(args, config.num_ctas, config.split_k, stream); return true;
+      case 6 * 4 + kStaged: launch<Elem, 6, kStaged, 2>(args, config.num_ctas, config.split_k, stream); return true;
       default: return false;
     }
   }
   if (config.cluster != 1) return false;
   switch (config.stages * 4 + static_cast<int>(config.epilogue)) {
-    case 4 * 4 + kDirect: launch<Elem, 4, kDirect>(args, config.num_ctas, stream); return true;
-    case 5 * 4 + kDirect: launch<Elem, 5, kDirect>(args, config.num_ctas, stream); return true;
-    case 6 * 4 + kDirect: launch<Elem, 6, kDirect>(args, config.num_ctas, stream); return true;
-    case 4 * 4 + kStaged: launch<Elem, 4, kStaged>(args, config.num_ctas, stream); return true;
-    case 5 * 4 + kStaged: launch<Elem, 5, kStaged>(args, config.num_ctas, stream); return true;
-    case 6 * 4 + kStaged: launch<Elem, 6, kStaged>(args, config.num_ctas, stream); return true;
-    case 4 * 4 + kTmaStore: launch<Elem, 4, kTmaStore>(args, config.num_ctas, stream); return true;
-    case 5 * 4 + kTmaStore: launch<Elem, 5, kTmaStore>(args, config.num_ctas, stream); return true;
+    case 4 * 4 + kDirect: launch<Elem, 4, kDirect>(args, config.num_ctas, config.split_k, stream); return true;
+    case 5 * 4 + kDirect: launch<Elem, 5, kDirect>(args, config.num_ctas, config.split_k, stream); return true;
+    case 6 * 4 + kDirect: launch<Elem, 6, kDirect>(args, config.num_ctas, config.split_k, stream); return true;
+    case 4 * 4 + kStaged: launch<Elem, 4, kStaged>(args, config.num_ctas, config.split_k, stream); return true;
+    case 5 * 4 + kStaged: launch<Elem, 5, kStaged>(args, config.num_ctas, config.split_k, stream); return true;
+    case 6 * 4 + kStaged: launch<Elem, 6, kStaged>(args, config.num_ctas, config.split_k, stream); return true;
+    case 4 * 4 + kTmaStore: launch<Elem, 4, kTmaStore>(args, config.num_ctas, config.split_k, stream); return true;
+    case 5 * 4 + kTmaStore: launch<Elem, 5, kTmaStore>(args, config.num_ctas, config.split_k, stream); return true;
     default: return false;
   }
 }

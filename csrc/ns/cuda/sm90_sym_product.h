@@ -14,7 +14,8 @@ namespace dmuon::ns::cuda {
 enum class Sm90Epilogue { kDirect, kStaged, kTmaStore };
 
 /// Configuration of the kernel (compile-time instances: stages 4–6 × direct/staged,
-/// stages 4–5 × tmastore; 2-CTA clusters: tmastore s4–s5, staged s6).
+/// stages 4–5 × tmastore; 2-CTA clusters: tmastore s4–s5, staged s6; split-K is a runtime
+/// switch of the 1-CTA tmastore instances).
 struct Sm90SymConfig {
   int tile = 128;    ///< square output tile (rows = cols)
   int tile_k = 64;   ///< k extent of one pipeline stage
@@ -22,8 +23,12 @@ struct Sm90SymConfig {
   int num_ctas = 0;  ///< persistent CTAs (0: one per SM; clusters: an even count)
   Sm90Epilogue epilogue = Sm90Epilogue::kDirect;
   int cluster = 1;   ///< CTAs per cluster: 2 shares one operand panel by TMA multicast ("mc2-")
+  /// Tail split-K ("sk-", 1-CTA tmastore only): the tiles of the last, partial wave run as
+  /// k-slices on every CTA, summed by the last slice to finish (SymProductArgs::scratch).
+  bool split_k = false;
 
-  std::string name() const;  ///< e.g. "sm90:staged:s5:c0", "sm90:mc2-tmastore:s4:c0"
+  std::string name() const;  ///< e.g. "sm90:staged:s5:c0", "sm90:mc2-tmastore:s4:c0",
+                             ///< "sm90:sk-tmastore:s5:c0"
   /// Parse name(); false when the text names no built configuration.
   static bool parse(const std::string& text, Sm90SymConfig* config);
 };
@@ -36,6 +41,10 @@ std::vector<Sm90SymConfig> sm90_sym_configs();
 /// The cluster configurations that won no measured shape (tmastore s4, staged s6);
 /// callable by name whether or not DMUON_SYM_EXPERIMENTAL is set.
 std::vector<Sm90SymConfig> sm90_sym_experimental_configs();
+
+/// Bytes of SymProductArgs::scratch a split-K configuration needs with `num_ctas` CTAs:
+/// one fp32 128×128 partial tile and one counter per CTA.
+size_t sm90_sym_split_scratch_bytes(int num_ctas);
 
 /// Empty when `config` can run `args`, else the reason (alignment, shape, unbuilt instance).
 std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymConfig& config);
