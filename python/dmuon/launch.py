@@ -103,12 +103,18 @@ def resolve_world(world: str | int, device: str, *, argument: str = "--world") -
 
 
 def launch(fn: Callable, world: int, *args: Any, backend: str | None = None, timeout_s: float = 600.0,
-           collective_timeout_s: float = 120.0, return_errors: bool = False) -> dict[int, Any]:
+           collective_timeout_s: float = 120.0, return_errors: bool = False,
+           abort_after_failure_s: float | None = None) -> dict[int, Any]:
     """fn(rank, world, *args) on `world` processes; {rank: result}. With return_errors,
     failed ranks map to their traceback text instead of raising RankFailed.
-    backend "gloo": CPU processes; "nccl": rank r drives GPU r (torch.cuda.set_device(r))."""
+    backend "gloo": CPU processes; "nccl": rank r drives GPU r (torch.cuda.set_device(r)).
+    abort_after_failure_s: once a rank has failed, the ranks still running get that many
+    seconds to finish or fail, then are killed (default: they run until their own
+    collective timeout reports them, which keeps their messages)."""
     if world < 1:
         raise ValueError(f"world must be >= 1, got {world}")
+    if abort_after_failure_s is not None and not abort_after_failure_s >= 0:
+        raise ValueError(f"abort_after_failure_s must be >= 0 or None, got {abort_after_failure_s}")
     backend = backend or default_backend()
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
@@ -129,6 +135,8 @@ def launch(fn: Callable, world: int, *args: Any, backend: str | None = None, tim
     done: dict[int, Any] = {}
     errors: dict[int, str] = {}
     deadline = time.monotonic() + timeout_s
+    abort_at: float | None = None
+    killed: set[int] = set()
     try:
         # NOTE: poll, so that a rank that dies without reporting (a crash, os._exit) is
         # noticed at once instead of after the whole deadline.
@@ -146,6 +154,19 @@ def launch(fn: Callable, world: int, *args: Any, backend: str | None = None, tim
                         (done if status == "ok" else errors)[r] = payload
                     except queue_module.Empty:
                         errors[rank] = f"rank {rank} exited with code {p.exitcode} without reporting"
+            if errors and abort_after_failure_s is not None:
+                if abort_at is None:
+                    abort_at = time.monotonic() + abort_after_failure_s
+                elif time.monotonic() > abort_at:
+                    # NOTE: the others wait in a collective the failed rank never joins.
+                    first = next(iter(errors))
+                    for rank, p in enumerate(procs):
+                        if rank not in done and rank not in errors:
+                            p.kill()
+                            killed.add(rank)
+                            errors[rank] = (f"rank {rank} was killed {abort_after_failure_s:.0f} s after rank "
+                                            f"{first} failed")
+                    break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"a {world}-rank run exceeded {timeout_s:.0f} s; ranks that finished: "
                                    f"{sorted(done)}, ranks that failed: {errors}")
@@ -157,6 +178,6 @@ def launch(fn: Callable, world: int, *args: Any, backend: str | None = None, tim
     if return_errors:
         return {**done, **errors}
     if errors:
-        rank = min(errors)
+        rank = min(set(errors) - killed)  # NOTE: a failure, not a rank killed because of one
         raise RankFailed(f"rank {rank} of {world} failed:\n{errors[rank]}")
     return done

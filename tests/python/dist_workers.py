@@ -377,3 +377,13 @@ def all_scenarios(rank: int, world: int) -> dict:
             print(f"rank {rank}: scenario {name} failed:\n{text}", file=sys.stderr, flush=True)
             results[name] = {"error": text}
     return results
+
+
+def one_rank_fails_while_the_other_waits(rank: int, world: int) -> str:
+    """The last rank raises at once; the others wait in a collective it never joins."""
+    import torch.distributed as dist
+
+    if rank == world - 1:
+        raise RuntimeError(f"rank {rank} gives up")
+    dist.barrier()
+    return "no error"

@@ -105,6 +105,54 @@ def test_a_rank_that_runs_out_alone_is_reported_not_hung():
     assert isinstance(results[1], str), results[1]  # rank 1 failed too (its collective timed out)
 
 
+def _rank0_runs_out_alone_above_two(rank: int, world: int, config: dict) -> dict:
+    """bench e2e's worker where rank 0 alone runs out of memory with more than 2 sequences
+    and the prediction says 4."""
+    import dmuon.bench.e2e as e2e
+    from dmuon.bench import e2e_models
+
+    real = e2e_models.model_spec
+
+    def spec_that_runs_out(name, seq):
+        spec = real(name, seq)
+
+        def loss(model, tokens):
+            if rank == 0 and tokens.shape[0] > 2:
+                raise torch.cuda.OutOfMemoryError("simulated: out of memory")
+            return spec.loss(model, tokens)
+
+        return dataclasses.replace(spec, loss=loss)
+
+    e2e_models.model_spec = spec_that_runs_out
+    e2e._Run.predict_micro_batch = lambda self: (4, {"predicted": 4})
+    return e2e._worker(rank, world, config)
+
+
+def test_a_rank_that_runs_out_alone_restarts_every_rank_at_a_smaller_micro_batch(capsys):
+    import dmuon.bench.e2e as e2e
+
+    config = dict(model="tiny", device="cpu", seq=8, micro_batch=None, max_micro_batch=64, optimizers=["adamw"],
+                  steps=1, warmup=0, seed=0, agree_timeout_s=2.0, abort_after_failure_s=1.0)
+    start = time.monotonic()
+    results = e2e._launch_until_it_fits(config, 2, 120.0, worker=_rank0_runs_out_alone_above_two)
+    assert time.monotonic() - start < 90
+    for rank, result in results.items():
+        assert result["micro_batch"] == 2 and result["out_of_memory_at"] == [4, 3], (rank, result)
+        assert result["optimizers"]["adamw"] is not None
+    out = capsys.readouterr().out
+    assert "ran out of memory alone at micro-batch 4; restarting every rank at 3" in out, out
+
+
+def test_a_lone_out_of_memory_at_a_given_micro_batch_is_not_retried():
+    import dmuon.bench.e2e as e2e
+    from dmuon.launch import RankFailed
+
+    config = dict(model="tiny", device="cpu", seq=8, micro_batch=3, max_micro_batch=64, optimizers=["adamw"],
+                  steps=1, warmup=0, seed=0, agree_timeout_s=2.0, abort_after_failure_s=1.0)
+    with pytest.raises(RankFailed, match="(?s)rank 0 of 2 failed.*pass a smaller --micro-batch"):
+        e2e._launch_until_it_fits(config, 2, 120.0, worker=_rank0_runs_out_alone_above_two)
+
+
 def _prepare_sees_the_unsharded_model(rank: int, world: int) -> dict:
     """A registry entry with a prepare hook, as the weight-ownership mode will have."""
     import dmuon.bench.e2e as e2e

@@ -87,6 +87,20 @@ def test_a_dead_rank_makes_the_others_fail_naming_step_and_collective():
         assert "dmuon step 2" in results[rank] and "all_reduce" in results[rank], results[rank]
 
 
+def test_launch_stops_the_ranks_left_waiting_after_a_failure_when_asked():
+    from dmuon.launch import RankFailed, launch
+
+    start = time.monotonic()
+    results = launch(dist_workers.one_rank_fails_while_the_other_waits, 2, backend="gloo", timeout_s=90,
+                     collective_timeout_s=60, return_errors=True, abort_after_failure_s=1.0)
+    assert time.monotonic() - start < 40
+    assert "rank 1 gives up" in results[1] and "killed 1 s after rank 1 failed" in results[0], results
+    # RankFailed names the failure, not the lower rank stopped because of it.
+    with pytest.raises(RankFailed, match="rank 1 of 2 failed"):
+        launch(dist_workers.one_rank_fails_while_the_other_waits, 2, backend="gloo", timeout_s=90,
+               collective_timeout_s=60, abort_after_failure_s=1.0)
+
+
 def test_a_stalled_rank_makes_the_others_fail_within_the_timeout():
     start = time.monotonic()
     results = run_distributed(dist_workers.a_rank_dies_mid_training, 3, "stall", expect_errors=True,

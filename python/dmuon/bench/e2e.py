@@ -12,7 +12,9 @@ table reports the median with the difference from AdamW in percent.
 2, with AdamW, whose state is the largest) give the memory per sequence, which predicts
 the largest micro-batch within 90% of the GPU; the ranks agree on the smallest prediction;
 if any optimizer then runs out of memory, every rank agrees on it, drops to a smaller
-micro-batch and starts over (descending search).
+micro-batch and starts over (descending search). A rank that runs out alone inside a step
+leaves the others in a collective that cannot complete: it reports itself, the others are
+stopped, and the run restarts in fresh processes at the next smaller micro-batch.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import gc
 import json
 import math
+import re
 import statistics
 import time
 from pathlib import Path
@@ -79,6 +82,11 @@ def _check_args(args) -> None:
 # NOTE: seconds a rank waits for the others to reach an agreement (below NCCL's 120 s
 # watchdog, so that the cause is reported before the stuck rank is killed).
 _AGREE_TIMEOUT_S = 90.0
+# NOTE: seconds the other ranks get to finish once one has failed: they wait in a
+# collective the failed rank never joins, and NCCL's watchdog would take 120 s more.
+_ABORT_AFTER_FAILURE_S = 10.0
+# The agreement failure of a rank that ran out of memory alone (_Run.any_rank's message).
+_LONE_OUT_OF_MEMORY = re.compile(r"this rank ran out of GPU memory \(\S+ at micro-batch (\d+),")
 
 
 def _out_of_memory(fn) -> bool:
@@ -307,9 +315,14 @@ def _next_smaller(micro_batch: int) -> int:
 
 def _worker(rank: int, world: int, config: dict) -> dict:
     run_ = _Run(rank, world, config)
-    fixed = config["micro_batch"]
-    micro_batch, probe = (fixed, {}) if fixed else run_.predict_micro_batch()
-    out_of_memory_at = []
+    fixed, restart = config["micro_batch"], config.get("restart_micro_batch")
+    if fixed:
+        micro_batch, probe = fixed, {}
+    elif restart:
+        micro_batch, probe = restart, {"note": f"restarted at {restart} after a rank ran out of memory alone"}
+    else:
+        micro_batch, probe = run_.predict_micro_batch()
+    out_of_memory_at = list(config.get("out_of_memory_at", []))
     while True:
         results = {}
         for name in config["optimizers"]:
@@ -381,10 +394,34 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.3f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
 
 
+def _launch_until_it_fits(config: dict, world: int, timeout_s: float, worker=None) -> dict:
+    """The ranks' results of `worker` (default _worker); restarted at a smaller micro-batch
+    (auto only) while a rank runs out of memory alone, which leaves the others stuck in a
+    collective until they are stopped."""
+    from dmuon.launch import RankFailed, launch
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return launch(worker or _worker, world, config, backend="nccl" if config["device"] == "cuda" else "gloo",
+                          timeout_s=max(1.0, deadline - time.monotonic()),
+                          abort_after_failure_s=config.get("abort_after_failure_s", _ABORT_AFTER_FAILURE_S))
+        except RankFailed as error:
+            match = _LONE_OUT_OF_MEMORY.search(str(error))
+            at = int(match.group(1)) if match else None
+            if at is None or config["micro_batch"] is not None or at == 1:
+                raise
+            smaller = _next_smaller(at)
+            print(f"a rank ran out of memory alone at micro-batch {at}; restarting every rank at {smaller}",
+                  flush=True)
+            config = {**config, "restart_micro_batch": smaller,
+                      "out_of_memory_at": [*config.get("out_of_memory_at", []), at]}
+
+
 def run(args: argparse.Namespace) -> int:
     from dmuon.bench.e2e_models import HF_CONFIGS, require_transformers
     from dmuon.bench.e2e_optimizers import OPTIMIZERS, parse_optimizers
-    from dmuon.launch import launch, resolve_device, resolve_world
+    from dmuon.launch import resolve_device, resolve_world
 
     _check_args(args)
     device = resolve_device(args.device)
@@ -399,7 +436,7 @@ def run(args: argparse.Namespace) -> int:
 
     env = environment_line(device)
     print(f"dmuon bench e2e | {env}", flush=True)
-    results = launch(_worker, world, config, backend="nccl" if device == "cuda" else "gloo", timeout_s=args.timeout)
+    results = _launch_until_it_fits(config, world, args.timeout)
     first = results[0]
     merged = _slowest(results)
     counts = first["param_counts"]
