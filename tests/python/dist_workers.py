@@ -380,10 +380,12 @@ def all_scenarios(rank: int, world: int) -> dict:
 
 
 def one_rank_fails_while_the_other_waits(rank: int, world: int) -> str:
-    """The last rank raises at once; the others wait in a collective it never joins."""
-    import torch.distributed as dist
+    """The last rank raises at once; the others stay blocked, like ranks left in an NCCL
+    collective that the failed rank never joins (a Gloo collective would fail at once when
+    the peer's connection closes, so they sleep instead)."""
+    import time
 
     if rank == world - 1:
         raise RuntimeError(f"rank {rank} gives up")
-    dist.barrier()
+    time.sleep(120)
     return "no error"
