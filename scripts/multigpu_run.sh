@@ -5,7 +5,8 @@
 # -x4 or -x8 — the world sizes follow the GPUs present):
 #   bash scripts/multigpu_run.sh [--stages test,step,e2e,e2e1] [--worlds 2,4,8]
 #        [--step-models qwen2.5-1.5b,qwen2.5-7b] [--e2e-model qwen2.5-1.5b]
-#        [--e2e-optimizers dmuon-ownership,dmuon,gather,adamw] [--budget SECONDS]
+#        [--e2e-optimizers dmuon-ownership,dmuon,gather,adamw] [--e2e-micro-batch auto|N]
+#        [--budget SECONDS]
 # --worlds 1 is the dry run on one GPU (NCCL with one rank: no transfers, every code path).
 # Every stage runs under `timeout`, clipped to what is left of the budget (default 540 s,
 # the build included), so one hang cannot eat the call; logs and JSON go to $OUT.
@@ -24,6 +25,7 @@ WORLDS_WANTED=2,4,8
 STEP_MODELS=qwen2.5-1.5b,qwen2.5-7b
 E2E_MODEL=qwen2.5-1.5b
 E2E_OPTIMIZERS=dmuon-ownership,dmuon,gather,adamw
+E2E_MICRO_BATCH=auto
 BUDGET=540
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -32,6 +34,7 @@ while [ $# -gt 0 ]; do
     --step-models) STEP_MODELS=$2; shift ;;
     --e2e-model) E2E_MODEL=$2; shift ;;
     --e2e-optimizers) E2E_OPTIMIZERS=$2; shift ;;
+    --e2e-micro-batch) E2E_MICRO_BATCH=$2; shift ;;
     --budget) BUDGET=$2; shift ;;
     *) echo "unknown argument $1 (see the header of $0)"; exit 2 ;;
   esac
@@ -116,7 +119,7 @@ fi
 # 3. End-to-end training step on every GPU: each optimizer vs AdamW, largest micro-batch.
 if wants e2e; then
   run_stage "bench e2e $E2E_MODEL" 300 \
-    bash -c "python3 -m dmuon bench e2e --model '$E2E_MODEL' --world auto --seq 4096 --micro-batch auto \
+    bash -c "python3 -m dmuon bench e2e --model '$E2E_MODEL' --world auto --seq 4096 --micro-batch '$E2E_MICRO_BATCH' \
              --optimizers '$E2E_OPTIMIZERS' --json '$OUT/e2e_$E2E_MODEL.json' 2>&1 \
              | tee '$OUT/e2e_$E2E_MODEL.log' | grep -v -E 'UserWarning|FutureWarning|DeprecationWarning|warnings.warn'; exit \${PIPESTATUS[0]}"
 fi

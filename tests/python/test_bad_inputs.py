@@ -92,3 +92,19 @@ def test_orthogonalize_op_checks_its_arguments():
         ops.orthogonalize(x, "gram", [1.0, 2.0, 3.0], [], 1e-7, "aten", "int8")
     with pytest.raises(RuntimeError, match="matrices"):
         ops.orthogonalize(torch.randn(5), "gram", [1.0, 2.0, 3.0], [], 1e-7)
+
+
+def test_a_negative_pipeline_depth_names_the_knob():
+    import subprocess
+    import sys
+
+    script = ("import torch, dmuon\n"
+              "p = torch.nn.Parameter(torch.randn(8, 6))\n"
+              "opt = dmuon.DMuon([('w', p)], lr=0.02)\n"
+              "p.grad = torch.randn(8, 6)\n"
+              "opt.step()\n")
+    import os
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "DMUON_PIPELINE_DEPTH": "-1"})
+    assert out.returncode != 0 and "DMUON_PIPELINE_DEPTH must be >= 0" in out.stderr, out.stderr[-2000:]

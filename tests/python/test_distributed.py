@@ -87,6 +87,17 @@ def test_a_dead_rank_makes_the_others_fail_naming_step_and_collective():
         assert "dmuon step 2" in results[rank] and "all_reduce" in results[rank], results[rank]
 
 
+@pytest.mark.parametrize("depth", ["1", "3"])
+def test_every_pipeline_depth_gives_the_single_process_result(depth, monkeypatch):
+    """DMUON_PIPELINE_DEPTH (forwards issued ahead; default twice the world size) changes
+    the order of the collectives, never the result."""
+    monkeypatch.setenv("DMUON_PIPELINE_DEPTH", depth)
+    results = run_distributed(dist_workers.sharded_and_replicated_match_single_process, 3, "gram")
+    for rank, result in results.items():
+        for mode, errors in result["errors"].items():
+            assert max(errors) < TOLERANCE, (rank, mode, depth, errors)
+
+
 def test_launch_stops_the_ranks_left_waiting_after_a_failure_when_asked():
     from dmuon.launch import RankFailed, launch
 
