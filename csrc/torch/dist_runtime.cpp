@@ -28,8 +28,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Buckets whose forward all_to_all is issued ahead of the one being orthogonalized
-// (DMUON_PIPELINE_DEPTH; 0: twice the world size, so that every owner has work queued).
+// Buckets of pipeline slack (DMUON_PIPELINE_DEPTH; 0: twice the world size, so that every
+// owner has work queued): forwards issued that far ahead, returns applied that far behind.
 size_t pipeline_depth(int world_size) {
   const int64_t knob = env::get_int("DMUON_PIPELINE_DEPTH", 0);
   DMUON_CHECK(knob >= 0, "DMUON_PIPELINE_DEPTH must be >= 0 (0: twice the world size), got ", knob);
@@ -557,14 +557,16 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
     stats_.apply_s += seconds_since(start);
   };
 
-  // The pipeline: the forwards of the next `depth` buckets in flight during NS of bucket k;
-  // returns async; each bucket is applied as soon as its results are back.
-  // NOTE: why deeper than one bucket: on GPUs a forward's all_to_all starts after the work
-  // queued before it on every rank's stream (the momentum it sends comes after that rank's
-  // earlier NS), and returns share the communicator's stream with forwards. Issued one
-  // bucket ahead, NS of bucket k+2 waited for NS of bucket k on its owner, so at most two
-  // owners computed at once (world 4, Qwen2.5-7B: step 327 ms against 153 ms of NS on
-  // the slowest rank). `depth` buckets ahead let that many owners overlap.
+  // The pipeline: the forwards of the next `depth` buckets in flight during NS of bucket k,
+  // and the returns of the `depth` buckets before it; a bucket is applied once its return
+  // has had `depth` buckets' time to arrive.
+  // NOTE: why `depth` both ways: on GPUs every wait for a collective is a wait of the
+  // compute stream, and a collective completes only when every rank reached it. Waiting for
+  // the return of bucket k−1 before NS of bucket k+1 (or sending bucket k+2's momentum,
+  // queued behind NS of bucket k) chains each NS to the NS two buckets earlier on another
+  // owner: at most two owners computed at once (world 4, Qwen2.5-7B: step 327 ms against
+  // 153 ms of NS on the slowest rank). With `depth` buckets of slack both ways, that many
+  // owners overlap; the price is `depth` buckets of buffers.
   const size_t num_buckets = buckets_.size();
   stats_.num_buckets = static_cast<int64_t>(num_buckets);
   const size_t depth = pipeline_depth(world_size_);
@@ -574,20 +576,18 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
     for (; num_issued < std::min(end, num_buckets); ++num_issued)
       forward[num_issued] = issue_forward(buckets_[num_issued]);
   };
+  auto land = [&](size_t j) {  // bucket j's results back and applied
+    finish_return(buckets_[j], back[j]);
+    apply_bucket(buckets_[j]);
+  };
   issue_forwards_before(depth + 1);
   for (size_t k = 0; k < num_buckets; ++k) {
     auto results = orthogonalize_bucket(buckets_[k], forward[k]);
     back[k] = issue_return(buckets_[k], results);
     issue_forwards_before(k + depth + 2);
-    if (k >= 1) {
-      finish_return(buckets_[k - 1], back[k - 1]);
-      apply_bucket(buckets_[k - 1]);
-    }
+    if (k >= depth) land(k - depth);
   }
-  if (num_buckets > 0) {
-    finish_return(buckets_[num_buckets - 1], back[num_buckets - 1]);
-    apply_bucket(buckets_[num_buckets - 1]);
-  }
+  for (size_t j = num_buckets > depth ? num_buckets - depth : 0; j < num_buckets; ++j) land(j);
 
   // Agree that every result was finite (one host sync and one tiny all_reduce).
   int64_t first_bad = -1;
