@@ -41,6 +41,29 @@ def padded(t: torch.Tensor) -> torch.Tensor:
     return view
 
 
+def gram_problem(dtype, shape, with_c, gen=None):
+    """α·A·Aᵀ + β·C for (batch, m, k): A (padded), C (symmetric, padded) or None, α, β, the
+    exact product in fp64 and the same-precision dense product (cuBLAS)."""
+    batch, m, k = shape
+    a = padded((torch.randn(batch, m, k, device="cuda", generator=gen) / math.sqrt(k)).to(dtype))
+    c = None
+    alpha, beta = (1.0, 0.0) if not with_c else (0.75, -0.5)
+    if with_c:
+        c0 = torch.randn(batch, m, m, device="cuda", generator=gen)
+        c = padded((c0 + c0.transpose(1, 2)).to(dtype))
+    exact = alpha * a.double() @ a.double().transpose(1, 2) + (beta * c.double() if with_c else 0.0)
+    same = (torch.baddbmm(c, a, a.transpose(1, 2), beta=beta, alpha=alpha) if with_c
+            else a @ a.transpose(1, 2)).double()
+    return a, c, alpha, beta, exact, same
+
+
+def assert_like_dense(d, config, exact, same):
+    """Every element written, exactly symmetric, within 3× the dense product's error."""
+    assert torch.isfinite(d).all(), f"{config}: unwritten (NaN-poisoned) or non-finite output"
+    assert torch.equal(d, d.transpose(1, 2)), f"{config}: not exactly symmetric"
+    assert rel(d, exact) <= 3 * rel(same, exact) + 1e-6, (config, rel(d, exact), rel(same, exact))
+
+
 # ---------------------------------------------------------------- every configuration
 
 # NOTE: (16, 1000, 520): several tiles per CTA with 9 k-tiles, so the tmastore epilogue's
@@ -54,21 +77,9 @@ CONFIG_SHAPES = [(1, 64, 64), (3, 127, 1001), (2, 257, 129), (1, 8, 8), (64, 40,
 @pytest.mark.parametrize("shape", CONFIG_SHAPES)
 @pytest.mark.parametrize("with_c", [False, True])
 def test_every_sym_config_matches_dense(dtype, shape, with_c):
-    batch, m, k = shape
-    a = padded((torch.randn(batch, m, k, device="cuda") / math.sqrt(k)).to(dtype))
-    c = None
-    alpha, beta = (1.0, 0.0) if not with_c else (0.75, -0.5)
-    if with_c:
-        c0 = torch.randn(batch, m, m, device="cuda")
-        c = padded((c0 + c0.transpose(1, 2)).to(dtype))
-    exact = alpha * a.double() @ a.double().transpose(1, 2) + (beta * c.double() if with_c else 0.0)
-    same = (torch.baddbmm(c, a, a.transpose(1, 2), beta=beta, alpha=alpha) if with_c
-            else a @ a.transpose(1, 2)).double()
+    a, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c)
     for config in list(ops.cuda_sym_configs()) + ["lt:0"]:
-        d = ops.cuda_sym_product_config(a, a, c, alpha, beta, config)
-        assert torch.isfinite(d).all(), f"{config}: unwritten (NaN-poisoned) or non-finite output"
-        assert torch.equal(d, d.transpose(1, 2)), f"{config}: not exactly symmetric"
-        assert rel(d, exact) <= 3 * rel(same, exact) + 1e-6, (config, rel(d, exact), rel(same, exact))
+        assert_like_dense(ops.cuda_sym_product_config(a, a, c, alpha, beta, config), config, exact, same)
 
 
 # ---------------------------------------------------------------- 2-CTA cluster configurations
@@ -120,10 +131,7 @@ def test_cluster_sym_configs_match_dense(dtype, shape, with_c, operands):
     same = (torch.baddbmm(c, a, b.transpose(1, 2), beta=beta, alpha=alpha) if with_c
             else a @ b.transpose(1, 2)).double()
     for config in CLUSTER_CONFIGS:
-        d = ops.cuda_sym_product_config(a, b, c, alpha, beta, config)
-        assert torch.isfinite(d).all(), f"{config}: unwritten (NaN-poisoned) or non-finite output"
-        assert torch.equal(d, d.transpose(1, 2)), f"{config}: not exactly symmetric"
-        assert rel(d, exact) <= 3 * rel(same, exact) + 1e-6, (config, rel(d, exact), rel(same, exact))
+        assert_like_dense(ops.cuda_sym_product_config(a, b, c, alpha, beta, config), config, exact, same)
 
 
 @needs_kernel
@@ -155,19 +163,9 @@ def test_split_k_configs_match_dense_and_repeat_exactly(dtype, config, shape, wi
     whichever finishes last)."""
     batch, m, k = shape
     gen = torch.Generator(device="cuda").manual_seed(batch * 131 + m + k)
-    a = padded((torch.randn(batch, m, k, device="cuda", generator=gen) / math.sqrt(k)).to(dtype))
-    c = None
-    alpha, beta = (1.0, 0.0) if not with_c else (0.75, -0.5)
-    if with_c:
-        c0 = torch.randn(batch, m, m, device="cuda", generator=gen)
-        c = padded((c0 + c0.transpose(1, 2)).to(dtype))
-    exact = alpha * a.double() @ a.double().transpose(1, 2) + (beta * c.double() if with_c else 0.0)
-    same = (torch.baddbmm(c, a, a.transpose(1, 2), beta=beta, alpha=alpha) if with_c
-            else a @ a.transpose(1, 2)).double()
+    a, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c, gen)
     d = ops.cuda_sym_product_config(a, a, c, alpha, beta, config)
-    assert torch.isfinite(d).all(), f"{config}: unwritten (NaN-poisoned) or non-finite output"
-    assert torch.equal(d, d.transpose(1, 2)), f"{config}: not exactly symmetric"
-    assert rel(d, exact) <= 3 * rel(same, exact) + 1e-6, (config, rel(d, exact), rel(same, exact))
+    assert_like_dense(d, config, exact, same)
     again = ops.cuda_sym_product_config(a, a, c, alpha, beta, config)
     assert torch.equal(d, again), f"{config}: a second run differs"
 
