@@ -41,20 +41,30 @@ def padded(t: torch.Tensor) -> torch.Tensor:
     return view
 
 
-def gram_problem(dtype, shape, with_c, gen=None):
-    """α·A·Aᵀ + β·C for (batch, m, k): A (padded), C (symmetric, padded) or None, α, β, the
-    exact product in fp64 and the same-precision dense product (cuBLAS)."""
+def gram_problem(dtype, shape, with_c, gen=None, operands="same"):
+    """α·A·Bᵀ + β·C for (batch, m, k): A and B (padded), C (symmetric, padded) or None, α, β,
+    the exact product in fp64 (symmetrized) and the same-precision dense product (cuBLAS).
+    operands "same": B = A; "distinct": B = A·M with M symmetric (A·Bᵀ is symmetric, A ≠ B);
+    "strided": A = B = every other matrix of a larger batch (batch strides 2·m·ld)."""
     batch, m, k = shape
     a = padded((torch.randn(batch, m, k, device="cuda", generator=gen) / math.sqrt(k)).to(dtype))
+    b = a
+    if operands == "distinct":
+        s = torch.randn(k, k, device="cuda", generator=gen, dtype=torch.float64) / math.sqrt(k)
+        b = padded((a.double() @ (s + s.T) / 2).to(dtype))
+    elif operands == "strided":
+        wide = padded((torch.randn(2 * batch, m, k, device="cuda", generator=gen) / math.sqrt(k)).to(dtype))
+        a = b = wide[::2]
     c = None
     alpha, beta = (1.0, 0.0) if not with_c else (0.75, -0.5)
     if with_c:
         c0 = torch.randn(batch, m, m, device="cuda", generator=gen)
         c = padded((c0 + c0.transpose(1, 2)).to(dtype))
-    exact = alpha * a.double() @ a.double().transpose(1, 2) + (beta * c.double() if with_c else 0.0)
-    same = (torch.baddbmm(c, a, a.transpose(1, 2), beta=beta, alpha=alpha) if with_c
-            else a @ a.transpose(1, 2)).double()
-    return a, c, alpha, beta, exact, same
+    exact = alpha * a.double() @ b.double().transpose(1, 2) + (beta * c.double() if with_c else 0.0)
+    exact = (exact + exact.transpose(1, 2)) / 2  # NOTE: "distinct": B rounded, A·Bᵀ nearly symmetric
+    same = (torch.baddbmm(c, a, b.transpose(1, 2), beta=beta, alpha=alpha) if with_c
+            else a @ b.transpose(1, 2)).double()
+    return a, b, c, alpha, beta, exact, same
 
 
 def assert_like_dense(d, config, exact, same):
@@ -77,7 +87,7 @@ CONFIG_SHAPES = [(1, 64, 64), (3, 127, 1001), (2, 257, 129), (1, 8, 8), (64, 40,
 @pytest.mark.parametrize("shape", CONFIG_SHAPES)
 @pytest.mark.parametrize("with_c", [False, True])
 def test_every_sym_config_matches_dense(dtype, shape, with_c):
-    a, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c)
+    a, _, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c)
     for config in list(ops.cuda_sym_configs()) + ["lt:0"]:
         assert_like_dense(ops.cuda_sym_product_config(a, a, c, alpha, beta, config), config, exact, same)
 
@@ -108,28 +118,11 @@ CLUSTER_SHAPES = [(1, 100, 70), (3, 200, 130), (2, 383, 1001), (5, 520, 200), (1
 @pytest.mark.parametrize("with_c", [False, True])
 @pytest.mark.parametrize("operands", ["same", "distinct", "strided"])
 def test_cluster_sym_configs_match_dense(dtype, shape, with_c, operands):
-    """The checks of test_every_sym_config_matches_dense. "distinct": B = A·M with M symmetric
-    (A·Bᵀ is symmetric, A ≠ B), so a panel loaded from the wrong operand is caught; "strided":
-    every other matrix of a larger batch (batch strides 2·m·ld)."""
+    """The checks of test_every_sym_config_matches_dense on same, distinct (a panel loaded from
+    the wrong operand is caught) and strided operands (gram_problem)."""
     batch, m, k = shape
     gen = torch.Generator(device="cuda").manual_seed(batch * 7919 + m * 31 + k)
-    a = padded((torch.randn(batch, m, k, device="cuda", generator=gen) / math.sqrt(k)).to(dtype))
-    b = a
-    if operands == "distinct":
-        s = torch.randn(k, k, device="cuda", generator=gen, dtype=torch.float64) / math.sqrt(k)
-        b = padded((a.double() @ (s + s.T) / 2).to(dtype))
-    elif operands == "strided":
-        wide = padded((torch.randn(2 * batch, m, k, device="cuda", generator=gen) / math.sqrt(k)).to(dtype))
-        a = b = wide[::2]
-    c = None
-    alpha, beta = (1.0, 0.0) if not with_c else (0.75, -0.5)
-    if with_c:
-        c0 = torch.randn(batch, m, m, device="cuda", generator=gen)
-        c = padded((c0 + c0.transpose(1, 2)).to(dtype))
-    exact = alpha * a.double() @ b.double().transpose(1, 2) + (beta * c.double() if with_c else 0.0)
-    exact = (exact + exact.transpose(1, 2)) / 2  # NOTE: "distinct": B rounded, A·Bᵀ nearly symmetric
-    same = (torch.baddbmm(c, a, b.transpose(1, 2), beta=beta, alpha=alpha) if with_c
-            else a @ b.transpose(1, 2)).double()
+    a, b, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c, gen, operands)
     for config in CLUSTER_CONFIGS:
         assert_like_dense(ops.cuda_sym_product_config(a, b, c, alpha, beta, config), config, exact, same)
 
@@ -163,7 +156,7 @@ def test_split_k_configs_match_dense_and_repeat_exactly(dtype, config, shape, wi
     whichever finishes last)."""
     batch, m, k = shape
     gen = torch.Generator(device="cuda").manual_seed(batch * 131 + m + k)
-    a, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c, gen)
+    a, _, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c, gen)
     d = ops.cuda_sym_product_config(a, a, c, alpha, beta, config)
     assert_like_dense(d, config, exact, same)
     again = ops.cuda_sym_product_config(a, a, c, alpha, beta, config)
