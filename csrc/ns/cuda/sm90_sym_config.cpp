@@ -98,8 +98,11 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
     configs.push_back(c);
   }
   // Tail split-K, tmastore s4–s5: the partial last wave of tiles as k-slices on every CTA.
-  // NOTE: why: 3584×18944 X·Xᵀ is 406 triangle tiles, 3.08 waves on 132 SMs: the fourth
-  // wave keeps 10 SMs busy for a whole tile's mainloop (a quarter of the kernel).
+  // NOTE: why: 3584×18944 X·Xᵀ is 406 triangle tiles, 3.08 waves on 132 SMs, the fourth
+  // keeping 10 SMs busy for a whole tile's mainloop. Measured on an H200 (2026-11-29,
+  // BENCHMARKS.md run F): 1.04× the best other configuration there, 0.81–0.99× on the other
+  // shapes (a lone SM's tile runs faster than one of a full wave, so the tail cost less
+  // than feared); the autotuner keeps it where it wins (the 7B step's batch-1 X·Xᵀ).
   for (int stages : {4, 5}) {
     Sm90SymConfig c;
     c.epilogue = Sm90Epilogue::kTmaStore;

@@ -684,7 +684,8 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster>::kNumThr
 // slices a tile.
 // NOTE: the last slice reads the other split − 1 partial tiles (64 KiB each) from L2 on one
 // SM while every slice's mainloop shrinks as 1/split; for 3584×18944 (296 k-tiles, 10 tail
-// tiles on 132 SMs) the sum of both is smallest near 12 slices, hence the cap of 16.
+// tiles on 132 SMs) an estimate (not a measurement) puts the smallest sum of both near 12
+// slices, hence the cap of 16.
 constexpr int kMinSliceKTiles = 4;
 constexpr int kMaxSplit = 16;
 
