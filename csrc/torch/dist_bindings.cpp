@@ -93,7 +93,8 @@ void register_dist_bindings(py::module_& m) {
       .def_readonly("num_buckets", &StepStats::num_buckets)
       .def_readonly("num_orthogonalized", &StepStats::num_orthogonalized)
       .def_readonly("num_fused", &StepStats::num_fused)
-      .def_readonly("num_fused_batches", &StepStats::num_fused_batches);
+      .def_readonly("num_fused_batches", &StepStats::num_fused_batches)
+      .def_readonly("pipeline_depth", &StepStats::pipeline_depth);
 
   py::class_<MuonRuntime>(d, "MuonRuntime")
       .def(py::init<const std::string&, std::vector<std::string>, std::vector<dist::ParamLayout>,

@@ -570,6 +570,7 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
   const size_t num_buckets = buckets_.size();
   stats_.num_buckets = static_cast<int64_t>(num_buckets);
   const size_t depth = pipeline_depth(world_size_);
+  stats_.pipeline_depth = static_cast<int64_t>(depth);
   std::vector<InFlight> forward(num_buckets), back(num_buckets);
   size_t num_issued = 0;
   auto issue_forwards_before = [&](size_t end) {  // forwards of buckets [num_issued, end)

@@ -45,6 +45,7 @@ struct StepStats {
   double momentum_s = 0, pack_s = 0, comm_wait_s = 0, ns_s = 0, apply_s = 0, total_s = 0;
   int64_t bytes_sent = 0, bytes_received = 0, num_buckets = 0, num_orthogonalized = 0;
   int64_t num_fused = 0, num_fused_batches = 0;  ///< parameters and batches of the fused single-GPU path
+  int64_t pipeline_depth = 0;  ///< buckets of pipeline slack of the bucketed path (DMUON_PIPELINE_DEPTH)
 };
 
 class MuonRuntime {

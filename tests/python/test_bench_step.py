@@ -37,6 +37,8 @@ def test_worlds_print_one_table_each_a_scaling_table_and_json(tmp_path, capsys):
                  "--steps", "1", "--warmup", "0", "--profile-steps", "1", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "world 1 (Gloo" in printed and "world 2 (Gloo" in printed and "scaling: small" in printed
+    # The default pipeline depth, twice the world size, is part of each world's header.
+    assert "world 2 (Gloo, CPU processes) | pipeline depth 4 buckets" in printed, printed
     for method in ("owner", "gather", "adamw (fused)"):
         assert sum(line.startswith(method) for line in printed.splitlines()) == 2, method
     assert "planner's predicted NS makespan" in printed

@@ -224,6 +224,7 @@ def _run_method(method: str, shapes: list, names: list, mesh, rank: int, world: 
         source = "the timed steps" if device == "cpu" else "the timed steps (host time only: not synchronized)"
         entry.update(split_s=timed[:5], split_source=source, bytes_sent=int(timed[5]),
                      bytes_received=int(timed[6]), num_buckets=opt.runtime.num_buckets,
+                     pipeline_depth=opt.runtime.last_stats.pipeline_depth,
                      predicted_ns_s=opt.runtime.predicted_makespan_s if method == "owner" else None)
         # The split from extra steps that synchronize after each phase (GPUs by default).
         if profiling_mesh is not None:
@@ -267,7 +268,8 @@ def _slowest(results: dict, world: int, methods: list) -> dict:
                          split_source=per_rank[0]["split_source"],
                          bytes_sent=max(e["bytes_sent"] for e in per_rank),
                          bytes_received=max(e["bytes_received"] for e in per_rank),
-                         num_buckets=per_rank[0]["num_buckets"], predicted_ns_s=per_rank[0]["predicted_ns_s"])
+                         num_buckets=per_rank[0]["num_buckets"], predicted_ns_s=per_rank[0]["predicted_ns_s"],
+                         pipeline_depth=per_rank[0]["pipeline_depth"])
             if "profiled_step_s" in per_rank[0]:
                 entry["profiled_step_s"] = max(e["profiled_step_s"] for e in per_rank)
         merged[method] = entry
@@ -276,7 +278,9 @@ def _slowest(results: dict, world: int, methods: list) -> dict:
 
 def _print_world(world: int, merged: dict, context: dict) -> None:
     device = context["device"]
-    print(f"world {world} ({'NCCL, one GPU per rank' if device == 'cuda' else 'Gloo, CPU processes'})")
+    depths = sorted({e["pipeline_depth"] for e in merged.values() if e.get("pipeline_depth")})
+    print(f"world {world} ({'NCCL, one GPU per rank' if device == 'cuda' else 'Gloo, CPU processes'})"
+          + (f" | pipeline depth {'/'.join(map(str, depths))} buckets (DMUON_PIPELINE_DEPTH)" if depths else ""))
     header = (f"{'method':<14} {'step ms':>9} {'momentum':>9} {'pack':>7} {'comm wait':>10} {'NS':>8} {'apply':>7} "
               f"{'MB sent/rank':>13} {'MB recv/rank':>13} {'buckets':>8} {'peak+ MB':>9} {'vs gather':>10} "
               f"{'x AdamW':>8}")
