@@ -40,7 +40,8 @@ std::string Sm90SymConfig::name() const {
   const char* epilogue_name = epilogue == Sm90Epilogue::kStaged     ? "staged"
                               : epilogue == Sm90Epilogue::kTmaStore ? "tmastore"
                                                                     : "direct";
-  out << "sm90:" << (cluster == 2 ? "mc2-" : "") << (split_k ? "sk-" : "") << epilogue_name << ":s" << stages << ":c" << num_ctas;
+  out << "sm90:" << (cluster == 2 ? "mc2-" : "") << (split_k ? "sk-" : "") << epilogue_name << ":s" << stages
+      << ":c" << num_ctas;
   return out.str();
 }
 
@@ -145,10 +146,14 @@ std::vector<Sm90SymConfig> sm90_sym_experimental_configs() {
   return configs;
 }
 
+size_t sm90_sym_split_counter_bytes(int num_ctas) {
+  return (static_cast<size_t>(std::max(num_ctas, 0)) * sizeof(int) + 255) / 256 * 256;
+}
+
 size_t sm90_sym_split_scratch_bytes(int num_ctas) {
-  // NOTE: counters first, then the partial tiles (256-byte aligned; sm90_sym_kernel.cuh).
-  const size_t n = static_cast<size_t>(std::max(num_ctas, 0));
-  return (n * sizeof(int) + 255) / 256 * 256 + n * 128 * 128 * sizeof(float);
+  // NOTE: counters first, then the partial tiles (sm90_sym_kernel.cuh, launch).
+  const size_t partial_tile_bytes = 128 * 128 * sizeof(float);
+  return sm90_sym_split_counter_bytes(num_ctas) + static_cast<size_t>(std::max(num_ctas, 0)) * partial_tile_bytes;
 }
 
 std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymConfig& config) {
@@ -157,7 +162,8 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
   if (!built(config))
     why << "configuration " << config.tile << "x" << config.tile << "x" << config.tile_k << ", " << config.stages
         << " stages, cluster " << config.cluster << (config.split_k ? ", split-K" : "")
-        << " is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore; cluster 2: tmastore s4-s5, staged s6; split-K: 1-CTA tmastore)";
+        << " is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore; cluster 2: tmastore s4-s5, staged s6;"
+           " split-K: 1-CTA tmastore)";
   else if (config.cluster == 2 && config.num_ctas % 2)
     why << "a 2-CTA cluster configuration needs an even CTA count (0: all SMs), got " << config.num_ctas;
   else if (!aligned(args.a) || !aligned(args.b))

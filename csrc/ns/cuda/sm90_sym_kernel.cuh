@@ -745,14 +745,14 @@ void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t
     const int64_t split = tail == 0 ? 1
                                     : std::min<int64_t>({ctas / tail, num_k_tiles / kMinSliceKTiles, kMaxSplit});
     if (split >= 2) {
-      const size_t counter_bytes = (static_cast<size_t>(ctas) * sizeof(int) + 255) / 256 * 256;
       DMUON_CHECK(args.scratch != nullptr && args.scratch_bytes >= sm90_sym_split_scratch_bytes(static_cast<int>(ctas)),
                   "sm90_sym_product: split-K scratch too small");
       p.num_full = full;
       p.split = static_cast<int>(split);
       p.num_work = full + tail * split;
       p.counters = static_cast<int*>(args.scratch);
-      p.partials = reinterpret_cast<float*>(static_cast<char*>(args.scratch) + counter_bytes);
+      p.partials = reinterpret_cast<float*>(static_cast<char*>(args.scratch) +
+                                            sm90_sym_split_counter_bytes(static_cast<int>(ctas)));
       DMUON_CHECK_CUDA(cudaMemsetAsync(p.counters, 0, static_cast<size_t>(tail) * sizeof(int), stream));
     }
   }

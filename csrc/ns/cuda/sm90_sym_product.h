@@ -46,6 +46,9 @@ std::vector<Sm90SymConfig> sm90_sym_experimental_configs();
 /// one fp32 128×128 partial tile and one counter per CTA.
 size_t sm90_sym_split_scratch_bytes(int num_ctas);
 
+/// Where the partial tiles start in that scratch: after the counters, 256-byte aligned.
+size_t sm90_sym_split_counter_bytes(int num_ctas);
+
 /// Empty when `config` can run `args`, else the reason (alignment, shape, unbuilt instance).
 std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymConfig& config);
 
