@@ -8,9 +8,10 @@ t(k) ≈ fill+epilogue + k·mainloop, the intercept 2·t(k) − t(2k) is the per
 does not scale with k (epilogue, pipeline fill, launch). TFLOP/s are "executed": the
 kernel's lower-triangle tiles (2·128²·k each), cuBLAS's full m²k.
 The default list holds one 2-CTA cluster configuration ("sm90:mc2-tmastore:s5:c0");
---experimental sets DMUON_SYM_EXPERIMENTAL=1 so that it holds the other two as well; any name
-can also be given to --configs. With cluster names in the list, "old" (the baseline) defaults
-to every 1-CTA configuration and "new" to the cluster ones.
+--experimental sets DMUON_SYM_EXPERIMENTAL=1 so that it holds the other two and the 128×256
+ones ("sm90:n256-…") as well; any name can also be given to --configs. With cluster or
+128×256 names in the list, "old" (the baseline) defaults to the 1-CTA 128×128 configurations
+and "new" to the others.
 Times: CUDA events, median after warm-up.
 """
 
@@ -78,9 +79,9 @@ def time_shape(m, k, batch, with_c, configs):
     return out
 
 
-def is_cluster(config: str) -> bool:
-    """The 2-CTA cluster configurations ("sm90:mc2-<epilogue>:s<stages>:c<ctas>")."""
-    return config.startswith("sm90:mc2-")
+def is_cluster_or_wide(config: str) -> bool:
+    """The 2-CTA cluster ("sm90:mc2-…") and 128×256-unit ("sm90:n256-…") configurations."""
+    return config.startswith(("sm90:mc2-", "sm90:n256-"))
 
 
 def main() -> None:
@@ -91,7 +92,7 @@ def main() -> None:
     parser.add_argument("--split-k", action="store_true", help="also time k doubled (intercept)")
     parser.add_argument("--shapes", nargs="*", default=None, help="MxKxB[c] (c: with β·C)")
     parser.add_argument("--experimental", action="store_true",
-                        help="DMUON_SYM_EXPERIMENTAL=1: the default list includes every mc2 configuration")
+                        help="DMUON_SYM_EXPERIMENTAL=1: the default list includes every mc2 and n256 configuration")
     args = parser.parse_args()
     if args.experimental:
         # NOTE: read by the C++ side at its first use (cached), which comes after this.
@@ -99,8 +100,8 @@ def main() -> None:
     configs = args.configs if args.configs is not None else list(ops.cuda_sym_configs())
     if args.old is not None:
         old = set(args.old)
-    elif any(is_cluster(c) for c in configs):
-        old = {c for c in configs if not is_cluster(c)}
+    elif any(is_cluster_or_wide(c) for c in configs):
+        old = {c for c in configs if not is_cluster_or_wide(c)}
     else:
         old = {c for c in configs if c.split(":")[1] in ("staged", "direct")}
     shapes = SHAPES

@@ -134,6 +134,44 @@ def test_cluster_candidates_follow_the_experimental_knob():
     assert sorted(names) == sorted(expected), names
 
 
+# ---------------------------------------------------------------- 128×256 units (n256)
+
+N256_CONFIGS = ["sm90:n256-staged:s3:c0", "sm90:n256-direct:s3:c0", "sm90:n256-direct:s4:c0"]
+# NOTE: (batch, m, k), R = ceil(m/128) row tiles: (1, 100, 70) R=1: one unit, its second
+# column tile outside the matrix; (2, 257, 129) R=3: an odd count (the last row's second
+# tile lies outside); (3, 384, 1001) R=3 with whole tiles; (2, 512, 520) R=4: every row's
+# last unit of an even row straddles the diagonal; (16, 1000, 520) R=8: 20 units a matrix,
+# several per CTA; (1, 1100, 64) R=9, one k-tile.
+N256_SHAPES = [(1, 100, 70), (2, 257, 129), (3, 384, 1001), (2, 512, 520), (16, 1000, 520), (1, 1100, 64)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", N256_SHAPES)
+@pytest.mark.parametrize("with_c", [False, True])
+@pytest.mark.parametrize("operands", ["same", "distinct", "strided"])
+def test_n256_configs_match_dense(dtype, shape, with_c, operands):
+    """The checks of test_every_sym_config_matches_dense on same, distinct (a B panel taken
+    from A is caught) and strided operands, for the 128×256-unit configurations (called by
+    name: candidates only with DMUON_SYM_EXPERIMENTAL=1); ":c5" runs few CTAs over many units."""
+    batch, m, k = shape
+    gen = torch.Generator(device="cuda").manual_seed(batch * 104729 + m * 17 + k)
+    a, b, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c, gen, operands)
+    for config in N256_CONFIGS + ["sm90:n256-staged:s3:c5"]:
+        assert_like_dense(ops.cuda_sym_product_config(a, b, c, alpha, beta, config), config, exact, same)
+
+
+@needs_kernel
+def test_n256_configs_follow_the_experimental_knob_and_are_built_where_they_fit():
+    names = [name for name in ops.cuda_sym_configs() if ":n256-" in name]
+    assert sorted(names) == (sorted(N256_CONFIGS) if experimental_knob else []), names
+    a = padded(torch.randn(1, 16, 16, device="cuda").half())
+    for unbuilt in ("sm90:n256-staged:s4:c0", "sm90:n256-tmastore:s3:c0", "sm90:mc2-n256-staged:s3:c0",
+                    "sm90:n256-sk-tmastore:s4:c0"):
+        with pytest.raises(RuntimeError, match="configuration"):
+            ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, unbuilt)
+
+
 # ---------------------------------------------------------------- tail split-K
 
 # NOTE: (config, (batch, m, k)) chosen so that the split runs in each of its forms (T tiles,

@@ -25,8 +25,17 @@ bool mc2_built(Sm90Epilogue epilogue, int stages) {
          (epilogue == Sm90Epilogue::kStaged && stages == 6);
 }
 
+// The built 128×256-unit instances (sm90_sym_kernel.cuh, launch_instance).
+// NOTE: a stage is 48 KiB: 4 fit (227 KiB), 3 beside the staged epilogue's two 32 KiB tiles.
+bool n256_built(Sm90Epilogue epilogue, int stages) {
+  return (epilogue == Sm90Epilogue::kStaged && stages == 3) ||
+         (epilogue == Sm90Epilogue::kDirect && (stages == 3 || stages == 4));
+}
+
 bool built(const Sm90SymConfig& c) {
   if (c.tile != 128 || c.tile_k != 64) return false;
+  if (c.tile_n == 256) return c.cluster == 1 && !c.split_k && n256_built(c.epilogue, c.stages);
+  if (c.tile_n != 128) return false;
   // NOTE: split-K is a runtime switch of the 1-CTA kernel; only its tmastore instances
   // handle the slices that skip their epilogue (sm90_sym_kernel.cuh).
   if (c.split_k && (c.cluster != 1 || c.epilogue != Sm90Epilogue::kTmaStore)) return false;
@@ -40,8 +49,8 @@ std::string Sm90SymConfig::name() const {
   const char* epilogue_name = epilogue == Sm90Epilogue::kStaged     ? "staged"
                               : epilogue == Sm90Epilogue::kTmaStore ? "tmastore"
                                                                     : "direct";
-  out << "sm90:" << (cluster == 2 ? "mc2-" : "") << (split_k ? "sk-" : "") << epilogue_name << ":s" << stages
-      << ":c" << num_ctas;
+  out << "sm90:" << (cluster == 2 ? "mc2-" : "") << (tile_n == 256 ? "n256-" : "") << (split_k ? "sk-" : "")
+      << epilogue_name << ":s" << stages << ":c" << num_ctas;
   return out.str();
 }
 
@@ -54,6 +63,10 @@ bool Sm90SymConfig::parse(const std::string& text, Sm90SymConfig* config) {
   if (e.rfind("mc2-", 0) == 0) {
     c.cluster = 2;
     e = e.substr(4);
+  }
+  if (e.rfind("n256-", 0) == 0) {
+    c.tile_n = 256;
+    e = e.substr(5);
   }
   if (e.rfind("sk-", 0) == 0) {
     c.split_k = true;
@@ -123,9 +136,10 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
     c.cluster = 2;
     configs.push_back(c);
   }
-  // NOTE: DMUON_SYM_EXPERIMENTAL=1 (default 0) appends the other cluster configurations,
-  // which won no shape of that run, so that the autotuner, ops.cuda_sym_configs() and the
-  // tests that walk it try them; they are callable by name either way.
+  // NOTE: DMUON_SYM_EXPERIMENTAL=1 (default 0) appends the configurations that won no
+  // measured shape (the other cluster ones, the 128×256 ones), so that the autotuner,
+  // ops.cuda_sym_configs() and the tests that walk it try them; they are callable by name
+  // either way.
   if (env::get_bool("DMUON_SYM_EXPERIMENTAL", false))
     for (const Sm90SymConfig& c : sm90_sym_experimental_configs()) configs.push_back(c);
   return configs;
@@ -141,6 +155,22 @@ std::vector<Sm90SymConfig> sm90_sym_experimental_configs() {
     c.epilogue = epilogue;
     c.stages = stages;
     c.cluster = 2;
+    configs.push_back(c);
+  }
+  // 128×256 units (n256): staged s3, direct s3–s4.
+  // NOTE: built because CUTLASS's own dense kernels run 128×256 tiles 14–18% faster than
+  // 128×128 on the long-k X·Xᵀ shapes (scripts/cutlass_tile_probe.cu on an H200,
+  // 2026-11-29); ours won no shape of scripts/sym_kernel_bench.py in three runs of the
+  // same day: the best of them ran at 0.89–0.96× the best 128×128 configuration on
+  // 3584×18944 X·Xᵀ (batch 1: 210 units are 1.6 waves of 132 CTAs), 0.78× on 896×4864
+  // and 0.52–0.72× on the β·C products (its epilogues read C per element). BENCHMARKS.md
+  // run G.
+  for (auto [epilogue, stages] : {std::pair{Sm90Epilogue::kStaged, 3}, std::pair{Sm90Epilogue::kDirect, 3},
+                                  std::pair{Sm90Epilogue::kDirect, 4}}) {
+    Sm90SymConfig c;
+    c.epilogue = epilogue;
+    c.stages = stages;
+    c.tile_n = 256;
     configs.push_back(c);
   }
   return configs;
@@ -161,9 +191,10 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
   std::ostringstream why;
   if (!built(config))
     why << "configuration " << config.tile << "x" << config.tile << "x" << config.tile_k << ", " << config.stages
-        << " stages, cluster " << config.cluster << (config.split_k ? ", split-K" : "")
+        << " stages, cluster " << config.cluster << ", unit columns " << config.tile_n
+        << (config.split_k ? ", split-K" : "")
         << " is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore; cluster 2: tmastore s4-s5, staged s6;"
-           " split-K: 1-CTA tmastore)";
+           " split-K: 1-CTA tmastore; 256 unit columns: 1-CTA staged s3, direct s3-s4)";
   else if (config.cluster == 2 && config.num_ctas % 2)
     why << "a 2-CTA cluster configuration needs an even CTA count (0: all SMs), got " << config.num_ctas;
   else if (!aligned(args.a) || !aligned(args.b))

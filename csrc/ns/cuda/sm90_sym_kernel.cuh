@@ -33,6 +33,16 @@
 // finishes last) and runs the tile's epilogue. Nobody waits for another CTA, so the scheme
 // needs no co-residency. The counters are zeroed by a memset before each launch.
 //
+// 128×256 units ("n256", kTileN = 256; 1-CTA, staged or direct epilogue): a unit is row
+// tile i × column block b (column tiles 2b, 2b + 1, 2b ≤ i; sm90_sym_units.h), one 256-row
+// B panel, and each consumer warpgroup runs one 64×256×16 WGMMA per k-step instead of one
+// 64×128×16. The epilogue runs once per column tile of the unit, on that tile's half of the
+// accumulators (fragment_tiles_split_by_column). The tile above the diagonal that an even
+// row's last unit holds is computed, not written: 3% more work at 28 row tiles.
+// NOTE: why: per FLOP, a 128×256 unit reads 25% less operand data from L2 (48 KiB a k-tile
+// for 4.2 MFLOP against 32 KiB for 2.1) and 17% less from shared memory; the 128×128 kernel
+// trails cuBLAS's dense mainloop rate by a third (BENCHMARKS.md run F).
+//
 // 2-CTA cluster variant ("mc2", kCluster = 2). First run on an H200 2026-11-29: correct,
 // memcheck and racecheck clean, up to 1.08× on long-k X·Xᵀ (sm90_sym_config.cpp).
 // NOTE: why: long-k X·Xᵀ products spend > 85% of their time in the mainloop at 460–510
@@ -93,6 +103,7 @@
 #include "ns/cuda/cuda_check.h"
 #include "ns/cuda/sm90_sym_pairs.h"
 #include "ns/cuda/sm90_sym_product.h"
+#include "ns/cuda/sm90_sym_units.h"
 
 namespace dmuon::ns::cuda::sm90 {
 
@@ -105,26 +116,37 @@ using namespace cute;
 // NOTE: the tmastore epilogue keeps two 32 KiB tiles (tile, mirror): up to 5 stages.
 // NOTE: kClusterT = 2: the "mc2" variant (2-CTA clusters, one operand panel multicast; see
 // the block "2-CTA cluster variant" below the kernel's header comment). 1: the plain kernel.
-template <class Elem, int kStagesT, int kEpiT, int kClusterT = 1>
+// NOTE: kTileNT = 256: the "n256" variant (128×256 units, see "128×256 units" in the header).
+template <class Elem, int kStagesT, int kEpiT, int kClusterT = 1, int kTileNT = 128>
 struct Traits {
   static constexpr int kTile = 128;
   static constexpr int kTileK = 64;
   static constexpr int kStages = kStagesT;
   static constexpr int kCluster = kClusterT;
   static_assert(kCluster == 1 || kCluster == 2, "clusters of 1 or 2 CTAs");
+  // Columns of a unit (one B panel): 128, or 256 = two column tiles.
+  static constexpr int kTileN = kTileNT;
+  static constexpr int kColTiles = kTileN / kTile;
+  static_assert(kColTiles == 1 || (kColTiles == 2 && kCluster == 1 && kEpiT != static_cast<int>(Sm90Epilogue::kTmaStore)),
+                "128x256 units: 1-CTA kernel, staged or direct epilogue");
   static constexpr bool kStaged = kEpiT == static_cast<int>(Sm90Epilogue::kStaged);
   static constexpr bool kTmaStore = kEpiT == static_cast<int>(Sm90Epilogue::kTmaStore);
   static constexpr int kNumConsumerThreads = 256;
   static constexpr int kNumThreads = 128 + kNumConsumerThreads;
-  static constexpr int kTxBytes = 2 * kTile * kTileK * static_cast<int>(sizeof(Elem));
-  static constexpr int kEpilogueElems = kStaged ? kTile * kTile : 8;
+  static constexpr int kTxBytes = (kTile + kTileN) * kTileK * static_cast<int>(sizeof(Elem));
+  // fp32 accumulators per consumer thread for one 128×128 output tile.
+  static constexpr int kTileValues = kTile * kTile / kNumConsumerThreads;
+  static constexpr int kEpilogueElems = kStaged ? kTile * kTileN : 8;
   static constexpr int kTmaTileElems = kTmaStore ? kTile * kTile : 8;
   static constexpr int kTileBytes = kTile * kTile * static_cast<int>(sizeof(Elem));
 
   using SmemLayout = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
                                             make_shape(Int<kTile>{}, Int<kTileK>{}, Int<kStages>{})));
+  using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
+                                             make_shape(Int<kTileN>{}, Int<kTileK>{}, Int<kStages>{})));
+  // Each consumer warpgroup: 64 rows × kTileN columns (n256: one 64×256×16 WGMMA a k-step).
   using TiledMma = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Elem, Elem, float, Shape<Int<64>, Int<kTile>, Int<kTileK>>,
+      GMMA::ss_op_selector<Elem, Elem, float, Shape<Int<64>, Int<kTileN>, Int<kTileK>>,
                            GMMA::Major::K, GMMA::Major::K>(),
       Layout<Shape<_2, _1, _1>>{}));
 
@@ -137,6 +159,12 @@ struct Traits {
                          make_shape(Int<kTile>{}, Int<kTileK>{}));
   }
   using TmaAtom = decltype(tma(nullptr, 1, 1, 1, 8, 8));
+  // B panels: (kTileN, kTileK) boxes.
+  static auto tma_b(const Elem* ptr, int m, int k, int batch, int64_t ld, int64_t stride) {
+    return make_tma_atom(SM90_TMA_LOAD{}, gmem(ptr, m, k, batch, ld, stride), SmemLayoutB{}(_, _, 0),
+                         make_shape(Int<kTileN>{}, Int<kTileK>{}));
+  }
+  using TmaAtomB = decltype(tma_b(nullptr, 1, 1, 1, 8, 8));
   // mc2: the same (kTile, kTileK) panel k-tile, issued as kCluster slices (one per CTA of the
   // cluster, each multicast to every CTA of it).
   static auto tma_mc(const Elem* ptr, int m, int k, int batch, int64_t ld, int64_t stride) {
@@ -168,8 +196,8 @@ struct Traits {
 
   struct SharedStorage {
     alignas(1024) ArrayEngine<Elem, cosize_v<SmemLayout>> a;  // [kStages][kTile, kTileK] swizzled
-    alignas(1024) ArrayEngine<Elem, cosize_v<SmemLayout>> b;  // [kStages][kTile, kTileK] swizzled
-    alignas(16) Elem epilogue[kEpilogueElems];                // [kTile, kTile] swizzled (staged only)
+    alignas(1024) ArrayEngine<Elem, cosize_v<SmemLayoutB>> b;  // [kStages][kTileN, kTileK] swizzled
+    alignas(16) Elem epilogue[kEpilogueElems];  // staged only: [kColTiles][kTile, kTile] swizzled
     alignas(1024) Elem tile[kTmaTileElems];    // [kTile, kTile] EpiLayout: C, then D's tile (tmastore)
     alignas(1024) Elem mirror[kTmaTileElems];  // [kTile, kTile] EpiLayout: the tile transposed (tmastore)
     alignas(8) uint64_t full[kStages];   // TMA → consumers: stage loaded
@@ -180,7 +208,8 @@ struct Traits {
   };
 
   struct Params {
-    TmaAtom tma_a, tma_b;
+    TmaAtom tma_a;
+    TmaAtomB tma_b;
     TmaStoreD tma_d;  // tmastore only
     TmaLoadC tma_c;   // tmastore only (D's view when there is no C: never loaded)
     int m, k, batch, num_row_tiles;
@@ -241,6 +270,13 @@ __host__ __device__ __forceinline__ int tma_tile_index(int r, int c) {
   return ((c >> 6) << 13) + (r << 6) + ((((c >> 3) ^ r) & 7) << 3) + (c & 7);
 }
 
+// `v`, which the compiler must treat as unknown here: what is computed from it stays in
+// the loop iteration that computes it.
+__device__ __forceinline__ int opaque(int v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
 // Consumers only (256 threads): named barrier 1 (0 is __syncthreads).
 __device__ __forceinline__ void consumer_barrier() {
   asm volatile("bar.sync 1, 256;" ::: "memory");
@@ -294,7 +330,11 @@ __device__ __forceinline__ WorkUnit decode_work(const typename T::Params& p, int
       u.k_end = static_cast<int>(static_cast<int64_t>(u.part + 1) * num_k_tiles / p.split);
     }
     u.l = static_cast<int>(tile / p.num_tri);
-    decode_triangle(tile % p.num_tri, u.ti, u.tj);
+    if constexpr (T::kColTiles == 2) {
+      decode_wide(tile % p.num_tri, u.ti, u.tj);  // NOTE: u.tj is the column block
+    } else {
+      decode_triangle(tile % p.num_tri, u.ti, u.tj);
+    }
   }
   return u;
 }
@@ -367,11 +407,11 @@ __device__ __forceinline__ bool split_k_reduce(const typename T::Params& p, cons
   return true;
 }
 
-template <class Elem, int kStages, int kEpi, int kCluster>
-__global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster>::kNumThreads, 1)
-    sym_product_kernel(CUTE_GRID_CONSTANT const typename Traits<Elem, kStages, kEpi, kCluster>::Params p) {
+template <class Elem, int kStages, int kEpi, int kCluster, int kTileN>
+__global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>::kNumThreads, 1)
+    sym_product_kernel(CUTE_GRID_CONSTANT const typename Traits<Elem, kStages, kEpi, kCluster, kTileN>::Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using T = Traits<Elem, kStages, kEpi, kCluster>;
+  using T = Traits<Elem, kStages, kEpi, kCluster, kTileN>;
   constexpr int kTile = T::kTile, kTileK = T::kTileK;
   using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
@@ -400,11 +440,12 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster>::kNumThr
   }
 
   Tensor sA = make_tensor(make_smem_ptr(smem.a.begin()), typename T::SmemLayout{});  // (kTile, kTileK, kStages)
-  Tensor sB = make_tensor(make_smem_ptr(smem.b.begin()), typename T::SmemLayout{});  // (kTile, kTileK, kStages)
+  Tensor sB = make_tensor(make_smem_ptr(smem.b.begin()), typename T::SmemLayoutB{});  // (kTileN, kTileK, kStages)
   Tensor mA = p.tma_a.get_tma_tensor(make_shape(p.m, p.k, p.batch));               // (m, k, batch) coords
   Tensor mB = p.tma_b.get_tma_tensor(make_shape(p.m, p.k, p.batch));               // (m, k, batch) coords
   const int num_k_tiles = (p.k + kTileK - 1) / kTileK;
   const auto tile_mk = make_shape(Int<kTile>{}, Int<kTileK>{});
+  const auto tile_nk = make_shape(Int<kTileN>{}, Int<kTileK>{});
   const auto tile_mm = make_shape(Int<kTile>{}, Int<kTile>{});
   // tmastore: the k-tile of a unit (counted from its first) after which the consumers
   // release the epilogue tiles (the last tile's TMA stores have read them) and after whose
@@ -432,7 +473,7 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster>::kNumThr
         const int l = u.l, ti = u.ti, tj = u.tj;
         const int c_kt = c_load_kt(u);
         Tensor gA = local_tile(mA(_, _, l), tile_mk, make_coord(ti, _));  // (kTile, kTileK, k_tiles)
-        Tensor gB = local_tile(mB(_, _, l), tile_mk, make_coord(tj, _));  // (kTile, kTileK, k_tiles)
+        Tensor gB = local_tile(mB(_, _, l), tile_nk, make_coord(tj, _));  // (kTileN, kTileK, k_tiles)
         auto [tAgA, tAsA] = tma_partition(p.tma_a, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sA),
                                           group_modes<0, 2>(gA));  // (TMA, k_tiles), (TMA, kStages)
         auto [tBgB, tBsB] = tma_partition(p.tma_b, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sB),
@@ -484,16 +525,18 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster>::kNumThr
   Tensor tCsB = thr_mma.partition_B(sB);              // (MMA, MMA_N, MMA_K, kStages)
   Tensor tCrA = thr_mma.make_fragment_A(tCsA);        // smem descriptors
   Tensor tCrB = thr_mma.make_fragment_B(tCsB);        // smem descriptors
-  Tensor cD = make_identity_tensor(make_shape(Int<kTile>{}, Int<kTile>{}));  // (kTile, kTile) → (r, c)
+  // NOTE: n256: accumulators [kTileValues·h, kTileValues·(h + 1)) are column tile h of the
+  // unit (checked on the host: fragment_tiles_split_by_column, before the first launch).
+  Tensor cD = make_identity_tensor(make_shape(Int<kTile>{}, Int<kTileN>{}));  // (kTile, kTileN) → (r, c)
   Tensor tCcD = thr_mma.partition_C(cD);              // (MMA, MMA_M, MMA_N) coords
-  Tensor acc = partition_fragment_C(mma, make_shape(Int<kTile>{}, Int<kTile>{}));  // (MMA, MMA_M, MMA_N) fp32
+  Tensor acc = partition_fragment_C(mma, make_shape(Int<kTile>{}, Int<kTileN>{}));  // (MMA, MMA_M, MMA_N) fp32
 
   RingState<kStages> state{0, 0u};
   bool store_pending = false;  // tmastore, consumer 0: TMA stores in flight from the epilogue tiles
   uint32_t c_phase = 0u;       // tmastore: parity of the next C load
   for (int64_t w = work_begin; w < num_work; w += work_step) {
     const WorkUnit u = decode_work<T>(p, w, num_k_tiles);
-    const int l = u.l, ti = u.ti, tj = u.tj;
+    const int l = u.l, ti = u.ti;
     [[maybe_unused]] const int release_at = release_kt(u);
 
     // Main loop: keep one WGMMA batch in flight; free a stage once its batch retired.
@@ -534,27 +577,53 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster>::kNumThr
       if (!u.writes) continue;
     }
     // Split-K: publish this slice; the tile's last slice to finish sums them and goes on.
-    if (u.part >= 0) {
-      if (!split_k_reduce<T>(p, u, consumer_idx, acc, &smem.split_last)) {
-        // NOTE: tmastore: the producer loaded C for this slice too; take the load (parity)
-        // and free the epilogue tile for the next one (one epi_empty arrival per C load).
-        if constexpr (T::kTmaStore) {
-          if (with_c) {
-            FullBarrier::wait(&smem.c_full, c_phase);
-            c_phase ^= 1u;
-            if (consumer_idx == 0) EmptyBarrier::arrive(&smem.epi_empty);
+    // NOTE: compiled into the instances that can split only (1-CTA 128×128 tmastore): in the
+    // staged and direct ones its registers made ptxas serialize the WGMMAs (C7511).
+    if constexpr (T::kTmaStore && T::kCluster == 1 && T::kColTiles == 1) {
+      if (u.part >= 0) {
+        if (!split_k_reduce<T>(p, u, consumer_idx, acc, &smem.split_last)) {
+          // NOTE: tmastore: the producer loaded C for this slice too; take the load (parity)
+          // and free the epilogue tile for the next one (one epi_empty arrival per C load).
+          if constexpr (T::kTmaStore) {
+            if (with_c) {
+              FullBarrier::wait(&smem.c_full, c_phase);
+              c_phase ^= 1u;
+              if (consumer_idx == 0) EmptyBarrier::arrive(&smem.epi_empty);
+            }
           }
+          continue;
         }
-        continue;
       }
     }
 
-    const int64_t row0 = static_cast<int64_t>(ti) * kTile, col0 = static_cast<int64_t>(tj) * kTile;
-    const bool diagonal = ti == tj;
+    // The unit's output tiles: column tile tj = u.tj·kColTiles + h of row tile ti, from
+    // accumulators [kTileValues·h, kTileValues·(h + 1)). n256: a unit's second tile above the
+    // diagonal (column tile ti + 1) is skipped; its values are the mirror of another tile's.
+    // NOTE: compile-time loops over h, so that every accumulator index stays a constant
+    // (registers, not local memory).
     Elem* d = p.d + l * p.stride_d;
     const Elem* c = p.beta != 0.f ? p.c + l * p.stride_c : nullptr;
+    // NOTE: n256: the accumulators' coordinates are derived again in each unit. From tCcD
+    // the compiler computed the 128 shared-memory offsets of the staged epilogue once, before
+    // the work loop, and kept them across it (ptxas -v, nvcc 13: 828 bytes of spills).
+    auto tEcD = [&] {
+      if constexpr (T::kColTiles > 1) {
+        return mma.get_thread_slice(opaque(consumer_idx)).partition_C(cD);  // (MMA, MMA_M, MMA_N) coords
+      } else {
+        return tCcD;
+      }
+    }();
+    auto each_tile = [&](auto&& body) {
+      cute::for_each(make_int_sequence<T::kColTiles>{}, [&](auto h) {
+        const int tj = u.tj * T::kColTiles + decltype(h)::value;
+        if (T::kColTiles == 1 || tj <= ti) body(h, tj);
+      });
+    };
 
     if constexpr (T::kTmaStore) {
+      static_assert(T::kColTiles == 1, "tmastore: 128x128 units");
+      const int tj = u.tj;
+      const bool diagonal = ti == tj;
       // tmastore epilogue, pass 1: α·acc + β·C in fp32 (C from the tile the producer
       // loaded), rounded once, into the tile and its transpose into the mirror. A diagonal
       // tile takes its lower triangle's values in both halves and has no mirror.
@@ -598,73 +667,88 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster>::kNumThr
       __syncwarp();
     } else if constexpr (!T::kStaged) {
       // Direct epilogue: α·acc + β·C in fp32, one rounding, tile and mirror.
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc); ++i) {
-        const int64_t r = row0 + get<0>(tCcD(i)), col = col0 + get<1>(tCcD(i));
-        if (r >= p.m || col >= p.m || (diagonal && r < col)) continue;
-        float v = p.alpha * acc(i);
-        if (c != nullptr) v += p.beta * static_cast<float>(c[r * p.ldc + col]);
-        const Elem e = static_cast<Elem>(v);
-        d[r * p.ldd + col] = e;
-        if (r != col) d[col * p.ldd + r] = e;
-      }
+      each_tile([&](auto h, int tj) {
+        constexpr int kOff = decltype(h)::value * T::kTileValues, kColOff = decltype(h)::value * kTile;
+        const int64_t row0 = static_cast<int64_t>(ti) * kTile, col0 = static_cast<int64_t>(tj) * kTile;
+        const bool diagonal = ti == tj;
+        CUTE_UNROLL
+        for (int i = 0; i < T::kTileValues; ++i) {
+          const int64_t r = row0 + get<0>(tEcD(kOff + i)), col = col0 + get<1>(tEcD(kOff + i)) - kColOff;
+          if (r >= p.m || col >= p.m || (diagonal && r < col)) continue;
+          float v = p.alpha * acc(kOff + i);
+          if (c != nullptr) v += p.beta * static_cast<float>(c[r * p.ldc + col]);
+          const Elem e = static_cast<Elem>(v);
+          d[r * p.ldd + col] = e;
+          if (r != col) d[col * p.ldd + r] = e;
+        }
+      });
     } else {
-      // Staged epilogue, pass 1: the rounded tile α·acc + β·C into shared memory.
-      Elem* tile = smem.epilogue;  // [kTile, kTile] swizzled
-      consumer_barrier();          // NOTE: the previous tile's passes 2–3 are done reading
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc); ++i) {
-        const int tr = get<0>(tCcD(i)), tc = get<1>(tCcD(i));
-        const int64_t r = row0 + tr, col = col0 + tc;
-        float v = p.alpha * acc(i);
-        if (c != nullptr && r < p.m && col < p.m) v += p.beta * static_cast<float>(c[r * p.ldc + col]);
-        tile[epilogue_index(tr, tc)] = static_cast<Elem>(v);
-      }
+      // Staged epilogue, pass 1: every tile of the unit, rounded α·acc + β·C, into shared
+      // memory (n256: both at once, so that no accumulator stays live through passes 2–3).
+      consumer_barrier();  // NOTE: the previous unit's passes 2–3 are done reading
+      each_tile([&](auto h, int tj) {
+        constexpr int kOff = decltype(h)::value * T::kTileValues, kColOff = decltype(h)::value * kTile;
+        Elem* tile = smem.epilogue + decltype(h)::value * kTile * kTile;  // [kTile, kTile] swizzled
+        const int64_t row0 = static_cast<int64_t>(ti) * kTile, col0 = static_cast<int64_t>(tj) * kTile;
+        CUTE_UNROLL
+        for (int i = 0; i < T::kTileValues; ++i) {
+          const int tr = get<0>(tEcD(kOff + i)), tc = get<1>(tEcD(kOff + i)) - kColOff;
+          const int64_t r = row0 + tr, col = col0 + tc;
+          float v = p.alpha * acc(kOff + i);
+          if (c != nullptr && r < p.m && col < p.m) v += p.beta * static_cast<float>(c[r * p.ldc + col]);
+          tile[epilogue_index(tr, tc)] = static_cast<Elem>(v);
+        }
+      });
       consumer_barrier();
 
-      // Pass 2: rows of the tile, 16 bytes per thread and step (coalesced). On a diagonal
-      // tile, (r, c) with r < c takes the value computed for (c, r).
-      constexpr int kChunks = kTile * kTile / 8;  // 2048 chunks of 8 elements
-      for (int q = consumer_idx; q < kChunks; q += T::kNumConsumerThreads) {
-        const int tr = q >> 4, tc = (q & 15) << 3;
-        const int64_t r = row0 + tr, col = col0 + tc;
-        if (r >= p.m || col >= p.m) continue;
-        Elem* out = d + r * p.ldd + col;
-        if (!diagonal && col + 8 <= p.m) {
-          *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(tile + epilogue_index(tr, tc));
-        } else {
-          for (int e = 0; e < 8 && col + e < p.m; ++e) {
-            const int cc = tc + e;
-            out[e] = (diagonal && tr < cc) ? tile[epilogue_index(cc, tr)] : tile[epilogue_index(tr, cc)];
-          }
-        }
-      }
-      // Pass 3 (off-diagonal tiles): the mirror, D[col0 + c][row0 + r…r+7] = tile[r…r+7][c].
-      if (!diagonal) {
+      each_tile([&](auto h, int tj) {
+        const Elem* tile = smem.epilogue + decltype(h)::value * kTile * kTile;  // [kTile, kTile] swizzled
+        const int64_t row0 = static_cast<int64_t>(ti) * kTile, col0 = static_cast<int64_t>(tj) * kTile;
+        const bool diagonal = ti == tj;
+        // Pass 2: rows of the tile, 16 bytes per thread and step (coalesced). On a diagonal
+        // tile, (r, c) with r < c takes the value computed for (c, r).
+        constexpr int kChunks = kTile * kTile / 8;  // 2048 chunks of 8 elements
         for (int q = consumer_idx; q < kChunks; q += T::kNumConsumerThreads) {
-          const int tc = q >> 4, tr = (q & 15) << 3;
-          const int64_t mr = col0 + tc, mc = row0 + tr;  // mirror row / first mirror column
-          if (mr >= p.m || mc >= p.m) continue;
-          // NOTE: gathered as raw 16-bit values packed into one uint4 (an Elem array
-          // indexed through a pointer cast would live in local memory).
-          const uint16_t* raw = reinterpret_cast<const uint16_t*>(tile);
-          auto pair = [&](int e) {
-            return static_cast<uint32_t>(raw[epilogue_index(tr + e, tc)]) |
-                   (static_cast<uint32_t>(raw[epilogue_index(tr + e + 1, tc)]) << 16);
-          };
-          const uint4 packed = make_uint4(pair(0), pair(2), pair(4), pair(6));
-          Elem* out = d + mr * p.ldd + mc;
-          if (mc + 8 <= p.m) {
-            *reinterpret_cast<uint4*>(out) = packed;
+          const int tr = q >> 4, tc = (q & 15) << 3;
+          const int64_t r = row0 + tr, col = col0 + tc;
+          if (r >= p.m || col >= p.m) continue;
+          Elem* out = d + r * p.ldd + col;
+          if (!diagonal && col + 8 <= p.m) {
+            *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(tile + epilogue_index(tr, tc));
           } else {
-            const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-            uint16_t* out_raw = reinterpret_cast<uint16_t*>(out);
-            CUTE_UNROLL
-            for (int e = 0; e < 8; ++e)
-              if (mc + e < p.m) out_raw[e] = static_cast<uint16_t>(words[e / 2] >> (16 * (e % 2)));
+            for (int e = 0; e < 8 && col + e < p.m; ++e) {
+              const int cc = tc + e;
+              out[e] = (diagonal && tr < cc) ? tile[epilogue_index(cc, tr)] : tile[epilogue_index(tr, cc)];
+            }
           }
         }
-      }
+        // Pass 3 (off-diagonal tiles): the mirror, D[col0 + c][row0 + r…r+7] = tile[r…r+7][c].
+        if (!diagonal) {
+          for (int q = consumer_idx; q < kChunks; q += T::kNumConsumerThreads) {
+            const int tc = q >> 4, tr = (q & 15) << 3;
+            const int64_t mr = col0 + tc, mc = row0 + tr;  // mirror row / first mirror column
+            if (mr >= p.m || mc >= p.m) continue;
+            // NOTE: gathered as raw 16-bit values packed into one uint4 (an Elem array
+            // indexed through a pointer cast would live in local memory).
+            const uint16_t* raw = reinterpret_cast<const uint16_t*>(tile);
+            auto pair = [&](int e) {
+              return static_cast<uint32_t>(raw[epilogue_index(tr + e, tc)]) |
+                     (static_cast<uint32_t>(raw[epilogue_index(tr + e + 1, tc)]) << 16);
+            };
+            const uint4 packed = make_uint4(pair(0), pair(2), pair(4), pair(6));
+            Elem* out = d + mr * p.ldd + mc;
+            if (mc + 8 <= p.m) {
+              *reinterpret_cast<uint4*>(out) = packed;
+            } else {
+              const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+              uint16_t* out_raw = reinterpret_cast<uint16_t*>(out);
+              CUTE_UNROLL
+              for (int e = 0; e < 8; ++e)
+                if (mc + e < p.m) out_raw[e] = static_cast<uint16_t>(words[e / 2] >> (16 * (e % 2)));
+            }
+          }
+        }
+      });
     }
   }
   // tmastore: shared memory must outlive the last TMA stores' reads.
@@ -689,21 +773,44 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster>::kNumThr
 constexpr int kMinSliceKTiles = 4;
 constexpr int kMaxSplit = 16;
 
-template <class Elem, int kStages, int kEpi, int kCluster = 1>
+// n256: whether accumulators [kTileValues·h, kTileValues·(h + 1)) of every consumer thread
+// hold exactly column tile h of the unit (the epilogue's assumption; CuTe's layouts,
+// evaluated on the host).
+template <class T>
+bool fragment_tiles_split_by_column() {
+  typename T::TiledMma mma;
+  for (int thread = 0; thread < T::kNumConsumerThreads; ++thread) {
+    Tensor coords = mma.get_thread_slice(thread).partition_C(
+        make_identity_tensor(make_shape(Int<T::kTile>{}, Int<T::kTileN>{})));
+    if (size(coords) != T::kColTiles * T::kTileValues) return false;
+    for (int i = 0; i < size(coords); ++i)
+      if (get<1>(coords(i)) / T::kTile != i / T::kTileValues) return false;
+  }
+  return true;
+}
+
+template <class Elem, int kStages, int kEpi, int kCluster = 1, int kTileN = 128>
 void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t stream) {
-  using T = Traits<Elem, kStages, kEpi, kCluster>;
+  using T = Traits<Elem, kStages, kEpi, kCluster, kTileN>;
+  if constexpr (T::kColTiles > 1) {
+    static const bool split_by_column = fragment_tiles_split_by_column<T>();
+    DMUON_CHECK(split_by_column, "sm90_sym_product: the 128x", kTileN,
+                " accumulator fragment is not split by column tile (CuTe layout changed?)");
+  }
   typename T::Params p{
       T::tma(static_cast<const Elem*>(args.a), static_cast<int>(args.m), static_cast<int>(args.k),
              static_cast<int>(args.batch), args.lda, args.stride_a),
-      T::tma(static_cast<const Elem*>(args.b), static_cast<int>(args.m), static_cast<int>(args.k),
-             static_cast<int>(args.batch), args.ldb, args.stride_b),
+      T::tma_b(static_cast<const Elem*>(args.b), static_cast<int>(args.m), static_cast<int>(args.k),
+               static_cast<int>(args.batch), args.ldb, args.stride_b),
       {}, {},
       static_cast<int>(args.m), static_cast<int>(args.k), static_cast<int>(args.batch), 0, 0, 0,
       static_cast<const Elem*>(args.c), args.ldc, args.stride_c, static_cast<Elem*>(args.d), args.ldd,
       args.stride_d, static_cast<float>(args.alpha), static_cast<float>(args.beta), {}, {}, {},
       0, 1, nullptr, nullptr};
   p.num_row_tiles = static_cast<int>((args.m + T::kTile - 1) / T::kTile);
-  p.num_tri = static_cast<int64_t>(p.num_row_tiles) * (p.num_row_tiles + 1) / 2;
+  // Units per matrix: lower-triangle tiles, or (n256) 128×256 units over them.
+  p.num_tri = T::kColTiles == 1 ? static_cast<int64_t>(p.num_row_tiles) * (p.num_row_tiles + 1) / 2
+                                : wide_units(p.num_row_tiles);
   p.num_work = p.num_tri * args.batch;
   p.num_full = p.num_work;
   if constexpr (T::kTmaStore) {
@@ -722,7 +829,7 @@ void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t
   }
 
   // Launch: persistent grid of min(work, CTAs) CTAs, one per SM.
-  auto kernel = sym_product_kernel<Elem, kStages, kEpi, kCluster>;
+  auto kernel = sym_product_kernel<Elem, kStages, kEpi, kCluster, kTileN>;
   static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "over the 227 KiB shared-memory opt-in");
   const int smem_bytes = static_cast<int>(sizeof(typename T::SharedStorage));
   int device = 0, num_sms = 0;
@@ -739,7 +846,8 @@ void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t
   const int64_t ctas = num_ctas > 0 ? std::min<int64_t>(num_ctas, num_sms) : num_sms;
   // Split-K: whole waves of tiles as they are, the tail tiles cut into k-slices (header).
   if (split_k) {
-    DMUON_CHECK(kCluster == 1 && T::kTmaStore, "sm90_sym_product: split-K needs the 1-CTA tmastore kernel");
+    DMUON_CHECK(kCluster == 1 && T::kTmaStore && T::kColTiles == 1,
+                "sm90_sym_product: split-K needs the 1-CTA 128x128 tmastore kernel");
     const int num_k_tiles = (p.k + T::kTileK - 1) / T::kTileK;
     const int64_t full = p.num_work / ctas * ctas, tail = p.num_work - full;
     const int64_t split = tail == 0 ? 1
@@ -804,6 +912,7 @@ bool launch_instance(const SymProductArgs& args, const Sm90SymConfig& config, cu
   constexpr int kTmaStore = static_cast<int>(Sm90Epilogue::kTmaStore);
   // mc2 (2-CTA clusters; which are autotuner candidates: sm90_sym_config.cpp).
   if (config.cluster == 2) {
+    if (config.tile_n != 128 || config.split_k) return false;
     switch (config.stages * 4 + static_cast<int>(config.epilogue)) {
       case 4 * 4 + kTmaStore: launch<Elem, 4, kTmaStore, 2>(args, config.num_ctas, config.split_k, stream); return true;
       case 5 * 4 + kTmaStore: launch<Elem, 5, kTmaStore, 2>(args, config.num_ctas, config.split_k, stream); return true;
@@ -812,6 +921,17 @@ bool launch_instance(const SymProductArgs& args, const Sm90SymConfig& config, cu
     }
   }
   if (config.cluster != 1) return false;
+  // n256 (128×256 units; which are candidates: sm90_sym_config.cpp).
+  if (config.tile_n == 256) {
+    if (config.split_k) return false;
+    switch (config.stages * 4 + static_cast<int>(config.epilogue)) {
+      case 3 * 4 + kStaged: launch<Elem, 3, kStaged, 1, 256>(args, config.num_ctas, false, stream); return true;
+      case 3 * 4 + kDirect: launch<Elem, 3, kDirect, 1, 256>(args, config.num_ctas, false, stream); return true;
+      case 4 * 4 + kDirect: launch<Elem, 4, kDirect, 1, 256>(args, config.num_ctas, false, stream); return true;
+      default: return false;
+    }
+  }
+  if (config.tile_n != 128) return false;
   switch (config.stages * 4 + static_cast<int>(config.epilogue)) {
     case 4 * 4 + kDirect: launch<Elem, 4, kDirect>(args, config.num_ctas, config.split_k, stream); return true;
     case 5 * 4 + kDirect: launch<Elem, 5, kDirect>(args, config.num_ctas, config.split_k, stream); return true;

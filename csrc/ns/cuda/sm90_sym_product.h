@@ -14,8 +14,8 @@ namespace dmuon::ns::cuda {
 enum class Sm90Epilogue { kDirect, kStaged, kTmaStore };
 
 /// Configuration of the kernel (compile-time instances: stages 4–6 × direct/staged,
-/// stages 4–5 × tmastore; 2-CTA clusters: tmastore s4–s5, staged s6; split-K is a runtime
-/// switch of the 1-CTA tmastore instances).
+/// stages 4–5 × tmastore; 2-CTA clusters: tmastore s4–s5, staged s6; 128×256 units: staged
+/// s3, direct s3–s4; split-K is a runtime switch of the 1-CTA 128×128 tmastore instances).
 struct Sm90SymConfig {
   int tile = 128;    ///< square output tile (rows = cols)
   int tile_k = 64;   ///< k extent of one pipeline stage
@@ -23,23 +23,27 @@ struct Sm90SymConfig {
   int num_ctas = 0;  ///< persistent CTAs (0: one per SM; clusters: an even count)
   Sm90Epilogue epilogue = Sm90Epilogue::kDirect;
   int cluster = 1;   ///< CTAs per cluster: 2 shares one operand panel by TMA multicast ("mc2-")
+  /// Columns of a work unit: 128 (one tile), or 256 ("n256-": two column tiles over one
+  /// 256-row B panel, 64×256 WGMMAs; 1-CTA, staged s3 or direct s3–s4).
+  int tile_n = 128;
   /// Tail split-K ("sk-", 1-CTA tmastore only): the tiles of the last, partial wave run as
   /// k-slices on every CTA, summed by the last slice to finish (SymProductArgs::scratch).
   bool split_k = false;
 
   std::string name() const;  ///< e.g. "sm90:staged:s5:c0", "sm90:mc2-tmastore:s4:c0",
-                             ///< "sm90:sk-tmastore:s5:c0"
+                             ///< "sm90:sk-tmastore:s5:c0", "sm90:n256-staged:s4:c0"
   /// Parse name(); false when the text names no built configuration.
   static bool parse(const std::string& text, Sm90SymConfig* config);
 };
 
 /// Every built configuration, in a fixed order (the autotuner's candidates; num_ctas 0).
-/// Of the 2-CTA cluster ones only mc2-tmastore s5; the others (sm90_sym_experimental_configs)
-/// are appended only when DMUON_SYM_EXPERIMENTAL=1.
+/// Of the 2-CTA cluster ones only mc2-tmastore s5; the others and the 128×256 ones
+/// (sm90_sym_experimental_configs) are appended only when DMUON_SYM_EXPERIMENTAL=1.
 std::vector<Sm90SymConfig> sm90_sym_configs();
 
-/// The cluster configurations that won no measured shape (tmastore s4, staged s6);
-/// callable by name whether or not DMUON_SYM_EXPERIMENTAL is set.
+/// The configurations that won no measured shape (2-CTA clusters: tmastore s4, staged s6;
+/// 128×256 units: staged s3, direct s3–s4); callable by name whether or not
+/// DMUON_SYM_EXPERIMENTAL is set.
 std::vector<Sm90SymConfig> sm90_sym_experimental_configs();
 
 /// Bytes of SymProductArgs::scratch a split-K configuration needs with `num_ctas` CTAs:
