@@ -29,7 +29,9 @@ pytestmark = pytest.mark.gpu
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 # Wide, tall, square, odd (cols % 4 != 0, padded rows), tiny, and a 3-D stack of matrices.
-SHAPES = [(64, 96), (96, 64), (127, 301), (130, 66), (5, 7), (3, 40, 72), (256, 256)]
+# NOTE: tall ones with cols % 4 == 0 take the vectorized transposing kernels ((96, 64),
+# (200, 68): a last tile column of one float4, (300, 132)); (130, 66) the scalar ones.
+SHAPES = [(64, 96), (96, 64), (127, 301), (130, 66), (5, 7), (3, 40, 72), (256, 256), (200, 68), (300, 132)]
 
 # One process: builds the model from a seed, runs 3 steps in two param groups (Gram with
 # Nesterov and decay; standard without Nesterov, adjusted lr), prints parameters' and
