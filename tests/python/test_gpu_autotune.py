@@ -113,21 +113,6 @@ CLUSTER_SHAPES = [(1, 100, 70), (3, 200, 130), (2, 383, 1001), (5, 520, 200), (1
 
 
 @needs_kernel
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("shape", CLUSTER_SHAPES)
-@pytest.mark.parametrize("with_c", [False, True])
-@pytest.mark.parametrize("operands", ["same", "distinct", "strided"])
-def test_cluster_sym_configs_match_dense(dtype, shape, with_c, operands):
-    """The checks of test_every_sym_config_matches_dense on same, distinct (a panel loaded from
-    the wrong operand is caught) and strided operands (gram_problem)."""
-    batch, m, k = shape
-    gen = torch.Generator(device="cuda").manual_seed(batch * 7919 + m * 31 + k)
-    a, b, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c, gen, operands)
-    for config in CLUSTER_CONFIGS:
-        assert_like_dense(ops.cuda_sym_product_config(a, b, c, alpha, beta, config), config, exact, same)
-
-
-@needs_kernel
 def test_cluster_candidates_follow_the_experimental_knob():
     names = [name for name in ops.cuda_sym_configs() if ":mc2-" in name]
     expected = [c for c in CLUSTER_CONFIGS if c.endswith(":c0")] if experimental_knob else DEFAULT_CLUSTER_CONFIGS
@@ -145,19 +130,27 @@ N256_CONFIGS = ["sm90:n256-staged:s3:c0", "sm90:n256-direct:s3:c0", "sm90:n256-d
 N256_SHAPES = [(1, 100, 70), (2, 257, 129), (3, 384, 1001), (2, 512, 520), (16, 1000, 520), (1, 1100, 64)]
 
 
+# Both families on their shapes, called by name whether or not they are candidates.
+# NOTE: the ids name the family ("cluster-…", "n256-…") so that -k selects one.
+NAMED_CASES = ([pytest.param(CLUSTER_CONFIGS, shape, id=f"cluster-{'x'.join(map(str, shape))}")
+                for shape in CLUSTER_SHAPES] +
+               [pytest.param(N256_CONFIGS + ["sm90:n256-staged:s3:c5"], shape, id=f"n256-{'x'.join(map(str, shape))}")
+                for shape in N256_SHAPES])
+
+
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("shape", N256_SHAPES)
+@pytest.mark.parametrize("configs,shape", NAMED_CASES)
 @pytest.mark.parametrize("with_c", [False, True])
 @pytest.mark.parametrize("operands", ["same", "distinct", "strided"])
-def test_n256_configs_match_dense(dtype, shape, with_c, operands):
-    """The checks of test_every_sym_config_matches_dense on same, distinct (a B panel taken
-    from A is caught) and strided operands, for the 128×256-unit configurations (called by
-    name: candidates only with DMUON_SYM_EXPERIMENTAL=1); ":c5" runs few CTAs over many units."""
+def test_named_sym_configs_match_dense(dtype, configs, shape, with_c, operands):
+    """The checks of test_every_sym_config_matches_dense on same, distinct (a panel loaded from
+    the wrong operand is caught) and strided operands (gram_problem), for the 2-CTA cluster
+    and the 128×256-unit configurations; ":c5" runs few CTAs over many units."""
     batch, m, k = shape
-    gen = torch.Generator(device="cuda").manual_seed(batch * 104729 + m * 17 + k)
+    gen = torch.Generator(device="cuda").manual_seed(batch * 7919 + m * 31 + k)
     a, b, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c, gen, operands)
-    for config in N256_CONFIGS + ["sm90:n256-staged:s3:c5"]:
+    for config in configs:
         assert_like_dense(ops.cuda_sym_product_config(a, b, c, alpha, beta, config), config, exact, same)
 
 

@@ -69,6 +69,23 @@ __device__ __forceinline__ float update_of(float grad, float momentum, const Rul
   return rule.nesterov ? lerp(grad, momentum, rule.nesterov_weight) : momentum;
 }
 
+// Four elements at `at` of grad and momentum (16-byte aligned): the update, after writing
+// the new momentum when kUpdateMomentum.
+template <bool kUpdateMomentum>
+__device__ __forceinline__ float4 update4_at(const float* grad, float* momentum, int64_t at, const Rule& rule) {
+  const float4 g = *reinterpret_cast<const float4*>(grad + at);
+  float4 m = *reinterpret_cast<const float4*>(momentum + at);
+  if constexpr (kUpdateMomentum) {
+    m.x = lerp(m.x, g.x, rule.buffer_weight);
+    m.y = lerp(m.y, g.y, rule.buffer_weight);
+    m.z = lerp(m.z, g.z, rule.buffer_weight);
+    m.w = lerp(m.w, g.w, rule.buffer_weight);
+    *reinterpret_cast<float4*>(momentum + at) = m;
+  }
+  return make_float4(update_of(g.x, m.x, rule), update_of(g.y, m.y, rule), update_of(g.z, m.z, rule),
+                     update_of(g.w, m.w, rule));
+}
+
 // Sum over the block in a fixed order (warp trees, then warps in order): deterministic.
 __device__ float block_sum(float value) {
   __shared__ float warp_sums[kThreads / 32];  // [warps]
@@ -152,20 +169,10 @@ __global__ void normalized_update_flat_kernel(const __grid_constant__ Pointers p
   const int64_t numel = rows * cols;
   for (int64_t i = 4 * (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x); i < numel;
        i += 4 * static_cast<int64_t>(gridDim.x) * kThreads) {
-    const float4 g = *reinterpret_cast<const float4*>(grad + i);
-    float4 m = *reinterpret_cast<const float4*>(momentum + i);
-    if constexpr (kUpdateMomentum) {
-      m.x = lerp(m.x, g.x, rule.buffer_weight);
-      m.y = lerp(m.y, g.y, rule.buffer_weight);
-      m.z = lerp(m.z, g.z, rule.buffer_weight);
-      m.w = lerp(m.w, g.w, rule.buffer_weight);
-      *reinterpret_cast<float4*>(momentum + i) = m;
-    }
+    const float4 u = update4_at<kUpdateMomentum>(grad, momentum, i, rule);
     const int64_t r = i / cols, c = i - r * cols;
     // NOTE: ld % 8 == 0 and c % 4 == 0: one aligned 8-byte store.
-    *reinterpret_cast<uint2*>(dst + r * ld + c) =
-        pack4<T>(update_of(g.x, m.x, rule) * scale, update_of(g.y, m.y, rule) * scale,
-                 update_of(g.z, m.z, rule) * scale, update_of(g.w, m.w, rule) * scale);
+    *reinterpret_cast<uint2*>(dst + r * ld + c) = pack4<T>(u.x * scale, u.y * scale, u.z * scale, u.w * scale);
     if (c + 4 == cols)
       for (int64_t p = cols; p < ld; ++p) dst[r * ld + p] = from_float<T>(0.f);
   }
@@ -247,20 +254,8 @@ __global__ void normalized_update_transpose_vec_kernel(const __grid_constant__ P
     const int j = t % 16;
     const int64_t src_row = c0 + i, src_col = r0 + 4 * j;
     float4 u = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (src_row < rows && src_col < cols) {  // NOTE: cols % 4 == 0: the float4 is whole
-      const int64_t at = src_row * cols + src_col;
-      const float4 g = *reinterpret_cast<const float4*>(grad + at);
-      float4 m = *reinterpret_cast<const float4*>(momentum + at);
-      if constexpr (kUpdateMomentum) {
-        m.x = lerp(m.x, g.x, rule.buffer_weight);
-        m.y = lerp(m.y, g.y, rule.buffer_weight);
-        m.z = lerp(m.z, g.z, rule.buffer_weight);
-        m.w = lerp(m.w, g.w, rule.buffer_weight);
-        *reinterpret_cast<float4*>(momentum + at) = m;
-      }
-      u = make_float4(update_of(g.x, m.x, rule), update_of(g.y, m.y, rule), update_of(g.z, m.z, rule),
-                      update_of(g.w, m.w, rule));
-    }
+    // NOTE: cols % 4 == 0: the float4 is whole.
+    if (src_row < rows && src_col < cols) u = update4_at<kUpdateMomentum>(grad, momentum, src_row * cols + src_col, rule);
     tile[i][4 * j] = u.x, tile[i][4 * j + 1] = u.y, tile[i][4 * j + 2] = u.z, tile[i][4 * j + 3] = u.w;
   }
   __syncthreads();
