@@ -42,6 +42,8 @@
 // NOTE: why: per FLOP, a 128×256 unit reads 25% less operand data from L2 (48 KiB a k-tile
 // for 4.2 MFLOP against 32 KiB for 2.1) and 17% less from shared memory; the 128×128 kernel
 // trails cuBLAS's dense mainloop rate by a third (BENCHMARKS.md run F).
+// Measured on an H200 (2026-11-29, BENCHMARKS.md run G): 0.52–0.96× the best 128×128
+// configuration on every shape tried, hence experimental (sm90_sym_config.cpp).
 //
 // 2-CTA cluster variant ("mc2", kCluster = 2). First run on an H200 2026-11-29: correct,
 // memcheck and racecheck clean, up to 1.08× on long-k X·Xᵀ (sm90_sym_config.cpp).
