@@ -2,9 +2,9 @@
 #include "ns/cuda/elementwise.h"
 
 #include <algorithm>
-#include <cstdint>
 #include <cstring>
 
+#include "ns/cuda/alignment.h"
 #include "ns/cuda/cuda_check.h"
 #include "ns/cuda/half_types.cuh"
 
@@ -280,7 +280,6 @@ void write_back(DType dtype, const void* in, int64_t ld_in, int64_t batch, int64
 
 void add_identity(DType dtype, const void* z, double a, void* q, int64_t batch, int64_t m,
                   int64_t ld, int64_t stride, cudaStream_t stream) {
-  auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = ld % 8 == 0 && stride % 8 == 0 && aligned16(z) && aligned16(q);
   const int64_t work = vec ? m * ((m + 7) / 8) : m * m;
   const int64_t blocks = std::min<int64_t>((work + 255) / 256, 1024);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "ns/cuda/alignment.h"
 #include "ns/cuda/cuda_check.h"
 #include "ns/cuda/half_types.cuh"
 
@@ -385,8 +386,6 @@ __global__ void apply_result_transpose_vec_kernel(const T* __restrict__ result, 
 }
 
 // ---------------------------------------------------------------- host side
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // The list in launches of at most kMaxPerLaunch: fn(first, count_in_launch, pointers, vec4).
 // vec4: every pointer of the launch is 16-byte aligned (the caller adds its own shape test).
 template <typename Fn>
@@ -468,11 +467,12 @@ void normalized_update(DType dtype, const StepMatrix* matrices, int64_t count, i
     using T = decltype(zero);
     for_each_launch(matrices, count, [&](int64_t first, int64_t num, const Pointers& ptrs, bool vec4) {
       T* out = static_cast<T*>(iterate) + first * m * ld;
-      if (!transpose && vec4 && cols % 4 == 0) {
+      const bool vec = vec4 && cols % 4 == 0;  // NOTE: whole, aligned float4s of every row
+      if (!transpose && vec) {
         auto kernel = update_momentum ? normalized_update_flat_kernel<T, true> : normalized_update_flat_kernel<T, false>;
         kernel<<<dim3(flat_blocks(rows * cols), static_cast<unsigned>(num)), kThreads, 0, stream>>>(
             ptrs, rows, cols, r, scales + first, out, ld);
-      } else if (transpose && vec4 && cols % 4 == 0) {
+      } else if (transpose && vec) {
         auto kernel = update_momentum ? normalized_update_transpose_vec_kernel<T, true>
                                       : normalized_update_transpose_vec_kernel<T, false>;
         kernel<<<tiles(m, ld, num), dim3(kHalfTile, kTileRows), 0, stream>>>(ptrs, rows, cols, r, scales + first, out, ld);
@@ -500,10 +500,11 @@ void apply_result(DType dtype, const void* result, int64_t ld, const StepMatrix*
     for_each_launch(matrices, count, [&](int64_t first, int64_t num, const Pointers& ptrs, bool vec4) {
       const T* src = static_cast<const T*>(result) + first * m * ld;
       const float s = static_cast<float>(scale), d = static_cast<float>(decay);
-      if (!transpose && vec4 && cols % 4 == 0) {
+      const bool vec = vec4 && cols % 4 == 0;  // NOTE: whole, aligned float4s of every row
+      if (!transpose && vec) {
         apply_result_flat_kernel<T><<<dim3(flat_blocks(rows * cols), static_cast<unsigned>(num)), kThreads, 0,
                                       stream>>>(src, ld, ptrs, rows, cols, s, d, nonfinite_flag);
-      } else if (transpose && vec4 && cols % 4 == 0) {
+      } else if (transpose && vec) {
         apply_result_transpose_vec_kernel<T><<<tiles(rows, cols, num), dim3(kHalfTile, kTileRows), 0, stream>>>(
             src, ld, ptrs, rows, cols, s, d, nonfinite_flag);
       } else {

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/env.h"
+#include "ns/cuda/alignment.h"
 #include "ns/cuda/sm90_sym_product.h"
 
 namespace dmuon::ns::cuda {
@@ -187,7 +188,6 @@ size_t sm90_sym_split_scratch_bytes(int num_ctas) {
 }
 
 std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymConfig& config) {
-  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   std::ostringstream why;
   if (!built(config))
     why << "configuration " << config.tile << "x" << config.tile << "x" << config.tile_k << ", " << config.stages
@@ -197,7 +197,7 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
            " split-K: 1-CTA tmastore; 256 unit columns: 1-CTA staged s3, direct s3-s4)";
   else if (config.cluster == 2 && config.num_ctas % 2)
     why << "a 2-CTA cluster configuration needs an even CTA count (0: all SMs), got " << config.num_ctas;
-  else if (!aligned(args.a) || !aligned(args.b))
+  else if (!aligned16(args.a) || !aligned16(args.b))
     why << "A and B must be 16-byte aligned";
   else if (args.lda % 8 || args.ldb % 8 || args.stride_a % 8 || args.stride_b % 8)
     why << "lda/ldb and batch strides must be multiples of 8, got lda=" << args.lda << " ldb=" << args.ldb
@@ -208,11 +208,11 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
   else if (args.beta != 0.0 && args.c == nullptr)
     why << "beta != 0 needs C";
   else if (config.epilogue == Sm90Epilogue::kStaged &&
-           (!aligned(args.d) || args.ldd % 8 || args.stride_d % 8))
+           (!aligned16(args.d) || args.ldd % 8 || args.stride_d % 8))
     why << "the staged epilogue needs a 16-byte aligned D with ldd and batch stride multiples of 8";
   else if (config.epilogue == Sm90Epilogue::kTmaStore &&
-           (!aligned(args.d) || args.ldd % 8 || args.stride_d % 8 ||
-            (args.beta != 0.0 && (!aligned(args.c) || args.ldc % 8 || args.stride_c % 8))))
+           (!aligned16(args.d) || args.ldd % 8 || args.stride_d % 8 ||
+            (args.beta != 0.0 && (!aligned16(args.c) || args.ldc % 8 || args.stride_c % 8))))
     why << "the tmastore epilogue needs 16-byte aligned D and C with leading dimensions and batch strides "
            "multiples of 8 (TMA)";
   else if (config.split_k) {

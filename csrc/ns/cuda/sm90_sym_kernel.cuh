@@ -584,14 +584,12 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
     if constexpr (T::kTmaStore && T::kCluster == 1 && T::kColTiles == 1) {
       if (u.part >= 0) {
         if (!split_k_reduce<T>(p, u, consumer_idx, acc, &smem.split_last)) {
-          // NOTE: tmastore: the producer loaded C for this slice too; take the load (parity)
-          // and free the epilogue tile for the next one (one epi_empty arrival per C load).
-          if constexpr (T::kTmaStore) {
-            if (with_c) {
-              FullBarrier::wait(&smem.c_full, c_phase);
-              c_phase ^= 1u;
-              if (consumer_idx == 0) EmptyBarrier::arrive(&smem.epi_empty);
-            }
+          // NOTE: the producer loaded C for this slice too; take the load (parity) and free
+          // the epilogue tile for the next one (one epi_empty arrival per C load).
+          if (with_c) {
+            FullBarrier::wait(&smem.c_full, c_phase);
+            c_phase ^= 1u;
+            if (consumer_idx == 0) EmptyBarrier::arrive(&smem.epi_empty);
           }
           continue;
         }
