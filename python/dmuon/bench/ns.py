@@ -165,13 +165,16 @@ def sym_kernel_table(args, ops, kernel_ok: bool) -> None:
 
 def profile_step(step, warmup: int) -> None:
     """Where one warm DMuon.step spends its time: the top CUDA kernels and the host wall."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from dmuon.bench.timeline import format_timeline, profiler_timeline
 
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step()
+        with record_function("dmuon.DMuon.step"):
+            step()
         torch.cuda.synchronize()
     events = prof.key_averages()
     cuda_total = sum(e.self_device_time_total for e in events) / 1e3
@@ -179,6 +182,9 @@ def profile_step(step, warmup: int) -> None:
                                                          "cudaGraphLaunch", "cublasLtMatmul"))
     print(f"  profile of one step: {cuda_total:.2f} ms of device time, {launches} launches; top kernels:")
     print(events.table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=60))
+    # NOTE: the step's time is its host range: host work before the first kernel, between
+    # kernels (host waits) and after the last one all count in the CUDA-event timing.
+    print(format_timeline(profiler_timeline(prof, "dmuon.DMuon.step")))
 
 
 def run(args) -> None:
