@@ -33,8 +33,17 @@ bool n256_built(Sm90Epilogue epilogue, int stages) {
          (epilogue == Sm90Epilogue::kDirect && (stages == 3 || stages == 4));
 }
 
+// The built two-CTAs-an-SM instances (sm90_sym_kernel.cuh, launch_instance).
+// NOTE: two CTAs share an SM's 228 KiB: 3 stages (96 KiB) each with the direct epilogue, so
+// the SM keeps 4 stage loads in flight as the 1-CTA s5 ring does. Beside the staged tile
+// (32 KiB) only 2 stages fit (one load in flight a CTA), beside the tmastore tiles none.
+bool x2_built(Sm90Epilogue epilogue, int stages) { return epilogue == Sm90Epilogue::kDirect && stages == 3; }
+
 bool built(const Sm90SymConfig& c) {
   if (c.tile != 128 || c.tile_k != 64) return false;
+  if (c.ctas_per_sm == 2)
+    return c.tile_n == 128 && c.cluster == 1 && !c.split_k && x2_built(c.epilogue, c.stages);
+  if (c.ctas_per_sm != 1) return false;
   if (c.tile_n == 256) return c.cluster == 1 && !c.split_k && n256_built(c.epilogue, c.stages);
   if (c.tile_n != 128) return false;
   // NOTE: split-K is a runtime switch of the 1-CTA kernel; only its tmastore instances
@@ -50,7 +59,8 @@ std::string Sm90SymConfig::name() const {
   const char* epilogue_name = epilogue == Sm90Epilogue::kStaged     ? "staged"
                               : epilogue == Sm90Epilogue::kTmaStore ? "tmastore"
                                                                     : "direct";
-  out << "sm90:" << (cluster == 2 ? "mc2-" : "") << (tile_n == 256 ? "n256-" : "") << (split_k ? "sk-" : "")
+  out << "sm90:" << (cluster == 2 ? "mc2-" : "") << (tile_n == 256 ? "n256-" : "") << (ctas_per_sm == 2 ? "x2-" : "")
+      << (split_k ? "sk-" : "")
       << epilogue_name << ":s" << stages << ":c" << num_ctas;
   return out.str();
 }
@@ -68,6 +78,10 @@ bool Sm90SymConfig::parse(const std::string& text, Sm90SymConfig* config) {
   if (e.rfind("n256-", 0) == 0) {
     c.tile_n = 256;
     e = e.substr(5);
+  }
+  if (e.rfind("x2-", 0) == 0) {
+    c.ctas_per_sm = 2;
+    e = e.substr(3);
   }
   if (e.rfind("sk-", 0) == 0) {
     c.split_k = true;
@@ -174,6 +188,14 @@ std::vector<Sm90SymConfig> sm90_sym_experimental_configs() {
     c.tile_n = 256;
     configs.push_back(c);
   }
+  // Two CTAs an SM (x2): direct s3.
+  {
+    Sm90SymConfig c;
+    c.epilogue = Sm90Epilogue::kDirect;
+    c.stages = 3;
+    c.ctas_per_sm = 2;
+    configs.push_back(c);
+  }
   return configs;
 }
 
@@ -191,10 +213,11 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
   std::ostringstream why;
   if (!built(config))
     why << "configuration " << config.tile << "x" << config.tile << "x" << config.tile_k << ", " << config.stages
-        << " stages, cluster " << config.cluster << ", unit columns " << config.tile_n
+        << " stages, cluster " << config.cluster << ", unit columns " << config.tile_n << ", "
+        << config.ctas_per_sm << " CTA(s) an SM"
         << (config.split_k ? ", split-K" : "")
         << " is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore; cluster 2: tmastore s4-s5, staged s6;"
-           " split-K: 1-CTA tmastore; 256 unit columns: 1-CTA staged s3, direct s3-s4)";
+           " split-K: 1-CTA tmastore; 256 unit columns: 1-CTA staged s3, direct s3-s4; 2 CTAs an SM: direct s3)";
   else if (config.cluster == 2 && config.num_ctas % 2)
     why << "a 2-CTA cluster configuration needs an even CTA count (0: all SMs), got " << config.num_ctas;
   else if (!aligned16(args.a) || !aligned16(args.b))
