@@ -42,3 +42,18 @@ def test_format_lists_largest_gaps_with_neighbours():
     text = format_timeline(t, top=1)
     assert "gap    500.0 µs  after check_partials  before normalized_update" in text
     assert "710.0" not in text  # only the largest gap is listed
+
+
+def test_profiler_timeline_reads_a_real_profile():
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from dmuon.bench.timeline import profiler_timeline
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("the step"):
+            torch.ones(64, 64).sum()
+    t = profiler_timeline(prof, "the step")
+    assert t.wall_us > 0 and t.busy_us == 0 and t.lead_us == t.wall_us  # CPU only: no device work
+    with pytest.raises(ValueError, match="no host range named"):
+        profiler_timeline(prof, "another step")

@@ -130,22 +130,12 @@ N256_CONFIGS = ["sm90:n256-staged:s3:c0", "sm90:n256-direct:s3:c0", "sm90:n256-d
 N256_SHAPES = [(1, 100, 70), (2, 257, 129), (3, 384, 1001), (2, 512, 520), (16, 1000, 520), (1, 1100, 64)]
 
 
-# ---------------------------------------------------------------- two CTAs an SM (x2)
-
-X2_CONFIGS = ["sm90:x2-direct:s3:c0"]
-# NOTE: (batch, m, k): one tile and one k-tile; odd sizes with a partial last k-tile; many
-# tiles a CTA; 64 small matrices (more CTAs than tiles of one matrix); ":c5" few CTAs.
-X2_SHAPES = [(1, 8, 8), (3, 127, 1001), (2, 257, 129), (64, 40, 72), (16, 1000, 520), (1, 1100, 64)]
-
-
-# The families on their shapes, called by name whether or not they are candidates.
-# NOTE: the ids name the family ("cluster-…", "n256-…", "x2-…") so that -k selects one.
+# Both families on their shapes, called by name whether or not they are candidates.
+# NOTE: the ids name the family ("cluster-…", "n256-…") so that -k selects one.
 NAMED_CASES = ([pytest.param(CLUSTER_CONFIGS, shape, id=f"cluster-{'x'.join(map(str, shape))}")
                 for shape in CLUSTER_SHAPES] +
                [pytest.param(N256_CONFIGS + ["sm90:n256-staged:s3:c5"], shape, id=f"n256-{'x'.join(map(str, shape))}")
-                for shape in N256_SHAPES] +
-               [pytest.param(X2_CONFIGS + ["sm90:x2-direct:s3:c5"], shape, id=f"x2-{'x'.join(map(str, shape))}")
-                for shape in X2_SHAPES])
+                for shape in N256_SHAPES])
 
 
 @needs_kernel
@@ -162,17 +152,6 @@ def test_named_sym_configs_match_dense(dtype, configs, shape, with_c, operands):
     a, b, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c, gen, operands)
     for config in configs:
         assert_like_dense(ops.cuda_sym_product_config(a, b, c, alpha, beta, config), config, exact, same)
-
-
-@needs_kernel
-def test_x2_configs_follow_the_experimental_knob_and_are_built_where_they_fit():
-    names = [name for name in ops.cuda_sym_configs() if ":x2-" in name]
-    assert sorted(names) == (sorted(X2_CONFIGS) if experimental_knob else []), names
-    a = padded(torch.randn(1, 16, 16, device="cuda").half())
-    for unbuilt in ("sm90:x2-direct:s4:c0", "sm90:x2-staged:s2:c0", "sm90:x2-tmastore:s3:c0",
-                    "sm90:mc2-x2-direct:s3:c0", "sm90:n256-x2-direct:s3:c0", "sm90:x2-sk-tmastore:s4:c0"):
-        with pytest.raises(RuntimeError, match="configuration"):
-            ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, unbuilt)
 
 
 @needs_kernel

@@ -33,17 +33,8 @@ bool n256_built(Sm90Epilogue epilogue, int stages) {
          (epilogue == Sm90Epilogue::kDirect && (stages == 3 || stages == 4));
 }
 
-// The built two-CTAs-an-SM instances (sm90_sym_kernel.cuh, launch_instance).
-// NOTE: two CTAs share an SM's 228 KiB: 3 stages (96 KiB) each with the direct epilogue, so
-// the SM keeps 4 stage loads in flight as the 1-CTA s5 ring does. Beside the staged tile
-// (32 KiB) only 2 stages fit (one load in flight a CTA), beside the tmastore tiles none.
-bool x2_built(Sm90Epilogue epilogue, int stages) { return epilogue == Sm90Epilogue::kDirect && stages == 3; }
-
 bool built(const Sm90SymConfig& c) {
   if (c.tile != 128 || c.tile_k != 64) return false;
-  if (c.ctas_per_sm == 2)
-    return c.tile_n == 128 && c.cluster == 1 && !c.split_k && x2_built(c.epilogue, c.stages);
-  if (c.ctas_per_sm != 1) return false;
   if (c.tile_n == 256) return c.cluster == 1 && !c.split_k && n256_built(c.epilogue, c.stages);
   if (c.tile_n != 128) return false;
   // NOTE: split-K is a runtime switch of the 1-CTA kernel; only its tmastore instances
@@ -59,8 +50,7 @@ std::string Sm90SymConfig::name() const {
   const char* epilogue_name = epilogue == Sm90Epilogue::kStaged     ? "staged"
                               : epilogue == Sm90Epilogue::kTmaStore ? "tmastore"
                                                                     : "direct";
-  out << "sm90:" << (cluster == 2 ? "mc2-" : "") << (tile_n == 256 ? "n256-" : "") << (ctas_per_sm == 2 ? "x2-" : "")
-      << (split_k ? "sk-" : "")
+  out << "sm90:" << (cluster == 2 ? "mc2-" : "") << (tile_n == 256 ? "n256-" : "") << (split_k ? "sk-" : "")
       << epilogue_name << ":s" << stages << ":c" << num_ctas;
   return out.str();
 }
@@ -78,10 +68,6 @@ bool Sm90SymConfig::parse(const std::string& text, Sm90SymConfig* config) {
   if (e.rfind("n256-", 0) == 0) {
     c.tile_n = 256;
     e = e.substr(5);
-  }
-  if (e.rfind("x2-", 0) == 0) {
-    c.ctas_per_sm = 2;
-    e = e.substr(3);
   }
   if (e.rfind("sk-", 0) == 0) {
     c.split_k = true;
@@ -120,6 +106,10 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
   // 0.94–1.05× (a wash: the staged and direct configurations stay candidates).
   // NOTE: 256×128 units (two row tiles over one column panel; commit ff991b6) were slower
   // than the best 128×128 configuration on every one of those shapes (speed 0.39–0.995× of it): removed.
+  // NOTE: two CTAs an SM (commit 4cdedb2: direct epilogue, 3 stages, a one-warp producer and
+  // 288 threads, since ptxas compiles under the two-CTA bound of 85 registers and the 64×128
+  // WGMMA needs 90; it got 96 with 484 bytes of spills) were correct but ran at 0.56–0.84×
+  // tmastore s5 on every shape (H200, 2026-11-29, BENCHMARKS.md run H): removed.
   for (int stages : {4, 5}) {
     Sm90SymConfig c;
     c.epilogue = Sm90Epilogue::kTmaStore;
@@ -188,14 +178,6 @@ std::vector<Sm90SymConfig> sm90_sym_experimental_configs() {
     c.tile_n = 256;
     configs.push_back(c);
   }
-  // Two CTAs an SM (x2): direct s3.
-  {
-    Sm90SymConfig c;
-    c.epilogue = Sm90Epilogue::kDirect;
-    c.stages = 3;
-    c.ctas_per_sm = 2;
-    configs.push_back(c);
-  }
   return configs;
 }
 
@@ -213,11 +195,10 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
   std::ostringstream why;
   if (!built(config))
     why << "configuration " << config.tile << "x" << config.tile << "x" << config.tile_k << ", " << config.stages
-        << " stages, cluster " << config.cluster << ", unit columns " << config.tile_n << ", "
-        << config.ctas_per_sm << " CTA(s) an SM"
+        << " stages, cluster " << config.cluster << ", unit columns " << config.tile_n
         << (config.split_k ? ", split-K" : "")
         << " is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore; cluster 2: tmastore s4-s5, staged s6;"
-           " split-K: 1-CTA tmastore; 256 unit columns: 1-CTA staged s3, direct s3-s4; 2 CTAs an SM: direct s3)";
+           " split-K: 1-CTA tmastore; 256 unit columns: 1-CTA staged s3, direct s3-s4)";
   else if (config.cluster == 2 && config.num_ctas % 2)
     why << "a 2-CTA cluster configuration needs an even CTA count (0: all SMs), got " << config.num_ctas;
   else if (!aligned16(args.a) || !aligned16(args.b))

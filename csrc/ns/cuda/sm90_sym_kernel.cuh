@@ -45,16 +45,6 @@
 // Measured on an H200 (2026-11-29, BENCHMARKS.md run G): 0.52–0.96× the best 128×128
 // configuration on every shape tried, hence experimental (sm90_sym_config.cpp).
 //
-// Two CTAs an SM ("x2", kOccupancy = 2; 1-CTA 128×128, direct epilogue, 3 stages): the same
-// kernel with a launch bound of two resident CTAs, the producer one warp after the consumer
-// warpgroups (288 threads, 112 registers each, no setmaxnreg), and a persistent grid of two
-// CTAs an SM.
-// NOTE: why: on the short-k β·C products of Gram NS (k = m ≤ 1536) the part of the time
-// that does not grow with k is 31–60% (BENCHMARKS.md run H, k-doubling); in one CTA the
-// epilogue and each tile's first loads stall the tensor cores, while a second resident CTA
-// can run its mainloop meanwhile (CUTLASS's ping-pong kernels get the same overlap from two
-// consumer warpgroups of one CTA).
-//
 // 2-CTA cluster variant ("mc2", kCluster = 2). First run on an H200 2026-11-29: correct,
 // memcheck and racecheck clean, up to 1.08× on long-k X·Xᵀ (sm90_sym_config.cpp).
 // NOTE: why: long-k X·Xᵀ products spend > 85% of their time in the mainloop at 460–510
@@ -129,8 +119,7 @@ using namespace cute;
 // NOTE: kClusterT = 2: the "mc2" variant (2-CTA clusters, one operand panel multicast; see
 // the block "2-CTA cluster variant" below the kernel's header comment). 1: the plain kernel.
 // NOTE: kTileNT = 256: the "n256" variant (128×256 units, see "128×256 units" in the header).
-// NOTE: kOccupancyT = 2: the "x2" variant, two resident CTAs an SM (see "Two CTAs an SM").
-template <class Elem, int kStagesT, int kEpiT, int kClusterT = 1, int kTileNT = 128, int kOccupancyT = 1>
+template <class Elem, int kStagesT, int kEpiT, int kClusterT = 1, int kTileNT = 128>
 struct Traits {
   static constexpr int kTile = 128;
   static constexpr int kTileK = 64;
@@ -142,26 +131,10 @@ struct Traits {
   static constexpr int kColTiles = kTileN / kTile;
   static_assert(kColTiles == 1 || (kColTiles == 2 && kCluster == 1 && kEpiT != static_cast<int>(Sm90Epilogue::kTmaStore)),
                 "128x256 units: 1-CTA kernel, staged or direct epilogue");
-  static constexpr int kOccupancy = kOccupancyT;
-  static_assert(kOccupancy == 1 || (kOccupancy == 2 && kCluster == 1 && kTileN == 128 &&
-                                    kEpiT != static_cast<int>(Sm90Epilogue::kTmaStore)),
-                "two CTAs an SM: 1-CTA 128x128, staged or direct epilogue");
-  // One CTA: registers a thread after the producer/consumer split (setmaxnreg), CUTLASS's 40/232.
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
   static constexpr bool kStaged = kEpiT == static_cast<int>(Sm90Epilogue::kStaged);
   static constexpr bool kTmaStore = kEpiT == static_cast<int>(Sm90Epilogue::kTmaStore);
   static constexpr int kNumConsumerThreads = 256;
-  // The producer: warpgroup 0 (threads 0–127) before the consumers (128–383); x2: one warp
-  // after them (threads 256–287).
-  // NOTE: x2: two CTAs of 384 threads leave 85 registers a thread, and ptxas compiles the
-  // whole kernel under that bound (setmaxnreg moves registers at run time only): the 64×128
-  // WGMMA needs 90 ("C7602 insufficient registers"). With a one-warp producer and no
-  // setmaxnreg, two CTAs of 288 threads get 112 registers a thread.
-  static constexpr int kProducerThreads = kOccupancyT == 1 ? 128 : 32;
-  static constexpr int kNumThreads = kProducerThreads + kNumConsumerThreads;
-  static constexpr int kFirstConsumer = kOccupancyT == 1 ? 128 : 0;
-  static constexpr int kProducerLeader = kOccupancyT == 1 ? 0 : kNumConsumerThreads;
+  static constexpr int kNumThreads = 128 + kNumConsumerThreads;
   static constexpr int kTxBytes = (kTile + kTileN) * kTileK * static_cast<int>(sizeof(Elem));
   // fp32 accumulators per consumer thread for one 128×128 output tile.
   static constexpr int kTileValues = kTile * kTile / kNumConsumerThreads;
@@ -436,18 +409,18 @@ __device__ __forceinline__ bool split_k_reduce(const typename T::Params& p, cons
   return true;
 }
 
-template <class Elem, int kStages, int kEpi, int kCluster, int kTileN, int kOccupancy>
-__global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN, kOccupancy>::kNumThreads, kOccupancy)
-    sym_product_kernel(
-        CUTE_GRID_CONSTANT const typename Traits<Elem, kStages, kEpi, kCluster, kTileN, kOccupancy>::Params p) {
+template <class Elem, int kStages, int kEpi, int kCluster, int kTileN>
+__global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>::kNumThreads, 1)
+    sym_product_kernel(CUTE_GRID_CONSTANT const typename Traits<Elem, kStages, kEpi, kCluster, kTileN>::Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using T = Traits<Elem, kStages, kEpi, kCluster, kTileN, kOccupancy>;
+  using T = Traits<Elem, kStages, kEpi, kCluster, kTileN>;
   constexpr int kTile = T::kTile, kTileK = T::kTileK;
   using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
 
   extern __shared__ char smem_raw[];
   auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
+  const int warpgroup_idx = threadIdx.x / 128;
 
   // Barrier set-up, visible to the async proxy before any TMA.
   if (threadIdx.x == 0) {
@@ -489,12 +462,12 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN, 
   const int64_t work_begin = blockIdx.x / kCluster, work_step = gridDim.x / kCluster;
   const int64_t num_work = kCluster > 1 ? p.pairs.num_units : p.num_work;
 
-  if (threadIdx.x < T::kFirstConsumer || threadIdx.x >= T::kFirstConsumer + T::kNumConsumerThreads) {
+  if (warpgroup_idx == 0) {
     // Producer: one thread walks the same work list and fills the ring.
-    // NOTE: registers move from the producer warpgroup to the consumers (Traits:
-    // kProducerRegs/kConsumerRegs): the consumers hold 64 fp32 accumulators plus the epilogue's state.
-    if constexpr (T::kOccupancy == 1) cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
-    if (threadIdx.x == T::kProducerLeader) {
+    // NOTE: registers move from the producer warpgroup to the consumers (CUTLASS's 40/232
+    // split): the consumers hold 64 fp32 accumulators plus the epilogue's state.
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (threadIdx.x == 0) {
       RingState<kStages> state{0, 1u};  // NOTE: parity 1 — the first round finds every stage free.
       uint32_t epi_phase = 1u;          // tmastore: likewise, the first C load finds the tile free
       for (int64_t w = work_begin; w < num_work; w += work_step) {
@@ -546,9 +519,9 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN, 
   }
 
   // Consumers: WGMMA over the ring, then the epilogue.
-  if constexpr (T::kOccupancy == 1) cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
+  cutlass::arch::warpgroup_reg_alloc<232>();
   typename T::TiledMma mma;
-  const int consumer_idx = threadIdx.x - T::kFirstConsumer;
+  const int consumer_idx = threadIdx.x - 128;
   auto thr_mma = mma.get_thread_slice(consumer_idx);
   Tensor tCsA = thr_mma.partition_A(sA);              // (MMA, MMA_M, MMA_K, kStages)
   Tensor tCsB = thr_mma.partition_B(sB);              // (MMA, MMA_N, MMA_K, kStages)
@@ -816,9 +789,9 @@ bool fragment_tiles_split_by_column() {
   return true;
 }
 
-template <class Elem, int kStages, int kEpi, int kCluster = 1, int kTileN = 128, int kOccupancy = 1>
+template <class Elem, int kStages, int kEpi, int kCluster = 1, int kTileN = 128>
 void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t stream) {
-  using T = Traits<Elem, kStages, kEpi, kCluster, kTileN, kOccupancy>;
+  using T = Traits<Elem, kStages, kEpi, kCluster, kTileN>;
   if constexpr (T::kColTiles > 1) {
     static const bool split_by_column = fragment_tiles_split_by_column<T>();
     DMUON_CHECK(split_by_column, "sm90_sym_product: the 128x", kTileN,
@@ -856,11 +829,8 @@ void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t
   }
 
   // Launch: persistent grid of min(work, CTAs) CTAs, one per SM.
-  auto kernel = sym_product_kernel<Elem, kStages, kEpi, kCluster, kTileN, kOccupancy>;
+  auto kernel = sym_product_kernel<Elem, kStages, kEpi, kCluster, kTileN>;
   static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "over the 227 KiB shared-memory opt-in");
-  // NOTE: 228 KiB an SM, 1 KiB of it reserved per resident CTA.
-  static_assert(kOccupancy == 1 || kOccupancy * (sizeof(typename T::SharedStorage) + 1024) <= 228 * 1024,
-                "two CTAs an SM: over the SM's shared memory");
   const int smem_bytes = static_cast<int>(sizeof(typename T::SharedStorage));
   int device = 0, num_sms = 0;
   DMUON_CHECK_CUDA(cudaGetDevice(&device));
@@ -869,33 +839,11 @@ void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t
     static std::mutex mutex;
     static std::set<int> devices_set;
     std::lock_guard<std::mutex> lock(mutex);
-    if (devices_set.insert(device).second) {
+    if (devices_set.insert(device).second)
       DMUON_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-      // NOTE: two CTAs an SM need the whole carveout for shared memory.
-      if constexpr (kOccupancy > 1)
-        DMUON_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                              cudaSharedmemCarveoutMaxShared));
-    }
   }
   DMUON_CHECK_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  // Resident CTAs an SM: 1, or (x2) what the occupancy calculator grants, at most 2.
-  // NOTE: asked, not assumed: with fewer resident CTAs a persistent grid of 2 × SMs still
-  // runs correctly (no CTA waits for another) but in two rounds.
-  int resident = 1;
-  if constexpr (kOccupancy > 1) {
-    static std::mutex mutex;
-    static std::map<int, int> granted;
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = granted.find(device);
-    if (it == granted.end()) {
-      int blocks = 0;
-      DMUON_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, T::kNumThreads, smem_bytes));
-      it = granted.emplace(device, std::clamp(blocks, 1, kOccupancy)).first;
-    }
-    resident = it->second;
-  }
-  const int64_t slots = static_cast<int64_t>(num_sms) * resident;
-  const int64_t ctas = num_ctas > 0 ? std::min<int64_t>(num_ctas, slots) : slots;
+  const int64_t ctas = num_ctas > 0 ? std::min<int64_t>(num_ctas, num_sms) : num_sms;
   // Split-K: whole waves of tiles as they are, the tail tiles cut into k-slices (header).
   if (split_k) {
     DMUON_CHECK(kCluster == 1 && T::kTmaStore && T::kColTiles == 1,
@@ -964,7 +912,7 @@ bool launch_instance(const SymProductArgs& args, const Sm90SymConfig& config, cu
   constexpr int kTmaStore = static_cast<int>(Sm90Epilogue::kTmaStore);
   // mc2 (2-CTA clusters; which are autotuner candidates: sm90_sym_config.cpp).
   if (config.cluster == 2) {
-    if (config.tile_n != 128 || config.split_k || config.ctas_per_sm != 1) return false;
+    if (config.tile_n != 128 || config.split_k) return false;
     switch (config.stages * 4 + static_cast<int>(config.epilogue)) {
       case 4 * 4 + kTmaStore: launch<Elem, 4, kTmaStore, 2>(args, config.num_ctas, config.split_k, stream); return true;
       case 5 * 4 + kTmaStore: launch<Elem, 5, kTmaStore, 2>(args, config.num_ctas, config.split_k, stream); return true;
@@ -973,15 +921,6 @@ bool launch_instance(const SymProductArgs& args, const Sm90SymConfig& config, cu
     }
   }
   if (config.cluster != 1) return false;
-  // x2 (two CTAs an SM; which are candidates: sm90_sym_config.cpp).
-  if (config.ctas_per_sm == 2) {
-    if (config.tile_n != 128 || config.split_k) return false;
-    switch (config.stages * 4 + static_cast<int>(config.epilogue)) {
-      case 3 * 4 + kDirect: launch<Elem, 3, kDirect, 1, 128, 2>(args, config.num_ctas, false, stream); return true;
-      default: return false;
-    }
-  }
-  if (config.ctas_per_sm != 1) return false;
   // n256 (128×256 units; which are candidates: sm90_sym_config.cpp).
   if (config.tile_n == 256) {
     if (config.split_k) return false;

@@ -15,8 +15,7 @@ enum class Sm90Epilogue { kDirect, kStaged, kTmaStore };
 
 /// Configuration of the kernel (compile-time instances: stages 4–6 × direct/staged,
 /// stages 4–5 × tmastore; 2-CTA clusters: tmastore s4–s5, staged s6; 128×256 units: staged
-/// s3, direct s3–s4; two CTAs an SM: direct s3; split-K is a runtime switch of
-/// the 1-CTA 128×128 tmastore instances).
+/// s3, direct s3–s4; split-K is a runtime switch of the 1-CTA 128×128 tmastore instances).
 struct Sm90SymConfig {
   int tile = 128;    ///< square output tile (rows = cols)
   int tile_k = 64;   ///< k extent of one pipeline stage
@@ -30,12 +29,9 @@ struct Sm90SymConfig {
   /// Tail split-K ("sk-", 1-CTA tmastore only): the tiles of the last, partial wave run as
   /// k-slices on every CTA, summed by the last slice to finish (SymProductArgs::scratch).
   bool split_k = false;
-  /// Resident CTAs per SM: 2 ("x2-", 1-CTA 128×128 direct s3, 104 registers a consumer
-  /// thread) lets one CTA's epilogue and tile start overlap the other's mainloop.
-  int ctas_per_sm = 1;
 
   std::string name() const;  ///< e.g. "sm90:staged:s5:c0", "sm90:mc2-tmastore:s4:c0",
-                             ///< "sm90:sk-tmastore:s5:c0", "sm90:n256-staged:s3:c0", "sm90:x2-direct:s3:c0"
+                             ///< "sm90:sk-tmastore:s5:c0", "sm90:n256-staged:s4:c0"
   /// Parse name(); false when the text names no built configuration.
   static bool parse(const std::string& text, Sm90SymConfig* config);
 };
@@ -46,7 +42,7 @@ struct Sm90SymConfig {
 std::vector<Sm90SymConfig> sm90_sym_configs();
 
 /// The configurations that won no measured shape (2-CTA clusters: tmastore s4, staged s6;
-/// 128×256 units: staged s3, direct s3–s4; two CTAs an SM: direct s3); callable by name whether or not
+/// 128×256 units: staged s3, direct s3–s4); callable by name whether or not
 /// DMUON_SYM_EXPERIMENTAL is set.
 std::vector<Sm90SymConfig> sm90_sym_experimental_configs();
 
