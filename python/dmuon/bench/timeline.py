@@ -68,7 +68,10 @@ def profiler_timeline(prof, step_name: str, min_gap_us: float = 5.0) -> Timeline
     if not steps:
         raise ValueError(f"profiler_timeline: no host range named {step_name!r}")
     step = steps[0]
-    device = [(e.time_range.start, e.time_range.end, e.name) for e in events if e.device_type == DeviceType.CUDA]
+    # NOTE: user annotations on the device timeline (torch.optim's "Optimizer.step#…" range
+    # spans the whole step) are not device work: they would hide every gap.
+    device = [(e.time_range.start, e.time_range.end, e.name) for e in events
+              if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
     return device_timeline((step.time_range.start, step.time_range.end), device, min_gap_us)
 
 
