@@ -108,6 +108,22 @@ void register_dist_bindings(py::module_& m) {
            py::arg("momentum_buffers"), py::arg("group_idx"), py::arg("groups"), py::arg("step_idx"))
       .def("check_fused", per_parameter_method(&MuonRuntime::check_fused), py::arg("params"), py::arg("grads"),
            py::arg("momentum_buffers"), py::arg("group_idx"), py::arg("groups"), py::arg("step_idx"))
+      .def(
+          "check_and_update_fused",
+          [](MuonRuntime& runtime, std::vector<at::Tensor> params, std::vector<std::optional<at::Tensor>> grads,
+             std::vector<std::optional<at::Tensor>> buffers, std::vector<int64_t> group_idx,
+             std::vector<MuonGroupOptions> groups, int64_t step_idx, std::vector<at::Tensor> extra) {
+            const std::vector<at::Tensor> defined_grads = or_undefined(grads), defined_buffers = or_undefined(buffers);
+            FusedOutcome outcome;
+            {
+              py::gil_scoped_release release;
+              outcome = runtime.check_and_update_fused(params, defined_grads, defined_buffers, group_idx, groups,
+                                                       step_idx, extra);
+            }
+            return py::make_tuple(outcome.codes, outcome.updated, outcome.extra_bad, outcome.error);
+          },
+          py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"), py::arg("group_idx"), py::arg("groups"),
+          py::arg("step_idx"), py::arg("extra"))
       .def("all_reduce_flags", &MuonRuntime::all_reduce_flags, py::arg("local"), py::arg("op"),
            py::arg("what"), py::arg("step_idx"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rank", &MuonRuntime::rank)

@@ -1,6 +1,7 @@
 // dmuon/torch/dist_runtime.cpp — plan, buckets and the pipelined owner-centric step.
 #include "dist_runtime.h"
 
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <tuple>
 
 #include "common/check.h"
@@ -253,6 +255,144 @@ std::vector<int64_t> MuonRuntime::check_fused(at::TensorList params, const std::
   return codes;
 }
 
+FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const std::vector<at::Tensor>& grads,
+                                                 const std::vector<at::Tensor>& momentum_buffers,
+                                                 const std::vector<int64_t>& group_idx,
+                                                 const std::vector<MuonGroupOptions>& groups, int64_t step_idx,
+                                                 const std::vector<at::Tensor>& extra) {
+  const size_t num_params = layouts_.size();
+  DMUON_CHECK(params.size() == num_params && grads.size() == num_params && momentum_buffers.size() == num_params &&
+                  group_idx.size() == num_params,
+              "MuonRuntime::check_and_update_fused: expected ", num_params,
+              " params, grads, buffers and group indices");
+  DMUON_CHECK(!(group_ && world_size_ > 1), "MuonRuntime::check_and_update_fused: one process only (world size ",
+              world_size_, ")");
+  FusedOutcome out;
+  out.codes.assign(num_params, -1);
+  out.updated.assign(num_params, 0);
+  out.extra_bad.assign(extra.size(), 0);
+  fused_.reset();
+  fused_done_step_ = -1;
+#if defined(DMUON_HAS_FUSED_LOCAL_STEP)
+  const auto start = Clock::now();
+  stats_ = StepStats{};
+  std::vector<ns::Schedule> schedules;
+  for (const auto& g : groups) schedules.push_back(make_schedule(g.algorithm, g.coefficients, g.restart_after, g.eps));
+  std::vector<bool> candidates(num_params, false);
+  std::optional<at::Device> device;
+  for (size_t i = 0; i < num_params; ++i) {
+    DMUON_CHECK(group_idx[i] >= 0 && static_cast<size_t>(group_idx[i]) < groups.size(), "parameter ", i,
+                ": group index ", group_idx[i], " out of range");
+    if (!grads[i].defined()) continue;
+    DMUON_CHECK(grads[i].sizes() == params[i].sizes(), "parameter ", i, " (", names_[i], "): gradient ",
+                grads[i].sizes(), " does not match its shape ", params[i].sizes());
+    DMUON_CHECK(momentum_buffers[i].defined(), "MuonRuntime::check_and_update_fused: parameter ", i, " (", names_[i],
+                ") has a gradient but no momentum buffer (the first step goes through check_fused and step)");
+    if (!device) device = grads[i].device();
+    candidates[i] = layouts_[i].numel() > 0;
+  }
+  for (const at::Tensor& t : extra)
+    if (!device) device = t.device();
+  if (!device) return out;
+  auto on_device = [&](const at::Tensor& t, const std::string& what) {
+    DMUON_CHECK(t.device() == *device, "MuonRuntime::check_and_update_fused: ", what, " is on ", t.device(),
+                ", expected ", *device, " (one device for every checked tensor)");
+  };
+  for (size_t i = 0; i < num_params; ++i)
+    if (grads[i].defined()) {
+      on_device(grads[i], "the gradient of " + names_[i]);
+      on_device(momentum_buffers[i], "the momentum buffer of " + names_[i]);
+    }
+  for (size_t e = 0; e < extra.size(); ++e) on_device(extra[e], "extra tensor " + std::to_string(e));
+  const c10::DeviceGuard guard(*device);
+  const std::vector<FusedBatch> batches =
+      plan_fused(layouts_, params, grads, momentum_buffers, group_idx, groups, schedules, candidates);
+  std::vector<bool> fused(num_params, false);
+  for (const FusedBatch& batch : batches)
+    for (int idx : batch.members) fused[static_cast<size_t>(idx)] = true;
+  const at::TensorOptions int_options = at::TensorOptions().device(*device).dtype(at::kInt);
+
+  // Checks, all on the device: the fused batches' own pass, then the other parameters'
+  // gradients and buffers and the extra tensors (max |x| per tensor).
+  std::vector<at::Tensor> batch_flags, partials;
+  for (const FusedBatch& batch : batches) {
+    const at::Tensor& like = params[static_cast<size_t>(batch.members.front())];
+    batch_flags.push_back(at::zeros({static_cast<int64_t>(batch.matrices.size()), 2}, int_options));
+    partials.push_back(fused_check(batch, groups[static_cast<size_t>(batch.group)], like, batch_flags.back()));
+  }
+  std::vector<at::Tensor> others;
+  std::vector<std::pair<size_t, int>> other_bits;  // (parameter, code bit) of each entry of `others`
+  for (size_t i = 0; i < num_params; ++i) {
+    if (!grads[i].defined() || fused[i]) continue;
+    others.push_back(grads[i]);
+    other_bits.emplace_back(i, 1);
+    others.push_back(momentum_buffers[i]);
+    other_bits.emplace_back(i, 2);
+  }
+  others.insert(others.end(), extra.begin(), extra.end());
+  std::vector<at::Tensor> host_parts;  // int32 flags, in decoding order
+  for (const at::Tensor& f : batch_flags) host_parts.push_back(f.view({-1}));
+  if (!others.empty()) host_parts.push_back(nonfinite_flags(others).to(at::kInt));
+
+  // The gate: non-zero when any flag so far is. Then every fused batch's update behind it.
+  const at::Tensor gate = at::cat(host_parts).ne(0).any().to(at::kInt).reshape({1});
+  std::vector<at::Tensor> result_flags;
+  for (size_t k = 0; k < batches.size(); ++k) {
+    const FusedBatch& batch = batches[k];
+    const at::Tensor& like = params[static_cast<size_t>(batch.members.front())];
+    result_flags.push_back(at::zeros({1}, int_options));
+    fused_update(batch, groups[static_cast<size_t>(batch.group)], schedules[static_cast<size_t>(batch.group)],
+                 partials[k], like, result_flags.back(), nullptr, gate);
+    stats_.num_orthogonalized += static_cast<int64_t>(batch.members.size());
+    stats_.num_fused += static_cast<int64_t>(batch.members.size());
+    ++stats_.num_fused_batches;
+  }
+  host_parts.insert(host_parts.end(), result_flags.begin(), result_flags.end());
+
+  // One copy to the host (it waits for the whole update), then the decoding.
+  const at::Tensor host = at::cat(host_parts).to(at::kCPU);
+  const int* f = host.data_ptr<int>();
+  bool any_bad = false;
+  for (size_t i = 0; i < num_params; ++i)
+    if (grads[i].defined()) out.codes[i] = 0;
+  for (const FusedBatch& batch : batches)
+    for (size_t k = 0; k < batch.matrices.size(); ++k, f += 2) {
+      const int64_t code = (f[0] != 0 ? 1 : 0) | (f[1] != 0 ? 2 : 0);
+      out.codes[static_cast<size_t>(batch.members[static_cast<size_t>(batch.matrix_member[k])])] |= code;
+      any_bad = any_bad || code != 0;
+    }
+  for (const auto& [i, bit] : other_bits) {
+    if (*f++ != 0) out.codes[i] |= bit;
+    any_bad = any_bad || (out.codes[i] & bit) != 0;
+  }
+  for (size_t e = 0; e < extra.size(); ++e) {
+    out.extra_bad[e] = *f++ != 0 ? 1 : 0;
+    any_bad = any_bad || out.extra_bad[e] != 0;
+  }
+  if (!any_bad) {
+    for (size_t k = 0; k < batches.size(); ++k, ++f) {
+      for (int idx : batches[k].members) out.updated[static_cast<size_t>(idx)] = 1;
+      if (*f != 0 && out.error.empty()) {
+        const int first = batches[k].members.front();
+        std::ostringstream message;
+        message << "dmuon step " << step_idx << ": the orthogonalized update of the batch of parameter " << first
+                << " (" << names_[static_cast<size_t>(first)]
+                << ") is not finite; its non-finite entries were not applied (the rest of the step was)";
+        out.error = message.str();
+      }
+    }
+    fused_done_step_ = step_idx;
+  } else {
+    stats_ = StepStats{};  // NOTE: nothing ran (the gate was closed)
+  }
+  stats_.total_s = seconds_since(start);
+#else
+  (void)params, (void)grads, (void)momentum_buffers, (void)group_idx, (void)groups, (void)step_idx, (void)extra;
+  DMUON_FAIL("MuonRuntime::check_and_update_fused: this build has no fused single-GPU step");
+#endif
+  return out;
+}
+
 void MuonRuntime::run_fused_local(at::TensorList params, const std::vector<at::Tensor>& grads,
                                   const std::vector<at::Tensor>& momentum_buffers,
                                   const std::vector<int64_t>& group_idx, const std::vector<MuonGroupOptions>& groups,
@@ -305,7 +445,9 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
                   momentum_buffers.size() == num_params && group_idx.size() == num_params,
               "MuonRuntime::step: expected ", num_params, " params, grads, buffers and group indices");
   step_idx_ = step_idx;
-  stats_ = StepStats{};
+  // NOTE: the fused part of this step, run by check_and_update_fused(), counts in its stats.
+  if (fused_done_step_ != step_idx) stats_ = StepStats{};
+  fused_done_step_ = -1;
   const auto step_start = Clock::now();
   const bool gather = options_.mode == "gather";
   const bool communicate = group_ && world_size_ > 1;
@@ -604,7 +746,7 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
               static_cast<int64_t>(num_params) - agreed, " (",
               names_[static_cast<size_t>(static_cast<int64_t>(num_params) - agreed)],
               ") is not finite; its non-finite entries were not applied (the rest of the step was)");
-  stats_.total_s = seconds_since(step_start);
+  stats_.total_s += seconds_since(step_start);
 }
 
 }  // namespace dmuon::torch_adapter

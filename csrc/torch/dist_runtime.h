@@ -48,6 +48,14 @@ struct StepStats {
   int64_t pipeline_depth = 0;  ///< buckets of pipeline slack of the bucketed path (DMUON_PIPELINE_DEPTH)
 };
 
+/// What MuonRuntime::check_and_update_fused() found and did, per parameter.
+struct FusedOutcome {
+  std::vector<int64_t> codes;      ///< −1 without a gradient, else bit 0 gradient, bit 1 buffer non-finite
+  std::vector<int64_t> updated;    ///< 1 where the fused path updated it (nowhere when anything was non-finite)
+  std::vector<int64_t> extra_bad;  ///< per `extra` tensor: 1 when it holds NaN/Inf
+  std::string error;               ///< step()'s end-of-step error when a fused result was not finite, else ""
+};
+
 class MuonRuntime {
  public:
   /// group_name: a c10d group's name (ProcessGroup.group_name), or "" for one process.
@@ -77,6 +85,23 @@ class MuonRuntime {
                                    const std::vector<at::Tensor>& momentum_buffers,
                                    const std::vector<int64_t>& group_idx, const std::vector<MuonGroupOptions>& groups,
                                    int64_t step_idx);
+
+  /// One process on a GPU, after the first step (every momentum buffer of a parameter with a
+  /// gradient exists): the NaN/Inf check of every parameter with a gradient and of `extra`
+  /// (the other parameters' gradients, same device) and the fused path's whole update,
+  /// enqueued together behind one device-side gate, then one copy of every flag to the
+  /// host. A non-finite value anywhere closes the gate before any write: nothing is
+  /// modified. Otherwise the fused parameters are updated (outcome.updated); the caller
+  /// passes the rest to step() (they count in the same last_stats) and raises
+  /// outcome.error, if any, where step() would have.
+  /// NOTE: why: check_fused() makes the host wait for the check before it enqueues the
+  /// update, and everything the host does from then on leaves the GPU idle (about 1.2 ms
+  /// of an 11 ms Qwen2.5-0.5B step on an H200, BENCHMARKS.md run H).
+  FusedOutcome check_and_update_fused(at::TensorList params, const std::vector<at::Tensor>& grads,
+                                      const std::vector<at::Tensor>& momentum_buffers,
+                                      const std::vector<int64_t>& group_idx,
+                                      const std::vector<MuonGroupOptions>& groups, int64_t step_idx,
+                                      const std::vector<at::Tensor>& extra);
 
   /// Element-wise all_reduce over the group of small integer flags (op "sum" | "max");
   /// `what` and step_idx name the collective and the step in errors.
@@ -124,6 +149,7 @@ class MuonRuntime {
   int64_t step_idx_ = 0;
   struct FusedState;                  // check_fused()'s results (fused path only)
   std::unique_ptr<FusedState> fused_;
+  int64_t fused_done_step_ = -1;      // the step whose fused part check_and_update_fused() ran
 };
 
 }  // namespace dmuon::torch_adapter

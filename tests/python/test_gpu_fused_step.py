@@ -203,3 +203,108 @@ def test_fused_check_names_a_corrupt_momentum_buffer():
     with pytest.raises(dmuon.NonFiniteGradientError, match="momentum buffer"):
         opt.step()
     assert torch.equal(params[0].detach(), before)
+
+
+# ---------------------------------------------------------------- the gated check-and-update
+# From the second step on, one process checks every gradient and runs the fused update behind
+# a device-side gate (MuonRuntime::check_and_update_fused) instead of waiting for the check.
+
+def gated_model(seed: int):
+    """Fused matrices (wide, tall) and an AdamW vector, after one (ungated) first step."""
+    torch.manual_seed(seed)
+    mats = [torch.nn.Parameter(torch.randn(64, 96, device="cuda")), torch.nn.Parameter(torch.randn(96, 64, device="cuda"))]
+    vec = torch.nn.Parameter(torch.randn(32, device="cuda"))
+    opt = dmuon.DMuon([dict(params=mats), dict(params=[vec], use_muon=False)], lr=0.02, weight_decay=0.1)
+    for p in (*mats, vec):
+        p.grad = torch.randn_like(p)
+    opt.step()
+    return mats, vec, opt
+
+
+def spy_gated(opt) -> list:
+    """Records what each step's gated check-and-update returned (None: not taken)."""
+    calls = []
+    inner = opt._fused_check_and_update
+
+    def spy(*args, **kwargs):
+        calls.append(inner(*args, **kwargs))
+        return calls[-1]
+    opt._fused_check_and_update = spy
+    return calls
+
+
+@needs_gpu
+def test_gated_step_equals_the_checked_step_bitwise():
+    # Same model twice: one takes the gated path, one is forced through check-then-step.
+    runs = []
+    for gated in (True, False):
+        mats, vec, opt = gated_model(6)
+        calls = spy_gated(opt)
+        if not gated:
+            opt._fused_check_and_update = lambda *a, **k: calls.append(None)
+        for step in range(3):
+            torch.manual_seed(100 + step)
+            for p in (*mats, vec):
+                p.grad = torch.randn_like(p)
+            opt.step()
+        assert (calls[-1] is not None) == gated
+        assert opt.runtime.last_stats.num_fused == 2
+        runs.append([t.detach().clone() for t in (*mats, vec, *(opt.state[p]["momentum_buffer"] for p in mats))])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+@needs_gpu
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+@pytest.mark.parametrize("where", ["fused gradient", "adamw gradient", "momentum buffer"])
+def test_gated_step_changes_nothing_when_anything_is_bad(policy, where):
+    mats, vec, opt = gated_model(7)
+    calls = spy_gated(opt)
+    state = lambda: [t.detach().clone() for t in (*mats, vec, *(opt.state[p]["momentum_buffer"] for p in mats),  # noqa: E731
+                                                  opt.state[vec]["exp_avg"])]
+    for p in (*mats, vec):
+        p.grad = torch.randn_like(p)
+    if where == "fused gradient":
+        mats[1].grad[3, 5] = float("inf")
+    elif where == "adamw gradient":
+        vec.grad[4] = float("nan")
+    else:
+        opt.state[mats[0]]["momentum_buffer"][2, 2] = float("nan")
+    before = state()
+    if where == "momentum buffer":
+        with pytest.raises(dmuon.NonFiniteGradientError, match="momentum buffer"):
+            opt.step()
+    elif policy == "raise":
+        with pytest.raises(dmuon.NonFiniteGradientError, match="non-finite gradient"):
+            opt.step()
+    else:
+        opt.step()
+        assert opt.param_groups[0]["num_skipped_steps"] == 1
+    assert calls and calls[-1] is not None and not calls[-1][1]  # gated path, nothing done
+    for a, b in zip(state(), before):
+        assert torch.equal(a.nan_to_num(nan=7.0), b.nan_to_num(nan=7.0))  # NOTE: the planted NaN equals itself
+    # The next clean step goes through (a corrupt buffer stays corrupt: the user must reset it).
+    if where != "momentum buffer":
+        for p in (*mats, vec):
+            p.grad = torch.randn_like(p)
+        opt.step()
+        assert calls[-1] is not None and len(calls[-1][1]) == 2
+        assert all(not torch.equal(p.detach(), b) for p, b in zip((*mats, vec), before))
+
+
+@needs_gpu
+def test_gated_step_reports_a_non_finite_result_and_applies_none_of_it():
+    # As test_fused_step_reports_a_non_finite_result_and_applies_none_of_it, on the gated path:
+    # coefficients that only scale overflow fp16 (every result entry Inf; no decay).
+    mats, vec, opt = gated_model(8)
+    opt.param_groups[0]["weight_decay"] = 0.0
+    opt.param_groups[0]["ns_coefficients"] = [(1e4, 0.0, 0.0)] * 5
+    calls = spy_gated(opt)
+    for p in (*mats, vec):
+        p.grad = torch.randn_like(p)
+    before = [p.detach().clone() for p in mats]
+    with pytest.raises(RuntimeError, match="not finite"):
+        opt.step()
+    assert calls[-1] is not None and calls[-1][2]
+    for p, b in zip(mats, before):
+        assert torch.equal(p.detach(), b)

@@ -87,6 +87,11 @@ __device__ __forceinline__ float4 update4_at(const float* grad, float* momentum,
                      update_of(g.w, m.w, rule));
 }
 
+// The step's gate (fused_local_step.h): a non-zero *skip (device memory, written by earlier
+// kernels of the stream) turns a pass into a no-op: no momentum or parameter is written and
+// the iterate gets zeros. Null: never skipped.
+__device__ __forceinline__ bool is_skipped(const int* skip) { return skip != nullptr && *skip != 0; }
+
 // Sum over the block in a fixed order (warp trees, then warps in order): deterministic.
 __device__ float block_sum(float value) {
   __shared__ float warp_sums[kThreads / 32];  // [warps]
@@ -161,16 +166,18 @@ template <typename T, bool kUpdateMomentum>
 __global__ void normalized_update_flat_kernel(const __grid_constant__ Pointers ptrs, int64_t rows,
                                               int64_t cols, Rule rule,
                                               const float* __restrict__ scales,  // [count]
-                                              T* __restrict__ out, int64_t ld) {  // [count, rows, ld]
+                                              T* __restrict__ out, int64_t ld,   // [count, rows, ld]
+                                              const int* __restrict__ skip) {
   const int b = blockIdx.y;
   const float* grad = ptrs.grad[b];
   float* momentum = ptrs.momentum[b];
-  const float scale = scales[b];
+  const bool skipped = is_skipped(skip);
+  const float scale = skipped ? 0.f : scales[b];
   T* dst = out + static_cast<int64_t>(b) * rows * ld;
   const int64_t numel = rows * cols;
   for (int64_t i = 4 * (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x); i < numel;
        i += 4 * static_cast<int64_t>(gridDim.x) * kThreads) {
-    const float4 u = update4_at<kUpdateMomentum>(grad, momentum, i, rule);
+    const float4 u = skipped ? make_float4(0.f, 0.f, 0.f, 0.f) : update4_at<kUpdateMomentum>(grad, momentum, i, rule);
     const int64_t r = i / cols, c = i - r * cols;
     // NOTE: ld % 8 == 0 and c % 4 == 0: one aligned 8-byte store.
     *reinterpret_cast<uint2*>(dst + r * ld + c) = pack4<T>(u.x * scale, u.y * scale, u.z * scale, u.w * scale);
@@ -184,13 +191,16 @@ template <typename T, bool kTranspose, bool kUpdateMomentum>
 __global__ void normalized_update_tile_kernel(const __grid_constant__ Pointers ptrs, int64_t rows,
                                               int64_t cols, Rule rule,
                                               const float* __restrict__ scales,  // [count]
-                                              T* __restrict__ out, int64_t ld) {  // [count, m, ld]
+                                              T* __restrict__ out, int64_t ld,   // [count, m, ld]
+                                              const int* __restrict__ skip) {
   __shared__ float tile[kTile][kTile + 1];  // [64, 65] (padded against bank conflicts)
   const int b = blockIdx.z;
   const float* grad = ptrs.grad[b];
   float* momentum = ptrs.momentum[b];
+  const bool skipped = is_skipped(skip);
   // The update at one element, writing the new momentum first when kUpdateMomentum.
   auto update_at = [&](int64_t at) {
+    if (skipped) return 0.f;
     const float g = grad[at];
     float m = momentum[at];
     if constexpr (kUpdateMomentum) {
@@ -199,7 +209,7 @@ __global__ void normalized_update_tile_kernel(const __grid_constant__ Pointers p
     }
     return update_of(g, m, rule);
   };
-  const float scale = scales[b];
+  const float scale = skipped ? 0.f : scales[b];
   const int64_t m = kTranspose ? cols : rows, n = kTranspose ? rows : cols;
   T* dst = out + static_cast<int64_t>(b) * m * ld;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
@@ -242,12 +252,14 @@ template <typename T, bool kUpdateMomentum>
 __global__ void normalized_update_transpose_vec_kernel(const __grid_constant__ Pointers ptrs, int64_t rows,
                                                        int64_t cols, Rule rule,
                                                        const float* __restrict__ scales,  // [count]
-                                                       T* __restrict__ out, int64_t ld) {  // [count, cols, ld]
+                                                       T* __restrict__ out, int64_t ld,   // [count, cols, ld]
+                                                       const int* __restrict__ skip) {
   __shared__ float tile[kTile][kTile + 1];  // [U row − c0][U col − r0] (padded against bank conflicts)
   const int b = blockIdx.z, t = threadIdx.y * kHalfTile + threadIdx.x;
   const float* grad = ptrs.grad[b];
   float* momentum = ptrs.momentum[b];
-  const float scale = scales[b];
+  const bool skipped = is_skipped(skip);
+  const float scale = skipped ? 0.f : scales[b];
   T* dst = out + static_cast<int64_t>(b) * cols * ld;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   // Phase 1: U rows c0 + i (of `rows`), columns r0 + 4j … + 3 (of `cols`): 16 float4 a row.
@@ -256,7 +268,8 @@ __global__ void normalized_update_transpose_vec_kernel(const __grid_constant__ P
     const int64_t src_row = c0 + i, src_col = r0 + 4 * j;
     float4 u = make_float4(0.f, 0.f, 0.f, 0.f);
     // NOTE: cols % 4 == 0: the float4 is whole.
-    if (src_row < rows && src_col < cols) u = update4_at<kUpdateMomentum>(grad, momentum, src_row * cols + src_col, rule);
+    if (!skipped && src_row < rows && src_col < cols)
+      u = update4_at<kUpdateMomentum>(grad, momentum, src_row * cols + src_col, rule);
     tile[i][4 * j] = u.x, tile[i][4 * j + 1] = u.y, tile[i][4 * j + 2] = u.z, tile[i][4 * j + 3] = u.w;
   }
   __syncthreads();
@@ -287,7 +300,8 @@ template <typename T>
 __global__ void apply_result_flat_kernel(const T* __restrict__ result,  // [count, rows, ld]
                                          int64_t ld, const __grid_constant__ Pointers ptrs,
                                          int64_t rows, int64_t cols, float scale, float decay,
-                                         int* __restrict__ flag) {
+                                         int* __restrict__ flag, const int* __restrict__ skip) {
+  if (is_skipped(skip)) return;
   const int b = blockIdx.y;
   float* param = ptrs.param[b];
   const T* src = result + static_cast<int64_t>(b) * rows * ld;
@@ -312,7 +326,8 @@ template <typename T, bool kTranspose>
 __global__ void apply_result_tile_kernel(const T* __restrict__ result,  // [count, m, ld]
                                          int64_t ld, const __grid_constant__ Pointers ptrs,
                                          int64_t rows, int64_t cols, float scale, float decay,
-                                         int* __restrict__ flag) {
+                                         int* __restrict__ flag, const int* __restrict__ skip) {
+  if (is_skipped(skip)) return;  // NOTE: the whole block returns, before any barrier
   __shared__ float tile[kTile][kTile + 1];  // [64, 65]
   const int b = blockIdx.z;
   float* param = ptrs.param[b];
@@ -353,7 +368,8 @@ template <typename T>
 __global__ void apply_result_transpose_vec_kernel(const T* __restrict__ result,  // [count, cols, ld]
                                                   int64_t ld, const __grid_constant__ Pointers ptrs,
                                                   int64_t rows, int64_t cols, float scale, float decay,
-                                                  int* __restrict__ flag) {
+                                                  int* __restrict__ flag, const int* __restrict__ skip) {
+  if (is_skipped(skip)) return;  // NOTE: the whole block returns, before any barrier
   __shared__ float tile[kTile][kTile + 1];  // [O row − c0][O col − r0]
   const int b = blockIdx.z, t = threadIdx.y * kHalfTile + threadIdx.x;
   float* param = ptrs.param[b];
@@ -457,7 +473,7 @@ void partials_to_scales(const float* partials, int64_t count, int64_t rows, int6
 
 void normalized_update(DType dtype, const StepMatrix* matrices, int64_t count, int64_t rows,
                        int64_t cols, MomentumRule rule, bool update_momentum, const float* scales,
-                       void* iterate, int64_t ld, cudaStream_t stream) {
+                       void* iterate, int64_t ld, cudaStream_t stream, const int* skip) {
   check_shape("normalized_update", count, rows, cols);
   const bool transpose = rows > cols;
   const int64_t m = transpose ? cols : rows, n = transpose ? rows : cols;
@@ -471,17 +487,19 @@ void normalized_update(DType dtype, const StepMatrix* matrices, int64_t count, i
       if (!transpose && vec) {
         auto kernel = update_momentum ? normalized_update_flat_kernel<T, true> : normalized_update_flat_kernel<T, false>;
         kernel<<<dim3(flat_blocks(rows * cols), static_cast<unsigned>(num)), kThreads, 0, stream>>>(
-            ptrs, rows, cols, r, scales + first, out, ld);
+            ptrs, rows, cols, r, scales + first, out, ld, skip);
       } else if (transpose && vec) {
         auto kernel = update_momentum ? normalized_update_transpose_vec_kernel<T, true>
                                       : normalized_update_transpose_vec_kernel<T, false>;
-        kernel<<<tiles(m, ld, num), dim3(kHalfTile, kTileRows), 0, stream>>>(ptrs, rows, cols, r, scales + first, out, ld);
+        kernel<<<tiles(m, ld, num), dim3(kHalfTile, kTileRows), 0, stream>>>(ptrs, rows, cols, r, scales + first, out, ld,
+                                                                             skip);
       } else {
         auto kernel = transpose ? (update_momentum ? normalized_update_tile_kernel<T, true, true>
                                                    : normalized_update_tile_kernel<T, true, false>)
                                 : (update_momentum ? normalized_update_tile_kernel<T, false, true>
                                                    : normalized_update_tile_kernel<T, false, false>);
-        kernel<<<tiles(m, ld, num), dim3(kHalfTile, kTileRows), 0, stream>>>(ptrs, rows, cols, r, scales + first, out, ld);
+        kernel<<<tiles(m, ld, num), dim3(kHalfTile, kTileRows), 0, stream>>>(ptrs, rows, cols, r, scales + first, out, ld,
+                                                                             skip);
       }
       DMUON_CHECK_CUDA(cudaGetLastError());
     });
@@ -490,7 +508,7 @@ void normalized_update(DType dtype, const StepMatrix* matrices, int64_t count, i
 
 void apply_result(DType dtype, const void* result, int64_t ld, const StepMatrix* matrices,
                   int64_t count, int64_t rows, int64_t cols, double scale, double decay,
-                  int* nonfinite_flag, cudaStream_t stream) {
+                  int* nonfinite_flag, cudaStream_t stream, const int* skip) {
   check_shape("apply_result", count, rows, cols);
   const bool transpose = rows > cols;
   const int64_t m = transpose ? cols : rows, n = transpose ? rows : cols;
@@ -503,14 +521,14 @@ void apply_result(DType dtype, const void* result, int64_t ld, const StepMatrix*
       const bool vec = vec4 && cols % 4 == 0;  // NOTE: whole, aligned float4s of every row
       if (!transpose && vec) {
         apply_result_flat_kernel<T><<<dim3(flat_blocks(rows * cols), static_cast<unsigned>(num)), kThreads, 0,
-                                      stream>>>(src, ld, ptrs, rows, cols, s, d, nonfinite_flag);
+                                      stream>>>(src, ld, ptrs, rows, cols, s, d, nonfinite_flag, skip);
       } else if (transpose && vec) {
         apply_result_transpose_vec_kernel<T><<<tiles(rows, cols, num), dim3(kHalfTile, kTileRows), 0, stream>>>(
-            src, ld, ptrs, rows, cols, s, d, nonfinite_flag);
+            src, ld, ptrs, rows, cols, s, d, nonfinite_flag, skip);
       } else {
         auto kernel = transpose ? apply_result_tile_kernel<T, true> : apply_result_tile_kernel<T, false>;
         kernel<<<tiles(rows, cols, num), dim3(kHalfTile, kTileRows), 0, stream>>>(src, ld, ptrs, rows, cols, s, d,
-                                                                             nonfinite_flag);
+                                                                             nonfinite_flag, skip);
       }
       DMUON_CHECK_CUDA(cudaGetLastError());
     });

@@ -55,15 +55,18 @@ void partials_to_scales(const float* partials, int64_t count, int64_t rows, int6
 /// rows > cols; padding columns zero) = scales[b]·U_b. With update_momentum the momentum
 /// is first updated in place (lerp towards grad); without, it is read as already updated,
 /// so the pass can run again (the autotuner re-runs a problem's first iteration).
+/// skip (device int, may be null): when non-zero at run time, nothing is written but zeros
+/// into the iterate (the step's gate: a bad gradient anywhere leaves every state as it was).
 void normalized_update(DType dtype, const StepMatrix* matrices, int64_t count, int64_t rows,
                        int64_t cols, MomentumRule rule, bool update_momentum, const float* scales,
-                       void* iterate, int64_t ld, cudaStream_t stream);
+                       void* iterate, int64_t ld, cudaStream_t stream, const int* skip = nullptr);
 
 /// Pass 3: param ← param·decay + scale·O_b, O_b the 16-bit result b (wide orientation,
 /// leading dimension ld). A non-finite entry of O counts as 0 (only the decay applies)
-/// and sets *nonfinite_flag to 1.
+/// and sets *nonfinite_flag to 1. skip (device int, may be null): when non-zero at run
+/// time, nothing is written.
 void apply_result(DType dtype, const void* result, int64_t ld, const StepMatrix* matrices,
                   int64_t count, int64_t rows, int64_t cols, double scale, double decay,
-                  int* nonfinite_flag, cudaStream_t stream);
+                  int* nonfinite_flag, cudaStream_t stream, const int* skip = nullptr);
 
 }  // namespace dmuon::ns::cuda

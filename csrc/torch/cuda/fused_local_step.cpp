@@ -95,9 +95,13 @@ at::Tensor fused_check(const FusedBatch& batch, const MuonGroupOptions& options,
 
 void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, const ns::Schedule& schedule,
                   const at::Tensor& partials, const at::Tensor& like, const at::Tensor& flag,
-                  const std::function<void(const char* phase)>& phase_done) {
+                  const std::function<void(const char* phase)>& phase_done, const at::Tensor& gate) {
   DMUON_CHECK(flag.is_cuda() && flag.scalar_type() == at::kInt && flag.numel() == 1,
               "fused_update: flag must be one int32 CUDA element");
+  DMUON_CHECK(!gate.defined() || (gate.is_cuda() && gate.scalar_type() == at::kInt && gate.numel() == 1 &&
+                                  gate.device() == like.device()),
+              "fused_update: gate must be one int32 element on the batch's device");
+  const int* skip = gate.defined() ? gate.data_ptr<int>() : nullptr;
   for (const auto& m : batch.matrices)
     DMUON_CHECK(m.momentum != nullptr, "fused_update: a momentum buffer of parameter ",
                 batch.members[static_cast<size_t>(batch.matrix_member[&m - batch.matrices.data()])],
@@ -126,14 +130,14 @@ void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, cons
       count, rows, cols, schedule, dtype, use_kernel, like,
       [&](void* x, int64_t ld, cudaStream_t s) {
         ns::cuda::normalized_update(half, batch.matrices.data(), count, rows, cols, rule, !momentum_updated,
-                                    scale_ptr, x, ld, s);
+                                    scale_ptr, x, ld, s, skip);
         momentum_updated = true;
       },
       [&](const void* result, int64_t ld, cudaStream_t s) {
         done("ns");
         ns_reported = true;
         ns::cuda::apply_result(half, result, ld, batch.matrices.data(), count, rows, cols, update_scale, decay,
-                               flag_ptr, s);
+                               flag_ptr, s, skip);
       });
   DMUON_CHECK(momentum_updated, "internal: the fused batch's iterate was never prepared");
   if (!ns_reported) done("ns");

@@ -50,9 +50,11 @@ at::Tensor fused_check(const FusedBatch& batch, const MuonGroupOptions& options,
 /// Passes 2 and 3 on the current stream: momentum and parameters in place (momentum
 /// buffers defined). A non-finite result entry is not applied (only the decay is) and
 /// sets `flag` (int32 CUDA scalar) to 1. `phase_done` (may be empty) is called after the
-/// "ns" and "apply" phases are enqueued.
+/// "ns" and "apply" phases are enqueued. `gate` (undefined, or an int32 CUDA scalar that
+/// earlier kernels of the stream write): non-zero at run time makes both passes write
+/// nothing (the iterate gets zeros, so Newton–Schulz still runs on finite numbers).
 void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, const ns::Schedule& schedule,
                   const at::Tensor& partials, const at::Tensor& like, const at::Tensor& flag,
-                  const std::function<void(const char* phase)>& phase_done);
+                  const std::function<void(const char* phase)>& phase_done, const at::Tensor& gate = at::Tensor());
 
 }  // namespace dmuon::torch_adapter
