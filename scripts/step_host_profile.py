@@ -6,7 +6,9 @@ The parameters, gradients and optimizer are those of `python -m dmuon bench ns`.
 (wall clock, the device synchronized before each step): "lead" from the call to the
 runtime's fused check, "check" the check (it waits for its flags), "between" to the Muon
 step, "muon" the runtime's step (it waits for its finite flags at the end), "after" the
-rest. Then cProfile over the same steps: the functions with the most own time.
+rest; with DMUON_GATED_STEP=1 (default) "check" is the gated check-and-update, which waits
+for the whole fused update. Then cProfile over the same steps: the functions with the most
+own time.
 """
 
 from __future__ import annotations
@@ -50,21 +52,27 @@ def main() -> None:
             return out
         setattr(opt, name, timed)
 
-    wrap("_fused_check_codes", "check0", "check1")
+    # NOTE: the gated path (DMUON_GATED_STEP=1) runs check and update in its check call and
+    # may skip the Muon step (then "muon" is 0 and "between" runs to the end of the step).
+    gated = opt.runtime.gated_step
+    wrap("_fused_check_and_update" if gated else "_fused_check_codes", "check0", "check1")
     wrap("_muon_step", "muon0", "muon1")
     totals = dict.fromkeys(("lead", "check", "between", "muon", "after", "step"), 0.0)
     for _ in range(args.steps):
+        marks.clear()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.step()
         t1 = time.perf_counter()
+        muon0, muon1 = marks.get("muon0", t1), marks.get("muon1", t1)
         totals["lead"] += marks["check0"] - t0
         totals["check"] += marks["check1"] - marks["check0"]
-        totals["between"] += marks["muon0"] - marks["check1"]
-        totals["muon"] += marks["muon1"] - marks["muon0"]
-        totals["after"] += t1 - marks["muon1"]
+        totals["between"] += muon0 - marks["check1"]
+        totals["muon"] += muon1 - muon0
+        totals["after"] += t1 - muon1
         totals["step"] += t1 - t0
-    print(f"{args.model}: {len(params)} parameters; host wall per step, ms (device synchronized before each):")
+    print(f"{args.model}: {len(params)} parameters, DMUON_GATED_STEP={int(gated)}; host wall per step, ms "
+          "(device synchronized before each):")
     print("  " + "  ".join(f"{k} {v / args.steps * 1e3:.3f}" for k, v in totals.items()))
 
     profiler = cProfile.Profile()

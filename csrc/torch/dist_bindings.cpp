@@ -128,6 +128,7 @@ void register_dist_bindings(py::module_& m) {
            py::arg("what"), py::arg("step_idx"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rank", &MuonRuntime::rank)
       .def_property_readonly("world_size", &MuonRuntime::world_size)
+      .def_property_readonly("gated_step", &MuonRuntime::gated_step)
       .def_property_readonly("owners", &MuonRuntime::owners)
       .def_property_readonly("plan_text", &MuonRuntime::plan_text)
       .def_property_readonly("predicted_makespan_s", &MuonRuntime::predicted_makespan_s)

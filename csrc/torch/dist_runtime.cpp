@@ -85,6 +85,8 @@ MuonRuntime::MuonRuntime(const std::string& group_name, std::vector<std::string>
   DMUON_CHECK(options_.device_type == "cpu" || options_.device_type == "cuda",
               "device_type must be 'cpu' or 'cuda', got '", options_.device_type, "'");
   for (size_t i = 0; i < layouts_.size(); ++i) layouts_[i].validate(names_[i].c_str());
+  // NOTE: read per runtime (not once per process) so that one process can compare both.
+  gated_step_ = env::get_bool("DMUON_GATED_STEP", true);
   if (!group_name.empty()) {
     group_ = c10d::resolve_process_group(group_name);
     rank_ = group_->getRank();

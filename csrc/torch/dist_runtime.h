@@ -108,6 +108,9 @@ class MuonRuntime {
   std::vector<int64_t> all_reduce_flags(const std::vector<int64_t>& local, const std::string& op,
                                         const std::string& what, int64_t step_idx);
 
+  /// Whether the caller should use check_and_update_fused() where it applies
+  /// (DMUON_GATED_STEP, default 1, read when the runtime is made).
+  bool gated_step() const { return gated_step_; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   const std::vector<int>& owners() const { return owners_; }
@@ -150,6 +153,7 @@ class MuonRuntime {
   struct FusedState;                  // check_fused()'s results (fused path only)
   std::unique_ptr<FusedState> fused_;
   int64_t fused_done_step_ = -1;      // the step whose fused part check_and_update_fused() ran
+  bool gated_step_ = true;            // DMUON_GATED_STEP
 };
 
 }  // namespace dmuon::torch_adapter

@@ -11,6 +11,7 @@ actually performs) against the dense bf16 peak measured in the same run, and
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections import OrderedDict
 
@@ -232,11 +233,21 @@ def run(args) -> None:
 
         last_dmuon = {}
 
-        def dmuon_step(bucket_mb):
+        def dmuon_step(bucket_mb, gated=True):
             def make():
                 # NOTE: one GPU: the plan is trivial, so the analytic cost model (no profiling).
                 opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, bucket_size_mb=bucket_mb,
                                   cost_model="analytic")
+                # NOTE: DMUON_GATED_STEP is read when the runtime is made: make it now.
+                previous = os.environ.get("DMUON_GATED_STEP")
+                os.environ["DMUON_GATED_STEP"] = "1" if gated else "0"
+                try:
+                    opt._ensure_runtime()
+                finally:
+                    if previous is None:
+                        del os.environ["DMUON_GATED_STEP"]
+                    else:
+                        os.environ["DMUON_GATED_STEP"] = previous
                 last_dmuon["opt"] = opt
                 return opt.step
             return make
@@ -275,6 +286,10 @@ def run(args) -> None:
         for bucket_mb in args.bucket_mb:
             measure(f"dmuon.DMuon.step (bucket {bucket_mb:g} MiB)", dmuon_step(bucket_mb), executed_dmuon,
                     warm=warmup)
+            report_path()
+        if args.ungated:
+            measure("dmuon.DMuon.step (DMUON_GATED_STEP=0)", dmuon_step(args.bucket_mb[-1], gated=False),
+                    executed_dmuon, warm=warmup)
             report_path()
         if args.profile:
             profile_step(dmuon_step(args.bucket_mb[-1])(), warmup)
@@ -323,6 +338,8 @@ def register(subparsers) -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--bucket-mb", type=float, nargs="+", default=[64.0],
                         help="DMuon bucket_size_mb values to time (0: one bucket)")
+    parser.add_argument("--ungated", action="store_true",
+                        help="also time DMuon.step with DMUON_GATED_STEP=0 (the check waited for before the update)")
     parser.add_argument("--profile", action="store_true",
                         help="print a torch.profiler summary of one DMuon.step (last bucket size)")
     parser.add_argument("--ns-only", action="store_true",
