@@ -209,12 +209,13 @@ def test_fused_check_names_a_corrupt_momentum_buffer():
 # From the second step on, one process checks every gradient and runs the fused update behind
 # a device-side gate (MuonRuntime::check_and_update_fused) instead of waiting for the check.
 
-def gated_model(seed: int):
+def gated_model(seed: int, nonfinite: str = "raise"):
     """Fused matrices (wide, tall) and an AdamW vector, after one (ungated) first step."""
     torch.manual_seed(seed)
     mats = [torch.nn.Parameter(torch.randn(64, 96, device="cuda")), torch.nn.Parameter(torch.randn(96, 64, device="cuda"))]
     vec = torch.nn.Parameter(torch.randn(32, device="cuda"))
-    opt = dmuon.DMuon([dict(params=mats), dict(params=[vec], use_muon=False)], lr=0.02, weight_decay=0.1)
+    opt = dmuon.DMuon([dict(params=mats), dict(params=[vec], use_muon=False)], lr=0.02, weight_decay=0.1,
+                      nonfinite=nonfinite)
     for p in (*mats, vec):
         p.grad = torch.randn_like(p)
     opt.step()
@@ -258,7 +259,7 @@ def test_gated_step_equals_the_checked_step_bitwise():
 @pytest.mark.parametrize("policy", ["raise", "skip"])
 @pytest.mark.parametrize("where", ["fused gradient", "adamw gradient", "momentum buffer"])
 def test_gated_step_changes_nothing_when_anything_is_bad(policy, where):
-    mats, vec, opt = gated_model(7)
+    mats, vec, opt = gated_model(7, policy)
     calls = spy_gated(opt)
     state = lambda: [t.detach().clone() for t in (*mats, vec, *(opt.state[p]["momentum_buffer"] for p in mats),  # noqa: E731
                                                   opt.state[vec]["exp_avg"])]
