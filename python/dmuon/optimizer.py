@@ -578,7 +578,7 @@ class DMuon(torch.optim.Optimizer):
             muon, lambda p: p.grad is not None, create_buffers=False)
         others = [p for p in every if id(p) not in muon_ids and p.grad is not None]
         codes, updated, extra_bad, error = runtime.check_and_update_fused(
-            params, grads, buffers, slots, group_options, step_idx, [p.grad for p in others])
+            params, grads, buffers, slots, group_options, step_idx, [distributed.local(p.grad) for p in others])
         by_id = {id(p): max(code, 0) for (_, p), code in zip(muon, codes)}
         by_id.update({id(p): int(bad) for p, bad in zip(others, extra_bad)})
         done = {id(p) for (_, p), u in zip(muon, updated) if u}
