@@ -95,8 +95,10 @@ class MuonRuntime {
   /// passes the rest to step() (they count in the same last_stats) and raises
   /// outcome.error, if any, where step() would have.
   /// NOTE: why: check_fused() makes the host wait for the check before it enqueues the
-  /// update, and everything the host does from then on leaves the GPU idle (about 1.2 ms
-  /// of an 11 ms Qwen2.5-0.5B step on an H200, BENCHMARKS.md run H).
+  /// update, and the GPU idles while the host prepares it (a 1.26 ms gap in a profiled
+  /// Qwen2.5-0.5B step on an H200, gone with this path). Measured without the profiler the
+  /// step time moved within run-to-run spread (BENCHMARKS.md run H): one host wait a step
+  /// instead of two, not a measured speed-up.
   FusedOutcome check_and_update_fused(at::TensorList params, const std::vector<at::Tensor>& grads,
                                       const std::vector<at::Tensor>& momentum_buffers,
                                       const std::vector<int64_t>& group_idx,
