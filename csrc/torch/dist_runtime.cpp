@@ -38,6 +38,15 @@ size_t pipeline_depth(int world_size) {
   return static_cast<size_t>(knob > 0 ? knob : std::max(1, 2 * world_size));
 }
 
+// The end-of-step error when an orthogonalized update is not finite (step() and
+// check_and_update_fused(), which hands it to the caller).
+std::string nonfinite_result_message(int64_t step_idx, int64_t param, const std::string& name) {
+  std::ostringstream message;
+  message << "dmuon step " << step_idx << ": the orthogonalized update of the batch of parameter " << param << " ("
+          << name << ") is not finite; its non-finite entries were not applied (the rest of the step was)";
+  return message.str();
+}
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -86,7 +95,11 @@ MuonRuntime::MuonRuntime(const std::string& group_name, std::vector<std::string>
               "device_type must be 'cpu' or 'cuda', got '", options_.device_type, "'");
   for (size_t i = 0; i < layouts_.size(); ++i) layouts_[i].validate(names_[i].c_str());
   // NOTE: read per runtime (not once per process) so that one process can compare both.
+#if defined(DMUON_HAS_FUSED_LOCAL_STEP)
   gated_step_ = env::get_bool("DMUON_GATED_STEP", true);
+#else
+  gated_step_ = false;  // NOTE: no fused path in this build
+#endif
   if (!group_name.empty()) {
     group_ = c10d::resolve_process_group(group_name);
     rank_ = group_->getRank();
@@ -376,11 +389,7 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
       for (int idx : batches[k].members) out.updated[static_cast<size_t>(idx)] = 1;
       if (*f != 0 && out.error.empty()) {
         const int first = batches[k].members.front();
-        std::ostringstream message;
-        message << "dmuon step " << step_idx << ": the orthogonalized update of the batch of parameter " << first
-                << " (" << names_[static_cast<size_t>(first)]
-                << ") is not finite; its non-finite entries were not applied (the rest of the step was)";
-        out.error = message.str();
+        out.error = nonfinite_result_message(step_idx, first, names_[static_cast<size_t>(first)]);
       }
     }
     fused_done_step_ = step_idx;
@@ -744,10 +753,10 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
   // NOTE: max over ranks of (num_params − first bad index) finds the smallest bad index.
   const int64_t encoded = first_bad < 0 ? 0 : static_cast<int64_t>(num_params) - first_bad;
   const int64_t agreed = all_reduce_flags({encoded}, "max", "all_reduce of the finite check", step_idx)[0];
-  DMUON_CHECK(agreed == 0, "dmuon step ", step_idx_, ": the orthogonalized update of the batch of parameter ",
-              static_cast<int64_t>(num_params) - agreed, " (",
-              names_[static_cast<size_t>(static_cast<int64_t>(num_params) - agreed)],
-              ") is not finite; its non-finite entries were not applied (the rest of the step was)");
+  if (agreed != 0) {
+    const int64_t first = static_cast<int64_t>(num_params) - agreed;
+    DMUON_FAIL(nonfinite_result_message(step_idx_, first, names_[static_cast<size_t>(first)]));
+  }
   stats_.total_s += seconds_since(step_start);
 }
 

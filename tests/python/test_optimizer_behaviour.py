@@ -146,6 +146,21 @@ def test_nonfinite_skip_counts_and_changes_nothing():
     assert opt.param_groups[0]["num_skipped_steps"] == 1 and opt.param_groups[0]["num_steps"] == 3
 
 
+def test_non_finite_result_is_reported_naming_the_batch_and_not_applied():
+    # NOTE: coefficients that only scale (a = 1e9, b = c = 0) overflow fp32 within five steps:
+    # every entry of the update is Inf although the gradient is finite. Without decay the
+    # parameter keeps its value (no non-finite entry is applied).
+    torch.manual_seed(0)
+    p = nn.Parameter(torch.randn(16, 24))
+    opt = dmuon.DMuon([p], lr=0.02, weight_decay=0.0, ns_coefficients=[(1e9, 0.0, 0.0)] * 5)
+    p.grad = torch.randn_like(p)
+    before = p.detach().clone()
+    with pytest.raises(RuntimeError, match=r"dmuon step 1: the orthogonalized update of the batch of parameter 0 "
+                                           r"\(params\[0\]\) is not finite; its non-finite entries were not applied"):
+        opt.step()
+    assert torch.equal(p.detach(), before)
+
+
 def test_corrupt_momentum_buffer_is_reported_and_nothing_changes():
     model = make_model()
     opt = dmuon.DMuon(model, lr=0.01, nonfinite="skip")
