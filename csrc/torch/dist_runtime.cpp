@@ -309,16 +309,17 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
   for (const at::Tensor& t : extra)
     if (!device) device = t.device();
   if (!device) return out;
-  auto on_device = [&](const at::Tensor& t, const std::string& what) {
-    DMUON_CHECK(t.device() == *device, "MuonRuntime::check_and_update_fused: ", what, " is on ", t.device(),
+  // NOTE: what/name only build the message of a failing check (no strings per tensor otherwise).
+  auto on_device = [&](const at::Tensor& t, const char* what, const std::string& name) {
+    DMUON_CHECK(t.device() == *device, "MuonRuntime::check_and_update_fused: ", what, name, " is on ", t.device(),
                 ", expected ", *device, " (one device for every checked tensor)");
   };
   for (size_t i = 0; i < num_params; ++i)
     if (grads[i].defined()) {
-      on_device(grads[i], "the gradient of " + names_[i]);
-      on_device(momentum_buffers[i], "the momentum buffer of " + names_[i]);
+      on_device(grads[i], "the gradient of ", names_[i]);
+      on_device(momentum_buffers[i], "the momentum buffer of ", names_[i]);
     }
-  for (size_t e = 0; e < extra.size(); ++e) on_device(extra[e], "extra tensor " + std::to_string(e));
+  for (size_t e = 0; e < extra.size(); ++e) on_device(extra[e], "extra tensor ", std::to_string(e));
   const c10::DeviceGuard guard(*device);
   const std::vector<FusedBatch> batches =
       plan_fused(layouts_, params, grads, momentum_buffers, group_idx, groups, schedules, candidates);
