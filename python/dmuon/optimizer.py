@@ -560,11 +560,11 @@ class DMuon(torch.optim.Optimizer):
                                 has_buffer: list[int]) -> tuple[dict[int, int], set[int], str] | None:
         """The runtime's gated check-and-update (MuonRuntime::check_and_update_fused) when it
         applies (and DMUON_GATED_STEP is not 0): one process, no owned parameters, every
-        gradient on one CUDA device and every
-        Muon parameter with a gradient already holding its momentum buffer (from the second
-        step on: the first creates them). Returns id(param) → NaN/Inf bits (1 gradient, 2
-        momentum buffer), the ids of the parameters it updated (none when any bit is set) and
-        the end-of-step error of a non-finite result (""); None when it does not apply."""
+        gradient on one CUDA device and every Muon parameter with a gradient already holding
+        its momentum buffer (from the second step on: the first creates them). Returns
+        id(param) → NaN/Inf bits (1 gradient, 2 momentum buffer), the ids of the parameters it
+        updated (none when any bit is set) and the end-of-step error of a non-finite result
+        (""); None when it does not apply."""
         if runtime.world_size != 1 or self._ownership is not None or not runtime.gated_step:
             return None
         muon = self._muon_params()
