@@ -47,6 +47,13 @@ std::string nonfinite_result_message(int64_t step_idx, int64_t param, const std:
   return message.str();
 }
 
+// Each param group's NS schedule, in group order.
+std::vector<ns::Schedule> schedules_of(const std::vector<MuonGroupOptions>& groups) {
+  std::vector<ns::Schedule> schedules;
+  for (const auto& g : groups) schedules.push_back(make_schedule(g.algorithm, g.coefficients, g.restart_after, g.eps));
+  return schedules;
+}
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -216,6 +223,32 @@ std::vector<FusedBatch> plan_fused(const std::vector<dist::ParamLayout>& layouts
   return batches;
 }
 
+// Every batch's check pass on the device: its NaN/Inf flags (int32 [matrices, 2], zeroed
+// first) and the partial sums its update reuses.
+struct BatchChecks {
+  std::vector<at::Tensor> flags, partials;
+};
+BatchChecks launch_batch_checks(const std::vector<FusedBatch>& batches, at::TensorList params,
+                                const std::vector<MuonGroupOptions>& groups) {
+  BatchChecks checks;
+  for (const FusedBatch& batch : batches) {
+    const at::Tensor& like = params[static_cast<size_t>(batch.members.front())];
+    checks.flags.push_back(at::zeros({static_cast<int64_t>(batch.matrices.size()), 2}, like.options().dtype(at::kInt)));
+    checks.partials.push_back(fused_check(batch, groups[static_cast<size_t>(batch.group)], like, checks.flags.back()));
+  }
+  return checks;
+}
+
+// One batch's flags copied to the host (`f`, [matrices, 2]) into its members' codes (reset
+// to 0 first; bit 0 gradient, bit 1 momentum buffer). Returns the position after them.
+const int* or_batch_codes(const FusedBatch& batch, const int* f, std::vector<int64_t>& codes) {
+  for (int idx : batch.members) codes[static_cast<size_t>(idx)] = 0;
+  for (size_t k = 0; k < batch.matrices.size(); ++k, f += 2)
+    codes[static_cast<size_t>(batch.members[static_cast<size_t>(batch.matrix_member[k])])] |=
+        (f[0] != 0 ? 1 : 0) | (f[1] != 0 ? 2 : 0);
+  return f;
+}
+
 }  // namespace
 #else
 struct MuonRuntime::FusedState {};
@@ -235,8 +268,7 @@ std::vector<int64_t> MuonRuntime::check_fused(at::TensorList params, const std::
   fused_.reset();
 #if defined(DMUON_HAS_FUSED_LOCAL_STEP)
   if ((group_ && world_size_ > 1) || num_params == 0) return codes;
-  std::vector<ns::Schedule> schedules;
-  for (const auto& g : groups) schedules.push_back(make_schedule(g.algorithm, g.coefficients, g.restart_after, g.eps));
+  const std::vector<ns::Schedule> schedules = schedules_of(groups);
   std::vector<bool> candidates(num_params, false);
   for (size_t i = 0; i < num_params; ++i) {
     DMUON_CHECK(group_idx[i] >= 0 && static_cast<size_t>(group_idx[i]) < groups.size(), "parameter ", i,
@@ -248,21 +280,13 @@ std::vector<int64_t> MuonRuntime::check_fused(at::TensorList params, const std::
   state->batches = plan_fused(layouts_, params, grads, momentum_buffers, group_idx, groups, schedules, candidates);
   if (state->batches.empty()) return codes;
   // Every batch's check on the device, then one copy of all flags to the host.
-  std::vector<at::Tensor> flags;
-  for (const FusedBatch& batch : state->batches) {
-    const at::Tensor& like = params[static_cast<size_t>(batch.members.front())];
-    flags.push_back(at::zeros({static_cast<int64_t>(batch.matrices.size()), 2}, like.options().dtype(at::kInt)));
-    state->partials.push_back(fused_check(batch, groups[static_cast<size_t>(batch.group)], like, flags.back()));
-  }
-  for (size_t b = 0; b < flags.size(); ++b) {
-    const FusedBatch& batch = state->batches[b];
-    const at::Tensor host = flags[b].to(at::kCPU);  // NOTE: the first copy waits; the rest are ready
-    const int* f = host.data_ptr<int>();
-    for (int idx : batch.members) codes[static_cast<size_t>(idx)] = 0;
-    for (size_t k = 0; k < batch.matrices.size(); ++k, f += 2)
-      codes[static_cast<size_t>(batch.members[static_cast<size_t>(batch.matrix_member[k])])] |=
-          (f[0] != 0 ? 1 : 0) | (f[1] != 0 ? 2 : 0);
-  }
+  BatchChecks checks = launch_batch_checks(state->batches, params, groups);
+  state->partials = std::move(checks.partials);
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& f : checks.flags) flat.push_back(f.view({-1}));
+  const at::Tensor host = at::cat(flat).to(at::kCPU);
+  const int* f = host.data_ptr<int>();
+  for (const FusedBatch& batch : state->batches) f = or_batch_codes(batch, f, codes);
   fused_ = std::move(state);
 #else
   (void)params, (void)grads, (void)momentum_buffers, (void)group_idx, (void)groups, (void)step_idx;
@@ -291,8 +315,7 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
 #if defined(DMUON_HAS_FUSED_LOCAL_STEP)
   const auto start = Clock::now();
   stats_ = StepStats{};
-  std::vector<ns::Schedule> schedules;
-  for (const auto& g : groups) schedules.push_back(make_schedule(g.algorithm, g.coefficients, g.restart_after, g.eps));
+  const std::vector<ns::Schedule> schedules = schedules_of(groups);
   std::vector<bool> candidates(num_params, false);
   std::optional<at::Device> device;
   for (size_t i = 0; i < num_params; ++i) {
@@ -330,12 +353,7 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
 
   // Checks, all on the device: the fused batches' own pass, then the other parameters'
   // gradients and buffers and the extra tensors (max |x| per tensor).
-  std::vector<at::Tensor> batch_flags, partials;
-  for (const FusedBatch& batch : batches) {
-    const at::Tensor& like = params[static_cast<size_t>(batch.members.front())];
-    batch_flags.push_back(at::zeros({static_cast<int64_t>(batch.matrices.size()), 2}, int_options));
-    partials.push_back(fused_check(batch, groups[static_cast<size_t>(batch.group)], like, batch_flags.back()));
-  }
+  const BatchChecks checks = launch_batch_checks(batches, params, groups);
   std::vector<at::Tensor> others;
   std::vector<std::pair<size_t, int>> other_bits;  // (parameter, code bit) of each entry of `others`
   for (size_t i = 0; i < num_params; ++i) {
@@ -347,7 +365,7 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
   }
   others.insert(others.end(), extra.begin(), extra.end());
   std::vector<at::Tensor> host_parts;  // int32 flags, in decoding order
-  for (const at::Tensor& f : batch_flags) host_parts.push_back(f.view({-1}));
+  for (const at::Tensor& f : checks.flags) host_parts.push_back(f.view({-1}));
   if (!others.empty()) host_parts.push_back(nonfinite_flags(others).to(at::kInt));
 
   // The gate: non-zero when any flag so far is. Then every fused batch's update behind it.
@@ -358,7 +376,7 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
     const at::Tensor& like = params[static_cast<size_t>(batch.members.front())];
     result_flags.push_back(at::zeros({1}, int_options));
     fused_update(batch, groups[static_cast<size_t>(batch.group)], schedules[static_cast<size_t>(batch.group)],
-                 partials[k], like, result_flags.back(), nullptr, gate);
+                 checks.partials[k], like, result_flags.back(), nullptr, gate);
     stats_.num_orthogonalized += static_cast<int64_t>(batch.members.size());
     stats_.num_fused += static_cast<int64_t>(batch.members.size());
     ++stats_.num_fused_batches;
@@ -371,16 +389,10 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
   bool any_bad = false;
   for (size_t i = 0; i < num_params; ++i)
     if (grads[i].defined()) out.codes[i] = 0;
-  for (const FusedBatch& batch : batches)
-    for (size_t k = 0; k < batch.matrices.size(); ++k, f += 2) {
-      const int64_t code = (f[0] != 0 ? 1 : 0) | (f[1] != 0 ? 2 : 0);
-      out.codes[static_cast<size_t>(batch.members[static_cast<size_t>(batch.matrix_member[k])])] |= code;
-      any_bad = any_bad || code != 0;
-    }
-  for (const auto& [i, bit] : other_bits) {
+  for (const FusedBatch& batch : batches) f = or_batch_codes(batch, f, out.codes);
+  for (const auto& [i, bit] : other_bits)
     if (*f++ != 0) out.codes[i] |= bit;
-    any_bad = any_bad || (out.codes[i] & bit) != 0;
-  }
+  for (int64_t code : out.codes) any_bad = any_bad || code > 0;
   for (size_t e = 0; e < extra.size(); ++e) {
     out.extra_bad[e] = *f++ != 0 ? 1 : 0;
     any_bad = any_bad || out.extra_bad[e] != 0;
@@ -463,9 +475,7 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
   const auto step_start = Clock::now();
   const bool gather = options_.mode == "gather";
   const bool communicate = group_ && world_size_ > 1;
-  std::vector<ns::Schedule> schedules;
-  for (const auto& g : groups)
-    schedules.push_back(make_schedule(g.algorithm, g.coefficients, g.restart_after, g.eps));
+  const std::vector<ns::Schedule> schedules = schedules_of(groups);
 
   // NaN/Inf flags of the orthogonalized batches (one per batch) and their first parameter.
   std::vector<at::Tensor> finite_flags;
