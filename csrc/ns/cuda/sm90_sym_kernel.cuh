@@ -272,6 +272,49 @@ __host__ __device__ __forceinline__ int tma_tile_index(int r, int c) {
   return ((c >> 6) << 13) + (r << 6) + ((((c >> 3) ^ r) & 7) << 3) + (c & 7);
 }
 
+// tmastore epilogue in 8×8 matrices of 16-bit values (ldmatrix / stmatrix).
+// A consumer warp's accumulators hold 16 rows of the tile (rows 16·warp …, checked on the
+// host: fragment_is_mma_layout) as 8×8 blocks in the mma fragment layout: lane ℓ holds row
+// ℓ/4, columns 2·(ℓ%4) and 2·(ℓ%4) + 1 of each block. ldmatrix reads C's blocks into that
+// layout, stmatrix writes the rounded blocks to the tile, and stmatrix .trans writes them
+// transposed to the mirror. In an x4 instruction lane ℓ gives the address of row ℓ%8 of
+// block ℓ/8 and register q carries block q. Every row address is a 16-byte chunk of the
+// swizzled tile (tma_tile_index of a column multiple of 8).
+// NOTE: why: the per-element epilogue issued 192 shared-memory accesses and 128 index
+// computations per thread and tile; in 8×8 blocks it is 24 instructions.
+__device__ __forceinline__ void load_blocks_x4(const void* row, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.x4.m8n8.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(cute::cast_smem_ptr_to_uint(row))
+               : "memory");
+}
+__device__ __forceinline__ void store_blocks_x4(void* row, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                   cute::cast_smem_ptr_to_uint(row)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+__device__ __forceinline__ void store_blocks_x4_transposed(void* row, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.x4.trans.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                   cute::cast_smem_ptr_to_uint(row)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// Two fp32 values rounded to Elem (as static_cast does), packed low first; and back.
+template <class Elem>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  return static_cast<uint32_t>(static_cast<Elem>(lo).raw()) | (static_cast<uint32_t>(static_cast<Elem>(hi).raw()) << 16);
+}
+template <class Elem>
+__device__ __forceinline__ float low_of(uint32_t v) {
+  return static_cast<float>(Elem::bitcast(static_cast<uint16_t>(v & 0xffffu)));
+}
+template <class Elem>
+__device__ __forceinline__ float high_of(uint32_t v) {
+  return static_cast<float>(Elem::bitcast(static_cast<uint16_t>(v >> 16)));
+}
+
 // `v`, which the compiler must treat as unknown here: what is computed from it stays in
 // the loop iteration that computes it.
 __device__ __forceinline__ int opaque(int v) {
@@ -636,16 +679,60 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
         c_phase ^= 1u;
       }
       consumer_barrier();  // NOTE: without C, orders these writes after the release above
+      // In 8×8 blocks (see load_blocks_x4), four an instruction: warp w holds rows 16w …
+      // 16w + 15, and accumulator pair 8·jj + 2·q (q = 0…3) is the block at rows
+      // 16w + 8·(q%2) …, columns 8·(2·jj + q/2) …. Each block goes to the tile in place
+      // of C and transposed to the mirror; a warp reads and writes only its own rows of the
+      // tile.
+      const int warp = consumer_idx / 32, lane = consumer_idx % 32;
+      const int quad = lane / 8, sub = lane % 8;  // the block this lane addresses, and its row
+      const int row = 16 * warp + 8 * (quad % 2) + sub;
       CUTE_UNROLL
-      for (int i = 0; i < size(acc); ++i) {
-        const int tr = get<0>(tCcD(i)), tc = get<1>(tCcD(i));
-        if (diagonal && tr < tc) continue;
-        const int at = tma_tile_index(tr, tc), at_t = tma_tile_index(tc, tr);
-        float v = p.alpha * acc(i);
-        if (with_c) v += p.beta * static_cast<float>(tile[at]);
-        const Elem e = static_cast<Elem>(v);
-        tile[at] = e;
-        (diagonal ? tile : mirror)[at_t] = e;  // NOTE: at_t == at on the diagonal: same value
+      for (int jj = 0; jj < 8; ++jj) {
+        const int col = 8 * (2 * jj + quad / 2);
+        Elem* at = tile + tma_tile_index(row, col);
+        uint32_t c_pairs[4] = {0u, 0u, 0u, 0u}, out[4];
+        if (with_c) load_blocks_x4(at, c_pairs);
+        CUTE_UNROLL
+        for (int q = 0; q < 4; ++q) {
+          float lo = p.alpha * acc(8 * jj + 2 * q), hi = p.alpha * acc(8 * jj + 2 * q + 1);
+          if (with_c) {
+            lo += p.beta * low_of<Elem>(c_pairs[q]);
+            hi += p.beta * high_of<Elem>(c_pairs[q]);
+          }
+          out[q] = pack_pair<Elem>(lo, hi);
+        }
+        store_blocks_x4(at, out);
+        store_blocks_x4_transposed(mirror + tma_tile_index(col + sub, 16 * warp + 8 * (quad % 2)), out);
+      }
+      // A diagonal tile takes its lower triangle's values in both halves: above the
+      // diagonal, (r, c) becomes mirror (r, c), the value computed for (c, r). The mirror is
+      // not stored. 16-byte chunks; a chunk the diagonal cuts is merged element by element.
+      // NOTE: per element, the lower values would need 32 single-block instructions with
+      // branches: ptxas then spilled 1.4 KiB (nvcc 13, 2026-11-30).
+      if (diagonal) {
+        consumer_barrier();  // NOTE: every warp's mirror blocks are written
+        constexpr int kChunks = kTile * kTile / 8;
+        for (int q = consumer_idx; q < kChunks; q += T::kNumConsumerThreads) {
+          const int r = q / (kTile / 8), c0 = 8 * (q % (kTile / 8));
+          if (c0 + 7 <= r) continue;  // no element above the diagonal
+          uint4* to = reinterpret_cast<uint4*>(tile + tma_tile_index(r, c0));
+          const uint4 from = *reinterpret_cast<const uint4*>(mirror + tma_tile_index(r, c0));
+          if (c0 > r) {
+            *to = from;
+          } else {
+            uint4 merged = *to;
+            uint32_t* m32 = reinterpret_cast<uint32_t*>(&merged);
+            const uint32_t* f32 = reinterpret_cast<const uint32_t*>(&from);
+            CUTE_UNROLL
+            for (int e = 0; e < 8; ++e) {
+              if (c0 + e <= r) continue;
+              const uint32_t mask = 0xffffu << (16 * (e % 2));
+              m32[e / 2] = (m32[e / 2] & ~mask) | (f32[e / 2] & mask);
+            }
+            *to = merged;
+          }
+        }
       }
       tma_store_fence();  // the generic-proxy writes, visible to the TMA unit
       consumer_barrier();
@@ -789,6 +876,25 @@ bool fragment_tiles_split_by_column() {
   return true;
 }
 
+// tmastore: whether every consumer thread's accumulators are in the mma fragment layout
+// that the block epilogue assumes (value v: row 16·warp + 8·((v/2)%2) + lane/4, column
+// 8·(v/4) + 2·(lane%4) + v%2; CuTe's layouts, evaluated on the host).
+template <class T>
+bool fragment_is_mma_layout() {
+  typename T::TiledMma mma;
+  for (int thread = 0; thread < T::kNumConsumerThreads; ++thread) {
+    Tensor coords = mma.get_thread_slice(thread).partition_C(
+        make_identity_tensor(make_shape(Int<T::kTile>{}, Int<T::kTileN>{})));
+    if (size(coords) != T::kTileValues) return false;
+    const int warp = thread / 32, lane = thread % 32;
+    for (int v = 0; v < size(coords); ++v)
+      if (get<0>(coords(v)) != 16 * warp + 8 * ((v / 2) % 2) + lane / 4 ||
+          get<1>(coords(v)) != 8 * (v / 4) + 2 * (lane % 4) + v % 2)
+        return false;
+  }
+  return true;
+}
+
 template <class Elem, int kStages, int kEpi, int kCluster = 1, int kTileN = 128>
 void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t stream) {
   using T = Traits<Elem, kStages, kEpi, kCluster, kTileN>;
@@ -796,6 +902,11 @@ void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t
     static const bool split_by_column = fragment_tiles_split_by_column<T>();
     DMUON_CHECK(split_by_column, "sm90_sym_product: the 128x", kTileN,
                 " accumulator fragment is not split by column tile (CuTe layout changed?)");
+  }
+  if constexpr (T::kTmaStore) {
+    static const bool mma_layout = fragment_is_mma_layout<T>();
+    DMUON_CHECK(mma_layout, "sm90_sym_product: the accumulator fragment is not the mma layout the tmastore "
+                            "epilogue assumes (CuTe layout changed?)");
   }
   typename T::Params p{
       T::tma(static_cast<const Elem*>(args.a), static_cast<int>(args.m), static_cast<int>(args.k),
