@@ -61,14 +61,25 @@ def chunks(indices: list[int], matrix_numel: int) -> list[list[int]]:
     return [indices[i : i + per_chunk] for i in range(0, len(indices), per_chunk)]
 
 
-def cuda_time_ms(fn, warmup: int, iters: int) -> float:
-    """Median of `iters` CUDA-event timings of fn() after `warmup` calls."""
+# Spin-kernel length that keeps the device busy while the host enqueues a whole step
+# (about 25 ms at H200 clocks).
+_HOST_AHEAD_CYCLES = 50_000_000
+
+
+def cuda_time_ms(fn, warmup: int, iters: int, host_ahead: bool = False) -> float:
+    """Median of `iters` CUDA-event timings of fn() after `warmup` calls.
+
+    host_ahead: a spin kernel runs before each start event, so the host has enqueued fn's
+    work by the time the device reaches it: the time then excludes the host's launch lead
+    (device time only, up to fn's own waits for the device)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if host_ahead:
+            torch.cuda._sleep(_HOST_AHEAD_CYCLES)
         start.record()
         fn()
         end.record()
@@ -228,6 +239,10 @@ def run(args) -> None:
             extra = (torch.cuda.max_memory_allocated() - base) / 2**30
             results[name] = (ms, executed, extra)
             print(f"  {name}: {ms:.2f} ms", flush=True)
+            if args.host_ahead and ms == ms:
+                ahead = cuda_time_ms(step, 0, iters, host_ahead=True)
+                results[f"{name}, host ahead"] = (ahead, executed, extra)
+                print(f"  {name}, host ahead: {ahead:.2f} ms (launch lead {ms - ahead:.2f} ms)", flush=True)
             del step
             _free()
 
@@ -340,6 +355,9 @@ def register(subparsers) -> None:
                         help="DMuon bucket_size_mb values to time (0: one bucket)")
     parser.add_argument("--ungated", action="store_true",
                         help="also time DMuon.step with DMUON_GATED_STEP=0 (the check waited for before the update)")
+    parser.add_argument("--host-ahead", action="store_true",
+                        help="also time each method with a spin kernel before the start event, so that "
+                             "the host's launch lead is left out (device time only)")
     parser.add_argument("--profile", action="store_true",
                         help="print a torch.profiler summary of one DMuon.step (last bucket size)")
     parser.add_argument("--ns-only", action="store_true",
