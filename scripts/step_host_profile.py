@@ -7,8 +7,9 @@ The parameters, gradients and optimizer are those of `python -m dmuon bench ns`.
 runtime's fused check, "check" the check (it waits for its flags), "between" to the Muon
 step, "muon" the runtime's step (it waits for its finite flags at the end), "after" the
 rest; with DMUON_GATED_STEP=1 (default) "check" is the gated check-and-update, which waits
-for the whole fused update. Then cProfile over the same steps: the functions with the most
-own time.
+for the whole fused update, and inside it the runtime's own host clock gives the time to
+its first launch ("prepare"), to its last ("enqueue") and in all ("c++ total"). Then
+cProfile over the same steps: the functions with the most own time.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def main() -> None:
     wrap("_fused_check_and_update" if gated else "_fused_check_codes", "check0", "check1")
     wrap("_muon_step", "muon0", "muon1")
     totals = dict.fromkeys(("lead", "check", "between", "muon", "after", "step"), 0.0)
+    # Inside the gated call (MuonRuntime's host clock): to its first launch, to its last, all.
+    inner = dict.fromkeys(("prepare", "enqueue", "c++ total"), 0.0)
     for _ in range(args.steps):
         marks.clear()
         torch.cuda.synchronize()
@@ -71,9 +74,17 @@ def main() -> None:
         totals["muon"] += muon1 - muon0
         totals["after"] += t1 - muon1
         totals["step"] += t1 - t0
+        if gated:
+            stats = opt.runtime.last_stats
+            inner["prepare"] += stats.host_prepare_s
+            inner["enqueue"] += stats.host_enqueue_s
+            inner["c++ total"] += stats.total_s
     print(f"{args.model}: {len(params)} parameters, DMUON_GATED_STEP={int(gated)}; host wall per step, ms "
           "(device synchronized before each):")
     print("  " + "  ".join(f"{k} {v / args.steps * 1e3:.3f}" for k, v in totals.items()))
+    if gated:
+        print("  inside the gated call (from its start): " +
+              "  ".join(f"{k} {v / args.steps * 1e3:.3f}" for k, v in inner.items()))
 
     profiler = cProfile.Profile()
     torch.cuda.synchronize()

@@ -94,7 +94,9 @@ void register_dist_bindings(py::module_& m) {
       .def_readonly("num_orthogonalized", &StepStats::num_orthogonalized)
       .def_readonly("num_fused", &StepStats::num_fused)
       .def_readonly("num_fused_batches", &StepStats::num_fused_batches)
-      .def_readonly("pipeline_depth", &StepStats::pipeline_depth);
+      .def_readonly("pipeline_depth", &StepStats::pipeline_depth)
+      .def_readonly("host_prepare_s", &StepStats::host_prepare_s)
+      .def_readonly("host_enqueue_s", &StepStats::host_enqueue_s);
 
   py::class_<MuonRuntime>(d, "MuonRuntime")
       .def(py::init<const std::string&, std::vector<std::string>, std::vector<dist::ParamLayout>,

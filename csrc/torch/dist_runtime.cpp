@@ -353,6 +353,7 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
 
   // Checks, all on the device: the fused batches' own pass, then the other parameters'
   // gradients and buffers and the extra tensors (max |x| per tensor).
+  const double prepare_s = seconds_since(start);
   const BatchChecks checks = launch_batch_checks(batches, params, groups);
   std::vector<at::Tensor> others;
   std::vector<std::pair<size_t, int>> other_bits;  // (parameter, code bit) of each entry of `others`
@@ -384,7 +385,9 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
   host_parts.insert(host_parts.end(), result_flags.begin(), result_flags.end());
 
   // One copy to the host (it waits for the whole update), then the decoding.
-  const at::Tensor host = at::cat(host_parts).to(at::kCPU);
+  const at::Tensor flags = at::cat(host_parts);
+  const double enqueue_s = seconds_since(start);
+  const at::Tensor host = flags.to(at::kCPU);
   const int* f = host.data_ptr<int>();
   bool any_bad = false;
   for (size_t i = 0; i < num_params; ++i)
@@ -410,6 +413,8 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
     stats_ = StepStats{};  // NOTE: nothing ran (the gate was closed)
   }
   stats_.total_s = seconds_since(start);
+  stats_.host_prepare_s = prepare_s;
+  stats_.host_enqueue_s = enqueue_s;
 #else
   (void)params, (void)grads, (void)momentum_buffers, (void)group_idx, (void)groups, (void)step_idx, (void)extra;
   DMUON_FAIL("MuonRuntime::check_and_update_fused: this build has no fused single-GPU step");

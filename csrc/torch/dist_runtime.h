@@ -46,6 +46,9 @@ struct StepStats {
   int64_t bytes_sent = 0, bytes_received = 0, num_buckets = 0, num_orthogonalized = 0;
   int64_t num_fused = 0, num_fused_batches = 0;  ///< parameters and batches of the fused single-GPU path
   int64_t pipeline_depth = 0;  ///< buckets of pipeline slack of the bucketed path (DMUON_PIPELINE_DEPTH)
+  /// Gated check-and-update only, host wall: from the call to its first launch, and to the
+  /// last launch (the rest of total_s is the wait for the device).
+  double host_prepare_s = 0, host_enqueue_s = 0;
 };
 
 /// What MuonRuntime::check_and_update_fused() found and did, per parameter.

@@ -249,7 +249,13 @@ def test_gated_step_equals_the_checked_step_bitwise():
                 p.grad = torch.randn_like(p)
             opt.step()
         assert (calls[-1] is not None) == gated
-        assert opt.runtime.last_stats.num_fused == 2
+        stats = opt.runtime.last_stats
+        assert stats.num_fused == 2
+        # The gated call's host clock: its first launch, then its last, within its total.
+        if gated:
+            assert 0 < stats.host_prepare_s <= stats.host_enqueue_s <= stats.total_s
+        else:
+            assert stats.host_prepare_s == 0 and stats.host_enqueue_s == 0
         runs.append([t.detach().clone() for t in (*mats, vec, *(opt.state[p]["momentum_buffer"] for p in mats))])
     for a, b in zip(*runs):
         assert torch.equal(a, b)
