@@ -862,39 +862,39 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
 constexpr int kMinSliceKTiles = 4;
 constexpr int kMaxSplit = 16;
 
-// n256: whether accumulators [kTileValues·h, kTileValues·(h + 1)) of every consumer thread
-// hold exactly column tile h of the unit (the epilogue's assumption; CuTe's layouts,
-// evaluated on the host).
-template <class T>
-bool fragment_tiles_split_by_column() {
+// Host checks of CuTe's accumulator layout (evaluated on the host, before the first launch):
+// whether every consumer thread holds `values` accumulators of a kTile × kTileN unit and
+// ok(thread, v, row, col) holds for each accumulator v at (row, col) of the unit.
+template <class T, class Ok>
+bool every_accumulator(int values, Ok ok) {
   typename T::TiledMma mma;
   for (int thread = 0; thread < T::kNumConsumerThreads; ++thread) {
     Tensor coords = mma.get_thread_slice(thread).partition_C(
         make_identity_tensor(make_shape(Int<T::kTile>{}, Int<T::kTileN>{})));
-    if (size(coords) != T::kColTiles * T::kTileValues) return false;
-    for (int i = 0; i < size(coords); ++i)
-      if (get<1>(coords(i)) / T::kTile != i / T::kTileValues) return false;
+    if (size(coords) != values) return false;
+    for (int v = 0; v < size(coords); ++v)
+      if (!ok(thread, v, static_cast<int>(get<0>(coords(v))), static_cast<int>(get<1>(coords(v))))) return false;
   }
   return true;
 }
 
+// n256: whether accumulators [kTileValues·h, kTileValues·(h + 1)) of every consumer thread
+// hold exactly column tile h of the unit (the epilogue's assumption).
+template <class T>
+bool fragment_tiles_split_by_column() {
+  return every_accumulator<T>(T::kColTiles * T::kTileValues,
+                              [](int, int v, int, int col) { return col / T::kTile == v / T::kTileValues; });
+}
+
 // tmastore: whether every consumer thread's accumulators are in the mma fragment layout
 // that the block epilogue assumes (value v: row 16·warp + 8·((v/2)%2) + lane/4, column
-// 8·(v/4) + 2·(lane%4) + v%2; CuTe's layouts, evaluated on the host).
+// 8·(v/4) + 2·(lane%4) + v%2).
 template <class T>
 bool fragment_is_mma_layout() {
-  typename T::TiledMma mma;
-  for (int thread = 0; thread < T::kNumConsumerThreads; ++thread) {
-    Tensor coords = mma.get_thread_slice(thread).partition_C(
-        make_identity_tensor(make_shape(Int<T::kTile>{}, Int<T::kTileN>{})));
-    if (size(coords) != T::kTileValues) return false;
+  return every_accumulator<T>(T::kTileValues, [](int thread, int v, int row, int col) {
     const int warp = thread / 32, lane = thread % 32;
-    for (int v = 0; v < size(coords); ++v)
-      if (get<0>(coords(v)) != 16 * warp + 8 * ((v / 2) % 2) + lane / 4 ||
-          get<1>(coords(v)) != 8 * (v / 4) + 2 * (lane % 4) + v % 2)
-        return false;
-  }
-  return true;
+    return row == 16 * warp + 8 * ((v / 2) % 2) + lane / 4 && col == 8 * (v / 4) + 2 * (lane % 4) + v % 2;
+  });
 }
 
 template <class Elem, int kStages, int kEpi, int kCluster = 1, int kTileN = 128>
