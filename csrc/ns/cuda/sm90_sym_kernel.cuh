@@ -21,8 +21,9 @@
 //             coalesced stores of the rows and of the transposed rows (the mirror);
 //   tmastore  the producer TMA-loads the C tile into a shared-memory tile during the
 //             mainloop; the consumers write the rounded tile over it and its transpose into
-//             a second one, and one thread issues TMA stores of both (clipped at m × m by
-//             the TMA unit), which drain while the consumers run the next tile's mainloop.
+//             a second one, in 8×8 blocks (ldmatrix, stmatrix, stmatrix .trans), and one
+//             thread issues TMA stores of both (clipped at m × m by the TMA unit), which
+//             drain while the consumers run the next tile's mainloop.
 //
 // Tail split-K ("sk-", a runtime switch of the 1-CTA kernel, Params::split > 1): when the
 // tiles do not fill the last wave of CTAs, the whole waves run as above and each tile of the
