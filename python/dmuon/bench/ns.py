@@ -11,6 +11,7 @@ actually performs) against the dense bf16 peak measured in the same run, and
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from collections import OrderedDict
@@ -239,7 +240,7 @@ def run(args) -> None:
             extra = (torch.cuda.max_memory_allocated() - base) / 2**30
             results[name] = (ms, executed, extra)
             print(f"  {name}: {ms:.2f} ms", flush=True)
-            if args.host_ahead and ms == ms:
+            if args.host_ahead and not math.isnan(ms):
                 ahead = cuda_time_ms(step, 0, iters, host_ahead=True)
                 results[f"{name}, host ahead"] = (ahead, executed, extra)
                 print(f"  {name}, host ahead: {ahead:.2f} ms (launch lead {ms - ahead:.2f} ms)", flush=True)
