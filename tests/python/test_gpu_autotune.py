@@ -190,8 +190,8 @@ def test_split_k_configs_match_dense_and_repeat_exactly(dtype, config, shape, wi
     a, _, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c, gen)
     d = ops.cuda_sym_product_config(a, a, c, alpha, beta, config)
     assert_like_dense(d, config, exact, same)
-    again = ops.cuda_sym_product_config(a, a, c, alpha, beta, config)
-    assert torch.equal(d, again), f"{config}: a second run differs"
+    again = ops.cuda_sym_product_config(a, a, c, alpha, beta, config, poison=False)
+    assert torch.equal(d, again), f"{config}: a second run (unpoisoned output, as the benchmarks time it) differs"
 
 
 @needs_kernel
