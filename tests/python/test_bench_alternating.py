@@ -1,0 +1,29 @@
+"""`bench ns`'s alternating timing (dmuon/bench/ns.py, alternating_ms): the two methods are
+timed in turns, a round each, and each gets the median of its own rounds. The CUDA-event
+timer is replaced by a recorder, so this runs without a GPU."""
+
+from dmuon.bench import ns as bench_ns
+
+
+def test_rounds_alternate_and_each_side_gets_its_own_median(monkeypatch):
+    calls = []
+    # Per side, the times its rounds return in order: a clock that drifts down over the run.
+    times = {"a": iter([9.0, 5.0, 7.0, 6.0, 8.0]), "b": iter([4.0, 2.0, 3.0, 1.0, 5.0])}
+
+    def fake_time(fn, warmup, iters):
+        side = fn()
+        calls.append((side, warmup, iters))
+        return next(times[side])
+
+    monkeypatch.setattr(bench_ns, "cuda_time_ms", fake_time)
+    a_ms, b_ms = bench_ns.alternating_ms(lambda: "a", lambda: "b", iters=12)
+    assert [side for side, _, _ in calls] == ["a", "b"] * 5
+    assert all(warmup == 1 and iters == 12 for _, warmup, iters in calls)
+    assert (a_ms, b_ms) == (7.0, 3.0)
+
+
+def test_round_count(monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench_ns, "cuda_time_ms", lambda fn, warmup, iters: calls.append(fn()) or 1.0)
+    assert bench_ns.alternating_ms(lambda: "a", lambda: "b", iters=3, rounds=2) == (1.0, 1.0)
+    assert calls == ["a", "b", "a", "b"]
