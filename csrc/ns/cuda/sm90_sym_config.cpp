@@ -163,9 +163,11 @@ std::vector<Sm90SymConfig> sm90_sym_experimental_configs() {
     configs.push_back(c);
   }
   // 128×256 units (n256): staged s3, direct s3–s4.
-  // NOTE: built because CUTLASS's own dense kernels run 128×256 tiles 14–18% faster than
+  // NOTE: built because CUTLASS's own dense kernels ran 128×256 tiles 14–18% faster than
   // 128×128 on the long-k X·Xᵀ shapes (scripts/cutlass_tile_probe.cu on an H200,
-  // 2026-11-29); ours won no shape of scripts/sym_kernel_bench.py in three runs of the
+  // 2026-11-29, a build whose WGMMAs were serialized; rebuilt right, run J: equal at
+  // 3584×18944 b1, 14% faster at b7, and under Nsight Compute at the power limit the wide
+  // tiles ran 5–10% higher clocks); ours won no shape of scripts/sym_kernel_bench.py in three runs of the
   // same day: the best of them ran at 0.89–0.96× the best 128×128 configuration on
   // 3584×18944 X·Xᵀ (batch 1: 210 units are 1.6 waves of 132 CTAs), 0.78× on 896×4864
   // and 0.52–0.72× on the β·C products (its epilogues read C per element). BENCHMARKS.md
