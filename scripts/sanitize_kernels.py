@@ -36,10 +36,12 @@ def run_sym():
         ops.cuda_sym_product_config(xp, xp, None, 1.0, 0.0, config)
         ops.cuda_sym_product_config(xp, xp, cpp, 0.5, -0.25, config)
     # Tail split-K in its two forms: whole waves and a tail (9 tiles on 7 CTAs: 2 tail tiles in
-    # 3 slices), and fewer tiles than CTAs (3 tiles in 5 slices); 21 k-tiles.
+    # 3 slices), and fewer tiles than CTAs (3 tiles in 5 slices); 21 k-tiles. mc2: 5 pairs on
+    # 4 clusters (the tail pair a shadowed lone tile, in 4 slices), 2 pairs on every cluster.
     xk = torch.zeros(3, 203, 1336, device="cuda", dtype=torch.half)[..., :1333]
     xk.copy_(torch.randn(3, 203, 1333, device="cuda") / 40)
-    for config, x_split in (("sm90:sk-tmastore:s5:c7", xk), ("sm90:sk-tmastore:s4:c0", xk[:1])):
+    for config, x_split in (("sm90:sk-tmastore:s5:c7", xk), ("sm90:sk-tmastore:s4:c0", xk[:1]),
+                            ("sm90:mc2-sk-tmastore:s5:c8", xk), ("sm90:mc2-sk-tmastore:s5:c0", xk[:1])):
         ops.cuda_sym_product_config(x_split, x_split, None, 1.0, 0.0, config)
         ops.cuda_sym_product_config(x_split, x_split, cpp[: x_split.shape[0]], 0.5, -0.25, config)
 

@@ -98,7 +98,8 @@ def test_every_sym_config_matches_dense(dtype, shape, with_c):
 # they are candidates; ":c2" runs one cluster over every unit in turn (every pair kind, one
 # after the other), ":c4" two.
 CLUSTER_CONFIGS = ["sm90:mc2-tmastore:s4:c0", "sm90:mc2-tmastore:s5:c0", "sm90:mc2-staged:s6:c0",
-                   "sm90:mc2-tmastore:s4:c2", "sm90:mc2-staged:s6:c4"]
+                   "sm90:mc2-tmastore:s4:c2", "sm90:mc2-staged:s6:c4", "sm90:mc2-sk-tmastore:s5:c0",
+                   "sm90:mc2-sk-tmastore:s4:c4"]
 # The cluster configurations that are autotuner candidates without DMUON_SYM_EXPERIMENTAL.
 DEFAULT_CLUSTER_CONFIGS = ["sm90:mc2-tmastore:s5:c0"]
 experimental_knob = os.environ.get("DMUON_SYM_EXPERIMENTAL", "0").lower() in ("1", "true", "yes", "on")
@@ -172,9 +173,15 @@ def test_n256_configs_follow_the_experimental_knob_and_are_built_where_they_fit(
 # (c7, T = 576: 574 whole, 2 tail tiles in 2 slices of 4–5 k-tiles; c5, T = 12: 10 whole,
 # 2 tail tiles in 2 slices of 16), fewer tiles than CTAs (T = 3, 4 slices of 4; T = 6, 16
 # slices of 4), and a split of 1 (K = 4: the plain path under an sk name).
+# mc2 (P pairs of the pair list, G = clusters; c0: every cluster that fits, about 66):
+# c8, P = 9: 8 whole pairs, the last (a row pair: A shared) in 4 pairs of slices of 8
+# k-tiles; c0, R = 5: 8 pairs (column pairs, a row pair, a shadowed lone tile) in 4 slices of
+# 4 each; s4 c0, R = 3: 6 pairs in 8 slices; a split of 1 (one shadowed tile, K = 4).
 SPLIT_CASES = [("sm90:sk-tmastore:s5:c7", (16, 1000, 520)), ("sm90:sk-tmastore:s4:c5", (2, 300, 2000)),
                ("sm90:sk-tmastore:s4:c0", (3, 127, 1001)), ("sm90:sk-tmastore:s5:c0", (1, 384, 4096)),
-               ("sm90:sk-tmastore:s5:c0", (1, 64, 200))]
+               ("sm90:sk-tmastore:s5:c0", (1, 64, 200)), ("sm90:mc2-sk-tmastore:s5:c8", (3, 300, 2000)),
+               ("sm90:mc2-sk-tmastore:s5:c0", (1, 600, 1024)), ("sm90:mc2-sk-tmastore:s4:c0", (2, 300, 2000)),
+               ("sm90:mc2-sk-tmastore:s5:c0", (1, 64, 200))]
 
 
 @needs_kernel
@@ -195,11 +202,13 @@ def test_split_k_configs_match_dense_and_repeat_exactly(dtype, config, shape, wi
 
 
 @needs_kernel
-def test_split_k_is_a_candidate_and_only_for_the_one_cta_tmastore_kernel():
+def test_split_k_is_a_candidate_and_only_for_the_tmastore_kernels():
     names = list(ops.cuda_sym_configs())
     assert "sm90:sk-tmastore:s4:c0" in names and "sm90:sk-tmastore:s5:c0" in names, names
+    # NOTE: the 2-CTA split-K configuration is built (SPLIT_CASES) but experimental.
+    assert ("sm90:mc2-sk-tmastore:s5:c0" in names) == experimental_knob, names
     a = padded(torch.randn(1, 16, 16, device="cuda").half())
-    for unbuilt in ("sm90:sk-staged:s5:c0", "sm90:mc2-sk-tmastore:s5:c0"):
+    for unbuilt in ("sm90:sk-staged:s5:c0", "sm90:mc2-sk-staged:s6:c0", "sm90:n256-sk-tmastore:s4:c0"):
         with pytest.raises(RuntimeError, match="configuration"):
             ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, unbuilt)
 

@@ -37,9 +37,9 @@ bool built(const Sm90SymConfig& c) {
   if (c.tile != 128 || c.tile_k != 64) return false;
   if (c.tile_n == 256) return c.cluster == 1 && !c.split_k && n256_built(c.epilogue, c.stages);
   if (c.tile_n != 128) return false;
-  // NOTE: split-K is a runtime switch of the 1-CTA kernel; only its tmastore instances
-  // handle the slices that skip their epilogue (sm90_sym_kernel.cuh).
-  if (c.split_k && (c.cluster != 1 || c.epilogue != Sm90Epilogue::kTmaStore)) return false;
+  // NOTE: split-K is a runtime switch of the 128×128 kernels; only their tmastore instances
+  // (1-CTA and mc2) handle the slices that skip their epilogue (sm90_sym_kernel.cuh).
+  if (c.split_k && c.epilogue != Sm90Epilogue::kTmaStore) return false;
   if (c.cluster == 2) return mc2_built(c.epilogue, c.stages);
   return c.cluster == 1 && c.stages >= 4 && c.stages <= max_stages(c.epilogue);
 }
@@ -162,6 +162,23 @@ std::vector<Sm90SymConfig> sm90_sym_experimental_configs() {
     c.cluster = 2;
     configs.push_back(c);
   }
+  // mc2 with the tail split-K (whole waves of pairs multicast, the partial last wave of pairs
+  // as k-slices on every cluster), tmastore s5.
+  // NOTE: built because mc2 was the fastest configuration on long-k X·Xᵀ with full waves
+  // (3584×18944 b7) and sk-tmastore at batch 1, where mc2 alone runs a whole wave for 5 of its
+  // 203 pairs. Measured on an H200 (2026-11-30, BENCHMARKS.md run J): correct (the split and
+  // cluster cases of test_gpu_autotune.py; racecheck clean) but 0.94× sk-tmastore s5 at
+  // 3584×18944 b1 (mc2's full waves are slower than the 1-CTA kernel's there too), 1.01×
+  // mc2-tmastore s5 at b7 and 3584³ +C b28, 0.91× on 1536×8960 b28: no measured gain
+  // outside the noise, so not a default candidate.
+  {
+    Sm90SymConfig c;
+    c.epilogue = Sm90Epilogue::kTmaStore;
+    c.stages = 5;
+    c.cluster = 2;
+    c.split_k = true;
+    configs.push_back(c);
+  }
   // 128×256 units (n256): staged s3, direct s3–s4.
   // NOTE: built because CUTLASS's own dense kernels ran 128×256 tiles 14–18% faster than
   // 128×128 on the long-k X·Xᵀ shapes (scripts/cutlass_tile_probe.cu on an H200,
@@ -200,7 +217,7 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
         << " stages, cluster " << config.cluster << ", unit columns " << config.tile_n
         << (config.split_k ? ", split-K" : "")
         << " is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore; cluster 2: tmastore s4-s5, staged s6;"
-           " split-K: 1-CTA tmastore; 256 unit columns: 1-CTA staged s3, direct s3-s4)";
+           " split-K: tmastore, 1-CTA or cluster 2; 256 unit columns: 1-CTA staged s3, direct s3-s4)";
   else if (config.cluster == 2 && config.num_ctas % 2)
     why << "a 2-CTA cluster configuration needs an even CTA count (0: all SMs), got " << config.num_ctas;
   else if (!aligned16(args.a) || !aligned16(args.b))

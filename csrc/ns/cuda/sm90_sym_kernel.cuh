@@ -25,13 +25,15 @@
 //             thread issues TMA stores of both (clipped at m × m by the TMA unit), which
 //             drain while the consumers run the next tile's mainloop.
 //
-// Tail split-K ("sk-", a runtime switch of the 1-CTA kernel, Params::split > 1): when the
-// tiles do not fill the last wave of CTAs, the whole waves run as above and each tile of the
-// partial last wave is cut into `split` k-slices, one per CTA. A slice stores its fp32
-// accumulators to scratch (fragment order: coalesced, and every slice's thread holds the
-// same (r, c) elements), fences, and counts itself in the tile's counter; the slice that
-// counts last sums all slices in slice order (deterministic: the same sums whichever
-// finishes last) and runs the tile's epilogue. Nobody waits for another CTA, so the scheme
+// Tail split-K ("sk-", a runtime switch of the 128×128 tmastore kernels, 1-CTA and mc2,
+// Params::split > 1): when the tiles do not fill the last wave of CTAs, the whole waves run
+// as above and each tile of the partial last wave is cut into `split` k-slices, one per CTA
+// (mc2: each pair of the partial last wave of clusters into `split` pairs of slices, one per
+// cluster, both CTAs on the same k-tiles so the pair's shared panel is still multicast).
+// A slice stores its fp32 accumulators to scratch (fragment order: coalesced, and every
+// slice's thread holds the same (r, c) elements), fences, and counts itself in the tile's
+// counter; the slice that counts last sums all slices in slice order (deterministic: the
+// same sums whichever finishes last) and runs the tile's epilogue. Nobody waits for another CTA, so the scheme
 // needs no co-residency. The counters are zeroed by a memset before each launch.
 //
 // 128×256 units ("n256", kTileN = 256; 1-CTA, staged or direct epilogue): a unit is row
@@ -225,12 +227,13 @@ struct Traits {
     // mc2 only (NOTE: last, so that the plain kernel's parameter offsets stay as they were).
     TmaAtomMc tma_am, tma_bm;  // multicast slices of the A and B panels
     PairList pairs;            // the pair list (sm90_sym_pairs.h)
-    // Split-K (1-CTA only): units w < num_full are whole tiles; then `split` k-slices of each
-    // remaining tile. split == 1: every unit is a whole tile (num_full == num_work).
+    // Split-K (128×128 tmastore): units w < num_full are whole tiles (mc2: pairs); then
+    // `split` k-slices of each remaining tile (mc2: of each remaining pair, both tiles).
+    // split == 1: every unit is whole (num_full == num_work).
     int64_t num_full;
     int split;
     int* counters;    // [tail tiles] slices finished (zeroed before the launch)
-    float* partials;  // [tail tiles][split][16][256] float4: each slice's accumulators
+    float* partials;  // [tail tiles (mc2: 2 a tail pair)][split][16][256] float4: each slice's accumulators
   };
 };
 
@@ -359,8 +362,25 @@ struct WorkUnit {
 template <class T>
 __device__ __forceinline__ WorkUnit decode_work(const typename T::Params& p, int64_t w, int num_k_tiles) {
   WorkUnit u{0, 0, 0, 0, num_k_tiles, -1, -1, PairKind::kSeparate, true};
+  // NOTE: slices of balanced length (the split never exceeds num_k_tiles / 4).
+  auto slice = [&](int64_t v) {
+    u.part = static_cast<int>(v % p.split);
+    u.k_begin = static_cast<int>(static_cast<int64_t>(u.part) * num_k_tiles / p.split);
+    u.k_end = static_cast<int>(static_cast<int64_t>(u.part + 1) * num_k_tiles / p.split);
+    return v / p.split;
+  };
   if constexpr (T::kCluster > 1) {
-    const PairTile t = decode_pair(p.pairs, w, static_cast<int>(cute::block_rank_in_cluster()));
+    const int rank = static_cast<int>(cute::block_rank_in_cluster());
+    int64_t pair = w;
+    if (w >= p.num_full) {
+      // Split-K tail: slice `part` of both tiles of a tail pair, the same slice in both CTAs
+      // (same k-tiles: I1), the shared panel still multicast; tile r of tail pair q has slot
+      // 2q + r (a shadow pair's rank 1 writes nothing and never counts).
+      const int64_t q = slice(w - p.num_full);
+      pair = p.num_full + q;
+      u.slot = static_cast<int>(2 * q + rank);
+    }
+    const PairTile t = decode_pair(p.pairs, pair, rank);
     u.l = t.l;
     u.ti = t.ti;
     u.tj = t.tj;
@@ -369,13 +389,8 @@ __device__ __forceinline__ WorkUnit decode_work(const typename T::Params& p, int
   } else {
     int64_t tile = w;
     if (w >= p.num_full) {
-      // NOTE: slices of balanced length (the split never exceeds num_k_tiles / 4).
-      const int64_t v = w - p.num_full;
-      u.slot = static_cast<int>(v / p.split);
-      u.part = static_cast<int>(v % p.split);
+      u.slot = static_cast<int>(slice(w - p.num_full));
       tile = p.num_full + u.slot;
-      u.k_begin = static_cast<int>(static_cast<int64_t>(u.part) * num_k_tiles / p.split);
-      u.k_end = static_cast<int>(static_cast<int64_t>(u.part + 1) * num_k_tiles / p.split);
     }
     u.l = static_cast<int>(tile / p.num_tri);
     if constexpr (T::kColTiles == 2) {
@@ -506,7 +521,7 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
   const bool with_c = p.beta != 0.f;
   // Work list: tiles × batch, strided over CTAs; mc2: pair units, strided over clusters.
   const int64_t work_begin = blockIdx.x / kCluster, work_step = gridDim.x / kCluster;
-  const int64_t num_work = kCluster > 1 ? p.pairs.num_units : p.num_work;
+  const int64_t num_work = p.num_work;  // NOTE: mc2: pair-list units (and tail slices)
 
   if (warpgroup_idx == 0) {
     // Producer: one thread walks the same work list and fills the ring.
@@ -625,9 +640,9 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
       if (!u.writes) continue;
     }
     // Split-K: publish this slice; the tile's last slice to finish sums them and goes on.
-    // NOTE: compiled into the instances that can split only (1-CTA 128×128 tmastore): in the
-    // staged and direct ones its registers made ptxas serialize the WGMMAs (C7511).
-    if constexpr (T::kTmaStore && T::kCluster == 1 && T::kColTiles == 1) {
+    // NOTE: compiled into the instances that can split only (128×128 tmastore, 1-CTA and
+    // mc2): in the staged and direct ones its registers made ptxas serialize the WGMMAs (C7511).
+    if constexpr (T::kTmaStore && T::kColTiles == 1) {
       if (u.part >= 0) {
         if (!split_k_reduce<T>(p, u, consumer_idx, acc, &smem.split_last)) {
           // NOTE: the producer loaded C for this slice too; take the load (parity) and free
@@ -942,7 +957,7 @@ void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t
     p.pairs = make_pair_list(p.num_row_tiles, batch);
   }
 
-  // Launch: persistent grid of min(work, CTAs) CTAs, one per SM.
+  // Launch: persistent grid of min(work, CTAs) CTAs, one per SM (mc2: whole clusters).
   auto kernel = sym_product_kernel<Elem, kStages, kEpi, kCluster, kTileN>;
   static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "over the 227 KiB shared-memory opt-in");
   const int smem_bytes = static_cast<int>(sizeof(typename T::SharedStorage));
@@ -958,33 +973,11 @@ void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t
   }
   DMUON_CHECK_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t ctas = num_ctas > 0 ? std::min<int64_t>(num_ctas, num_sms) : num_sms;
-  // Split-K: whole waves of tiles as they are, the tail tiles cut into k-slices (header).
-  if (split_k) {
-    DMUON_CHECK(kCluster == 1 && T::kTmaStore && T::kColTiles == 1,
-                "sm90_sym_product: split-K needs the 1-CTA 128x128 tmastore kernel");
-    const int num_k_tiles = (p.k + T::kTileK - 1) / T::kTileK;
-    const int64_t full = p.num_work / ctas * ctas, tail = p.num_work - full;
-    const int64_t split = tail == 0 ? 1
-                                    : std::min<int64_t>({ctas / tail, num_k_tiles / kMinSliceKTiles, kMaxSplit});
-    if (split >= 2) {
-      DMUON_CHECK(args.scratch != nullptr && args.scratch_bytes >= sm90_sym_split_scratch_bytes(static_cast<int>(ctas)),
-                  "sm90_sym_product: split-K scratch too small");
-      p.num_full = full;
-      p.split = static_cast<int>(split);
-      p.num_work = full + tail * split;
-      p.counters = static_cast<int*>(args.scratch);
-      p.partials = reinterpret_cast<float*>(static_cast<char*>(args.scratch) +
-                                            sm90_sym_split_counter_bytes(static_cast<int>(ctas)));
-      DMUON_CHECK_CUDA(cudaMemsetAsync(p.counters, 0, static_cast<size_t>(tail) * sizeof(int), stream));
-    }
-  }
-  if constexpr (kCluster == 1) {
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(p.num_work, ctas));
-    kernel<<<grid, T::kNumThreads, smem_bytes, stream>>>(p);
-  } else {
-    // mc2 launch: a persistent grid of whole clusters (2 × 1 × 1), no more than fit at once.
-    cudaLaunchConfig_t config = {};
-    cudaLaunchAttribute attribute[1];
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attribute[1];
+  // One wave: the units that run at once (CTAs; mc2: clusters, each running one pair).
+  int64_t wave = ctas;
+  if constexpr (kCluster > 1) {
     attribute[0].id = cudaLaunchAttributeClusterDimension;
     attribute[0].val.clusterDim.x = kCluster;
     attribute[0].val.clusterDim.y = 1;
@@ -1011,7 +1004,38 @@ void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t
       max_clusters = it->second;
     }
     DMUON_CHECK(max_clusters > 0, "sm90_sym_product: no 2-CTA cluster of this kernel fits on device ", device);
-    const int64_t clusters = std::min<int64_t>({p.pairs.num_units, ctas / kCluster, max_clusters});
+    wave = std::max<int64_t>(std::min<int64_t>(ctas / kCluster, max_clusters), 1);
+    p.num_work = p.pairs.num_units;
+    p.num_full = p.num_work;
+  }
+  // Split-K: whole waves of units as they are, the tail units cut into k-slices (header).
+  if (split_k) {
+    DMUON_CHECK(T::kTmaStore && T::kColTiles == 1,
+                "sm90_sym_product: split-K needs a 128x128 tmastore kernel (1-CTA or mc2)");
+    const int num_k_tiles = (p.k + T::kTileK - 1) / T::kTileK;
+    const int64_t full = p.num_work / wave * wave, tail = p.num_work - full;
+    const int64_t split = tail == 0 ? 1
+                                    : std::min<int64_t>({wave / tail, num_k_tiles / kMinSliceKTiles, kMaxSplit});
+    if (split >= 2) {
+      // NOTE: at most `wave` slices of tail units, so at most ctas partial tiles (mc2: two a pair).
+      DMUON_CHECK(args.scratch != nullptr && args.scratch_bytes >= sm90_sym_split_scratch_bytes(static_cast<int>(ctas)),
+                  "sm90_sym_product: split-K scratch too small");
+      p.num_full = full;
+      p.split = static_cast<int>(split);
+      p.num_work = full + tail * split;
+      p.counters = static_cast<int*>(args.scratch);
+      p.partials = reinterpret_cast<float*>(static_cast<char*>(args.scratch) +
+                                            sm90_sym_split_counter_bytes(static_cast<int>(ctas)));
+      DMUON_CHECK_CUDA(
+          cudaMemsetAsync(p.counters, 0, static_cast<size_t>(tail * kCluster) * sizeof(int), stream));
+    }
+  }
+  if constexpr (kCluster == 1) {
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(p.num_work, ctas));
+    kernel<<<grid, T::kNumThreads, smem_bytes, stream>>>(p);
+  } else {
+    // mc2 launch: a persistent grid of whole clusters (2 × 1 × 1), no more than fit at once.
+    const int64_t clusters = std::min<int64_t>(p.num_work, wave);
     config.gridDim = dim3(static_cast<unsigned>(std::max<int64_t>(clusters, 1) * kCluster), 1, 1);
     DMUON_CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, p));
   }
@@ -1026,7 +1050,7 @@ bool launch_instance(const SymProductArgs& args, const Sm90SymConfig& config, cu
   constexpr int kTmaStore = static_cast<int>(Sm90Epilogue::kTmaStore);
   // mc2 (2-CTA clusters; which are autotuner candidates: sm90_sym_config.cpp).
   if (config.cluster == 2) {
-    if (config.tile_n != 128 || config.split_k) return false;
+    if (config.tile_n != 128 || (config.split_k && config.epilogue != Sm90Epilogue::kTmaStore)) return false;
     switch (config.stages * 4 + static_cast<int>(config.epilogue)) {
       case 4 * 4 + kTmaStore: launch<Elem, 4, kTmaStore, 2>(args, config.num_ctas, config.split_k, stream); return true;
       case 5 * 4 + kTmaStore: launch<Elem, 5, kTmaStore, 2>(args, config.num_ctas, config.split_k, stream); return true;
