@@ -33,8 +33,9 @@
 // A slice stores its fp32 accumulators to scratch (fragment order: coalesced, and every
 // slice's thread holds the same (r, c) elements), fences, and counts itself in the tile's
 // counter; the slice that counts last sums all slices in slice order (deterministic: the
-// same sums whichever finishes last) and runs the tile's epilogue. Nobody waits for another CTA, so the scheme
-// needs no co-residency. The counters are zeroed by a memset before each launch.
+// same sums whichever finishes last) and runs the tile's epilogue. Nobody waits for another
+// CTA, so the scheme needs no co-residency. The counters are zeroed by a memset before each
+// launch.
 //
 // 128×256 units ("n256", kTileN = 256; 1-CTA, staged or direct epilogue): a unit is row
 // tile i × column block b (column tiles 2b, 2b + 1, 2b ≤ i; sm90_sym_units.h), one 256-row
@@ -232,8 +233,8 @@ struct Traits {
     // split == 1: every unit is whole (num_full == num_work).
     int64_t num_full;
     int split;
-    int* counters;    // [tail tiles] slices finished (zeroed before the launch)
-    float* partials;  // [tail tiles (mc2: 2 a tail pair)][split][16][256] float4: each slice's accumulators
+    int* counters;    // [tail tiles (mc2: 2 a tail pair)] slices finished (zeroed before the launch)
+    float* partials;  // [tail tiles][split][16][256] float4: each slice's accumulators
   };
 };
 
