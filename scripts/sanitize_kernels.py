@@ -37,7 +37,8 @@ def run_sym():
         ops.cuda_sym_product_config(xp, xp, cpp, 0.5, -0.25, config)
     # Tail split-K in its two forms: whole waves and a tail (9 tiles on 7 CTAs: 2 tail tiles in
     # 3 slices), and fewer tiles than CTAs (3 tiles in 5 slices); 21 k-tiles. mc2: 5 pairs on
-    # 4 clusters (the tail pair a shadowed lone tile, in 4 slices), 2 pairs on every cluster.
+    # 4 clusters (the tail pair a shadowed lone tile, in 4 slices), and 2 pairs (a column pair,
+    # a shadowed tile) in 5 slices each.
     xk = torch.zeros(3, 203, 1336, device="cuda", dtype=torch.half)[..., :1333]
     xk.copy_(torch.randn(3, 203, 1333, device="cuda") / 40)
     for config, x_split in (("sm90:sk-tmastore:s5:c7", xk), ("sm90:sk-tmastore:s4:c0", xk[:1]),
