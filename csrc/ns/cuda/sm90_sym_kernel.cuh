@@ -520,9 +520,9 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
   auto release_kt = [](const WorkUnit& u) { return u.k_begin + std::min(2, u.k_end - u.k_begin - 1); };
   auto c_load_kt = [](const WorkUnit& u) { return u.k_begin + std::min(kStages + 2, u.k_end - u.k_begin - 1); };
   const bool with_c = p.beta != 0.f;
-  // Work list: tiles × batch, strided over CTAs; mc2: pair units, strided over clusters.
+  // Work list (p.num_work units): tiles × batch, strided over CTAs; mc2: pair units, strided
+  // over clusters; then split-K's tail slices.
   const int64_t work_begin = blockIdx.x / kCluster, work_step = gridDim.x / kCluster;
-  const int64_t num_work = p.num_work;  // NOTE: mc2: pair-list units (and tail slices)
 
   if (warpgroup_idx == 0) {
     // Producer: one thread walks the same work list and fills the ring.
@@ -532,7 +532,7 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
     if (threadIdx.x == 0) {
       RingState<kStages> state{0, 1u};  // NOTE: parity 1 — the first round finds every stage free.
       uint32_t epi_phase = 1u;          // tmastore: likewise, the first C load finds the tile free
-      for (int64_t w = work_begin; w < num_work; w += work_step) {
+      for (int64_t w = work_begin; w < p.num_work; w += work_step) {
         const WorkUnit u = decode_work<T>(p, w, num_k_tiles);
         const int l = u.l, ti = u.ti, tj = u.tj;
         const int c_kt = c_load_kt(u);
@@ -598,7 +598,7 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
   RingState<kStages> state{0, 0u};
   bool store_pending = false;  // tmastore, consumer 0: TMA stores in flight from the epilogue tiles
   uint32_t c_phase = 0u;       // tmastore: parity of the next C load
-  for (int64_t w = work_begin; w < num_work; w += work_step) {
+  for (int64_t w = work_begin; w < p.num_work; w += work_step) {
     const WorkUnit u = decode_work<T>(p, w, num_k_tiles);
     const int l = u.l, ti = u.ti;
     [[maybe_unused]] const int release_at = release_kt(u);
@@ -956,6 +956,8 @@ void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t
     p.tma_am = T::tma_mc(static_cast<const Elem*>(args.a), m, k, batch, args.lda, args.stride_a);
     p.tma_bm = T::tma_mc(static_cast<const Elem*>(args.b), m, k, batch, args.ldb, args.stride_b);
     p.pairs = make_pair_list(p.num_row_tiles, batch);
+    p.num_work = p.pairs.num_units;  // NOTE: mc2 works on pairs of tiles
+    p.num_full = p.num_work;
   }
 
   // Launch: persistent grid of min(work, CTAs) CTAs, one per SM (mc2: whole clusters).
@@ -1006,8 +1008,6 @@ void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t
     }
     DMUON_CHECK(max_clusters > 0, "sm90_sym_product: no 2-CTA cluster of this kernel fits on device ", device);
     wave = std::max<int64_t>(std::min<int64_t>(ctas / kCluster, max_clusters), 1);
-    p.num_work = p.pairs.num_units;
-    p.num_full = p.num_work;
   }
   // Split-K: whole waves of units as they are, the tail units cut into k-slices (header).
   if (split_k) {
