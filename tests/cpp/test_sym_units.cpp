@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "ns/cuda/sm90_sym_units.h"
@@ -42,6 +43,51 @@ TEST(SymUnits, LargeIndicesDecodeExactly) {
       decode_wide(u, i, b);
       EXPECT_TRUE(b >= 0 && 2 * b <= i) << "u=" << u << " → (" << i << ", " << b << ")";
       EXPECT_EQ(wide_units(i) + b, u) << "u=" << u << " → (" << i << ", " << b << ")";
+    }
+  }
+}
+
+// The wide pair list (mc2-n256): every unit of every matrix in exactly one pair slot, written
+// by exactly one CTA; the two units of a pair share the panel their kind names.
+TEST(SymUnits, WidePairsCoverEveryUnitOnceAndShareWhatTheySay) {
+  using dmuon::ns::cuda::decode_wide_pair;
+  using dmuon::ns::cuda::make_wide_pair_list;
+  using dmuon::ns::cuda::PairKind;
+  for (int r = 1; r <= 40; ++r) {
+    for (int batch : {1, 2, 3, 7}) {
+      const auto list = make_wide_pair_list(r, batch);
+      std::map<std::tuple<int, int, int>, int> writes;  // (l, i, b) → writing CTAs
+      int64_t shadows = 0;
+      for (int64_t u = 0; u < list.num_units; ++u) {
+        const auto t0 = decode_wide_pair(list, u, 0), t1 = decode_wide_pair(list, u, 1);
+        for (const auto& t : {t0, t1}) {
+          ASSERT_TRUE(t.l >= 0 && t.l < batch && t.ti >= 0 && t.ti < r && t.tj >= 0 && 2 * t.tj <= t.ti)
+              << "r=" << r << " batch=" << batch << " u=" << u << " (" << t.l << ", " << t.ti << ", " << t.tj << ")";
+          if (t.writes) ++writes[{t.l, t.ti, t.tj}];
+        }
+        ASSERT_EQ(t0.kind, t1.kind) << "r=" << r << " u=" << u;
+        switch (t0.kind) {
+          case PairKind::kShareB:  // one B panel: the same matrix and column block
+            EXPECT_TRUE(t0.l == t1.l && t0.tj == t1.tj && t0.ti != t1.ti) << "r=" << r << " u=" << u;
+            break;
+          case PairKind::kShareA:  // one A panel: the same matrix and row
+            EXPECT_TRUE(t0.l == t1.l && t0.ti == t1.ti && t0.tj != t1.tj) << "r=" << r << " u=" << u;
+            break;
+          case PairKind::kSeparate:
+            EXPECT_NE(t0.l, t1.l) << "r=" << r << " u=" << u;
+            break;
+          case PairKind::kShadow:  // both CTAs on one unit, rank 1 writes nothing
+            EXPECT_TRUE(t0.l == t1.l && t0.ti == t1.ti && t0.tj == t1.tj && t0.writes && !t1.writes)
+                << "r=" << r << " u=" << u;
+            ++shadows;
+            break;
+        }
+      }
+      EXPECT_LE(shadows, 1) << "r=" << r << " batch=" << batch;
+      EXPECT_EQ(static_cast<int64_t>(writes.size()), wide_units(r) * batch) << "r=" << r << " batch=" << batch;
+      for (const auto& [unit, count] : writes) EXPECT_EQ(count, 1) << "r=" << r << " batch=" << batch;
+      // Pairs: the units two at a time, plus at most one shadowed unit.
+      EXPECT_EQ(2 * list.num_units - shadows, wide_units(r) * batch) << "r=" << r << " batch=" << batch;
     }
   }
 }

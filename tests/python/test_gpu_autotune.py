@@ -115,7 +115,7 @@ CLUSTER_SHAPES = [(1, 100, 70), (3, 200, 130), (2, 383, 1001), (5, 520, 200), (1
 
 @needs_kernel
 def test_cluster_candidates_follow_the_experimental_knob():
-    names = [name for name in ops.cuda_sym_configs() if ":mc2-" in name]
+    names = [name for name in ops.cuda_sym_configs() if ":mc2-" in name and "-n256-" not in name]
     expected = [c for c in CLUSTER_CONFIGS if c.endswith(":c0")] if experimental_knob else DEFAULT_CLUSTER_CONFIGS
     assert sorted(names) == sorted(expected), names
 
@@ -130,13 +130,24 @@ N256_CONFIGS = ["sm90:n256-staged:s3:c0", "sm90:n256-direct:s3:c0", "sm90:n256-d
 # several per CTA; (1, 1100, 64) R=9, one k-tile.
 N256_SHAPES = [(1, 100, 70), (2, 257, 129), (3, 384, 1001), (2, 512, 520), (16, 1000, 520), (1, 1100, 64)]
 
+# Wide tmastore (128×256 units, TMA-store epilogue in 64-column subtiles, C through the ring),
+# 1-CTA and in 2-CTA clusters (sm90_sym_units.h's wide pair list). NOTE: on the cluster
+# shapes and the n256 shapes: R = 1 (a shadowed lone unit), R = 2 (a row pair), R = 3 (a row
+# pair, then the last row's two units over one A panel), R = 5 and 9 (the last row's odd
+# unit: lone units of two matrices paired, the last one shadowed), diagonal tiles in both
+# column halves of a unit, boxes clipped at odd m; ":c2" one cluster, ":c5" five CTAs in turn.
+WIDE_TMA_CONFIGS = ["sm90:n256-tmastore:s4:c0", "sm90:mc2-n256-tmastore:s4:c0", "sm90:mc2-n256-sk-tmastore:s4:c0"]
+WIDE_TMA_SHAPES = sorted(set(CLUSTER_SHAPES) | set(N256_SHAPES))
+
 
 # Both families on their shapes, called by name whether or not they are candidates.
 # NOTE: the ids name the family ("cluster-…", "n256-…") so that -k selects one.
 NAMED_CASES = ([pytest.param(CLUSTER_CONFIGS, shape, id=f"cluster-{'x'.join(map(str, shape))}")
                 for shape in CLUSTER_SHAPES] +
                [pytest.param(N256_CONFIGS + ["sm90:n256-staged:s3:c5"], shape, id=f"n256-{'x'.join(map(str, shape))}")
-                for shape in N256_SHAPES])
+                for shape in N256_SHAPES] +
+               [pytest.param(WIDE_TMA_CONFIGS + ["sm90:mc2-n256-tmastore:s4:c2", "sm90:n256-tmastore:s4:c5"], shape,
+                             id=f"wide-{'x'.join(map(str, shape))}") for shape in WIDE_TMA_SHAPES])
 
 
 @needs_kernel
@@ -157,11 +168,11 @@ def test_named_sym_configs_match_dense(dtype, configs, shape, with_c, operands):
 
 @needs_kernel
 def test_n256_configs_follow_the_experimental_knob_and_are_built_where_they_fit():
-    names = [name for name in ops.cuda_sym_configs() if ":n256-" in name]
-    assert sorted(names) == (sorted(N256_CONFIGS) if experimental_knob else []), names
+    names = [name for name in ops.cuda_sym_configs() if "n256-" in name]
+    assert sorted(names) == (sorted(N256_CONFIGS + WIDE_TMA_CONFIGS) if experimental_knob else []), names
     a = padded(torch.randn(1, 16, 16, device="cuda").half())
     for unbuilt in ("sm90:n256-staged:s4:c0", "sm90:n256-tmastore:s3:c0", "sm90:mc2-n256-staged:s3:c0",
-                    "sm90:n256-sk-tmastore:s4:c0"):
+                    "sm90:n256-sk-tmastore:s4:c0", "sm90:mc2-n256-tmastore:s5:c0", "sm90:mc2-n256-sk-tmastore:s5:c0"):
         with pytest.raises(RuntimeError, match="configuration"):
             ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, unbuilt)
 
@@ -177,11 +188,16 @@ def test_n256_configs_follow_the_experimental_knob_and_are_built_where_they_fit(
 # c8, P = 9: 8 whole pairs, the last (a row pair: A shared) in 4 pairs of slices of 8
 # k-tiles; c0, R = 5: 8 pairs (column pairs, a row pair, a shadowed lone tile) in 4 slices of
 # 4 each; s4 c0, R = 3: 6 pairs in 8 slices; a split of 1 (one shadowed tile, K = 4).
+# mc2 with 128×256 units (sm90_sym_units.h's wide pairs, U units): c10, R = 5, U = 14: 10
+# whole, the tail (a pair over one A panel, lone units of two matrices, a shadowed one) in 5
+# slices of 6–7 k-tiles over 5 clusters, 4 rounds (choose_tail_split); c0, R = 5, U = 5 in
+# slices of 4 k-tiles, one round; c4 with K = 4: a split of 1.
 SPLIT_CASES = [("sm90:sk-tmastore:s5:c7", (16, 1000, 520)), ("sm90:sk-tmastore:s4:c5", (2, 300, 2000)),
                ("sm90:sk-tmastore:s4:c0", (3, 127, 1001)), ("sm90:sk-tmastore:s5:c0", (1, 384, 4096)),
                ("sm90:sk-tmastore:s5:c0", (1, 64, 200)), ("sm90:mc2-sk-tmastore:s5:c8", (3, 300, 2000)),
                ("sm90:mc2-sk-tmastore:s5:c0", (1, 600, 1024)), ("sm90:mc2-sk-tmastore:s4:c0", (2, 300, 2000)),
-               ("sm90:mc2-sk-tmastore:s5:c0", (1, 64, 200))]
+               ("sm90:mc2-sk-tmastore:s5:c0", (1, 64, 200)), ("sm90:mc2-n256-sk-tmastore:s4:c10", (3, 520, 2000)),
+               ("sm90:mc2-n256-sk-tmastore:s4:c0", (1, 600, 1024)), ("sm90:mc2-n256-sk-tmastore:s4:c4", (5, 520, 200))]
 
 
 @needs_kernel
@@ -208,7 +224,8 @@ def test_split_k_is_a_candidate_and_only_for_the_tmastore_kernels():
     # NOTE: the 2-CTA split-K configuration is built (SPLIT_CASES) but experimental.
     assert ("sm90:mc2-sk-tmastore:s5:c0" in names) == experimental_knob, names
     a = padded(torch.randn(1, 16, 16, device="cuda").half())
-    for unbuilt in ("sm90:sk-staged:s5:c0", "sm90:mc2-sk-staged:s6:c0", "sm90:n256-sk-tmastore:s4:c0"):
+    for unbuilt in ("sm90:sk-staged:s5:c0", "sm90:mc2-sk-staged:s6:c0", "sm90:n256-sk-tmastore:s4:c0",
+                    "sm90:mc2-n256-sk-direct:s4:c0"):
         with pytest.raises(RuntimeError, match="configuration"):
             ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, unbuilt)
 

@@ -35,7 +35,12 @@ bool n256_built(Sm90Epilogue epilogue, int stages) {
 
 bool built(const Sm90SymConfig& c) {
   if (c.tile != 128 || c.tile_k != 64) return false;
-  if (c.tile_n == 256) return c.cluster == 1 && !c.split_k && n256_built(c.epilogue, c.stages);
+  if (c.tile_n == 256) {
+    // NOTE: the wide tmastore instances (1-CTA, and mc2 with split-K a runtime switch) are
+    // s4: four 48 KiB stages and one 32 KiB subtile buffer pair.
+    if (c.epilogue == Sm90Epilogue::kTmaStore) return c.stages == 4 && (c.cluster == 2 || (c.cluster == 1 && !c.split_k));
+    return !c.split_k && c.cluster == 1 && n256_built(c.epilogue, c.stages);
+  }
   if (c.tile_n != 128) return false;
   // NOTE: split-K is a runtime switch of the 128×128 kernels; only their tmastore instances
   // (1-CTA and mc2) handle the slices that skip their epilogue (sm90_sym_kernel.cuh).
@@ -197,6 +202,20 @@ std::vector<Sm90SymConfig> sm90_sym_experimental_configs() {
     c.tile_n = 256;
     configs.push_back(c);
   }
+  // Wide tmastore: 128×256 units with the TMA-store epilogue, 1-CTA and in 2-CTA clusters
+  // (a 256-row B panel multicast per pair, as CUTLASS's 128×256 cluster-2 tiles), s4,
+  // without and with the tail split-K.
+  for (int cluster : {1, 2})
+    for (bool split_k : {false, true}) {
+      if (split_k && cluster == 1) continue;  // NOTE: not built (sm90_sym_kernel.cuh, kCanSplit)
+      Sm90SymConfig c;
+      c.epilogue = Sm90Epilogue::kTmaStore;
+      c.stages = 4;
+      c.tile_n = 256;
+      c.cluster = cluster;
+      c.split_k = split_k;
+      configs.push_back(c);
+    }
   return configs;
 }
 
@@ -204,10 +223,12 @@ size_t sm90_sym_split_counter_bytes(int num_ctas) {
   return (static_cast<size_t>(std::max(num_ctas, 0)) * sizeof(int) + 255) / 256 * 256;
 }
 
-size_t sm90_sym_split_scratch_bytes(int num_ctas) {
-  // NOTE: counters first, then the partial tiles (sm90_sym_kernel.cuh, launch).
-  const size_t partial_tile_bytes = 128 * 128 * sizeof(float);
-  return sm90_sym_split_counter_bytes(num_ctas) + static_cast<size_t>(std::max(num_ctas, 0)) * partial_tile_bytes;
+size_t sm90_sym_split_partial_bytes(int tile_n) { return static_cast<size_t>(128) * tile_n * sizeof(float); }
+
+size_t sm90_sym_split_scratch_bytes(int num_ctas, int tile_n) {
+  // NOTE: counters first, then the partial units (sm90_sym_kernel.cuh, launch).
+  return sm90_sym_split_counter_bytes(num_ctas) +
+         static_cast<size_t>(std::max(num_ctas, 0)) * sm90_sym_split_partial_bytes(tile_n);
 }
 
 std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymConfig& config) {
@@ -217,7 +238,8 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
         << " stages, cluster " << config.cluster << ", unit columns " << config.tile_n
         << (config.split_k ? ", split-K" : "")
         << " is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore; cluster 2: tmastore s4-s5, staged s6;"
-           " split-K: tmastore, 1-CTA or cluster 2; 256 unit columns: 1-CTA staged s3, direct s3-s4)";
+           " split-K: 128x128 tmastore, cluster 2 256-column tmastore; 256 unit columns: 1-CTA staged s3, direct "
+           "s3-s4, tmastore s4 (1-CTA or cluster 2))";
   else if (config.cluster == 2 && config.num_ctas % 2)
     why << "a 2-CTA cluster configuration needs an even CTA count (0: all SMs), got " << config.num_ctas;
   else if (!aligned16(args.a) || !aligned16(args.b))
@@ -246,7 +268,7 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
       why << "cannot query the device's SM count";
     } else {
       const int ctas = config.num_ctas > 0 ? std::min(config.num_ctas, num_sms) : num_sms;
-      const size_t needed = sm90_sym_split_scratch_bytes(ctas);
+      const size_t needed = sm90_sym_split_scratch_bytes(ctas, config.tile_n);
       if (args.scratch == nullptr || args.scratch_bytes < needed ||
           reinterpret_cast<uintptr_t>(args.scratch) % 256 != 0)
         why << "a split-K configuration needs " << needed << " bytes of 256-byte aligned scratch, got "

@@ -25,11 +25,12 @@
 //             thread issues TMA stores of both (clipped at m × m by the TMA unit), which
 //             drain while the consumers run the next tile's mainloop.
 //
-// Tail split-K ("sk-", a runtime switch of the 128×128 tmastore kernels, 1-CTA and mc2,
-// Params::split > 1): when the tiles do not fill the last wave of CTAs, the whole waves run
-// as above and each tile of the partial last wave is cut into `split` k-slices, one per CTA
-// (mc2: each pair of the partial last wave of clusters into `split` pairs of slices, one per
-// cluster, both CTAs on the same k-tiles so the pair's shared panel is still multicast).
+// Tail split-K ("sk-", a runtime switch of the tmastore kernels: 128×128 units 1-CTA and mc2,
+// 128×256 units mc2; Traits::kCanSplit; Params::split > 1): when the units do not fill the last wave of CTAs, the
+// whole waves run as above and each unit of the partial last wave is cut into `split`
+// k-slices, strided over the CTAs like the units (one round, or several where that is
+// shorter: choose_tail_split) (mc2: each pair of the partial last wave into `split` pairs of
+// slices, one per cluster, both CTAs on the same k-tiles so the shared panel is still multicast).
 // A slice stores its fp32 accumulators to scratch (fragment order: coalesced, and every
 // slice's thread holds the same (r, c) elements), fences, and counts itself in the tile's
 // counter; the slice that counts last sums all slices in slice order (deterministic: the
@@ -48,6 +49,19 @@
 // trails cuBLAS's dense mainloop rate by a third (BENCHMARKS.md run F).
 // Measured on an H200 (2026-11-29, BENCHMARKS.md run G): 0.52–0.96× the best 128×128
 // configuration on every shape tried, hence experimental (sm90_sym_config.cpp).
+//
+// Wide tmastore ("n256-tmastore", 1-CTA, and "mc2-n256-tmastore", 2-CTA clusters; s4): the
+// 128×256 units with a TMA-store epilogue. Four 48 KiB stages leave 32 KiB: one 128×64
+// subtile buffer and its 64×128 mirror, reused four times a unit (wide_tmastore_epilogue).
+// β·C goes through the ring: after a unit's k-tiles the producer loads each of its two C
+// tiles as one more stage use (load_c_slots), so C arrives as early as the k-tiles do.
+// mc2: pairs of units over one 256-row B panel (rows 2q, 2q + 1), multicast in two 128-row
+// slices; the pair list is sm90_sym_units.h's make_wide_pair_list. The C stage uses are
+// local loads, taken and released by both CTAs (I1: the same count of stage uses; their
+// releases follow I3 as those of units that share nothing).
+// NOTE: why: under the power limit CUTLASS's 128×256 tiles in 2-CTA clusters ran 1.50 GHz
+// against 1.36 for our mc2 128×128 (BENCHMARKS.md run J): per FLOP they read 1.5× fewer
+// L2 bytes.
 //
 // 2-CTA cluster variant ("mc2", kCluster = 2). First run on an H200 2026-11-29: correct,
 // memcheck and racecheck clean, up to 1.08× on long-k X·Xᵀ (sm90_sym_config.cpp).
@@ -125,6 +139,7 @@ using namespace cute;
 // NOTE: kTileNT = 256: the "n256" variant (128×256 units, see "128×256 units" in the header).
 template <class Elem, int kStagesT, int kEpiT, int kClusterT = 1, int kTileNT = 128>
 struct Traits {
+  using Element = Elem;
   static constexpr int kTile = 128;
   static constexpr int kTileK = 64;
   static constexpr int kStages = kStagesT;
@@ -133,17 +148,24 @@ struct Traits {
   // Columns of a unit (one B panel): 128, or 256 = two column tiles.
   static constexpr int kTileN = kTileNT;
   static constexpr int kColTiles = kTileN / kTile;
-  static_assert(kColTiles == 1 || (kColTiles == 2 && kCluster == 1 && kEpiT != static_cast<int>(Sm90Epilogue::kTmaStore)),
-                "128x256 units: 1-CTA kernel, staged or direct epilogue");
   static constexpr bool kStaged = kEpiT == static_cast<int>(Sm90Epilogue::kStaged);
   static constexpr bool kTmaStore = kEpiT == static_cast<int>(Sm90Epilogue::kTmaStore);
+  // 128×256 units with the tmastore epilogue ("wide tmastore"; see its block in the header).
+  static constexpr bool kWide = kColTiles == 2 && kTmaStore;
+  static_assert(kColTiles == 1 || (kColTiles == 2 && (kCluster == 1 || kTmaStore)),
+                "128x256 units: 1-CTA with any epilogue, 2-CTA clusters with tmastore");
+  // Instances with the tail split-K compiled in: the 128×128 tmastore ones and mc2's wide one.
+  // NOTE: in the 1-CTA wide instance its registers made ptxas serialize the WGMMAs (C7511,
+  // 2 KiB of spills; nvcc 13, 2026-11-30), in the staged and direct ones likewise.
+  static constexpr bool kCanSplit = kTmaStore && (kColTiles == 1 || kCluster == 2);
   static constexpr int kNumConsumerThreads = 256;
   static constexpr int kNumThreads = 128 + kNumConsumerThreads;
   static constexpr int kTxBytes = (kTile + kTileN) * kTileK * static_cast<int>(sizeof(Elem));
   // fp32 accumulators per consumer thread for one 128×128 output tile.
   static constexpr int kTileValues = kTile * kTile / kNumConsumerThreads;
   static constexpr int kEpilogueElems = kStaged ? kTile * kTileN : 8;
-  static constexpr int kTmaTileElems = kTmaStore ? kTile * kTile : 8;
+  // tmastore: the tile and mirror buffers (wide: a 128×64 subtile and its 64×128 mirror).
+  static constexpr int kTmaTileElems = kWide ? kTile * 64 : kTmaStore ? kTile * kTile : 8;
   static constexpr int kTileBytes = kTile * kTile * static_cast<int>(sizeof(Elem));
 
   using SmemLayout = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
@@ -178,6 +200,12 @@ struct Traits {
                          make_shape(Int<kTile>{}, Int<kTileK>{}), Int<kCluster>{});
   }
   using TmaAtomMc = conditional_t<(kCluster > 1), decltype(tma_mc(nullptr, 1, 1, 1, 8, 8)), char>;
+  // mc2 with 128×256 units: the shared 256-row B panel's k-tile, as kCluster slices.
+  static auto tma_mc_b(const Elem* ptr, int m, int k, int batch, int64_t ld, int64_t stride) {
+    return make_tma_atom(SM90_TMA_LOAD_MULTICAST{}, gmem(ptr, m, k, batch, ld, stride), SmemLayoutB{}(_, _, 0),
+                         make_shape(Int<kTileN>{}, Int<kTileK>{}), Int<kCluster>{});
+  }
+  using TmaAtomMcB = conditional_t<(kCluster > 1), decltype(tma_mc_b(nullptr, 1, 1, 1, 8, 8)), char>;
   // mc2: empty-barrier arrivals per stage use: lane 0 of each of the 8 consumer warps, of
   // every CTA of the cluster (plain kernel: every consumer thread of the CTA).
   static constexpr int kEmptyArrivals = kCluster > 1 ? kCluster * kNumConsumerThreads / 32 : kNumConsumerThreads;
@@ -197,8 +225,19 @@ struct Traits {
     return make_tma_atom(SM90_TMA_LOAD{}, gmem(ptr, m, m, batch, ld, stride), EpiLayout{},
                          make_shape(Int<kTile>{}, Int<kTile>{}));
   }
-  using TmaStoreD = conditional_t<kTmaStore, decltype(tma_store_d(nullptr, 1, 1, 8, 8)), char>;
-  using TmaLoadC = conditional_t<kTmaStore, decltype(tma_load_c(nullptr, 1, 1, 8, 8)), char>;
+  // Wide tmastore: D stored in 64×64 boxes (SubLayout: the tile buffer holds two, the mirror
+  // two), C loaded as two 128×64 boxes (the A panel's box) into a ring stage.
+  using SubLayout = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{}, make_shape(Int<64>{}, Int<64>{})));
+  using StageLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
+                                              make_shape(Int<kTile>{}, Int<kTileK>{})));
+  static auto tma_store_sub(Elem* ptr, int m, int batch, int64_t ld, int64_t stride) {
+    return make_tma_atom(SM90_TMA_STORE{},
+                         make_tensor(make_gmem_ptr(ptr), make_shape(m, m, batch), make_stride(ld, Int<1>{}, stride)),
+                         SubLayout{}, make_shape(Int<64>{}, Int<64>{}));
+  }
+  using TmaStoreD = conditional_t<kWide, decltype(tma_store_sub(nullptr, 1, 1, 8, 8)),
+                                  conditional_t<kTmaStore, decltype(tma_store_d(nullptr, 1, 1, 8, 8)), char>>;
+  using TmaLoadC = conditional_t<kWide, TmaAtom, conditional_t<kTmaStore, decltype(tma_load_c(nullptr, 1, 1, 8, 8)), char>>;
 
   struct SharedStorage {
     alignas(1024) ArrayEngine<Elem, cosize_v<SmemLayout>> a;  // [kStages][kTile, kTileK] swizzled
@@ -226,7 +265,8 @@ struct Traits {
     int64_t ldd, stride_d;
     float alpha, beta;
     // mc2 only (NOTE: last, so that the plain kernel's parameter offsets stay as they were).
-    TmaAtomMc tma_am, tma_bm;  // multicast slices of the A and B panels
+    TmaAtomMc tma_am;   // multicast slices of the A panels
+    TmaAtomMcB tma_bm;  // multicast slices of the B panels
     PairList pairs;            // the pair list (sm90_sym_pairs.h)
     // Split-K (128×128 tmastore): units w < num_full are whole tiles (mc2: pairs); then
     // `split` k-slices of each remaining tile (mc2: of each remaining pair, both tiles).
@@ -234,7 +274,7 @@ struct Traits {
     int64_t num_full;
     int split;
     int* counters;    // [tail tiles (mc2: 2 a tail pair)] slices finished (zeroed before the launch)
-    float* partials;  // [tail tiles][split][16][256] float4: each slice's accumulators
+    float* partials;  // [tail tiles][split][16 (n256: 32)][256] float4: each slice's accumulators
   };
 };
 
@@ -381,7 +421,8 @@ __device__ __forceinline__ WorkUnit decode_work(const typename T::Params& p, int
       pair = p.num_full + q;
       u.slot = static_cast<int>(2 * q + rank);
     }
-    const PairTile t = decode_pair(p.pairs, pair, rank);
+    // NOTE: with 128×256 units, u.tj is the column block (as in the 1-CTA decode below).
+    const PairTile t = T::kColTiles == 2 ? decode_wide_pair(p.pairs, pair, rank) : decode_pair(p.pairs, pair, rank);
     u.l = t.l;
     u.ti = t.ti;
     u.tj = t.tj;
@@ -414,22 +455,22 @@ __device__ __forceinline__ void load_panels_mc2(const typename T::Params& p, Pai
                                                 const TBsB& tBsB) {
   constexpr uint16_t kMask = (1u << T::kCluster) - 1;  // every CTA of the cluster: 0b11
   const int rank = static_cast<int>(cute::block_rank_in_cluster());
-  // This CTA's slice of panel `row_tile` (k-tile kt), into both CTAs' stage `stage`.
-  auto multicast = [&](const auto& atom, const auto& smem_panels, int row_tile) {
+  // This CTA's slice of panel `row_tile` (`rows` rows, k-tile kt), into both CTAs' stage `stage`.
+  auto multicast = [&](const auto& atom, const auto& smem_panels, int row_tile, auto rows) {
     Tensor m = atom.get_tma_tensor(make_shape(p.m, p.k, p.batch));  // (m, k, batch) coords
-    Tensor g = local_tile(m(_, _, l), make_shape(Int<T::kTile>{}, Int<T::kTileK>{}),
-                          make_coord(row_tile, _));  // (kTile, kTileK, k_tiles)
+    Tensor g = local_tile(m(_, _, l), make_shape(rows, Int<T::kTileK>{}),
+                          make_coord(row_tile, _));  // (rows, kTileK, k_tiles)
     auto [tg, ts] = tma_partition(atom, rank, Layout<Int<T::kCluster>>{}, group_modes<0, 2>(smem_panels),
                                   group_modes<0, 2>(g));  // (TMA slice, k_tiles), (TMA slice, kStages)
     copy(atom.with(*full, kMask), tg(_, kt), ts(_, stage));
   };
   if (kind == PairKind::kShareA) {
-    multicast(p.tma_am, sA, ti);
+    multicast(p.tma_am, sA, ti, Int<T::kTile>{});
   } else {
     copy(p.tma_a.with(*full), tAgA(_, kt), tAsA(_, stage));
   }
   if (kind == PairKind::kShareB || kind == PairKind::kShadow) {
-    multicast(p.tma_bm, sB, tj);
+    multicast(p.tma_bm, sB, tj, Int<T::kTileN>{});  // NOTE: tj: the column block of a 128×256 unit
   } else {
     copy(p.tma_b.with(*full), tBgB(_, kt), tBsB(_, stage));
   }
@@ -444,8 +485,9 @@ __device__ __forceinline__ void load_panels_mc2(const typename T::Params& p, Pai
 template <class T, class Acc>
 __device__ __forceinline__ bool split_k_reduce(const typename T::Params& p, const WorkUnit& u, int consumer_idx,
                                                Acc& acc, int* split_last) {
-  static_assert(decltype(size(acc))::value == 64, "64 fp32 accumulators per consumer thread");
-  constexpr int kVecs = 16, kThreads = T::kNumConsumerThreads;
+  constexpr int kValues = decltype(size(acc))::value;  // 64 (128×128 units) or 128 (128×256)
+  static_assert(kValues == T::kColTiles * T::kTileValues, "fp32 accumulators of one unit per consumer thread");
+  constexpr int kVecs = kValues / 4, kThreads = T::kNumConsumerThreads;
   float4* tile_slices = reinterpret_cast<float4*>(p.partials) + static_cast<int64_t>(u.slot) * p.split * kVecs * kThreads;
   float4* mine = tile_slices + static_cast<int64_t>(u.part) * kVecs * kThreads + consumer_idx;
   CUTE_UNROLL
@@ -469,6 +511,161 @@ __device__ __forceinline__ bool split_k_reduce(const typename T::Params& p, cons
     acc(4 * q) = sum.x, acc(4 * q + 1) = sum.y, acc(4 * q + 2) = sum.z, acc(4 * q + 3) = sum.w;
   }
   return true;
+}
+
+// Wide tmastore buffers: element (r, c) of the 128×64 subtile (= of the C half-tile in a ring
+// stage: the A panel's layout), and of its 64×128 mirror (two 64×64 halves, 4096 apart). Both
+// are 64×64 boxes of 8×64 atoms with the 128-byte swizzle (Traits::SubLayout).
+__host__ __device__ __forceinline__ int subtile_index(int r, int c) {
+  return (r << 6) + ((((c >> 3) ^ r) & 7) << 3) + (c & 7);
+}
+__host__ __device__ __forceinline__ int sub_mirror_index(int r, int c) { return ((c >> 6) << 12) + subtile_index(r, c); }
+
+// Wide tmastore, producer: the C tiles (row tile u.ti, column tiles 2·u.tj and 2·u.tj + 1)
+// of a unit, each as one stage use of the ring: its columns 0–63 into the stage's A panel,
+// 64–127 into the first half of its B panel (two 128×64 boxes, 32 KiB of transaction bytes;
+// a box outside the matrix is zero-filled and still counts its bytes).
+// NOTE: why the ring: the 48 KiB stages leave room beside 4 of them for one 32 KiB epilogue
+// buffer only; a C tile in its own buffer would cost a stage. In the ring the loads are
+// issued kStages − 1 k-tiles ahead of the epilogue, as the k-tiles are.
+template <class T, class Storage>
+__device__ __forceinline__ void load_c_slots(const typename T::Params& p, const WorkUnit& u, Storage& smem,
+                                             RingState<T::kStages>& state) {
+  using Elem = typename T::Element;
+  using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
+  using EmptyBarrier = cutlass::arch::ClusterBarrier;
+  Tensor mC = p.tma_c.get_tma_tensor(make_shape(p.m, p.m, p.batch));  // (m, m, batch) coords
+  Tensor gC = local_tile(mC(_, _, u.l), make_shape(Int<T::kTile>{}, Int<T::kTileK>{}),
+                         make_coord(u.ti, _));  // (kTile, 64, column boxes)
+  for (int h = 0; h < T::kColTiles; ++h) {
+    EmptyBarrier::wait(&smem.empty[state.index], state.phase);
+    FullBarrier::arrive_and_expect_tx(&smem.full[state.index], T::kTileBytes);
+    for (int half = 0; half < 2; ++half) {
+      Elem* to = half == 0 ? smem.a.begin() + state.index * T::kTile * T::kTileK
+                           : smem.b.begin() + state.index * T::kTileN * T::kTileK;
+      Tensor sX = make_tensor(make_smem_ptr(to), typename T::StageLayoutA{});  // (kTile, 64)
+      auto [tXgC, tXsX] = tma_partition(p.tma_c, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sX),
+                                        group_modes<0, 2>(gC));  // (TMA, column boxes), (TMA)
+      copy(p.tma_c.with(smem.full[state.index]), tXgC(_, 2 * (T::kColTiles * u.tj + h) + half), tXsX);
+    }
+    state.advance();
+  }
+}
+
+// Wide tmastore, consumers (256 threads): the epilogue of a 128×256 unit (nothing is written
+// unless `writes`). Per column tile h
+// (the C stage use first, when β ≠ 0, taken and released whether or not this CTA writes) and
+// per 64-column subtile: α·acc + β·C rounded once into the subtile buffer and transposed into
+// the mirror, in 8×8 blocks as the 128×128 tmastore epilogue; then one thread issues TMA
+// stores of its 64×64 boxes. The buffers are reused once the previous stores have read them.
+// A diagonal tile (h = the unit's diagonal) stores: subtile 0's rows 0–63 (its diagonal
+// quadrant, upper part merged from the mirror) and 64–127, and its mirror's columns 64–127
+// (the quadrant above the diagonal, from values below it); subtile 1's rows 64–127 (merged).
+// A column tile above the diagonal (h = 1 of an even row's last unit) is not written.
+// NOTE: why subtiles: four 48 KiB stages and one 32 KiB buffer pair fit in 227 KiB; 128×128
+// tile and mirror (64 KiB) would leave 3 stages.
+template <class T, class Acc, class Storage>
+__device__ __forceinline__ void wide_tmastore_epilogue(const typename T::Params& p, const WorkUnit& u, bool with_c,
+                                                       bool writes, int consumer_idx, const Acc& acc, Storage& smem,
+                                                       RingState<T::kStages>& state, bool& store_pending) {
+  using Elem = typename T::Element;
+  using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
+  const int warp = consumer_idx / 32, lane = consumer_idx % 32;
+  const int quad = lane / 8, sub = lane % 8;  // the block this lane addresses, and its row
+  const int row = 16 * warp + 8 * (quad % 2) + sub;
+  Elem* tile = smem.tile;      // [128, 64] at subtile_index
+  Elem* mirror = smem.mirror;  // [64, 128] at sub_mirror_index
+  Tensor mD = p.tma_d.get_tma_tensor(make_shape(p.m, p.m, p.batch));  // (m, m, batch) coords
+  // One 64×64 box of D from shared memory `from` (SubLayout), clipped at m × m.
+  auto store_box = [&](Elem* from, int box_row, int box_col) {
+    Tensor sX = make_tensor(make_smem_ptr(from), typename T::SubLayout{});
+    Tensor gX = local_tile(mD(_, _, u.l), make_shape(Int<64>{}, Int<64>{}), make_coord(box_row, box_col));
+    auto [tXgX, tXsX] = tma_partition(p.tma_d, group_modes<0, 2>(sX), group_modes<0, 2>(gX));
+    copy(p.tma_d, tXsX, tXgX);
+  };
+  cute::for_each(make_int_sequence<T::kColTiles>{}, [&](auto h_) {
+    constexpr int h = decltype(h_)::value;
+    const int tj = T::kColTiles * u.tj + h;
+    int slot = 0;
+    if (with_c) {
+      FullBarrier::wait(&smem.full[state.index], state.phase);
+      slot = state.index;
+    }
+    if (writes && tj <= u.ti) {
+      const bool diagonal = tj == u.ti;
+      cute::for_each(make_int_sequence<2>{}, [&](auto s_) {
+        constexpr int s = decltype(s_)::value;
+        // The buffers, once the previous stores have read them.
+        if (consumer_idx == 0 && store_pending) {
+          tma_store_wait<0>();
+          store_pending = false;
+        }
+        consumer_barrier();
+        const Elem* c_half = s == 0 ? smem.a.begin() + slot * T::kTile * T::kTileK
+                                    : smem.b.begin() + slot * T::kTileN * T::kTileK;  // [128, 64] at subtile_index
+        CUTE_UNROLL
+        for (int jj = 0; jj < 4; ++jj) {
+          const int col = 8 * (2 * jj + quad / 2);  // this lane's block: subtile column
+          uint32_t c_pairs[4] = {0u, 0u, 0u, 0u}, out[4];
+          if (with_c) load_blocks_x4(c_half + subtile_index(row, col), c_pairs);
+          CUTE_UNROLL
+          for (int q = 0; q < 4; ++q) {
+            // NOTE: accumulator 64h + 8·(4s + jj) + 2q: column tile h, columns 64s + 16jj + 8(q/2) …
+            float lo = p.alpha * acc(64 * h + 8 * (4 * s + jj) + 2 * q);
+            float hi = p.alpha * acc(64 * h + 8 * (4 * s + jj) + 2 * q + 1);
+            if (with_c) {
+              lo += p.beta * low_of<Elem>(c_pairs[q]);
+              hi += p.beta * high_of<Elem>(c_pairs[q]);
+            }
+            out[q] = pack_pair<Elem>(lo, hi);
+          }
+          store_blocks_x4(tile + subtile_index(row, col), out);
+          store_blocks_x4_transposed(mirror + sub_mirror_index(col + sub, 16 * warp + 8 * (quad % 2)), out);
+        }
+        // Diagonal quadrant s (subtile rows 64s …): above its diagonal, (64s + a, c) takes the
+        // value computed for (64s + c, 64s + a), which is mirror (a, 64s + c). 16-byte chunks.
+        if (diagonal) {
+          consumer_barrier();  // NOTE: every warp's mirror blocks are written
+          for (int q = consumer_idx; q < 64 * 8; q += T::kNumConsumerThreads) {
+            const int a = q / 8, c0 = 8 * (q % 8);
+            if (c0 + 7 <= a) continue;  // no element above the diagonal
+            uint4* to = reinterpret_cast<uint4*>(tile + subtile_index(64 * s + a, c0));
+            const uint4 from = *reinterpret_cast<const uint4*>(mirror + sub_mirror_index(a, 64 * s + c0));
+            if (c0 > a) {
+              *to = from;
+            } else {
+              uint4 merged = *to;
+              uint32_t* m32 = reinterpret_cast<uint32_t*>(&merged);
+              const uint32_t* f32 = reinterpret_cast<const uint32_t*>(&from);
+              CUTE_UNROLL
+              for (int e = 0; e < 8; ++e) {
+                if (c0 + e <= a) continue;
+                const uint32_t mask = 0xffffu << (16 * (e % 2));
+                m32[e / 2] = (m32[e / 2] & ~mask) | (f32[e / 2] & mask);
+              }
+              *to = merged;
+            }
+          }
+        }
+        tma_store_fence();  // the generic-proxy writes, visible to the TMA unit
+        consumer_barrier();
+        if (consumer_idx == 0) {
+          const int box_row = 2 * u.ti, box_col = 2 * tj + s;  // the tile's row boxes, this subtile's column box
+          if (!diagonal || s == 0) store_box(tile, box_row, box_col);
+          store_box(tile + 4096, box_row + 1, box_col);
+          if (!diagonal) store_box(mirror, box_col, box_row);
+          if (!diagonal || s == 0) store_box(mirror + 4096, box_col, box_row + 1);
+          tma_store_arrive();
+          store_pending = true;
+        }
+        __syncwarp();
+      });
+    }
+    if (with_c) {
+      release_stage<T>(smem.empty, slot);
+      state.advance();
+    }
+  });
 }
 
 template <class Elem, int kStages, int kEpi, int kCluster, int kTileN>
@@ -557,7 +754,7 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
           // tmastore with β·C: the C tile into the epilogue tile once the last stores read it.
           // NOTE: mc2: not for a tile this CTA only shadows (its epilogue is skipped too, I6).
           // Split-K: for every slice (which one finishes last is not known yet).
-          if constexpr (T::kTmaStore) {
+          if constexpr (T::kTmaStore && !T::kWide) {
             if (with_c && kt == c_kt && u.writes) {
               EmptyBarrier::wait(&smem.epi_empty, epi_phase);
               epi_phase ^= 1u;
@@ -569,6 +766,11 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
               copy(p.tma_c.with(smem.c_full), tCgC, tCsC);
             }
           }
+        }
+        // Wide tmastore with β·C: the C tile of each column tile of the unit as one more
+        // stage use of the ring, after the unit's k-tiles (both CTAs of a cluster, lockstep I1).
+        if constexpr (T::kWide) {
+          if (with_c) load_c_slots<T>(p, u, smem, state);
         }
       }
     }
@@ -622,7 +824,7 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
       prev_stage = state.index;
       state.advance();
       // tmastore: once the last tile's stores have read the epilogue tiles, free them.
-      if constexpr (T::kTmaStore) {
+      if constexpr (T::kTmaStore && !T::kWide) {
         if (kt == release_at) {
           if (store_pending) {
             tma_store_wait<0>();
@@ -636,6 +838,17 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
     release_stage<T>(smem.empty, prev_stage);
+    // Wide tmastore: its own epilogue, which also takes the C stage uses (writing or not).
+    // Split-K: a slice first publishes its accumulators; only the tile's last slice writes
+    // (a shadow unit's rank 1 neither writes nor counts).
+    if constexpr (T::kWide) {
+      bool writes = u.writes;
+      if constexpr (T::kCanSplit) {
+        if (u.part >= 0 && u.writes) writes = split_k_reduce<T>(p, u, consumer_idx, acc, &smem.split_last);
+      }
+      wide_tmastore_epilogue<T>(p, u, with_c, writes, consumer_idx, acc, smem, state, store_pending);
+      continue;
+    }
     // mc2: rank 1 of a shadow unit only kept the barrier protocol going (I6).
     if constexpr (kCluster > 1) {
       if (!u.writes) continue;
@@ -683,7 +896,7 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
     };
 
     if constexpr (T::kTmaStore) {
-      static_assert(T::kColTiles == 1, "tmastore: 128x128 units");
+      if constexpr (!T::kWide) {
       const int tj = u.tj;
       const bool diagonal = ti == tj;
       // tmastore epilogue, pass 1: α·acc + β·C in fp32 (C from the tile the producer
@@ -771,6 +984,7 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
         store_pending = true;
       }
       __syncwarp();
+      }
     } else if constexpr (!T::kStaged) {
       // Direct epilogue: α·acc + β·C in fp32, one rounding, tile and mirror.
       each_tile([&](auto h, int tj) {
@@ -879,6 +1093,23 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
 constexpr int kMinSliceKTiles = 4;
 constexpr int kMaxSplit = 16;
 
+// The split of `tail` units (of `wave` that run at once) with the shortest tail: the slices
+// run in ceil(tail·split / wave) rounds of 1/split of a unit each. At most kMaxSplit, slices
+// of at least kMinSliceKTiles k-tiles and tail·split ≤ max_slices; the smallest split wins ties.
+// NOTE: a split of wave/tail or less runs in one round (the only choice before 2026-11-30);
+// more rounds pay off when tail is a large part of the wave: 39 pairs of 128×256 units on 66
+// clusters (3584 × 18944, batch 1) take 0.6 of a unit's time in 5 slices, against 1.0 whole.
+inline int64_t choose_tail_split(int64_t tail, int64_t wave, int num_k_tiles, int64_t max_slices) {
+  const int64_t limit = std::min<int64_t>({kMaxSplit, num_k_tiles / kMinSliceKTiles, max_slices / tail});
+  int64_t best = 1;
+  double best_time = 1.0;
+  for (int64_t split = 2; split <= limit; ++split) {
+    const double time = static_cast<double>((tail * split + wave - 1) / wave) / static_cast<double>(split);
+    if (time < best_time) best = split, best_time = time;
+  }
+  return best;
+}
+
 // Host checks of CuTe's accumulator layout (evaluated on the host, before the first launch):
 // whether every consumer thread holds `values` accumulators of a kTile × kTileN unit and
 // ok(thread, v, row, col) holds for each accumulator v at (row, col) of the unit.
@@ -904,11 +1135,11 @@ bool fragment_tiles_split_by_column() {
 }
 
 // tmastore: whether every consumer thread's accumulators are in the mma fragment layout
-// that the block epilogue assumes (value v: row 16·warp + 8·((v/2)%2) + lane/4, column
-// 8·(v/4) + 2·(lane%4) + v%2).
+// that the block epilogues assume (value v: row 16·warp + 8·((v/2)%2) + lane/4, column
+// 8·(v/4) + 2·(lane%4) + v%2; a 128×256 unit's columns continue to 255).
 template <class T>
 bool fragment_is_mma_layout() {
-  return every_accumulator<T>(T::kTileValues, [](int thread, int v, int row, int col) {
+  return every_accumulator<T>(T::kColTiles * T::kTileValues, [](int thread, int v, int row, int col) {
     const int warp = thread / 32, lane = thread % 32;
     return row == 16 * warp + 8 * ((v / 2) % 2) + lane / 4 && col == 8 * (v / 4) + 2 * (lane % 4) + v % 2;
   });
@@ -945,17 +1176,24 @@ void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t
   p.num_full = p.num_work;
   if constexpr (T::kTmaStore) {
     const int m = static_cast<int>(args.m), batch = static_cast<int>(args.batch);
-    p.tma_d = T::tma_store_d(static_cast<Elem*>(args.d), m, batch, args.ldd, args.stride_d);
+    if constexpr (!T::kWide) p.tma_d = T::tma_store_d(static_cast<Elem*>(args.d), m, batch, args.ldd, args.stride_d);
     // NOTE: without C the C view is D's (a valid descriptor that the kernel never loads).
     const bool with_c = args.beta != 0.0 && args.c != nullptr;
-    p.tma_c = with_c ? T::tma_load_c(static_cast<const Elem*>(args.c), m, batch, args.ldc, args.stride_c)
-                     : T::tma_load_c(static_cast<const Elem*>(args.d), m, batch, args.ldd, args.stride_d);
+    if constexpr (T::kWide) {
+      // NOTE: C (m × m) in the A panel's 128×64 boxes; D in 64×64 boxes.
+      p.tma_d = T::tma_store_sub(static_cast<Elem*>(args.d), m, batch, args.ldd, args.stride_d);
+      p.tma_c = with_c ? T::tma(static_cast<const Elem*>(args.c), m, m, batch, args.ldc, args.stride_c)
+                       : T::tma(static_cast<const Elem*>(args.d), m, m, batch, args.ldd, args.stride_d);
+    } else {
+      p.tma_c = with_c ? T::tma_load_c(static_cast<const Elem*>(args.c), m, batch, args.ldc, args.stride_c)
+                       : T::tma_load_c(static_cast<const Elem*>(args.d), m, batch, args.ldd, args.stride_d);
+    }
   }
   if constexpr (kCluster > 1) {
     const int m = static_cast<int>(args.m), k = static_cast<int>(args.k), batch = static_cast<int>(args.batch);
     p.tma_am = T::tma_mc(static_cast<const Elem*>(args.a), m, k, batch, args.lda, args.stride_a);
-    p.tma_bm = T::tma_mc(static_cast<const Elem*>(args.b), m, k, batch, args.ldb, args.stride_b);
-    p.pairs = make_pair_list(p.num_row_tiles, batch);
+    p.tma_bm = T::tma_mc_b(static_cast<const Elem*>(args.b), m, k, batch, args.ldb, args.stride_b);
+    p.pairs = T::kColTiles == 2 ? make_wide_pair_list(p.num_row_tiles, batch) : make_pair_list(p.num_row_tiles, batch);
     p.num_work = p.pairs.num_units;  // NOTE: mc2 works on pairs of tiles
     p.num_full = p.num_work;
   }
@@ -1011,16 +1249,18 @@ void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t
   }
   // Split-K: whole waves of units as they are, the tail units cut into k-slices (header).
   if (split_k) {
-    DMUON_CHECK(T::kTmaStore && T::kColTiles == 1,
-                "sm90_sym_product: split-K needs a 128x128 tmastore kernel (1-CTA or mc2)");
+    DMUON_CHECK(T::kCanSplit, "sm90_sym_product: this instance has no split-K");
     const int num_k_tiles = (p.k + T::kTileK - 1) / T::kTileK;
     const int64_t full = p.num_work / wave * wave, tail = p.num_work - full;
-    const int64_t split = tail == 0 ? 1
-                                    : std::min<int64_t>({wave / tail, num_k_tiles / kMinSliceKTiles, kMaxSplit});
+    DMUON_CHECK(args.scratch != nullptr &&
+                    args.scratch_bytes >= sm90_sym_split_scratch_bytes(static_cast<int>(ctas), T::kTileN),
+                "sm90_sym_product: split-K scratch too small");
+    // Slots for partial units that the scratch holds beyond the counters (at least ctas).
+    const int64_t slots = static_cast<int64_t>(
+        (args.scratch_bytes - sm90_sym_split_counter_bytes(static_cast<int>(ctas))) /
+        sm90_sym_split_partial_bytes(T::kTileN));
+    const int64_t split = tail == 0 ? 1 : choose_tail_split(tail, wave, num_k_tiles, slots / kCluster);
     if (split >= 2) {
-      // NOTE: at most `wave` slices of tail units, so at most ctas partial tiles (mc2: two a pair).
-      DMUON_CHECK(args.scratch != nullptr && args.scratch_bytes >= sm90_sym_split_scratch_bytes(static_cast<int>(ctas)),
-                  "sm90_sym_product: split-K scratch too small");
       p.num_full = full;
       p.split = static_cast<int>(split);
       p.num_work = full + tail * split;
@@ -1051,6 +1291,12 @@ bool launch_instance(const SymProductArgs& args, const Sm90SymConfig& config, cu
   constexpr int kTmaStore = static_cast<int>(Sm90Epilogue::kTmaStore);
   // mc2 (2-CTA clusters; which are autotuner candidates: sm90_sym_config.cpp).
   if (config.cluster == 2) {
+    // Wide tmastore (128×256 units), s4.
+    if (config.tile_n == 256) {
+      if (config.stages != 4 || config.epilogue != Sm90Epilogue::kTmaStore) return false;
+      launch<Elem, 4, kTmaStore, 2, 256>(args, config.num_ctas, config.split_k, stream);
+      return true;
+    }
     if (config.tile_n != 128 || (config.split_k && config.epilogue != Sm90Epilogue::kTmaStore)) return false;
     switch (config.stages * 4 + static_cast<int>(config.epilogue)) {
       case 4 * 4 + kTmaStore: launch<Elem, 4, kTmaStore, 2>(args, config.num_ctas, config.split_k, stream); return true;
@@ -1067,6 +1313,7 @@ bool launch_instance(const SymProductArgs& args, const Sm90SymConfig& config, cu
       case 3 * 4 + kStaged: launch<Elem, 3, kStaged, 1, 256>(args, config.num_ctas, false, stream); return true;
       case 3 * 4 + kDirect: launch<Elem, 3, kDirect, 1, 256>(args, config.num_ctas, false, stream); return true;
       case 4 * 4 + kDirect: launch<Elem, 4, kDirect, 1, 256>(args, config.num_ctas, false, stream); return true;
+      case 4 * 4 + kTmaStore: launch<Elem, 4, kTmaStore, 1, 256>(args, config.num_ctas, false, stream); return true;
       default: return false;
     }
   }

@@ -15,7 +15,8 @@ enum class Sm90Epilogue { kDirect, kStaged, kTmaStore };
 
 /// Configuration of the kernel (compile-time instances: stages 4–6 × direct/staged,
 /// stages 4–5 × tmastore; 2-CTA clusters: tmastore s4–s5, staged s6; 128×256 units: staged
-/// s3, direct s3–s4; split-K is a runtime switch of the 1-CTA 128×128 tmastore instances).
+/// s3, direct s3–s4, tmastore s4 (1-CTA and 2-CTA clusters); split-K is a runtime switch of
+/// the 128×128 tmastore instances).
 struct Sm90SymConfig {
   int tile = 128;    ///< square output tile (rows = cols)
   int tile_k = 64;   ///< k extent of one pipeline stage
@@ -24,10 +25,12 @@ struct Sm90SymConfig {
   Sm90Epilogue epilogue = Sm90Epilogue::kDirect;
   int cluster = 1;   ///< CTAs per cluster: 2 shares one operand panel by TMA multicast ("mc2-")
   /// Columns of a work unit: 128 (one tile), or 256 ("n256-": two column tiles over one
-  /// 256-row B panel, 64×256 WGMMAs; 1-CTA, staged s3 or direct s3–s4).
+  /// 256-row B panel, 64×256 WGMMAs; 1-CTA staged s3, direct s3–s4, tmastore s4; 2-CTA
+  /// clusters tmastore s4).
   int tile_n = 128;
-  /// Tail split-K ("sk-", 1-CTA tmastore only): the tiles of the last, partial wave run as
-  /// k-slices on every CTA, summed by the last slice to finish (SymProductArgs::scratch).
+  /// Tail split-K ("sk-", tmastore only): the units of the last, partial wave run as k-slices
+  /// on every CTA (in one or more rounds), summed by the last slice to finish
+  /// (SymProductArgs::scratch).
   bool split_k = false;
 
   std::string name() const;  ///< e.g. "sm90:staged:s5:c0", "sm90:mc2-tmastore:s4:c0",
@@ -42,13 +45,17 @@ struct Sm90SymConfig {
 std::vector<Sm90SymConfig> sm90_sym_configs();
 
 /// The configurations that won no measured shape (2-CTA clusters: tmastore s4, staged s6;
-/// 128×256 units: staged s3, direct s3–s4); callable by name whether or not
-/// DMUON_SYM_EXPERIMENTAL is set.
+/// 128×256 units: staged s3, direct s3–s4, tmastore s4 1-CTA and mc2); callable by name
+/// whether or not DMUON_SYM_EXPERIMENTAL is set.
 std::vector<Sm90SymConfig> sm90_sym_experimental_configs();
 
 /// Bytes of SymProductArgs::scratch a split-K configuration needs with `num_ctas` CTAs:
-/// one fp32 128×128 partial tile and one counter per CTA.
-size_t sm90_sym_split_scratch_bytes(int num_ctas);
+/// one fp32 partial unit (128 × tile_n) and one counter per CTA. More scratch lets the
+/// tail run in more slices than CTAs (several rounds) where that is shorter.
+size_t sm90_sym_split_scratch_bytes(int num_ctas, int tile_n = 128);
+
+/// Bytes of one fp32 partial unit (128 × tile_n) in that scratch.
+size_t sm90_sym_split_partial_bytes(int tile_n);
 
 /// Where the partial tiles start in that scratch: after the counters, 256-byte aligned.
 size_t sm90_sym_split_counter_bytes(int num_ctas);
