@@ -146,6 +146,22 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
     c.cluster = 2;
     configs.push_back(c);
   }
+  // Wide tmastore: 128×256 units with the TMA-store epilogue, s4: 1-CTA, and in 2-CTA
+  // clusters (a 256-row B panel multicast per pair, as CUTLASS's 128×256 cluster-2 tiles)
+  // without and with the tail split-K.
+  // NOTE: measured on an H200 (2026-11-30, BENCHMARKS.md run K, scripts/sym_kernel_bench.py,
+  // fp16) against the best 128×128 configuration: X·Xᵀ 3584×18944 b15 1.20× (mc2 split),
+  // b7 1.05×, b1 0.87×; 3584³ +C b15 and b28 0.99–1.01×; 1536×8960 b28 0.99×. In the 7B
+  // step the autotuner picked one of the three for 9 of its 12 symmetric shapes.
+  for (auto [cluster, split_k] : {std::pair{1, false}, std::pair{2, false}, std::pair{2, true}}) {
+    Sm90SymConfig c;
+    c.epilogue = Sm90Epilogue::kTmaStore;
+    c.stages = 4;
+    c.tile_n = 256;
+    c.cluster = cluster;
+    c.split_k = split_k;
+    configs.push_back(c);
+  }
   // NOTE: DMUON_SYM_EXPERIMENTAL=1 (default 0) appends the configurations that won no
   // measured shape (the other cluster ones, the 128×256 ones), so that the autotuner,
   // ops.cuda_sym_configs() and the tests that walk it try them; they are callable by name
@@ -202,20 +218,6 @@ std::vector<Sm90SymConfig> sm90_sym_experimental_configs() {
     c.tile_n = 256;
     configs.push_back(c);
   }
-  // Wide tmastore: 128×256 units with the TMA-store epilogue, 1-CTA and in 2-CTA clusters
-  // (a 256-row B panel multicast per pair, as CUTLASS's 128×256 cluster-2 tiles), s4,
-  // without and with the tail split-K.
-  for (int cluster : {1, 2})
-    for (bool split_k : {false, true}) {
-      if (split_k && cluster == 1) continue;  // NOTE: not built (sm90_sym_kernel.cuh, kCanSplit)
-      Sm90SymConfig c;
-      c.epilogue = Sm90Epilogue::kTmaStore;
-      c.stages = 4;
-      c.tile_n = 256;
-      c.cluster = cluster;
-      c.split_k = split_k;
-      configs.push_back(c);
-    }
   return configs;
 }
 

@@ -44,9 +44,9 @@ struct Sm90SymConfig {
 /// (sm90_sym_experimental_configs) are appended only when DMUON_SYM_EXPERIMENTAL=1.
 std::vector<Sm90SymConfig> sm90_sym_configs();
 
-/// The configurations that won no measured shape (2-CTA clusters: tmastore s4, staged s6;
-/// 128×256 units: staged s3, direct s3–s4, tmastore s4 1-CTA and mc2); callable by name
-/// whether or not DMUON_SYM_EXPERIMENTAL is set.
+/// The configurations that won no measured shape (2-CTA clusters: tmastore s4, staged s6,
+/// split tmastore s5; 128×256 units: staged s3, direct s3–s4); callable by name whether or
+/// not DMUON_SYM_EXPERIMENTAL is set.
 std::vector<Sm90SymConfig> sm90_sym_experimental_configs();
 
 /// Bytes of SymProductArgs::scratch a split-K configuration needs with `num_ctas` CTAs:
