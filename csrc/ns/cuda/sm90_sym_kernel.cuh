@@ -268,8 +268,8 @@ struct Traits {
     TmaAtomMc tma_am;   // multicast slices of the A panels
     TmaAtomMcB tma_bm;  // multicast slices of the B panels
     PairList pairs;            // the pair list (sm90_sym_pairs.h)
-    // Split-K (128×128 tmastore): units w < num_full are whole tiles (mc2: pairs); then
-    // `split` k-slices of each remaining tile (mc2: of each remaining pair, both tiles).
+    // Split-K (kCanSplit): units w < num_full are whole units (mc2: pairs); then `split`
+    // k-slices of each remaining unit (mc2: of each remaining pair, both units).
     // split == 1: every unit is whole (num_full == num_work).
     int64_t num_full;
     int split;
@@ -895,8 +895,9 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
       });
     };
 
-    if constexpr (T::kTmaStore) {
-      if constexpr (!T::kWide) {
+    if constexpr (T::kWide) {
+      // (its epilogue ran above)
+    } else if constexpr (T::kTmaStore) {
       const int tj = u.tj;
       const bool diagonal = ti == tj;
       // tmastore epilogue, pass 1: α·acc + β·C in fp32 (C from the tile the producer
@@ -984,7 +985,6 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
         store_pending = true;
       }
       __syncwarp();
-      }
     } else if constexpr (!T::kStaged) {
       // Direct epilogue: α·acc + β·C in fp32, one rounding, tile and mirror.
       each_tile([&](auto h, int tj) {
