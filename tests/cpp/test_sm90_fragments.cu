@@ -19,6 +19,9 @@ TEST(Sm90Fragments, TmaStoreAccumulatorsAreTheMmaFragmentLayout) {
   EXPECT_TRUE((sm90::fragment_is_mma_layout<sm90::Traits<cutlass::half_t, 4, kTmaStore>>()));
   EXPECT_TRUE((sm90::fragment_is_mma_layout<sm90::Traits<cutlass::bfloat16_t, 5, kTmaStore>>()));
   EXPECT_TRUE((sm90::fragment_is_mma_layout<sm90::Traits<cutlass::half_t, 5, kTmaStore, 2>>()));
+  // The wide tmastore epilogue (128×256 units): the same layout over 256 columns.
+  EXPECT_TRUE((sm90::fragment_is_mma_layout<sm90::Traits<cutlass::half_t, 4, kTmaStore, 1, 256>>()));
+  EXPECT_TRUE((sm90::fragment_is_mma_layout<sm90::Traits<cutlass::bfloat16_t, 4, kTmaStore, 2, 256>>()));
 }
 
 TEST(Sm90Fragments, N256AccumulatorsSplitByColumnTile) {
@@ -27,8 +30,9 @@ TEST(Sm90Fragments, N256AccumulatorsSplitByColumnTile) {
 }
 
 TEST(Sm90Fragments, TheChecksCanFail) {
-  // A 128×256 unit has twice the accumulators of the layout the block epilogue assumes.
-  EXPECT_FALSE((sm90::fragment_is_mma_layout<sm90::Traits<cutlass::half_t, 3, kStaged, 1, 256>>()));
+  // A 128×256 unit has twice the accumulators of a 128×128 tile: a count of one tile fails.
+  using Wide = sm90::Traits<cutlass::half_t, 3, kStaged, 1, 256>;
+  EXPECT_FALSE(sm90::every_accumulator<Wide>(Wide::kTileValues, [](int, int, int, int) { return true; }));
   // A false assumption about the layout is caught.
   using T = sm90::Traits<cutlass::half_t, 5, kTmaStore>;
   EXPECT_FALSE(sm90::every_accumulator<T>(T::kTileValues, [](int thread, int, int row, int) {
