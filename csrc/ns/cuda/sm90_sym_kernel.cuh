@@ -348,6 +348,26 @@ __device__ __forceinline__ void store_blocks_x4_transposed(void* row, const uint
                : "memory");
 }
 
+// A 16-byte chunk of 16-bit values at columns c0 … c0 + 7 of row r of a diagonal tile: the
+// values above the diagonal (column > r) are taken from the chunk at `from`, the others kept.
+__device__ __forceinline__ void take_above_diagonal(uint4* to, const uint4* from, int r, int c0) {
+  const uint4 source = *from;
+  if (c0 > r) {
+    *to = source;
+    return;
+  }
+  uint4 merged = *to;
+  uint32_t* m32 = reinterpret_cast<uint32_t*>(&merged);
+  const uint32_t* f32 = reinterpret_cast<const uint32_t*>(&source);
+  CUTE_UNROLL
+  for (int e = 0; e < 8; ++e) {
+    if (c0 + e <= r) continue;
+    const uint32_t mask = 0xffffu << (16 * (e % 2));
+    m32[e / 2] = (m32[e / 2] & ~mask) | (f32[e / 2] & mask);
+  }
+  *to = merged;
+}
+
 // Two fp32 values rounded to Elem (as static_cast does), packed low first; and back.
 template <class Elem>
 __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
@@ -629,22 +649,8 @@ __device__ __forceinline__ void wide_tmastore_epilogue(const typename T::Params&
           for (int q = consumer_idx; q < 64 * 8; q += T::kNumConsumerThreads) {
             const int a = q / 8, c0 = 8 * (q % 8);
             if (c0 + 7 <= a) continue;  // no element above the diagonal
-            uint4* to = reinterpret_cast<uint4*>(tile + subtile_index(64 * s + a, c0));
-            const uint4 from = *reinterpret_cast<const uint4*>(mirror + sub_mirror_index(a, 64 * s + c0));
-            if (c0 > a) {
-              *to = from;
-            } else {
-              uint4 merged = *to;
-              uint32_t* m32 = reinterpret_cast<uint32_t*>(&merged);
-              const uint32_t* f32 = reinterpret_cast<const uint32_t*>(&from);
-              CUTE_UNROLL
-              for (int e = 0; e < 8; ++e) {
-                if (c0 + e <= a) continue;
-                const uint32_t mask = 0xffffu << (16 * (e % 2));
-                m32[e / 2] = (m32[e / 2] & ~mask) | (f32[e / 2] & mask);
-              }
-              *to = merged;
-            }
+            take_above_diagonal(reinterpret_cast<uint4*>(tile + subtile_index(64 * s + a, c0)),
+                                reinterpret_cast<const uint4*>(mirror + sub_mirror_index(a, 64 * s + c0)), a, c0);
           }
         }
         tma_store_fence();  // the generic-proxy writes, visible to the TMA unit
@@ -949,22 +955,8 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
         for (int q = consumer_idx; q < kChunks; q += T::kNumConsumerThreads) {
           const int r = q / (kTile / 8), c0 = 8 * (q % (kTile / 8));
           if (c0 + 7 <= r) continue;  // no element above the diagonal
-          uint4* to = reinterpret_cast<uint4*>(tile + tma_tile_index(r, c0));
-          const uint4 from = *reinterpret_cast<const uint4*>(mirror + tma_tile_index(r, c0));
-          if (c0 > r) {
-            *to = from;
-          } else {
-            uint4 merged = *to;
-            uint32_t* m32 = reinterpret_cast<uint32_t*>(&merged);
-            const uint32_t* f32 = reinterpret_cast<const uint32_t*>(&from);
-            CUTE_UNROLL
-            for (int e = 0; e < 8; ++e) {
-              if (c0 + e <= r) continue;
-              const uint32_t mask = 0xffffu << (16 * (e % 2));
-              m32[e / 2] = (m32[e / 2] & ~mask) | (f32[e / 2] & mask);
-            }
-            *to = merged;
-          }
+          take_above_diagonal(reinterpret_cast<uint4*>(tile + tma_tile_index(r, c0)),
+                              reinterpret_cast<const uint4*>(mirror + tma_tile_index(r, c0)), r, c0);
         }
       }
       tma_store_fence();  // the generic-proxy writes, visible to the TMA unit

@@ -60,43 +60,51 @@ struct PairTile {
   bool writes;
 };
 
+/// Where unit u lies in a pair list (this one or sm90_sym_units.h's wide one): for a pair of
+/// one matrix, its index v within that matrix's pairs (t.l set, t.writes true); for a pair of
+/// lone units (matrices 2w and 2w + 1, or the last one twice), −1 with t.l, t.kind
+/// (kSeparate or kShadow) and t.writes set. The caller fills in the rest.
+DMUON_HOST_DEVICE int64_t locate_pair(const PairList& list, int64_t u, int rank, PairTile& t) {
+  t.writes = true;
+  if (u < list.pairs_per_matrix * list.batch) {
+    t.l = static_cast<int>(u / list.pairs_per_matrix);
+    return u % list.pairs_per_matrix;
+  }
+  const int64_t w = u - list.pairs_per_matrix * list.batch;
+  const bool alone = 2 * w + 1 >= list.batch;
+  t.l = static_cast<int>(2 * w + (alone ? 0 : rank));
+  t.kind = alone ? PairKind::kShadow : PairKind::kSeparate;
+  t.writes = !alone || rank == 0;
+  return -1;
+}
+
 // Unit u → the tile of CTA `rank` (0 or 1). Column pairs run from the shortest column
 // (j = R − 2) to the longest (j = 0): column j is the (R − j − 1)-th, and the first n columns
 // counted that way (lengths 2 … n + 1) hold floor((n + 1)²/4) pairs.
 DMUON_HOST_DEVICE PairTile decode_pair(const PairList& list, int64_t u, int rank) {
   const int r = list.num_row_tiles;
   PairTile t;
-  t.writes = true;
-  if (u < list.pairs_per_matrix * list.batch) {
-    t.l = static_cast<int>(u / list.pairs_per_matrix);
-    const int64_t v = u % list.pairs_per_matrix;
-    if (v < list.col_pairs) {
-      // Column pair: n with floor(n²/4) ≤ v < floor((n+1)²/4) is the column of length n + 1.
-      int64_t n = static_cast<int64_t>(2.0 * sqrt(static_cast<double>(v)));
-      while (n > 0 && n * n / 4 > v) --n;
-      while ((n + 1) * (n + 1) / 4 <= v) ++n;
-      const int j = r - 1 - static_cast<int>(n);
-      const int q = static_cast<int>(v - n * n / 4);
-      t.ti = j + 2 * q + rank;
-      t.tj = j;
-      t.kind = PairKind::kShareB;
-    } else {
-      // Row pair: leftover bottom tiles (R − 1, R − 1 − 4w − 2·rank).
-      const int w = static_cast<int>(v - list.col_pairs);
-      t.ti = r - 1;
-      t.tj = r - 1 - 4 * w - 2 * rank;
-      t.kind = PairKind::kShareA;
-    }
-  } else {
-    // Lone tiles (R − 1, R + 1 − 2L) of matrices 2w and 2w + 1, or the last one twice.
-    const int64_t w = u - list.pairs_per_matrix * list.batch;
-    const int half = (r + 1) / 2;
+  const int64_t v = locate_pair(list, u, rank, t);
+  if (v < 0) {
+    // Lone tiles (R − 1, R + 1 − 2L).
     t.ti = r - 1;
-    t.tj = r + 1 - 2 * half;
-    const bool alone = 2 * w + 1 >= list.batch;
-    t.l = static_cast<int>(2 * w + (alone ? 0 : rank));
-    t.kind = alone ? PairKind::kShadow : PairKind::kSeparate;
-    t.writes = !alone || rank == 0;
+    t.tj = r + 1 - 2 * ((r + 1) / 2);
+  } else if (v < list.col_pairs) {
+    // Column pair: n with floor(n²/4) ≤ v < floor((n+1)²/4) is the column of length n + 1.
+    int64_t n = static_cast<int64_t>(2.0 * sqrt(static_cast<double>(v)));
+    while (n > 0 && n * n / 4 > v) --n;
+    while ((n + 1) * (n + 1) / 4 <= v) ++n;
+    const int j = r - 1 - static_cast<int>(n);
+    const int q = static_cast<int>(v - n * n / 4);
+    t.ti = j + 2 * q + rank;
+    t.tj = j;
+    t.kind = PairKind::kShareB;
+  } else {
+    // Row pair: leftover bottom tiles (R − 1, R − 1 − 4w − 2·rank).
+    const int w = static_cast<int>(v - list.col_pairs);
+    t.ti = r - 1;
+    t.tj = r - 1 - 4 * w - 2 * rank;
+    t.kind = PairKind::kShareA;
   }
   return t;
 }

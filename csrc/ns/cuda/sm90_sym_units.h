@@ -65,33 +65,24 @@ DMUON_HOST_DEVICE PairList make_wide_pair_list(int num_row_tiles, int batch) {
 DMUON_HOST_DEVICE PairTile decode_wide_pair(const PairList& list, int64_t u, int rank) {
   const int p = list.num_row_tiles / 2;
   PairTile t;
-  t.writes = true;
-  if (u < list.pairs_per_matrix * list.batch) {
-    t.l = static_cast<int>(u / list.pairs_per_matrix);
-    const int64_t v = u % list.pairs_per_matrix;
-    if (v < list.col_pairs) {
-      // Rows 2q, 2q + 1: q with q(q + 1)/2 ≤ v < (q + 1)(q + 2)/2, block b = v − q(q + 1)/2.
-      int64_t q = static_cast<int64_t>((std::sqrt(8.0 * static_cast<double>(v) + 1.0) - 1.0) * 0.5);
-      while (q > 0 && q * (q + 1) / 2 > v) --q;
-      while ((q + 1) * (q + 2) / 2 <= v) ++q;
-      t.ti = static_cast<int>(2 * q + rank);
-      t.tj = static_cast<int>(v - q * (q + 1) / 2);
-      t.kind = PairKind::kShareB;
-    } else {
-      // The odd last row 2P: blocks 2w and 2w + 1.
-      t.ti = 2 * p;
-      t.tj = static_cast<int>(2 * (v - list.col_pairs) + rank);
-      t.kind = PairKind::kShareA;
-    }
-  } else {
-    // Lone units (2P, P) of matrices 2w and 2w + 1, or the last one twice.
-    const int64_t w = u - list.pairs_per_matrix * list.batch;
-    const bool alone = 2 * w + 1 >= list.batch;
+  const int64_t v = locate_pair(list, u, rank, t);
+  if (v < 0) {
+    // Lone units (2P, P).
     t.ti = 2 * p;
     t.tj = p;
-    t.l = static_cast<int>(2 * w + (alone ? 0 : rank));
-    t.kind = alone ? PairKind::kShadow : PairKind::kSeparate;
-    t.writes = !alone || rank == 0;
+  } else if (v < list.col_pairs) {
+    // Rows 2q, 2q + 1: q with q(q + 1)/2 ≤ v < (q + 1)(q + 2)/2, block b = v − q(q + 1)/2.
+    int64_t q = static_cast<int64_t>((std::sqrt(8.0 * static_cast<double>(v) + 1.0) - 1.0) * 0.5);
+    while (q > 0 && q * (q + 1) / 2 > v) --q;
+    while ((q + 1) * (q + 2) / 2 <= v) ++q;
+    t.ti = static_cast<int>(2 * q + rank);
+    t.tj = static_cast<int>(v - q * (q + 1) / 2);
+    t.kind = PairKind::kShareB;
+  } else {
+    // The odd last row 2P: blocks 2w and 2w + 1.
+    t.ti = 2 * p;
+    t.tj = static_cast<int>(2 * (v - list.col_pairs) + rank);
+    t.kind = PairKind::kShareA;
   }
   return t;
 }
