@@ -188,15 +188,15 @@ def test_n256_configs_follow_the_experimental_knob_and_are_built_where_they_fit(
 # c8, P = 9: 8 whole pairs, the last (a row pair: A shared) in 4 pairs of slices of 8
 # k-tiles; c0, R = 5: 8 pairs (column pairs, a row pair, a shadowed lone tile) in 4 slices of
 # 4 each; s4 c0, R = 3: 6 pairs in 8 slices; a split of 1 (one shadowed tile, K = 4).
-# mc2 with 128×256 units (sm90_sym_units.h's wide pairs, U units): c10, R = 5, U = 14: 10
-# whole, the tail (a pair over one A panel, lone units of two matrices, a shadowed one) in 5
-# slices of 6–7 k-tiles over 5 clusters, 4 rounds (choose_tail_split); c0, R = 5, U = 5 in
-# slices of 4 k-tiles, one round; c4 with K = 4: a split of 1.
+# mc2 with 128×256 units (sm90_sym_units.h's wide pairs, U units): c20, R = 5, U = 14: 10
+# whole, the tail (a row pair, a pair over one A panel, lone units of two matrices, a shadowed
+# one) in 2 slices of 16 k-tiles; c0, R = 5, U = 5 in slices of 4 k-tiles; c4 with K = 4: a
+# split of 1.
 SPLIT_CASES = [("sm90:sk-tmastore:s5:c7", (16, 1000, 520)), ("sm90:sk-tmastore:s4:c5", (2, 300, 2000)),
                ("sm90:sk-tmastore:s4:c0", (3, 127, 1001)), ("sm90:sk-tmastore:s5:c0", (1, 384, 4096)),
                ("sm90:sk-tmastore:s5:c0", (1, 64, 200)), ("sm90:mc2-sk-tmastore:s5:c8", (3, 300, 2000)),
                ("sm90:mc2-sk-tmastore:s5:c0", (1, 600, 1024)), ("sm90:mc2-sk-tmastore:s4:c0", (2, 300, 2000)),
-               ("sm90:mc2-sk-tmastore:s5:c0", (1, 64, 200)), ("sm90:mc2-n256-sk-tmastore:s4:c10", (3, 520, 2000)),
+               ("sm90:mc2-sk-tmastore:s5:c0", (1, 64, 200)), ("sm90:mc2-n256-sk-tmastore:s4:c20", (3, 520, 2000)),
                ("sm90:mc2-n256-sk-tmastore:s4:c0", (1, 600, 1024)), ("sm90:mc2-n256-sk-tmastore:s4:c4", (5, 520, 200))]
 
 

@@ -225,12 +225,10 @@ size_t sm90_sym_split_counter_bytes(int num_ctas) {
   return (static_cast<size_t>(std::max(num_ctas, 0)) * sizeof(int) + 255) / 256 * 256;
 }
 
-size_t sm90_sym_split_partial_bytes(int tile_n) { return static_cast<size_t>(128) * tile_n * sizeof(float); }
-
 size_t sm90_sym_split_scratch_bytes(int num_ctas, int tile_n) {
   // NOTE: counters first, then the partial units (sm90_sym_kernel.cuh, launch).
-  return sm90_sym_split_counter_bytes(num_ctas) +
-         static_cast<size_t>(std::max(num_ctas, 0)) * sm90_sym_split_partial_bytes(tile_n);
+  const size_t partial_unit_bytes = static_cast<size_t>(128) * tile_n * sizeof(float);
+  return sm90_sym_split_counter_bytes(num_ctas) + static_cast<size_t>(std::max(num_ctas, 0)) * partial_unit_bytes;
 }
 
 std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymConfig& config) {

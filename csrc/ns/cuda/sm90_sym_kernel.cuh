@@ -26,11 +26,11 @@
 //             drain while the consumers run the next tile's mainloop.
 //
 // Tail split-K ("sk-", a runtime switch of the tmastore kernels: 128×128 units 1-CTA and mc2,
-// 128×256 units mc2; Traits::kCanSplit; Params::split > 1): when the units do not fill the last wave of CTAs, the
-// whole waves run as above and each unit of the partial last wave is cut into `split`
-// k-slices, strided over the CTAs like the units (one round, or several where that is
-// shorter: choose_tail_split) (mc2: each pair of the partial last wave into `split` pairs of
-// slices, one per cluster, both CTAs on the same k-tiles so the shared panel is still multicast).
+// 128×256 units mc2; Traits::kCanSplit; Params::split > 1): when the units do not fill the
+// last wave of CTAs, the whole waves run as above and each unit of the partial last wave is
+// cut into `split` k-slices, one per CTA (choose_tail_split) (mc2: each pair of the partial
+// last wave into `split` pairs of slices, one per cluster, both CTAs on the same k-tiles so
+// the shared panel is still multicast).
 // A slice stores its fp32 accumulators to scratch (fragment order: coalesced, and every
 // slice's thread holds the same (r, c) elements), fences, and counts itself in the tile's
 // counter; the slice that counts last sums all slices in slice order (deterministic: the
@@ -1085,21 +1085,15 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
 constexpr int kMinSliceKTiles = 4;
 constexpr int kMaxSplit = 16;
 
-// The split of `tail` units (of `wave` that run at once) with the shortest tail: the slices
-// run in ceil(tail·split / wave) rounds of 1/split of a unit each. At most kMaxSplit, slices
-// of at least kMinSliceKTiles k-tiles and tail·split ≤ max_slices; the smallest split wins ties.
-// NOTE: a split of wave/tail or less runs in one round (the only choice before 2026-11-30);
-// more rounds pay off when tail is a large part of the wave: 39 pairs of 128×256 units on 66
-// clusters (3584 × 18944, batch 1) take 0.6 of a unit's time in 5 slices, against 1.0 whole.
-inline int64_t choose_tail_split(int64_t tail, int64_t wave, int num_k_tiles, int64_t max_slices) {
-  const int64_t limit = std::min<int64_t>({kMaxSplit, num_k_tiles / kMinSliceKTiles, max_slices / tail});
-  int64_t best = 1;
-  double best_time = 1.0;
-  for (int64_t split = 2; split <= limit; ++split) {
-    const double time = static_cast<double>((tail * split + wave - 1) / wave) / static_cast<double>(split);
-    if (time < best_time) best = split, best_time = time;
-  }
-  return best;
+// The split of `tail` units of which `wave` run at once: as many slices as fit in one round
+// (tail·split ≤ wave), at most kMaxSplit, slices of at least kMinSliceKTiles k-tiles.
+// NOTE: one round only. Several rounds of slices, where they would cut the tail's time on
+// paper (39 pairs of 128×256 units on 66 clusters, 3584 × 18944 b1: 3 slices in 2 rounds,
+// 0.67 of a unit against 1.0 whole), ran slower than no split (0.5222 against 0.4697 ms; H200,
+// 2026-11-30, BENCHMARKS.md run K): under the power limit a partly idle last wave runs
+// faster clocks, so its idle part costs less than its share of the time.
+inline int64_t choose_tail_split(int64_t tail, int64_t wave, int num_k_tiles) {
+  return std::max<int64_t>(std::min<int64_t>({wave / tail, num_k_tiles / kMinSliceKTiles, kMaxSplit}), 1);
 }
 
 // Host checks of CuTe's accumulator layout (evaluated on the host, before the first launch):
@@ -1247,11 +1241,8 @@ void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t
     DMUON_CHECK(args.scratch != nullptr &&
                     args.scratch_bytes >= sm90_sym_split_scratch_bytes(static_cast<int>(ctas), T::kTileN),
                 "sm90_sym_product: split-K scratch too small");
-    // Slots for partial units that the scratch holds beyond the counters (at least ctas).
-    const int64_t slots = static_cast<int64_t>(
-        (args.scratch_bytes - sm90_sym_split_counter_bytes(static_cast<int>(ctas))) /
-        sm90_sym_split_partial_bytes(T::kTileN));
-    const int64_t split = tail == 0 ? 1 : choose_tail_split(tail, wave, num_k_tiles, slots / kCluster);
+    // NOTE: at most `wave` slices of tail units, so at most ctas partial units (mc2: two a pair).
+    const int64_t split = tail == 0 ? 1 : choose_tail_split(tail, wave, num_k_tiles);
     if (split >= 2) {
       p.num_full = full;
       p.split = static_cast<int>(split);

@@ -29,8 +29,7 @@ struct Sm90SymConfig {
   /// clusters tmastore s4).
   int tile_n = 128;
   /// Tail split-K ("sk-", tmastore only): the units of the last, partial wave run as k-slices
-  /// on every CTA (in one or more rounds), summed by the last slice to finish
-  /// (SymProductArgs::scratch).
+  /// on every CTA, summed by the last slice to finish (SymProductArgs::scratch).
   bool split_k = false;
 
   std::string name() const;  ///< e.g. "sm90:staged:s5:c0", "sm90:mc2-tmastore:s4:c0",
@@ -50,12 +49,8 @@ std::vector<Sm90SymConfig> sm90_sym_configs();
 std::vector<Sm90SymConfig> sm90_sym_experimental_configs();
 
 /// Bytes of SymProductArgs::scratch a split-K configuration needs with `num_ctas` CTAs:
-/// one fp32 partial unit (128 × tile_n) and one counter per CTA. More scratch lets the
-/// tail run in more slices than CTAs (several rounds) where that is shorter.
+/// one fp32 partial unit (128 × tile_n) and one counter per CTA.
 size_t sm90_sym_split_scratch_bytes(int num_ctas, int tile_n = 128);
-
-/// Bytes of one fp32 partial unit (128 × tile_n) in that scratch.
-size_t sm90_sym_split_partial_bytes(int tile_n);
 
 /// Where the partial tiles start in that scratch: after the counters, 256-byte aligned.
 size_t sm90_sym_split_counter_bytes(int num_ctas);
