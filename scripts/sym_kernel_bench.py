@@ -14,7 +14,10 @@ DMUON_SYM_EXPERIMENTAL=1 so that it holds the other cluster and 128×256 ones as
 can also be given to --configs. With cluster or
 128×256 names in the list, "old" (the baseline) defaults to the 1-CTA 128×128 configurations
 and "new" to the others.
-Times: CUDA events, median after warm-up.
+Times: CUDA events. cuBLAS and every configuration of a shape are timed in turns, --rounds
+rounds (default 3, the order rotated each round; dmuon.bench.ns.interleaved_ms), each the
+median of its rounds: under the power limit the clock follows the recent load, and timings
+taken one configuration after another drifted by up to 8% (BENCHMARKS.md run K).
 """
 
 from __future__ import annotations
@@ -44,10 +47,9 @@ SHAPES = [
 ]
 
 
-def cuda_time_ms(fn, budget_ms: float = 60.0) -> float:
-    """Median CUDA-event time of fn() after warm-up; about budget_ms of timed runs."""
-    probe = bench_ns.cuda_time_ms(fn, 2, 1)  # two warm-ups, one probe
-    return bench_ns.cuda_time_ms(fn, 0, int(min(50, max(5, budget_ms / max(probe, 1e-3)))))
+def timed_iters(probe_ms: float, rounds: int, budget_ms: float = 60.0) -> int:
+    """Timings a round so that all rounds take about budget_ms (5 to 50 a round)."""
+    return int(min(50, max(5, budget_ms / rounds / max(probe_ms, 1e-3))))
 
 
 def operands(m: int, k: int, batch: int, with_c: bool):
@@ -62,23 +64,26 @@ def operands(m: int, k: int, batch: int, with_c: bool):
     return a, b, c
 
 
-def time_shape(m, k, batch, with_c, configs):
-    """{name: ms} for cuBLAS ("cublas") and every configuration."""
+def time_shape(m, k, batch, with_c, configs, rounds=3):
+    """{name: ms} for cuBLAS ("cublas") and every configuration that runs, timed in turns."""
     a, b, c = operands(m, k, batch, with_c)
     alpha, beta = (1.0, 0.0) if not with_c else (0.75, -0.5)
     if with_c:
         dense = lambda: torch.baddbmm(c, a, b.transpose(1, 2), beta=beta, alpha=alpha)  # noqa: E731
     else:
         dense = lambda: torch.bmm(a, b.transpose(1, 2))  # noqa: E731
-    out = {"cublas": cuda_time_ms(dense)}
+    fns, iters = {"cublas": dense}, {"cublas": timed_iters(bench_ns.cuda_time_ms(dense, 2, 1), rounds)}
     for config in configs:
+        # NOTE: unpoisoned output: the timed call holds the product alone, as cuBLAS's does.
+        fn = lambda config=config: ops.cuda_sym_product_config(a, b, c, alpha, beta, config, poison=False)  # noqa: E731
         try:
-            # NOTE: unpoisoned output: the timed call holds the product alone, as cuBLAS's does.
-            out[config] = cuda_time_ms(lambda: ops.cuda_sym_product_config(a, b, c, alpha, beta, config,
-                                                                           poison=False))
+            probe = bench_ns.cuda_time_ms(fn, 2, 1)  # two warm-ups, one probe
         except RuntimeError as error:  # an unbuilt or inapplicable configuration
             print(f"  {config}: {str(error).splitlines()[0][:120]}")
-    del a, b, c
+            continue
+        fns[config], iters[config] = fn, timed_iters(probe, rounds)
+    out = bench_ns.interleaved_ms(fns, iters, rounds)
+    del a, b, c, fns
     torch.cuda.empty_cache()
     return out
 
@@ -95,9 +100,13 @@ def main() -> None:
                         help="the baseline set (default: the staged/direct configurations)")
     parser.add_argument("--split-k", action="store_true", help="also time k doubled (intercept)")
     parser.add_argument("--shapes", nargs="*", default=None, help="MxKxB[c] (c: with β·C)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds in which cuBLAS and every configuration are timed in turns (median)")
     parser.add_argument("--experimental", action="store_true",
                         help="DMUON_SYM_EXPERIMENTAL=1: the default list includes every mc2 and n256 configuration")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.experimental:
         # NOTE: read by the C++ side at its first use (cached), which comes after this.
         os.environ["DMUON_SYM_EXPERIMENTAL"] = "1"
@@ -120,7 +129,7 @@ def main() -> None:
 
     rows = []
     for m, k, batch, with_c in shapes:
-        times = time_shape(m, k, batch, with_c, configs)
+        times = time_shape(m, k, batch, with_c, configs, args.rounds)
         tiles = (m + 127) // 128
         tri_flop = batch * tiles * (tiles + 1) // 2 * 2 * 128 * 128 * k
         dense_flop = 2 * batch * m * m * k
@@ -136,7 +145,7 @@ def main() -> None:
         if args.split_k:
             best = best_new if best_new and news[best_new] < (olds.get(best_old) or 1e9) else best_old
             names = [best] + ([best_old] if best != best_old and best_old else [])
-            t2 = time_shape(m, 2 * k, batch, with_c, names)
+            t2 = time_shape(m, 2 * k, batch, with_c, names, args.rounds)
             row["split"] = {n: (times[n], t2[n], 2 * times[n] - t2[n]) for n in names}
             row["split"]["cublas"] = (times["cublas"], t2["cublas"], 2 * times["cublas"] - t2["cublas"])
         rows.append(row)

@@ -1,4 +1,4 @@
-"""`bench ns`'s alternating timing (dmuon/bench/ns.py, alternating_ms): the two methods are
+"""`bench ns`'s alternating timing (dmuon/bench/ns.py, alternating_ms, interleaved_ms): the methods are
 timed in turns, a round each, and each gets the median of its own rounds. The CUDA-event
 timer is replaced by a recorder, so this runs without a GPU."""
 
@@ -27,3 +27,22 @@ def test_round_count(monkeypatch):
     monkeypatch.setattr(bench_ns, "cuda_time_ms", lambda fn, warmup, iters: calls.append(fn()) or 1.0)
     assert bench_ns.alternating_ms(lambda: "a", lambda: "b", iters=3, rounds=2) == (1.0, 1.0)
     assert calls == ["a", "b", "a", "b"]
+
+
+def test_interleaved_rounds_rotate_the_order_and_each_name_gets_its_own_median(monkeypatch):
+    """sym_kernel_bench's timing: every function once a round, round r starting at the r-th
+    function, per-name timing counts, and the median of each name's own rounds."""
+    calls = []
+    times = {"x": iter([3.0, 1.0, 2.0]), "y": iter([6.0, 4.0, 5.0]), "z": iter([9.0, 7.0, 8.0])}
+
+    def fake_time(fn, warmup, iters):
+        name = fn()
+        calls.append((name, warmup, iters))
+        return next(times[name])
+
+    monkeypatch.setattr(bench_ns, "cuda_time_ms", fake_time)
+    fns = {name: (lambda name=name: name) for name in ("x", "y", "z")}
+    out = bench_ns.interleaved_ms(fns, {"x": 5, "y": 7, "z": 9}, rounds=3)
+    assert [name for name, _, _ in calls] == ["x", "y", "z", "y", "z", "x", "z", "x", "y"]
+    assert all(warmup == 1 and iters == {"x": 5, "y": 7, "z": 9}[name] for name, warmup, iters in calls)
+    assert out == {"x": 2.0, "y": 5.0, "z": 8.0}

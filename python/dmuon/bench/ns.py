@@ -89,17 +89,30 @@ def cuda_time_ms(fn, warmup: int, iters: int, host_ahead: bool = False) -> float
     return statistics.median(times)
 
 
+def interleaved_ms(fns: dict, iters, rounds: int = 5, rotate: bool = True) -> dict:
+    """Median CUDA-event time of every function of `fns` (name → callable) over `rounds`
+    rounds; in each round every function is timed once (one warm-up, then `iters` timings:
+    an int, or name → int), in turns. With `rotate`, round r starts at the r-th function, so
+    that no function always follows the same one.
+    NOTE: why: under the H200's power limit the clock follows the recent load (Nsight Compute
+    read 1.30–1.50 GHz across GEMM kernels, 2026-11-30), so methods timed one after the
+    other can see different clocks (the same kernel timed twice in a row of configurations
+    came out 8% apart, BENCHMARKS.md run K); in turns they all see the same mix."""
+    names = list(fns)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)] if rotate else names[i]
+            count = iters[name] if isinstance(iters, dict) else iters
+            times[name].append(cuda_time_ms(fns[name], 1, count))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def alternating_ms(fn_a, fn_b, iters: int, rounds: int = 5) -> tuple[float, float]:
     """Medians of fn_a's and fn_b's CUDA-event times over `rounds` alternating rounds of
-    `iters` timings each.
-    NOTE: why: under the H200's power limit the clock follows the recent load (Nsight Compute
-    read 1.30–1.50 GHz across GEMM kernels, 2026-11-30), so two methods timed one after the
-    other can see different clocks; alternating gives both the same mix."""
-    a_times, b_times = [], []
-    for _ in range(rounds):
-        a_times.append(cuda_time_ms(fn_a, 1, iters))
-        b_times.append(cuda_time_ms(fn_b, 1, iters))
-    return statistics.median(a_times), statistics.median(b_times)
+    `iters` timings each (interleaved_ms, a before b in every round)."""
+    out = interleaved_ms({"a": fn_a, "b": fn_b}, iters, rounds, rotate=False)
+    return out["a"], out["b"]
 
 
 def dense_bf16_peak_tflops() -> float:
