@@ -150,10 +150,12 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
   // clusters (a 256-row B panel multicast per pair, as CUTLASS's 128×256 cluster-2 tiles)
   // without and with the tail split-K.
   // NOTE: measured on an H200 (2026-11-30, BENCHMARKS.md run K, scripts/sym_kernel_bench.py,
-  // fp16) against the best 128×128 configuration: X·Xᵀ 3584×18944 b15 1.12–1.21×, b7
-  // 1.05× (mc2 split), b1 0.87–0.89×; 3584³ +C b15 and b28 0.99–1.06×; 1536×8960 b28 0.99×
-  // (sequential timings drift by up to 8%). In the 7B step the autotuner picked one of the
-  // three for 9 of its 12 symmetric shapes.
+  // fp16) against the best 128×128 configuration, timed one after another: X·Xᵀ 3584×18944
+  // b15 1.12–1.21×, b7 1.05× (mc2 split), b1 0.87–0.89×; 3584³ +C b15 and b28 0.99–1.06×;
+  // 1536×8960 b28 0.99×. Timed in turns (sequential timings drift by up to 8%): b15 1.00–1.04×
+  // mc2-tmastore s5. Nsight Compute, 3584³ +C b15: 1.07 against 1.15 ms (tmastore s4). The 7B
+  // step went from 440 to 427 ms with them (the autotuner picked one of the three for 9 of
+  // its 12 symmetric shapes).
   for (auto [cluster, split_k] : {std::pair{1, false}, std::pair{2, false}, std::pair{2, true}}) {
     Sm90SymConfig c;
     c.epilogue = Sm90Epilogue::kTmaStore;
