@@ -541,6 +541,14 @@ __host__ __device__ __forceinline__ int subtile_index(int r, int c) {
 }
 __host__ __device__ __forceinline__ int sub_mirror_index(int r, int c) { return ((c >> 6) << 12) + subtile_index(r, c); }
 
+// Wide tmastore: where half `half` (columns 64·half …) of a C tile lies in ring stage
+// `stage`: the stage's A panel, or the first 128 rows of its B panel (both 128×64 in
+// StageLayoutA, at subtile_index). The producer's loads and the consumers' reads use it both.
+template <class T, class Storage>
+__device__ __forceinline__ typename T::Element* c_half_in_stage(Storage& smem, int stage, int half) {
+  return half == 0 ? smem.a.begin() + stage * T::kTile * T::kTileK : smem.b.begin() + stage * T::kTileN * T::kTileK;
+}
+
 // Wide tmastore, producer: the C tiles (row tile u.ti, column tiles 2·u.tj and 2·u.tj + 1)
 // of a unit, each as one stage use of the ring: its columns 0–63 into the stage's A panel,
 // 64–127 into the first half of its B panel (two 128×64 boxes, 32 KiB of transaction bytes;
@@ -551,7 +559,6 @@ __host__ __device__ __forceinline__ int sub_mirror_index(int r, int c) { return 
 template <class T, class Storage>
 __device__ __forceinline__ void load_c_slots(const typename T::Params& p, const WorkUnit& u, Storage& smem,
                                              RingState<T::kStages>& state) {
-  using Elem = typename T::Element;
   using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
   Tensor mC = p.tma_c.get_tma_tensor(make_shape(p.m, p.m, p.batch));  // (m, m, batch) coords
@@ -561,9 +568,8 @@ __device__ __forceinline__ void load_c_slots(const typename T::Params& p, const 
     EmptyBarrier::wait(&smem.empty[state.index], state.phase);
     FullBarrier::arrive_and_expect_tx(&smem.full[state.index], T::kTileBytes);
     for (int half = 0; half < 2; ++half) {
-      Elem* to = half == 0 ? smem.a.begin() + state.index * T::kTile * T::kTileK
-                           : smem.b.begin() + state.index * T::kTileN * T::kTileK;
-      Tensor sX = make_tensor(make_smem_ptr(to), typename T::StageLayoutA{});  // (kTile, 64)
+      Tensor sX = make_tensor(make_smem_ptr(c_half_in_stage<T>(smem, state.index, half)),
+                              typename T::StageLayoutA{});  // (kTile, 64)
       auto [tXgC, tXsX] = tma_partition(p.tma_c, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sX),
                                         group_modes<0, 2>(gC));  // (TMA, column boxes), (TMA)
       copy(p.tma_c.with(smem.full[state.index]), tXgC(_, 2 * (T::kColTiles * u.tj + h) + half), tXsX);
@@ -621,8 +627,7 @@ __device__ __forceinline__ void wide_tmastore_epilogue(const typename T::Params&
           store_pending = false;
         }
         consumer_barrier();
-        const Elem* c_half = s == 0 ? smem.a.begin() + slot * T::kTile * T::kTileK
-                                    : smem.b.begin() + slot * T::kTileN * T::kTileK;  // [128, 64] at subtile_index
+        const Elem* c_half = c_half_in_stage<T>(smem, slot, s);  // [128, 64] at subtile_index
         CUTE_UNROLL
         for (int jj = 0; jj < 4; ++jj) {
           const int col = 8 * (2 * jj + quad / 2);  // this lane's block: subtile column
@@ -860,9 +865,9 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
       if (!u.writes) continue;
     }
     // Split-K: publish this slice; the tile's last slice to finish sums them and goes on.
-    // NOTE: compiled into the instances that can split only (128×128 tmastore, 1-CTA and
-    // mc2): in the staged and direct ones its registers made ptxas serialize the WGMMAs (C7511).
-    if constexpr (T::kTmaStore && T::kColTiles == 1) {
+    // NOTE: compiled into the instances that can split only (Traits::kCanSplit; the wide one
+    // split above).
+    if constexpr (T::kCanSplit) {
       if (u.part >= 0) {
         if (!split_k_reduce<T>(p, u, consumer_idx, acc, &smem.split_last)) {
           // NOTE: the producer loaded C for this slice too; take the load (parity) and free
