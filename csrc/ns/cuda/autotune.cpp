@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <functional>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -11,6 +13,7 @@
 #include <set>
 #include <vector>
 
+#include "autotune/timing_rounds.h"
 #include "common/check.h"
 #include "common/env.h"
 #include "ns/cuda/cuda_check.h"
@@ -90,6 +93,39 @@ bool passes(const CompareStats& s, DType dtype, bool symmetric, std::string* why
     return false;
   }
   return true;
+}
+
+// Rounds in which the candidates that passed their check are timed in turns
+// (autotune/timing_rounds.h); runs under this many ms are timed twice a turn.
+constexpr int kTimingRounds = 3;
+constexpr double kShortRunMs = 2.0;
+
+// Median ms of each run on `stream`, timed in turns (medians_in_turns, CUDA events). A run
+// that throws gets NaN and its error in errors[i].
+std::vector<double> time_in_turns(const std::vector<std::function<void()>>& runs, cudaStream_t stream,
+                                  std::vector<std::string>* errors) {
+  errors->assign(runs.size(), "");
+  cudaEvent_t start, end;
+  DMUON_CHECK_CUDA(cudaEventCreate(&start));
+  DMUON_CHECK_CUDA(cudaEventCreate(&end));
+  const std::vector<double> medians =
+      autotune::medians_in_turns(runs.size(), kTimingRounds, kShortRunMs, [&](size_t i) -> double {
+        try {
+          DMUON_CHECK_CUDA(cudaEventRecord(start, stream));
+          runs[i]();
+          DMUON_CHECK_CUDA(cudaEventRecord(end, stream));
+          DMUON_CHECK_CUDA(cudaEventSynchronize(end));
+          float ms = 0.f;
+          DMUON_CHECK_CUDA(cudaEventElapsedTime(&ms, start, end));
+          return ms;
+        } catch (const Error& error) {
+          (*errors)[i] = error.what();
+          return -1.0;
+        }
+      });
+  cudaEventDestroy(start);
+  cudaEventDestroy(end);
+  return medians;
 }
 
 // Test hook: DMUON_AUTOTUNE_TEST_BREAK=<prefix> perturbs (α·1.5) every candidate whose
@@ -308,29 +344,43 @@ void Autotuner::sym_product(const SymProductArgs& call_args, SymMode mode, void*
                                     lt_workspace == nullptr ? 0 : lt_workspace_bytes);
   for (int i = 0; i < num_lt; ++i) candidates.push_back("lt:" + std::to_string(i));
 
-  std::string best;
-  double best_ms = 0.0;
+  // Every candidate checked against the reference; those that pass are then timed in turns.
+  auto reject = [&](const std::string& config, const std::string& why) {
+    report({key.op, key.m, key.n, key.k, key.batch, key.dtype, key.extra + " candidate " + config}, {config, 0.0},
+           ("rejected: " + why).c_str());
+  };
+  std::vector<std::string> passed;
+  std::vector<std::function<void()>> runs;
   for (const std::string& config : candidates) {
     SymProductArgs run_args = args;
     if (broken_for_testing(config)) run_args.alpha *= 1.5;
-    auto run = [&] { sym_product_with(run_args, config, lt_workspace, lt_workspace_bytes, stream); };
+    auto run = [=] { sym_product_with(run_args, config, lt_workspace, lt_workspace_bytes, stream); };
     std::string why;
     try {
       run();
       const CompareStats s = compare_16bit(args.dtype, args.d, scratch.ptr, args.batch, args.m, args.m,
                                            args.ldd, args.stride_d, /*check_symmetric=*/true, stream);
       if (!passes(s, args.dtype, true, &why)) {
-        report({key.op, key.m, key.n, key.k, key.batch, key.dtype, key.extra + " candidate " + config},
-               {config, 0.0}, ("rejected: " + why).c_str());
+        reject(config, why);
         continue;
       }
-      const double ms = time_on_stream(run, stream);
-      ++g_measurements;
-      if (best.empty() || ms < best_ms) best = config, best_ms = ms;
+      passed.push_back(config);
+      runs.push_back(run);
     } catch (const Error& error) {
-      report({key.op, key.m, key.n, key.k, key.batch, key.dtype, key.extra + " candidate " + config},
-             {config, 0.0}, (std::string("rejected: ") + error.what()).c_str());
+      reject(config, error.what());
     }
+  }
+  std::vector<std::string> errors;
+  const std::vector<double> times = time_in_turns(runs, stream, &errors);
+  std::string best;
+  double best_ms = 0.0;
+  for (size_t i = 0; i < passed.size(); ++i) {
+    if (std::isnan(times[i])) {
+      reject(passed[i], errors[i]);
+      continue;
+    }
+    ++g_measurements;
+    if (best.empty() || times[i] < best_ms) best = passed[i], best_ms = times[i];
   }
   DMUON_CHECK(!best.empty(), "autotune: no candidate passed the check for the symmetric product ", key.str());
   // The winner's result in D (the last candidate run may have been another one).
@@ -375,8 +425,9 @@ void Autotuner::gemm(const GemmDesc& g, double alpha, const void* a, const void*
     return;
   }
   run_with(0, 1.0, scratch.ptr);
-  int best = -1;
-  double best_ms = 0.0;
+  // Every algorithm checked against algorithm 0's result; those that pass timed in turns.
+  std::vector<int> passed;
+  std::vector<std::function<void()>> runs;
   for (int algo = 0; algo < num; ++algo) {
     const std::string name = "lt:" + std::to_string(algo);
     const double scale = broken_for_testing(name) ? 1.5 : 1.0;
@@ -386,12 +437,20 @@ void Autotuner::gemm(const GemmDesc& g, double alpha, const void* a, const void*
       const CompareStats s = compare_16bit(g.dtype, d, scratch.ptr, g.batch, g.m, g.n, g.ldd, g.stride_d,
                                            /*check_symmetric=*/false, stream);
       if (!passes(s, g.dtype, false, &why)) continue;
-      const double ms = time_on_stream([&] { run_with(algo, scale, d); }, stream);
-      ++g_measurements;
-      if (best < 0 || ms < best_ms) best = algo, best_ms = ms;
+      passed.push_back(algo);
+      runs.push_back([=] { run_with(algo, scale, d); });
     } catch (const Error&) {
       continue;
     }
+  }
+  std::vector<std::string> errors;
+  const std::vector<double> times = time_in_turns(runs, stream, &errors);
+  int best = -1;
+  double best_ms = 0.0;
+  for (size_t i = 0; i < passed.size(); ++i) {
+    if (std::isnan(times[i])) continue;
+    ++g_measurements;
+    if (best < 0 || times[i] < best_ms) best = passed[i], best_ms = times[i];
   }
   DMUON_CHECK(best >= 0, "autotune: no cuBLASLt algorithm passed the check for ", key.str());
   run_with(best, 1.0, d);
