@@ -38,7 +38,9 @@ bool built(const Sm90SymConfig& c) {
   if (c.tile_n == 256) {
     // NOTE: the wide tmastore instances (1-CTA, and mc2 with split-K a runtime switch) are
     // s4: four 48 KiB stages and one 32 KiB subtile buffer pair.
-    if (c.epilogue == Sm90Epilogue::kTmaStore) return c.stages == 4 && (c.cluster == 2 || (c.cluster == 1 && !c.split_k));
+    // s3 (mc2 only): two subtile buffer pairs beside three stages.
+    if (c.epilogue == Sm90Epilogue::kTmaStore)
+      return (c.stages == 4 && (c.cluster == 2 || (c.cluster == 1 && !c.split_k))) || (c.stages == 3 && c.cluster == 2);
     return !c.split_k && c.cluster == 1 && n256_built(c.epilogue, c.stages);
   }
   if (c.tile_n != 128) return false;
@@ -219,6 +221,19 @@ std::vector<Sm90SymConfig> sm90_sym_experimental_configs() {
     c.epilogue = epilogue;
     c.stages = stages;
     c.tile_n = 256;
+    configs.push_back(c);
+  }
+  // Wide tmastore in 2-CTA clusters with 3 stages and two subtile buffer pairs, without and
+  // with the split. NOTE: built for the m³ + C products, where the s4 kernel's epilogue waits
+  // for each subtile's stores before the next (about 5 µs a unit at k = 1024, run K); not yet
+  // measured.
+  for (bool split_k : {false, true}) {
+    Sm90SymConfig c;
+    c.epilogue = Sm90Epilogue::kTmaStore;
+    c.stages = 3;
+    c.tile_n = 256;
+    c.cluster = 2;
+    c.split_k = split_k;
     configs.push_back(c);
   }
   return configs;

@@ -166,6 +166,10 @@ struct Traits {
   static constexpr int kEpilogueElems = kStaged ? kTile * kTileN : 8;
   // tmastore: the tile and mirror buffers (wide: a 128×64 subtile and its 64×128 mirror).
   static constexpr int kTmaTileElems = kWide ? kTile * 64 : kTmaStore ? kTile * kTile : 8;
+  // Wide tmastore: subtile buffer pairs. NOTE: with 3 stages (144 KiB) two 32 KiB pairs fit,
+  // used in turn, so a subtile waits only for the stores of the one before the last; with 4
+  // stages one pair, and each subtile waits for the last one's stores.
+  static constexpr int kEpiBuffers = (kWide && kStages == 3) ? 2 : 1;
   static constexpr int kTileBytes = kTile * kTile * static_cast<int>(sizeof(Elem));
 
   using SmemLayout = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
@@ -243,8 +247,8 @@ struct Traits {
     alignas(1024) ArrayEngine<Elem, cosize_v<SmemLayout>> a;  // [kStages][kTile, kTileK] swizzled
     alignas(1024) ArrayEngine<Elem, cosize_v<SmemLayoutB>> b;  // [kStages][kTileN, kTileK] swizzled
     alignas(16) Elem epilogue[kEpilogueElems];  // staged only: [kColTiles][kTile, kTile] swizzled
-    alignas(1024) Elem tile[kTmaTileElems];    // [kTile, kTile] EpiLayout: C, then D's tile (tmastore)
-    alignas(1024) Elem mirror[kTmaTileElems];  // [kTile, kTile] EpiLayout: the tile transposed (tmastore)
+    alignas(1024) Elem tile[kTmaTileElems * kEpiBuffers];    // [kTile, kTile] EpiLayout: C, then D's tile (tmastore)
+    alignas(1024) Elem mirror[kTmaTileElems * kEpiBuffers];  // [kTile, kTile] EpiLayout: the tile transposed (tmastore)
     alignas(8) uint64_t full[kStages];   // TMA → consumers: stage loaded
     alignas(8) uint64_t empty[kStages];  // consumers → TMA: stage free
     alignas(8) uint64_t c_full;          // tmastore: TMA → consumers: C tile loaded
@@ -593,14 +597,13 @@ __device__ __forceinline__ void load_c_slots(const typename T::Params& p, const 
 template <class T, class Acc, class Storage>
 __device__ __forceinline__ void wide_tmastore_epilogue(const typename T::Params& p, const WorkUnit& u, bool with_c,
                                                        bool writes, int consumer_idx, const Acc& acc, Storage& smem,
-                                                       RingState<T::kStages>& state, bool& store_pending) {
+                                                       RingState<T::kStages>& state, bool& store_pending,
+                                                       int& epi_seq) {
   using Elem = typename T::Element;
   using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
   const int warp = consumer_idx / 32, lane = consumer_idx % 32;
   const int quad = lane / 8, sub = lane % 8;  // the block this lane addresses, and its row
   const int row = 16 * warp + 8 * (quad % 2) + sub;
-  Elem* tile = smem.tile;      // [128, 64] at subtile_index
-  Elem* mirror = smem.mirror;  // [64, 128] at sub_mirror_index
   Tensor mD = p.tma_d.get_tma_tensor(make_shape(p.m, p.m, p.batch));  // (m, m, batch) coords
   // One 64×64 box of D from shared memory `from` (SubLayout), clipped at m × m.
   auto store_box = [&](Elem* from, int box_row, int box_col) {
@@ -621,10 +624,14 @@ __device__ __forceinline__ void wide_tmastore_epilogue(const typename T::Params&
       const bool diagonal = tj == u.ti;
       cute::for_each(make_int_sequence<2>{}, [&](auto s_) {
         constexpr int s = decltype(s_)::value;
-        // The buffers, once the previous stores have read them.
+        // This subtile's buffer pair (kEpiBuffers of them in turn), once the stores that last
+        // read it are done (with two pairs the latest stores, from the other pair, may still run).
+        const int buffer = T::kEpiBuffers > 1 ? epi_seq++ % T::kEpiBuffers : 0;
+        Elem* tile = smem.tile + buffer * T::kTmaTileElems;      // [128, 64] at subtile_index
+        Elem* mirror = smem.mirror + buffer * T::kTmaTileElems;  // [64, 128] at sub_mirror_index
         if (consumer_idx == 0 && store_pending) {
-          tma_store_wait<0>();
-          store_pending = false;
+          tma_store_wait<T::kEpiBuffers - 1>();
+          if constexpr (T::kEpiBuffers == 1) store_pending = false;
         }
         consumer_barrier();
         const Elem* c_half = c_half_in_stage<T>(smem, slot, s);  // [128, 64] at subtile_index
@@ -810,6 +817,7 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
 
   RingState<kStages> state{0, 0u};
   bool store_pending = false;  // tmastore, consumer 0: TMA stores in flight from the epilogue tiles
+  int epi_seq = 0;             // wide tmastore: subtiles written so far (picks the buffer pair)
   uint32_t c_phase = 0u;       // tmastore: parity of the next C load
   for (int64_t w = work_begin; w < p.num_work; w += work_step) {
     const WorkUnit u = decode_work<T>(p, w, num_k_tiles);
@@ -857,7 +865,7 @@ __global__ void __launch_bounds__(Traits<Elem, kStages, kEpi, kCluster, kTileN>:
       if constexpr (T::kCanSplit) {
         if (u.part >= 0 && u.writes) writes = split_k_reduce<T>(p, u, consumer_idx, acc, &smem.split_last);
       }
-      wide_tmastore_epilogue<T>(p, u, with_c, writes, consumer_idx, acc, smem, state, store_pending);
+      wide_tmastore_epilogue<T>(p, u, with_c, writes, consumer_idx, acc, smem, state, store_pending, epi_seq);
       continue;
     }
     // mc2: rank 1 of a shadow unit only kept the barrier protocol going (I6).
@@ -1279,10 +1287,16 @@ bool launch_instance(const SymProductArgs& args, const Sm90SymConfig& config, cu
   constexpr int kTmaStore = static_cast<int>(Sm90Epilogue::kTmaStore);
   // mc2 (2-CTA clusters; which are autotuner candidates: sm90_sym_config.cpp).
   if (config.cluster == 2) {
-    // Wide tmastore (128×256 units), s4.
+    // Wide tmastore (128×256 units), s4 (one subtile buffer pair) and s3 (two).
     if (config.tile_n == 256) {
-      if (config.stages != 4 || config.epilogue != Sm90Epilogue::kTmaStore) return false;
-      launch<Elem, 4, kTmaStore, 2, 256>(args, config.num_ctas, config.split_k, stream);
+      if (config.epilogue != Sm90Epilogue::kTmaStore) return false;
+      if (config.stages == 4) {
+        launch<Elem, 4, kTmaStore, 2, 256>(args, config.num_ctas, config.split_k, stream);
+      } else if (config.stages == 3) {
+        launch<Elem, 3, kTmaStore, 2, 256>(args, config.num_ctas, config.split_k, stream);
+      } else {
+        return false;
+      }
       return true;
     }
     if (config.tile_n != 128 || (config.split_k && config.epilogue != Sm90Epilogue::kTmaStore)) return false;
