@@ -136,9 +136,10 @@ N256_SHAPES = [(1, 100, 70), (2, 257, 129), (3, 384, 1001), (2, 512, 520), (16, 
 # pair, then the last row's two units over one A panel), R = 5 and 9 (the last row's odd
 # unit: lone units of two matrices paired, the last one shadowed), diagonal tiles in both
 # column halves of a unit, boxes clipped at odd m; ":c2" one cluster, ":c5" five CTAs in turn.
-WIDE_TMA_CONFIGS = ["sm90:n256-tmastore:s4:c0", "sm90:mc2-n256-tmastore:s4:c0", "sm90:mc2-n256-sk-tmastore:s4:c0"]
-# Experimental: 3 stages, two subtile buffer pairs in turn.
-WIDE_S3_CONFIGS = ["sm90:mc2-n256-tmastore:s3:c0", "sm90:mc2-n256-sk-tmastore:s3:c0"]
+# Default candidates: 1-CTA s4 (one subtile buffer pair), mc2 s3 (two pairs in turn).
+WIDE_TMA_CONFIGS = ["sm90:n256-tmastore:s4:c0", "sm90:mc2-n256-tmastore:s3:c0", "sm90:mc2-n256-sk-tmastore:s3:c0"]
+# Experimental: mc2 with 4 stages and one subtile buffer pair.
+WIDE_S4_MC2_CONFIGS = ["sm90:mc2-n256-tmastore:s4:c0", "sm90:mc2-n256-sk-tmastore:s4:c0"]
 WIDE_TMA_SHAPES = sorted(set(CLUSTER_SHAPES) | set(N256_SHAPES))
 
 
@@ -148,7 +149,7 @@ NAMED_CASES = ([pytest.param(CLUSTER_CONFIGS, shape, id=f"cluster-{'x'.join(map(
                 for shape in CLUSTER_SHAPES] +
                [pytest.param(N256_CONFIGS + ["sm90:n256-staged:s3:c5"], shape, id=f"n256-{'x'.join(map(str, shape))}")
                 for shape in N256_SHAPES] +
-               [pytest.param(WIDE_TMA_CONFIGS + WIDE_S3_CONFIGS + ["sm90:mc2-n256-tmastore:s4:c2",
+               [pytest.param(WIDE_TMA_CONFIGS + WIDE_S4_MC2_CONFIGS + ["sm90:mc2-n256-tmastore:s4:c2",
                                                                     "sm90:n256-tmastore:s4:c5",
                                                                     "sm90:mc2-n256-tmastore:s3:c2"], shape,
                              id=f"wide-{'x'.join(map(str, shape))}") for shape in WIDE_TMA_SHAPES])
@@ -173,7 +174,7 @@ def test_named_sym_configs_match_dense(dtype, configs, shape, with_c, operands):
 @needs_kernel
 def test_n256_configs_follow_the_experimental_knob_and_are_built_where_they_fit():
     names = [name for name in ops.cuda_sym_configs() if "n256-" in name]
-    assert sorted(names) == sorted((N256_CONFIGS + WIDE_S3_CONFIGS if experimental_knob else []) + WIDE_TMA_CONFIGS), names
+    assert sorted(names) == sorted((N256_CONFIGS + WIDE_S4_MC2_CONFIGS if experimental_knob else []) + WIDE_TMA_CONFIGS), names
     a = padded(torch.randn(1, 16, 16, device="cuda").half())
     for unbuilt in ("sm90:n256-staged:s4:c0", "sm90:n256-tmastore:s3:c0", "sm90:mc2-n256-staged:s3:c0",
                     "sm90:n256-sk-tmastore:s4:c0", "sm90:mc2-n256-tmastore:s5:c0", "sm90:mc2-n256-sk-tmastore:s5:c0",
@@ -202,7 +203,9 @@ SPLIT_CASES = [("sm90:sk-tmastore:s5:c7", (16, 1000, 520)), ("sm90:sk-tmastore:s
                ("sm90:sk-tmastore:s5:c0", (1, 64, 200)), ("sm90:mc2-sk-tmastore:s5:c8", (3, 300, 2000)),
                ("sm90:mc2-sk-tmastore:s5:c0", (1, 600, 1024)), ("sm90:mc2-sk-tmastore:s4:c0", (2, 300, 2000)),
                ("sm90:mc2-sk-tmastore:s5:c0", (1, 64, 200)), ("sm90:mc2-n256-sk-tmastore:s4:c20", (3, 520, 2000)),
-               ("sm90:mc2-n256-sk-tmastore:s4:c0", (1, 600, 1024)), ("sm90:mc2-n256-sk-tmastore:s4:c4", (5, 520, 200))]
+               ("sm90:mc2-n256-sk-tmastore:s4:c0", (1, 600, 1024)), ("sm90:mc2-n256-sk-tmastore:s4:c4", (5, 520, 200)),
+               ("sm90:mc2-n256-sk-tmastore:s3:c20", (3, 520, 2000)), ("sm90:mc2-n256-sk-tmastore:s3:c0", (1, 600, 1024)),
+               ("sm90:mc2-n256-sk-tmastore:s3:c4", (5, 520, 200))]
 
 
 @needs_kernel
