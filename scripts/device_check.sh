@@ -91,5 +91,5 @@ fi
 # The short table, last.
 echo "=== summary ==="
 tail -1 "$OUT/pytest_autotune.log"; tail -1 "$OUT/pytest_kernels.log"; tail -1 "$OUT/pytest_gpu.log"
-grep -E "^X·Xᵀ" "$OUT/bench.log" 2>/dev/null | sed -E 's/; sm90.*//' | cut -c1-220
+grep -E "^X·Xᵀ" "$OUT/bench.log" 2>/dev/null | sed -E 's/(alternating rounds[^;]*);.*/\1/' | cut -c1-300
 grep -E "^model |^dmuon|^torch|^plain|^NS only" "$OUT/bench.log" 2>/dev/null

@@ -95,39 +95,6 @@ bool passes(const CompareStats& s, DType dtype, bool symmetric, std::string* why
   return true;
 }
 
-// Rounds in which the candidates that passed their check are timed in turns
-// (autotune/timing_rounds.h); runs under this many ms are timed twice a turn.
-constexpr int kTimingRounds = 3;
-constexpr double kShortRunMs = 2.0;
-
-// Median ms of each run on `stream`, timed in turns (medians_in_turns, CUDA events). A run
-// that throws gets NaN and its error in errors[i].
-std::vector<double> time_in_turns(const std::vector<std::function<void()>>& runs, cudaStream_t stream,
-                                  std::vector<std::string>* errors) {
-  errors->assign(runs.size(), "");
-  cudaEvent_t start, end;
-  DMUON_CHECK_CUDA(cudaEventCreate(&start));
-  DMUON_CHECK_CUDA(cudaEventCreate(&end));
-  const std::vector<double> medians =
-      autotune::medians_in_turns(runs.size(), kTimingRounds, kShortRunMs, [&](size_t i) -> double {
-        try {
-          DMUON_CHECK_CUDA(cudaEventRecord(start, stream));
-          runs[i]();
-          DMUON_CHECK_CUDA(cudaEventRecord(end, stream));
-          DMUON_CHECK_CUDA(cudaEventSynchronize(end));
-          float ms = 0.f;
-          DMUON_CHECK_CUDA(cudaEventElapsedTime(&ms, start, end));
-          return ms;
-        } catch (const Error& error) {
-          (*errors)[i] = error.what();
-          return -1.0;
-        }
-      });
-  cudaEventDestroy(start);
-  cudaEventDestroy(end);
-  return medians;
-}
-
 // Test hook: DMUON_AUTOTUNE_TEST_BREAK=<prefix> perturbs (α·1.5) every candidate whose
 // name starts with the prefix, so that tests can show a failing candidate never wins.
 bool broken_for_testing(const std::string& config) {
@@ -178,26 +145,35 @@ bool stream_is_capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-double time_on_stream(const std::function<void()>& fn, cudaStream_t stream) {
+// Rounds in which the candidates that passed their check are timed in turns
+// (autotune/timing_rounds.h); runs under this many ms are timed twice a turn.
+constexpr int kTimingRounds = 3;
+constexpr double kShortRunMs = 2.0;
+
+std::vector<double> time_in_turns(const std::vector<std::function<void()>>& runs, cudaStream_t stream,
+                                  std::vector<std::string>* errors) {
+  errors->assign(runs.size(), "");
   cudaEvent_t start, end;
   DMUON_CHECK_CUDA(cudaEventCreate(&start));
   DMUON_CHECK_CUDA(cudaEventCreate(&end));
-  std::vector<double> times;
-  // NOTE: one timed run decides how many more: short products get 5 (noise), long ones 2.
-  for (int i = 0, reps = 1; i < reps; ++i) {
-    DMUON_CHECK_CUDA(cudaEventRecord(start, stream));
-    fn();
-    DMUON_CHECK_CUDA(cudaEventRecord(end, stream));
-    DMUON_CHECK_CUDA(cudaEventSynchronize(end));
-    float ms = 0.f;
-    DMUON_CHECK_CUDA(cudaEventElapsedTime(&ms, start, end));
-    times.push_back(ms);
-    if (i == 0) reps = ms < 2.0 ? 6 : 3;
-  }
+  const std::vector<double> medians =
+      autotune::medians_in_turns(runs.size(), kTimingRounds, kShortRunMs, [&](size_t i) -> double {
+        try {
+          DMUON_CHECK_CUDA(cudaEventRecord(start, stream));
+          runs[i]();
+          DMUON_CHECK_CUDA(cudaEventRecord(end, stream));
+          DMUON_CHECK_CUDA(cudaEventSynchronize(end));
+          float ms = 0.f;
+          DMUON_CHECK_CUDA(cudaEventElapsedTime(&ms, start, end));
+          return ms;
+        } catch (const Error& error) {
+          (*errors)[i] = error.what();
+          return -1.0;
+        }
+      });
   cudaEventDestroy(start);
   cudaEventDestroy(end);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return medians;
 }
 
 void sym_product_with(const SymProductArgs& args, const std::string& config, void* lt_workspace,

@@ -23,6 +23,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "autotune/tune_cache.h"
 #include "ns/cuda/cublaslt_gemm.h"
@@ -33,8 +34,11 @@ namespace dmuon::ns::cuda {
 /// "float16" / "bfloat16".
 const char* dtype_name(DType dtype);
 
-/// Median time in ms of fn() on `stream` (CUDA events; fn was already run once).
-double time_on_stream(const std::function<void()>& fn, cudaStream_t stream);
+/// Median time in ms of each of `runs` on `stream` (CUDA events; each was already run once),
+/// timed in turns over rounds (autotune/timing_rounds.h), so that every run sees the same
+/// mix of clocks. A run that throws gets NaN and its error in (*errors)[i].
+std::vector<double> time_in_turns(const std::vector<std::function<void()>>& runs, cudaStream_t stream,
+                                  std::vector<std::string>* errors);
 
 /// True while `stream` is capturing a CUDA graph (nothing may synchronize then).
 bool stream_is_capturing(cudaStream_t stream);

@@ -180,29 +180,34 @@ def _free() -> None:
 
 
 def sym_kernel_table(args, ops, kernel_ok: bool) -> None:
-    """X·Xᵀ in fp16: cuBLAS dense vs every built configuration of the symmetric kernel."""
+    """X·Xᵀ in fp16: cuBLAS dense vs every built configuration of the symmetric kernel, all
+    timed in turns (interleaved_ms, 3 rotated rounds); then cuBLAS against the fastest of
+    them in 5 alternating rounds, the figure the kernel target is read from."""
     configs = list(ops.cuda_sym_configs()) if kernel_ok and hasattr(ops, "cuda_sym_configs") else []
     for m, k in [(int(s.split("x")[0]), int(s.split("x")[1])) for s in args.sym_shapes]:
         x = torch.randn(1, m, k, device="cuda", dtype=torch.float16) / k**0.5
         iters = max(args.iters * 4, 20)
         def dense():
             return torch.bmm(x, x.transpose(1, 2))
-        dense_ms = cuda_time_ms(dense, 3, iters)
-        line = f"X·Xᵀ {m}x{k} fp16: cuBLAS dense {dense_ms:.3f} ms ({2 * m * m * k / dense_ms / 1e9:.0f} TFLOP/s)"
-        if configs:
-            def sym(config):
-                # NOTE: unpoisoned output: the call holds the product alone, as torch.bmm's does.
-                return lambda: ops.cuda_sym_product_config(x, x, None, 1.0, 0.0, config, poison=False)
-            timed = {config: cuda_time_ms(sym(config), 3, iters) for config in configs}
-            best = min(timed, key=timed.get)
-            dense_r, best_r = alternating_ms(dense, sym(best), iters)
-            line += (f"; best sym config {best} {timed[best]:.3f} ms (speed-up {dense_ms / timed[best]:.2f}x); "
-                     f"alternating rounds: cuBLAS {dense_r:.3f} ms, {best} {best_r:.3f} ms, "
-                     f"speed-up {dense_r / best_r:.2f}x; "
-                     + ", ".join(f"{c.split(':', 1)[1]} {t:.3f}" for c, t in timed.items()))
-        else:
-            line += ", dmuon sym kernel: not usable on this GPU/build"
-        print(line, flush=True)
+        if not configs:
+            dense_ms = cuda_time_ms(dense, 3, iters)
+            print(f"X·Xᵀ {m}x{k} fp16: cuBLAS dense {dense_ms:.3f} ms ({2 * m * m * k / dense_ms / 1e9:.0f} TFLOP/s), "
+                  "dmuon sym kernel: not usable on this GPU/build", flush=True)
+            del x
+            continue
+        def sym(config):
+            # NOTE: unpoisoned output: the call holds the product alone, as torch.bmm's does.
+            return lambda: ops.cuda_sym_product_config(x, x, None, 1.0, 0.0, config, poison=False)
+        # NOTE: in turns, not one after another: sequential timings drifted by up to 8%
+        # under the power limit (BENCHMARKS.md run K), as much as the configurations differ.
+        timed = interleaved_ms({"cublas": dense, **{c: sym(c) for c in configs}}, iters, rounds=3)
+        dense_ms = timed.pop("cublas")
+        best = min(timed, key=timed.get)
+        dense_r, best_r = alternating_ms(dense, sym(best), iters)
+        print(f"X·Xᵀ {m}x{k} fp16: in turns cuBLAS dense {dense_ms:.3f} ms ({2 * m * m * k / dense_ms / 1e9:.0f} TFLOP/s), "
+              f"best sym config {best} {timed[best]:.3f} ms (speed-up {dense_ms / timed[best]:.2f}x); "
+              f"alternating rounds: cuBLAS {dense_r:.3f} ms, {best} {best_r:.3f} ms, speed-up {dense_r / best_r:.2f}x; "
+              + ", ".join(f"{c.split(':', 1)[1]} {t:.3f}" for c, t in timed.items()), flush=True)
         del x
     _free()
 
