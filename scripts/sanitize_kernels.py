@@ -51,7 +51,7 @@ def run_sym():
     c5 = torch.randn(3, 520, 520, device="cuda")
     c5 = ((c5 + c5.transpose(1, 2)) / 2).half()
     for config in ("sm90:n256-tmastore:s4:c0", "sm90:mc2-n256-tmastore:s4:c0", "sm90:mc2-n256-tmastore:s4:c2",
-                   "sm90:mc2-n256-tmastore:s3:c0", "sm90:mc2-n256-tmastore:s3:c2"):
+                   "sm90:mc2-n256-tmastore:s3:c0", "sm90:mc2-n256-tmastore:s3:c2", "sm90:n256-tmastore:s3:c0"):
         ops.cuda_sym_product_config(x5, x5, None, 1.0, 0.0, config)
         ops.cuda_sym_product_config(x5, x5, c5, 0.5, -0.25, config)
     # The split: 1 × 520 × 1336 (21 k-tiles) on 2 clusters, 5 units: 4 whole, the shadowed lone

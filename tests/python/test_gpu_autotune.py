@@ -138,8 +138,8 @@ N256_SHAPES = [(1, 100, 70), (2, 257, 129), (3, 384, 1001), (2, 512, 520), (16, 
 # column halves of a unit, boxes clipped at odd m; ":c2" one cluster, ":c5" five CTAs in turn.
 # Default candidates: 1-CTA s4 (one subtile buffer pair), mc2 s3 (two pairs in turn).
 WIDE_TMA_CONFIGS = ["sm90:n256-tmastore:s4:c0", "sm90:mc2-n256-tmastore:s3:c0", "sm90:mc2-n256-sk-tmastore:s3:c0"]
-# Experimental: mc2 with 4 stages and one subtile buffer pair.
-WIDE_S4_MC2_CONFIGS = ["sm90:mc2-n256-tmastore:s4:c0", "sm90:mc2-n256-sk-tmastore:s4:c0"]
+# Experimental: mc2 with 4 stages and one subtile buffer pair; 1-CTA with 3 stages and two.
+WIDE_EXPERIMENTAL_CONFIGS = ["sm90:mc2-n256-tmastore:s4:c0", "sm90:mc2-n256-sk-tmastore:s4:c0", "sm90:n256-tmastore:s3:c0"]
 WIDE_TMA_SHAPES = sorted(set(CLUSTER_SHAPES) | set(N256_SHAPES))
 
 
@@ -149,9 +149,9 @@ NAMED_CASES = ([pytest.param(CLUSTER_CONFIGS, shape, id=f"cluster-{'x'.join(map(
                 for shape in CLUSTER_SHAPES] +
                [pytest.param(N256_CONFIGS + ["sm90:n256-staged:s3:c5"], shape, id=f"n256-{'x'.join(map(str, shape))}")
                 for shape in N256_SHAPES] +
-               [pytest.param(WIDE_TMA_CONFIGS + WIDE_S4_MC2_CONFIGS + ["sm90:mc2-n256-tmastore:s4:c2",
-                                                                    "sm90:n256-tmastore:s4:c5",
-                                                                    "sm90:mc2-n256-tmastore:s3:c2"], shape,
+               [pytest.param(WIDE_TMA_CONFIGS + WIDE_EXPERIMENTAL_CONFIGS +
+                             ["sm90:mc2-n256-tmastore:s4:c2", "sm90:n256-tmastore:s4:c5", "sm90:n256-tmastore:s3:c5",
+                              "sm90:mc2-n256-tmastore:s3:c2"], shape,
                              id=f"wide-{'x'.join(map(str, shape))}") for shape in WIDE_TMA_SHAPES])
 
 
@@ -174,9 +174,10 @@ def test_named_sym_configs_match_dense(dtype, configs, shape, with_c, operands):
 @needs_kernel
 def test_n256_configs_follow_the_experimental_knob_and_are_built_where_they_fit():
     names = [name for name in ops.cuda_sym_configs() if "n256-" in name]
-    assert sorted(names) == sorted((N256_CONFIGS + WIDE_S4_MC2_CONFIGS if experimental_knob else []) + WIDE_TMA_CONFIGS), names
+    assert sorted(names) == sorted((N256_CONFIGS + WIDE_EXPERIMENTAL_CONFIGS if experimental_knob else []) + WIDE_TMA_CONFIGS), names
     a = padded(torch.randn(1, 16, 16, device="cuda").half())
-    for unbuilt in ("sm90:n256-staged:s4:c0", "sm90:n256-tmastore:s3:c0", "sm90:mc2-n256-staged:s3:c0",
+    for unbuilt in ("sm90:n256-staged:s4:c0", "sm90:n256-tmastore:s2:c0", "sm90:mc2-n256-staged:s3:c0",
+                    "sm90:n256-sk-tmastore:s3:c0",
                     "sm90:n256-sk-tmastore:s4:c0", "sm90:mc2-n256-tmastore:s5:c0", "sm90:mc2-n256-sk-tmastore:s5:c0",
                     "sm90:mc2-n256-tmastore:s2:c0"):
         with pytest.raises(RuntimeError, match="configuration"):

@@ -1316,6 +1316,7 @@ bool launch_instance(const SymProductArgs& args, const Sm90SymConfig& config, cu
       case 3 * 4 + kDirect: launch<Elem, 3, kDirect, 1, 256>(args, config.num_ctas, false, stream); return true;
       case 4 * 4 + kDirect: launch<Elem, 4, kDirect, 1, 256>(args, config.num_ctas, false, stream); return true;
       case 4 * 4 + kTmaStore: launch<Elem, 4, kTmaStore, 1, 256>(args, config.num_ctas, false, stream); return true;
+      case 3 * 4 + kTmaStore: launch<Elem, 3, kTmaStore, 1, 256>(args, config.num_ctas, false, stream); return true;
       default: return false;
     }
   }
