@@ -8,7 +8,7 @@ t(k) ≈ fill+epilogue + k·mainloop, the intercept 2·t(k) − t(2k) is the per
 does not scale with k (epilogue, pipeline fill, launch). TFLOP/s are "executed": the
 kernel's lower-triangle tiles (2·128²·k each), cuBLAS's full m²k.
 The default list (the autotuner's candidates) holds one 128×128 2-CTA cluster configuration
-("sm90:mc2-tmastore:s5:c0") and the 128×256 tmastore ones ("sm90:n256-tmastore:s4:c0",
+("sm90:mc2-tmastore:s5:c0") and the 128×256 tmastore ones ("sm90:n256-tmastore:s3:c0",
 "sm90:mc2-n256-tmastore:s3:c0", "sm90:mc2-n256-sk-tmastore:s3:c0"); --experimental sets
 DMUON_SYM_EXPERIMENTAL=1 so that it holds the other cluster and 128×256 ones as well; any name
 can also be given to --configs. With cluster or

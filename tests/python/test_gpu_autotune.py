@@ -136,10 +136,10 @@ N256_SHAPES = [(1, 100, 70), (2, 257, 129), (3, 384, 1001), (2, 512, 520), (16, 
 # pair, then the last row's two units over one A panel), R = 5 and 9 (the last row's odd
 # unit: lone units of two matrices paired, the last one shadowed), diagonal tiles in both
 # column halves of a unit, boxes clipped at odd m; ":c2" one cluster, ":c5" five CTAs in turn.
-# Default candidates: 1-CTA s4 (one subtile buffer pair), mc2 s3 (two pairs in turn).
-WIDE_TMA_CONFIGS = ["sm90:n256-tmastore:s4:c0", "sm90:mc2-n256-tmastore:s3:c0", "sm90:mc2-n256-sk-tmastore:s3:c0"]
-# Experimental: mc2 with 4 stages and one subtile buffer pair; 1-CTA with 3 stages and two.
-WIDE_EXPERIMENTAL_CONFIGS = ["sm90:mc2-n256-tmastore:s4:c0", "sm90:mc2-n256-sk-tmastore:s4:c0", "sm90:n256-tmastore:s3:c0"]
+# Default candidates: s3 (two subtile buffer pairs in turn), 1-CTA and mc2.
+WIDE_TMA_CONFIGS = ["sm90:n256-tmastore:s3:c0", "sm90:mc2-n256-tmastore:s3:c0", "sm90:mc2-n256-sk-tmastore:s3:c0"]
+# Experimental: s4 (4 stages and one subtile buffer pair).
+WIDE_EXPERIMENTAL_CONFIGS = ["sm90:n256-tmastore:s4:c0", "sm90:mc2-n256-tmastore:s4:c0", "sm90:mc2-n256-sk-tmastore:s4:c0"]
 WIDE_TMA_SHAPES = sorted(set(CLUSTER_SHAPES) | set(N256_SHAPES))
 
 

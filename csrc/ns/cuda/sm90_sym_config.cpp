@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <sstream>
-#include <tuple>
 #include <utility>
 
 #include "common/env.h"
@@ -149,21 +148,20 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
     c.cluster = 2;
     configs.push_back(c);
   }
-  // Wide tmastore: 128×256 units with the TMA-store epilogue: 1-CTA s4, and in 2-CTA
-  // clusters (a 256-row B panel multicast per pair, as CUTLASS's 128×256 cluster-2 tiles) s3
-  // with two subtile buffer pairs, without and with the tail split-K.
+  // Wide tmastore: 128×256 units with the TMA-store epilogue, s3 (three stages, two subtile
+  // buffer pairs in turn): 1-CTA, and in 2-CTA clusters (a 256-row B panel multicast per
+  // pair, as CUTLASS's 128×256 cluster-2 tiles) without and with the tail split-K.
   // NOTE: measured on an H200 (2026-11-30, BENCHMARKS.md run K, scripts/sym_kernel_bench.py,
-  // fp16) against the best 128×128 configuration, timed one after another: X·Xᵀ 3584×18944
-  // b15 1.12–1.21×, b7 1.05× (mc2 split), b1 0.87–0.89×; 3584³ +C b15 and b28 0.99–1.06×;
-  // 1536×8960 b28 0.99×. Timed in turns (sequential timings drift by up to 8%): b15 1.00–1.04×
-  // mc2-tmastore s5. Nsight Compute, 3584³ +C b15: 1.07 against 1.15 ms (tmastore s4). The 7B
-  // step went from 440 to 427 ms with them (the autotuner picked one of the three for 9 of
-  // its 12 symmetric shapes). mc2 s3 against mc2 s4, in turns (run L): 0.7–3.7% faster on
-  // each of 3584³ +C b15, 3584×18944 b7 and 1536³ +C b56, with and without the split.
-  for (auto [cluster, stages, split_k] : {std::tuple{1, 4, false}, std::tuple{2, 3, false}, std::tuple{2, 3, true}}) {
+  // fp16), the s4 kernels against the best 128×128 configuration, timed one after another:
+  // X·Xᵀ 3584×18944 b15 1.12–1.21×, b7 1.05× (mc2 split), b1 0.87–0.89×; 3584³ +C b15 and
+  // b28 0.99–1.06×; 1536×8960 b28 0.99×. Timed in turns (sequential timings drift by up to
+  // 8%): b15 1.00–1.04× mc2-tmastore s5. The 7B step went from 440 to 427 ms with them. Run
+  // L, in turns: s3 against s4 faster on 6 of 6 (mc2, 0.7–3.7%) and 7 of 8 shapes (1-CTA,
+  // 1.8–8.7%; 1.6% slower on 896³ +C b24), so the s4 kernels are experimental now.
+  for (auto [cluster, split_k] : {std::pair{1, false}, std::pair{2, false}, std::pair{2, true}}) {
     Sm90SymConfig c;
     c.epilogue = Sm90Epilogue::kTmaStore;
-    c.stages = stages;
+    c.stages = 3;
     c.tile_n = 256;
     c.cluster = cluster;
     c.split_k = split_k;
@@ -225,26 +223,17 @@ std::vector<Sm90SymConfig> sm90_sym_experimental_configs() {
     c.tile_n = 256;
     configs.push_back(c);
   }
-  // Wide tmastore in 2-CTA clusters with 4 stages and one subtile buffer pair, without and
-  // with the split. NOTE: default candidates in run K; the s3 kernel (two subtile buffer
-  // pairs: a subtile waits only for the stores before the last) was faster on every shape
-  // measured in run L (0.7–3.7%, timed in turns), so these won no measured shape.
-  for (bool split_k : {false, true}) {
+  // Wide tmastore s4 (four stages, one subtile buffer pair): 1-CTA, and mc2 without and with
+  // the split. NOTE: default candidates in run K; the s3 kernels (a subtile waits only for
+  // the stores before the last) were faster on 13 of the 14 shape comparisons of run L,
+  // timed in turns.
+  for (auto [cluster, split_k] : {std::pair{1, false}, std::pair{2, false}, std::pair{2, true}}) {
     Sm90SymConfig c;
     c.epilogue = Sm90Epilogue::kTmaStore;
     c.stages = 4;
     c.tile_n = 256;
-    c.cluster = 2;
+    c.cluster = cluster;
     c.split_k = split_k;
-    configs.push_back(c);
-  }
-  // Wide tmastore 1-CTA s3 (two subtile buffer pairs). NOTE: built after mc2 s3 beat mc2
-  // s4 (run L); not yet measured against the 1-CTA s4 candidate.
-  {
-    Sm90SymConfig c;
-    c.epilogue = Sm90Epilogue::kTmaStore;
-    c.stages = 3;
-    c.tile_n = 256;
     configs.push_back(c);
   }
   return configs;
