@@ -33,6 +33,19 @@ bool n256_built(Sm90Epilogue epilogue, int stages) {
          (epilogue == Sm90Epilogue::kDirect && (stages == 3 || stages == 4));
 }
 
+// The wide tmastore family at `stages`: 1-CTA, and mc2 without and with the split.
+void append_wide_tmastore(int stages, std::vector<Sm90SymConfig>* configs) {
+  for (auto [cluster, split_k] : {std::pair{1, false}, std::pair{2, false}, std::pair{2, true}}) {
+    Sm90SymConfig c;
+    c.epilogue = Sm90Epilogue::kTmaStore;
+    c.stages = stages;
+    c.tile_n = 256;
+    c.cluster = cluster;
+    c.split_k = split_k;
+    configs->push_back(c);
+  }
+}
+
 bool built(const Sm90SymConfig& c) {
   if (c.tile != 128 || c.tile_k != 64) return false;
   if (c.tile_n == 256) {
@@ -158,15 +171,7 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
   // 8%): b15 1.00–1.04× mc2-tmastore s5. The 7B step went from 440 to 427 ms with them. Run
   // L, in turns: s3 against s4 faster on 6 of 6 (mc2, 0.7–3.7%) and 7 of 8 shapes (1-CTA,
   // 1.8–8.7%; 1.6% slower on 896³ +C b24), so the s4 kernels are experimental now.
-  for (auto [cluster, split_k] : {std::pair{1, false}, std::pair{2, false}, std::pair{2, true}}) {
-    Sm90SymConfig c;
-    c.epilogue = Sm90Epilogue::kTmaStore;
-    c.stages = 3;
-    c.tile_n = 256;
-    c.cluster = cluster;
-    c.split_k = split_k;
-    configs.push_back(c);
-  }
+  append_wide_tmastore(3, &configs);
   // NOTE: DMUON_SYM_EXPERIMENTAL=1 (default 0) appends the configurations that won no
   // measured shape (the other cluster ones, the 128×256 ones), so that the autotuner,
   // ops.cuda_sym_configs() and the tests that walk it try them; they are callable by name
@@ -227,15 +232,7 @@ std::vector<Sm90SymConfig> sm90_sym_experimental_configs() {
   // the split. NOTE: default candidates in run K; the s3 kernels (a subtile waits only for
   // the stores before the last) were faster on 13 of the 14 shape comparisons of run L,
   // timed in turns.
-  for (auto [cluster, split_k] : {std::pair{1, false}, std::pair{2, false}, std::pair{2, true}}) {
-    Sm90SymConfig c;
-    c.epilogue = Sm90Epilogue::kTmaStore;
-    c.stages = 4;
-    c.tile_n = 256;
-    c.cluster = cluster;
-    c.split_k = split_k;
-    configs.push_back(c);
-  }
+  append_wide_tmastore(4, &configs);
   return configs;
 }
 
