@@ -92,4 +92,4 @@ fi
 echo "=== summary ==="
 tail -1 "$OUT/pytest_autotune.log"; tail -1 "$OUT/pytest_kernels.log"; tail -1 "$OUT/pytest_gpu.log"
 grep -E "^X·Xᵀ" "$OUT/bench.log" 2>/dev/null | sed -E 's/(alternating rounds[^;]*);.*/\1/' | cut -c1-300
-grep -E "^model |^dmuon|^torch|^plain|^NS only" "$OUT/bench.log" 2>/dev/null
+grep -E "^model |^dmuon|^torch|^plain|^NS only|^floor" "$OUT/bench.log" 2>/dev/null

@@ -1,9 +1,11 @@
 // dmuon._C core bindings: the default coefficient schedules, so Python shows users the
-// exact numbers the core will use.
+// exact numbers the core will use; the floor of the fused step (ns/ns_bound.h) for the
+// benchmarks.
 #include <pybind11/stl.h>
 
 #include "bindings.h"
 #include "common/check.h"
+#include "ns/ns_bound.h"
 #include "ns/schedule.h"
 
 namespace py = pybind11;
@@ -22,6 +24,26 @@ void register_core_bindings(py::module_& m) {
       },
       py::arg("algorithm"), py::arg("num_steps"),
       "([(a, b, c) per step], [restart iterations]) of the algorithm's default schedule");
+  m.def(
+      "fused_step_bound",
+      [](const std::vector<std::pair<int64_t, int64_t>>& shapes, const std::string& algorithm, int num_steps,
+         double flops_per_second, double bytes_per_second) {
+        const auto schedule = ns::default_schedule(ns::parse_algorithm(algorithm), num_steps, 1e-7);
+        const ns::StepBound b = ns::fused_step_bound(shapes, schedule, flops_per_second, bytes_per_second);
+        py::dict out;
+        out["seconds"] = b.seconds();
+        out["ns_seconds"] = b.ns_seconds;
+        out["passes_seconds"] = b.passes_seconds;
+        out["ns_flops"] = b.ns_flops;
+        out["ns_bytes"] = b.ns_bytes;
+        out["pass_bytes"] = b.pass_bytes;
+        return out;
+      },
+      py::arg("shapes"), py::arg("algorithm"), py::arg("num_steps"), py::arg("flops_per_second"),
+      py::arg("bytes_per_second"),
+      "The floor of the fused single-GPU step over (rows, cols) Muon matrices with the default schedule "
+      "of `algorithm`: each Newton-Schulz kernel at the larger of its FLOPs at flops_per_second and its "
+      "bytes at bytes_per_second, one after another, plus the memory passes (ns/ns_bound.h)");
 }
 
 }  // namespace dmuon::torch_adapter

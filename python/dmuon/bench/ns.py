@@ -123,6 +123,15 @@ def dense_bf16_peak_tflops() -> float:
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
+def copy_bandwidth_gbs(mib: int = 1024) -> float:
+    """A device-to-device copy of `mib` MiB: bytes read and written per second, in GB/s."""
+    src = torch.empty(mib * 2**20 // 4, device="cuda")
+    dst = torch.empty_like(src)
+    ms = cuda_time_ms(lambda: dst.copy_(src), 3, 20)
+    del src, dst
+    return 2 * mib * 2**20 / (ms * 1e-3) / 1e9
+
+
 def ns_equivalent_flops(shapes) -> float:
     total = 0.0
     for batch, rows, cols in shapes:
@@ -236,6 +245,16 @@ def profile_step(step, warmup: int) -> None:
     print(format_timeline(profiler_timeline(prof, "dmuon.DMuon.step")))
 
 
+def format_floor(bound: dict, step_ms: float) -> str:
+    """One line: the design's floor of the step (ns/ns_bound.h) and the step's share of it."""
+    floor_ms = bound["seconds"] * 1e3
+    return (f"floor of this design (each NS kernel at the larger of its FLOPs at the peak and its bytes at the "
+            f"device copy's rate, one after another, {bound['ns_flops'] / 1e12:.2f} TFLOP and "
+            f"{bound['ns_bytes'] / 1e9:.1f} GB; memory passes {bound['pass_bytes'] / 1e9:.1f} GB): "
+            f"{floor_ms:.2f} ms = NS {bound['ns_seconds'] * 1e3:.2f} + passes {bound['passes_seconds'] * 1e3:.2f}; "
+            f"dmuon step at {100 * floor_ms / step_ms:.0f}% of it")
+
+
 def run(args) -> None:
     import dmuon  # noqa: F401
     from dmuon._ops import _C, ops
@@ -246,6 +265,8 @@ def run(args) -> None:
     print(environment())
     peak = dense_bf16_peak_tflops()
     print(f"dense bf16 peak (8192^3 matmul, same run): {peak:.0f} TFLOP/s", flush=True)
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"device copy (1 GiB, same run): {copy_gbs:.0f} GB/s read + written", flush=True)
     kernel_ok = hasattr(ops, "cuda_sym_kernel_usable") and ops.cuda_sym_kernel_usable(
         torch.zeros(1, device="cuda"), "float16")
     if args.sym_shapes:
@@ -379,6 +400,10 @@ def run(args) -> None:
             tf = executed / (ms * 1e-3) / 1e12
             print(f"{name:44s} {ms:9.2f} {tf:10.0f} {100 * tf / peak:6.0f}% {ns_eq / (ms * 1e-3) / 1e12:11.0f} "
                   f"{base / ms:7.2f}x {ms / adamw:8.2f}x {extra:10.2f}", flush=True)
+        print(format_floor(_C.fused_step_bound([(r, c) for b, r, c in shapes for _ in range(b)], "gram", 5,
+                                               peak * 1e12, copy_gbs * 1e9),
+                           results.get(f"dmuon.DMuon.step (bucket {args.bucket_mb[0]:g} MiB)", (float("nan"),))[0]),
+              flush=True)
         del params
         _free()
 
