@@ -47,3 +47,17 @@ def test_the_printed_line_carries_the_floor_and_the_share():
     line = bench_ns.format_floor(b, 10.0)
     assert "7.00 ms = NS 4.30 + passes 2.70" in line and "at 70% of it" in line
     assert "3.11 TFLOP and 11.8 GB" in line and "memory passes 11.6 GB" in line
+
+
+def test_copy_rate_counts_bytes_read_and_written(monkeypatch):
+    calls = []
+
+    def fake_time(fn, warmup, iters):
+        calls.append((warmup, iters))
+        fn()
+        return 2.0  # ms
+
+    monkeypatch.setattr(bench_ns, "cuda_time_ms", fake_time)
+    # 4 MiB copied in 2 ms: 8 MiB moved.
+    assert math.isclose(bench_ns.copy_bandwidth_gbs(4, device="cpu"), 2 * 4 * 2**20 / 2e-3 / 1e9)
+    assert calls == [(3, 20)]

@@ -123,9 +123,9 @@ def dense_bf16_peak_tflops() -> float:
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
-def copy_bandwidth_gbs(mib: int = 1024) -> float:
+def copy_bandwidth_gbs(mib: int = 1024, device: str = "cuda") -> float:
     """A device-to-device copy of `mib` MiB: bytes read and written per second, in GB/s."""
-    src = torch.empty(mib * 2**20 // 4, device="cuda")
+    src = torch.empty(mib * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
     ms = cuda_time_ms(lambda: dst.copy_(src), 3, 20)
     del src, dst
