@@ -81,15 +81,22 @@ PY
 
 # compute-sanitizer on every kernel: symmetric-kernel configurations, one NS run, the fused
 # step (scripts/sanitize_kernels.py, small shapes).
+# NOTE: racecheck runs a part at a time: all three in one run went past 170 s (2026-11-30,
+# run L; the fused part alone takes over 120 s), memcheck of all three takes about 11 s.
 if [ "$SANITIZE" = 1 ]; then
-  for tool in memcheck racecheck; do
-    DMUON_AUTOTUNE=0 DMUON_AUTOTUNE_CACHE=none timeout 200 compute-sanitizer --tool $tool --print-limit 10 \
-      python3 scripts/sanitize_kernels.py 2>&1 | tail -3 | tee "$OUT/sanitize_$tool.log"
+  DMUON_AUTOTUNE=0 DMUON_AUTOTUNE_CACHE=none timeout 200 compute-sanitizer --tool memcheck --print-limit 10 \
+    python3 scripts/sanitize_kernels.py 2>&1 | tail -3 | tee "$OUT/sanitize_memcheck.log"
+  for part in sym ns fused; do
+    DMUON_AUTOTUNE=0 DMUON_AUTOTUNE_CACHE=none timeout 300 compute-sanitizer --tool racecheck --print-limit 10 \
+      python3 scripts/sanitize_kernels.py $part 2>&1 | tail -3 | tee "$OUT/sanitize_racecheck_$part.log"
   done
 fi
 
 # The short table, last.
 echo "=== summary ==="
 tail -1 "$OUT/pytest_autotune.log"; tail -1 "$OUT/pytest_kernels.log"; tail -1 "$OUT/pytest_gpu.log"
+for log in "$OUT"/sanitize_*.log; do
+  [ -f "$log" ] && echo "$(basename "$log" .log): $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$log" || echo "no summary (cut by its timeout?)")"
+done
 grep -E "^X·Xᵀ" "$OUT/bench.log" 2>/dev/null | sed -E 's/(alternating rounds[^;]*);.*/\1/' | cut -c1-300
 grep -E "^model |^dmuon|^torch|^plain|^NS only|^floor" "$OUT/bench.log" 2>/dev/null
