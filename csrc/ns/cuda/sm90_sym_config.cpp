@@ -254,7 +254,7 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
         << (config.split_k ? ", split-K" : "")
         << " is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore; cluster 2: tmastore s4-s5, staged s6;"
            " split-K: 128x128 tmastore, cluster 2 256-column tmastore; 256 unit columns: 1-CTA staged s3, direct "
-           "s3-s4, tmastore s4 (1-CTA or cluster 2))";
+           "s3-s4, tmastore s3-s4 (1-CTA or cluster 2))";
   else if (config.cluster == 2 && config.num_ctas % 2)
     why << "a 2-CTA cluster configuration needs an even CTA count (0: all SMs), got " << config.num_ctas;
   else if (!aligned16(args.a) || !aligned16(args.b))

@@ -15,8 +15,8 @@ enum class Sm90Epilogue { kDirect, kStaged, kTmaStore };
 
 /// Configuration of the kernel (compile-time instances: stages 4–6 × direct/staged,
 /// stages 4–5 × tmastore; 2-CTA clusters: tmastore s4–s5, staged s6; 128×256 units: staged
-/// s3, direct s3–s4, tmastore s4 (1-CTA and 2-CTA clusters); split-K is a runtime switch of
-/// the 128×128 tmastore instances).
+/// s3, direct s3–s4, tmastore s3–s4 (1-CTA and 2-CTA clusters); split-K is a runtime switch
+/// of the 128×128 tmastore instances and of the 2-CTA 128×256 ones).
 struct Sm90SymConfig {
   int tile = 128;    ///< square output tile (rows = cols)
   int tile_k = 64;   ///< k extent of one pipeline stage
@@ -25,8 +25,8 @@ struct Sm90SymConfig {
   Sm90Epilogue epilogue = Sm90Epilogue::kDirect;
   int cluster = 1;   ///< CTAs per cluster: 2 shares one operand panel by TMA multicast ("mc2-")
   /// Columns of a work unit: 128 (one tile), or 256 ("n256-": two column tiles over one
-  /// 256-row B panel, 64×256 WGMMAs; 1-CTA staged s3, direct s3–s4, tmastore s4; 2-CTA
-  /// clusters tmastore s4).
+  /// 256-row B panel, 64×256 WGMMAs; 1-CTA staged s3, direct s3–s4, tmastore s3–s4; 2-CTA
+  /// clusters tmastore s3–s4).
   int tile_n = 128;
   /// Tail split-K ("sk-", tmastore only): the units of the last, partial wave run as k-slices
   /// on every CTA, summed by the last slice to finish (SymProductArgs::scratch).
@@ -44,8 +44,9 @@ struct Sm90SymConfig {
 std::vector<Sm90SymConfig> sm90_sym_configs();
 
 /// The configurations that won no measured shape (2-CTA clusters: tmastore s4, staged s6,
-/// split tmastore s5; 128×256 units: staged s3, direct s3–s4); callable by name whether or
-/// not DMUON_SYM_EXPERIMENTAL is set.
+/// split tmastore s5; 128×256 units: staged s3, direct s3–s4, tmastore s4 1-CTA and 2-CTA
+/// with and without the split); callable by name whether or not DMUON_SYM_EXPERIMENTAL is
+/// set.
 std::vector<Sm90SymConfig> sm90_sym_experimental_configs();
 
 /// Bytes of SymProductArgs::scratch a split-K configuration needs with `num_ctas` CTAs:
