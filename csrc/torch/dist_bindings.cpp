@@ -59,15 +59,17 @@ void register_dist_bindings(py::module_& m) {
   py::class_<RuntimeOptions>(d, "RuntimeOptions")
       .def(py::init([](std::string mode, int64_t bucket_bytes, std::string wire_dtype,
                        std::string solver, std::string device_type, bool profile,
-                       std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries) {
+                       std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries,
+                       int64_t fused_streams) {
              return RuntimeOptions{std::move(mode),        bucket_bytes, std::move(wire_dtype),
                                    std::move(solver),      std::move(device_type), profile,
-                                   std::move(cost_entries)};
+                                   std::move(cost_entries), fused_streams};
            }),
            py::arg("mode") = "owner", py::arg("bucket_bytes") = int64_t{64} << 20,
            py::arg("wire_dtype") = "auto", py::arg("solver") = "milp",
            py::arg("device_type") = "cpu", py::arg("profile") = false,
-           py::arg("cost_entries") = std::vector<std::tuple<int64_t, int64_t, int64_t, double>>{});
+           py::arg("cost_entries") = std::vector<std::tuple<int64_t, int64_t, int64_t, double>>{},
+           py::arg("fused_streams") = int64_t{0});
 
   py::class_<MuonGroupOptions>(d, "GroupOptions")
       .def(py::init([](double lr, double weight_decay, double momentum, bool nesterov,
@@ -94,6 +96,7 @@ void register_dist_bindings(py::module_& m) {
       .def_readonly("num_orthogonalized", &StepStats::num_orthogonalized)
       .def_readonly("num_fused", &StepStats::num_fused)
       .def_readonly("num_fused_batches", &StepStats::num_fused_batches)
+      .def_readonly("num_fused_streams", &StepStats::num_fused_streams)
       .def_readonly("pipeline_depth", &StepStats::pipeline_depth)
       .def_readonly("host_prepare_s", &StepStats::host_prepare_s)
       .def_readonly("host_enqueue_s", &StepStats::host_enqueue_s);

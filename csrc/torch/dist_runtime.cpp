@@ -100,10 +100,13 @@ MuonRuntime::MuonRuntime(const std::string& group_name, std::vector<std::string>
               "mode must be 'owner' or 'gather', got '", options_.mode, "'");
   DMUON_CHECK(options_.device_type == "cpu" || options_.device_type == "cuda",
               "device_type must be 'cpu' or 'cuda', got '", options_.device_type, "'");
+  DMUON_CHECK(options_.fused_streams >= 0 && options_.fused_streams <= 8,
+              "fused_streams must be between 1 and 8 (0: DMUON_FUSED_STREAMS), got ", options_.fused_streams);
   for (size_t i = 0; i < layouts_.size(); ++i) layouts_[i].validate(names_[i].c_str());
   // NOTE: read per runtime (not once per process) so that one process can compare both.
 #if defined(DMUON_HAS_FUSED_LOCAL_STEP)
   gated_step_ = env::get_bool("DMUON_GATED_STEP", true);
+  fused_streams_ = fused_stream_count(options_.fused_streams);
 #else
   gated_step_ = false;  // NOTE: no fused path in this build
 #endif
@@ -372,16 +375,36 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
   // The gate: non-zero when any flag so far is. Then every fused batch's update behind it.
   const at::Tensor gate = at::cat(host_parts).ne(0).any().to(at::kInt).reshape({1});
   std::vector<at::Tensor> result_flags;
-  for (size_t k = 0; k < batches.size(); ++k) {
+  for (size_t k = 0; k < batches.size(); ++k) result_flags.push_back(at::zeros({1}, int_options));
+
+  // The updates, on several streams when the same batches came this way before.
+  // NOTE: only then: a batch's first runs tune its kernels (timings that other streams'
+  // work would disturb) and capture its CUDA graph; later steps replay it. The same
+  // batches: the same groups, shapes and sizes (the tensors may be new, e.g. gradients).
+  bool warm = gated_warm_ && gated_warm_->batches.size() == batches.size();
+  for (size_t k = 0; warm && k < batches.size(); ++k) {
+    const FusedBatch &now = batches[k], &before = gated_warm_->batches[k];
+    warm = now.group == before.group && now.rows == before.rows && now.cols == before.cols &&
+           now.matrices.size() == before.matrices.size();
+  }
+  const std::vector<int> stream_of =
+      warm ? fused_batch_streams(batches, schedules, fused_streams_) : std::vector<int>(batches.size(), 0);
+  gated_warm_.reset();
+  run_on_streams(stream_of, *device, [&](size_t k) {
     const FusedBatch& batch = batches[k];
-    const at::Tensor& like = params[static_cast<size_t>(batch.members.front())];
-    result_flags.push_back(at::zeros({1}, int_options));
     fused_update(batch, groups[static_cast<size_t>(batch.group)], schedules[static_cast<size_t>(batch.group)],
-                 checks.partials[k], like, result_flags.back(), nullptr, gate);
+                 checks.partials[k], params[static_cast<size_t>(batch.members.front())], result_flags[k], nullptr,
+                 gate);
+  });
+  for (const FusedBatch& batch : batches) {
     stats_.num_orthogonalized += static_cast<int64_t>(batch.members.size());
     stats_.num_fused += static_cast<int64_t>(batch.members.size());
     ++stats_.num_fused_batches;
   }
+  stats_.num_fused_streams =
+      batches.empty() ? 0 : 1 + *std::max_element(stream_of.begin(), stream_of.end());
+  gated_warm_ = std::make_unique<FusedState>();
+  gated_warm_->batches = batches;
   host_parts.insert(host_parts.end(), result_flags.begin(), result_flags.end());
 
   // One copy to the host (it waits for the whole update), then the decoding.

@@ -38,6 +38,8 @@ struct RuntimeOptions {
   /// Measured NS seconds (rows, cols, num_matrices, seconds) for the planner; empty: the
   /// analytic model of device_type. Every rank must pass the same entries.
   std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries;
+  /// CUDA streams of the gated fused step (1–8; 0: DMUON_FUSED_STREAMS, default 2).
+  int64_t fused_streams = 0;
 };
 
 /// Where the time of the last step went (seconds) and what it moved (bytes, this rank).
@@ -45,6 +47,7 @@ struct StepStats {
   double momentum_s = 0, pack_s = 0, comm_wait_s = 0, ns_s = 0, apply_s = 0, total_s = 0;
   int64_t bytes_sent = 0, bytes_received = 0, num_buckets = 0, num_orthogonalized = 0;
   int64_t num_fused = 0, num_fused_batches = 0;  ///< parameters and batches of the fused single-GPU path
+  int64_t num_fused_streams = 0;  ///< CUDA streams the gated fused batches ran on (DMUON_FUSED_STREAMS)
   int64_t pipeline_depth = 0;  ///< buckets of pipeline slack of the bucketed path (DMUON_PIPELINE_DEPTH)
   /// Gated check-and-update only, host wall: from the call to its first launch, and to the
   /// last launch (the rest of total_s is the wait for the device).
@@ -157,8 +160,10 @@ class MuonRuntime {
   int64_t step_idx_ = 0;
   struct FusedState;                  // check_fused()'s results (fused path only)
   std::unique_ptr<FusedState> fused_;
+  std::unique_ptr<FusedState> gated_warm_;  // the batches the last check_and_update_fused() ran
   int64_t fused_done_step_ = -1;      // the step whose fused part check_and_update_fused() ran
   bool gated_step_ = true;            // DMUON_GATED_STEP
+  int fused_streams_ = 1;             // options.fused_streams or DMUON_FUSED_STREAMS
 };
 
 }  // namespace dmuon::torch_adapter

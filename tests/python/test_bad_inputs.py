@@ -108,3 +108,14 @@ def test_a_negative_pipeline_depth_names_the_knob():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "DMUON_PIPELINE_DEPTH": "-1"})
     assert out.returncode != 0 and "DMUON_PIPELINE_DEPTH must be >= 0" in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("streams", [-1, 9])
+def test_a_bad_fused_stream_count_names_the_option(streams):
+    p = nn.Parameter(torch.randn(8, 6))
+    opt = dmuon.DMuon([("w", p)], lr=0.02)
+    opt._runtime_options["fused_streams"] = streams
+    p.grad = torch.randn(8, 6)
+    with pytest.raises(RuntimeError, match=r"fused_streams must be between 1 and 8 .*got " + str(streams)):
+        opt.step()
+    assert "momentum_buffer" not in opt.state.get(p, {})

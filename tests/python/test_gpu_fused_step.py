@@ -46,7 +46,7 @@ _RUN = textwrap.dedent("""
                        dict(params=params[half:], ns_algorithm="standard", nesterov=False, adjust_lr="match_rms_adamw")],
                       lr=0.02)
     deltas = []
-    for step in range(3):
+    for step in range(int(sys.argv[2]) if len(sys.argv) > 2 else 3):
         before = [p.detach().clone() for p in params]
         for p in params:
             p.grad = torch.randn_like(p)
@@ -54,13 +54,14 @@ _RUN = textwrap.dedent("""
         deltas.append([(p.detach() - b).double().cpu().flatten().tolist() for p, b in zip(params, before)])
     buffers = [opt.state[p]["momentum_buffer"].double().cpu().flatten().tolist() for p in params]
     stats = opt.runtime.last_stats
-    print(json.dumps({"deltas": deltas, "buffers": buffers, "orthogonalized": stats.num_orthogonalized}))
+    print(json.dumps({"deltas": deltas, "buffers": buffers, "orthogonalized": stats.num_orthogonalized,
+                      "streams": stats.num_fused_streams}))
 """)
 
 
-def run_path(env: dict[str, str], shapes=SHAPES) -> dict:
-    out = subprocess.run([sys.executable, "-c", _RUN, json.dumps(shapes)], capture_output=True, text=True,
-                         env={**os.environ, **env}, timeout=600)
+def run_path(env: dict[str, str], shapes=SHAPES, steps: int = 3) -> dict:
+    out = subprocess.run([sys.executable, "-c", _RUN, json.dumps(shapes), str(steps)], capture_output=True,
+                         text=True, env={**os.environ, **env}, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -80,6 +81,30 @@ def test_fused_path_matches_the_bucketed_path():
     for i, (a, b) in enumerate(zip(fused["buffers"], bucketed["buffers"])):
         assert rel(a, b) <= 1e-6, (SHAPES[i], rel(a, b))
     assert fused["orthogonalized"] == bucketed["orthogonalized"] == len(SHAPES)  # parameters
+
+
+@needs_gpu
+def test_batches_on_several_streams_match_one_stream():
+    # Step 1 is ungated, step 2 gated on one stream (it captures the graphs), steps 3–5 on
+    # DMUON_FUSED_STREAMS streams (the other streams' graphs captured at step 4). The same
+    # kernels on other streams: equal up to the configurations each process tunes.
+    one = run_path({"DMUON_FUSED_STREAMS": "1"}, steps=5)
+    three = run_path({"DMUON_FUSED_STREAMS": "3"}, steps=5)
+    assert one["streams"] == 1 and three["streams"] == 3
+    for step, (d1, d3) in enumerate(zip(one["deltas"], three["deltas"])):
+        for i, (a, b) in enumerate(zip(d1, d3)):
+            assert rel(b, a) <= 2e-2, (step, SHAPES[i], rel(b, a))
+    for i, (a, b) in enumerate(zip(one["buffers"], three["buffers"])):
+        assert rel(b, a) <= 1e-6, (SHAPES[i], rel(b, a))
+
+
+@needs_gpu
+@pytest.mark.parametrize("value", ["0", "9", "two"])
+def test_a_bad_stream_count_is_named(value):
+    out = subprocess.run([sys.executable, "-c", _RUN, json.dumps(SHAPES), "3"], capture_output=True, text=True,
+                         env={**os.environ, "DMUON_FUSED_STREAMS": value}, timeout=600)
+    assert out.returncode != 0
+    assert "DMUON_FUSED_STREAMS" in out.stderr, out.stderr[-2000:]
 
 
 @needs_gpu
@@ -257,6 +282,8 @@ def test_gated_step_equals_the_checked_step_bitwise():
         assert (calls[-1] is not None) == gated
         stats = opt.runtime.last_stats
         assert stats.num_fused == 2
+        # From the second gated step on, the two shapes ran on two streams (the default).
+        assert stats.num_fused_streams == (2 if gated else 0)
         # The gated call's host clock: its first launch, then its last, within its total.
         if gated:
             assert 0 < stats.host_prepare_s <= stats.host_enqueue_s <= stats.total_s

@@ -2,14 +2,20 @@
 #include "fused_local_step.h"
 
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 
 #include "common/check.h"
 #include "common/env.h"
 #include "cuda_orthogonalize.h"
+#include "ns/batch_streams.h"
 #include "ns/cuda/cuda_backend.h"
+#include "ns/cuda/cuda_check.h"
+#include "ns/ns_bound.h"
 
 namespace dmuon::torch_adapter {
 namespace {
@@ -20,6 +26,42 @@ at::ScalarType iterate_dtype(ns::Algorithm algorithm) {
 }
 
 ns::cuda::MomentumRule rule_of(const MuonGroupOptions& options) { return {options.momentum, options.nesterov}; }
+
+// dmuon's own stream `index` (≥ 1) of a device, made once and kept.
+// NOTE: not the pool's (getStreamFromPool hands its streams out in turn, and to others):
+// the graph cache is keyed by stream, so a batch must find the same stream every step.
+c10::cuda::CUDAStream own_stream(c10::DeviceIndex device, int index) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, int>, cudaStream_t> streams;
+  std::lock_guard<std::mutex> lock(mutex);
+  cudaStream_t& s = streams[{static_cast<int>(device), index}];
+  if (s == nullptr) {
+    const c10::cuda::CUDAGuard guard(device);
+    DMUON_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  }
+  return c10::cuda::getStreamFromExternal(s, device);
+}
+
+// Makes `main` wait for the other streams' work when it goes out of scope.
+// NOTE: it also runs while an error unwinds (buffers freed then must not be in use on the
+// other streams), so it never throws: where an event fails it waits on the host instead.
+struct JoinStreams {
+  c10::cuda::CUDAStream main;
+  std::vector<c10::cuda::CUDAStream> others;
+  ~JoinStreams() {
+    for (const c10::cuda::CUDAStream& s : others) {
+      cudaEvent_t done = nullptr;
+      const bool joined = cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess &&
+                          cudaEventRecord(done, s.stream()) == cudaSuccess &&
+                          cudaStreamWaitEvent(main.stream(), done, 0) == cudaSuccess;
+      if (done != nullptr) cudaEventDestroy(done);
+      if (!joined) {
+        cudaGetLastError();
+        cudaStreamSynchronize(s.stream());
+      }
+    }
+  }
+};
 
 }  // namespace
 
@@ -142,6 +184,59 @@ void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, cons
   DMUON_CHECK(momentum_updated, "internal: the fused batch's iterate was never prepared");
   if (!ns_reported) done("ns");
   done("apply");
+}
+
+}  // namespace dmuon::torch_adapter
+
+namespace dmuon::torch_adapter {
+
+int fused_stream_count(int64_t requested) {
+  DMUON_CHECK(requested >= 0 && requested <= 8, "fused_streams must be between 1 and 8 (0: DMUON_FUSED_STREAMS), got ",
+              requested);
+  if (requested > 0) return static_cast<int>(requested);
+  const int64_t knob = env::get_int("DMUON_FUSED_STREAMS", 2);
+  DMUON_CHECK(knob >= 1 && knob <= 8, "DMUON_FUSED_STREAMS must be between 1 and 8, got ", knob);
+  return static_cast<int>(knob);
+}
+
+std::vector<int> fused_batch_streams(const std::vector<FusedBatch>& batches,
+                                     const std::vector<ns::Schedule>& schedules, int num_streams) {
+  // NOTE: the floor at nominal H200 rates: only the costs' ratios matter here.
+  constexpr double kFlopsPerSecond = 775e12, kBytesPerSecond = 4.0e12;
+  std::vector<ns::StreamJob> jobs;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> key_of;
+  for (const FusedBatch& batch : batches) {
+    const auto key = key_of.emplace(std::make_tuple(batch.group, batch.rows, batch.cols),
+                                    static_cast<int64_t>(key_of.size())).first->second;
+    const std::vector<std::pair<int64_t, int64_t>> shapes(batch.matrices.size(), {batch.rows, batch.cols});
+    const ns::StepBound bound = ns::fused_step_bound(shapes, schedules.at(static_cast<size_t>(batch.group)),
+                                                     kFlopsPerSecond, kBytesPerSecond);
+    jobs.push_back({key, bound.seconds()});
+  }
+  return ns::assign_streams(jobs, num_streams);
+}
+
+void run_on_streams(const std::vector<int>& stream_of, const at::Device& device,
+                    const std::function<void(size_t)>& run) {
+  DMUON_CHECK(device.is_cuda(), "run_on_streams: expected a CUDA device, got ", device);
+  const int num_streams = stream_of.empty() ? 1 : 1 + *std::max_element(stream_of.begin(), stream_of.end());
+  const c10::cuda::CUDAGuard guard(device);
+  JoinStreams join{c10::cuda::getCurrentCUDAStream(device.index()), {}};
+  std::vector<c10::cuda::CUDAStream> streams{join.main};
+  if (num_streams > 1) {
+    at::cuda::CUDAEvent forked;
+    forked.record(join.main);
+    for (int i = 1; i < num_streams; ++i) {
+      streams.push_back(own_stream(device.index(), i));
+      forked.block(streams.back());
+      join.others.push_back(streams.back());
+    }
+  }
+  for (size_t k = 0; k < stream_of.size(); ++k) {
+    DMUON_CHECK(stream_of[k] >= 0, "run_on_streams: stream ", stream_of[k], " of batch ", k, " is negative");
+    const c10::cuda::CUDAStreamGuard on(streams[static_cast<size_t>(stream_of[k])]);
+    run(k);
+  }
 }
 
 }  // namespace dmuon::torch_adapter

@@ -57,4 +57,22 @@ void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, cons
                   const at::Tensor& partials, const at::Tensor& like, const at::Tensor& flag,
                   const std::function<void(const char* phase)>& phase_done, const at::Tensor& gate = at::Tensor());
 
+/// The stream count of the gated fused step: `requested` when not 0, else
+/// DMUON_FUSED_STREAMS (default 2). Throws dmuon::Error unless it is 1–8.
+int fused_stream_count(int64_t requested);
+
+/// The stream index of each batch (ns/batch_streams.h) among `num_streams`: the batches of
+/// one (group, rows, cols) together, the shapes spread by the floor of their Newton–Schulz
+/// and memory passes (ns/ns_bound.h).
+std::vector<int> fused_batch_streams(const std::vector<FusedBatch>& batches,
+                                     const std::vector<ns::Schedule>& schedules, int num_streams);
+
+/// Calls run(k) for every k in order, with the current CUDA stream of `device` set to
+/// stream stream_of[k]: 0 is the caller's current stream, i > 0 a stream of dmuon's own
+/// for the device (the same one on every call, so that the CUDA graphs kept per stream are
+/// reused). The other streams start after the work enqueued so far on the caller's stream,
+/// and the caller's stream waits for all of them before this returns (also on an error).
+void run_on_streams(const std::vector<int>& stream_of, const at::Device& device,
+                    const std::function<void(size_t)>& run);
+
 }  // namespace dmuon::torch_adapter

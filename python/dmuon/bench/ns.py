@@ -280,9 +280,10 @@ def run(args) -> None:
             p.grad = torch.randn_like(p) * 1e-3
         numel = sum(p.numel() for p in params)
         results = OrderedDict()
-        # NOTE: the largest model's first steps tune every configuration and capture the
-        # graphs; they are warm-up, never timed.
-        warmup = max(args.warmup, 3)
+        # NOTE: the first steps tune every configuration and capture the graphs (step 2 on
+        # the caller's stream; the second stream's from step 3, captured at step 4); they are
+        # warm-up, never timed.
+        warmup = max(args.warmup, 4)
 
         def measure(name, make_step, executed, iters=args.iters, warm=args.warmup):
             step = make_step()
@@ -305,14 +306,15 @@ def run(args) -> None:
 
         last_dmuon = {}
 
-        def dmuon_name(bucket_mb):
-            return f"dmuon.DMuon.step (bucket {bucket_mb:g} MiB)"
+        def dmuon_name(bucket_mb, streams=0):
+            return f"dmuon.DMuon.step (bucket {bucket_mb:g} MiB)" + (f", {streams} streams" if streams else "")
 
-        def dmuon_step(bucket_mb, gated=True):
+        def dmuon_step(bucket_mb, gated=True, streams=0):
             def make():
                 # NOTE: one GPU: the plan is trivial, so the analytic cost model (no profiling).
                 opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, bucket_size_mb=bucket_mb,
                                   cost_model="analytic")
+                opt._runtime_options["fused_streams"] = streams  # NOTE: 0: DMUON_FUSED_STREAMS
                 # NOTE: DMUON_GATED_STEP is read when the runtime is made: make it now.
                 previous = os.environ.get("DMUON_GATED_STEP")
                 os.environ["DMUON_GATED_STEP"] = "1" if gated else "0"
@@ -334,7 +336,8 @@ def run(args) -> None:
             # Which path the timed steps took: the fused single-GPU step ignores the buckets.
             stats = last_dmuon.pop("opt").runtime.last_stats
             print(f"    path: {stats.num_fused} of {len(params)} parameters fused "
-                  f"({stats.num_fused_batches} batches), {stats.num_buckets} buckets for the rest", flush=True)
+                  f"({stats.num_fused_batches} batches on {stats.num_fused_streams} streams), "
+                  f"{stats.num_buckets} buckets for the rest", flush=True)
             _free()
 
         def torch_muon_step():
@@ -364,6 +367,10 @@ def run(args) -> None:
         for bucket_mb in args.bucket_mb:
             measure(dmuon_name(bucket_mb), dmuon_step(bucket_mb), executed_dmuon,
                     warm=warmup)
+            report_path()
+        for streams in args.fused_streams:
+            measure(dmuon_name(args.bucket_mb[-1], streams), dmuon_step(args.bucket_mb[-1], streams=streams),
+                    executed_dmuon, warm=warmup)
             report_path()
         if args.ungated:
             measure("dmuon.DMuon.step (DMUON_GATED_STEP=0)", dmuon_step(args.bucket_mb[-1], gated=False),
@@ -421,6 +428,9 @@ def register(subparsers) -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--bucket-mb", type=float, nargs="+", default=[64.0],
                         help="DMuon bucket_size_mb values to time (0: one bucket)")
+    parser.add_argument("--fused-streams", type=int, nargs="*", default=[],
+                        help="also time DMuon.step with these stream counts of the fused step (the "
+                             "first timing uses DMUON_FUSED_STREAMS, default 2)")
     parser.add_argument("--ungated", action="store_true",
                         help="also time DMuon.step with DMUON_GATED_STEP=0 (the check waited for before the update)")
     parser.add_argument("--host-ahead", action="store_true",
