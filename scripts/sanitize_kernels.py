@@ -72,14 +72,17 @@ def run_ns():
 
 
 def run_fused():
-    # The fused step: flat and tiled passes, transposed and not, vectorized and not.
+    # The fused step: flat and tiled passes, transposed and not, vectorized and not; step 1
+    # ungated, step 2 gated, steps 3 and 4 gated on two streams (the default).
+    # NOTE: two NS steps: the NS kernels are the "ns" part's; racecheck with five took over
+    # 270 s here (2026-12-01), about 0.3 s a symmetric-kernel launch.
     torch.manual_seed(0)
     # NOTE: (96, 64) and (200, 68) take the vectorized transposing kernels, (130, 66) the scalar ones.
     shapes = [(64, 96), (96, 64), (127, 301), (200, 68), (130, 66), (3, 40, 72)]
     params = [torch.nn.Parameter(torch.randn(*s, device="cuda")) for s in shapes]
     opt = dmuon.DMuon([dict(params=params[:4]), dict(params=params[4:], nesterov=False, ns_algorithm="standard")],
-                      lr=0.02, weight_decay=0.01)
-    for _ in range(3):
+                      lr=0.02, weight_decay=0.01, ns_steps=2)
+    for _ in range(4):
         for p in params:
             p.grad = torch.randn_like(p)
         opt.step()
