@@ -382,11 +382,7 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
   // work would disturb) and capture its CUDA graph; later steps replay it. The same
   // batches: the same groups, shapes and sizes (the tensors may be new, e.g. gradients).
   bool warm = gated_warm_ && gated_warm_->batches.size() == batches.size();
-  for (size_t k = 0; warm && k < batches.size(); ++k) {
-    const FusedBatch &now = batches[k], &before = gated_warm_->batches[k];
-    warm = now.group == before.group && now.rows == before.rows && now.cols == before.cols &&
-           now.matrices.size() == before.matrices.size();
-  }
+  for (size_t k = 0; warm && k < batches.size(); ++k) warm = batches[k].same_problem(gated_warm_->batches[k]);
   const std::vector<int> stream_of =
       warm ? fused_batch_streams(batches, schedules, fused_streams_) : std::vector<int>(batches.size(), 0);
   gated_warm_.reset();

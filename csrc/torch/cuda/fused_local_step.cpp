@@ -99,6 +99,10 @@ bool FusedBatch::same_tensors(const FusedBatch& other) const {
   return true;
 }
 
+bool FusedBatch::same_problem(const FusedBatch& other) const {
+  return group == other.group && rows == other.rows && cols == other.cols && matrices.size() == other.matrices.size();
+}
+
 FusedBatch make_fused_batch(int64_t group, int64_t rows, int64_t cols, std::vector<int> members,
                             at::TensorList params, const std::vector<at::Tensor>& grads,
                             const std::vector<at::Tensor>& momenta) {
@@ -186,10 +190,7 @@ void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, cons
   done("apply");
 }
 
-}  // namespace dmuon::torch_adapter
-
-namespace dmuon::torch_adapter {
-
+// ---------------------------------------------------------------- streams of the gated step
 int fused_stream_count(int64_t requested) {
   DMUON_CHECK(requested >= 0 && requested <= 8, "fused_streams must be between 1 and 8 (0: DMUON_FUSED_STREAMS), got ",
               requested);
@@ -238,5 +239,6 @@ void run_on_streams(const std::vector<int>& stream_of, const at::Device& device,
     run(k);
   }
 }
+
 
 }  // namespace dmuon::torch_adapter

@@ -33,6 +33,7 @@ struct FusedBatch {
   std::vector<ns::cuda::StepMatrix> matrices;  ///< every matrix of the members, in order
   std::vector<int> matrix_member;              ///< matrices[k] belongs to members[matrix_member[k]]
   bool same_tensors(const FusedBatch& other) const;
+  bool same_problem(const FusedBatch& other) const;  ///< same group, shape and number of matrices
 };
 
 /// The batch of `members` (params[i] etc. hold whole rows×cols matrices); an undefined
