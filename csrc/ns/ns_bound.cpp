@@ -35,17 +35,27 @@ struct CountingBackend {
   void sym_product(double, BatchedMatrix<Elem> a, BatchedMatrix<Elem> b, double beta, const BatchedMatrix<Elem>* c,
                    BatchedMatrix<Elem> d) {
     const double flops = static_cast<double>(d.batch) * d.rows * d.rows * a.cols;
-    kernels.push_back({flops, reads({&a, &b, beta != 0.0 ? c : nullptr}) + bytes_of(d)});
+    kernels.push_back({flops, reads({&a, &b, beta != 0.0 ? c : nullptr}) + bytes_of(d), KernelKind::kSymmetric});
   }
   void gemm(double, BatchedMatrix<Elem> a, BatchedMatrix<Elem> b, double beta, const BatchedMatrix<Elem>* c,
             BatchedMatrix<Elem> d) {
     const double flops = 2.0 * static_cast<double>(d.batch) * d.rows * d.cols * a.cols;
-    kernels.push_back({flops, reads({&a, &b, beta != 0.0 ? c : nullptr}) + bytes_of(d)});
+    kernels.push_back({flops, reads({&a, &b, beta != 0.0 ? c : nullptr}) + bytes_of(d), KernelKind::kDense});
   }
   void add_identity(BatchedMatrix<Elem> z, double, BatchedMatrix<Elem> q) {
-    kernels.push_back({0.0, bytes_of(z) + bytes_of(q)});
+    kernels.push_back({0.0, bytes_of(z) + bytes_of(q), KernelKind::kElementwise});
   }
 };
+
+// The part of a StepBound's NS floor that kernels of `kind` take.
+double& part_seconds(StepBound& bound, KernelKind kind) {
+  switch (kind) {
+    case KernelKind::kSymmetric: return bound.sym_seconds;
+    case KernelKind::kDense: return bound.dense_seconds;
+    case KernelKind::kElementwise: break;
+  }
+  return bound.elementwise_seconds;
+}
 
 }  // namespace
 
@@ -72,12 +82,18 @@ std::vector<KernelWork> ns_kernel_work(const Schedule& schedule, Algorithm algor
   return backend.kernels;
 }
 
+double kernel_bound_seconds(const KernelWork& kernel, double flops_per_second, double bytes_per_second) {
+  DMUON_CHECK(flops_per_second > 0.0, "kernel_bound_seconds: flops_per_second must be > 0, got ", flops_per_second);
+  DMUON_CHECK(bytes_per_second > 0.0, "kernel_bound_seconds: bytes_per_second must be > 0, got ", bytes_per_second);
+  return std::max(kernel.flops / flops_per_second, kernel.bytes / bytes_per_second);
+}
+
 double kernels_bound_seconds(const std::vector<KernelWork>& kernels, double flops_per_second,
                              double bytes_per_second) {
   DMUON_CHECK(flops_per_second > 0.0, "kernels_bound_seconds: flops_per_second must be > 0, got ", flops_per_second);
   DMUON_CHECK(bytes_per_second > 0.0, "kernels_bound_seconds: bytes_per_second must be > 0, got ", bytes_per_second);
   double seconds = 0.0;
-  for (const KernelWork& k : kernels) seconds += std::max(k.flops / flops_per_second, k.bytes / bytes_per_second);
+  for (const KernelWork& k : kernels) seconds += kernel_bound_seconds(k, flops_per_second, bytes_per_second);
   return seconds;
 }
 
@@ -91,18 +107,20 @@ StepBound fused_step_bound(const std::vector<std::pair<int64_t, int64_t>>& shape
     std::vector<Algorithm> candidates{Algorithm::kStandard};
     if (schedule.algorithm == Algorithm::kGram && rows != cols) candidates.push_back(Algorithm::kGram);
     double best = 0.0;
-    KernelWork total;
+    std::vector<KernelWork> chosen;
     for (size_t i = 0; i < candidates.size(); ++i) {
-      const std::vector<KernelWork> kernels = ns_kernel_work(schedule, candidates[i], rows, cols);
+      std::vector<KernelWork> kernels = ns_kernel_work(schedule, candidates[i], rows, cols);
       const double seconds = kernels_bound_seconds(kernels, flops_per_second, bytes_per_second);
       if (i > 0 && seconds >= best) continue;
       best = seconds;
-      total = {};
-      for (const KernelWork& k : kernels) total.flops += k.flops, total.bytes += k.bytes;
+      chosen = std::move(kernels);
     }
     out.ns_seconds += best;
-    out.ns_flops += total.flops;
-    out.ns_bytes += total.bytes;
+    for (const KernelWork& k : chosen) {
+      out.ns_flops += k.flops;
+      out.ns_bytes += k.bytes;
+      part_seconds(out, k.kind) += kernel_bound_seconds(k, flops_per_second, bytes_per_second);
+    }
     out.pass_bytes += kFusedStepPassBytesPerParam * static_cast<double>(rows) * static_cast<double>(cols);
   }
   out.passes_seconds = out.pass_bytes / bytes_per_second;

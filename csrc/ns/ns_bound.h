@@ -17,11 +17,20 @@
 
 namespace dmuon::ns {
 
-/// One kernel of a run: the FLOPs it executes and the bytes it must move.
+/// Which primitive of ns_algorithms.h a kernel is.
+enum class KernelKind { kSymmetric, kDense, kElementwise };
+
+/// One kernel of a run: the FLOPs it executes, the bytes it must move, and its primitive
+/// (sym_product, gemm, add_identity).
 struct KernelWork {
   double flops = 0.0;
   double bytes = 0.0;
+  KernelKind kind = KernelKind::kDense;
 };
+
+/// One kernel's floor: the larger of its FLOPs at `flops_per_second` and its bytes at
+/// `bytes_per_second`.
+double kernel_bound_seconds(const KernelWork& kernel, double flops_per_second, double bytes_per_second);
 
 /// Every kernel of one run of `schedule` under `algorithm` on one rows×cols matrix (the
 /// iterate is min×max, `elem_bytes` a element), in launch order. A batch of b matrices
@@ -43,6 +52,9 @@ inline constexpr double kFusedStepPassBytesPerParam = 32.0;
 /// The floor of the fused single-GPU step over `shapes` (rows, cols of every Muon matrix).
 struct StepBound {
   double ns_seconds = 0.0;      ///< Σ kernels_bound_seconds of each matrix's cheaper iteration
+  double sym_seconds = 0.0;     ///< the part of ns_seconds in symmetric products
+  double dense_seconds = 0.0;   ///< … in dense products
+  double elementwise_seconds = 0.0;  ///< … in add_identity
   double passes_seconds = 0.0;  ///< kFusedStepPassBytesPerParam per parameter at bytes_per_second
   double ns_flops = 0.0;        ///< FLOPs of the iterations the bound chose
   double ns_bytes = 0.0;        ///< their bytes

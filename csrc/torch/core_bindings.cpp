@@ -33,6 +33,9 @@ void register_core_bindings(py::module_& m) {
         py::dict out;
         out["seconds"] = b.seconds();
         out["ns_seconds"] = b.ns_seconds;
+        out["sym_seconds"] = b.sym_seconds;
+        out["dense_seconds"] = b.dense_seconds;
+        out["elementwise_seconds"] = b.elementwise_seconds;
         out["passes_seconds"] = b.passes_seconds;
         out["ns_flops"] = b.ns_flops;
         out["ns_bytes"] = b.ns_bytes;

@@ -16,6 +16,12 @@ double sum_flops(const std::vector<KernelWork>& kernels) {
   return total;
 }
 
+int count_kind(const std::vector<KernelWork>& kernels, KernelKind kind) {
+  int count = 0;
+  for (const KernelWork& k : kernels) count += k.kind == kind ? 1 : 0;
+  return count;
+}
+
 double sum_bytes(const std::vector<KernelWork>& kernels) {
   double total = 0.0;
   for (const KernelWork& k : kernels) total += k.bytes;
@@ -44,9 +50,15 @@ TEST(NsBound, BytesAndKernelsAsCountedByHand) {
   const auto g = ns_kernel_work(gram, Algorithm::kGram, m, n);
   EXPECT_EQ(g.size(), 20u);
   EXPECT_DOUBLE_EQ(sum_bytes(g), 45 * mat + 6 * iterate);
+  // 16 symmetric products (two X·Xᵀ, 14 m×m), two Q·X, two Q = Z + a·I.
+  EXPECT_EQ(count_kind(g, KernelKind::kSymmetric), 16);
+  EXPECT_EQ(count_kind(g, KernelKind::kDense), 2);
+  EXPECT_EQ(count_kind(g, KernelKind::kElementwise), 2);
   const auto s = ns_kernel_work(gram, Algorithm::kStandard, m, n);
   EXPECT_EQ(s.size(), 15u);
   EXPECT_DOUBLE_EQ(sum_bytes(s), 20 * mat + 15 * iterate);
+  EXPECT_EQ(count_kind(s, KernelKind::kSymmetric), 10);
+  EXPECT_EQ(count_kind(s, KernelKind::kDense), 5);
   // Tall matrices run transposed: the same kernels.
   const auto tall = ns_kernel_work(gram, Algorithm::kGram, n, m);
   EXPECT_DOUBLE_EQ(sum_bytes(tall), sum_bytes(g));
@@ -75,6 +87,11 @@ TEST(NsBound, StepBoundPicksWhatTheCudaBackendMayRun) {
   EXPECT_LT(gram_s, standard_s);
   EXPECT_DOUBLE_EQ(wide.ns_seconds, gram_s);
   EXPECT_DOUBLE_EQ(wide.ns_flops, plan::ns_flops(896, 4864, plan::NsFlavor::kGram, true));
+  // The parts by primitive add up to the NS floor; a square standard run has no add_identity.
+  EXPECT_NEAR(wide.sym_seconds + wide.dense_seconds + wide.elementwise_seconds, wide.ns_seconds, 1e-15);
+  EXPECT_GT(wide.elementwise_seconds, 0.0);
+  EXPECT_NEAR(square.sym_seconds + square.dense_seconds, square.ns_seconds, 1e-15);
+  EXPECT_EQ(square.elementwise_seconds, 0.0);
   // Matrices add up.
   const StepBound both = fused_step_bound({{512, 512}, {896, 4864}}, gram, peak, bw);
   EXPECT_DOUBLE_EQ(both.seconds(), square.seconds() + wide.seconds());

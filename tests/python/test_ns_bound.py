@@ -28,6 +28,9 @@ def test_bytes_and_seconds_add_up():
     assert b["pass_bytes"] == 2 * 32 * m * n
     assert math.isclose(b["passes_seconds"], b["pass_bytes"] / COPY)
     assert math.isclose(b["seconds"], b["ns_seconds"] + b["passes_seconds"])
+    # The NS floor by primitive: symmetric and dense products, add_identity (Gram only).
+    assert math.isclose(b["sym_seconds"] + b["dense_seconds"] + b["elementwise_seconds"], b["ns_seconds"])
+    assert min(b["sym_seconds"], b["dense_seconds"], b["elementwise_seconds"]) > 0
     # No kernel runs faster than its FLOPs at the peak or its bytes at the copy rate.
     assert b["ns_seconds"] >= max(b["ns_flops"] / PEAK, b["ns_bytes"] / COPY)
 
@@ -43,9 +46,11 @@ def test_bad_inputs_name_their_parameter():
 
 def test_the_printed_line_carries_the_floor_and_the_share():
     b = {"seconds": 7e-3, "ns_seconds": 4.3e-3, "passes_seconds": 2.7e-3, "ns_flops": 3.11e12,
-         "ns_bytes": 11.8e9, "pass_bytes": 11.6e9}
+         "ns_bytes": 11.8e9, "pass_bytes": 11.6e9, "sym_seconds": 2.1e-3, "dense_seconds": 2.0e-3,
+         "elementwise_seconds": 0.2e-3}
     line = bench_ns.format_floor(b, 10.0)
-    assert "7.00 ms = NS 4.30 + passes 2.70" in line and "at 70% of it" in line
+    assert "7.00 ms = NS 4.30 (symmetric 2.10, dense 2.00, add_identity 0.20) + passes 2.70" in line
+    assert "at 70% of it" in line
     assert "3.11 TFLOP and 11.8 GB" in line and "memory passes 11.6 GB" in line
 
 

@@ -250,8 +250,9 @@ def format_floor(bound: dict, step_ms: float) -> str:
     return (f"floor of this design (each NS kernel at the larger of its FLOPs at the peak and its bytes at the "
             f"device copy's rate, one after another, {bound['ns_flops'] / 1e12:.2f} TFLOP and "
             f"{bound['ns_bytes'] / 1e9:.1f} GB; memory passes {bound['pass_bytes'] / 1e9:.1f} GB): "
-            f"{floor_ms:.2f} ms = NS {bound['ns_seconds'] * 1e3:.2f} + passes {bound['passes_seconds'] * 1e3:.2f}; "
-            f"dmuon step at {100 * floor_ms / step_ms:.0f}% of it")
+            f"{floor_ms:.2f} ms = NS {bound['ns_seconds'] * 1e3:.2f} (symmetric {bound['sym_seconds'] * 1e3:.2f}, "
+            f"dense {bound['dense_seconds'] * 1e3:.2f}, add_identity {bound['elementwise_seconds'] * 1e3:.2f}) "
+            f"+ passes {bound['passes_seconds'] * 1e3:.2f}; dmuon step at {100 * floor_ms / step_ms:.0f}% of it")
 
 
 def run(args) -> None:
