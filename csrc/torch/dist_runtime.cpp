@@ -386,7 +386,7 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
   const std::vector<int> stream_of =
       warm ? fused_batch_streams(batches, schedules, fused_streams_) : std::vector<int>(batches.size(), 0);
   gated_warm_.reset();
-  run_on_streams(stream_of, *device, [&](size_t k) {
+  const int num_streams = run_on_streams(stream_of, *device, [&](size_t k) {
     const FusedBatch& batch = batches[k];
     fused_update(batch, groups[static_cast<size_t>(batch.group)], schedules[static_cast<size_t>(batch.group)],
                  checks.partials[k], params[static_cast<size_t>(batch.members.front())], result_flags[k], nullptr,
@@ -397,8 +397,7 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
     stats_.num_fused += static_cast<int64_t>(batch.members.size());
     ++stats_.num_fused_batches;
   }
-  stats_.num_fused_streams =
-      batches.empty() ? 0 : 1 + *std::max_element(stream_of.begin(), stream_of.end());
+  stats_.num_fused_streams = batches.empty() ? 0 : num_streams;
   gated_warm_ = std::make_unique<FusedState>();
   gated_warm_->batches = batches;
   host_parts.insert(host_parts.end(), result_flags.begin(), result_flags.end());

@@ -192,8 +192,6 @@ void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, cons
 
 // ---------------------------------------------------------------- streams of the gated step
 int fused_stream_count(int64_t requested) {
-  DMUON_CHECK(requested >= 0 && requested <= 8, "fused_streams must be between 1 and 8 (0: DMUON_FUSED_STREAMS), got ",
-              requested);
   if (requested > 0) return static_cast<int>(requested);
   const int64_t knob = env::get_int("DMUON_FUSED_STREAMS", 2);
   DMUON_CHECK(knob >= 1 && knob <= 8, "DMUON_FUSED_STREAMS must be between 1 and 8, got ", knob);
@@ -217,8 +215,8 @@ std::vector<int> fused_batch_streams(const std::vector<FusedBatch>& batches,
   return ns::assign_streams(jobs, num_streams);
 }
 
-void run_on_streams(const std::vector<int>& stream_of, const at::Device& device,
-                    const std::function<void(size_t)>& run) {
+int run_on_streams(const std::vector<int>& stream_of, const at::Device& device,
+                   const std::function<void(size_t)>& run) {
   DMUON_CHECK(device.is_cuda(), "run_on_streams: expected a CUDA device, got ", device);
   const int num_streams = stream_of.empty() ? 1 : 1 + *std::max_element(stream_of.begin(), stream_of.end());
   const c10::cuda::CUDAGuard guard(device);
@@ -238,7 +236,7 @@ void run_on_streams(const std::vector<int>& stream_of, const at::Device& device,
     const c10::cuda::CUDAStreamGuard on(streams[static_cast<size_t>(stream_of[k])]);
     run(k);
   }
+  return num_streams;
 }
-
 
 }  // namespace dmuon::torch_adapter

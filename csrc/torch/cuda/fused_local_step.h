@@ -58,8 +58,9 @@ void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, cons
                   const at::Tensor& partials, const at::Tensor& like, const at::Tensor& flag,
                   const std::function<void(const char* phase)>& phase_done, const at::Tensor& gate = at::Tensor());
 
-/// The stream count of the gated fused step: `requested` when not 0, else
-/// DMUON_FUSED_STREAMS (default 2). Throws dmuon::Error unless it is 1–8.
+/// The stream count of the gated fused step: `requested` when not 0 (RuntimeOptions.
+/// fused_streams, checked to be 0–8 by the runtime), else DMUON_FUSED_STREAMS (default 2;
+/// throws dmuon::Error naming it unless it is 1–8).
 int fused_stream_count(int64_t requested);
 
 /// The stream index of each batch (ns/batch_streams.h) among `num_streams`: the batches of
@@ -73,7 +74,8 @@ std::vector<int> fused_batch_streams(const std::vector<FusedBatch>& batches,
 /// for the device (the same one on every call, so that the CUDA graphs kept per stream are
 /// reused). The other streams start after the work enqueued so far on the caller's stream,
 /// and the caller's stream waits for all of them before this returns (also on an error).
-void run_on_streams(const std::vector<int>& stream_of, const at::Device& device,
-                    const std::function<void(size_t)>& run);
+/// Returns how many streams that is (1 + the largest index; 1 for no batches).
+int run_on_streams(const std::vector<int>& stream_of, const at::Device& device,
+                   const std::function<void(size_t)>& run);
 
 }  // namespace dmuon::torch_adapter
