@@ -48,6 +48,11 @@ void append_wide_tmastore(int stages, std::vector<Sm90SymConfig>* configs) {
 
 bool built(const Sm90SymConfig& c) {
   if (c.tile != 128 || c.tile_k != 64) return false;
+  // NOTE: ping-pong consumers: 1-CTA 128×128 tmastore, 4 or 5 stages, no split
+  // (sm90_sym_pingpong.cuh).
+  if (c.pingpong)
+    return c.epilogue == Sm90Epilogue::kTmaStore && c.cluster == 1 && c.tile_n == 128 && !c.split_k &&
+           (c.stages == 4 || c.stages == 5);
   if (c.tile_n == 256) {
     // NOTE: the wide tmastore instances (1-CTA, and mc2 with split-K a runtime switch) are
     // s4 (four 48 KiB stages and one 32 KiB subtile buffer pair) and s3 (two subtile buffer
@@ -71,6 +76,7 @@ std::string Sm90SymConfig::name() const {
                               : epilogue == Sm90Epilogue::kTmaStore ? "tmastore"
                                                                     : "direct";
   out << "sm90:" << (cluster == 2 ? "mc2-" : "") << (tile_n == 256 ? "n256-" : "") << (split_k ? "sk-" : "")
+      << (pingpong ? "pp-" : "")
       << epilogue_name << ":s" << stages << ":c" << num_ctas;
   return out.str();
 }
@@ -91,6 +97,10 @@ bool Sm90SymConfig::parse(const std::string& text, Sm90SymConfig* config) {
   }
   if (e.rfind("sk-", 0) == 0) {
     c.split_k = true;
+    e = e.substr(3);
+  }
+  if (e.rfind("pp-", 0) == 0) {
+    c.pingpong = true;
     e = e.substr(3);
   }
   if (e == "staged") {
@@ -172,6 +182,16 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
   // L, in turns: s3 against s4 faster on 6 of 6 (mc2, 0.7–3.7%) and 7 of 8 shapes (1-CTA,
   // 1.8–8.7%; 1.6% slower on 896³ +C b24), so the s4 kernels are experimental now.
   append_wide_tmastore(3, &configs);
+  // Ping-pong consumers, tmastore s4–s5: one warpgroup's epilogue under the other's main loop.
+  // NOTE: built for the β·C products of the Gram iteration (k = m: 14–56 k-tiles a tile),
+  // where the cooperative kernels' tensor cores idle through each tile's epilogue.
+  for (int stages : {4, 5}) {
+    Sm90SymConfig c;
+    c.epilogue = Sm90Epilogue::kTmaStore;
+    c.stages = stages;
+    c.pingpong = true;
+    configs.push_back(c);
+  }
   // NOTE: DMUON_SYM_EXPERIMENTAL=1 (default 0) appends the configurations that won no
   // measured shape (the other cluster ones, the 128×256 ones), so that the autotuner,
   // ops.cuda_sym_configs() and the tests that walk it try them; they are callable by name
@@ -251,10 +271,10 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
   if (!built(config))
     why << "configuration " << config.tile << "x" << config.tile << "x" << config.tile_k << ", " << config.stages
         << " stages, cluster " << config.cluster << ", unit columns " << config.tile_n
-        << (config.split_k ? ", split-K" : "")
+        << (config.split_k ? ", split-K" : "") << (config.pingpong ? ", ping-pong" : "")
         << " is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore; cluster 2: tmastore s4-s5, staged s6;"
            " split-K: 128x128 tmastore, cluster 2 256-column tmastore; 256 unit columns: 1-CTA staged s3, direct "
-           "s3-s4, tmastore s3-s4 (1-CTA or cluster 2))";
+           "s3-s4, tmastore s3-s4 (1-CTA or cluster 2); ping-pong: 1-CTA 128x128 tmastore s4-s5, no split)";
   else if (config.cluster == 2 && config.num_ctas % 2)
     why << "a 2-CTA cluster configuration needs an even CTA count (0: all SMs), got " << config.num_ctas;
   else if (!aligned16(args.a) || !aligned16(args.b))

@@ -119,6 +119,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <utility>
 
 #include "ns/cuda/cuda_check.h"
 #include "ns/cuda/sm90_sym_pairs.h"
@@ -1112,10 +1113,12 @@ inline int64_t choose_tail_split(int64_t tail, int64_t wave, int num_k_tiles) {
 // Host checks of CuTe's accumulator layout (evaluated on the host, before the first launch):
 // whether every consumer thread holds `values` accumulators of a kTile × kTileN unit and
 // ok(thread, v, row, col) holds for each accumulator v at (row, col) of the unit.
+// NOTE: the threads are those of T::TiledMma: both consumer warpgroups of the cooperative
+// kernels, one of the ping-pong kernel (sm90_sym_pingpong.cuh).
 template <class T, class Ok>
 bool every_accumulator(int values, Ok ok) {
   typename T::TiledMma mma;
-  for (int thread = 0; thread < T::kNumConsumerThreads; ++thread) {
+  for (int thread = 0; thread < static_cast<int>(size(mma)); ++thread) {
     Tensor coords = mma.get_thread_slice(thread).partition_C(
         make_identity_tensor(make_shape(Int<T::kTile>{}, Int<T::kTileN>{})));
     if (size(coords) != values) return false;
@@ -1144,19 +1147,11 @@ bool fragment_is_mma_layout() {
   });
 }
 
-template <class Elem, int kStages, int kEpi, int kCluster = 1, int kTileN = 128>
-void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t stream) {
-  using T = Traits<Elem, kStages, kEpi, kCluster, kTileN>;
-  if constexpr (T::kColTiles > 1) {
-    static const bool split_by_column = fragment_tiles_split_by_column<T>();
-    DMUON_CHECK(split_by_column, "sm90_sym_product: the 128x", kTileN,
-                " accumulator fragment is not split by column tile (CuTe layout changed?)");
-  }
-  if constexpr (T::kTmaStore) {
-    static const bool mma_layout = fragment_is_mma_layout<T>();
-    DMUON_CHECK(mma_layout, "sm90_sym_product: the accumulator fragment is not the mma layout the tmastore "
-                            "epilogue assumes (CuTe layout changed?)");
-  }
+// The kernel parameters of a 1-CTA launch over every unit, no split (launch adds the mc2
+// pair list and the split-K tail): operand views, the triangle's units, tmastore's D and C.
+template <class T>
+typename T::Params make_params(const SymProductArgs& args) {
+  using Elem = typename T::Element;
   typename T::Params p{
       T::tma(static_cast<const Elem*>(args.a), static_cast<int>(args.m), static_cast<int>(args.k),
              static_cast<int>(args.batch), args.lda, args.stride_a),
@@ -1188,6 +1183,34 @@ void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t
                        : T::tma_load_c(static_cast<const Elem*>(args.d), m, batch, args.ldd, args.stride_d);
     }
   }
+  return p;
+}
+
+// Raises the dynamic shared-memory limit of `kernel` to `bytes` on `device`, once per kernel
+// and device. NOTE: a per-device function attribute; keyed by the kernel's address, since
+// instances with the same parameter type share a function-pointer type.
+inline void opt_in_shared_memory(const void* kernel, int bytes, int device) {
+  static std::mutex mutex;
+  static std::set<std::pair<int, const void*>> done;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (done.emplace(device, kernel).second)
+    DMUON_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+template <class Elem, int kStages, int kEpi, int kCluster = 1, int kTileN = 128>
+void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t stream) {
+  using T = Traits<Elem, kStages, kEpi, kCluster, kTileN>;
+  if constexpr (T::kColTiles > 1) {
+    static const bool split_by_column = fragment_tiles_split_by_column<T>();
+    DMUON_CHECK(split_by_column, "sm90_sym_product: the 128x", kTileN,
+                " accumulator fragment is not split by column tile (CuTe layout changed?)");
+  }
+  if constexpr (T::kTmaStore) {
+    static const bool mma_layout = fragment_is_mma_layout<T>();
+    DMUON_CHECK(mma_layout, "sm90_sym_product: the accumulator fragment is not the mma layout the tmastore "
+                            "epilogue assumes (CuTe layout changed?)");
+  }
+  typename T::Params p = make_params<T>(args);
   if constexpr (kCluster > 1) {
     const int m = static_cast<int>(args.m), k = static_cast<int>(args.k), batch = static_cast<int>(args.batch);
     p.tma_am = T::tma_mc(static_cast<const Elem*>(args.a), m, k, batch, args.lda, args.stride_a);
@@ -1203,14 +1226,7 @@ void launch(const SymProductArgs& args, int num_ctas, bool split_k, cudaStream_t
   const int smem_bytes = static_cast<int>(sizeof(typename T::SharedStorage));
   int device = 0, num_sms = 0;
   DMUON_CHECK_CUDA(cudaGetDevice(&device));
-  // NOTE: the shared-memory opt-in is a per-device function attribute: set once per device.
-  {
-    static std::mutex mutex;
-    static std::set<int> devices_set;
-    std::lock_guard<std::mutex> lock(mutex);
-    if (devices_set.insert(device).second)
-      DMUON_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  }
+  opt_in_shared_memory(reinterpret_cast<const void*>(kernel), smem_bytes, device);
   DMUON_CHECK_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t ctas = num_ctas > 0 ? std::min<int64_t>(num_ctas, num_sms) : num_sms;
   cudaLaunchConfig_t config = {};
@@ -1285,6 +1301,7 @@ bool launch_instance(const SymProductArgs& args, const Sm90SymConfig& config, cu
   constexpr int kDirect = static_cast<int>(Sm90Epilogue::kDirect);
   constexpr int kStaged = static_cast<int>(Sm90Epilogue::kStaged);
   constexpr int kTmaStore = static_cast<int>(Sm90Epilogue::kTmaStore);
+  if (config.pingpong) return false;  // NOTE: sm90_sym_pingpong.cuh's instances
   // mc2 (2-CTA clusters; which are autotuner candidates: sm90_sym_config.cpp).
   if (config.cluster == 2) {
     // Wide tmastore (128×256 units), s4 (one subtile buffer pair) and s3 (two).

@@ -1,0 +1,52 @@
+// Names of the sm_90a symmetric kernel's configurations (csrc/ns/cuda/sm90_sym_config.cpp):
+// every candidate's name parses back to itself, and names of instances that are not built
+// are refused. Host code only; no GPU needed.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "ns/cuda/sm90_sym_product.h"
+
+namespace {
+
+using dmuon::ns::cuda::Sm90Epilogue;
+using dmuon::ns::cuda::Sm90SymConfig;
+
+TEST(Sm90ConfigNames, EveryCandidateRoundTrips) {
+  for (const Sm90SymConfig& c : dmuon::ns::cuda::sm90_sym_configs()) {
+    Sm90SymConfig parsed;
+    ASSERT_TRUE(Sm90SymConfig::parse(c.name(), &parsed)) << c.name();
+    EXPECT_EQ(parsed.name(), c.name());
+  }
+  for (const Sm90SymConfig& c : dmuon::ns::cuda::sm90_sym_experimental_configs()) {
+    Sm90SymConfig parsed;
+    EXPECT_TRUE(Sm90SymConfig::parse(c.name(), &parsed)) << c.name();
+  }
+}
+
+TEST(Sm90ConfigNames, PingPongIsTheOneCtaTmaStoreKernelWithFourOrFiveStages) {
+  Sm90SymConfig c;
+  ASSERT_TRUE(Sm90SymConfig::parse("sm90:pp-tmastore:s5:c7", &c));
+  EXPECT_TRUE(c.pingpong);
+  EXPECT_EQ(c.epilogue, Sm90Epilogue::kTmaStore);
+  EXPECT_EQ(c.stages, 5);
+  EXPECT_EQ(c.num_ctas, 7);
+  EXPECT_EQ(c.cluster, 1);
+  EXPECT_FALSE(c.split_k);
+  ASSERT_TRUE(Sm90SymConfig::parse("sm90:pp-tmastore:s4:c0", &c));
+  for (const std::string unbuilt : {"sm90:pp-tmastore:s3:c0", "sm90:pp-tmastore:s6:c0", "sm90:pp-staged:s5:c0",
+                                    "sm90:pp-direct:s4:c0", "sm90:mc2-pp-tmastore:s5:c0",
+                                    "sm90:n256-pp-tmastore:s4:c0", "sm90:sk-pp-tmastore:s5:c0",
+                                    "sm90:pp-pp-tmastore:s5:c0"})
+    EXPECT_FALSE(Sm90SymConfig::parse(unbuilt, &c)) << unbuilt;
+  // NOTE: a refused name leaves the output as it was.
+  EXPECT_EQ(c.name(), "sm90:pp-tmastore:s4:c0");
+}
+
+TEST(Sm90ConfigNames, PingPongCandidatesAreListed) {
+  int pingpong = 0;
+  for (const Sm90SymConfig& c : dmuon::ns::cuda::sm90_sym_configs()) pingpong += c.pingpong ? 1 : 0;
+  EXPECT_EQ(pingpong, 2);
+}
+
+}  // namespace
