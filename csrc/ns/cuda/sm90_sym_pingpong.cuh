@@ -16,12 +16,21 @@
 //   P1 the ring is filled in unit order; a stage use is waited for and released by the 128
 //      threads of the warpgroup whose unit it belongs to (empty count 128). A warpgroup steps
 //      its ring position over the other's units without waiting.
-//   P2 the epilogue buffers (one tile and one mirror) are written in unit order: unit n's
-//      epilogue writes them only after unit n − 1's stores have read them, with β·C through
-//      the producer (epi_empty, then the C load, then c_full), without C by waiting on
-//      epi_empty itself. epi_empty and (with C) c_full complete one phase a unit, so each
-//      warpgroup keeps their parities by counting every unit, its own and the other's.
-//   P3 no deadlock: the producer waits on epi_empty for unit n only after issuing unit n's
+//   P2 mainloop order: unit n's warpgroup waits for its first stage use only after unit
+//      n − 1's warpgroup has passed its last full-barrier wait (the `order` barrier, one phase
+//      a unit). NOTE: a parity wait is only sound on the barrier's current phase or the one
+//      before it. Without the order a warpgroup that stepped over the other's uses could wait
+//      for stage use u while the stage's previous use (u − kStages) was still pending, read
+//      the parity as complete and take a stage that was not loaded (seen on an H200: a launch
+//      failure once CTAs ran several units). With it, every use before u has been waited for.
+//   P3 the epilogue buffers (one tile and one mirror) are written in unit order: unit n's
+//      epilogue waits until unit n − 1's stores have read them (epi_empty) and, with β·C,
+//      then for its C tile, which the producer loads after that same release (c_full).
+//      epi_empty, c_full (with C) and order complete one phase a unit, so each warpgroup keeps
+//      their parities by counting every unit, its own and the other's; each wait is for the
+//      barrier's current phase or the one before it (the wait for epi_empty first makes it
+//      so for c_full).
+//   P4 no deadlock: the producer waits on epi_empty for unit n only after issuing unit n's
 //      k-tiles, and the release it waits for (unit n − 1's) needs nothing it issues later.
 // NOTE: why the C load after the unit's k-tiles (the plain kernel loads it kStages + 2 k-tiles
 // in): the producer then waits for unit n − 1's epilogue only while the warpgroup running that
@@ -49,6 +58,9 @@ struct PingPongTraits : Traits<Elem, kStagesT, static_cast<int>(Sm90Epilogue::kT
                            GMMA::Major::K>(),
       Layout<Shape<_1, _1, _1>>{}));
   static constexpr int kTileValues = Base::kTile * Base::kTile / kWarpgroupThreads;  // 128
+  struct SharedStorage : Base::SharedStorage {
+    alignas(8) uint64_t order;  // P2: unit n's warpgroup passed its last full-barrier wait
+  };
 };
 
 // Whether every thread of a consumer warpgroup holds the tile's accumulators in the layout the
@@ -99,6 +111,7 @@ __global__ void __launch_bounds__(PingPongTraits<Elem, kStages>::kNumThreads, 1)
     }
     FullBarrier::init(&smem.c_full, 1);
     EmptyBarrier::init(&smem.epi_empty, 1);
+    EmptyBarrier::init(&smem.order, 1);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -111,7 +124,7 @@ __global__ void __launch_bounds__(PingPongTraits<Elem, kStages>::kNumThreads, 1)
   const int64_t work_begin = blockIdx.x, work_step = gridDim.x;
 
   if (warpgroup_idx == 0) {
-    // Producer: one thread walks the CTA's units and fills the ring (P1), then C (P2, P3).
+    // Producer: one thread walks the CTA's units and fills the ring (P1), then C (P3, P4).
     cutlass::arch::warpgroup_reg_dealloc<40>();
     if (threadIdx.x == 0) {
       Tensor mA = p.tma_a.get_tma_tensor(make_shape(p.m, p.k, p.batch));  // (m, k, batch) coords
@@ -168,21 +181,30 @@ __global__ void __launch_bounds__(PingPongTraits<Elem, kStages>::kNumThreads, 1)
   const int quad = lane / 8, sub = lane % 8;  // the block this lane addresses, and its row
 
   RingState<kStages> state{0, 0u};
-  uint32_t buffer_phase = with_c ? 0u : 1u;  // P2: c_full's parity with C, else epi_empty's
+  // Parities of the unit's waits (P2, P3). NOTE: 1 for the barriers that unit 0 finds free
+  // (the phase "before" a fresh barrier's first counts as complete).
+  uint32_t order_phase = 1u, epi_phase = 1u, c_phase = 0u;
   int n = 0;
   for (int64_t w = work_begin; w < p.num_work; w += work_step, ++n) {
     const WorkUnit u = decode_work<Base>(p, w, num_k_tiles);
     if ((n & 1) != g) {
       skip_uses(state, u.k_end - u.k_begin);
-      buffer_phase ^= 1u;
+      order_phase ^= 1u, epi_phase ^= 1u, c_phase ^= 1u;
       continue;
     }
 
     // Main loop: keep one WGMMA batch in flight; free a stage once its batch retired.
+    // After the unit's last full-barrier wait, hand the ring over to the next unit (P2).
+    EmptyBarrier::wait(&smem.order, order_phase);
+    order_phase ^= 1u;
     mma.accumulate_ = GMMA::ScaleOut::Zero;
     int prev_stage = -1;
     for (int kt = u.k_begin; kt < u.k_end; ++kt) {
       FullBarrier::wait(&smem.full[state.index], state.phase);
+      if (kt == u.k_end - 1) {
+        if (thread == 0) EmptyBarrier::arrive(&smem.order);
+        __syncwarp();  // NOTE: warp 0 converged again before the (aligned) WGMMA
+      }
       warpgroup_fence_operand(acc);
       warpgroup_arrive();
       CUTE_UNROLL
@@ -201,17 +223,17 @@ __global__ void __launch_bounds__(PingPongTraits<Elem, kStages>::kNumThreads, 1)
     warpgroup_fence_operand(acc);
     EmptyBarrier::arrive(&smem.empty[prev_stage]);
 
-    // Epilogue, pass 1: the buffers free (P2; with C, C loaded), then α·acc + β·C in fp32,
+    // Epilogue, pass 1: the buffers free (P3; with C, C loaded), then α·acc + β·C in fp32,
     // rounded once, into the tile (over C) and transposed into the mirror, in 8×8 blocks:
     // warp w holds rows 64·a + 16w … of atom a (a = 0, 1); accumulator 64a + 8·jj + 2q is
     // the block at rows 64a + 16w + 8·(q%2) …, columns 8·(2·jj + q/2) … (see load_blocks_x4).
     // A warp reads and writes only its own rows of the tile.
+    EmptyBarrier::wait(&smem.epi_empty, epi_phase);
+    epi_phase ^= 1u;
     if (with_c) {
-      FullBarrier::wait(&smem.c_full, buffer_phase);
-    } else {
-      EmptyBarrier::wait(&smem.epi_empty, buffer_phase);
+      FullBarrier::wait(&smem.c_full, c_phase);
+      c_phase ^= 1u;
     }
-    buffer_phase ^= 1u;
     const int ti = u.ti, tj = u.tj;
     const bool diagonal = ti == tj;
     CUTE_UNROLL
@@ -251,7 +273,7 @@ __global__ void __launch_bounds__(PingPongTraits<Elem, kStages>::kNumThreads, 1)
     warpgroup_barrier(g);
 
     // Pass 2: one thread stores the tile and the mirror (clipped at m × m), waits until the
-    // stores have read them and frees the buffers for the next unit (P2).
+    // stores have read them and frees the buffers for the next unit (P3).
     if (thread == 0) {
       Tensor mD = p.tma_d.get_tma_tensor(make_shape(p.m, p.m, p.batch));  // (m, m, batch) coords
       Tensor gD = local_tile(mD(_, _, u.l), tile_mm, make_coord(ti, tj));  // (kTile, kTile)
