@@ -51,8 +51,8 @@ std::vector<Sm90SymConfig> sm90_sym_configs();
 
 /// The configurations that won no measured shape (2-CTA clusters: tmastore s4, staged s6,
 /// split tmastore s5; 128×256 units: staged s3, direct s3–s4, tmastore s4 1-CTA and 2-CTA
-/// with and without the split); callable by name whether or not DMUON_SYM_EXPERIMENTAL is
-/// set.
+/// with and without the split; ping-pong tmastore s4–s5); callable by name whether or not
+/// DMUON_SYM_EXPERIMENTAL is set.
 std::vector<Sm90SymConfig> sm90_sym_experimental_configs();
 
 /// Bytes of SymProductArgs::scratch a split-K configuration needs with `num_ctas` CTAs:
