@@ -27,11 +27,11 @@ TEST(Sm90Fragments, TmaStoreAccumulatorsAreTheMmaFragmentLayout) {
 
 TEST(Sm90Fragments, PingPongAccumulatorsAreTheMmaFragmentLayoutOncePerAtom) {
   // One warpgroup a 128×128 tile: the 64-row atoms' values one after the other.
-  EXPECT_TRUE((sm90::pingpong_fragment_is_mma_layout<sm90::PingPongTraits<cutlass::half_t, 5>>()));
-  EXPECT_TRUE((sm90::pingpong_fragment_is_mma_layout<sm90::PingPongTraits<cutlass::bfloat16_t, 4>>()));
+  EXPECT_TRUE((sm90::pingpong_fragment_is_mma_layout<sm90::PingPongTraits<cutlass::half_t, 3>>()));
+  EXPECT_TRUE((sm90::pingpong_fragment_is_mma_layout<sm90::PingPongTraits<cutlass::bfloat16_t, 3>>()));
   // The cooperative kernel's layout (two warpgroups, 64 values a thread) is not this one.
   using Coop = sm90::Traits<cutlass::half_t, 5, kTmaStore>;
-  EXPECT_FALSE(sm90::every_accumulator<Coop>(sm90::PingPongTraits<cutlass::half_t, 5>::kTileValues,
+  EXPECT_FALSE(sm90::every_accumulator<Coop>(sm90::PingPongTraits<cutlass::half_t, 3>::kTileValues,
                                              [](int, int, int, int) { return true; }));
 }
 

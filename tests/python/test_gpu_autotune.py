@@ -143,13 +143,12 @@ WIDE_EXPERIMENTAL_CONFIGS = ["sm90:n256-tmastore:s4:c0", "sm90:mc2-n256-tmastore
 WIDE_TMA_SHAPES = sorted(set(CLUSTER_SHAPES) | set(N256_SHAPES))
 
 # Ping-pong consumers (sm90_sym_pingpong.cuh): the two consumer warpgroups take a CTA's units
-# in turn and share one pair of epilogue buffers. NOTE: (batch, m, k), U units: (1, 100, 70)
+# in turn, each with its own pair of epilogue buffers. NOTE: (batch, m, k), U units: (1, 100, 70)
 # U = 1 (warpgroup 1 idle); (3, 200, 130) U = 9; (2, 383, 1001) U = 12, 16 k-tiles, odd m;
-# (16, 1000, 520) U = 576, several per CTA; (1, 1100, 64) U = 45, one k-tile each (the buffers
-# handed over every few hundred cycles); (64, 40, 72) U = 64, tiles clipped at m = 40. ":c1"
+# (16, 1000, 520) U = 576, several per CTA; (1, 1100, 64) U = 45, one k-tile each (the ring
+# handed from one warpgroup to the other every few hundred cycles); (64, 40, 72) U = 64, tiles clipped at m = 40. ":c1"
 # runs one CTA over every unit (the warpgroups alternate on one ring), ":c3" an odd count.
-PINGPONG_CONFIGS = ["sm90:pp-tmastore:s4:c0", "sm90:pp-tmastore:s5:c0", "sm90:pp-tmastore:s5:c1",
-                    "sm90:pp-tmastore:s4:c3"]
+PINGPONG_CONFIGS = ["sm90:pp-tmastore:s3:c0", "sm90:pp-tmastore:s3:c1", "sm90:pp-tmastore:s3:c3"]
 PINGPONG_SHAPES = [(1, 100, 70), (3, 200, 130), (2, 383, 1001), (16, 1000, 520), (1, 1100, 64), (64, 40, 72)]
 
 
@@ -199,11 +198,11 @@ def test_n256_configs_follow_the_experimental_knob_and_are_built_where_they_fit(
 @needs_kernel
 def test_pingpong_configs_follow_the_experimental_knob_and_are_built_where_they_fit():
     names = [name for name in ops.cuda_sym_configs() if "pp-" in name]
-    assert sorted(names) == (["sm90:pp-tmastore:s4:c0", "sm90:pp-tmastore:s5:c0"] if experimental_knob else []), names
+    assert names == (["sm90:pp-tmastore:s3:c0"] if experimental_knob else []), names
     a = padded(torch.randn(1, 16, 16, device="cuda").half())
-    for unbuilt in ("sm90:pp-tmastore:s3:c0", "sm90:pp-tmastore:s6:c0", "sm90:pp-staged:s5:c0",
-                    "sm90:pp-direct:s4:c0", "sm90:mc2-pp-tmastore:s5:c0", "sm90:n256-pp-tmastore:s4:c0",
-                    "sm90:sk-pp-tmastore:s5:c0"):
+    for unbuilt in ("sm90:pp-tmastore:s4:c0", "sm90:pp-tmastore:s5:c0", "sm90:pp-staged:s3:c0",
+                    "sm90:pp-direct:s3:c0", "sm90:mc2-pp-tmastore:s3:c0", "sm90:n256-pp-tmastore:s3:c0",
+                    "sm90:sk-pp-tmastore:s3:c0"):
         with pytest.raises(RuntimeError, match="configuration"):
             ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, unbuilt)
 
@@ -216,7 +215,7 @@ def test_pingpong_repeats_exactly_and_matches_the_cooperative_kernel(with_c):
     gen = torch.Generator(device="cuda").manual_seed(5)
     a, _, c, alpha, beta, exact, same = gram_problem(torch.float16, (12, 896, 896), with_c, gen)
     plain = ops.cuda_sym_product_config(a, a, c, alpha, beta, "sm90:tmastore:s5:c0")
-    for config in ("sm90:pp-tmastore:s5:c0", "sm90:pp-tmastore:s4:c7"):
+    for config in ("sm90:pp-tmastore:s3:c0", "sm90:pp-tmastore:s3:c7"):
         d = ops.cuda_sym_product_config(a, a, c, alpha, beta, config)
         assert_like_dense(d, config, exact, same)
         assert torch.equal(d, plain), f"{config}: differs from sm90:tmastore:s5"

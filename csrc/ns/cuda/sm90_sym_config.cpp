@@ -48,11 +48,11 @@ void append_wide_tmastore(int stages, std::vector<Sm90SymConfig>* configs) {
 
 bool built(const Sm90SymConfig& c) {
   if (c.tile != 128 || c.tile_k != 64) return false;
-  // NOTE: ping-pong consumers: 1-CTA 128×128 tmastore, 4 or 5 stages, no split
-  // (sm90_sym_pingpong.cuh).
+  // NOTE: ping-pong consumers: 1-CTA 128×128 tmastore, 3 stages (a buffer pair per consumer
+  // warpgroup takes two of the five), no split (sm90_sym_pingpong.cuh).
   if (c.pingpong)
     return c.epilogue == Sm90Epilogue::kTmaStore && c.cluster == 1 && c.tile_n == 128 && !c.split_k &&
-           (c.stages == 4 || c.stages == 5);
+           c.stages == 3;
   if (c.tile_n == 256) {
     // NOTE: the wide tmastore instances (1-CTA, and mc2 with split-K a runtime switch) are
     // s4 (four 48 KiB stages and one 32 KiB subtile buffer pair) and s3 (two subtile buffer
@@ -243,17 +243,17 @@ std::vector<Sm90SymConfig> sm90_sym_experimental_configs() {
   // the stores before the last) were faster on 13 of the 14 shape comparisons of run L,
   // timed in turns.
   append_wide_tmastore(4, &configs);
-  // Ping-pong consumers, tmastore s4–s5: one warpgroup's epilogue under the other's main loop.
+  // Ping-pong consumers, tmastore s3: one warpgroup's epilogue under the other's main loop.
   // NOTE: built for the β·C products of the Gram iteration (k = m: 14–56 k-tiles a tile),
   // where the cooperative kernels' tensor cores idle through each tile's epilogue. Measured
   // on an H200 (2026-12-01, BENCHMARKS.md run N, scripts/sym_kernel_bench.py, in turns with
-  // cuBLAS and tmastore s4–s5, fp16): the best ping-pong configuration within 0.98–1.01× of
-  // the best cooperative one on all 7 shapes (896³, 1536³, 3584³ +C; 896×4864, 1536×8960,
-  // 3584×18944 X·Xᵀ; 256³ +C). The epilogue is not what limits these products.
-  for (int stages : {4, 5}) {
+  // cuBLAS and tmastore s4–s5, fp16): a first version (one buffer pair handed between the
+  // warpgroups, s4–s5) ran within 0.98–1.01× of the best cooperative configuration on all 7
+  // shapes (896³, 1536³, 3584³ +C; 896×4864, 1536×8960, 3584×18944 X·Xᵀ; 256³ +C).
+  {
     Sm90SymConfig c;
     c.epilogue = Sm90Epilogue::kTmaStore;
-    c.stages = stages;
+    c.stages = 3;
     c.pingpong = true;
     configs.push_back(c);
   }
@@ -278,7 +278,7 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
         << (config.split_k ? ", split-K" : "") << (config.pingpong ? ", ping-pong" : "")
         << " is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore; cluster 2: tmastore s4-s5, staged s6;"
            " split-K: 128x128 tmastore, cluster 2 256-column tmastore; 256 unit columns: 1-CTA staged s3, direct "
-           "s3-s4, tmastore s3-s4 (1-CTA or cluster 2); ping-pong: 1-CTA 128x128 tmastore s4-s5, no split)";
+           "s3-s4, tmastore s3-s4 (1-CTA or cluster 2); ping-pong: 1-CTA 128x128 tmastore s3, no split)";
   else if (config.cluster == 2 && config.num_ctas % 2)
     why << "a 2-CTA cluster configuration needs an even CTA count (0: all SMs), got " << config.num_ctas;
   else if (!aligned16(args.a) || !aligned16(args.b))

@@ -4,13 +4,13 @@
 // one warpgroup's epilogue runs while the other's WGMMAs keep the tensor cores busy.
 //
 //   warpgroup 0   producer: one thread fills the ring with each unit's A and B k-panels, in
-//                 unit order; with β·C, after a unit's k-tiles, its C tile into `tile` once
-//                 the previous unit's stores have read the epilogue buffers (epi_empty);
+//                 unit order; with β·C, after a unit's k-tiles, its C tile into the epilogue
+//                 buffers of the unit's warpgroup once their last stores have read them;
 //   warpgroups 1–2 consumers: unit n of the CTA (n = 0, 1, …) is warpgroup n % 2's: two
 //                 64×128×16 WGMMAs a k-step (the 128×128 tile, 128 fp32 accumulators a thread),
-//                 then the tmastore epilogue in 8×8 blocks on the warpgroup's 128 threads; one
-//                 thread issues the TMA stores of the tile and its mirror, waits until they
-//                 have read the buffers and releases them (epi_empty).
+//                 then the tmastore epilogue in 8×8 blocks on the warpgroup's 128 threads, into
+//                 the warpgroup's own tile and mirror buffers; one thread issues their TMA
+//                 stores, waits until the stores have read them and releases them.
 // Work, tiles, the epilogue's blocks and the mirror are those of the plain kernel (its header).
 // Invariants:
 //   P1 the ring is filled in unit order; a stage use is waited for and released by the 128
@@ -23,19 +23,20 @@
 //      for stage use u while the stage's previous use (u − kStages) was still pending, read
 //      the parity as complete and take a stage that was not loaded (seen on an H200: a launch
 //      failure once CTAs ran several units). With it, every use before u has been waited for.
-//   P3 the epilogue buffers (one tile and one mirror) are written in unit order: unit n's
-//      epilogue waits until unit n − 1's stores have read them (epi_empty) and, with β·C,
-//      then for its C tile, which the producer loads after that same release (c_full).
-//      epi_empty, c_full (with C) and order complete one phase a unit, so each warpgroup keeps
-//      their parities by counting every unit, its own and the other's; each wait is for the
-//      barrier's current phase or the one before it (the wait for epi_empty first makes it
-//      so for c_full).
-//   P4 no deadlock: the producer waits on epi_empty for unit n only after issuing unit n's
-//      k-tiles, and the release it waits for (unit n − 1's) needs nothing it issues later.
+//   P3 warpgroup g's epilogue buffers (tile[g], mirror[g]) are touched by its own threads and
+//      the TMA unit only. Its epilogue starts with a barrier of its 128 threads, after its
+//      storing thread waited for the last stores' reads; with β·C the producer loads the next
+//      C tile once that thread released the buffers (epi_empty[g]), and the warpgroup waits
+//      for it (c_full[g]). Both complete one phase per unit of the warpgroup.
+//   P4 no deadlock: the producer waits on epi_empty[g] for unit n only after issuing unit n's
+//      k-tiles; the release it waits for (unit n − 2's) needs nothing it issues later.
+// NOTE: why a buffer pair per warpgroup: with one pair handed from one warpgroup to the other
+// through mbarriers (correct by the memory model: arrive releases, wait acquires), racecheck
+// reported every hand-over as a hazard (it orders shared-memory accesses by bar.sync), and the
+// two epilogues waited for each other's stores. The pairs take two 32 KiB stages: s3 only.
 // NOTE: why the C load after the unit's k-tiles (the plain kernel loads it kStages + 2 k-tiles
-// in): the producer then waits for unit n − 1's epilogue only while the warpgroup running that
-// epilogue has no k-tiles in the ring, so the other warpgroup's mainloop is never starved;
-// the load still lands about kStages k-tiles before its epilogue.
+// in): the producer then waits for a release only while the warpgroup that gives it has no
+// k-tiles in the ring, so the other warpgroup's mainloop is never starved.
 // NOTE: why: the β·C products of the Gram iteration have k = m (896: 14 k-tiles a tile, 1536:
 // 24), near the ridge point, where the cooperative kernel's tensor cores idle through every
 // tile's epilogue (BENCHMARKS.md run M: the symmetric kernel at 62% of its floor at 1.5B).
@@ -58,8 +59,17 @@ struct PingPongTraits : Traits<Elem, kStagesT, static_cast<int>(Sm90Epilogue::kT
                            GMMA::Major::K>(),
       Layout<Shape<_1, _1, _1>>{}));
   static constexpr int kTileValues = Base::kTile * Base::kTile / kWarpgroupThreads;  // 128
-  struct SharedStorage : Base::SharedStorage {
-    alignas(8) uint64_t order;  // P2: unit n's warpgroup passed its last full-barrier wait
+  static constexpr int kTileElems = Base::kTile * Base::kTile;
+  struct SharedStorage {
+    alignas(1024) ArrayEngine<Elem, cosize_v<typename Base::SmemLayout>> a;  // [kStages][kTile, kTileK] swizzled
+    alignas(1024) ArrayEngine<Elem, cosize_v<typename Base::SmemLayout>> b;  // [kStages][kTile, kTileK] swizzled
+    alignas(1024) Elem tile[2][kTileElems];    // per warpgroup, EpiLayout: C, then D's tile
+    alignas(1024) Elem mirror[2][kTileElems];  // per warpgroup, EpiLayout: the tile transposed
+    alignas(8) uint64_t full[kStagesT];   // TMA → consumers: stage loaded
+    alignas(8) uint64_t empty[kStagesT];  // consumers → TMA: stage free
+    alignas(8) uint64_t c_full[2];        // TMA → warpgroup g: C tile loaded (P3)
+    alignas(8) uint64_t epi_empty[2];     // warpgroup g → TMA: its last stores read its buffers (P3)
+    alignas(8) uint64_t order;            // P2: unit n's warpgroup passed its last full-barrier wait
   };
 };
 
@@ -109,8 +119,10 @@ __global__ void __launch_bounds__(PingPongTraits<Elem, kStages>::kNumThreads, 1)
       FullBarrier::init(&smem.full[s], 1);
       EmptyBarrier::init(&smem.empty[s], T::kEmptyArrivals);
     }
-    FullBarrier::init(&smem.c_full, 1);
-    EmptyBarrier::init(&smem.epi_empty, 1);
+    for (int g = 0; g < 2; ++g) {
+      FullBarrier::init(&smem.c_full[g], 1);
+      EmptyBarrier::init(&smem.epi_empty[g], 1);
+    }
     EmptyBarrier::init(&smem.order, 1);
     cutlass::arch::fence_barrier_init();
   }
@@ -131,8 +143,11 @@ __global__ void __launch_bounds__(PingPongTraits<Elem, kStages>::kNumThreads, 1)
       Tensor mB = p.tma_b.get_tma_tensor(make_shape(p.m, p.k, p.batch));  // (m, k, batch) coords
       const auto tile_mk = make_shape(Int<kTile>{}, Int<kTileK>{});
       RingState<kStages> state{0, 1u};  // NOTE: parity 1 — the first round finds every stage free.
-      uint32_t epi_phase = 1u;          // likewise, the first C load finds the buffers free
-      for (int64_t w = work_begin; w < p.num_work; w += work_step) {
+      // Likewise each warpgroup's first C load finds its buffers free: bit g, epi_empty[g]'s
+      // parity. NOTE: bits of one register, not an array indexed by g (local memory).
+      uint32_t epi_phases = 0b11u;
+      int n = 0;
+      for (int64_t w = work_begin; w < p.num_work; w += work_step, ++n) {
         const WorkUnit u = decode_work<Base>(p, w, num_k_tiles);
         Tensor gA = local_tile(mA(_, _, u.l), tile_mk, make_coord(u.ti, _));  // (kTile, kTileK, k_tiles)
         Tensor gB = local_tile(mB(_, _, u.l), tile_mk, make_coord(u.tj, _));  // (kTile, kTileK, k_tiles)
@@ -148,14 +163,15 @@ __global__ void __launch_bounds__(PingPongTraits<Elem, kStages>::kNumThreads, 1)
           state.advance();
         }
         if (with_c) {
-          EmptyBarrier::wait(&smem.epi_empty, epi_phase);
-          epi_phase ^= 1u;
-          Tensor sC = make_tensor(make_smem_ptr(smem.tile), typename T::EpiLayout{});  // (kTile, kTile)
-          Tensor mC = p.tma_c.get_tma_tensor(make_shape(p.m, p.m, p.batch));          // (m, m, batch) coords
-          Tensor gC = local_tile(mC(_, _, u.l), tile_mm, make_coord(u.ti, u.tj));      // (kTile, kTile)
+          const int g = n & 1;  // the unit's warpgroup
+          EmptyBarrier::wait(&smem.epi_empty[g], (epi_phases >> g) & 1u);
+          epi_phases ^= 1u << g;
+          Tensor sC = make_tensor(make_smem_ptr(smem.tile[g]), typename T::EpiLayout{});  // (kTile, kTile)
+          Tensor mC = p.tma_c.get_tma_tensor(make_shape(p.m, p.m, p.batch));             // (m, m, batch) coords
+          Tensor gC = local_tile(mC(_, _, u.l), tile_mm, make_coord(u.ti, u.tj));         // (kTile, kTile)
           auto [tCgC, tCsC] = tma_partition(p.tma_c, group_modes<0, 2>(sC), group_modes<0, 2>(gC));
-          FullBarrier::arrive_and_expect_tx(&smem.c_full, T::kTileBytes);
-          copy(p.tma_c.with(smem.c_full), tCgC, tCsC);
+          FullBarrier::arrive_and_expect_tx(&smem.c_full[g], T::kTileBytes);
+          copy(p.tma_c.with(smem.c_full[g]), tCgC, tCsC);
         }
       }
     }
@@ -173,23 +189,23 @@ __global__ void __launch_bounds__(PingPongTraits<Elem, kStages>::kNumThreads, 1)
   Tensor tCrA = thr_mma.make_fragment_A(tCsA);  // smem descriptors
   Tensor tCrB = thr_mma.make_fragment_B(tCsB);  // smem descriptors
   Tensor acc = partition_fragment_C(mma, tile_mm);  // (MMA, MMA_M = 2, MMA_N = 1) fp32
-  Tensor sT = make_tensor(make_smem_ptr(smem.tile), typename T::EpiLayout{});    // (kTile, kTile)
-  Tensor sM = make_tensor(make_smem_ptr(smem.mirror), typename T::EpiLayout{});  // (kTile, kTile)
-  Elem* tile = smem.tile;      // [kTile, kTile] at tma_tile_index (= sT's layout)
-  Elem* mirror = smem.mirror;  // [kTile, kTile] at tma_tile_index (= sM's layout)
+  Tensor sT = make_tensor(make_smem_ptr(smem.tile[g]), typename T::EpiLayout{});    // (kTile, kTile)
+  Tensor sM = make_tensor(make_smem_ptr(smem.mirror[g]), typename T::EpiLayout{});  // (kTile, kTile)
+  Elem* tile = smem.tile[g];      // [kTile, kTile] at tma_tile_index (= sT's layout)
+  Elem* mirror = smem.mirror[g];  // [kTile, kTile] at tma_tile_index (= sM's layout)
   const int warp = thread / 32, lane = thread % 32;
   const int quad = lane / 8, sub = lane % 8;  // the block this lane addresses, and its row
 
   RingState<kStages> state{0, 0u};
-  // Parities of the unit's waits (P2, P3). NOTE: 1 for the barriers that unit 0 finds free
-  // (the phase "before" a fresh barrier's first counts as complete).
-  uint32_t order_phase = 1u, epi_phase = 1u, c_phase = 0u;
+  // Parities: `order` completes once a unit (P2; 1: unit 0 finds it free, the phase "before"
+  // a fresh barrier's first counts as complete), c_full[g] once a unit of this warpgroup (P3).
+  uint32_t order_phase = 1u, c_phase = 0u;
   int n = 0;
   for (int64_t w = work_begin; w < p.num_work; w += work_step, ++n) {
     const WorkUnit u = decode_work<Base>(p, w, num_k_tiles);
     if ((n & 1) != g) {
       skip_uses(state, u.k_end - u.k_begin);
-      order_phase ^= 1u, epi_phase ^= 1u, c_phase ^= 1u;
+      order_phase ^= 1u;
       continue;
     }
 
@@ -223,17 +239,17 @@ __global__ void __launch_bounds__(PingPongTraits<Elem, kStages>::kNumThreads, 1)
     warpgroup_fence_operand(acc);
     EmptyBarrier::arrive(&smem.empty[prev_stage]);
 
-    // Epilogue, pass 1: the buffers free (P3; with C, C loaded), then α·acc + β·C in fp32,
+    // Epilogue, pass 1: this warpgroup's buffers free (P3: its storing thread waited for the
+    // last stores' reads before the barrier; with C, C loaded), then α·acc + β·C in fp32,
     // rounded once, into the tile (over C) and transposed into the mirror, in 8×8 blocks:
     // warp w holds rows 64·a + 16w … of atom a (a = 0, 1); accumulator 64a + 8·jj + 2q is
     // the block at rows 64a + 16w + 8·(q%2) …, columns 8·(2·jj + q/2) … (see load_blocks_x4).
     // A warp reads and writes only its own rows of the tile.
-    EmptyBarrier::wait(&smem.epi_empty, epi_phase);
-    epi_phase ^= 1u;
     if (with_c) {
-      FullBarrier::wait(&smem.c_full, c_phase);
+      FullBarrier::wait(&smem.c_full[g], c_phase);
       c_phase ^= 1u;
     }
+    warpgroup_barrier(g);
     const int ti = u.ti, tj = u.tj;
     const bool diagonal = ti == tj;
     CUTE_UNROLL
@@ -273,7 +289,7 @@ __global__ void __launch_bounds__(PingPongTraits<Elem, kStages>::kNumThreads, 1)
     warpgroup_barrier(g);
 
     // Pass 2: one thread stores the tile and the mirror (clipped at m × m), waits until the
-    // stores have read them and frees the buffers for the next unit (P3).
+    // stores have read them and frees the buffers for this warpgroup's next unit (P3).
     if (thread == 0) {
       Tensor mD = p.tma_d.get_tma_tensor(make_shape(p.m, p.m, p.batch));  // (m, m, batch) coords
       Tensor gD = local_tile(mD(_, _, u.l), tile_mm, make_coord(ti, tj));  // (kTile, kTile)
@@ -286,7 +302,7 @@ __global__ void __launch_bounds__(PingPongTraits<Elem, kStages>::kNumThreads, 1)
       }
       tma_store_arrive();
       tma_store_wait<0>();
-      EmptyBarrier::arrive(&smem.epi_empty);
+      EmptyBarrier::arrive(&smem.epi_empty[g]);
     }
     __syncwarp();  // NOTE: warp 0 converged again before the next (aligned) WGMMA
   }
@@ -314,17 +330,14 @@ void launch_pingpong(const SymProductArgs& args, int num_ctas, cudaStream_t stre
   DMUON_CHECK_CUDA(cudaGetLastError());
 }
 
-// The built ping-pong instances of one element type (s4, s5); false when not built.
+// The built ping-pong instance of one element type (s3); false when not built.
 template <class Elem>
 bool launch_pingpong_instance(const SymProductArgs& args, const Sm90SymConfig& config, cudaStream_t stream) {
   if (!config.pingpong || config.cluster != 1 || config.tile_n != 128 || config.split_k ||
-      config.epilogue != Sm90Epilogue::kTmaStore)
+      config.epilogue != Sm90Epilogue::kTmaStore || config.stages != 3)
     return false;
-  switch (config.stages) {
-    case 4: launch_pingpong<Elem, 4>(args, config.num_ctas, stream); return true;
-    case 5: launch_pingpong<Elem, 5>(args, config.num_ctas, stream); return true;
-    default: return false;
-  }
+  launch_pingpong<Elem, 3>(args, config.num_ctas, stream);
+  return true;
 }
 
 }  // namespace dmuon::ns::cuda::sm90
