@@ -45,11 +45,6 @@ def run_sym():
                             ("sm90:mc2-sk-tmastore:s5:c8", xk), ("sm90:mc2-sk-tmastore:s5:c0", xk[:1])):
         ops.cuda_sym_product_config(x_split, x_split, None, 1.0, 0.0, config)
         ops.cuda_sym_product_config(x_split, x_split, cpp[: x_split.shape[0]], 0.5, -0.25, config)
-    # Ping-pong consumers (experimental, so not in the list above): every SM, one CTA (the two
-    # warpgroups alternate over 9 units on one ring) and two CTAs (5 and 4 units).
-    for config in ("sm90:pp-tmastore:s3:c0", "sm90:pp-tmastore:s3:c1", "sm90:pp-tmastore:s3:c2"):
-        ops.cuda_sym_product_config(xp, xp, None, 1.0, 0.0, config)
-        ops.cuda_sym_product_config(xp, xp, cpp, 0.5, -0.25, config)
     # Wide tmastore on a shape with every wide pair kind: 3 × 520 × 136, R = 5: row pairs, the
     # last row's pair over one A panel, lone units of two matrices paired and the third's shadowed.
     x5 = torch.randn(3, 520, 136, device="cuda", dtype=torch.half) / 12

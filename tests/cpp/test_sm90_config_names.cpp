@@ -24,29 +24,20 @@ TEST(Sm90ConfigNames, EveryCandidateRoundTrips) {
   }
 }
 
-TEST(Sm90ConfigNames, PingPongIsTheOneCtaTmaStoreKernelWithThreeStages) {
+TEST(Sm90ConfigNames, NamesOfUnbuiltInstancesAreRefused) {
   Sm90SymConfig c;
-  ASSERT_TRUE(Sm90SymConfig::parse("sm90:pp-tmastore:s3:c7", &c));
-  EXPECT_TRUE(c.pingpong);
+  ASSERT_TRUE(Sm90SymConfig::parse("sm90:sk-tmastore:s5:c7", &c));
+  EXPECT_TRUE(c.split_k);
   EXPECT_EQ(c.epilogue, Sm90Epilogue::kTmaStore);
-  EXPECT_EQ(c.stages, 3);
+  EXPECT_EQ(c.stages, 5);
   EXPECT_EQ(c.num_ctas, 7);
-  EXPECT_EQ(c.cluster, 1);
-  EXPECT_FALSE(c.split_k);
-  ASSERT_TRUE(Sm90SymConfig::parse("sm90:pp-tmastore:s3:c0", &c));
-  for (const std::string unbuilt : {"sm90:pp-tmastore:s4:c0", "sm90:pp-tmastore:s5:c0", "sm90:pp-staged:s3:c0",
-                                    "sm90:pp-direct:s3:c0", "sm90:mc2-pp-tmastore:s3:c0",
-                                    "sm90:n256-pp-tmastore:s3:c0", "sm90:sk-pp-tmastore:s3:c0",
-                                    "sm90:pp-pp-tmastore:s3:c0"})
+  for (const std::string unbuilt :
+       {"sm90:tmastore:s6:c0", "sm90:staged:s3:c0", "sm90:sk-staged:s5:c0", "sm90:mc2-tmastore:s3:c0",
+        "sm90:mc2-tmastore:s5:c3", "sm90:n256-staged:s4:c0", "sm90:n256-sk-tmastore:s3:c0", "sm90:sk-sk-tmastore:s5:c0",
+        "sm90:pp-tmastore:s3:c0", "sm90:tmastore:s5:c-1", "sm90:tmastore:s5", "sm90:fancy:s5:c0"})
     EXPECT_FALSE(Sm90SymConfig::parse(unbuilt, &c)) << unbuilt;
   // NOTE: a refused name leaves the output as it was.
-  EXPECT_EQ(c.name(), "sm90:pp-tmastore:s3:c0");
-}
-
-TEST(Sm90ConfigNames, PingPongIsExperimental) {
-  int pingpong = 0;
-  for (const Sm90SymConfig& c : dmuon::ns::cuda::sm90_sym_experimental_configs()) pingpong += c.pingpong ? 1 : 0;
-  EXPECT_EQ(pingpong, 1);
+  EXPECT_EQ(c.name(), "sm90:sk-tmastore:s5:c7");
 }
 
 }  // namespace

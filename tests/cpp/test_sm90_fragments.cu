@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include "ns/cuda/sm90_sym_kernel.cuh"
-#include "ns/cuda/sm90_sym_pingpong.cuh"
 
 namespace {
 
@@ -23,16 +22,6 @@ TEST(Sm90Fragments, TmaStoreAccumulatorsAreTheMmaFragmentLayout) {
   // The wide tmastore epilogue (128×256 units): the same layout over 256 columns.
   EXPECT_TRUE((sm90::fragment_is_mma_layout<sm90::Traits<cutlass::half_t, 4, kTmaStore, 1, 256>>()));
   EXPECT_TRUE((sm90::fragment_is_mma_layout<sm90::Traits<cutlass::bfloat16_t, 4, kTmaStore, 2, 256>>()));
-}
-
-TEST(Sm90Fragments, PingPongAccumulatorsAreTheMmaFragmentLayoutOncePerAtom) {
-  // One warpgroup a 128×128 tile: the 64-row atoms' values one after the other.
-  EXPECT_TRUE((sm90::pingpong_fragment_is_mma_layout<sm90::PingPongTraits<cutlass::half_t, 3>>()));
-  EXPECT_TRUE((sm90::pingpong_fragment_is_mma_layout<sm90::PingPongTraits<cutlass::bfloat16_t, 3>>()));
-  // The cooperative kernel's layout (two warpgroups, 64 values a thread) is not this one.
-  using Coop = sm90::Traits<cutlass::half_t, 5, kTmaStore>;
-  EXPECT_FALSE(sm90::every_accumulator<Coop>(sm90::PingPongTraits<cutlass::half_t, 3>::kTileValues,
-                                             [](int, int, int, int) { return true; }));
 }
 
 TEST(Sm90Fragments, N256AccumulatorsSplitByColumnTile) {

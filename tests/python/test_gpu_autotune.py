@@ -142,15 +142,6 @@ WIDE_TMA_CONFIGS = ["sm90:n256-tmastore:s3:c0", "sm90:mc2-n256-tmastore:s3:c0", 
 WIDE_EXPERIMENTAL_CONFIGS = ["sm90:n256-tmastore:s4:c0", "sm90:mc2-n256-tmastore:s4:c0", "sm90:mc2-n256-sk-tmastore:s4:c0"]
 WIDE_TMA_SHAPES = sorted(set(CLUSTER_SHAPES) | set(N256_SHAPES))
 
-# Ping-pong consumers (sm90_sym_pingpong.cuh): the two consumer warpgroups take a CTA's units
-# in turn, each with its own pair of epilogue buffers. NOTE: (batch, m, k), U units: (1, 100, 70)
-# U = 1 (warpgroup 1 idle); (3, 200, 130) U = 9; (2, 383, 1001) U = 12, 16 k-tiles, odd m;
-# (16, 1000, 520) U = 576, several per CTA; (1, 1100, 64) U = 45, one k-tile each (the ring
-# handed from one warpgroup to the other every few hundred cycles); (64, 40, 72) U = 64, tiles clipped at m = 40. ":c1"
-# runs one CTA over every unit (the warpgroups alternate on one ring), ":c3" an odd count.
-PINGPONG_CONFIGS = ["sm90:pp-tmastore:s3:c0", "sm90:pp-tmastore:s3:c1", "sm90:pp-tmastore:s3:c3"]
-PINGPONG_SHAPES = [(1, 100, 70), (3, 200, 130), (2, 383, 1001), (16, 1000, 520), (1, 1100, 64), (64, 40, 72)]
-
 
 # Both families on their shapes, called by name whether or not they are candidates.
 # NOTE: the ids name the family ("cluster-…", "n256-…") so that -k selects one.
@@ -161,9 +152,7 @@ NAMED_CASES = ([pytest.param(CLUSTER_CONFIGS, shape, id=f"cluster-{'x'.join(map(
                [pytest.param(WIDE_TMA_CONFIGS + WIDE_EXPERIMENTAL_CONFIGS +
                              ["sm90:mc2-n256-tmastore:s4:c2", "sm90:n256-tmastore:s4:c5", "sm90:n256-tmastore:s3:c5",
                               "sm90:mc2-n256-tmastore:s3:c2"], shape,
-                             id=f"wide-{'x'.join(map(str, shape))}") for shape in WIDE_TMA_SHAPES] +
-               [pytest.param(PINGPONG_CONFIGS, shape, id=f"pingpong-{'x'.join(map(str, shape))}")
-                for shape in PINGPONG_SHAPES])
+                             id=f"wide-{'x'.join(map(str, shape))}") for shape in WIDE_TMA_SHAPES])
 
 
 @needs_kernel
@@ -193,33 +182,6 @@ def test_n256_configs_follow_the_experimental_knob_and_are_built_where_they_fit(
                     "sm90:mc2-n256-tmastore:s2:c0"):
         with pytest.raises(RuntimeError, match="configuration"):
             ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, unbuilt)
-
-
-@needs_kernel
-def test_pingpong_configs_follow_the_experimental_knob_and_are_built_where_they_fit():
-    names = [name for name in ops.cuda_sym_configs() if "pp-" in name]
-    assert names == (["sm90:pp-tmastore:s3:c0"] if experimental_knob else []), names
-    a = padded(torch.randn(1, 16, 16, device="cuda").half())
-    for unbuilt in ("sm90:pp-tmastore:s4:c0", "sm90:pp-tmastore:s5:c0", "sm90:pp-staged:s3:c0",
-                    "sm90:pp-direct:s3:c0", "sm90:mc2-pp-tmastore:s3:c0", "sm90:n256-pp-tmastore:s3:c0",
-                    "sm90:sk-pp-tmastore:s3:c0"):
-        with pytest.raises(RuntimeError, match="configuration"):
-            ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, unbuilt)
-
-
-@needs_kernel
-@pytest.mark.parametrize("with_c", [False, True])
-def test_pingpong_repeats_exactly_and_matches_the_cooperative_kernel(with_c):
-    """The same tile sums in the same k order as the cooperative tmastore kernel: bitwise the
-    same result, whichever warpgroup ran a tile, and on a second (unpoisoned) run."""
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    a, _, c, alpha, beta, exact, same = gram_problem(torch.float16, (12, 896, 896), with_c, gen)
-    plain = ops.cuda_sym_product_config(a, a, c, alpha, beta, "sm90:tmastore:s5:c0")
-    for config in ("sm90:pp-tmastore:s3:c0", "sm90:pp-tmastore:s3:c7"):
-        d = ops.cuda_sym_product_config(a, a, c, alpha, beta, config)
-        assert_like_dense(d, config, exact, same)
-        assert torch.equal(d, plain), f"{config}: differs from sm90:tmastore:s5"
-        assert torch.equal(d, ops.cuda_sym_product_config(a, a, c, alpha, beta, config, poison=False)), config
 
 
 # ---------------------------------------------------------------- tail split-K

@@ -48,11 +48,6 @@ void append_wide_tmastore(int stages, std::vector<Sm90SymConfig>* configs) {
 
 bool built(const Sm90SymConfig& c) {
   if (c.tile != 128 || c.tile_k != 64) return false;
-  // NOTE: ping-pong consumers: 1-CTA 128×128 tmastore, 3 stages (a buffer pair per consumer
-  // warpgroup takes two of the five), no split (sm90_sym_pingpong.cuh).
-  if (c.pingpong)
-    return c.epilogue == Sm90Epilogue::kTmaStore && c.cluster == 1 && c.tile_n == 128 && !c.split_k &&
-           c.stages == 3;
   if (c.tile_n == 256) {
     // NOTE: the wide tmastore instances (1-CTA, and mc2 with split-K a runtime switch) are
     // s4 (four 48 KiB stages and one 32 KiB subtile buffer pair) and s3 (two subtile buffer
@@ -76,7 +71,6 @@ std::string Sm90SymConfig::name() const {
                               : epilogue == Sm90Epilogue::kTmaStore ? "tmastore"
                                                                     : "direct";
   out << "sm90:" << (cluster == 2 ? "mc2-" : "") << (tile_n == 256 ? "n256-" : "") << (split_k ? "sk-" : "")
-      << (pingpong ? "pp-" : "")
       << epilogue_name << ":s" << stages << ":c" << num_ctas;
   return out.str();
 }
@@ -97,10 +91,6 @@ bool Sm90SymConfig::parse(const std::string& text, Sm90SymConfig* config) {
   }
   if (e.rfind("sk-", 0) == 0) {
     c.split_k = true;
-    e = e.substr(3);
-  }
-  if (e.rfind("pp-", 0) == 0) {
-    c.pingpong = true;
     e = e.substr(3);
   }
   if (e == "staged") {
@@ -140,6 +130,15 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
   // 288 threads, since ptxas compiles under the two-CTA bound of 85 registers and the 64×128
   // WGMMA needs 90; it got 96 with 484 bytes of spills) were correct but ran at 0.56–0.84×
   // tmastore s5 on every shape (H200, 2026-11-29, BENCHMARKS.md run H): removed.
+  // NOTE: ping-pong consumers (commits fd3f8e0–b4e2f25: each consumer warpgroup a whole
+  // 128×128 tile with 128 accumulators, the two taking a CTA's units in turn behind a
+  // mainloop order barrier, so one's epilogue runs under the other's WGMMAs) were correct
+  // (bitwise the cooperative kernel's result) but no faster (H200, 2026-12-01, BENCHMARKS.md
+  // run N, in turns): with one tile/mirror pair handed between the warpgroups (s4–s5)
+  // 0.98–1.01× the best tmastore configuration on 7 shapes from 256³ +C to 3584×18944, and
+  // racecheck flagged every mbarrier hand-over of the pair; with a pair per warpgroup (s3,
+  // racecheck clean) 0.84–0.98×, 1.03× on 256³ +C only. The epilogue is not what limits
+  // these products: removed.
   for (int stages : {4, 5}) {
     Sm90SymConfig c;
     c.epilogue = Sm90Epilogue::kTmaStore;
@@ -243,20 +242,6 @@ std::vector<Sm90SymConfig> sm90_sym_experimental_configs() {
   // the stores before the last) were faster on 13 of the 14 shape comparisons of run L,
   // timed in turns.
   append_wide_tmastore(4, &configs);
-  // Ping-pong consumers, tmastore s3: one warpgroup's epilogue under the other's main loop.
-  // NOTE: built for the β·C products of the Gram iteration (k = m: 14–56 k-tiles a tile),
-  // where the cooperative kernels' tensor cores idle through each tile's epilogue. Measured
-  // on an H200 (2026-12-01, BENCHMARKS.md run N, scripts/sym_kernel_bench.py, in turns with
-  // cuBLAS and tmastore s4–s5, fp16): a first version (one buffer pair handed between the
-  // warpgroups, s4–s5) ran within 0.98–1.01× of the best cooperative configuration on all 7
-  // shapes (896³, 1536³, 3584³ +C; 896×4864, 1536×8960, 3584×18944 X·Xᵀ; 256³ +C).
-  {
-    Sm90SymConfig c;
-    c.epilogue = Sm90Epilogue::kTmaStore;
-    c.stages = 3;
-    c.pingpong = true;
-    configs.push_back(c);
-  }
   return configs;
 }
 
@@ -275,10 +260,10 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
   if (!built(config))
     why << "configuration " << config.tile << "x" << config.tile << "x" << config.tile_k << ", " << config.stages
         << " stages, cluster " << config.cluster << ", unit columns " << config.tile_n
-        << (config.split_k ? ", split-K" : "") << (config.pingpong ? ", ping-pong" : "")
+        << (config.split_k ? ", split-K" : "")
         << " is not built (tile 128x128x64, 4-6 stages, 4-5 for tmastore; cluster 2: tmastore s4-s5, staged s6;"
            " split-K: 128x128 tmastore, cluster 2 256-column tmastore; 256 unit columns: 1-CTA staged s3, direct "
-           "s3-s4, tmastore s3-s4 (1-CTA or cluster 2); ping-pong: 1-CTA 128x128 tmastore s3, no split)";
+           "s3-s4, tmastore s3-s4 (1-CTA or cluster 2))";
   else if (config.cluster == 2 && config.num_ctas % 2)
     why << "a 2-CTA cluster configuration needs an even CTA count (0: all SMs), got " << config.num_ctas;
   else if (!aligned16(args.a) || !aligned16(args.b))

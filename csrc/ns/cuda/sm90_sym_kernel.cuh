@@ -1113,8 +1113,7 @@ inline int64_t choose_tail_split(int64_t tail, int64_t wave, int num_k_tiles) {
 // Host checks of CuTe's accumulator layout (evaluated on the host, before the first launch):
 // whether every consumer thread holds `values` accumulators of a kTile × kTileN unit and
 // ok(thread, v, row, col) holds for each accumulator v at (row, col) of the unit.
-// NOTE: the threads are those of T::TiledMma: both consumer warpgroups of the cooperative
-// kernels, one of the ping-pong kernel (sm90_sym_pingpong.cuh).
+// NOTE: the threads are those of T::TiledMma (both consumer warpgroups).
 template <class T, class Ok>
 bool every_accumulator(int values, Ok ok) {
   typename T::TiledMma mma;
@@ -1301,7 +1300,6 @@ bool launch_instance(const SymProductArgs& args, const Sm90SymConfig& config, cu
   constexpr int kDirect = static_cast<int>(Sm90Epilogue::kDirect);
   constexpr int kStaged = static_cast<int>(Sm90Epilogue::kStaged);
   constexpr int kTmaStore = static_cast<int>(Sm90Epilogue::kTmaStore);
-  if (config.pingpong) return false;  // NOTE: sm90_sym_pingpong.cuh's instances
   // mc2 (2-CTA clusters; which are autotuner candidates: sm90_sym_config.cpp).
   if (config.cluster == 2) {
     // Wide tmastore (128×256 units), s4 (one subtile buffer pair) and s3 (two).

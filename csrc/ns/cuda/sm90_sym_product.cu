@@ -11,11 +11,8 @@ namespace dmuon::ns::cuda {
 void sm90_sym_product(const SymProductArgs& args, const Sm90SymConfig& config, cudaStream_t stream) {
   const std::string why = sm90_sym_config_rejects(args, config);
   DMUON_CHECK(why.empty(), "sm90_sym_product (", config.name(), "): ", why);
-  const bool f16 = args.dtype == DType::kFloat16;
-  const bool built = config.pingpong ? (f16 ? sm90::launch_pingpong_f16(args, config, stream)
-                                            : sm90::launch_pingpong_bf16(args, config, stream))
-                                     : (f16 ? sm90::launch_f16(args, config, stream)
-                                            : sm90::launch_bf16(args, config, stream));
+  const bool built = args.dtype == DType::kFloat16 ? sm90::launch_f16(args, config, stream)
+                                                   : sm90::launch_bf16(args, config, stream);
   DMUON_CHECK(built, "sm90_sym_product: configuration ", config.name(), " is not built");
 }
 

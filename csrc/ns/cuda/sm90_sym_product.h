@@ -15,9 +15,8 @@ enum class Sm90Epilogue { kDirect, kStaged, kTmaStore };
 
 /// Configuration of the kernel (compile-time instances: stages 4–6 × direct/staged,
 /// stages 4–5 × tmastore; 2-CTA clusters: tmastore s4–s5, staged s6; 128×256 units: staged
-/// s3, direct s3–s4, tmastore s3–s4 (1-CTA and 2-CTA clusters); ping-pong consumers:
-/// tmastore s3; split-K is a runtime switch of the cooperative 128×128 tmastore instances
-/// and of the 2-CTA 128×256 ones).
+/// s3, direct s3–s4, tmastore s3–s4 (1-CTA and 2-CTA clusters); split-K is a runtime switch
+/// of the 128×128 tmastore instances and of the 2-CTA 128×256 ones).
 struct Sm90SymConfig {
   int tile = 128;    ///< square output tile (rows = cols)
   int tile_k = 64;   ///< k extent of one pipeline stage
@@ -32,14 +31,9 @@ struct Sm90SymConfig {
   /// Tail split-K ("sk-", tmastore only): the units of the last, partial wave run as k-slices
   /// on every CTA, summed by the last slice to finish (SymProductArgs::scratch).
   bool split_k = false;
-  /// Ping-pong consumers ("pp-", 1-CTA 128×128 tmastore s3, no split): each consumer
-  /// warpgroup computes whole tiles, the two in turn, so one's epilogue overlaps the other's
-  /// main loop (sm90_sym_pingpong.cuh).
-  bool pingpong = false;
 
   std::string name() const;  ///< e.g. "sm90:staged:s5:c0", "sm90:mc2-tmastore:s4:c0",
-                             ///< "sm90:sk-tmastore:s5:c0", "sm90:n256-staged:s4:c0",
-                             ///< "sm90:pp-tmastore:s3:c0"
+                             ///< "sm90:sk-tmastore:s5:c0", "sm90:n256-staged:s4:c0"
   /// Parse name(); false when the text names no built configuration.
   static bool parse(const std::string& text, Sm90SymConfig* config);
 };
@@ -51,8 +45,8 @@ std::vector<Sm90SymConfig> sm90_sym_configs();
 
 /// The configurations that won no measured shape (2-CTA clusters: tmastore s4, staged s6,
 /// split tmastore s5; 128×256 units: staged s3, direct s3–s4, tmastore s4 1-CTA and 2-CTA
-/// with and without the split; ping-pong tmastore s3); callable by name whether or not
-/// DMUON_SYM_EXPERIMENTAL is set.
+/// with and without the split); callable by name whether or not DMUON_SYM_EXPERIMENTAL is
+/// set.
 std::vector<Sm90SymConfig> sm90_sym_experimental_configs();
 
 /// Bytes of SymProductArgs::scratch a split-K configuration needs with `num_ctas` CTAs:
@@ -75,9 +69,6 @@ namespace sm90 {
 // The instances of one element type (sm90_sym_product_{f16,bf16}.cu); false: not built.
 bool launch_f16(const SymProductArgs& args, const Sm90SymConfig& config, cudaStream_t stream);
 bool launch_bf16(const SymProductArgs& args, const Sm90SymConfig& config, cudaStream_t stream);
-// The ping-pong instances (sm90_sym_pingpong_{f16,bf16}.cu); false: not built.
-bool launch_pingpong_f16(const SymProductArgs& args, const Sm90SymConfig& config, cudaStream_t stream);
-bool launch_pingpong_bf16(const SymProductArgs& args, const Sm90SymConfig& config, cudaStream_t stream);
 }  // namespace sm90
 
 }  // namespace dmuon::ns::cuda

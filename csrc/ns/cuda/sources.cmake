@@ -21,13 +21,10 @@ if(DMUON_CUTLASS_INCLUDE_DIR)
   # NOTE: the kernel is sm_90a-only (WGMMA, TMA), so it is compiled for that target alone
   # (an object library of its own) instead of also emitting the portable compute_80 PTX:
   # that halves the file's compile time (the build's longest) on CI's 2 cores.
-  # NOTE: one object per element type, the ping-pong kernel's apart, so the instances
-  # compile in parallel.
+  # NOTE: one object per element type so the instances (6 each) compile in parallel.
   add_library(dmuon_ns_sm90 OBJECT ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_product.cu
                                    ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_product_f16.cu
-                                   ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_product_bf16.cu
-                                   ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_pingpong_f16.cu
-                                   ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_pingpong_bf16.cu)
+                                   ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_product_bf16.cu)
   set_target_properties(dmuon_ns_sm90 PROPERTIES CUDA_ARCHITECTURES "90a-real"
                                                  POSITION_INDEPENDENT_CODE ON
                                                  CUDA_RUNTIME_LIBRARY Shared)
