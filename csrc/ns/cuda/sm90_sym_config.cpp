@@ -135,9 +135,9 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
   // mainloop order barrier, so one's epilogue runs under the other's WGMMAs) were correct
   // (bitwise the cooperative kernel's result) but no faster (H200, 2026-12-01, BENCHMARKS.md
   // run N, in turns): with one tile/mirror pair handed between the warpgroups (s4–s5)
-  // 0.98–1.01× the best tmastore configuration on 7 shapes from 256³ +C to 3584×18944, and
+  // 0.96–1.01× the best tmastore configuration on 7 shapes from 256³ +C to 3584×18944, and
   // racecheck flagged every mbarrier hand-over of the pair; with a pair per warpgroup (s3,
-  // racecheck clean) 0.84–0.98×, 1.03× on 256³ +C only. The epilogue is not what limits
+  // racecheck clean) 0.82–0.89×, 1.03× on 256³ +C only. The epilogue is not what limits
   // these products: removed.
   for (int stages : {4, 5}) {
     Sm90SymConfig c;
