@@ -381,11 +381,12 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
   // NOTE: only then: a batch's first runs tune its kernels (timings that other streams'
   // work would disturb) and capture its CUDA graph; later steps replay it. The same
   // batches: the same groups, shapes and sizes (the tensors may be new, e.g. gradients).
-  bool warm = gated_warm_ && gated_warm_->batches.size() == batches.size();
-  for (size_t k = 0; warm && k < batches.size(); ++k) warm = batches[k].same_problem(gated_warm_->batches[k]);
-  const std::vector<int> stream_of =
-      warm ? fused_batch_streams(batches, schedules, fused_streams_) : std::vector<int>(batches.size(), 0);
-  gated_warm_.reset();
+  std::vector<FusedProblem> problems;
+  for (const FusedBatch& batch : batches) problems.push_back(batch.problem());
+  const std::vector<int> stream_of = problems == gated_warm_problems_
+                                         ? fused_batch_streams(batches, schedules, fused_streams_)
+                                         : std::vector<int>(batches.size(), 0);
+  gated_warm_problems_.clear();
   const int num_streams = run_on_streams(stream_of, *device, [&](size_t k) {
     const FusedBatch& batch = batches[k];
     fused_update(batch, groups[static_cast<size_t>(batch.group)], schedules[static_cast<size_t>(batch.group)],
@@ -398,8 +399,7 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
     ++stats_.num_fused_batches;
   }
   stats_.num_fused_streams = batches.empty() ? 0 : num_streams;
-  gated_warm_ = std::make_unique<FusedState>();
-  gated_warm_->batches = batches;
+  gated_warm_problems_ = std::move(problems);
   host_parts.insert(host_parts.end(), result_flags.begin(), result_flags.end());
 
   // One copy to the host (it waits for the whole update), then the decoding.

@@ -160,7 +160,9 @@ class MuonRuntime {
   int64_t step_idx_ = 0;
   struct FusedState;                  // check_fused()'s results (fused path only)
   std::unique_ptr<FusedState> fused_;
-  std::unique_ptr<FusedState> gated_warm_;  // the batches the last check_and_update_fused() ran
+  // FusedBatch::problem() of each batch the last check_and_update_fused() ran.
+  using FusedProblem = std::tuple<int64_t, int64_t, int64_t, size_t>;
+  std::vector<FusedProblem> gated_warm_problems_;
   int64_t fused_done_step_ = -1;      // the step whose fused part check_and_update_fused() ran
   bool gated_step_ = true;            // DMUON_GATED_STEP
   int fused_streams_ = 1;             // options.fused_streams or DMUON_FUSED_STREAMS

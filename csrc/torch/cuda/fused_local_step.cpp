@@ -99,10 +99,6 @@ bool FusedBatch::same_tensors(const FusedBatch& other) const {
   return true;
 }
 
-bool FusedBatch::same_problem(const FusedBatch& other) const {
-  return group == other.group && rows == other.rows && cols == other.cols && matrices.size() == other.matrices.size();
-}
-
 FusedBatch make_fused_batch(int64_t group, int64_t rows, int64_t cols, std::vector<int> members,
                             at::TensorList params, const std::vector<at::Tensor>& grads,
                             const std::vector<at::Tensor>& momenta) {

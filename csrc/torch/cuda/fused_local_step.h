@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <tuple>
 #include <vector>
 
 #include "../group_options.h"
@@ -33,7 +34,8 @@ struct FusedBatch {
   std::vector<ns::cuda::StepMatrix> matrices;  ///< every matrix of the members, in order
   std::vector<int> matrix_member;              ///< matrices[k] belongs to members[matrix_member[k]]
   bool same_tensors(const FusedBatch& other) const;
-  bool same_problem(const FusedBatch& other) const;  ///< same group, shape and number of matrices
+  /// What the batch computes, apart from its tensors: group, rows, cols, number of matrices.
+  std::tuple<int64_t, int64_t, int64_t, size_t> problem() const { return {group, rows, cols, matrices.size()}; }
 };
 
 /// The batch of `members` (params[i] etc. hold whole rows×cols matrices); an undefined
