@@ -20,12 +20,26 @@ namespace dmuon::ns {
 /// Which primitive of ns_algorithms.h a kernel is.
 enum class KernelKind { kSymmetric, kDense, kElementwise };
 
+/// A product kernel as a general GEMM library would run it: `batch` results D (m×n) of
+/// A (m×k) times B, plus β·C where `with_c`. A symmetric product is A·Bᵀ (B m×k, n = m), a
+/// dense one A·B (B k×n). `same_operands`: A is B (X·Xᵀ, R·R).
+struct ProductShape {
+  KernelKind kind = KernelKind::kDense;
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+  bool with_c = false;
+  bool same_operands = false;
+
+  bool operator==(const ProductShape& other) const;
+  bool operator<(const ProductShape& other) const;
+};
+
 /// One kernel of a run: the FLOPs it executes, the bytes it must move, and its primitive
-/// (sym_product, gemm, add_identity).
+/// (sym_product, gemm, add_identity); for the products, their shape (batch 1).
 struct KernelWork {
   double flops = 0.0;
   double bytes = 0.0;
   KernelKind kind = KernelKind::kDense;
+  ProductShape product{};
 };
 
 /// One kernel's floor: the larger of its FLOPs at `flops_per_second` and its bytes at
@@ -67,5 +81,24 @@ struct StepBound {
 /// standard schedules standard), each kernel at its floor, one after another.
 StepBound fused_step_bound(const std::vector<std::pair<int64_t, int64_t>>& shapes, const Schedule& schedule,
                            double flops_per_second, double bytes_per_second);
+
+/// One batch of the step's Newton–Schulz: `count` rows×cols matrices run together.
+struct NsBatch {
+  int64_t count = 1, rows = 0, cols = 0;
+};
+
+/// The distinct products, sorted, of every iteration the CUDA backend may run on each of
+/// `batches` (as fused_step_bound chooses among them), each with its batch's count.
+std::vector<ProductShape> step_products(const std::vector<NsBatch>& batches, const Schedule& schedule);
+
+/// The floor of the fused step with each product at a measured time of the dense GEMM of
+/// its shape: `dense_seconds[i]` for step_products(batches, schedule)[i]. A dense product
+/// takes that time; a symmetric one half of it (its FLOPs, half the dense product's, at the
+/// rate the GEMM reached); each at least its bytes at `bytes_per_second`. add_identity and
+/// the memory passes at `bytes_per_second`; per batch the cheaper iteration.
+/// NOTE: this asks what the step would cost if every product ran as efficiently per FLOP as
+/// the GEMM library does on that shape; the peak floor asks it at the best shape's rate.
+StepBound measured_step_bound(const std::vector<NsBatch>& batches, const Schedule& schedule,
+                              const std::vector<double>& dense_seconds, double bytes_per_second);
 
 }  // namespace dmuon::ns

@@ -11,6 +11,29 @@
 namespace py = pybind11;
 
 namespace dmuon::torch_adapter {
+namespace {
+
+py::dict step_bound_dict(const ns::StepBound& b) {
+  py::dict out;
+  out["seconds"] = b.seconds();
+  out["ns_seconds"] = b.ns_seconds;
+  out["sym_seconds"] = b.sym_seconds;
+  out["dense_seconds"] = b.dense_seconds;
+  out["elementwise_seconds"] = b.elementwise_seconds;
+  out["passes_seconds"] = b.passes_seconds;
+  out["ns_flops"] = b.ns_flops;
+  out["ns_bytes"] = b.ns_bytes;
+  out["pass_bytes"] = b.pass_bytes;
+  return out;
+}
+
+std::vector<ns::NsBatch> to_batches(const std::vector<std::tuple<int64_t, int64_t, int64_t>>& batches) {
+  std::vector<ns::NsBatch> out;
+  for (const auto& [count, rows, cols] : batches) out.push_back({count, rows, cols});
+  return out;
+}
+
+}  // namespace
 
 void register_core_bindings(py::module_& m) {
   py::register_exception<dmuon::Error>(m, "DMuonError", PyExc_RuntimeError);
@@ -29,24 +52,44 @@ void register_core_bindings(py::module_& m) {
       [](const std::vector<std::pair<int64_t, int64_t>>& shapes, const std::string& algorithm, int num_steps,
          double flops_per_second, double bytes_per_second) {
         const auto schedule = ns::default_schedule(ns::parse_algorithm(algorithm), num_steps, 1e-7);
-        const ns::StepBound b = ns::fused_step_bound(shapes, schedule, flops_per_second, bytes_per_second);
-        py::dict out;
-        out["seconds"] = b.seconds();
-        out["ns_seconds"] = b.ns_seconds;
-        out["sym_seconds"] = b.sym_seconds;
-        out["dense_seconds"] = b.dense_seconds;
-        out["elementwise_seconds"] = b.elementwise_seconds;
-        out["passes_seconds"] = b.passes_seconds;
-        out["ns_flops"] = b.ns_flops;
-        out["ns_bytes"] = b.ns_bytes;
-        out["pass_bytes"] = b.pass_bytes;
-        return out;
+        return step_bound_dict(ns::fused_step_bound(shapes, schedule, flops_per_second, bytes_per_second));
       },
       py::arg("shapes"), py::arg("algorithm"), py::arg("num_steps"), py::arg("flops_per_second"),
       py::arg("bytes_per_second"),
       "The floor of the fused single-GPU step over (rows, cols) Muon matrices with the default schedule "
       "of `algorithm`: each Newton-Schulz kernel at the larger of its FLOPs at flops_per_second and its "
       "bytes at bytes_per_second, one after another, plus the memory passes (ns/ns_bound.h)");
+  m.def(
+      "step_products",
+      [](const std::vector<std::tuple<int64_t, int64_t, int64_t>>& batches, const std::string& algorithm,
+         int num_steps) {
+        const auto schedule = ns::default_schedule(ns::parse_algorithm(algorithm), num_steps, 1e-7);
+        py::list out;
+        for (const ns::ProductShape& p : ns::step_products(to_batches(batches), schedule)) {
+          py::dict d;
+          d["kind"] = p.kind == ns::KernelKind::kSymmetric ? "symmetric" : "dense";
+          d["batch"] = p.batch, d["m"] = p.m, d["n"] = p.n, d["k"] = p.k;
+          d["with_c"] = p.with_c, d["same_operands"] = p.same_operands;
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("batches"), py::arg("algorithm"), py::arg("num_steps"),
+      "The distinct products (dicts: kind, batch, m, n, k, with_c, same_operands) of every iteration the "
+      "CUDA backend may run on (count, rows, cols) batches with the default schedule of `algorithm`");
+  m.def(
+      "measured_step_bound",
+      [](const std::vector<std::tuple<int64_t, int64_t, int64_t>>& batches, const std::string& algorithm,
+         int num_steps, const std::vector<double>& dense_seconds, double bytes_per_second) {
+        const auto schedule = ns::default_schedule(ns::parse_algorithm(algorithm), num_steps, 1e-7);
+        return step_bound_dict(
+            ns::measured_step_bound(to_batches(batches), schedule, dense_seconds, bytes_per_second));
+      },
+      py::arg("batches"), py::arg("algorithm"), py::arg("num_steps"), py::arg("dense_seconds"),
+      py::arg("bytes_per_second"),
+      "The floor of the fused step with each product of step_products(batches, …) at its measured dense "
+      "GEMM time (dense_seconds, in that order; symmetric products at half of it), add_identity and the "
+      "memory passes at bytes_per_second (ns/ns_bound.h)");
 }
 
 }  // namespace dmuon::torch_adapter

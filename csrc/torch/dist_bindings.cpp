@@ -97,6 +97,7 @@ void register_dist_bindings(py::module_& m) {
       .def_readonly("num_fused", &StepStats::num_fused)
       .def_readonly("num_fused_batches", &StepStats::num_fused_batches)
       .def_readonly("num_fused_streams", &StepStats::num_fused_streams)
+      .def_readonly("fused_batches", &StepStats::fused_batches)
       .def_readonly("pipeline_depth", &StepStats::pipeline_depth)
       .def_readonly("host_prepare_s", &StepStats::host_prepare_s)
       .def_readonly("host_enqueue_s", &StepStats::host_enqueue_s);

@@ -397,6 +397,7 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
     stats_.num_orthogonalized += static_cast<int64_t>(batch.members.size());
     stats_.num_fused += static_cast<int64_t>(batch.members.size());
     ++stats_.num_fused_batches;
+    stats_.fused_batches.emplace_back(static_cast<int64_t>(batch.matrices.size()), batch.rows, batch.cols);
   }
   stats_.num_fused_streams = batches.empty() ? 0 : num_streams;
   gated_warm_problems_ = std::move(problems);
@@ -477,6 +478,7 @@ void MuonRuntime::run_fused_local(at::TensorList params, const std::vector<at::T
     stats_.num_orthogonalized += static_cast<int64_t>(batch.members.size());
     stats_.num_fused += static_cast<int64_t>(batch.members.size());
     ++stats_.num_fused_batches;
+    stats_.fused_batches.emplace_back(static_cast<int64_t>(batch.matrices.size()), batch.rows, batch.cols);
   }
 #else
   (void)params, (void)grads, (void)momentum_buffers, (void)group_idx, (void)groups, (void)schedules, (void)active,

@@ -48,6 +48,8 @@ struct StepStats {
   int64_t bytes_sent = 0, bytes_received = 0, num_buckets = 0, num_orthogonalized = 0;
   int64_t num_fused = 0, num_fused_batches = 0;  ///< parameters and batches of the fused single-GPU path
   int64_t num_fused_streams = 0;  ///< CUDA streams the gated fused batches ran on (DMUON_FUSED_STREAMS)
+  /// (matrices, rows, cols) of each fused batch, in launch order (the benchmarks' floors).
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> fused_batches;
   int64_t pipeline_depth = 0;  ///< buckets of pipeline slack of the bucketed path (DMUON_PIPELINE_DEPTH)
   /// Gated check-and-update only, host wall: from the call to its first launch, and to the
   /// last launch (the rest of total_s is the wait for the device).

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "common/check.h"
 #include "plan/cost_model.h"
 
@@ -95,6 +97,97 @@ TEST(NsBound, StepBoundPicksWhatTheCudaBackendMayRun) {
   // Matrices add up.
   const StepBound both = fused_step_bound({{512, 512}, {896, 4864}}, gram, peak, bw);
   EXPECT_DOUBLE_EQ(both.seconds(), square.seconds() + wide.seconds());
+}
+
+TEST(NsBound, KernelsCarryTheShapeOfTheirProduct) {
+  const Schedule gram = default_schedule(Algorithm::kGram, 5, 1e-7);
+  const int64_t m = 96, n = 512;
+  const auto g = ns_kernel_work(gram, Algorithm::kGram, n, m);  // tall: runs as 96×512
+  // First X·Xᵀ: symmetric m×m over k = n, one operand, no C; last Q·X: dense m×n over k = m.
+  const ProductShape first = g.front().product, last = g.back().product;
+  EXPECT_EQ(first, (ProductShape{KernelKind::kSymmetric, 1, m, m, n, false, true}));
+  EXPECT_EQ(last, (ProductShape{KernelKind::kDense, 1, m, n, m, false, false}));
+  for (const KernelWork& k : g) {
+    if (k.kind == KernelKind::kElementwise) continue;
+    const ProductShape& p = k.product;
+    EXPECT_EQ(p.kind, k.kind);
+    // A product's FLOPs from its shape: dense 2mnk, symmetric half of it (n = m).
+    EXPECT_DOUBLE_EQ(k.flops, (k.kind == KernelKind::kSymmetric ? 1.0 : 2.0) * p.m * p.n * p.k);
+  }
+  // Standard: B·X + a·X carries its C.
+  const auto s = ns_kernel_work(gram, Algorithm::kStandard, m, n);
+  EXPECT_EQ(s[2].product, (ProductShape{KernelKind::kDense, 1, m, n, m, true, false}));
+}
+
+TEST(NsBound, StepProductsAreDistinctAndCarryTheBatchCount) {
+  const Schedule gram = default_schedule(Algorithm::kGram, 5, 1e-7);
+  const auto products = step_products({{8, 96, 512}, {8, 512, 96}, {3, 64, 64}}, gram);
+  // The two wide batches are the same products (both iterations); the square batch runs
+  // standard only: X·Xᵀ, A² + b·A, B·X + a·X.
+  const auto wide = step_products({{8, 96, 512}}, gram);
+  const auto square = step_products({{3, 64, 64}}, gram);
+  EXPECT_EQ(square.size(), 3u);
+  EXPECT_EQ(products.size(), wide.size() + square.size());
+  EXPECT_TRUE(std::is_sorted(products.begin(), products.end()));
+  EXPECT_TRUE(std::adjacent_find(products.begin(), products.end()) == products.end());
+  for (const ProductShape& p : square) EXPECT_EQ(p.batch, 3);
+  for (const ProductShape& p : wide) EXPECT_EQ(p.batch, 8);
+}
+
+TEST(NsBound, MeasuredBoundAtPeakTimesIsThePeakBound) {
+  // Each product timed at its dense FLOPs at one rate: the measured floor is the peak floor
+  // at that rate (a symmetric product at half the dense time is its own FLOPs at the rate).
+  const Schedule gram = default_schedule(Algorithm::kGram, 5, 1e-7);
+  const double rate = 700e12, bw = 4e12;
+  const std::vector<NsBatch> batches{{4, 896, 4864}, {2, 896, 896}, {3, 128, 896}};
+  std::vector<double> dense;
+  for (const ProductShape& p : step_products(batches, gram))
+    dense.push_back(2.0 * static_cast<double>(p.batch) * p.m * p.n * p.k / rate);
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  for (const NsBatch& b : batches)
+    for (int64_t i = 0; i < b.count; ++i) shapes.emplace_back(b.rows, b.cols);
+  const StepBound measured = measured_step_bound(batches, gram, dense, bw);
+  const StepBound peak = fused_step_bound(shapes, gram, rate, bw);
+  EXPECT_NEAR(measured.seconds(), peak.seconds(), 1e-12);
+  EXPECT_NEAR(measured.sym_seconds, peak.sym_seconds, 1e-12);
+  EXPECT_NEAR(measured.dense_seconds, peak.dense_seconds, 1e-12);
+  EXPECT_NEAR(measured.elementwise_seconds, peak.elementwise_seconds, 1e-12);
+  EXPECT_DOUBLE_EQ(measured.ns_flops, peak.ns_flops);
+  EXPECT_DOUBLE_EQ(measured.pass_bytes, peak.pass_bytes);
+  // Twice the time for every product: the products' part doubles where no product is held
+  // at its bytes (a copy rate that never binds), the passes stay.
+  std::vector<double> slower(dense);
+  for (double& t : slower) t *= 2;
+  const double fast_copy = 1e18;
+  const StepBound at_rate = measured_step_bound(batches, gram, dense, fast_copy);
+  const StepBound half_rate = measured_step_bound(batches, gram, slower, fast_copy);
+  EXPECT_NEAR(half_rate.sym_seconds, 2 * at_rate.sym_seconds, 1e-12);
+  EXPECT_NEAR(half_rate.dense_seconds, 2 * at_rate.dense_seconds, 1e-12);
+  EXPECT_DOUBLE_EQ(half_rate.passes_seconds, at_rate.passes_seconds);
+  // With the real copy rate some small products are held at their bytes: less than double.
+  const StepBound bound_by_bytes = measured_step_bound(batches, gram, slower, bw);
+  EXPECT_GT(bound_by_bytes.ns_seconds, measured.ns_seconds);
+  EXPECT_LE(bound_by_bytes.ns_seconds, 2 * measured.ns_seconds);
+}
+
+TEST(NsBound, MeasuredBoundNamesBadTimes) {
+  const Schedule gram = default_schedule(Algorithm::kGram, 5, 1e-7);
+  const std::vector<NsBatch> batches{{2, 64, 64}};
+  const size_t n = step_products(batches, gram).size();
+  auto message = [&](const std::vector<NsBatch>& b, const std::vector<double>& t, double bw) -> std::string {
+    try {
+      measured_step_bound(b, gram, t, bw);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(message(batches, std::vector<double>(n + 1, 1e-3), 1e12).find("dense_seconds has"), std::string::npos);
+  std::vector<double> bad(n, 1e-3);
+  bad[1] = 0.0;
+  EXPECT_NE(message(batches, bad, 1e12).find("dense_seconds[1]"), std::string::npos);
+  EXPECT_NE(message(batches, std::vector<double>(n, 1e-3), 0.0).find("bytes_per_second"), std::string::npos);
+  EXPECT_NE(message({{0, 64, 64}}, {}, 1e12).find("count"), std::string::npos);
 }
 
 TEST(NsBound, BadInputsNameTheirParameter) {

@@ -55,7 +55,7 @@ _RUN = textwrap.dedent("""
     buffers = [opt.state[p]["momentum_buffer"].double().cpu().flatten().tolist() for p in params]
     stats = opt.runtime.last_stats
     print(json.dumps({"deltas": deltas, "buffers": buffers, "orthogonalized": stats.num_orthogonalized,
-                      "streams": stats.num_fused_streams}))
+                      "streams": stats.num_fused_streams, "batches": [list(b) for b in stats.fused_batches]}))
 """)
 
 
@@ -117,6 +117,13 @@ def test_fused_batches_split_under_a_small_workspace_bound():
         for a, b in zip(df, ds):
             assert rel(a, b) <= 2e-2
     assert whole["orthogonalized"] == split["orthogonalized"] == 9 + 7 + 1
+    # The batches the stats list (matrices, rows, cols): every matrix once, in more batches
+    # under the small bound, none of them larger than the unbounded step's.
+    for run in (whole, split):
+        assert sum(count for count, _, _ in run["batches"]) == 9 + 7 + 3
+        assert {(r, c) for _, r, c in run["batches"]} <= {(64, 96), (96, 64), (40, 72)}
+    assert len(split["batches"]) > len(whole["batches"])
+    assert max(count for count, _, _ in split["batches"]) <= max(count for count, _, _ in whole["batches"])
 
 
 @needs_gpu

@@ -66,3 +66,58 @@ def test_copy_rate_counts_bytes_read_and_written(monkeypatch):
     # 4 MiB copied in 2 ms: 8 MiB moved.
     assert math.isclose(bench_ns.copy_bandwidth_gbs(4, device="cpu"), 2 * 4 * 2**20 / 2e-3 / 1e9)
     assert calls == [(3, 20)]
+
+
+def test_step_products_list_each_distinct_product_once():
+    products = _C.step_products([(8, 896, 4864), (8, 4864, 896), (3, 512, 512)], "gram", 5)
+    keys = [tuple(sorted(p.items())) for p in products]
+    assert len(keys) == len(set(keys))
+    assert {p["kind"] for p in products} == {"symmetric", "dense"}
+    # The square batch runs the standard iteration: X·Xᵀ, A² + b·A and B·X + a·X.
+    square = [p for p in products if p["batch"] == 3]
+    assert sorted((p["kind"], p["k"], p["with_c"]) for p in square) == [
+        ("dense", 512, True), ("symmetric", 512, False), ("symmetric", 512, True)]
+    assert all(p["m"] == 896 for p in products if p["batch"] == 8)
+    assert any(p["kind"] == "symmetric" and p["k"] == 4864 and p["same_operands"] for p in products)
+
+
+def test_measured_floor_at_one_rate_is_the_peak_floor():
+    # Every product "timed" at its dense FLOPs at PEAK: the measured floor is fused_step_bound's.
+    batches = [(4, 896, 4864), (2, 896, 896), (3, 128, 896)]
+    timed = []
+
+    def fake_time(product, dtype, iters):
+        timed.append((product["kind"], dtype))
+        return 2.0 * product["batch"] * product["m"] * product["n"] * product["k"] / PEAK
+
+    measured = bench_ns.measured_floor(batches, "gram", 5, COPY / 1e9, time_product=fake_time)
+    peak = _C.fused_step_bound([(r, c) for b, r, c in batches for _ in range(b)], "gram", 5, PEAK, COPY)
+    for key in ("seconds", "sym_seconds", "dense_seconds", "elementwise_seconds", "passes_seconds"):
+        assert math.isclose(measured[key], peak[key], rel_tol=1e-9), key
+    assert measured["products"] == len(timed) == len(_C.step_products(batches, "gram", 5))
+    assert {dtype for _, dtype in timed} == {bench_ns.torch.float16}  # Gram iterates in fp16
+    with pytest.raises(RuntimeError, match="dense_seconds"):
+        _C.measured_step_bound(batches, "gram", 5, [1e-3], COPY)
+
+
+def test_dense_product_seconds_times_the_right_product(monkeypatch):
+    shapes = []
+
+    def fake_time(fn, warmup, iters):
+        shapes.append(tuple(fn().shape))
+        return 1.5
+
+    monkeypatch.setattr(bench_ns, "cuda_time_ms", fake_time)
+    sym = {"kind": "symmetric", "batch": 2, "m": 8, "n": 8, "k": 24, "with_c": False, "same_operands": True}
+    dense = {"kind": "dense", "batch": 2, "m": 8, "n": 24, "k": 8, "with_c": True, "same_operands": False}
+    for p in (sym, dense):
+        assert bench_ns.dense_product_seconds(p, bench_ns.torch.float32, device="cpu") == 1.5e-3
+    assert shapes == [(2, 8, 8), (2, 8, 24)]
+
+
+def test_the_measured_floor_line_carries_its_figures():
+    b = {"seconds": 40e-3, "ns_seconds": 30e-3, "passes_seconds": 10e-3, "sym_seconds": 16e-3,
+         "dense_seconds": 13.6e-3, "elementwise_seconds": 0.4e-3, "products": 17}
+    line = bench_ns.format_measured_floor(b, 50.0)
+    assert "40.00 ms = NS 30.00 (symmetric 16.00, dense 13.60, add_identity 0.40) + passes 10.00" in line
+    assert "17 distinct products" in line and "at 80% of it" in line

@@ -255,6 +255,56 @@ def format_floor(bound: dict, step_ms: float) -> str:
             f"+ passes {bound['passes_seconds'] * 1e3:.2f}; dmuon step at {100 * floor_ms / step_ms:.0f}% of it")
 
 
+def dense_product_seconds(product: dict, dtype: torch.dtype, iters: int = 10, device: str = "cuda") -> float:
+    """Median time (s) of torch's batched GEMM (cuBLAS on the GPU) for one product of
+    `_C.step_products`: D = A·Bᵀ for a symmetric product (B m×k; B is A where the product
+    shares its operands), D = A·B for a dense one, plus β·C where it has one."""
+    b, m, n, k = product["batch"], product["m"], product["n"], product["k"]
+    # NOTE: operands scaled to unit-size products, so fp16 stays finite whatever k is.
+    a = torch.randn(b, m, k, device=device, dtype=dtype) / math.sqrt(k)
+    if product["kind"] == "symmetric":
+        rhs = (a if product["same_operands"] else torch.randn(b, m, k, device=device, dtype=dtype)).transpose(1, 2)
+    else:
+        rhs = torch.randn(b, k, n, device=device, dtype=dtype)
+    if product["with_c"]:
+        c = torch.randn(b, m, n, device=device, dtype=dtype)
+
+        def fn():
+            return torch.baddbmm(c, a, rhs, beta=0.5)
+    else:
+        def fn():
+            return torch.bmm(a, rhs)
+    seconds = cuda_time_ms(fn, 3, iters) * 1e-3
+    del a, rhs, fn
+    return seconds
+
+
+def measured_floor(batches: list, algorithm: str, num_steps: int, copy_gbs: float, iters: int = 10,
+                   time_product=dense_product_seconds) -> dict:
+    """The step's floor (ns/ns_bound.h, measured_step_bound) with every product at the time
+    torch's GEMM of its shape takes here: `batches` are the step's (matrices, rows, cols)."""
+    from dmuon._ops import _C
+
+    # NOTE: the iterate's dtype as the fused step runs it (fp16 for Gram schedules, else bf16).
+    dtype = torch.float16 if algorithm == "gram" else torch.bfloat16
+    products = _C.step_products(batches, algorithm, num_steps)
+    seconds = [time_product(p, dtype, iters) for p in products]
+    bound = _C.measured_step_bound(batches, algorithm, num_steps, seconds, copy_gbs * 1e9)
+    bound["products"] = len(products)
+    return bound
+
+
+def format_measured_floor(bound: dict, step_ms: float) -> str:
+    """One line: the floor with each product at torch's GEMM time of its shape."""
+    floor_ms = bound["seconds"] * 1e3
+    return (f"floor at this GPU's GEMM rates ({bound['products']} distinct products each at the time torch's "
+            f"batched GEMM of its shape took in this run, symmetric ones at half of it; add_identity and "
+            f"passes at the copy rate): {floor_ms:.2f} ms = NS {bound['ns_seconds'] * 1e3:.2f} "
+            f"(symmetric {bound['sym_seconds'] * 1e3:.2f}, dense {bound['dense_seconds'] * 1e3:.2f}, "
+            f"add_identity {bound['elementwise_seconds'] * 1e3:.2f}) + passes {bound['passes_seconds'] * 1e3:.2f}; "
+            f"dmuon step at {100 * floor_ms / step_ms:.0f}% of it")
+
+
 def run(args) -> None:
     import dmuon  # noqa: F401
     from dmuon._ops import _C, ops
@@ -336,6 +386,8 @@ def run(args) -> None:
         def report_path():
             # Which path the timed steps took: the fused single-GPU step ignores the buckets.
             stats = last_dmuon.pop("opt").runtime.last_stats
+            if stats.num_fused == len(params):
+                last_dmuon["batches"] = list(stats.fused_batches)
             print(f"    path: {stats.num_fused} of {len(params)} parameters fused "
                   f"({stats.num_fused_batches} batches on {stats.num_fused_streams} streams), "
                   f"{stats.num_buckets} buckets for the rest", flush=True)
@@ -417,8 +469,14 @@ def run(args) -> None:
         print(format_floor(_C.fused_step_bound([(r, c) for b, r, c in shapes for _ in range(b)], algorithm,
                                                num_steps, peak * 1e12, copy_gbs * 1e9),
                            results[dmuon_name(args.bucket_mb[0])][0]), flush=True)
+        # NOTE: the parameters go first: the 7B products need room next to nothing else.
         del params
         _free()
+        if "batches" in last_dmuon:
+            measured = measured_floor(last_dmuon.pop("batches"), algorithm, num_steps, copy_gbs)
+            print(format_measured_floor(measured, results[dmuon_name(args.bucket_mb[0])][0]), flush=True)
+        else:
+            print("floor at this GPU's GEMM rates: not measured (the step did not fuse every matrix)")
 
 
 def register(subparsers) -> None:
