@@ -7,6 +7,9 @@ cuBLAS's dense product for X·Xᵀ.
 Times are CUDA-event medians after warm-up. TFLOP/s are "executed" (the FLOPs each method
 actually performs) against the dense bf16 peak measured in the same run, and
 "NS-equivalent" (5·(4m²n + 2m³) per matrix, m ≤ n: standard NS with dense products).
+After each model's table come two floors of the step (csrc/ns/ns_bound.h): every kernel at
+the measured peak, and every distinct product at the time torch's batched GEMM of its shape
+takes in the same run (what the step would cost at the GEMM library's efficiency per FLOP).
 """
 
 from __future__ import annotations
