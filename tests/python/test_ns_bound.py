@@ -88,16 +88,37 @@ def test_measured_floor_at_one_rate_is_the_peak_floor():
 
     def fake_time(product, dtype, iters):
         timed.append((product["kind"], dtype))
-        return 2.0 * product["batch"] * product["m"] * product["n"] * product["k"] / PEAK
+        at_peak = 2.0 * product["batch"] * product["m"] * product["n"] * product["k"] / PEAK
+        # cuBLASLt's algorithms: slower for dense products, not measured for symmetric ones.
+        return at_peak, (2 * at_peak if product["kind"] == "dense" else float("nan"))
 
     measured = bench_ns.measured_floor(batches, "gram", 5, COPY / 1e9, time_product=fake_time)
     peak = _C.fused_step_bound([(r, c) for b, r, c in batches for _ in range(b)], "gram", 5, PEAK, COPY)
     for key in ("seconds", "sym_seconds", "dense_seconds", "elementwise_seconds", "passes_seconds"):
         assert math.isclose(measured[key], peak[key], rel_tol=1e-9), key
+    assert math.isclose(measured["torch_seconds"], peak["seconds"], rel_tol=1e-9)
     assert measured["products"] == len(timed) == len(_C.step_products(batches, "gram", 5))
+    assert measured["lt_faster"] == 0
     assert {dtype for _, dtype in timed} == {bench_ns.torch.float16}  # Gram iterates in fp16
     with pytest.raises(RuntimeError, match="dense_seconds"):
         _C.measured_step_bound(batches, "gram", 5, [1e-3], COPY)
+
+
+def test_measured_floor_takes_the_faster_library_time_per_product():
+    batches = [(2, 256, 1024)]
+
+    def fake_time(product, dtype, iters):
+        torch_s = 1e-3
+        return torch_s, (0.5e-3 if product["kind"] == "dense" else 2e-3)
+
+    measured = bench_ns.measured_floor(batches, "gram", 5, COPY / 1e9, time_product=fake_time)
+    dense = [p for p in _C.step_products(batches, "gram", 5) if p["kind"] == "dense"]
+    assert measured["lt_faster"] == len(dense) > 0
+    assert measured["seconds"] < measured["torch_seconds"]
+    # The symmetric part is at torch's times (half of 1 ms each), the dense at 0.5 ms each.
+    torch_only = _C.measured_step_bound(batches, "gram", 5, [1e-3] * measured["products"], COPY)
+    assert math.isclose(measured["sym_seconds"], torch_only["sym_seconds"])
+    assert measured["dense_seconds"] < torch_only["dense_seconds"]
 
 
 def test_dense_product_seconds_times_the_right_product(monkeypatch):
@@ -111,13 +132,16 @@ def test_dense_product_seconds_times_the_right_product(monkeypatch):
     sym = {"kind": "symmetric", "batch": 2, "m": 8, "n": 8, "k": 24, "with_c": False, "same_operands": True}
     dense = {"kind": "dense", "batch": 2, "m": 8, "n": 24, "k": 8, "with_c": True, "same_operands": False}
     for p in (sym, dense):
-        assert bench_ns.dense_product_seconds(p, bench_ns.torch.float32, device="cpu") == 1.5e-3
+        torch_s, lt_s = bench_ns.dense_product_seconds(p, bench_ns.torch.float32, device="cpu")
+        assert torch_s == 1.5e-3 and math.isnan(lt_s)  # no cuBLASLt on the CPU
     assert shapes == [(2, 8, 8), (2, 8, 24)]
 
 
 def test_the_measured_floor_line_carries_its_figures():
     b = {"seconds": 40e-3, "ns_seconds": 30e-3, "passes_seconds": 10e-3, "sym_seconds": 16e-3,
-         "dense_seconds": 13.6e-3, "elementwise_seconds": 0.4e-3, "products": 17}
+         "dense_seconds": 13.6e-3, "elementwise_seconds": 0.4e-3, "products": 17, "lt_faster": 5,
+         "torch_seconds": 42e-3}
     line = bench_ns.format_measured_floor(b, 50.0)
     assert "40.00 ms = NS 30.00 (symmetric 16.00, dense 13.60, add_identity 0.40) + passes 10.00" in line
-    assert "17 distinct products" in line and "at 80% of it" in line
+    assert "17 distinct products" in line and "faster for 5" in line and "alone 42.00" in line
+    assert "at 80% of it" in line

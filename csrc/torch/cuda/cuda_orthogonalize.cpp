@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <list>
 #include <memory>
 #include <sstream>
@@ -396,6 +397,54 @@ int64_t cuda_autotune_measurements_op(const at::Tensor&) {
 
 std::vector<int64_t> cuda_graph_stats_op(const at::Tensor&) { return dmuon::torch_adapter::cuda_graph_stats(); }
 
+// The time in ms of every algorithm cuBLASLt's heuristic offers for D = A·op(B) + β·C
+// (A [batch, m, k]; B [batch, k, n], or [batch, n, k] when transpose_b), timed in turns as the
+// autotuner times its candidates; NaN for an algorithm that failed to run.
+// NOTE: for the benchmarks' floor at GEMM rates: the results are not checked, so a wrong
+// but fast algorithm could only lower that floor.
+std::vector<double> cuda_gemm_algo_ms_op(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
+                                         double beta, bool transpose_b) {
+  try {
+    TORCH_CHECK(a.is_cuda() && b.is_cuda() && a.dim() == 3 && b.dim() == 3 && a.is_contiguous() && b.is_contiguous() &&
+                    a.scalar_type() == b.scalar_type() &&
+                    (a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16),
+                "cuda_gemm_algo_ms: A and B must be contiguous CUDA [batch, rows, cols] tensors, both float16 or "
+                "both bfloat16");
+    c10::cuda::CUDAGuard guard(a.device());
+    dmuon::ns::cuda::GemmDesc g;
+    g.dtype = a.scalar_type() == at::kHalf ? dmuon::ns::cuda::DType::kFloat16 : dmuon::ns::cuda::DType::kBFloat16;
+    g.transpose_b = transpose_b;
+    g.batch = a.size(0), g.m = a.size(1), g.k = a.size(2);
+    g.n = transpose_b ? b.size(1) : b.size(2);
+    TORCH_CHECK(b.size(0) == g.batch && (transpose_b ? b.size(2) : b.size(1)) == g.k,
+                "cuda_gemm_algo_ms: B must be [", g.batch, ", ", transpose_b ? "n, " : "", g.k, transpose_b ? "" : ", n",
+                "] for A of shape ", a.sizes());
+    const bool has_c = c.has_value() && beta != 0.0;
+    TORCH_CHECK(!has_c || (c->is_contiguous() && c->scalar_type() == a.scalar_type() &&
+                           c->sizes() == at::IntArrayRef({g.batch, g.m, g.n})),
+                "cuda_gemm_algo_ms: C must be a contiguous [batch, m, n] tensor of A's dtype");
+    g.lda = g.k, g.stride_a = g.m * g.k;
+    g.ldb = transpose_b ? g.k : g.n, g.stride_b = g.n * g.k;
+    g.ldc = g.ldd = g.n, g.stride_c = g.stride_d = g.m * g.n;
+    at::Tensor d = at::empty({g.batch, g.m, g.n}, a.options());
+    constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // NOTE: as the backend's
+    at::Tensor workspace = at::empty({static_cast<int64_t>(kWorkspaceBytes)}, a.options().dtype(at::kByte));
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    const void* c_ptr = has_c ? c->data_ptr() : nullptr;
+    std::vector<std::function<void()>> runs;
+    for (int algo = 0; algo < dmuon::ns::cuda::gemm_num_algos(g, has_c, kWorkspaceBytes); ++algo) {
+      runs.push_back([=, &g, &a, &b, &d, &workspace] {
+        dmuon::ns::cuda::gemm(g, 1.0, a.data_ptr(), b.data_ptr(), has_c ? beta : 0.0, c_ptr, d.data_ptr(),
+                              workspace.data_ptr(), kWorkspaceBytes, stream, algo);
+      });
+    }
+    std::vector<std::string> errors;
+    return dmuon::ns::cuda::time_in_turns(runs, stream, &errors);
+  } catch (const dmuon::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
 bool cuda_sym_kernel_usable_op(const at::Tensor& x, c10::string_view dtype) {
   TORCH_CHECK(dtype == "float16" || dtype == "bfloat16", "dtype must be float16 or bfloat16");
   return dmuon::torch_adapter::cuda_sym_kernel_usable(x, dtype == "float16" ? at::kHalf : at::kBFloat16);
@@ -414,6 +463,7 @@ TORCH_LIBRARY_FRAGMENT(dmuon, m) {
         "int[] restart_after, float eps, str dtype, bool use_kernel) -> float");
   m.def("cuda_autotune_measurements(Tensor like) -> int");
   m.def("cuda_graph_stats(Tensor like) -> int[]");
+  m.def("cuda_gemm_algo_ms(Tensor a, Tensor b, Tensor? c, float beta, bool transpose_b) -> float[]");
 }
 
 TORCH_LIBRARY_IMPL(dmuon, CUDA, m) {
@@ -423,4 +473,5 @@ TORCH_LIBRARY_IMPL(dmuon, CUDA, m) {
   m.impl("cuda_ns_tuned_ms", &cuda_ns_tuned_ms_op);
   m.impl("cuda_autotune_measurements", &cuda_autotune_measurements_op);
   m.impl("cuda_graph_stats", &cuda_graph_stats_op);
+  m.impl("cuda_gemm_algo_ms", &cuda_gemm_algo_ms_op);
 }

@@ -258,53 +258,71 @@ def format_floor(bound: dict, step_ms: float) -> str:
             f"+ passes {bound['passes_seconds'] * 1e3:.2f}; dmuon step at {100 * floor_ms / step_ms:.0f}% of it")
 
 
-def dense_product_seconds(product: dict, dtype: torch.dtype, iters: int = 10, device: str = "cuda") -> float:
-    """Median time (s) of torch's batched GEMM (cuBLAS on the GPU) for one product of
-    `_C.step_products`: D = A·Bᵀ for a symmetric product (B m×k; B is A where the product
-    shares its operands), D = A·B for a dense one, plus β·C where it has one."""
+def dense_product_seconds(product: dict, dtype: torch.dtype, iters: int = 10,
+                          device: str = "cuda") -> tuple[float, float]:
+    """Times (s) of one product of `_C.step_products` as a GEMM library runs it: D = A·Bᵀ for
+    a symmetric product (B m×k; B is A where the product shares its operands), D = A·B for a
+    dense one, plus β·C where it has one. Returns (torch's batched GEMM, median of `iters`;
+    the fastest of cuBLASLt's heuristic algorithms timed in turns, NaN where not measured)."""
+    from dmuon._ops import ops
+
     b, m, n, k = product["batch"], product["m"], product["n"], product["k"]
+    symmetric = product["kind"] == "symmetric"
     # NOTE: operands scaled to unit-size products, so fp16 stays finite whatever k is.
     a = torch.randn(b, m, k, device=device, dtype=dtype) / math.sqrt(k)
-    if product["kind"] == "symmetric":
-        rhs = (a if product["same_operands"] else torch.randn(b, m, k, device=device, dtype=dtype)).transpose(1, 2)
+    if symmetric:
+        rhs = a if product["same_operands"] else torch.randn(b, m, k, device=device, dtype=dtype)
     else:
         rhs = torch.randn(b, k, n, device=device, dtype=dtype)
-    if product["with_c"]:
-        c = torch.randn(b, m, n, device=device, dtype=dtype)
+    c = torch.randn(b, m, n, device=device, dtype=dtype) if product["with_c"] else None
+    op_b = rhs.transpose(1, 2) if symmetric else rhs
 
-        def fn():
-            return torch.baddbmm(c, a, rhs, beta=0.5)
-    else:
-        def fn():
-            return torch.bmm(a, rhs)
-    seconds = cuda_time_ms(fn, 3, iters) * 1e-3
-    del a, rhs, fn
-    return seconds
+    def fn():
+        return torch.bmm(a, op_b) if c is None else torch.baddbmm(c, a, op_b, beta=0.5)
+
+    torch_s = cuda_time_ms(fn, 3, iters) * 1e-3
+    lt_s = float("nan")
+    if a.is_cuda and hasattr(ops, "cuda_gemm_algo_ms"):
+        times = [t for t in ops.cuda_gemm_algo_ms(a, rhs, c, 0.5 if c is not None else 0.0, symmetric)
+                 if not math.isnan(t)]
+        lt_s = min(times) * 1e-3 if times else float("nan")
+    del a, rhs, c, fn
+    return torch_s, lt_s
 
 
 def measured_floor(batches: list, algorithm: str, num_steps: int, copy_gbs: float, iters: int = 10,
                    time_product=dense_product_seconds) -> dict:
-    """The step's floor (ns/ns_bound.h, measured_step_bound) with every product at the time
-    torch's GEMM of its shape takes here: `batches` are the step's (matrices, rows, cols)."""
+    """The step's floor (ns/ns_bound.h, measured_step_bound) with every product at the best
+    time a GEMM library took for its shape here (torch's GEMM, or cuBLASLt's fastest
+    heuristic algorithm); `batches` are the step's (matrices, rows, cols). Also
+    "torch_seconds", the same floor at torch's times alone, and "lt_faster", the count of
+    products where an algorithm beat torch."""
     from dmuon._ops import _C
 
     # NOTE: the iterate's dtype as the fused step runs it (fp16 for Gram schedules, else bf16).
     dtype = torch.float16 if algorithm == "gram" else torch.bfloat16
     products = _C.step_products(batches, algorithm, num_steps)
-    seconds = [time_product(p, dtype, iters) for p in products]
-    bound = _C.measured_step_bound(batches, algorithm, num_steps, seconds, copy_gbs * 1e9)
+    timed = [time_product(p, dtype, iters) for p in products]
+    torch_times = [t for t, _ in timed]
+    best_times = [t if math.isnan(lt) else min(t, lt) for t, lt in timed]
+    bound = _C.measured_step_bound(batches, algorithm, num_steps, best_times, copy_gbs * 1e9)
+    bound["torch_seconds"] = _C.measured_step_bound(batches, algorithm, num_steps, torch_times,
+                                                    copy_gbs * 1e9)["seconds"]
     bound["products"] = len(products)
+    bound["lt_faster"] = sum(1 for t, lt in timed if lt < t)
     return bound
 
 
 def format_measured_floor(bound: dict, step_ms: float) -> str:
-    """One line: the floor with each product at torch's GEMM time of its shape."""
+    """One line: the floor with each product at a GEMM library's best time for its shape."""
     floor_ms = bound["seconds"] * 1e3
-    return (f"floor at this GPU's GEMM rates ({bound['products']} distinct products each at the time torch's "
-            f"batched GEMM of its shape took in this run, symmetric ones at half of it; add_identity and "
-            f"passes at the copy rate): {floor_ms:.2f} ms = NS {bound['ns_seconds'] * 1e3:.2f} "
+    return (f"floor at this GPU's GEMM rates ({bound['products']} distinct products, each at the best time of "
+            f"torch's batched GEMM and cuBLASLt's heuristic algorithms for its shape in this run, the algorithms "
+            f"faster for {bound['lt_faster']}; symmetric ones at half of it; add_identity and passes at the copy "
+            f"rate): {floor_ms:.2f} ms = NS {bound['ns_seconds'] * 1e3:.2f} "
             f"(symmetric {bound['sym_seconds'] * 1e3:.2f}, dense {bound['dense_seconds'] * 1e3:.2f}, "
-            f"add_identity {bound['elementwise_seconds'] * 1e3:.2f}) + passes {bound['passes_seconds'] * 1e3:.2f}; "
+            f"add_identity {bound['elementwise_seconds'] * 1e3:.2f}) + passes {bound['passes_seconds'] * 1e3:.2f} "
+            f"(at torch's times alone {bound['torch_seconds'] * 1e3:.2f}); "
             f"dmuon step at {100 * floor_ms / step_ms:.0f}% of it")
 
 
