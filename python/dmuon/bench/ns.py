@@ -8,8 +8,9 @@ Times are CUDA-event medians after warm-up. TFLOP/s are "executed" (the FLOPs ea
 actually performs) against the dense bf16 peak measured in the same run, and
 "NS-equivalent" (5·(4m²n + 2m³) per matrix, m ≤ n: standard NS with dense products).
 After each model's table come two floors of the step (csrc/ns/ns_bound.h): every kernel at
-the measured peak, and every distinct product at the time torch's batched GEMM of its shape
-takes in the same run (what the step would cost at the GEMM library's efficiency per FLOP).
+the measured peak, and every distinct product at the best time torch's batched GEMM or
+cuBLASLt's heuristic algorithms take for its shape in the same run (what the step would cost
+at the GEMM library's efficiency per FLOP).
 """
 
 from __future__ import annotations
