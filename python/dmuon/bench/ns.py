@@ -248,15 +248,21 @@ def profile_step(step, warmup: int) -> None:
     print(format_timeline(profiler_timeline(prof, "dmuon.DMuon.step")))
 
 
+def floor_parts(bound: dict) -> str:
+    """A step bound's total and its parts in ms: "T ms = NS n (symmetric, dense, add_identity) + passes p"."""
+    ms = {key: bound[key] * 1e3 for key in ("seconds", "ns_seconds", "sym_seconds", "dense_seconds",
+                                            "elementwise_seconds", "passes_seconds")}
+    return (f"{ms['seconds']:.2f} ms = NS {ms['ns_seconds']:.2f} (symmetric {ms['sym_seconds']:.2f}, "
+            f"dense {ms['dense_seconds']:.2f}, add_identity {ms['elementwise_seconds']:.2f}) "
+            f"+ passes {ms['passes_seconds']:.2f}")
+
+
 def format_floor(bound: dict, step_ms: float) -> str:
     """One line: the design's floor of the step (ns/ns_bound.h) and the step's share of it."""
-    floor_ms = bound["seconds"] * 1e3
     return (f"floor of this design (each NS kernel at the larger of its FLOPs at the peak and its bytes at the "
             f"device copy's rate, one after another, {bound['ns_flops'] / 1e12:.2f} TFLOP and "
             f"{bound['ns_bytes'] / 1e9:.1f} GB; memory passes {bound['pass_bytes'] / 1e9:.1f} GB): "
-            f"{floor_ms:.2f} ms = NS {bound['ns_seconds'] * 1e3:.2f} (symmetric {bound['sym_seconds'] * 1e3:.2f}, "
-            f"dense {bound['dense_seconds'] * 1e3:.2f}, add_identity {bound['elementwise_seconds'] * 1e3:.2f}) "
-            f"+ passes {bound['passes_seconds'] * 1e3:.2f}; dmuon step at {100 * floor_ms / step_ms:.0f}% of it")
+            f"{floor_parts(bound)}; dmuon step at {100 * bound['seconds'] * 1e3 / step_ms:.0f}% of it")
 
 
 def dense_product_seconds(product: dict, dtype: torch.dtype, iters: int = 10,
@@ -316,15 +322,11 @@ def measured_floor(batches: list, algorithm: str, num_steps: int, copy_gbs: floa
 
 def format_measured_floor(bound: dict, step_ms: float) -> str:
     """One line: the floor with each product at a GEMM library's best time for its shape."""
-    floor_ms = bound["seconds"] * 1e3
     return (f"floor at this GPU's GEMM rates ({bound['products']} distinct products, each at the best time of "
             f"torch's batched GEMM and cuBLASLt's heuristic algorithms for its shape in this run, the algorithms "
             f"faster for {bound['lt_faster']}; symmetric ones at half of it; add_identity and passes at the copy "
-            f"rate): {floor_ms:.2f} ms = NS {bound['ns_seconds'] * 1e3:.2f} "
-            f"(symmetric {bound['sym_seconds'] * 1e3:.2f}, dense {bound['dense_seconds'] * 1e3:.2f}, "
-            f"add_identity {bound['elementwise_seconds'] * 1e3:.2f}) + passes {bound['passes_seconds'] * 1e3:.2f} "
-            f"(at torch's times alone {bound['torch_seconds'] * 1e3:.2f}); "
-            f"dmuon step at {100 * floor_ms / step_ms:.0f}% of it")
+            f"rate): {floor_parts(bound)} (at torch's times alone {bound['torch_seconds'] * 1e3:.2f}); "
+            f"dmuon step at {100 * bound['seconds'] * 1e3 / step_ms:.0f}% of it")
 
 
 def run(args) -> None:
