@@ -95,7 +95,7 @@ void register_dist_bindings(py::module_& m) {
       .def_readonly("num_buckets", &StepStats::num_buckets)
       .def_readonly("num_orthogonalized", &StepStats::num_orthogonalized)
       .def_readonly("num_fused", &StepStats::num_fused)
-      .def_readonly("num_fused_batches", &StepStats::num_fused_batches)
+      .def_property_readonly("num_fused_batches", [](const StepStats& s) { return s.fused_batches.size(); })
       .def_readonly("num_fused_streams", &StepStats::num_fused_streams)
       .def_readonly("fused_batches", &StepStats::fused_batches)
       .def_readonly("pipeline_depth", &StepStats::pipeline_depth)

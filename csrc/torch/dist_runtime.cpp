@@ -198,6 +198,13 @@ struct MuonRuntime::FusedState {
 
 namespace {
 
+// One fused batch in the step's statistics (both fused paths).
+void count_fused_batch(StepStats& stats, const FusedBatch& batch) {
+  stats.num_orthogonalized += static_cast<int64_t>(batch.members.size());
+  stats.num_fused += static_cast<int64_t>(batch.members.size());
+  stats.fused_batches.emplace_back(static_cast<int64_t>(batch.matrices.size()), batch.rows, batch.cols);
+}
+
 // Fused batches of the usable parameters among `candidates`: by (group, rows, cols), each
 // split into as few near-equal parts as the workspace bound allows (dist::split_near_equal).
 std::vector<FusedBatch> plan_fused(const std::vector<dist::ParamLayout>& layouts, at::TensorList params,
@@ -394,10 +401,7 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
                  gate);
   });
   for (const FusedBatch& batch : batches) {
-    stats_.num_orthogonalized += static_cast<int64_t>(batch.members.size());
-    stats_.num_fused += static_cast<int64_t>(batch.members.size());
-    ++stats_.num_fused_batches;
-    stats_.fused_batches.emplace_back(static_cast<int64_t>(batch.matrices.size()), batch.rows, batch.cols);
+    count_fused_batch(stats_, batch);
   }
   stats_.num_fused_streams = batches.empty() ? 0 : num_streams;
   gated_warm_problems_ = std::move(problems);
@@ -475,10 +479,7 @@ void MuonRuntime::run_fused_local(at::TensorList params, const std::vector<at::T
                  });
     finite_flags.push_back(flag.squeeze(0) != 0);
     flag_owner.push_back(static_cast<size_t>(batch.members.front()));
-    stats_.num_orthogonalized += static_cast<int64_t>(batch.members.size());
-    stats_.num_fused += static_cast<int64_t>(batch.members.size());
-    ++stats_.num_fused_batches;
-    stats_.fused_batches.emplace_back(static_cast<int64_t>(batch.matrices.size()), batch.rows, batch.cols);
+    count_fused_batch(stats_, batch);
   }
 #else
   (void)params, (void)grads, (void)momentum_buffers, (void)group_idx, (void)groups, (void)schedules, (void)active,

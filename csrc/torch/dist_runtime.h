@@ -46,9 +46,9 @@ struct RuntimeOptions {
 struct StepStats {
   double momentum_s = 0, pack_s = 0, comm_wait_s = 0, ns_s = 0, apply_s = 0, total_s = 0;
   int64_t bytes_sent = 0, bytes_received = 0, num_buckets = 0, num_orthogonalized = 0;
-  int64_t num_fused = 0, num_fused_batches = 0;  ///< parameters and batches of the fused single-GPU path
+  int64_t num_fused = 0;  ///< parameters of the fused single-GPU path
   int64_t num_fused_streams = 0;  ///< CUDA streams the gated fused batches ran on (DMUON_FUSED_STREAMS)
-  /// (matrices, rows, cols) of each fused batch, in launch order (the benchmarks' floors).
+  /// (matrices, rows, cols) of each batch of the fused single-GPU path, in launch order.
   std::vector<std::tuple<int64_t, int64_t, int64_t>> fused_batches;
   int64_t pipeline_depth = 0;  ///< buckets of pipeline slack of the bucketed path (DMUON_PIPELINE_DEPTH)
   /// Gated check-and-update only, host wall: from the call to its first launch, and to the

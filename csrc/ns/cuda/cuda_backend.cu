@@ -24,9 +24,6 @@
 namespace dmuon::ns::cuda {
 namespace {
 
-// NOTE: cuBLASLt's heuristic picks faster split/stream-K algorithms when it may use
-// scratch space; 32 MiB is what cuBLAS itself reserves per stream on Hopper.
-constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 constexpr size_t kAlign = 256;
 
 size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }

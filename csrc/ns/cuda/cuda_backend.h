@@ -34,6 +34,11 @@ bool sym_kernel_supported(int device);
 /// (NOTE: TMA needs 16-byte aligned row strides, so rows are padded to 8 elements).
 int64_t padded_ld(int64_t cols);
 
+/// Bytes of the cuBLASLt workspace the backend gives every product.
+/// NOTE: cuBLASLt's heuristic picks faster split/stream-K algorithms when it may use
+/// scratch space; 32 MiB is what cuBLAS itself reserves per stream on Hopper.
+inline constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
 /// Bytes of workspace orthogonalize() needs for `batch` rows×cols matrices.
 size_t workspace_bytes(Algorithm algorithm, int64_t batch, int64_t rows, int64_t cols);
 

@@ -357,8 +357,9 @@ at::Tensor cuda_sym_product_config_op(const at::Tensor& a, const at::Tensor& b,
                 "cuda_sym_product_config: C must be [B, m, m] of A's dtype");
     dmuon::ns::cuda::SymProductArgs args = dmuon::torch_adapter::sym_args(a, b, cc, d, alpha, beta);
     // NOTE: cuBLASLt candidates ("lt:<i>") get a scratch workspace like the backend's.
-    at::Tensor lt_ws = at::empty({32 << 20}, a.options().dtype(at::kByte));
-    dmuon::ns::cuda::sym_product_with(args, std::string(config), lt_ws.data_ptr(), 32 << 20,
+    constexpr size_t kLtBytes = dmuon::ns::cuda::kCublasWorkspaceBytes;
+    at::Tensor lt_ws = at::empty({static_cast<int64_t>(kLtBytes)}, a.options().dtype(at::kByte));
+    dmuon::ns::cuda::sym_product_with(args, std::string(config), lt_ws.data_ptr(), kLtBytes,
                                       at::cuda::getCurrentCUDAStream());
     return d;
   } catch (const dmuon::Error& e) {
@@ -427,7 +428,7 @@ std::vector<double> cuda_gemm_algo_ms_op(const at::Tensor& a, const at::Tensor& 
     g.ldb = transpose_b ? g.k : g.n, g.stride_b = g.n * g.k;
     g.ldc = g.ldd = g.n, g.stride_c = g.stride_d = g.m * g.n;
     at::Tensor d = at::empty({g.batch, g.m, g.n}, a.options());
-    constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // NOTE: as the backend's
+    constexpr size_t kWorkspaceBytes = dmuon::ns::cuda::kCublasWorkspaceBytes;  // NOTE: as the backend's
     at::Tensor workspace = at::empty({static_cast<int64_t>(kWorkspaceBytes)}, a.options().dtype(at::kByte));
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     const void* c_ptr = has_c ? c->data_ptr() : nullptr;
