@@ -31,7 +31,6 @@ while [ $# -gt 0 ]; do
 done
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 WORK=$(mktemp -d /tmp/fake_world.XXXXXX)
-: > "$WORK/stages.tsv"
 LOG="$OUT/run.log"
 : > "$LOG"
 
@@ -41,32 +40,11 @@ LOG="$OUT/run.log"
 HOST4="--gpus-per-node 4 --intra-gbps 2960"
 CLUSTER="--gpus-per-node 8 --intra-gbps 2960 --inter-gbps 388"
 
-# Stage runner: name, timeout (s), command...; one line per stage in stages.tsv.
-# NOTE: 25 s of the budget stay for the comparison and the summary.
-run_stage() {
-  local name=$1 limit=$2
-  shift 2
-  local left=$(( START + BUDGET - 25 - $(date +%s) ))
-  if [ "$left" -lt 20 ]; then
-    printf '%s\tskipped (budget spent)\t0\n' "$name" >> "$WORK/stages.tsv"
-    echo "== $name: skipped, ${left} s of the budget left" | tee -a "$LOG"
-    return 0
-  fi
-  [ "$limit" -gt "$left" ] && limit=$left
-  echo "== $name (timeout ${limit} s): $*" | tee -a "$LOG"
-  local t0 rc status
-  t0=$(date +%s)
-  timeout --kill-after=10 "$limit" "$@" >> "$LOG" 2>&1
-  rc=$?
-  case $rc in
-    0) status=ok ;;
-    124|137) status="timed out after ${limit} s" ;;
-    *) status="failed (exit $rc)" ;;
-  esac
-  printf '%s\t%s\t%s\n' "$name" "$status" "$(( $(date +%s) - t0 ))" >> "$WORK/stages.tsv"
-  echo "== $name: $status in $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
-  tail -4 "$LOG" | grep -E "Error|error" | head -2
-}
+# Stage runner (scripts/stage_runner.sh). NOTE: 25 s of the budget stay for the comparison
+# and the summary; every stage's output goes to run.log.
+STAGES_TSV="$WORK/stages.tsv" STAGE_RESERVE=25 STAGE_MIN=20 STAGE_LOG=$LOG
+: > "$STAGES_TSV"
+source scripts/stage_runner.sh
 
 # One bench step: name (the JSON's key), extra environment (or -), then bench step arguments.
 step() {

@@ -1,6 +1,5 @@
 """`python -m dmuon bench step --fake-world D` on the CPU: the JSON record (bytes that follow
-from the layout, the projection and its model stated), the ranks it runs, HSDP, bad inputs,
-and the existing real-world path next to it."""
+from the layout, the projection and its model stated), the ranks it runs, HSDP, bad inputs."""
 
 from __future__ import annotations
 
@@ -11,15 +10,9 @@ import pytest
 from dist_harness import run_distributed
 from dmuon.__main__ import main
 from fake_world_workers import analytic_bytes, gloo_fake_world_refused
+from test_bench_step import _MANIFEST
 
-# Small, awkward matrices: square, wide, tall, a 3-D stack, one row (empty shards at 4).
-_MANIFEST = {"name": "small", "matrices": [
-    {"name": "layers.{i}.q", "rows": 48, "cols": 48, "count": 2},
-    {"name": "layers.{i}.up", "rows": 72, "cols": 48, "count": 2},
-    {"name": "layers.{i}.down", "rows": 48, "cols": 72},
-    {"name": "experts", "rows": 16, "cols": 24, "batch": 3},
-    {"name": "thin", "rows": 1, "cols": 40},
-]}
+# The manifest of test_bench_step (square, wide, tall, a 3-D stack, one row: empty shards at 4) as shapes.
 _SHAPES = [(48, 48)] * 2 + [(72, 48)] * 2 + [(48, 72), (3, 16, 24), (1, 40)]
 
 
