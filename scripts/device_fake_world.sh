@@ -8,6 +8,7 @@
 #   2. the projected scale table: D = 8, 16, 64, 256 for qwen2.5-7b and llama-3.1-8b on 8-GPU
 #      nodes (NVLink inside, a 400 Gb/s-class NIC per GPU between nodes), rank 0 and the
 #      planner's slowest rank; and HSDP once (D = 256 as 32 replicas of one node's sharding);
+#   3. if time is left, the training step of Qwen2.5-1.5B at fake world 8 (bench e2e, dmuon vs AdamW);
 # then the comparison with the measured figures and a short table last (summary.txt).
 # Usage (device tool, kind nvidia-h200, carry [".cutlass"]): bash scripts/device_fake_world.sh [--budget S]
 # Also runs on the CPU with a small manifest to check the script itself:
@@ -76,12 +77,14 @@ fi
 # 10 scale stages ~3.5 min, the build before them.
 BIG=qwen2.5-7b SMALL=qwen2.5-1.5b SCALE_MODELS=(qwen2.5-7b llama-3.1-8b) STEPS="--steps 3 --warmup 1"
 SCALE_WORLDS="8 16 64 256" HSDP_WORLD=256 SCALE_STEPS="--steps 2 --warmup 1"
+E2E_MODEL=qwen2.5-1.5b E2E_ARGS="--seq 4096 --micro-batch 5 --steps 2 --warmup 1"
 if [ "$SMOKE" = 1 ]; then
   # The same stages on a CPU-sized model (a slice of 1.5B's matrices).
   BIG="qwen2.5-1.5b --max-matrices 3" SMALL="qwen2.5-0.5b --max-matrices 4"
   SCALE_MODELS=("qwen2.5-0.5b --max-matrices 4")
   SCALE_WORLDS="8 16" HSDP_WORLD=16
   STEPS="--steps 1 --warmup 0 --bucket-mb 1" SCALE_STEPS=$STEPS
+  E2E_MODEL=tiny E2E_ARGS="--seq 32 --micro-batch 1 --steps 1 --warmup 0"
 fi
 key() { echo "$1" | cut -d' ' -f1; }
 
@@ -114,6 +117,14 @@ for model in "${SCALE_MODELS[@]}"; do
   step "step_$(key "$model")_w${HSDP_WORLD}_hsdp" - 60 --model $model --fake-world $HSDP_WORLD \
     --hsdp $(( HSDP_WORLD / 8 )) --ranks slowest $CLUSTER $SCALE_STEPS
 done
+
+# 3. If time is left: the training step of Qwen2.5-1.5B at fake world 8 (one rank, FSDP2 and
+# DMuon projected; micro-batch 5 of 4096 tokens, as the measured 4-GPU run), dmuon vs AdamW.
+# NOTE: ~570 ms of forward + backward per step on an H200 (BENCHMARKS.md), 4 steps and one
+# counting step per optimizer, the model built twice: ~60 s.
+# shellcheck disable=SC2086
+run_stage "e2e_$(key "$E2E_MODEL")_w8" 120 python3 -m dmuon bench e2e --device "$DEVICE" --model $E2E_MODEL \
+  --fake-world 8 --optimizers dmuon,adamw $E2E_ARGS $CLUSTER --json "$WORK/e2e_$(key "$E2E_MODEL")_w8.json"
 
 # Every JSON in one file, then the comparison and the tables.
 python3 - "$WORK" "$OUT/fake_world.json" <<'PY'

@@ -3,8 +3,9 @@ its stages, the error of each projected figure of `bench step --fake-world` agai
 measured on real GPUs, and the projected table at larger world sizes.
 
 FILE holds {"stages": [[name, status, seconds], ...], "records": {name: bench step JSON}};
-records are named step_<model>_w<world>[_depth1|_hsdp]. Missing or failed records are
-reported, not fatal.
+records are named step_<model>_w<world>[_depth1|_hsdp] (bench step --fake-world) and
+e2e_<model>_w<world> (bench e2e --fake-world). Missing or failed records are reported, not
+fatal.
 """
 
 from __future__ import annotations
@@ -111,6 +112,25 @@ def scale_table(records: dict) -> None:
     print()
 
 
+def e2e_table(records: dict) -> None:
+    """The projected training steps (bench e2e --fake-world records, named e2e_*)."""
+    for name, record in sorted(records.items()):
+        if not name.startswith("e2e_") or "optimizers" not in record:
+            continue
+        config = record.get("config", {})
+        print(f"projected training step: {record['model']} at fake world {record['world']}, rank {record['rank']}, "
+              f"micro-batch {config.get('micro_batch')} x seq {config.get('seq')} (ms)")
+        print(f"{'optimizer':<10} {'fwd+bwd':>9} {'projected':>10} {'opt':>8} {'projected':>10} {'step':>9} "
+              f"{'vs AdamW':>9}")
+        optimizers = record["optimizers"]
+        adamw = optimizers.get("adamw", {}).get("projected_step_ms")
+        for opt, o in optimizers.items():
+            versus = f"{(o['projected_step_ms'] - adamw) / adamw * 100:+8.2f}%" if adamw else f"{'-':>9}"
+            print(f"{opt:<10} {o['fwd_bwd_ms']:9.1f} {o['fwd_bwd_projected_ms']:10.1f} {o['opt_ms']:8.1f} "
+                  f"{o['opt_projected_ms']:10.1f} {o['projected_step_ms']:9.1f} {versus}")
+        print()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -129,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     records = data.get("records", {})
     compare(records)
     scale_table(records)
+    e2e_table(records)
     return 0
 
 
