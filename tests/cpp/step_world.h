@@ -40,6 +40,9 @@ class HostTensor {
   step::Buffer buffer() const;
   int64_t numel() const { return numel_; }
   const std::vector<unsigned char>& bytes() const { return bytes_; }
+  /// The elements' memory (tests copy device results into it).
+  void* data() const { return bytes_.data(); }
+  step::DType dtype() const { return dtype_; }
   /// Element i set to `value` (rounded to the dtype).
   void set(int64_t i, double value);
 
