@@ -99,6 +99,11 @@ struct ApplyPiece {
   DType wire_dtype = DType::kFloat32;
 };
 
+/// Throws dmuon::Error naming `what` unless rows [row_begin, row_begin + row_count) of
+/// matrix `matrix_idx` lie in `batch` and hold `numel` elements (the ops' argument check).
+void check_batch_rows(const char* what, const NsBatchDesc& batch, int64_t matrix_idx, int64_t row_begin,
+                      int64_t row_count, int64_t numel);
+
 class DeviceOps {
  public:
   virtual ~DeviceOps() = default;

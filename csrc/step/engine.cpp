@@ -211,7 +211,6 @@ StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
   const Stage& stage = stages_[s];
   const std::vector<ParamTensors>& tensors = *st.tensors;
   StageTimeline& line = stats_.stages[s];
-  const int64_t wire_size = dtype_size(wire_dtype_);
   Flight f;
   // Send layout: per destination, the batches it computes, the items it does not hold
   // whole, this rank's piece; then this rank's own pieces of the items it computes (read
@@ -297,23 +296,29 @@ StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
   stats_.momentum_s += prepare_s;
   line.prepare_s += prepare_s;
 
-  const auto issue_start = Clock::now();
+  issue_exchange(f, f.send.get().slice(0, to_others), send_counts, recv_counts, exchange,
+                 "all_to_all of stage " + std::to_string(s) + "'s pieces to their owners (" + step_name(st.step_idx) +
+                     ")",
+                 line.forward_sent_to, line.forward_received_from);
+  return f;
+}
+
+void StepEngine::issue_exchange(Flight& f, const Buffer& send, const std::vector<int64_t>& send_counts,
+                                const std::vector<int64_t>& recv_counts, bool collective, const std::string& what,
+                                std::vector<int64_t>& sent_to, std::vector<int64_t>& received_from) {
+  const auto start = Clock::now();
   // NOTE: a transport that moves nothing leaves the receive buffer as it was; zeros keep
   // the owner's NS on defined data.
   if (!transport_.moves_data()) ops_.fill_zero(f.recv.get());
-  if (exchange) {
-    f.pending = transport_.all_to_all(f.send.get().slice(0, to_others), send_counts, f.recv.get(), recv_counts,
-                                      "all_to_all of stage " + std::to_string(s) + "'s pieces to their owners (" +
-                                          step_name(st.step_idx) + ")");
-  }
+  if (collective) f.pending = transport_.all_to_all(send, send_counts, f.recv.get(), recv_counts, what);
+  const int64_t wire_size = dtype_size(wire_dtype_);
   for (int r = 0; r < world_; ++r) {
-    line.forward_sent_to[static_cast<size_t>(r)] = send_counts[static_cast<size_t>(r)] * wire_size;
-    line.forward_received_from[static_cast<size_t>(r)] = recv_counts[static_cast<size_t>(r)] * wire_size;
+    sent_to[static_cast<size_t>(r)] = send_counts[static_cast<size_t>(r)] * wire_size;
+    received_from[static_cast<size_t>(r)] = recv_counts[static_cast<size_t>(r)] * wire_size;
+    stats_.bytes_sent += sent_to[static_cast<size_t>(r)];
+    stats_.bytes_received += received_from[static_cast<size_t>(r)];
   }
-  stats_.bytes_sent += to_others * wire_size;
-  stats_.bytes_received += received * wire_size;
-  stats_.pack_s += seconds_since(issue_start);
-  return f;
+  stats_.pack_s += seconds_since(start);
 }
 
 std::vector<int> StepEngine::stream_assignment(const std::vector<const NsBatch*>& batches,
@@ -341,7 +346,6 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
   const std::vector<ParamTensors>& tensors = *st.tensors;
   const std::vector<GroupRule>& rules = *st.rules;
   StageTimeline& line = stats_.stages[s];
-  const int64_t wire_size = dtype_size(wire_dtype_);
   const bool owner_mode = options_.mode == Mode::kOwner;
 
   auto start = Clock::now();
@@ -488,20 +492,10 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
   stats_.ns_s += ns_s;
   line.ns_s += ns_s;
 
-  start = Clock::now();
-  if (exchange_back) {
-    if (!transport_.moves_data()) ops_.fill_zero(back.recv.get());
-    back.pending = transport_.all_to_all(back.send.get(), send_counts, back.recv.get(), recv_counts,
-                                         "all_to_all of stage " + std::to_string(s) +
-                                             "'s results back from their owners (" + step_name(st.step_idx) + ")");
-  }
-  for (int r = 0; r < world_; ++r) {
-    line.return_sent_to[static_cast<size_t>(r)] = send_counts[static_cast<size_t>(r)] * wire_size;
-    line.return_received_from[static_cast<size_t>(r)] = recv_counts[static_cast<size_t>(r)] * wire_size;
-  }
-  stats_.bytes_sent += sent * wire_size;
-  stats_.bytes_received += received * wire_size;
-  stats_.pack_s += seconds_since(start);
+  issue_exchange(back, back.send.get(), send_counts, recv_counts, exchange_back,
+                 "all_to_all of stage " + std::to_string(s) + "'s results back from their owners (" +
+                     step_name(st.step_idx) + ")",
+                 line.return_sent_to, line.return_received_from);
   return back;
 }
 
@@ -536,6 +530,20 @@ void StepEngine::land(size_t s, StepState& st, Flight& back) {
   const double apply_s = seconds_since(start);
   stats_.apply_s += apply_s;
   line.apply_s += apply_s;
+}
+
+StepOutcome StepEngine::nonfinite_gradient(std::vector<int> params, std::vector<bool> active, int64_t step_idx) const {
+  StepOutcome out;
+  out.status = StepOutcome::Status::kNonFiniteGradient;
+  out.nonfinite_params = std::move(params);
+  out.active = std::move(active);
+  std::ostringstream message;
+  message << "non-finite gradient (NaN or Inf) in parameter '" << table_.param(out.nonfinite_params.front()).name
+          << "' at " << step_name(step_idx);
+  if (out.nonfinite_params.size() > 1) message << " (and " << out.nonfinite_params.size() - 1 << " more)";
+  message << "; nothing was updated";
+  out.message = message.str();
+  return out;
 }
 
 StepOutcome StepEngine::step(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
@@ -622,20 +630,13 @@ StepOutcome StepEngine::step(const std::vector<ParamTensors>& tensors, const std
     for (int p = 0; p < num_params; ++p)
       DMUON_CHECK(agreed[static_cast<size_t>(2 * num_params + p)] == 0, "the momentum buffer of parameter ", name(p),
                   " holds NaN or Inf", at_step, " (corrupt optimizer state); nothing was updated");
-    StepOutcome bad;
+    std::vector<int> bad;
     for (int p = 0; p < num_params; ++p)
-      if (agreed[static_cast<size_t>(num_params + p)] != 0) bad.nonfinite_params.push_back(p);
-    if (!bad.nonfinite_params.empty()) {
-      bad.status = StepOutcome::Status::kNonFiniteGradient;
-      bad.active = active;
-      std::ostringstream message;
-      message << "non-finite gradient (NaN or Inf) in parameter " << name(bad.nonfinite_params.front()) << at_step;
-      if (bad.nonfinite_params.size() > 1) message << " (and " << bad.nonfinite_params.size() - 1 << " more)";
-      message << "; nothing was updated";
-      bad.message = message.str();
+      if (agreed[static_cast<size_t>(num_params + p)] != 0) bad.push_back(p);
+    if (!bad.empty()) {
       stats_.check_s = seconds_since(start);
       stats_.total_s = seconds_since(step_start);
-      return bad;
+      return nonfinite_gradient(std::move(bad), active, step_idx);
     }
   } else {
     for (int p = 0; p < num_params; ++p) active[static_cast<size_t>(p)] = tensors[static_cast<size_t>(p)].has_grad;
@@ -688,18 +689,13 @@ StepOutcome StepEngine::step(const std::vector<ParamTensors>& tensors, const std
     for (int p = 0; p < num_params; ++p)
       DMUON_CHECK(host[static_cast<size_t>(2 * p + 1)] == 0, "the momentum buffer of parameter ", name(p),
                   " holds NaN or Inf", at_step, " (corrupt optimizer state); nothing was updated");
+    std::vector<int> bad;
     for (int p = 0; p < num_params; ++p)
-      if (host[static_cast<size_t>(2 * p)] != 0) outcome.nonfinite_params.push_back(p);
-    if (!outcome.nonfinite_params.empty()) {
+      if (host[static_cast<size_t>(2 * p)] != 0) bad.push_back(p);
+    if (!bad.empty()) {
       // NOTE: the gate was closed: nothing was written, whatever ran.
-      outcome.status = StepOutcome::Status::kNonFiniteGradient;
-      std::ostringstream message;
-      message << "non-finite gradient (NaN or Inf) in parameter " << name(outcome.nonfinite_params.front()) << at_step;
-      if (outcome.nonfinite_params.size() > 1) message << " (and " << outcome.nonfinite_params.size() - 1 << " more)";
-      message << "; nothing was updated";
-      outcome.message = message.str();
       stats_.total_s = seconds_since(step_start);
-      return outcome;
+      return nonfinite_gradient(std::move(bad), active, step_idx);
     }
     for (int p = 0; p < num_params && first_bad < 0; ++p)
       if (host[static_cast<size_t>(2 * num_params + p)] != 0) first_bad = p;

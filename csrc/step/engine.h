@@ -91,6 +91,11 @@ class StepEngine {
   Flight issue_forward(size_t s, StepState& st);
   Flight run_stage(size_t s, StepState& st, Flight& forward);
   void land(size_t s, StepState& st, Flight& back);
+  // One exchange of a stage (the all_to_all when `collective`) and its bytes per peer.
+  void issue_exchange(Flight& f, const Buffer& send, const std::vector<int64_t>& send_counts,
+                      const std::vector<int64_t>& recv_counts, bool collective, const std::string& what,
+                      std::vector<int64_t>& sent_to, std::vector<int64_t>& received_from);
+  StepOutcome nonfinite_gradient(std::vector<int> params, std::vector<bool> active, int64_t step_idx) const;
   std::vector<int> stream_assignment(const std::vector<const NsBatch*>& batches,
                                      const std::vector<GroupRule>& rules);
 

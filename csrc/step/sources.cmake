@@ -6,6 +6,7 @@ target_sources(dmuon_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/items.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stages.cpp
   ${CMAKE_CURRENT_LIST_DIR}/options.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/device_ops.cpp
   ${CMAKE_CURRENT_LIST_DIR}/loopback_transport.cpp
   ${CMAKE_CURRENT_LIST_DIR}/route.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine.cpp

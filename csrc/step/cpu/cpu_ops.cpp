@@ -233,10 +233,8 @@ void CpuOps::iterate_from_pieces(const std::vector<WirePiece>& pieces, const NsB
     using C = decltype(iz);
     C* it = static_cast<C*>(iterate.data);
     for (const WirePiece& piece : pieces) {
-      DMUON_CHECK(piece.matrix_idx >= 0 && piece.matrix_idx < batch.count && piece.row_begin >= 0 &&
-                      piece.row_begin + piece.row_count <= batch.rows && piece.wire.numel == piece.row_count * batch.cols,
-                  "CpuOps::iterate_from_pieces: rows [", piece.row_begin, ", ", piece.row_begin + piece.row_count,
-                  ") of matrix ", piece.matrix_idx, " from ", piece.wire.numel, " elements");
+      check_batch_rows("CpuOps::iterate_from_pieces", batch, piece.matrix_idx, piece.row_begin, piece.row_count,
+                       piece.wire.numel);
       C* dst = it + piece.matrix_idx * iterate.batch_stride + piece.row_begin * batch.cols;
       dispatch_float(piece.wire.dtype, [&](auto wz) {
         using W = decltype(wz);
@@ -252,10 +250,8 @@ void CpuOps::result_to_pieces(const NsView& result, const NsBatchDesc& batch, co
     using C = decltype(rz);
     const C* out = static_cast<const C*>(result.data);
     for (const WirePiece& piece : pieces) {
-      DMUON_CHECK(piece.matrix_idx >= 0 && piece.matrix_idx < batch.count && piece.row_begin >= 0 &&
-                      piece.row_begin + piece.row_count <= batch.rows && piece.wire.numel == piece.row_count * batch.cols,
-                  "CpuOps::result_to_pieces: rows [", piece.row_begin, ", ", piece.row_begin + piece.row_count,
-                  ") of matrix ", piece.matrix_idx, " into ", piece.wire.numel, " elements");
+      check_batch_rows("CpuOps::result_to_pieces", batch, piece.matrix_idx, piece.row_begin, piece.row_count,
+                       piece.wire.numel);
       const C* src = out + piece.matrix_idx * result.batch_stride + piece.row_begin * batch.cols;
       dispatch_float(piece.wire.dtype, [&](auto wz) {
         using W = decltype(wz);
@@ -273,10 +269,8 @@ void CpuOps::apply_result(const NsView& result, const NsBatchDesc& batch, const 
     using R = decltype(rz);
     const R* out = static_cast<const R*>(result.data);
     for (const ApplyPiece& piece : pieces) {
-      DMUON_CHECK(piece.matrix_idx >= 0 && piece.matrix_idx < batch.count && piece.row_begin >= 0 &&
-                      piece.row_begin + piece.row_count <= batch.rows && piece.param.numel == piece.row_count * batch.cols,
-                  "CpuOps::apply_result: rows [", piece.row_begin, ", ", piece.row_begin + piece.row_count,
-                  ") of matrix ", piece.matrix_idx, " onto ", piece.param.numel, " elements");
+      check_batch_rows("CpuOps::apply_result", batch, piece.matrix_idx, piece.row_begin, piece.row_count,
+                       piece.param.numel);
       DMUON_CHECK(piece.flag_idx >= 0 && piece.flag_idx < result_flags.numel, "CpuOps::apply_result: flag index ",
                   piece.flag_idx, " out of range");
       const R* src = out + piece.matrix_idx * result.batch_stride + piece.row_begin * batch.cols;

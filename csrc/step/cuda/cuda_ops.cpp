@@ -293,10 +293,9 @@ void CudaOps::iterate_from_pieces(const std::vector<WirePiece>& pieces, const Ns
   int64_t total = 0;
   for (size_t k : order) {
     const WirePiece& p = pieces[k];
-    DMUON_CHECK(p.wire.dtype == wire && p.matrix_idx >= 0 && p.matrix_idx < batch.count && p.row_begin >= 0 &&
-                    p.row_begin + p.row_count <= batch.rows && p.wire.numel == p.row_count * batch.cols,
-                "CudaOps::iterate_from_pieces: rows [", p.row_begin, ", ", p.row_begin + p.row_count, ") of matrix ",
-                p.matrix_idx, " from ", p.wire.numel, " ", dtype_name(p.wire.dtype), " elements");
+    check_batch_rows("CudaOps::iterate_from_pieces", batch, p.matrix_idx, p.row_begin, p.row_count, p.wire.numel);
+    DMUON_CHECK(p.wire.dtype == wire, "CudaOps::iterate_from_pieces: pieces of ", dtype_name(wire), " and ",
+                dtype_name(p.wire.dtype));
     const size_t m = static_cast<size_t>(p.matrix_idx);
     if (count[m] == 0) offset[m] = total;
     const int64_t chunks = cuda::num_chunks(p.wire.numel);
@@ -318,10 +317,7 @@ void CudaOps::result_to_pieces(const NsView& result, const NsBatchDesc& batch, c
   DeviceGuard guard(impl_->options.device);
   std::map<DType, std::vector<cuda::WireDesc>> by_wire;
   for (const WirePiece& p : pieces) {
-    DMUON_CHECK(p.matrix_idx >= 0 && p.matrix_idx < batch.count && p.row_begin >= 0 &&
-                    p.row_begin + p.row_count <= batch.rows && p.wire.numel == p.row_count * batch.cols,
-                "CudaOps::result_to_pieces: rows [", p.row_begin, ", ", p.row_begin + p.row_count, ") of matrix ",
-                p.matrix_idx, " into ", p.wire.numel, " elements");
+    check_batch_rows("CudaOps::result_to_pieces", batch, p.matrix_idx, p.row_begin, p.row_count, p.wire.numel);
     by_wire[p.wire.dtype].push_back({p.wire.data, p.matrix_idx, p.row_begin, p.row_count, 0});
   }
   for (const auto& [wire, descs] : by_wire) cuda::result_to_pieces(wire, view_of(result, batch), descs, impl_->current);
@@ -334,11 +330,9 @@ void CudaOps::apply_result(const NsView& result, const NsBatchDesc& batch, const
   std::map<std::pair<DType, DType>, std::vector<cuda::ApplyDesc>> groups;  // (param, rounding) → pieces
   for (const ApplyPiece& p : pieces) {
     require_supported(p.param.dtype);
-    DMUON_CHECK(p.matrix_idx >= 0 && p.matrix_idx < batch.count && p.row_begin >= 0 &&
-                    p.row_begin + p.row_count <= batch.rows && p.param.numel == p.row_count * batch.cols &&
-                    p.flag_idx >= 0 && p.flag_idx < result_flags.numel,
-                "CudaOps::apply_result: rows [", p.row_begin, ", ", p.row_begin + p.row_count, ") of matrix ",
-                p.matrix_idx, " onto ", p.param.numel, " elements");
+    check_batch_rows("CudaOps::apply_result", batch, p.matrix_idx, p.row_begin, p.row_count, p.param.numel);
+    DMUON_CHECK(p.flag_idx >= 0 && p.flag_idx < result_flags.numel, "CudaOps::apply_result: flag index ", p.flag_idx,
+                " out of range");
     // NOTE: float64 marks "no rounding through the wire" (it is never a CUDA wire dtype).
     const DType rounding = p.round_through_wire ? p.wire_dtype : DType::kFloat64;
     groups[{p.param.dtype, rounding}].push_back({p.param.data, nullptr, p.matrix_idx, p.row_begin, p.row_count,

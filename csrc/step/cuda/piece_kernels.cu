@@ -125,11 +125,13 @@ dim3 tile_grid(int64_t rows, int64_t cols, int n) {
 }
 
 // ---------------------------------------------------------------- tile movers
-// One 32×32 tile (blockIdx.y, blockIdx.x) of an R×C piece, from read(r, c) to write(r, c, v).
-// kTranspose: read is coalesced along c, write along r (piece → transposed iterate).
-template <bool kTranspose, typename Read, typename Write>
-__device__ void tile_from_piece(int64_t R, int64_t C, Read&& read, Write&& write) {
-  __shared__ float tile[kTile][kTile + 1];  // [r − r0][c − c0] (padded against bank conflicts)
+// One 32×32 tile (blockIdx.y, blockIdx.x) of an R×C piece, from read(r, c) to
+// write(r, c, v). kTranspose: one side is coalesced along r, the other along c, through
+// shared memory: kReadAlongRows = false reads along c (piece → transposed iterate), true
+// reads along r (transposed result → piece).
+template <bool kTranspose, bool kReadAlongRows, typename Read, typename Write>
+__device__ void move_tile(int64_t R, int64_t C, Read&& read, Write&& write) {
+  __shared__ float tile[kTile][kTile + 1];  // [first phase's i][threadIdx.x] (padded against bank conflicts)
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   if constexpr (!kTranspose) {
     for (int i = threadIdx.y; i < kTile; i += kTileRows) {
@@ -137,36 +139,16 @@ __device__ void tile_from_piece(int64_t R, int64_t C, Read&& read, Write&& write
       if (r < R && c < C) write(r, c, read(r, c));
     }
   } else {
+    // Thread (x, i) of a phase is element (r0 + i, c0 + x) along c, (r0 + x, c0 + i) along r.
+    auto row = [&](bool along_rows, int i) { return along_rows ? r0 + threadIdx.x : r0 + i; };
+    auto col = [&](bool along_rows, int i) { return along_rows ? c0 + i : c0 + threadIdx.x; };
     for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-      const int64_t r = r0 + i, c = c0 + threadIdx.x;
+      const int64_t r = row(kReadAlongRows, i), c = col(kReadAlongRows, i);
       tile[i][threadIdx.x] = (r < R && c < C) ? read(r, c) : 0.f;
     }
     __syncthreads();
     for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-      const int64_t c = c0 + i, r = r0 + threadIdx.x;
-      if (r < R && c < C) write(r, c, tile[threadIdx.x][i]);
-    }
-  }
-}
-
-// The reverse: kTranspose: read is coalesced along r, write along c (transposed result → piece).
-template <bool kTranspose, typename Read, typename Write>
-__device__ void tile_to_piece(int64_t R, int64_t C, Read&& read, Write&& write) {
-  __shared__ float tile[kTile][kTile + 1];  // [c − c0][r − r0]
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  if constexpr (!kTranspose) {
-    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-      const int64_t r = r0 + i, c = c0 + threadIdx.x;
-      if (r < R && c < C) write(r, c, read(r, c));
-    }
-  } else {
-    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-      const int64_t c = c0 + i, r = r0 + threadIdx.x;
-      tile[i][threadIdx.x] = (r < R && c < C) ? read(r, c) : 0.f;
-    }
-    __syncthreads();
-    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-      const int64_t r = r0 + i, c = c0 + threadIdx.x;
+      const int64_t r = row(!kReadAlongRows, i), c = col(!kReadAlongRows, i);
       if (r < R && c < C) write(r, c, tile[threadIdx.x][i]);
     }
   }
@@ -262,7 +244,7 @@ __global__ void local_to_iterate_kernel(const __grid_constant__ DescList<LocalDe
   const P* grad = static_cast<const P*>(d.grad);
   P* momentum = static_cast<P*>(d.momentum);
   T* dst = iterate + d.matrix_idx * stride;
-  tile_from_piece<kTranspose>(
+  move_tile<kTranspose, false>(
       rows, cols,
       [&](int64_t r, int64_t c) {
         return skipped ? 0.f : momentum_update(grad, momentum, r * cols + c, d.rule, update_momentum);
@@ -278,7 +260,7 @@ __global__ void pieces_to_iterate_kernel(const __grid_constant__ DescList<WireDe
   const float scale = is_skipped(skip) ? 0.f : scales[d.matrix_idx];
   const W* wire = static_cast<const W*>(d.wire);
   T* dst = iterate + d.matrix_idx * stride;
-  tile_from_piece<kTranspose>(
+  move_tile<kTranspose, false>(
       d.row_count, cols, [&](int64_t r, int64_t c) { return load(wire, r * cols + c); },
       [&](int64_t r, int64_t c, float v) { dst[iterate_at<kTranspose>(d.row_begin + r, c, ld)] = from_f<T>(v * scale); });
 }
@@ -289,7 +271,7 @@ __global__ void result_to_pieces_kernel(const T* __restrict__ result, int64_t ld
   const WireDesc& d = list.d[blockIdx.z];
   const T* src = result + d.matrix_idx * stride;
   W* wire = static_cast<W*>(d.wire);
-  tile_to_piece<kTranspose>(
+  move_tile<kTranspose, true>(
       d.row_count, cols, [&](int64_t r, int64_t c) { return load(src, iterate_at<kTranspose>(d.row_begin + r, c, ld)); },
       [&](int64_t r, int64_t c, float v) { wire[r * cols + c] = from_f<W>(v); });
 }
@@ -315,7 +297,7 @@ __global__ void apply_result_kernel(const T* __restrict__ result, int64_t ld, in
   const T* src = result + d.matrix_idx * stride;
   P* param = static_cast<P*>(d.param);
   bool bad = false;
-  tile_to_piece<kTranspose>(
+  move_tile<kTranspose, true>(
       d.row_count, cols, [&](int64_t r, int64_t c) { return load(src, iterate_at<kTranspose>(d.row_begin + r, c, ld)); },
       [&](int64_t r, int64_t c, float o) {
         apply_at(param, r * cols + c, round_to<P>(round_code(o, round)), d.scale, d.decay, bad);
