@@ -13,6 +13,7 @@
 #include "plan/cost_model.h"
 #include "plan/hash.h"
 #include "plan/planner.h"
+#include "step/route.h"
 
 namespace dmuon::step {
 namespace {
@@ -178,7 +179,12 @@ void StepEngine::make_stages_for(const std::vector<GroupRule>& rules) {
   stage_algorithms_ = std::move(algorithms);
 }
 
-void StepEngine::validate(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules) const {
+void StepEngine::validate(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
+                          const std::vector<CheckOnly>& extra) const {
+  for (const CheckOnly& e : extra)
+    DMUON_CHECK(e.grad.numel == 0 || (e.grad.data != nullptr && e.grad.device == ops_.device()), "gradient '", e.name,
+                "' (checked with the step) on rank ", rank_, " is on ", device_name(e.grad.device), ", expected ",
+                device_name(ops_.device()));
   DMUON_CHECK(static_cast<int>(tensors.size()) == table_.num_params(), "StepEngine::step: ", tensors.size(),
               " parameters' tensors for ", table_.num_params(), " parameters");
   for (const GroupRule& rule : rules) rule.validate();
@@ -190,6 +196,8 @@ void StepEngine::validate(const std::vector<ParamTensors>& tensors, const std::v
     const dist::RowBlock rows = table_.local_rows(p, rank_);
     DMUON_CHECK(spec.group >= 0 && static_cast<size_t>(spec.group) < rules.size(), "parameter '", spec.name,
                 "': group index ", spec.group, " but ", rules.size(), " group rules");
+    std::string why;
+    DMUON_CHECK(ops_support(device.kind, spec.dtype, &why), "parameter '", spec.name, "': ", why);
     auto check = [&](const Buffer& b, const char* what) {
       DMUON_CHECK(b.dtype == spec.dtype && b.numel == numel && (numel == 0 || b.data != nullptr) &&
                       (numel == 0 || b.device == device),
@@ -532,33 +540,38 @@ void StepEngine::land(size_t s, StepState& st, Flight& back) {
   line.apply_s += apply_s;
 }
 
-StepOutcome StepEngine::nonfinite_gradient(std::vector<int> params, std::vector<bool> active, int64_t step_idx) const {
+StepOutcome StepEngine::nonfinite_gradient(const std::vector<int>& flagged, std::vector<bool> active, int64_t step_idx,
+                                           const std::vector<CheckOnly>& extra) const {
   StepOutcome out;
   out.status = StepOutcome::Status::kNonFiniteGradient;
-  out.nonfinite_params = std::move(params);
+  const int num_params = table_.num_params();
+  for (int f : flagged) (f < num_params ? out.nonfinite_params : out.nonfinite_extra).push_back(f < num_params ? f : f - num_params);
   out.active = std::move(active);
+  const int first = flagged.front();
   std::ostringstream message;
-  message << "non-finite gradient (NaN or Inf) in parameter '" << table_.param(out.nonfinite_params.front()).name
+  message << "non-finite gradient (NaN or Inf) in parameter '"
+          << (first < num_params ? table_.param(first).name : extra[static_cast<size_t>(first - num_params)].name)
           << "' at " << step_name(step_idx);
-  if (out.nonfinite_params.size() > 1) message << " (and " << out.nonfinite_params.size() - 1 << " more)";
+  if (flagged.size() > 1) message << " (and " << flagged.size() - 1 << " more)";
   message << "; nothing was updated";
   out.message = message.str();
   return out;
 }
 
 StepOutcome StepEngine::step(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
-                             int64_t step_idx) {
+                             int64_t step_idx, const std::vector<CheckOnly>& extra) {
   const auto step_start = Clock::now();
   stats_ = StepStats{};
   stats_.pipeline_depth = depth_;
   const int num_params = table_.num_params();
+  const int num_checked = num_params + static_cast<int>(extra.size());  // flag slots: parameters, then extra
   const std::string at_step = " at " + step_name(step_idx);
 
   // Input checks. NOTE: with several ranks, one rank's bad input is agreed like a flag,
   // so that the others raise too instead of waiting in a collective it never joins.
   std::string invalid;
   try {
-    validate(tensors, rules);
+    validate(tensors, rules, extra);
     make_stages_for(rules);
   } catch (const std::exception& e) {
     if (world_ == 1) throw;
@@ -575,7 +588,7 @@ StepOutcome StepEngine::step(const std::vector<ParamTensors>& tensors, const std
 
   // Check: NaN/Inf flags of every local gradient and momentum buffer (reads only).
   auto start = Clock::now();
-  OwnedBuffer flags = ops_.allocate(DType::kInt32, std::max(1, 2 * num_params));
+  OwnedBuffer flags = ops_.allocate(DType::kInt32, std::max(1, 2 * num_checked));
   ops_.fill_zero(flags.get());
   if (invalid.empty()) {
     std::vector<CheckPiece> pieces;
@@ -594,6 +607,10 @@ StepOutcome StepEngine::step(const std::vector<ParamTensors>& tensors, const std
                           {rule.momentum, rule.nesterov}, p, sum});
       }
     }
+    // NOTE: a checked-only gradient stands in for its own momentum (bit 1 is ignored).
+    for (size_t k = 0; k < extra.size(); ++k)
+      if (extra[k].grad.numel > 0)
+        pieces.push_back({extra[k].grad, extra[k].grad, {}, num_params + static_cast<int>(k), false});
     // partial_of holds positions among all pieces; make them indices among the summed ones.
     int next = 0;
     std::vector<int> summed_index(pieces.size(), -1);
@@ -609,12 +626,13 @@ StepOutcome StepEngine::step(const std::vector<ParamTensors>& tensors, const std
   auto name = [&](int p) { return "'" + table_.param(p).name + "'"; };
   std::vector<bool> active(static_cast<size_t>(num_params), false);
   if (world_ > 1) {
-    std::vector<int32_t> host(static_cast<size_t>(2 * num_params), 0);
-    if (invalid.empty() && num_params > 0) host = ops_.read_flags({flags.get()});
+    std::vector<int32_t> host(static_cast<size_t>(2 * num_checked), 0);
+    if (invalid.empty() && num_checked > 0) host = ops_.read_flags({flags.get()});
     std::vector<int64_t> local;
     for (int p = 0; p < num_params; ++p) local.push_back(tensors.size() > static_cast<size_t>(p) && tensors[static_cast<size_t>(p)].has_grad ? 1 : 0);
     for (int p = 0; p < num_params; ++p) local.push_back(host[static_cast<size_t>(2 * p)] != 0 ? 1 : 0);
     for (int p = 0; p < num_params; ++p) local.push_back(host[static_cast<size_t>(2 * p + 1)] != 0 ? 1 : 0);
+    for (int k = num_params; k < num_checked; ++k) local.push_back(host[static_cast<size_t>(2 * k)] != 0 ? 1 : 0);
     local.push_back(invalid.empty() ? 0 : 1);
     const std::vector<int64_t> agreed =
         transport_.all_reduce(local, ReduceOp::kSum, "all_reduce of the gradient checks (" + step_name(step_idx) + ")");
@@ -633,10 +651,12 @@ StepOutcome StepEngine::step(const std::vector<ParamTensors>& tensors, const std
     std::vector<int> bad;
     for (int p = 0; p < num_params; ++p)
       if (agreed[static_cast<size_t>(num_params + p)] != 0) bad.push_back(p);
+    for (int k = num_params; k < num_checked; ++k)
+      if (agreed[static_cast<size_t>(2 * num_params + k)] != 0) bad.push_back(k);
     if (!bad.empty()) {
       stats_.check_s = seconds_since(start);
       stats_.total_s = seconds_since(step_start);
-      return nonfinite_gradient(std::move(bad), active, step_idx);
+      return nonfinite_gradient(bad, active, step_idx, extra);
     }
   } else {
     for (int p = 0; p < num_params; ++p) active[static_cast<size_t>(p)] = tensors[static_cast<size_t>(p)].has_grad;
@@ -690,15 +710,15 @@ StepOutcome StepEngine::step(const std::vector<ParamTensors>& tensors, const std
       DMUON_CHECK(host[static_cast<size_t>(2 * p + 1)] == 0, "the momentum buffer of parameter ", name(p),
                   " holds NaN or Inf", at_step, " (corrupt optimizer state); nothing was updated");
     std::vector<int> bad;
-    for (int p = 0; p < num_params; ++p)
-      if (host[static_cast<size_t>(2 * p)] != 0) bad.push_back(p);
+    for (int k = 0; k < num_checked; ++k)
+      if (host[static_cast<size_t>(2 * k)] != 0) bad.push_back(k);
     if (!bad.empty()) {
       // NOTE: the gate was closed: nothing was written, whatever ran.
       stats_.total_s = seconds_since(step_start);
-      return nonfinite_gradient(std::move(bad), active, step_idx);
+      return nonfinite_gradient(bad, active, step_idx, extra);
     }
     for (int p = 0; p < num_params && first_bad < 0; ++p)
-      if (host[static_cast<size_t>(2 * num_params + p)] != 0) first_bad = p;
+      if (host[static_cast<size_t>(2 * num_checked + p)] != 0) first_bad = p;
   } else {
     const std::vector<int32_t> host = ops_.read_flags({st.result_flags.get()});
     int local_bad = -1;

@@ -40,6 +40,14 @@ struct ParamTensors {
   bool has_grad = false;  ///< false: no gradient this step (grad and momentum unused)
 };
 
+/// A gradient the step only checks (e.g. an AdamW parameter's, same device): NaN/Inf in it
+/// refuses the whole step as a Muon gradient's would, in the same pass and agreement (the
+/// one-process step keeps its single host wait).
+struct CheckOnly {
+  std::string name;
+  Buffer grad;
+};
+
 /// What a step did (the caller raises or skips from it; errors are thrown instead).
 struct StepOutcome {
   enum class Status {
@@ -48,6 +56,7 @@ struct StepOutcome {
   };
   Status status = Status::kApplied;
   std::vector<int> nonfinite_params;  ///< agreed over every rank, ascending
+  std::vector<int> nonfinite_extra;   ///< indices into the step's CheckOnly list, ascending
   std::string message;                ///< names the first of them and the step
   std::vector<bool> active;           ///< parameters that had a gradient (on every rank)
   bool applied() const { return status == Status::kApplied; }
@@ -64,7 +73,9 @@ class StepEngine {
   /// gradient on some ranks only, a momentum buffer holds NaN/Inf, or a rank's input is
   /// invalid; and, after the rest of the step was applied, when an orthogonalized update
   /// was not finite.
-  StepOutcome step(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules, int64_t step_idx);
+  /// `extra`: gradients checked with the step's (every rank passes the same list).
+  StepOutcome step(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules, int64_t step_idx,
+                   const std::vector<CheckOnly>& extra = {});
 
   const ItemTable& items() const { return table_; }
   /// Owner rank of every item (kEveryRank in gather mode).
@@ -86,7 +97,8 @@ class StepEngine {
 
   void make_plan();
   void make_stages_for(const std::vector<GroupRule>& rules);
-  void validate(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules) const;
+  void validate(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
+                const std::vector<CheckOnly>& extra) const;
   bool computes(int item, int rank) const;
   Flight issue_forward(size_t s, StepState& st);
   Flight run_stage(size_t s, StepState& st, Flight& forward);
@@ -95,7 +107,10 @@ class StepEngine {
   void issue_exchange(Flight& f, const Buffer& send, const std::vector<int64_t>& send_counts,
                       const std::vector<int64_t>& recv_counts, bool collective, const std::string& what,
                       std::vector<int64_t>& sent_to, std::vector<int64_t>& received_from);
-  StepOutcome nonfinite_gradient(std::vector<int> params, std::vector<bool> active, int64_t step_idx) const;
+  // The outcome of a step refused for the non-finite gradients of `flagged` (indices of
+  // the parameters, then num_params + k for extra[k]).
+  StepOutcome nonfinite_gradient(const std::vector<int>& flagged, std::vector<bool> active, int64_t step_idx,
+                                 const std::vector<CheckOnly>& extra) const;
   std::vector<int> stream_assignment(const std::vector<const NsBatch*>& batches,
                                      const std::vector<GroupRule>& rules);
 

@@ -456,15 +456,28 @@ TEST(StepCudaOps, OrthogonalizeMatchesFp64AndReplaysItsGraph) {
   EXPECT_GE(stats[2], 1) << "and replayed from then on";
 }
 
-TEST(StepCudaOps, Float64ParametersAreRefusedAsTheRouteSays) {
+// float64 parameters are refused as the route decision says; float64 gradients the step
+// only checks are checked in their own precision (1e300 is finite, NaN is not).
+TEST(StepCudaOps, Float64IsCheckedButNotStepped) {
   SKIP_WITHOUT_GPU();
   CudaOps gpu;
-  const HostTensor g(std::vector<double>(4, 1.0), DType::kFloat64);
-  const DeviceCopy dg(g), dm(g), flags(DType::kInt32, 2);
+  HostTensor g(std::vector<double>(5, 1e300), DType::kFloat64);
+  const DeviceCopy dg(g), flags(DType::kInt32, 4);
   const std::string error = dmuon::testing::error_of([&] {
-    gpu.check({{dg.view(), dm.view(), {0.95, true}, 0, false}}, flags.view());
+    gpu.check({{dg.view(), dg.view(), {0.95, true}, 0, true}}, flags.view());
   });
   EXPECT_NE(error.find("float64 parameters are not supported by the CUDA step ops"), std::string::npos) << error;
+  g.set(3, NAN);
+  const DeviceCopy bad(g);
+  gpu.fill_zero(flags.view());
+  gpu.check({{dg.view(), dg.view(), {}, 0, false}, {bad.view(), bad.view(), {}, 1, false}}, flags.view());
+  EXPECT_EQ(gpu.read_flags({flags.view()}), (std::vector<int32_t>{0, 0, 1, 1}));
+  const auto schedule = gram_schedule();
+  const std::string ns_error = dmuon::testing::error_of([&] {
+    gpu.orthogonalize({4, 4, 1, DType::kFloat64, &schedule, true}, [](const dmuon::step::NsView&, bool) {},
+                      [](const dmuon::step::NsView&) {});
+  });
+  EXPECT_NE(ns_error.find("float64"), std::string::npos) << ns_error;
 }
 
 // ---------------------------------------------------------------- the whole engine

@@ -281,6 +281,48 @@ TEST(StepEngine, NonFiniteGradientChangesNothingAnywhere) {
   }
 }
 
+// A gradient the step only checks (an AdamW parameter's): a NaN in it on one rank refuses
+// the whole step on every rank, named; finite ones (a float64 one of 1e300 included) let it run.
+TEST(StepEngine, CheckedOnlyGradientsRefuseTheStepToo) {
+  for (int world_size : {1, 3}) {
+    const World world(awkward_model(DType::kFloat32), world_size, 2, 13);
+    std::vector<dmuon::testing::HostTensor> extra_values(static_cast<size_t>(world_size));
+    for (auto& e : extra_values) e = dmuon::testing::HostTensor(std::vector<double>(6, 1e300), DType::kFloat64);
+    std::vector<dmuon::testing::HostTensor> bias(static_cast<size_t>(world_size));
+    for (auto& b : bias) b = dmuon::testing::HostTensor(std::vector<double>(3, 0.5), DType::kBFloat16);
+    std::vector<std::vector<dmuon::step::CheckOnly>> extra(static_cast<size_t>(world_size));
+    for (int r = 0; r < world_size; ++r)
+      extra[static_cast<size_t>(r)] = {{"embedding.weight", extra_values[static_cast<size_t>(r)].buffer()},
+                                       {"head.bias", bias[static_cast<size_t>(r)].buffer()}};
+    dmuon::step::LoopbackWorld loopback(world_size);
+    std::vector<std::vector<StepOutcome>> outcomes(static_cast<size_t>(world_size));
+    std::vector<dmuon::testing::RankTensors> tensors;
+    for (int r = 0; r < world_size; ++r) tensors.push_back(world.local(r));
+    const auto errors = loopback.run([&](int r) {
+      dmuon::step::CpuOps ops;
+      EngineOptions options;
+      options.solver = dmuon::plan::SolverKind::kLpt;
+      dmuon::step::StepEngine engine(loopback.transport(r), ops, world.specs(), options);
+      auto& t = tensors[static_cast<size_t>(r)];
+      world.set_grads(r, 1, t);
+      outcomes[static_cast<size_t>(r)].push_back(engine.step(t.views(), awkward_rules(), 1, extra[static_cast<size_t>(r)]));
+      if (r == world_size - 1) bias[static_cast<size_t>(r)].set(2, NAN);
+      world.set_grads(r, 2, t);
+      outcomes[static_cast<size_t>(r)].push_back(engine.step(t.views(), awkward_rules(), 2, extra[static_cast<size_t>(r)]));
+    });
+    for (int r = 0; r < world_size; ++r) {
+      EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+      ASSERT_EQ(outcomes[static_cast<size_t>(r)].size(), 2u);
+      EXPECT_TRUE(outcomes[static_cast<size_t>(r)][0].applied()) << outcomes[static_cast<size_t>(r)][0].message;
+      const StepOutcome& o = outcomes[static_cast<size_t>(r)][1];
+      EXPECT_EQ(o.status, StepOutcome::Status::kNonFiniteGradient);
+      EXPECT_TRUE(o.nonfinite_params.empty());
+      EXPECT_EQ(o.nonfinite_extra, std::vector<int>{1});
+      EXPECT_NE(o.message.find("parameter 'head.bias' at step 2; nothing was updated"), std::string::npos) << o.message;
+    }
+  }
+}
+
 // A parameter with a gradient on some ranks only: every rank raises naming it, none hangs.
 TEST(StepEngine, GradientMissingOnOneRankIsANamedErrorOnEveryRank) {
   const World world(awkward_model(DType::kFloat32), 3, 2, 6);

@@ -160,9 +160,12 @@ Partials CudaOps::check(const std::vector<CheckPiece>& pieces, const Buffer& fla
   int64_t total = 0;
   std::map<DType, std::vector<cuda::CheckDesc>> by_dtype;
   for (const CheckPiece& piece : pieces) {
-    require_supported(piece.grad.dtype);
-    DMUON_CHECK(piece.grad.dtype == piece.momentum.dtype && piece.grad.numel == piece.momentum.numel,
-                "CudaOps::check: gradient and momentum differ");
+    // NOTE: any floating-point piece may be checked (e.g. a float64 AdamW gradient); only
+    // the ones summed for an iterate must be of a dtype the CUDA step supports.
+    if (piece.sum_update) require_supported(piece.grad.dtype);
+    DMUON_CHECK(piece.grad.dtype == piece.momentum.dtype && piece.grad.numel == piece.momentum.numel &&
+                    piece.grad.dtype != DType::kInt32,
+                "CudaOps::check: gradient and momentum differ, or are not floating-point");
     cuda::CheckDesc d{piece.grad.data, piece.momentum.data, piece.grad.numel,
                       cuda::make_rule(piece.rule.momentum, piece.rule.nesterov), piece.flag_idx, -1};
     if (piece.sum_update) {

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "common/check.h"
 #include "ns/cuda/cuda_check.h"
@@ -21,6 +22,16 @@ constexpr int kTileRows = 8;
 __device__ __forceinline__ float load(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float load(const __half* p, int64_t i) { return __half2float(p[i]); }
 __device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+
+// Whether element i is finite, in its own precision (a large double is not an fp32 Inf).
+template <typename T>
+__device__ __forceinline__ bool finite_at(const T* p, int64_t i) {
+  return isfinite(load(p, i));
+}
+template <>
+__device__ __forceinline__ bool finite_at<double>(const double* p, int64_t i) {
+  return isfinite(p[i]);
+}
 
 template <typename T>
 __device__ __forceinline__ T from_f(float v);
@@ -173,12 +184,15 @@ __global__ void check_kernel(const __grid_constant__ DescList<CheckDesc> list, i
   float acc = 0.f;
   bool grad_ok = true, momentum_ok = true;
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-    const float g = load(grad, i), m = load(momentum, i);
-    grad_ok = grad_ok && isfinite(g);
-    momentum_ok = momentum_ok && isfinite(m);
-    const float m_new = round_to<P>(lerp(m, g, d.rule.buffer_weight));
-    const float u = d.rule.nesterov ? round_to<P>(lerp(g, m_new, d.rule.nesterov_weight)) : m_new;
-    acc = fmaf(u, u, acc);
+    grad_ok = grad_ok && finite_at(grad, i);
+    momentum_ok = momentum_ok && finite_at(momentum, i);
+    // NOTE: float64 is only ever checked (gradients checked with the step), never summed.
+    if constexpr (!std::is_same_v<P, double>) {
+      const float g = load(grad, i), m = load(momentum, i);
+      const float m_new = round_to<P>(lerp(m, g, d.rule.buffer_weight));
+      const float u = d.rule.nesterov ? round_to<P>(lerp(g, m_new, d.rule.nesterov_weight)) : m_new;
+      acc = fmaf(u, u, acc);
+    }
   }
   if (d.partial_offset >= 0) {
     const float total = block_sum(acc);
@@ -337,7 +351,7 @@ Rule make_rule(double momentum, bool nesterov) {
 }
 
 void check(DType param, const std::vector<CheckDesc>& pieces, int* flags, float* partials, cudaStream_t stream) {
-  dispatch(param, [&](auto zero) {
+  auto launch = [&](auto zero) {
     using P = decltype(zero);
     for_each_launch(pieces, [&](const DescList<CheckDesc>& list, size_t) {
       int64_t chunks = 1;
@@ -346,7 +360,14 @@ void check(DType param, const std::vector<CheckDesc>& pieces, int* flags, float*
           list, flags, partials);
       DMUON_CHECK_CUDA(cudaGetLastError());
     });
-  });
+  };
+  if (param == DType::kFloat64) {
+    for (const CheckDesc& d : pieces)
+      DMUON_CHECK(d.partial_offset < 0, "check: float64 pieces are only checked, never summed");
+    launch(double{});
+  } else {
+    dispatch(param, launch);
+  }
 }
 
 void prepare(DType param, DType wire, const std::vector<PrepareDesc>& pieces, const int* skip, cudaStream_t stream) {

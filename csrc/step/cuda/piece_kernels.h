@@ -52,7 +52,8 @@ struct CheckDesc {
   int64_t partial_offset = -1;  ///< −1: no partials
 };
 /// flags[2·flag_idx] |= gradient non-finite, [2·flag_idx + 1] |= momentum non-finite;
-/// partials[partial_offset + chunk] = Σ U² over the chunk.
+/// partials[partial_offset + chunk] = Σ U² over the chunk. `param` may also be float64 for
+/// pieces without partials (gradients the step only checks).
 void check(DType param, const std::vector<CheckDesc>& pieces, int* flags, float* partials, cudaStream_t stream);
 
 struct PrepareDesc {
