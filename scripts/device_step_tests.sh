@@ -19,14 +19,18 @@ if [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then
   export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+# CMake and Ninja from the system, else from their pip packages (what pip builds use).
+CMAKE=$(command -v cmake || python3 -c "import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, 'cmake'))" 2>/dev/null)
+[ -n "$CMAKE" ] || { echo "no cmake (system or pip)"; exit 2; }
+NINJA=$(command -v ninja || python3 -c "import ninja, os; print(os.path.join(ninja.BIN_DIR, 'ninja'))" 2>/dev/null)
 generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
+[ -n "$NINJA" ] && [ -x "$NINJA" ] && generator=(-G Ninja -DCMAKE_MAKE_PROGRAM="$NINJA")
 cutlass=()
 [ -d .cutlass/include ] && cutlass=(-DDMUON_CUTLASS_DIR="$PWD/.cutlass")
 start=$(date +%s)
-if ! { cmake -S . -B build/step_gpu "${generator[@]}" "${cutlass[@]}" -DDMUON_BUILD_PYTHON=OFF -DDMUON_CUDA=ON \
+if ! { "$CMAKE" -S . -B build/step_gpu "${generator[@]}" "${cutlass[@]}" -DDMUON_BUILD_PYTHON=OFF -DDMUON_CUDA=ON \
          -DDMUON_CBC=OFF -DDMUON_GTEST_SOURCE_DIR="$PWD/.gtest" &&
-       cmake --build build/step_gpu -j "$(nproc)" --target dmuon_step_cuda_tests dmuon_step_tests; } \
+       "$CMAKE" --build build/step_gpu -j "$(nproc)" --target dmuon_step_cuda_tests dmuon_step_tests; } \
      > "$OUT/step_build.log" 2>&1; then
   tail -40 "$OUT/step_build.log"; echo "BUILD FAILED"; exit 1
 fi
