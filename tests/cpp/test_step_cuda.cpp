@@ -300,8 +300,10 @@ TEST(StepCudaOps, PrepareToIterateFromCheckPartials) {
           expect_close(dm[k]->values(), momentum[k].values(), p, 1, what + " momentum " + std::to_string(k));
         }
         // Read again without updating (the autotuner's second preparation): the same iterate.
+        // NOTE: within a unit: out of order, float32 went through the generic pass first and
+        // the vectorized one now (the same arithmetic; a compiler may contract it otherwise).
         gpu.prepare_to_iterate(all, partials, desc, view, false, {});
-        expect_close(iterate.values(), values, DType::kFloat16, 0, what + " second preparation");
+        expect_close(iterate.values(), values, DType::kFloat16, in_order ? 0 : 1, what + " second preparation");
       }
     }
   }
