@@ -19,8 +19,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    from dmuon.cli_usage import UsageError, leaf_parser
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as error:
+        leaf_parser(parser, args).error(str(error))  # NOTE: exits with status 2, as argparse's own errors
+        raise
 
 
 if __name__ == "__main__":

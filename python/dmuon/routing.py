@@ -139,7 +139,8 @@ def _bare_decision(name: str, param: torch.Tensor, expert: bool) -> _Decision:
 def _linear_decision(module_path: str, out_features: int, in_features: int, head_ids: dict[str, str],
                      key: str, vocab_sizes: set[int], transposed: bool) -> _Decision:
     """A Linear-like weight (nn.Linear, HF Conv1D, or a `….weight` by name): Muon unless a head
-    or an input projection named like an embedding."""
+    or an input projection named like an embedding. `vocab_sizes`: empty when a head was found
+    by name or tying (an MLP's width may equal the vocabulary)."""
     head = head_ids.get(key) or _names_head(module_path)
     if not head and out_features in vocab_sizes and out_features > in_features:
         head = "output head (out_features equals an embedding's vocabulary)"
@@ -176,6 +177,8 @@ def route_module(module: nn.Module, muon_filter: Callable[[str, nn.Parameter], b
         for param_name, param in sub.named_parameters(recurse=False):
             owner.setdefault(id(param), (module_name, sub))
     head_ids = _last_layer_head(module, embeddings, vocab_sizes)
+    if _has_named_or_tied_head(module, embedding_weights):
+        vocab_sizes = set()  # NOTE: the head is known; layers as wide as the vocabulary are layers
 
     routed: list[RoutedParam] = []
     for name, param in module.named_parameters():  # NOTE: yields each shared parameter once
@@ -213,6 +216,11 @@ def route_module(module: nn.Module, muon_filter: Callable[[str, nn.Parameter], b
     return routed
 
 
+def _has_named_or_tied_head(module: nn.Module, embedding_weights: set[int]) -> bool:
+    return any((isinstance(sub, nn.Linear) or _is_hf_conv1d(sub)) and
+               (_names_head(name) or id(sub.weight) in embedding_weights) for name, sub in module.named_modules())
+
+
 def _last_layer_head(module: nn.Module, embeddings: list[nn.Module], vocab_sizes: set[int]) -> dict[str, str]:
     """{module path: reason} of the output head found as the model's last Linear: only in a
     model without embeddings (a classifier, regressor…) where no layer is a head by name.
@@ -237,6 +245,8 @@ def route_named(pairs: list[tuple[str, torch.Tensor]]) -> list[RoutedParam]:
                    and not _names_positional(_components(n))}
     has_embedding = any(_names_embedding(_components(n)) for n, p in pairs if p.dim() >= 2)
     layer_weights = [n for n, p in pairs if p.dim() == 2 and n.endswith(".weight")]
+    if any(_names_head(n.rpartition(".")[0] if n.endswith(".weight") else n) for n, p in pairs if p.dim() == 2):
+        vocab_sizes = set()  # NOTE: the head is known; layers as wide as the vocabulary are layers
     head_ids: dict[str, str] = {}
     if not has_embedding and layer_weights and not any(_names_head(n.rsplit(".", 1)[0]) for n in layer_weights):
         head_ids[layer_weights[-1].rsplit(".", 1)[0]] = "output head (the last layer weight, no embeddings)"
