@@ -150,6 +150,7 @@ class DMuon(torch.optim.Optimizer):
         self._reasons: dict[int, str] = {}
         self._ownership = None
         self._signature: int | None = None
+        self._verified_state: dict[int, tuple] = {}  # id(param) → ids of its state tensors checked
         self._group = None  # the Muon parameters' process group (None: one process)
         initial = initial_groups(params, muon_filter)
         for r in initial.routes.values():
@@ -337,7 +338,7 @@ class DMuon(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         for g_idx, group in enumerate(self.param_groups):
             if not group["use_muon"]:
-                self.param_groups[g_idx] = as_adamw_group(group, f"param group {g_idx} (AdamW): ")
+                group = self.param_groups[g_idx] = as_adamw_group(group, f"param group {g_idx} (AdamW): ")
             for key in COUNTER_KEYS:
                 group.setdefault(key, 0)
         self._keep_float32_moments(state_dict)
@@ -559,7 +560,7 @@ class DMuon(torch.optim.Optimizer):
             except ValueError as error:
                 return f"{error}; nothing was updated"
         return step_state_error(self.param_groups, self.state, self.param_name, distributed.local,
-                                skip=lambda p: ownership_of(p) is not None)
+                                skip=lambda p: ownership_of(p) is not None, verified=self._verified_state)
 
     def _muon_group_options(self) -> tuple[list[Any], dict[int, int]]:
         """C++ options of every Muon group, and each Muon group's slot among them."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dmuon.__main__ import main
+from dmuon.__main__ import cli
 
 
 @pytest.mark.parametrize("argv, prog, message", [
@@ -20,8 +20,9 @@ from dmuon.__main__ import main
      "--micro-batch must be 'auto' or a positive integer, got 'x'"),
 ])
 def test_bad_bench_arguments_are_usage_errors(argv, prog, message, capsys):
+    """`python -m dmuon` runs cli(); main() raises the ValueError itself (for callers)."""
     with pytest.raises(SystemExit) as exit_info:
-        main(argv)
+        cli(argv)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
     assert err.startswith(f"usage: {prog}") and f"{prog}: error: {message}" in err, err
