@@ -95,8 +95,13 @@ def agree_before_step(group: Any, step_idx: int, signature: int, local_error: st
     high, low = signature >> 31, signature & (2**31 - 1)
     header = torch.tensor([high, -high, low, -low, int(bool(local_error))], dtype=torch.int64,
                           device=_device_of(group))
-    dist.all_reduce(header, op=dist.ReduceOp.MAX, group=group)
-    values = header.cpu().tolist()
+    try:
+        dist.all_reduce(header, op=dist.ReduceOp.MAX, group=group)
+        values = header.cpu().tolist()
+    except Exception as error:  # NOTE: a dead or stalled rank: name the step and the collective
+        raise RuntimeError(f"dmuon step {step_idx}: the all_reduce of the step's agreement (param groups and "
+                           f"checks) failed on rank {dist.get_rank(group)} of {dist.get_world_size(group)}: "
+                           f"{error}") from error
     same = values[0] == -values[1] and values[2] == -values[3]
     if same and not values[4]:
         return

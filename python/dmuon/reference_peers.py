@@ -1,6 +1,7 @@
 """The published update rules of two other Muon implementations, written out plainly as the
 oracles of `dmuon.presets` (torch.optim.Muon, the third, is importable and is its own oracle).
-Like dmuon/reference.py, these are for reading, not speed, and share no code with the C++ core.
+Like dmuon/reference.py (whose step loop and torch-style AdamW they reuse), these are for
+reading, not speed, and share no code with the C++ core.
 
 - Moonlight: "Muon is Scalable for LLM Training" (Liu et al., Moonshot AI, 2025), the
   reference optimizer of the MoonshotAI/Moonlight repository (examples/toy_train.py):
@@ -26,6 +27,8 @@ from typing import Any
 
 import torch
 
+from dmuon.reference import ReferenceDMuon
+
 QUINTIC = (3.4445, -4.7750, 2.0315)
 
 
@@ -43,41 +46,19 @@ def quintic_newton_schulz(G: torch.Tensor, steps: int, dtype: torch.dtype) -> to
     return X.T if tall else X
 
 
-class _PeerReference:
-    """Muon groups and AdamW groups as dicts with "params" and "use_muon" plus the options."""
+class _PeerReference(ReferenceDMuon):
+    """Muon groups and AdamW groups as dicts with "params" and "use_muon" plus the options;
+    the step loop and torch-style AdamW (m̂/(√v̂ + eps), decoupled decay) are the reference's."""
 
     def __init__(self, groups: list[dict[str, Any]], ns_dtype: torch.dtype = torch.bfloat16) -> None:
-        self.groups = groups
-        self.ns_dtype = ns_dtype
-        self.state: dict[int, dict[str, Any]] = {}
-
-    @torch.no_grad()
-    def step(self) -> None:
-        for group in self.groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    (self._muon if group["use_muon"] else self._adamw)(group, p)
-
-    def _adamw(self, group: dict[str, Any], p: torch.Tensor) -> None:
-        state = self.state.setdefault(id(p), {})
-        if "step" not in state:
-            state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-        state["step"] += 1
-        beta1, beta2 = group["betas"]
-        t, lr, g = state["step"], group["lr"], p.grad
-        state["exp_avg"].lerp_(g, 1 - beta1)
-        state["exp_avg_sq"].lerp_(g.square(), 1 - beta2)
-        m_hat = state["exp_avg"] / (1 - beta1**t)
-        v_hat = state["exp_avg_sq"] / (1 - beta2**t)
-        p.mul_(1 - lr * group["weight_decay"])
-        p.sub_(lr * m_hat / (v_hat.sqrt() + group["eps"]))
+        super().__init__(groups, ns_dtype)
 
 
 class MoonlightReference(_PeerReference):
     """Moonlight's Muon (Liu et al., 2025). Muon group options: lr, weight_decay, momentum,
     nesterov, ns_steps; AdamW group options: lr, weight_decay, betas, eps."""
 
-    def _muon(self, group: dict[str, Any], p: torch.Tensor) -> None:
+    def _muon(self, group: dict[str, Any], p: torch.Tensor, *view: Any) -> None:
         state = self.state.setdefault(id(p), {})
         g = p.grad.reshape(p.shape[0], -1)
         buf = state.setdefault("momentum_buffer", torch.zeros_like(g))
@@ -110,7 +91,7 @@ class KellerJordanReference(_PeerReference):
     """Keller Jordan's Muon with its auxiliary Adam (SingleDeviceMuonWithAuxAdam). Muon group
     options: lr, weight_decay, momentum (Nesterov always); AdamW: lr, weight_decay, betas, eps."""
 
-    def _muon(self, group: dict[str, Any], p: torch.Tensor) -> None:
+    def _muon(self, group: dict[str, Any], p: torch.Tensor, *view: Any) -> None:
         state = self.state.setdefault(id(p), {})
         grad = p.grad.clone()
         buf = state.setdefault("momentum_buffer", torch.zeros_like(p))

@@ -9,7 +9,8 @@ Rules for a module (`route_module`), by the module that registers each parameter
 - AdamW: embeddings; the output head (a Linear tied to an embedding, one whose
   ``out_features`` is an embedding's vocabulary, one named ``lm_head``, ``output``, ``head``,
   ``classifier`` or ``score`` (or inside ``lm_head``/``classifier``/``score``), a top-level
-  ``fc``, or, in a model without embeddings, its last Linear); input projections named like
+  ``fc``, or, in a model without embeddings, its last Linear when that is a child of the model
+  or of nn.Sequential containers from it); input projections named like
   embeddings (``patch_embed``…); positional embeddings and tokens (``pos_embed``,
   ``cls_token``…); norms, biases, scalars; any other parameter of ndim ≥ 3 (not an expert
   stack) and any other 2-D parameter of a module that is not a known matrix layer.
@@ -223,18 +224,24 @@ def _has_named_or_tied_head(module: nn.Module, embedding_weights: set[int]) -> b
 
 def _last_layer_head(module: nn.Module, embeddings: list[nn.Module], vocab_sizes: set[int]) -> dict[str, str]:
     """{module path: reason} of the output head found as the model's last Linear: only in a
-    model without embeddings (a classifier, regressor…) where no layer is a head by name.
+    model without embeddings (a classifier, regressor…) where no layer is a head by name, and
+    only where that Linear is a child of the model itself or of a chain of nn.Sequential from
+    it (torchvision's `fc`, an MLP classifier's last layer), not inside a block.
     NOTE: registration order stands in for the order of the forward pass; in a model with
     embeddings the head is tied or has the vocabulary's size, and its last Linear may be an
-    ordinary layer (a head computed from the embedding's weight)."""
+    ordinary layer (a head computed from the embedding's weight); the last Linear of a stack of
+    residual blocks is a block's output projection, not a head."""
     if embeddings:
         return {}
-    linear = [(name, sub) for name, sub in module.named_modules()
-              if isinstance(sub, nn.Linear) or _is_hf_conv1d(sub)]
-    if not linear or any(_names_head(name) for name, _ in linear):
+    modules = dict(module.named_modules())
+    linear = [name for name, sub in modules.items() if isinstance(sub, nn.Linear) or _is_hf_conv1d(sub)]
+    if not linear or any(_names_head(name) for name in linear):
         return {}
-    name, _ = linear[-1]
-    return {name: "output head (the last Linear of a model without embeddings)"}
+    last = linear[-1]
+    parents = [".".join(last.split(".")[:k]) for k in range(len(last.split(".")))]
+    if not all(isinstance(modules[p], nn.Sequential) for p in parents[1:]):
+        return {}
+    return {last: "output head (the last Linear of a model without embeddings)"}
 
 
 def route_named(pairs: list[tuple[str, torch.Tensor]]) -> list[RoutedParam]:
@@ -248,7 +255,9 @@ def route_named(pairs: list[tuple[str, torch.Tensor]]) -> list[RoutedParam]:
     if any(_names_head(n.rpartition(".")[0] if n.endswith(".weight") else n) for n, p in pairs if p.dim() == 2):
         vocab_sizes = set()  # NOTE: the head is known; layers as wide as the vocabulary are layers
     head_ids: dict[str, str] = {}
-    if not has_embedding and layer_weights and not any(_names_head(n.rsplit(".", 1)[0]) for n in layer_weights):
+    # NOTE: as _last_layer_head, for a weight of a top-level module only ("fc", an MLP's "4").
+    if (not has_embedding and layer_weights and layer_weights[-1].count(".") == 1
+            and not any(_names_head(n.rsplit(".", 1)[0]) for n in layer_weights)):
         head_ids[layer_weights[-1].rsplit(".", 1)[0]] = "output head (the last layer weight, no embeddings)"
     routed = []
     for name, param in pairs:
