@@ -171,6 +171,17 @@ def test_classifier_heads_go_to_adamw(build, head):
     assert head not in muon_names(dmuon.DMuon(model.named_parameters()))
 
 
+def test_the_last_projection_of_a_residual_stack_is_not_a_head():
+    class Blocks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.ModuleDict({"up": nn.Linear(8, 16), "down": nn.Linear(16, 8)})
+                                        for _ in range(2))
+
+    r = routes(Blocks())
+    assert all(r[f"layers.{i}.{k}.weight"].use_muon for i in range(2) for k in ("up", "down"))
+
+
 # ---------------------------------------------------------------------------- visible
 def test_routing_summary_and_the_construction_log_line(caplog):
     with caplog.at_level(logging.INFO, logger="dmuon"):
