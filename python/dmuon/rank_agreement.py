@@ -30,29 +30,29 @@ def _device_of(group: Any) -> torch.device:
     return torch.device("cpu")
 
 
-def _bit_sum(t: torch.Tensor) -> int:
-    """Sum of the tensor's bit patterns as integers (exact, independent of summation order).
-    NOTE: equal on every rank exactly when the ranks hold bit-identical values, up to a
-    permutation of entries or a collision: the check is aimed at independently initialized
-    or trained models, not at adversarial differences."""
+def _bit_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum of the tensor's bit patterns as integers (int64 0-d tensor on its device: exact,
+    independent of summation order). NOTE: equal on every rank exactly when the ranks hold
+    bit-identical values, up to a permutation of entries or a collision: the check is aimed at
+    independently initialized or trained models, not at adversarial differences."""
     local = t.detach()
     if local.numel() == 0:
-        return 0
+        return torch.zeros((), dtype=torch.int64, device=local.device)
     local = local.contiguous().reshape(-1)
     if local.is_complex():
         local = torch.view_as_real(local).reshape(-1)
-    bits = local.view(_INT_VIEW[local.element_size()])
-    return int(bits.sum(dtype=torch.int64))
+    return local.view(_INT_VIEW[local.element_size()]).sum(dtype=torch.int64)
 
 
 def check_replicas_equal(group: Any, names: list[str], tensors: list[torch.Tensor]) -> None:
     """Raise on every rank, naming the first parameter whose values differ across the ranks of
-    `group` (one all_reduce of two checksums per parameter)."""
+    `group` (one all_reduce of a checksum per parameter, one copy to the host)."""
     if group is None or dist.get_world_size(group) == 1 or not tensors:
         return
-    sums = torch.tensor([_bit_sum(t) for t in tensors], dtype=torch.int64)
+    device = _device_of(group)
+    sums = torch.stack([_bit_sum(t).to(device) for t in tensors])
     # NOTE: max over ranks of (s, −s) gives max(s) and −min(s): equal iff every rank agrees.
-    both = torch.cat([sums, -sums]).to(_device_of(group))
+    both = torch.cat([sums, -sums])
     dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
     both = both.cpu()
     n = len(tensors)

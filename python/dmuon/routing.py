@@ -138,11 +138,11 @@ def _bare_decision(name: str, param: torch.Tensor, expert: bool) -> _Decision:
 
 
 def _linear_decision(module_path: str, out_features: int, in_features: int, head_ids: dict[str, str],
-                     key: str, vocab_sizes: set[int], transposed: bool) -> _Decision:
+                     vocab_sizes: set[int], transposed: bool) -> _Decision:
     """A Linear-like weight (nn.Linear, HF Conv1D, or a `….weight` by name): Muon unless a head
     or an input projection named like an embedding. `vocab_sizes`: empty when a head was found
     by name or tying (an MLP's width may equal the vocabulary)."""
-    head = head_ids.get(key) or _names_head(module_path)
+    head = head_ids.get(module_path) or _names_head(module_path)
     if not head and out_features in vocab_sizes and out_features > in_features:
         head = "output head (out_features equals an embedding's vocabulary)"
     if head:
@@ -177,7 +177,7 @@ def route_module(module: nn.Module, muon_filter: Callable[[str, nn.Parameter], b
     for module_name, sub in module.named_modules():
         for param_name, param in sub.named_parameters(recurse=False):
             owner.setdefault(id(param), (module_name, sub))
-    head_ids = _last_layer_head(module, embeddings, vocab_sizes)
+    head_ids = _last_layer_head(module, embeddings)
     if _has_named_or_tied_head(module, embedding_weights):
         vocab_sizes = set()  # NOTE: the head is known; layers as wide as the vocabulary are layers
 
@@ -191,11 +191,11 @@ def route_module(module: nn.Module, muon_filter: Callable[[str, nn.Parameter], b
         elif id(param) in embedding_weights:
             d = _Decision(reason="embedding")
         elif isinstance(sub, nn.Linear) and attr == "weight":
-            d = _linear_decision(module_name, sub.out_features, sub.in_features, head_ids, module_name,
-                                 vocab_sizes, transposed=False)
+            d = _linear_decision(module_name, sub.out_features, sub.in_features, head_ids, vocab_sizes,
+                                 transposed=False)
         elif _is_hf_conv1d(sub) and attr == "weight" and param.dim() == 2:
-            d = _linear_decision(module_name, param.shape[1], param.shape[0], head_ids, module_name,
-                                 vocab_sizes, transposed=True)
+            d = _linear_decision(module_name, param.shape[1], param.shape[0], head_ids, vocab_sizes,
+                                 transposed=True)
         elif isinstance(sub, nn.MultiheadAttention) and attr in ("in_proj_weight", "q_proj_weight",
                                                                  "k_proj_weight", "v_proj_weight"):
             d = _Decision(use_muon=True, reason=f"MultiheadAttention {attr}")
@@ -222,7 +222,7 @@ def _has_named_or_tied_head(module: nn.Module, embedding_weights: set[int]) -> b
                (_names_head(name) or id(sub.weight) in embedding_weights) for name, sub in module.named_modules())
 
 
-def _last_layer_head(module: nn.Module, embeddings: list[nn.Module], vocab_sizes: set[int]) -> dict[str, str]:
+def _last_layer_head(module: nn.Module, embeddings: list[nn.Module]) -> dict[str, str]:
     """{module path: reason} of the output head found as the model's last Linear: only in a
     model without embeddings (a classifier, regressor…) where no layer is a head by name, and
     only where that Linear is a child of the model itself or of a chain of nn.Sequential from
@@ -275,7 +275,7 @@ def route_named(pairs: list[tuple[str, torch.Tensor]]) -> list[RoutedParam]:
                           reason="MultiheadAttention in_proj_weight (q, k, v orthogonalized separately)")
         elif param.dim() == 2:
             path = module_path if attr == "weight" else name
-            d = _linear_decision(path, int(param.shape[0]), int(param.shape[1]), head_ids, path, vocab_sizes,
+            d = _linear_decision(path, int(param.shape[0]), int(param.shape[1]), head_ids, vocab_sizes,
                                  transposed=False)
             if d.use_muon:
                 d.reason = "matrix (by name)"

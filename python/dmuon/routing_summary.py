@@ -108,7 +108,7 @@ def announce(summary: RoutingSummary, is_first_rank: bool) -> None:
     logger.info(summary.line())
     text = summary.warning()
     if text:
-        warnings.warn(text, UserWarning, stacklevel=4)
+        warnings.warn(text, UserWarning, stacklevel=3)  # NOTE: the line constructing DMuon
 
 
 def entries_of(param_groups: list[dict], name_of, reason_of) -> RoutingSummary:

@@ -8,7 +8,6 @@ import copy
 
 import pytest
 import torch
-from torch import nn
 
 import dmuon
 from contract_models import TinyDecoder
