@@ -423,11 +423,14 @@ def run(args: argparse.Namespace) -> int:
     from dmuon.bench.e2e_optimizers import OPTIMIZERS, parse_optimizers
     from dmuon.launch import resolve_device, resolve_world
 
-    _check_args(args)
-    device = resolve_device(args.device)
-    world = resolve_world(args.world, device)
-    micro_batch = _micro_batch_arg(args.micro_batch)
-    optimizers = parse_optimizers(args.optimizers)
+    from dmuon.cli_usage import input_checks
+
+    with input_checks():
+        _check_args(args)
+        device = resolve_device(args.device)
+        world = resolve_world(args.world, device)
+        micro_batch = _micro_batch_arg(args.micro_batch)
+        optimizers = parse_optimizers(args.optimizers)
     if args.model in HF_CONFIGS:
         require_transformers(args.model)  # NOTE: fail here, before any process starts
     config = dict(model=args.model, device=device, seq=args.seq, micro_batch=micro_batch,

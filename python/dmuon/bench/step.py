@@ -351,11 +351,14 @@ def _write_json(path: Path | None, record: dict) -> None:
 def run(args: argparse.Namespace) -> int:
     from dmuon.launch import launch, resolve_device
 
-    _check_counts(args)
-    device = resolve_device(args.device)
+    from dmuon.cli_usage import input_checks
+
+    with input_checks():
+        _check_counts(args)
+        device = resolve_device(args.device)
+        worlds, skipped = resolve_worlds(args, device)
+        name, matrices = _matrices(args)
     profile_steps = args.profile_steps if args.profile_steps is not None else (3 if device == "cuda" else 0)
-    worlds, skipped = resolve_worlds(args, device)
-    name, matrices = _matrices(args)
     shapes = [(m.batch, m.rows, m.cols) if m.batch > 1 else (m.rows, m.cols) for m in matrices]
     names = [m.name for m in matrices]
     methods = (["owner", "gather"] if args.mode == "all" else [args.mode]) + ["adamw"]
