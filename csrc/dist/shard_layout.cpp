@@ -28,6 +28,16 @@ void ParamLayout::validate(const char* what) const {
               ": a Muon parameter needs at least ", 2 + batch_dims, " dims, got ",
               global_shape.size());
   for (int64_t d : global_shape) DMUON_CHECK(d >= 0, what, ": negative dimension ", d);
+  if (row_blocks.empty()) return;
+  DMUON_CHECK(batch_dims == 0, what, ": row blocks need batch_dims 0 (one matrix cut into blocks), got ",
+              batch_dims);
+  int64_t total = 0;
+  for (int64_t rows : row_blocks) {
+    DMUON_CHECK(rows > 0, what, ": every row block needs at least one row, got ", rows);
+    total += rows;
+  }
+  DMUON_CHECK(total == global_shape[0], what, ": row blocks sum to ", total, " rows but dim 0 has ",
+              global_shape[0]);
 }
 
 int64_t ParamLayout::rows_per_dim0() const { return batch_dims == 1 ? global_shape[1] : 1; }
@@ -40,10 +50,34 @@ int64_t ParamLayout::cols() const {
   return cols;
 }
 
-int64_t ParamLayout::num_matrices() const { return batch_dims == 1 ? global_shape[0] : 1; }
+int64_t ParamLayout::num_matrices() const {
+  if (batch_dims == 1) return global_shape[0];
+  return row_blocks.empty() ? 1 : static_cast<int64_t>(row_blocks.size());
+}
 
 int64_t ParamLayout::matrix_rows() const {
-  return batch_dims == 1 ? global_shape[1] : global_shape[0];
+  if (batch_dims == 1) return global_shape[1];
+  return row_blocks.empty() ? global_shape[0] : row_blocks.front();
+}
+
+std::vector<RowBlock> ParamLayout::matrix_blocks() const {
+  std::vector<RowBlock> blocks;
+  if (batch_dims == 1) {
+    for (int64_t e = 0; e < global_shape[0]; ++e) blocks.push_back({e * global_shape[1], global_shape[1]});
+  } else if (row_blocks.empty()) {
+    blocks.push_back({0, global_shape[0]});
+  } else {
+    int64_t begin = 0;
+    for (int64_t rows : row_blocks) {
+      blocks.push_back({begin, rows});
+      begin += rows;
+    }
+  }
+  return blocks;
+}
+
+bool ParamLayout::uniform() const {
+  return std::all_of(row_blocks.begin(), row_blocks.end(), [&](int64_t rows) { return rows == row_blocks.front(); });
 }
 
 std::vector<RowBlock> ParamLayout::rank_rows(int world_size) const {

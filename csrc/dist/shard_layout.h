@@ -3,12 +3,16 @@
 // Every Muon parameter is viewed as a 2-D "flat" matrix [flat_rows, cols]:
 //   one matrix (batch_dims = 0):   [d0, d1·d2·…]            rows_per_dim0 = 1
 //   a stack (batch_dims = 1):      [d0·d1, d2·…] = E × [m, n] rows_per_dim0 = d1
+//   row blocks (batch_dims = 0):   [d0, d1·…] cut into blocks of rows (e.g. a fused q, k, v
+//                                  projection), each block orthogonalized as its own matrix
+// The matrices Muon orthogonalizes are contiguous ranges of flat rows (matrix_blocks()).
 // Sharded on dim 0 (DTensor Shard(0), FSDP2), rank r holds a contiguous block of dim 0 —
 // torch.chunk's split, trailing ranks possibly empty — hence a contiguous block of flat
 // rows. Replicated, every rank holds every row.
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace dmuon::dist {
@@ -30,14 +34,28 @@ struct ParamLayout {
   std::vector<int64_t> global_shape;
   int64_t batch_dims = 0;  ///< 1: a stack of matrices [E, m, n…]; 0: one matrix
   bool sharded = false;    ///< Shard(0) over the group; otherwise replicated on every rank
+  /// batch_dims = 0 only: rows of dim 0 in each block orthogonalized on its own, in order,
+  /// summing to dim 0 (empty: the whole matrix is one block).
+  std::vector<int64_t> row_blocks;
+  /// Each matrix is stored transposed, (in, out) (HF Conv1D): the lr adjustment takes the
+  /// matrix as (cols, rows). Newton–Schulz needs no change: orth(Xᵀ) = orth(X)ᵀ.
+  bool transposed = false;
 
   /// Throws dmuon::Error naming `what` when the shape cannot be a Muon parameter.
   void validate(const char* what) const;
   int64_t rows_per_dim0() const;
   int64_t flat_rows() const;
   int64_t cols() const;
-  int64_t num_matrices() const;   ///< E for a stack, else 1
-  int64_t matrix_rows() const;    ///< m of each matrix
+  int64_t num_matrices() const;   ///< E for a stack, the number of row blocks, else 1
+  int64_t matrix_rows() const;    ///< rows of the first matrix (of every matrix when uniform())
+  /// Flat rows of every matrix Muon orthogonalizes, in order.
+  std::vector<RowBlock> matrix_blocks() const;
+  /// Whether every matrix has the same rows (a stack, one matrix, equal row blocks).
+  bool uniform() const;
+  /// (rows, cols) of a matrix of `rows` flat rows as the model uses it (the lr adjustment's m, n).
+  std::pair<int64_t, int64_t> update_shape(int64_t rows) const {
+    return transposed ? std::pair<int64_t, int64_t>{cols(), rows} : std::pair<int64_t, int64_t>{rows, cols()};
+  }
   int64_t numel() const { return flat_rows() * cols(); }
   /// Flat rows each rank holds (sharded: its chunk; replicated: all rows).
   std::vector<RowBlock> rank_rows(int world_size) const;

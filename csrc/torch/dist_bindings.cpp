@@ -51,16 +51,29 @@ void register_dist_bindings(py::module_& m) {
   py::module_ d = m.def_submodule("dist", "owner-centric distributed Muon step");
 
   py::class_<dist::ParamLayout>(d, "ParamLayout")
-      .def(py::init([](std::vector<int64_t> global_shape, int64_t batch_dims, bool sharded) {
-             return dist::ParamLayout{std::move(global_shape), batch_dims, sharded};
+      .def(py::init([](std::vector<int64_t> global_shape, int64_t batch_dims, bool sharded,
+                       std::vector<int64_t> row_blocks, bool transposed) {
+             return dist::ParamLayout{std::move(global_shape), batch_dims, sharded, std::move(row_blocks),
+                                      transposed};
            }),
-           py::arg("global_shape"), py::arg("batch_dims"), py::arg("sharded"))
+           py::arg("global_shape"), py::arg("batch_dims"), py::arg("sharded"),
+           py::arg("row_blocks") = std::vector<int64_t>{}, py::arg("transposed") = false)
       .def_readonly("global_shape", &dist::ParamLayout::global_shape)
       .def_readonly("batch_dims", &dist::ParamLayout::batch_dims)
       .def_readonly("sharded", &dist::ParamLayout::sharded)
+      .def_readonly("row_blocks", &dist::ParamLayout::row_blocks)
+      .def_readonly("transposed", &dist::ParamLayout::transposed)
       .def_property_readonly("matrix_rows", &dist::ParamLayout::matrix_rows)
       .def_property_readonly("cols", &dist::ParamLayout::cols)
       .def_property_readonly("num_matrices", &dist::ParamLayout::num_matrices)
+      .def_property_readonly("uniform", &dist::ParamLayout::uniform)
+      .def("matrix_blocks", [](const dist::ParamLayout& l) {
+        std::vector<std::pair<int64_t, int64_t>> out;
+        for (const auto& b : l.matrix_blocks()) out.emplace_back(b.begin, b.count);
+        return out;
+      })
+      .def("validate", [](const dist::ParamLayout& l, const std::string& what) { l.validate(what.c_str()); },
+           py::arg("what"))
       .def("rank_rows", [](const dist::ParamLayout& l, int world) {
         std::vector<std::pair<int64_t, int64_t>> out;
         for (const auto& b : l.rank_rows(world)) out.emplace_back(b.begin, b.count);

@@ -105,6 +105,24 @@ at::Tensor pack(const std::vector<at::Tensor>& pieces, at::ScalarType dtype, con
   return at::cat(flat, 0);
 }
 
+// Consecutive matrices of equal rows of one parameter, as one view [count, rows, cols]: a
+// stack or one matrix is one run; row blocks of different rows are several.
+struct MatrixRun {
+  int64_t row_begin = 0;    // first flat row
+  int64_t num_rows = 0;     // flat rows of the run
+  int64_t matrix_rows = 0;  // rows of each of its matrices
+};
+std::vector<MatrixRun> matrix_runs(const dist::ParamLayout& layout) {
+  std::vector<MatrixRun> runs;
+  for (const dist::RowBlock& block : layout.matrix_blocks()) {
+    if (!runs.empty() && runs.back().matrix_rows == block.count)
+      runs.back().num_rows += block.count;
+    else
+      runs.push_back({block.begin, block.count, block.count});
+  }
+  return runs;
+}
+
 std::vector<int64_t> offsets_of(const std::vector<int64_t>& splits) {
   std::vector<int64_t> offsets(splits.size() + 1, 0);
   for (size_t i = 0; i < splits.size(); ++i) offsets[i + 1] = offsets[i] + splits[i];
@@ -316,16 +334,19 @@ std::vector<FusedBatch> plan_fused(const std::vector<dist::ParamLayout>& layouts
                                    const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& momenta,
                                    const std::vector<int64_t>& group_idx, const std::vector<MuonGroupOptions>& groups,
                                    const std::vector<ns::Schedule>& schedules, const std::vector<bool>& candidates) {
-  // NOTE: keyed by device too: a batch's kernels run on one device.
-  std::map<std::tuple<int64_t, int64_t, int64_t, int>, std::vector<int>> by_shape;
+  // NOTE: keyed by device too: a batch's kernels run on one device; and by transposition,
+  // which changes the lr adjustment's (m, n). Row blocks of different rows take the bucketed
+  // path (a fused batch holds whole equal matrices of contiguous rows).
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, bool>, std::vector<int>> by_shape;
   for (size_t i = 0; i < layouts.size(); ++i)
-    if (candidates[i] && fused_local_step_usable(params[i], grads[i], momenta[i],
-                                                 groups[static_cast<size_t>(group_idx[i])]))
-      by_shape[{group_idx[i], layouts[i].matrix_rows(), layouts[i].cols(), params[i].get_device()}].push_back(
-          static_cast<int>(i));
+    if (candidates[i] && layouts[i].uniform() &&
+        fused_local_step_usable(params[i], grads[i], momenta[i], groups[static_cast<size_t>(group_idx[i])]))
+      by_shape[{group_idx[i], layouts[i].matrix_rows(), layouts[i].cols(), params[i].get_device(),
+                layouts[i].transposed}]
+          .push_back(static_cast<int>(i));
   std::vector<FusedBatch> batches;
   for (const auto& [key, members] : by_shape) {
-    const auto [g, rows, cols, device] = key;
+    const auto [g, rows, cols, device, transposed] = key;
     std::vector<int64_t> counts;
     for (int idx : members) counts.push_back(layouts[idx].num_matrices());
     const int64_t capacity = fused_batch_capacity(rows, cols, schedules[static_cast<size_t>(g)]);
@@ -333,6 +354,7 @@ std::vector<FusedBatch> plan_fused(const std::vector<dist::ParamLayout>& layouts
       std::vector<int> part;
       for (int k : run) part.push_back(members[static_cast<size_t>(k)]);
       batches.push_back(make_fused_batch(g, rows, cols, std::move(part), params, grads, momenta));
+      batches.back().transposed = transposed;
     }
   }
   return batches;
@@ -628,10 +650,13 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
     DMUON_CHECK(group_idx[i] >= 0 && static_cast<size_t>(group_idx[i]) < groups.size(),
                 "parameter ", i, ": group index ", group_idx[i], " out of range");
     if (!grads[i].defined() || layout.numel() == 0) continue;
-    DMUON_CHECK(momentum_buffers[i].defined() && momentum_buffers[i].sizes() == p.sizes() &&
-                    grads[i].sizes() == p.sizes(),
-                "parameter ", i, " (", names_[i], "): gradient ", grads[i].sizes(),
-                " or momentum buffer does not match its local shape ", p.sizes());
+    DMUON_CHECK(grads[i].sizes() == p.sizes(), "parameter ", i, " (", names_[i], "): its gradient's shape ",
+                grads[i].sizes(), " does not match its local shape ", p.sizes());
+    DMUON_CHECK(momentum_buffers[i].defined(), "parameter ", i, " (", names_[i],
+                ") has a gradient but no momentum buffer");
+    DMUON_CHECK(momentum_buffers[i].sizes() == p.sizes(), "parameter ", i, " (", names_[i],
+                "): its momentum buffer's shape ", momentum_buffers[i].sizes(), " does not match its local shape ",
+                p.sizes());
     active[i] = true;
   }
 
@@ -759,33 +784,48 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
     }
     flight = InFlight{};  // NOTE: free the receive buffer before the NS workspace is allocated
 
-    // One batched call per (group, m, n, float64 or not). NOTE: float64 parameters iterate
-    // in float64 (the single-process precision), all others in float32.
-    std::map<std::tuple<int64_t, int64_t, int64_t, bool>, std::vector<int>> batches;
+    // One batched call per (group, m, n, float64 or not) over every run of equal matrices.
+    // NOTE: float64 parameters iterate in float64 (the single-process precision), all others
+    // in float32.
+    std::map<std::tuple<int64_t, int64_t, int64_t, bool>, std::vector<std::pair<int, MatrixRun>>> batches;
     for (const auto& [idx, matrix] : full)
-      batches[{group_idx[idx], layouts_[idx].matrix_rows(), layouts_[idx].cols(),
-               params[idx].scalar_type() == at::kDouble}].push_back(idx);
-    std::map<int, at::Tensor> results;
-    for (const auto& [key, members] : batches) {
+      for (const MatrixRun& run : matrix_runs(layouts_[idx]))
+        batches[{group_idx[idx], run.matrix_rows, layouts_[idx].cols(), params[idx].scalar_type() == at::kDouble}]
+            .emplace_back(idx, run);
+    std::map<int, std::vector<std::pair<int64_t, at::Tensor>>> pieces;  // param → (first row, result rows)
+    for (const auto& [key, runs] : batches) {
       const auto [g, m, n, wide] = key;
       std::vector<at::Tensor> stack;
       const at::ScalarType ns_dtype = wide ? at::kDouble : at::kFloat;
-      for (int idx : members) stack.push_back(full[idx].to(ns_dtype).view({-1, m, n}));
+      for (const auto& [idx, run] : runs)
+        stack.push_back(full[idx].narrow(0, run.row_begin, run.num_rows).to(ns_dtype).view({-1, m, n}));
       at::Tensor out = orthogonalize(at::cat(stack, 0), schedules[static_cast<size_t>(g)]);
       // NOTE: checked and sanitized where computed, once per batch: inputs were finite, so
       // NaN/Inf here is rare; such entries are zeroed (never applied) and the step raises
       // at its end on every rank, naming the batch's first parameter.
       finite_flags.push_back(at::logical_not(at::isfinite(out).all()));
-      flag_owner.push_back(static_cast<size_t>(members.front()));
+      flag_owner.push_back(static_cast<size_t>(runs.front().first));
       out.nan_to_num_(0.0, 0.0, 0.0);
       int64_t offset = 0;
-      for (int idx : members) {
-        const int64_t count = layouts_[idx].num_matrices();
-        results[idx] = out.narrow(0, offset, count).reshape({layouts_[idx].flat_rows(), n});
+      for (const auto& [idx, run] : runs) {
+        const int64_t count = run.num_rows / m;
+        pieces[idx].emplace_back(run.row_begin, out.narrow(0, offset, count).reshape({run.num_rows, n}));
         offset += count;
-        ++stats_.num_orthogonalized;
-        stats_.orthogonalized.push_back(idx);
       }
+    }
+    // Each parameter's result [flat_rows, cols] (its runs in row order when several).
+    std::map<int, at::Tensor> results;
+    for (auto& [idx, parts] : pieces) {
+      ++stats_.num_orthogonalized;
+      stats_.orthogonalized.push_back(idx);
+      if (parts.size() == 1) {
+        results[idx] = parts.front().second;
+        continue;
+      }
+      std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      std::vector<at::Tensor> ordered;
+      for (const auto& part : parts) ordered.push_back(part.second);
+      results[idx] = at::cat(ordered, 0);
     }
     sync_for_profile();
     stats_.ns_s += seconds_since(start);
@@ -861,10 +901,31 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
       if (!active[idx]) continue;
       DMUON_CHECK(local_results[idx].defined(), "internal: no result for parameter ", idx, " (", names_[idx], ")");
       const auto& options = groups[static_cast<size_t>(group_idx[idx])];
-      param_list.push_back(params[idx]);
-      result_list.push_back(local_results[idx]);
-      scales.push_back(options.update_scale(layouts_[idx].matrix_rows(), layouts_[idx].cols()));
-      decays.push_back(options.decay());
+      const auto& layout = layouts_[static_cast<size_t>(idx)];
+      if (layout.uniform()) {
+        const auto [m, n] = layout.update_shape(layout.matrix_rows());
+        param_list.push_back(params[idx]);
+        result_list.push_back(local_results[idx]);
+        scales.push_back(options.update_scale(m, n));
+        decays.push_back(options.decay());
+      } else {
+        // Row blocks of different rows: this rank's rows of each block, with its own scale.
+        const dist::RowBlock mine = rows_[idx][rank_];
+        DMUON_CHECK(params[idx].is_contiguous(), "parameter ", idx, " (", names_[idx],
+                    ") has row blocks of different sizes and must be contiguous");
+        const at::Tensor local_param = params[idx].view({mine.count, layout.cols()});
+        const at::Tensor local_result = local_results[idx].reshape({mine.count, layout.cols()});
+        for (const dist::RowBlock& block : layout.matrix_blocks()) {
+          const int64_t begin = std::max(block.begin, mine.begin);
+          const int64_t end = std::min(block.begin + block.count, mine.begin + mine.count);
+          if (end <= begin) continue;
+          const auto [m, n] = layout.update_shape(block.count);
+          param_list.push_back(local_param.narrow(0, begin - mine.begin, end - begin));
+          result_list.push_back(local_result.narrow(0, begin - mine.begin, end - begin));
+          scales.push_back(options.update_scale(m, n));
+          decays.push_back(options.decay());
+        }
+      }
       local_results[idx] = at::Tensor();
       updates[idx] = at::Tensor();
     }

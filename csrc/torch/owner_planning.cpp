@@ -47,8 +47,11 @@ plan::Problem build_owner_problem(const OwnerPlanInput& input) {
   for (size_t i = 0; i < input.layouts.size(); ++i) {
     const auto& layout = input.layouts[i];
     // NOTE: the planner rejects empty matrices; a zero-size parameter costs nothing and
-    // is planned as a 1x1 matrix so that it still gets an owner.
-    matrices.push_back({input.names[i], std::max<int64_t>(1, layout.matrix_rows()),
+    // is planned as a 1x1 matrix so that it still gets an owner. Row blocks of different
+    // rows are planned as blocks of the largest (an upper bound of their cost).
+    int64_t rows = layout.matrix_rows();
+    for (const dist::RowBlock& block : layout.matrix_blocks()) rows = std::max(rows, block.count);
+    matrices.push_back({input.names[i], std::max<int64_t>(1, rows),
                         std::max<int64_t>(1, layout.cols()), std::max<int64_t>(1, layout.num_matrices()),
                         std::max<int64_t>(1, input.wire_bytes[i]), 0});
   }

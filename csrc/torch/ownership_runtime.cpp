@@ -69,6 +69,9 @@ OwnershipRuntime::OwnershipRuntime(const std::string& shard_group, const std::st
     layouts_[i].validate(names_[i].c_str());
     DMUON_CHECK(!layouts_[i].sharded, "OwnershipRuntime: matrix ", names_[i],
                 " is marked sharded; owned matrices are whole on their owner");
+    // NOTE: its batches view each update as equal matrices [count, rows, cols].
+    DMUON_CHECK(layouts_[i].uniform(), "OwnershipRuntime: matrix ", names_[i],
+                " has row blocks of different sizes; the weight-ownership mode orthogonalizes equal blocks only");
   }
   reduce_dtype_ = parse_reduce_dtype(options_.reduce_dtype);
   shard_group_ = resolve(shard_group);
@@ -560,7 +563,8 @@ void OwnershipRuntime::commit(const std::vector<at::Tensor>& masters, const std:
     momentum_list.push_back(new_momentum_[i].view(momentum_buffers_[i].sizes()));
     param_list.push_back(masters[i]);
     update_list.push_back(update_[i]);
-    scales.push_back(options.update_scale(layouts_[i].matrix_rows(), layouts_[i].cols()));
+    const auto [m, n_cols] = layouts_[i].update_shape(layouts_[i].matrix_rows());
+    scales.push_back(options.update_scale(m, n_cols));
     decays.push_back(options.decay());
     applied[i] = true;
   }

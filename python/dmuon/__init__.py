@@ -4,9 +4,13 @@
 >>> optimizer = dmuon.DMuon(model, lr=3e-3)   # Muon for matrices, AdamW for the rest
 """
 
+from dmuon import presets
 from dmuon.optimizer import DMuon, NonFiniteGradientError
 from dmuon.ownership import OwnedMatrices, own_matrices
-from dmuon.routing import RoutedParam, route_module, route_params
+from dmuon.rank_agreement import LOCAL
+from dmuon.routing import MatrixView, RoutedParam, route_module, route_named, route_params
+from dmuon.routing_summary import RoutingSummary
 
-__all__ = ["DMuon", "NonFiniteGradientError", "OwnedMatrices", "own_matrices", "RoutedParam", "route_module", "route_params"]
+__all__ = ["DMuon", "LOCAL", "MatrixView", "NonFiniteGradientError", "OwnedMatrices", "RoutedParam", "RoutingSummary",
+           "own_matrices", "presets", "route_module", "route_named", "route_params"]
 __version__ = "0.1.0"

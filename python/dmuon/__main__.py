@@ -19,9 +19,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    """Run a command; bad input raises ValueError (cli_usage.UsageError) naming the argument."""
+    return _run(argv, usage_errors=False)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """The command line: main(), with bad input reported as argparse reports its own errors
+    (the subcommand's usage, "PROG: error: …", exit status 2, no traceback)."""
+    return _run(argv, usage_errors=True)
+
+
+def _run(argv: list[str] | None, usage_errors: bool) -> int:
+    from dmuon.cli_usage import UsageError, leaf_parser
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as error:
+        if not usage_errors:
+            raise
+        leaf_parser(parser, args).error(str(error))  # NOTE: exits with status 2
+        raise
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

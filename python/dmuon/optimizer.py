@@ -14,28 +14,29 @@ import os
 from typing import Any, Callable, Iterable
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim.adam import adam as _torch_adam
 
-from dmuon import distributed
+from dmuon import distributed, rank_agreement
 from dmuon._ops import _C, ops
+from dmuon.group_options import (ADAMW_OPTION_NAMES, COUNTER_KEYS, as_adamw_group, check_adamw_group,
+                                 check_muon_group, check_unknown_keys, group_signature_options)
 from dmuon.ownership import ownership_of
-from dmuon.routing import RoutedParam, default_batch_dims, route_module, route_params
+from dmuon.param_groups import initial_groups
+from dmuon.routing import MatrixView, default_batch_dims, route_params
+from dmuon.routing_summary import RoutingSummary, announce, entries_of
+from dmuon.state_checks import adamw_state_dtype, check_state_dict, step_state_error
 
-_NS_ALGORITHMS = ("gram", "standard")
-_ADJUST_LR = (None, "original", "match_rms_adamw", "spectral")
 _NONFINITE = ("raise", "skip")
 _MODES = ("owner", "gather")
 _WIRE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 _PLANNERS = ("milp", "lpt", "round_robin")
 _COST_MODELS = ("auto", "analytic", "profile")
 _MUON_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-_MUON_KEYS = ("lr", "weight_decay", "momentum", "nesterov", "ns_algorithm", "ns_coefficients",
-              "ns_steps", "eps", "adjust_lr")
-_ADAMW_KEYS = ("lr", "weight_decay", "betas", "eps")
-# Bookkeeping kept in every group: steps taken (including skipped ones) and skipped steps.
-_COUNTER_KEYS = ("num_steps", "num_skipped_steps")
+# Kept for code that imports them from here.
+_COUNTER_KEYS = COUNTER_KEYS
 
 
 class NonFiniteGradientError(FloatingPointError):
@@ -68,12 +69,20 @@ class DMuon(torch.optim.Optimizer):
     ``nonfinite``: "raise" (error naming the parameter and step) or "skip" (the step
     changes nothing and is counted in ``num_skipped_steps``).
 
+    Conventions of torch optimizers: frozen parameters stay in the optimizer (and train once
+    unfrozen); Muon groups have ``momentum`` and AdamW groups ``betas`` (and ``momentum`` =
+    β1), and ``defaults`` has ``momentum``, so schedulers that cycle momentum work on both;
+    ``load_state_dict`` checks the whole checkpoint before it changes anything, and a step
+    checks everything it will touch before it writes anything. :mod:`dmuon.presets` holds
+    the conventions of torch.optim.Muon, Moonlight and Keller Jordan's Muon.
+
     Distribution (see :mod:`dmuon.distributed`): DTensor parameters sharded on dim 0
     (FSDP2) or replicated parameters on an initialized process group (DDP) are
-    orthogonalized once, on an owner rank chosen by the planner. ``mode``: "owner" or
-    "gather" (every rank gathers and orthogonalizes every matrix: the naive baseline);
-    ``bucket_size_mb``: wire bytes per pipeline bucket; ``process_group``: the group of
-    replicated parameters (default: the default group); ``wire_dtype``: "auto" (float32
+    orthogonalized once, on an owner rank chosen by the planner; replicas are checked to be
+    equal at construction. ``mode``: "owner" or "gather" (every rank gathers and
+    orthogonalizes every matrix: the naive baseline); ``bucket_size_mb``: wire bytes per
+    pipeline bucket; ``process_group``: the group of replicated parameters (default: the
+    default group; "local": every rank trains its own model); ``wire_dtype``: "auto" (float32
     on CPU, bfloat16 on CUDA) or a dtype name; ``planner``: "milp", "lpt" or
     "round_robin"; ``cost_model``: what the planner balances — "profile" times the real
     Newton–Schulz per shape and batch size on rank 0 (median of 5 runs, cached on disk at
@@ -115,6 +124,9 @@ class DMuon(torch.optim.Optimizer):
                 raise ValueError(f"{arg} must be one of {allowed}, got {value!r}")
         if not (isinstance(bucket_size_mb, (int, float)) and bucket_size_mb >= 0 and math.isfinite(bucket_size_mb)):
             raise ValueError(f"bucket_size_mb must be a finite number >= 0 (0: one bucket), got {bucket_size_mb!r}")
+        if isinstance(process_group, str) and process_group != rank_agreement.LOCAL:
+            raise ValueError(f"process_group must be None (the default group), a ProcessGroup or "
+                             f"{rank_agreement.LOCAL!r} (every rank trains its own model), got {process_group!r}")
         self.nonfinite = nonfinite
         self._runtime_options = dict(mode=mode, bucket_bytes=int(bucket_size_mb * 2**20),
                                      wire_dtype=wire_dtype, solver=planner)
@@ -130,90 +142,106 @@ class DMuon(torch.optim.Optimizer):
             lr=lr if adamw_lr is None else adamw_lr,
             weight_decay=weight_decay if adamw_weight_decay is None else adamw_weight_decay,
             betas=adamw_betas, eps=adamw_eps)
+        # Options are checked under the names they were given by (adamw_betas, adamw_eps…).
+        check_muon_group(dict(self._muon_defaults), "")
+        check_adamw_group(dict(self._adamw_defaults), "", names=ADAMW_OPTION_NAMES)
         self._param_names: dict[int, str] = {}
-        self._batch_dims: dict[int, int] = {}
+        self._views: dict[int, MatrixView] = {}
+        self._reasons: dict[int, str] = {}
         self._ownership = None
-        super().__init__(self._initial_groups(params, muon_filter), {"lr": lr})
+        self._signature: int | None = None
+        self._verified_state: dict[int, tuple] = {}  # id(param) → ids of its state tensors checked
+        self._group = None  # the Muon parameters' process group (None: one process)
+        initial = initial_groups(params, muon_filter)
+        for r in initial.routes.values():
+            self._param_names[id(r.param)] = r.name
+            self._reasons[id(r.param)] = r.reason
+            if r.use_muon:
+                self._views[id(r.param)] = r.view
+        # NOTE: torch's OneCycleLR/CyclicLR cycle momentum when `defaults` has it.
+        super().__init__(initial.groups, {"lr": lr, "momentum": momentum})
         self._check_ranks_agree()
+        self._check_replicas()
         self._ownership = self._find_ownership()
         self._configure_ownership()
+        announce(self.routing_summary(), not dist.is_initialized() or dist.get_rank() == 0)
 
     # ----------------------------------------------------------------- construction
-    def _initial_groups(self, params: Any, muon_filter: Any) -> list[dict[str, Any]]:
-        """Param groups from a module, an iterable of tensors, or group dicts."""
-        if isinstance(params, nn.Module):
-            routed = route_module(params, muon_filter)
-            return self._groups_from_routed(routed)
-        if muon_filter is not None:
-            raise ValueError("muon_filter is only used when params is an nn.Module")
-        items = list(params)
-        if not items:
-            raise ValueError("DMuon got an empty parameter list")
-        if all(isinstance(item, dict) for item in items):
-            return items
-        if any(isinstance(item, dict) for item in items):
-            raise TypeError("params mixes param-group dicts with tensors")
-        return self._groups_from_routed(route_params(items, prefix="params"))
+    @property
+    def _batch_dims(self) -> dict[int, int]:
+        """id(param) → batch_dims of every Muon parameter (1: a stack of matrices)."""
+        return {key: view.batch_dims for key, view in self._views.items()}
 
-    def _groups_from_routed(self, routed: list[RoutedParam]) -> list[dict[str, Any]]:
-        groups = []
-        for use_muon in (True, False):
-            chosen = [r for r in routed if r.use_muon == use_muon]
-            if chosen:
-                for r in chosen:
-                    self._param_names[id(r.param)] = r.name
-                    self._batch_dims[id(r.param)] = r.batch_dims
-                groups.append({"params": [r.param for r in chosen], "use_muon": use_muon})
-        if not groups:
-            raise ValueError("DMuon found no trainable parameters")
-        return groups
+    def matrix_view(self, param: torch.Tensor) -> MatrixView:
+        """How Muon sees `param` as matrices (stack, row blocks, transposition)."""
+        return self._views.get(id(param)) or MatrixView(batch_dims=default_batch_dims(param))
+
+    def routing_summary(self) -> RoutingSummary:
+        """Parameters and elements per side, every decision with its reason, the AdamW matrices
+        by name (str() prints the table; .line() the one line logged at construction)."""
+        def reason(p: torch.Tensor, use_muon: bool) -> str:
+            return self._reasons.get(id(p), "param group with use_muon=" + str(use_muon))
+        return entries_of(self.param_groups, self.param_name, reason)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Fill a group's options from the Muon or AdamW defaults and validate them."""
+        """Fill a group's options from the Muon or AdamW defaults and validate them. Without
+        ``use_muon``, the group is routed (by names for (name, tensor) pairs, else by shape)
+        and must be all Muon or all AdamW."""
         group = dict(param_group)
         group_idx = len(self.param_groups)
+        if "params" not in group:
+            raise ValueError(f"param group {group_idx} has no 'params'")
         params = group["params"]
         params = [params] if isinstance(params, torch.Tensor) else list(params)
-        names = []
-        tensors = []
+        names, tensors, entries = [], [], []
         for idx, item in enumerate(params):
             name, param = item if isinstance(item, tuple) else (None, item)
-            name = name or self._param_names.get(id(param)) or f"param_groups[{group_idx}].params[{idx}]"
-            self._param_names[id(param)] = name
-            names.append(name)
+            name = name or self._param_names.get(id(param))
+            entries.append(param if name is None else (name, param))
+            names.append(name or f"param_groups[{group_idx}].params[{idx}]")
             tensors.append(param)
+        for name, param in zip(names, tensors):
+            self._validate_param(name, param, None)
+        routed = {id(r.param): r for r in route_params(entries, prefix=f"param_groups[{group_idx}].params",
+                                                        warn=False)}
         if "use_muon" not in group:
-            kinds = {p.dim() >= 2 for p in tensors}
-            if len(kinds) > 1:
-                raise ValueError(f"param group {group_idx} mixes matrices and vectors; set use_muon=True or False")
-            group["use_muon"] = kinds.pop() if kinds else True
+            kinds = {id(p): routed[id(p)].use_muon for p in tensors}
+            if len(set(kinds.values())) > 1:
+                muon = next(n for n, p in zip(names, tensors) if kinds[id(p)])
+                other = next(n for n, p in zip(names, tensors) if not kinds[id(p)])
+                raise ValueError(f"param group {group_idx} mixes Muon parameters ({muon!r}) and AdamW ones "
+                                 f"({other!r}); set use_muon=True or False, or pass two groups")
+            group["use_muon"] = next(iter(kinds.values())) if kinds else True
         use_muon = bool(group["use_muon"])
-        allowed = set(_MUON_KEYS if use_muon else _ADAMW_KEYS) | {"params", "use_muon", "initial_lr", *_COUNTER_KEYS}
-        unknown = sorted(set(group) - allowed)
-        if unknown:
-            kind = "Muon" if use_muon else "AdamW"
-            raise ValueError(f"param group {group_idx} ({kind}) has unknown option(s) {unknown}; allowed: {sorted(allowed - {'params'})}")
+        check_unknown_keys(group, group_idx, use_muon)
         for key, value in (self._muon_defaults if use_muon else self._adamw_defaults).items():
             group.setdefault(key, value)
-        for key in _COUNTER_KEYS:
+        for key in COUNTER_KEYS:
             group.setdefault(key, 0)
         group["params"] = tensors
         for name, param in zip(names, tensors):
+            self._param_names[id(param)] = name
             self._validate_param(name, param, use_muon)
-            if use_muon:
-                self._batch_dims.setdefault(id(param), default_batch_dims(param))
+            if use_muon and id(param) not in self._views:
+                r = routed[id(param)]
+                self._views[id(param)] = r.view if r.use_muon else MatrixView(batch_dims=default_batch_dims(param))
+        where = f"param group {group_idx}{'' if use_muon else ' (AdamW)'}: "
         if use_muon:
-            self._validate_muon_group(group, group_idx)
+            check_muon_group(group, where)
         else:
-            self._validate_adamw_group(group, group_idx)
+            check_adamw_group(group, where)
+            group = as_adamw_group(group, where)
         super().add_param_group(group)
         self._runtime = None  # NOTE: rebuilt (collectively) at the next step
+        self._signature = None
+        self._group = self._placements()[1]
         if getattr(self, "_ownership", None) is not None:
             self._ownership = self._find_ownership()
             self._configure_ownership()
 
     @staticmethod
-    def _validate_param(name: str, param: torch.Tensor, use_muon: bool) -> None:
+    def _validate_param(name: str, param: torch.Tensor, use_muon: bool | None) -> None:
+        """`use_muon` None: only what every parameter needs."""
         if not isinstance(param, torch.Tensor):
             raise TypeError(f"parameter {name!r} is a {type(param).__name__}, not a tensor")
         if not param.is_floating_point():
@@ -225,43 +253,8 @@ class DMuon(torch.optim.Optimizer):
             if param.dtype not in _MUON_DTYPES:
                 raise TypeError(f"parameter {name!r} has dtype {param.dtype}; Muon supports {[str(d) for d in _MUON_DTYPES]}")
 
-    @staticmethod
-    def _validate_muon_group(group: dict[str, Any], group_idx: int) -> None:
-        where = f"param group {group_idx}"
-        if group["ns_algorithm"] not in _NS_ALGORITHMS:
-            raise ValueError(f"{where}: ns_algorithm must be one of {_NS_ALGORITHMS}, got {group['ns_algorithm']!r}")
-        if group["adjust_lr"] not in _ADJUST_LR:
-            raise ValueError(f"{where}: adjust_lr must be one of {_ADJUST_LR}, got {group['adjust_lr']!r}")
-        steps = group["ns_steps"]
-        if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= 100:
-            raise ValueError(f"{where}: ns_steps must be an integer in 1..100, got {steps!r}")
-        if group["ns_coefficients"] is not None:
-            coefficients = [tuple(float(x) for x in step) for step in group["ns_coefficients"]]
-            if len(coefficients) == 1 and steps > 1:
-                coefficients = coefficients * steps  # one (a, b, c) for every step, as torch.optim.Muon
-            if len(coefficients) != steps or any(len(c) != 3 for c in coefficients):
-                raise ValueError(f"{where}: ns_coefficients must be one (a, b, c) triple or ns_steps={steps} "
-                                 f"triples, got {group['ns_coefficients']!r}")
-            if not all(math.isfinite(x) for c in coefficients for x in c):
-                raise ValueError(f"{where}: ns_coefficients must be finite, got {coefficients}")
-            group["ns_coefficients"] = coefficients
-        for key in ("lr", "weight_decay", "eps"):
-            if not (isinstance(group[key], (int, float)) and math.isfinite(group[key]) and group[key] >= 0):
-                raise ValueError(f"{where}: {key} must be a finite number >= 0, got {group[key]!r}")
-        if group["eps"] <= 0:
-            raise ValueError(f"{where}: eps must be > 0, got {group['eps']!r}")
-        if not 0.0 <= group["momentum"] < 1.0:
-            raise ValueError(f"{where}: momentum must be in [0, 1), got {group['momentum']!r}")
-
-    @staticmethod
-    def _validate_adamw_group(group: dict[str, Any], group_idx: int) -> None:
-        where = f"param group {group_idx} (AdamW)"
-        beta1, beta2 = group["betas"]
-        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
-            raise ValueError(f"{where}: betas must be in [0, 1), got {group['betas']!r}")
-        for key in ("lr", "weight_decay", "eps"):
-            if not (isinstance(group[key], (int, float)) and math.isfinite(group[key]) and group[key] >= 0):
-                raise ValueError(f"{where}: {key} must be a finite number >= 0, got {group[key]!r}")
+    def _group_defaults(self, use_muon: bool) -> dict[str, Any]:
+        return dict(self._muon_defaults if use_muon else self._adamw_defaults)
 
     def param_name(self, param: torch.Tensor) -> str:
         """The name DMuon uses for `param` in messages."""
@@ -336,21 +329,64 @@ class DMuon(torch.optim.Optimizer):
         self._configure_ownership()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's load_state_dict, after checking the whole checkpoint against these param
+        groups (structure, options, every state entry's keys, shapes and dtypes): a mismatch
+        raises ValueError naming it, and nothing is changed. Floating-point state is cast to
+        its parameter's dtype as torch does, except AdamW moments of float16 parameters, which
+        stay float32. NOTE: load_state_dict pre-hooks run after the check."""
+        check_state_dict(state_dict, self.param_groups, self.param_name, self._group_defaults)
         super().load_state_dict(state_dict)
+        for g_idx, group in enumerate(self.param_groups):
+            if not group["use_muon"]:
+                group = self.param_groups[g_idx] = as_adamw_group(group, f"param group {g_idx} (AdamW): ")
+            for key in COUNTER_KEYS:
+                group.setdefault(key, 0)
+        self._keep_float32_moments(state_dict)
+        self._signature = None
         self._configure_ownership()
+
+    def _keep_float32_moments(self, state_dict: dict[str, Any]) -> None:
+        """AdamW moments of float16 parameters from the checkpoint's own values (torch's load
+        cast them to float16, which loses the small second moments)."""
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for saved_id, p in zip(saved_ids, params):
+            entry = self.state.get(p)
+            if p.dtype != torch.float16 or not entry or "exp_avg" not in entry:
+                continue
+            for key in ("exp_avg", "exp_avg_sq"):
+                saved = state_dict["state"][saved_id][key]
+                entry[key] = saved.to(dtype=adamw_state_dtype(p)).to(device=entry[key].device)
 
     def _placements(self) -> tuple[list[distributed.Placement], Any]:
         muon = self._muon_params()
         names = [self.param_name(p) for _, p in muon]
+        if self._process_group == rank_agreement.LOCAL:
+            # Every rank trains its own model: no group, whatever is initialized.
+            for name, (_, p) in zip(names, muon):
+                if isinstance(p, DTensor):
+                    raise ValueError(f"process_group={rank_agreement.LOCAL!r}, but parameter {name!r} is a DTensor "
+                                     "(its mesh shares it across ranks)")
+            return [distributed.Placement(global_shape=tuple(p.shape), sharded=False, group=None)
+                    for _, p in muon], None
         placements = [distributed.placement_of(name, p, self._process_group) for name, (_, p) in zip(names, muon)]
         return placements, distributed.common_group(names, placements)
+
+    def _check_replicas(self) -> None:
+        """The parameters treated as replicas (not sharded, on a multi-rank group) must be equal
+        on every rank: one all_reduce of checksums, an error naming the first that is not."""
+        placements, group = self._placements()
+        self._group = group
+        replicas = [(self.param_name(p), distributed.local(p)) for (_, p), pl in zip(self._muon_params(), placements)
+                    if not pl.sharded and pl.group is not None]
+        rank_agreement.check_replicas_equal(group, [n for n, _ in replicas], [t for _, t in replicas])
 
     def _check_ranks_agree(self) -> None:
         """Every rank must hold the same parameters with the same options (else: error on all)."""
         placements, group = self._placements()
         signature = []
         for g_idx, group_options in enumerate(self.param_groups):
-            options = tuple(sorted((k, repr(v)) for k, v in group_options.items() if k not in ("params", *_COUNTER_KEYS)))
+            options = group_signature_options(group_options)
             signature.append(("group", g_idx, options))
             for p in group_options["params"]:
                 placement = getattr(p, "placements", None)
@@ -370,8 +406,7 @@ class DMuon(torch.optim.Optimizer):
                 raise ValueError(f"DMuon needs every Muon parameter on one device: {a!r} is on {first}, "
                                  f"{b!r} on {second}")
             placements, group = self._placements()
-            layouts = [_C.dist.ParamLayout(list(pl.global_shape), self._batch_dims[id(p)], pl.sharded)
-                       for (_, p), pl in zip(muon, placements)]
+            layouts = [self._layout(p, pl) for (_, p), pl in zip(muon, placements)]
             device = next((local_p.device.type for _, p in muon for local_p in [distributed.local(p)]), "cpu")
             device_type = "cuda" if device == "cuda" else "cpu"
             costs = self._measured_costs(muon, layouts, group, device_type)
@@ -379,6 +414,12 @@ class DMuon(torch.optim.Optimizer):
             self._runtime = _C.dist.MuonRuntime(distributed.group_name(group), [self.param_name(p) for _, p in muon],
                                                 layouts, options)
         return self._runtime
+
+    def _layout(self, param: torch.Tensor, placement: distributed.Placement) -> Any:
+        """The C++ runtime's view of one Muon parameter: shape, matrices, sharding."""
+        view = self.matrix_view(param)
+        return _C.dist.ParamLayout(list(placement.global_shape), view.batch_dims, placement.sharded,
+                                   row_blocks=list(view.row_blocks), transposed=view.transposed)
 
     def _measured_costs(self, muon, layouts, group, device_type: str) -> list[tuple[int, int, int, float]]:
         """Measured NS times for the planner (empty: analytic model). Rank 0 of the group
@@ -428,8 +469,14 @@ class DMuon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        runtime = self._ensure_runtime()
         step_idx = self.param_groups[0]["num_steps"] + 1
+        # Everything this step touches (group options, gradients, state of both halves) is
+        # checked before anything is written, and the ranks agree, in one fixed-size
+        # collective before any other, that all of them passed and hold the same groups.
+        rank_agreement.agree_before_step(self._group, step_idx, self._structure_signature(),
+                                         self._step_input_error(),
+                                         lambda: rank_agreement.describe_groups(self.param_groups, self.param_name))
+        runtime = self._ensure_runtime()
         # NOTE: owned matrices first: their reduction and Newton–Schulz ran during backward;
         # finish() waits for them, and every exit below commits or discards their results.
         owned = self._finish_owned(step_idx)
@@ -437,9 +484,6 @@ class DMuon(torch.optim.Optimizer):
         # Which parameters have gradients and which gradients are not finite, agreed by all
         # ranks: one host sync for the local check and one small all_reduce.
         every = [p for group in self.param_groups for p in group["params"] if ownership_of(p) is None]
-        for p in every:
-            if p.grad is not None and p.grad.is_sparse:
-                raise RuntimeError(f"parameter {self.param_name(p)!r} has a sparse gradient; DMuon needs dense gradients")
         has_grad = [int(p.grad is not None) for p in every]
         # NOTE: momentum buffers are checked with the gradients (same sync): the runtime
         # updates them in place, bucket by bucket, so they must be finite beforehand.
@@ -501,6 +545,25 @@ class DMuon(torch.optim.Optimizer):
                 if params:
                     self._adamw_group_step(group, params)
         return loss
+
+    def _structure_signature(self) -> int:
+        if self._signature is None:
+            self._signature = rank_agreement.structure_signature(self.param_groups)
+        return self._signature
+
+    def _step_input_error(self) -> str:
+        """Why this rank cannot step ("" if it can): a bad group option (a scheduler or the user
+        may have set it), or a gradient or state tensor that does not fit its parameter."""
+        for g_idx, group in enumerate(self.param_groups):
+            try:
+                if group["use_muon"]:
+                    check_muon_group(group, f"param group {g_idx}: ")
+                else:
+                    check_adamw_group(group, f"param group {g_idx} (AdamW): ")
+            except ValueError as error:
+                return f"{error}; nothing was updated"
+        return step_state_error(self.param_groups, self.state, self.param_name, distributed.local,
+                                skip=lambda p: ownership_of(p) is not None, verified=self._verified_state)
 
     def _muon_group_options(self) -> tuple[list[Any], dict[int, int]]:
         """C++ options of every Muon group, and each Muon group's slot among them."""
@@ -654,23 +717,36 @@ class DMuon(torch.optim.Optimizer):
         self._configure_ownership()
 
     def _adamw_state(self, p: torch.Tensor) -> dict[str, Any]:
-        """`p`'s AdamW state, created (zeros, step 0) on first use."""
+        """`p`'s AdamW state, created (zeros, step 0) on first use (float32 moments for float16)."""
         state = self.state[p]
         if "step" not in state:
             state["step"] = torch.tensor(0.0, dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            dtype = adamw_state_dtype(p)
+            state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
         return state
 
     def _adamw_group_step(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
-        exp_avgs, exp_avg_sqs, steps = [], [], []
+        """torch's AdamW over `params`. NOTE: float16 parameters step through float32 copies
+        (their moments are float32) and are rounded back: in float16 the second moment of small
+        gradients underflows to 0 and eps (1e-8) to 0, and the update divides by it."""
+        exp_avgs, exp_avg_sqs, steps, targets, grads, halves = [], [], [], [], [], []
         for p in params:
             state = self._adamw_state(p)
             exp_avgs.append(state["exp_avg"])
             exp_avg_sqs.append(state["exp_avg_sq"])
             steps.append(state["step"])
+            if p.dtype == torch.float16:
+                targets.append(p.float())
+                grads.append(p.grad.float())
+                halves.append((p, targets[-1]))
+            else:
+                targets.append(p)
+                grads.append(p.grad)
         beta1, beta2 = group["betas"]
-        _torch_adam(params, [p.grad for p in params], exp_avgs, exp_avg_sqs, [], steps,
+        _torch_adam(targets, grads, exp_avgs, exp_avg_sqs, [], steps,
                     decoupled_weight_decay=True, amsgrad=False, beta1=beta1, beta2=beta2,
                     lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
                     maximize=False)
+        for p, full in halves:
+            p.copy_(full)

@@ -355,7 +355,9 @@ def own_matrices(model: nn.Module, mesh: Any = None,
         raise ValueError(f"planner must be milp, lpt or round_robin, got {planner!r}")
 
     # Which matrices, where they are registered.
-    routed = [r for r in route_module(model, predicate) if r.use_muon]
+    # NOTE: frozen matrices are not owned (no gradient to reduce); DMuon keeps them as plain
+    # Muon parameters, which train once unfrozen.
+    routed = [r for r in route_module(model, predicate) if r.use_muon and r.param.requires_grad]
     if not routed:
         raise ValueError("own_matrices found no Muon matrix in the model")
     registered = {}
@@ -382,7 +384,8 @@ def own_matrices(model: nn.Module, mesh: Any = None,
         groups.world, [("own_matrices", r.name, tuple(r.param.shape), str(r.param.dtype)) for r in routed])
     device = routed[0].param.device
     device_type = "cuda" if device.type == "cuda" else "cpu"
-    layouts = [_C.dist.ParamLayout(list(r.param.shape), r.batch_dims, False) for r in routed]
+    layouts = [_C.dist.ParamLayout(list(r.param.shape), r.batch_dims, False, row_blocks=list(r.row_blocks),
+                                   transposed=r.transposed) for r in routed]
     names = [r.name for r in routed]
     shard, replicate, replicate_reduce = groups.names()
     options = _C.ownership.Options(bucket_bytes=int(bucket_size_mb * 2**20), reduce_dtype=_REDUCE_DTYPES[reduce_dtype],

@@ -106,9 +106,19 @@ def as_matrices(t: torch.Tensor, batch_dims: int) -> torch.Tensor:
     return t.reshape(1, t.shape[0], -1)
 
 
+def matrix_blocks(t: torch.Tensor, batch_dims: int, row_blocks) -> list[torch.Tensor]:
+    """The matrices Muon orthogonalizes, as views of `t` (contiguous): the stack's or the one
+    matrix's, or the row blocks of dim 0 when given."""
+    if row_blocks:
+        return list(t.reshape(t.shape[0], -1).split(list(row_blocks), dim=0))
+    return list(as_matrices(t, batch_dims))
+
+
 class ReferenceDMuon:
     """Pure-PyTorch DMuon. `groups`: dicts like DMuon.param_groups (all options filled),
-    plus an optional "batch_dims" list per group (default: 1 for 3-D, else 0)."""
+    plus optional per-parameter lists: "batch_dims" (default: 1 for 3-D, else 0),
+    "row_blocks" (rows of each block orthogonalized on its own; default none) and
+    "transposed" (the matrix is stored (in, out): the lr adjustment takes (cols, rows))."""
 
     def __init__(self, groups: list[dict[str, Any]], ns_dtype: torch.dtype = torch.float64) -> None:
         self.groups = groups
@@ -119,15 +129,18 @@ class ReferenceDMuon:
     def step(self) -> None:
         for group in self.groups:
             batch_dims = group.get("batch_dims") or [1 if p.dim() == 3 else 0 for p in group["params"]]
-            for p, bdims in zip(group["params"], batch_dims):
+            row_blocks = group.get("row_blocks") or [()] * len(group["params"])
+            transposed = group.get("transposed") or [False] * len(group["params"])
+            for p, bdims, blocks, flipped in zip(group["params"], batch_dims, row_blocks, transposed):
                 if p.grad is None:
                     continue
                 if group["use_muon"]:
-                    self._muon(group, p, bdims)
+                    self._muon(group, p, bdims, blocks, flipped)
                 else:
                     self._adamw(group, p)
 
-    def _muon(self, group: dict[str, Any], p: torch.Tensor, batch_dims: int) -> None:
+    def _muon(self, group: dict[str, Any], p: torch.Tensor, batch_dims: int, row_blocks=(),
+              transposed: bool = False) -> None:
         state = self.state.setdefault(id(p), {})
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p)
@@ -140,18 +153,20 @@ class ReferenceDMuon:
         coefficients = group["ns_coefficients"] or default_coefficients(algorithm, steps)
         if len(coefficients) == 1:
             coefficients = list(coefficients) * steps
-        matrices = as_matrices(update, batch_dims)
-        outputs = []
-        for G in matrices:
-            if algorithm == "gram":
-                outputs.append(newton_schulz_gram(G, coefficients, default_restarts(algorithm, steps), group["eps"], self.ns_dtype))
-            else:
-                outputs.append(newton_schulz_standard(G, coefficients, group["eps"], self.ns_dtype))
-        O = torch.stack(outputs).reshape(p.shape)
-        rows, cols = matrices.shape[1], matrices.shape[2]
         lr = group["lr"]
         p.mul_(1 - lr * group["weight_decay"])
-        p.add_(O.to(p.dtype), alpha=-lr * adjusted_lr_ratio(group["adjust_lr"], rows, cols))
+        assert p.is_contiguous(), "the reference updates its parameters through views of their matrices"
+        targets = matrix_blocks(p, batch_dims, row_blocks)
+        for G, target in zip(matrix_blocks(update, batch_dims, row_blocks), targets):
+            # NOTE: a transposed matrix is orthogonalized as the model uses it, Gᵀ.
+            M = G.T if transposed else G
+            if algorithm == "gram":
+                O = newton_schulz_gram(M, coefficients, default_restarts(algorithm, steps), group["eps"], self.ns_dtype)
+            else:
+                O = newton_schulz_standard(M, coefficients, group["eps"], self.ns_dtype)
+            rows, cols = M.shape
+            O = O.T if transposed else O
+            target.add_(O.to(p.dtype), alpha=-lr * adjusted_lr_ratio(group["adjust_lr"], rows, cols))
 
     def _adamw(self, group: dict[str, Any], p: torch.Tensor) -> None:
         state = self.state.setdefault(id(p), {})

@@ -1,28 +1,58 @@
 """Which parameters Muon orthogonalizes and how each one is viewed as matrices.
 
-Rules for a module (`route_module`):
-- Muon: weights of ``nn.Linear``, of convolutions (``nn.Conv1d/2d/3d``, flattened to
-  ``[out_channels, in_channels·kernel]``), and 3-D parameters of other modules, which are
-  stacks of independent matrices such as MoE experts ``[E, m, n]``.
-- AdamW: embeddings, the output head (a Linear whose weight is tied to an embedding, whose
-  name is ``lm_head``, ``output``, ``head``, ``classifier`` or ``score``, or whose
-  ``out_features`` equals an embedding's vocabulary size), norms, biases, scalars and any
-  other parameter with fewer than two dimensions.
+Rules for a module (`route_module`), by the module that registers each parameter:
+- Muon: weights of ``nn.Linear``; HF ``Conv1D`` weights (stored ``(in, out)``: a transposed
+  matrix); ``nn.MultiheadAttention``'s ``in_proj_weight`` (its q, k and v row blocks are
+  orthogonalized as three matrices) and ``q/k/v_proj_weight``; convolution weights
+  (flattened to ``[out_channels, in_channels·kernel]``); 3-D parameters recognised as expert
+  stacks ``[E, m, n]`` (a module whose class name says Expert/MoE, or a name with "expert").
+- AdamW: embeddings; the output head (a Linear tied to an embedding, one whose
+  ``out_features`` is an embedding's vocabulary, one named ``lm_head``, ``output``, ``head``,
+  ``classifier`` or ``score`` (or inside ``lm_head``/``classifier``/``score``), a top-level
+  ``fc``, or, in a model without embeddings, its last Linear when that is a child of the model
+  or of nn.Sequential containers from it); input projections named like
+  embeddings (``patch_embed``…); positional embeddings and tokens (``pos_embed``,
+  ``cls_token``…); norms, biases, scalars; any other parameter of ndim ≥ 3 (not an expert
+  stack) and any other 2-D parameter of a module that is not a known matrix layer.
 
-Rules for a plain iterable of parameters: ``ndim ≥ 2`` → Muon (2-D: one matrix; 3-D: a
-stack of matrices; ≥ 4-D: a convolution flattened after dim 0).
+Rules for ``(name, tensor)`` pairs (`route_named`, used for ``named_parameters()`` and named
+param groups): the same rules read from the names (embeddings, positional embeddings and
+tokens, heads by name or vocabulary size, the last ``….weight`` of a list without
+embeddings); other matrices go to Muon by shape, as for bare tensors.
+
+Rules for bare tensors (`route_params`): by shape (``ndim ≥ 2`` → Muon; 3-D: a stack of
+matrices; ≥ 4-D: a convolution flattened after dim 0), with one warning naming the
+matrices whose role (embedding, head…) cannot be known without names.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+import warnings
 from typing import Callable, Iterable
 
 import torch
 from torch import nn
 
-_HEAD_NAMES = frozenset({"lm_head", "output", "head", "classifier", "score"})
+_HEAD_LEAVES = frozenset({"lm_head", "output", "head", "classifier", "score"})
+_HEAD_CONTAINERS = frozenset({"lm_head", "classifier", "score"})
+_TOP_LEVEL_HEADS = frozenset({"fc"})
+_EMBEDDING_NAMES = frozenset({"wte", "emb", "tok_emb"})
 _CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+# Positional embeddings and learned tokens: pos_embed, position_embeddings, cls_token, register_tokens…
+_POSITIONAL = re.compile(r"(^|_)(pos|position|positional)(_|$)|^pos[a-z]*emb")
+_TOKENS = re.compile(r"(^|_)tokens?$")
+_EXPERT_MODULE = re.compile(r"expert|moe", re.IGNORECASE)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MatrixView:
+    """How Muon sees one parameter as matrices (passed to the C++ runtime's layout)."""
+
+    batch_dims: int = 0          # 1: [E, m, n] stack of matrices; 0: one matrix (trailing dims flattened)
+    row_blocks: tuple[int, ...] = ()  # rows of each block of dim 0 orthogonalized on its own (fused q, k, v)
+    transposed: bool = False     # stored (in, out), as HF Conv1D: the lr adjustment uses (cols, rows)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -34,6 +64,13 @@ class RoutedParam:
     use_muon: bool
     batch_dims: int  # 1: [E, m, n] stack of matrices; 0: one matrix (trailing dims flattened)
     reason: str
+    row_blocks: tuple[int, ...] = ()
+    transposed: bool = False
+    unnamed: bool = False  # a bare tensor: routed by shape, its role unknown
+
+    @property
+    def view(self) -> MatrixView:
+        return MatrixView(batch_dims=self.batch_dims, row_blocks=self.row_blocks, transposed=self.transposed)
 
 
 def default_batch_dims(param: torch.Tensor) -> int:
@@ -41,8 +78,98 @@ def default_batch_dims(param: torch.Tensor) -> int:
     return 1 if param.dim() == 3 else 0
 
 
+def _is_hf_conv1d(module: nn.Module) -> bool:
+    """transformers.pytorch_utils.Conv1D (GPT-2 and relatives): y = x·W + b, W is (in, out)."""
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and hasattr(module, "weight")
+
+
+def _components(path: str) -> list[str]:
+    return [c.lower() for c in path.split(".") if c]
+
+
+def _names_embedding(components: list[str]) -> bool:
+    return any("embed" in c or c in _EMBEDDING_NAMES for c in components)
+
+
+def _names_positional(components: list[str]) -> bool:
+    """pos_embed, wpe, cls_token…; NOTE: not embed_tokens (the token embedding itself)."""
+    return any(c == "wpe" or _POSITIONAL.search(c) or (_TOKENS.search(c) and "embed" not in c) for c in components)
+
+
+def _names_head(module_path: str) -> str:
+    """Why the module at `module_path` is an output head by its name ("" if it is not)."""
+    components = _components(module_path)
+    if not components:
+        return ""
+    if components[-1] in _HEAD_LEAVES:
+        return f"output head (module named {components[-1]!r})"
+    inside = [c for c in components if c in _HEAD_CONTAINERS]
+    if inside:
+        return f"output head (inside {inside[0]!r})"
+    if len(components) == 1 and components[0] in _TOP_LEVEL_HEADS:
+        return f"output head (top-level module {components[0]!r})"
+    return ""
+
+
+@dataclasses.dataclass
+class _Decision:
+    use_muon: bool = False
+    reason: str = ""
+    batch_dims: int = 0
+    row_blocks: tuple[int, ...] = ()
+    transposed: bool = False
+
+
+def _bare_decision(name: str, param: torch.Tensor, expert: bool) -> _Decision:
+    """A parameter that no known layer type explains, by its name and shape."""
+    components = _components(name)
+    if param.dim() < 2:
+        return _Decision(reason="fewer than 2 dims (bias, norm, scalar)")
+    if _names_positional(components):
+        return _Decision(reason="positional embedding or learned token (by name)")
+    if _names_embedding(components):
+        return _Decision(reason="embedding (by name)")
+    if param.dim() == 3 and expert:
+        return _Decision(use_muon=True, batch_dims=1, reason="3-D stack of expert matrices")
+    if param.dim() >= 3:
+        return _Decision(reason=f"{param.dim()}-D parameter not recognised as an expert stack "
+                                "(no Expert/MoE module, no 'expert' in its name)")
+    return _Decision(reason="2-D parameter of a module that is not a known matrix layer")
+
+
+def _linear_decision(module_path: str, out_features: int, in_features: int, head_ids: dict[str, str],
+                     vocab_sizes: set[int], transposed: bool) -> _Decision:
+    """A Linear-like weight (nn.Linear, HF Conv1D, or a `….weight` by name): Muon unless a head
+    or an input projection named like an embedding. `vocab_sizes`: empty when a head was found
+    by name or tying (an MLP's width may equal the vocabulary)."""
+    head = head_ids.get(module_path) or _names_head(module_path)
+    if not head and out_features in vocab_sizes and out_features > in_features:
+        head = "output head (out_features equals an embedding's vocabulary)"
+    if head:
+        return _Decision(reason=head)
+    components = _components(module_path)
+    if _names_embedding(components) or _names_positional(components):
+        return _Decision(reason="input embedding projection (by name)")
+    kind = "HF Conv1D weight (stored (in, out): transposed)" if transposed else "Linear weight"
+    return _Decision(use_muon=True, reason=kind, transposed=transposed)
+
+
+def _apply_filter(decision: _Decision, name: str, param: torch.Tensor, chosen: bool, is_conv: bool) -> _Decision:
+    """muon_filter's override of one decision."""
+    if chosen == decision.use_muon:
+        return decision
+    if chosen and param.dim() < 2:
+        raise ValueError(f"muon_filter selected parameter {name!r} of shape {tuple(param.shape)} for Muon, "
+                         "which needs at least 2 dims")
+    if not chosen:
+        return _Decision(reason="muon_filter")
+    batch_dims = 0 if is_conv else default_batch_dims(param)
+    return _Decision(use_muon=True, reason="muon_filter", batch_dims=batch_dims)
+
+
 def route_module(module: nn.Module, muon_filter: Callable[[str, nn.Parameter], bool] | None = None) -> list[RoutedParam]:
-    """Route every trainable parameter of `module` (shared parameters once)."""
+    """Route every parameter of `module` (shared parameters once; frozen ones too, as torch
+    optimizers keep them: they train once unfrozen)."""
     embeddings = [m for m in module.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
     embedding_weights = {id(m.weight) for m in embeddings}
     vocab_sizes = {m.num_embeddings for m in embeddings}
@@ -50,52 +177,154 @@ def route_module(module: nn.Module, muon_filter: Callable[[str, nn.Parameter], b
     for module_name, sub in module.named_modules():
         for param_name, param in sub.named_parameters(recurse=False):
             owner.setdefault(id(param), (module_name, sub))
+    head_ids = _last_layer_head(module, embeddings)
+    if _has_named_or_tied_head(module, embedding_weights):
+        vocab_sizes = set()  # NOTE: the head is known; layers as wide as the vocabulary are layers
 
     routed: list[RoutedParam] = []
     for name, param in module.named_parameters():  # NOTE: yields each shared parameter once
-        if not param.requires_grad:
-            continue
         module_name, sub = owner[id(param)]
-        leaf = module_name.rsplit(".", 1)[-1]
-        use_muon, batch_dims, reason = False, 0, ""
+        attr = name.rsplit(".", 1)[-1]
+        is_conv = isinstance(sub, _CONV_TYPES) and attr == "weight"
         if param.dim() < 2:
-            reason = "fewer than 2 dims (bias, norm, scalar)"
+            d = _Decision(reason="fewer than 2 dims (bias, norm, scalar)")
         elif id(param) in embedding_weights:
-            reason = "embedding"
-        elif isinstance(sub, nn.Linear) and name.endswith("weight"):
-            if leaf in _HEAD_NAMES:
-                reason = f"output head (module named {leaf!r})"
-            elif sub.out_features in vocab_sizes and sub.out_features > sub.in_features:
-                reason = "output head (out_features equals an embedding's vocabulary)"
-            else:
-                use_muon, reason = True, "Linear weight"
-        elif isinstance(sub, _CONV_TYPES) and name.endswith("weight"):
-            use_muon, reason = True, "convolution weight (flattened)"
-        elif param.dim() == 3:
-            use_muon, batch_dims, reason = True, 1, "3-D stack of matrices"
+            d = _Decision(reason="embedding")
+        elif isinstance(sub, nn.Linear) and attr == "weight":
+            d = _linear_decision(module_name, sub.out_features, sub.in_features, head_ids, vocab_sizes,
+                                 transposed=False)
+        elif _is_hf_conv1d(sub) and attr == "weight" and param.dim() == 2:
+            d = _linear_decision(module_name, param.shape[1], param.shape[0], head_ids, vocab_sizes,
+                                 transposed=True)
+        elif isinstance(sub, nn.MultiheadAttention) and attr in ("in_proj_weight", "q_proj_weight",
+                                                                 "k_proj_weight", "v_proj_weight"):
+            d = _Decision(use_muon=True, reason=f"MultiheadAttention {attr}")
+            if attr == "in_proj_weight":
+                rows = param.shape[0] // 3
+                d = _Decision(use_muon=True, row_blocks=(rows, rows, rows),
+                              reason="MultiheadAttention in_proj_weight (q, k, v orthogonalized separately)")
+        elif is_conv:
+            components = _components(module_name)
+            d = (_Decision(reason="input embedding convolution (by name)") if _names_embedding(components)
+                 else _Decision(use_muon=True, reason="convolution weight (flattened)"))
         else:
-            reason = f"{param.dim()}-D parameter of {type(sub).__name__}"
+            expert = bool(_EXPERT_MODULE.search(type(sub).__name__)) or "expert" in name.lower()
+            d = _bare_decision(name, param, expert)
         if muon_filter is not None:
-            chosen = bool(muon_filter(name, param))
-            if chosen != use_muon:
-                reason = "muon_filter"
-                if chosen and param.dim() < 2:
-                    raise ValueError(f"muon_filter selected parameter {name!r} of shape {tuple(param.shape)} for Muon, which needs at least 2 dims")
-                batch_dims = default_batch_dims(param) if chosen and not isinstance(sub, _CONV_TYPES) else 0
-            use_muon = chosen
-        routed.append(RoutedParam(name=name, param=param, use_muon=use_muon, batch_dims=batch_dims, reason=reason))
+            d = _apply_filter(d, name, param, bool(muon_filter(name, param)), is_conv)
+        routed.append(RoutedParam(name=name, param=param, use_muon=d.use_muon, batch_dims=d.batch_dims,
+                                  reason=d.reason, row_blocks=d.row_blocks, transposed=d.transposed))
     return routed
 
 
-def route_params(params: Iterable[torch.Tensor | tuple[str, torch.Tensor]], prefix: str) -> list[RoutedParam]:
-    """Route a plain iterable (optionally of (name, param) pairs) by ndim."""
+def _has_named_or_tied_head(module: nn.Module, embedding_weights: set[int]) -> bool:
+    return any((isinstance(sub, nn.Linear) or _is_hf_conv1d(sub)) and
+               (_names_head(name) or id(sub.weight) in embedding_weights) for name, sub in module.named_modules())
+
+
+def _last_layer_head(module: nn.Module, embeddings: list[nn.Module]) -> dict[str, str]:
+    """{module path: reason} of the output head found as the model's last Linear: only in a
+    model without embeddings (a classifier, regressor…) where no layer is a head by name, and
+    only where that Linear is a child of the model itself or of a chain of nn.Sequential from
+    it (torchvision's `fc`, an MLP classifier's last layer), not inside a block.
+    NOTE: registration order stands in for the order of the forward pass; in a model with
+    embeddings the head is tied or has the vocabulary's size, and its last Linear may be an
+    ordinary layer (a head computed from the embedding's weight); the last Linear of a stack of
+    residual blocks is a block's output projection, not a head."""
+    if embeddings:
+        return {}
+    modules = dict(module.named_modules())
+    linear = [name for name, sub in modules.items() if isinstance(sub, nn.Linear) or _is_hf_conv1d(sub)]
+    if not linear or any(_names_head(name) for name in linear):
+        return {}
+    last = linear[-1]
+    parents = [".".join(last.split(".")[:k]) for k in range(len(last.split(".")))]
+    if not all(isinstance(modules[p], nn.Sequential) for p in parents[1:]):
+        return {}
+    return {last: "output head (the last Linear of a model without embeddings)"}
+
+
+def route_named(pairs: list[tuple[str, torch.Tensor]]) -> list[RoutedParam]:
+    """Route (name, tensor) pairs by the module rules read from their names: embeddings,
+    positional embeddings and tokens, output heads, norms and biases → AdamW; other matrices
+    → Muon (3-D: a stack of matrices, except a `….weight`, a Conv1d kernel; ≥ 4-D: flattened)."""
+    vocab_sizes = {int(p.shape[0]) for n, p in pairs if p.dim() == 2 and _names_embedding(_components(n))
+                   and not _names_positional(_components(n))}
+    has_embedding = any(_names_embedding(_components(n)) for n, p in pairs if p.dim() >= 2)
+    layer_weights = [n for n, p in pairs if p.dim() == 2 and n.endswith(".weight")]
+    if any(_names_head(n.rpartition(".")[0] if n.endswith(".weight") else n) for n, p in pairs if p.dim() == 2):
+        vocab_sizes = set()  # NOTE: the head is known; layers as wide as the vocabulary are layers
+    head_ids: dict[str, str] = {}
+    # NOTE: as _last_layer_head, for a weight of a top-level module only ("fc", an MLP's "4").
+    if (not has_embedding and layer_weights and layer_weights[-1].count(".") == 1
+            and not any(_names_head(n.rsplit(".", 1)[0]) for n in layer_weights)):
+        head_ids[layer_weights[-1].rsplit(".", 1)[0]] = "output head (the last layer weight, no embeddings)"
     routed = []
-    for idx, item in enumerate(params):
+    for name, param in pairs:
+        module_path, _, attr = name.rpartition(".")
+        components = _components(name)
+        if param.dim() < 2:
+            d = _Decision(reason="fewer than 2 dims (bias, norm, scalar)")
+        elif _names_positional(components):
+            d = _Decision(reason="positional embedding or learned token (by name)")
+        elif _names_embedding(components):
+            d = _Decision(reason="embedding (by name)")
+        elif param.dim() == 2 and attr == "in_proj_weight" and param.shape[0] % 3 == 0:
+            rows = param.shape[0] // 3
+            d = _Decision(use_muon=True, row_blocks=(rows, rows, rows),
+                          reason="MultiheadAttention in_proj_weight (q, k, v orthogonalized separately)")
+        elif param.dim() == 2:
+            path = module_path if attr == "weight" else name
+            d = _linear_decision(path, int(param.shape[0]), int(param.shape[1]), head_ids, vocab_sizes,
+                                 transposed=False)
+            if d.use_muon:
+                d.reason = "matrix (by name)"
+        elif param.dim() == 3 and (attr != "weight" or "expert" in name.lower()):
+            d = _Decision(use_muon=True, batch_dims=1, reason="3-D stack of matrices (by name and shape)")
+        else:
+            d = _Decision(use_muon=True, reason="convolution weight (flattened, by name and shape)")
+        routed.append(RoutedParam(name=name, param=param, use_muon=d.use_muon, batch_dims=d.batch_dims,
+                                  reason=d.reason, row_blocks=d.row_blocks, transposed=d.transposed))
+    return routed
+
+
+def route_params(params: Iterable[torch.Tensor | tuple[str, torch.Tensor]], prefix: str,
+                 warn: bool = True) -> list[RoutedParam]:
+    """Route a plain iterable: (name, tensor) pairs by their names (`route_named`), bare tensors
+    by ndim; with `warn`, one warning names the matrices whose role cannot be known."""
+    items = list(params)
+    pairs = []
+    for idx, item in enumerate(items):
         name, param = item if isinstance(item, tuple) else (f"{prefix}[{idx}]", item)
         if not isinstance(param, torch.Tensor):
             raise TypeError(f"parameter {name!r} is a {type(param).__name__}, not a tensor")
+        pairs.append((name, param, isinstance(item, tuple)))
+    if all(named for _, _, named in pairs):
+        return route_named([(n, p) for n, p, _ in pairs])
+    routed = []
+    for name, param, named in pairs:
+        if named:
+            routed.extend(route_named([(name, param)]))
+            continue
         use_muon = param.dim() >= 2
         routed.append(RoutedParam(name=name, param=param, use_muon=use_muon,
                                   batch_dims=default_batch_dims(param) if use_muon else 0,
-                                  reason="ndim >= 2" if use_muon else "ndim < 2"))
+                                  reason="ndim >= 2 (unnamed: role unknown)" if use_muon else "ndim < 2",
+                                  unnamed=True))
+    if warn:
+        warn_unnamed_matrices([r for r in routed if r.unnamed and r.use_muon])
     return routed
+
+
+def warn_unnamed_matrices(unknown: list[RoutedParam]) -> None:
+    """One warning naming the matrices routed to Muon by shape alone (none: no warning)."""
+    if not unknown:
+        return
+    shown = ", ".join(f"{r.name} {tuple(r.param.shape)}" for r in unknown[:6])
+    more = f" and {len(unknown) - 6} more" if len(unknown) > 6 else ""
+    warnings.warn(
+        f"DMuon got parameters without names and routes every matrix to Muon by its shape: {shown}{more}. "
+        "Embeddings and the output head cannot be recognised this way (they should use AdamW). "
+        "Pass the model (DMuon(model, ...)) or names (DMuon(model.named_parameters(), ...), or (name, "
+        "tensor) pairs in param groups), or set use_muon=True/False per param group.",
+        UserWarning, stacklevel=4)

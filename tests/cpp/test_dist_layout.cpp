@@ -40,6 +40,42 @@ TEST(ShardLayout, FlatViewsOfMatricesStacksAndConvs) {
   EXPECT_THROW(vector.validate("w"), dmuon::Error);
 }
 
+TEST(ShardLayout, MatrixBlocksOfStacksMatricesAndRowBlocks) {
+  dmuon::dist::ParamLayout stack{{3, 4, 6}, 1, false};
+  EXPECT_EQ(stack.matrix_blocks(), (std::vector<RowBlock>{{0, 4}, {4, 4}, {8, 4}}));
+  EXPECT_TRUE(stack.uniform());
+  dmuon::dist::ParamLayout matrix{{12, 5}, 0, true};
+  EXPECT_EQ(matrix.matrix_blocks(), (std::vector<RowBlock>{{0, 12}}));
+  // A fused q, k, v projection: three equal blocks, planned and batched as a stack.
+  dmuon::dist::ParamLayout qkv{{12, 4}, 0, true, {4, 4, 4}};
+  qkv.validate("qkv");
+  EXPECT_TRUE(qkv.uniform());
+  EXPECT_EQ(qkv.num_matrices(), 3);
+  EXPECT_EQ(qkv.matrix_rows(), 4);
+  EXPECT_EQ(qkv.matrix_blocks(), (std::vector<RowBlock>{{0, 4}, {4, 4}, {8, 4}}));
+  // Sharding still follows dim 0's chunks, across block boundaries.
+  EXPECT_EQ(qkv.rank_rows(2), (std::vector<RowBlock>{{0, 6}, {6, 6}}));
+  // Grouped-query attention: q larger than k and v.
+  dmuon::dist::ParamLayout gqa{{16, 4}, 0, false, {8, 4, 4}};
+  gqa.validate("gqa");
+  EXPECT_FALSE(gqa.uniform());
+  EXPECT_EQ(gqa.matrix_blocks(), (std::vector<RowBlock>{{0, 8}, {8, 4}, {12, 4}}));
+}
+
+TEST(ShardLayout, RowBlocksAreCheckedAndTransposedSwapsTheUpdateShape) {
+  dmuon::dist::ParamLayout short_blocks{{12, 4}, 0, false, {4, 4}};
+  EXPECT_THROW(short_blocks.validate("w"), dmuon::Error);
+  dmuon::dist::ParamLayout empty_block{{8, 4}, 0, false, {8, 0}};
+  EXPECT_THROW(empty_block.validate("w"), dmuon::Error);
+  dmuon::dist::ParamLayout stacked_blocks{{2, 8, 4}, 1, false, {4, 4}};
+  EXPECT_THROW(stacked_blocks.validate("w"), dmuon::Error);
+  // HF Conv1D stores (in, out): a 3·768 × 768 projection is held as [768, 2304].
+  dmuon::dist::ParamLayout conv1d{{768, 2304}, 0, false, {}, true};
+  EXPECT_EQ(conv1d.update_shape(conv1d.matrix_rows()), (std::pair<int64_t, int64_t>{2304, 768}));
+  dmuon::dist::ParamLayout linear{{2304, 768}, 0, false};
+  EXPECT_EQ(linear.update_shape(linear.matrix_rows()), (std::pair<int64_t, int64_t>{2304, 768}));
+}
+
 TEST(Buckets, InterleaveOwnersAndRespectTheSize) {
   // Rank 0 owns 0, 1, 2; rank 1 owns 3; rank 2 owns nothing.
   const std::vector<std::vector<int>> order = {{0, 1, 2}, {3}, {}};

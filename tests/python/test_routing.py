@@ -33,7 +33,8 @@ def test_module_routing_rules():
     assert r["experts"].use_muon and r["experts"].batch_dims == 1
     for name in ("tok.weight", "attn_q.bias", "conv.bias", "norm.weight", "norm.bias", "scale", "lm_head.weight"):
         assert not r[name].use_muon, (name, r[name].reason)
-    assert "frozen.weight" not in r  # parameters without requires_grad are not optimized
+    # Frozen parameters are routed too (torch optimizers keep them; they train once unfrozen).
+    assert r["frozen.weight"].use_muon and not r["frozen.weight"].param.requires_grad
 
 
 def test_head_detected_by_vocab_size_and_by_tying():

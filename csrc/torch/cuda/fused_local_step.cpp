@@ -165,7 +165,8 @@ void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, cons
   const bool use_kernel = cuda_sym_kernel_usable(like, dtype);
   const ns::cuda::MomentumRule rule = rule_of(options);
   const float* scale_ptr = scales.data_ptr<float>();
-  const double update_scale = options.update_scale(rows, cols), decay = options.decay();
+  const double update_scale = batch.transposed ? options.update_scale(cols, rows) : options.update_scale(rows, cols);
+  const double decay = options.decay();
   int* flag_ptr = flag.data_ptr<int>();
   bool momentum_updated = false, ns_reported = false;
   orthogonalize_cuda_prepared(

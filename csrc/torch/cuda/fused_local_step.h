@@ -30,6 +30,7 @@ int64_t fused_batch_capacity(int64_t rows, int64_t cols, const ns::Schedule& sch
 /// Whole rows×cols matrices of some parameters of one param group.
 struct FusedBatch {
   int64_t group = 0, rows = 0, cols = 0;
+  bool transposed = false;                     ///< matrices stored (in, out): the lr adjustment takes (cols, rows)
   std::vector<int> members;                    ///< parameter indices
   std::vector<ns::cuda::StepMatrix> matrices;  ///< every matrix of the members, in order
   std::vector<int> matrix_member;              ///< matrices[k] belongs to members[matrix_member[k]]

@@ -441,18 +441,21 @@ def run(args: argparse.Namespace) -> int:
     from dmuon.bench.e2e_optimizers import OPTIMIZERS, parse_optimizers
     from dmuon.launch import resolve_device, resolve_world
 
+    from dmuon.cli_usage import input_checks
+
     if args.fake_world is not None:
         from dmuon.bench.e2e_fake import run_fake
 
         return run_fake(args)
-    for flag, value in (("--rank", args.rank), ("--hsdp", args.hsdp if args.hsdp != 1 else None)):
-        if value is not None:
-            raise ValueError(f"{flag} needs --fake-world (a real --world runs every rank)")
-    _check_args(args)
-    device = resolve_device(args.device)
-    world = resolve_world("auto" if args.world is None else args.world, device)
-    micro_batch = _micro_batch_arg(args.micro_batch)
-    optimizers = parse_optimizers(args.optimizers)
+    with input_checks():
+        for flag, value in (("--rank", args.rank), ("--hsdp", args.hsdp if args.hsdp != 1 else None)):
+            if value is not None:
+                raise ValueError(f"{flag} needs --fake-world (a real --world runs every rank)")
+        _check_args(args)
+        device = resolve_device(args.device)
+        world = resolve_world("auto" if args.world is None else args.world, device)
+        micro_batch = _micro_batch_arg(args.micro_batch)
+        optimizers = parse_optimizers(args.optimizers)
     if args.model in HF_CONFIGS:
         require_transformers(args.model)  # NOTE: fail here, before any process starts
     config = dict(model=args.model, device=device, seq=args.seq, micro_batch=micro_batch,

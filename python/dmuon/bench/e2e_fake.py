@@ -198,22 +198,24 @@ def run_fake(args) -> int:
     from dmuon.bench.e2e import _check_args, _micro_batch_arg
     from dmuon.bench.e2e_models import HF_CONFIGS, require_transformers
     from dmuon.bench.e2e_optimizers import parse_optimizers
+    from dmuon.cli_usage import input_checks
     from dmuon.launch import resolve_device
 
-    if args.world is not None:
-        raise ValueError("--fake-world runs one process; it cannot be combined with --world")
-    _check_args(args)
-    world = args.fake_world
-    replicas, shards = check_world(world, args.hsdp)
-    rank = 0 if args.rank is None else args.rank
-    check_rank(rank, world)
-    topology = topology_from_args(args)
-    require_no_process_group()
-    device = resolve_device(args.device)
-    optimizers = parse_optimizers(args.optimizers)
-    micro_batch = _micro_batch_arg(args.micro_batch) or 1  # NOTE: no memory search on a fake rank
-    if args.model in HF_CONFIGS:
-        require_transformers(args.model)
+    with input_checks():
+        if args.world is not None:
+            raise ValueError("--fake-world runs one process; it cannot be combined with --world")
+        _check_args(args)
+        world = args.fake_world
+        replicas, shards = check_world(world, args.hsdp)
+        rank = 0 if args.rank is None else args.rank
+        check_rank(rank, world)
+        topology = topology_from_args(args)
+        require_no_process_group()
+        device = resolve_device(args.device)
+        optimizers = parse_optimizers(args.optimizers)
+        micro_batch = _micro_batch_arg(args.micro_batch) or 1  # NOTE: no memory search on a fake rank
+        if args.model in HF_CONFIGS:
+            require_transformers(args.model)
     config = dict(model=args.model, device=device, seq=args.seq, micro_batch=micro_batch, steps=args.steps,
                   warmup=args.warmup, seed=args.seed, world=world, rank=rank)
     env = environment_line(device)

@@ -46,7 +46,7 @@ def model_shapes(name: str) -> list[tuple[int, int, int]]:
             if name.lower() not in _DESIGN_MODELS:
                 raise
     if name.lower() not in _DESIGN_MODELS:
-        raise SystemExit(f"unknown model {name!r}; choose one of {', '.join(_DESIGN_MODELS)}")
+        raise ValueError(f"--model {name!r} is unknown; choose one of {', '.join(_DESIGN_MODELS)}")
     h, i, layers, heads, kv = _DESIGN_MODELS[name.lower()]
     d = h // heads
     per_layer = [(1, h, h), (1, kv * d, h), (1, kv * d, h), (1, h, h), (1, i, h), (1, i, h), (1, h, i)]
@@ -332,7 +332,11 @@ def format_measured_floor(bound: dict, step_ms: float) -> str:
 def run(args) -> None:
     import dmuon  # noqa: F401
     from dmuon._ops import _C, ops
+    from dmuon.cli_usage import input_checks
 
+    with input_checks():
+        for model in args.model:
+            model_shapes(model)
     if not torch.cuda.is_available():
         raise SystemExit("bench ns needs a CUDA GPU")
     torch.manual_seed(0)

@@ -354,19 +354,23 @@ def _write_json(path: Path | None, record: dict) -> None:
 def run(args: argparse.Namespace) -> int:
     from dmuon.launch import launch, resolve_device
 
+    from dmuon.cli_usage import input_checks
+
     if args.fake_world is not None:
         from dmuon.bench.step_fake import run_fake
 
         return run_fake(args)
-    for flag, value in (("--rank", args.rank), ("--ranks", args.ranks), ("--hsdp", args.hsdp if args.hsdp != 1 else None),
-                        ("--memory-budget-gb", args.memory_budget_gb)):
-        if value is not None:
-            raise ValueError(f"{flag} needs --fake-world (a real --world runs every rank)")
-    _check_counts(args)
-    device = resolve_device(args.device)
+    with input_checks():
+        for flag, value in (("--rank", args.rank), ("--ranks", args.ranks),
+                            ("--hsdp", args.hsdp if args.hsdp != 1 else None),
+                            ("--memory-budget-gb", args.memory_budget_gb)):
+            if value is not None:
+                raise ValueError(f"{flag} needs --fake-world (a real --world runs every rank)")
+        _check_counts(args)
+        device = resolve_device(args.device)
+        worlds, skipped = resolve_worlds(args, device)
+        name, matrices = _matrices(args)
     profile_steps = args.profile_steps if args.profile_steps is not None else (3 if device == "cuda" else 0)
-    worlds, skipped = resolve_worlds(args, device)
-    name, matrices = _matrices(args)
     shapes = [(m.batch, m.rows, m.cols) if m.batch > 1 else (m.rows, m.cols) for m in matrices]
     names = [m.name for m in matrices]
     from dmuon.bench.step_fake import parse_methods

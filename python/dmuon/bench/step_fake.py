@@ -242,20 +242,22 @@ def _headline(entry: dict, rank: int) -> dict:
 def run_fake(args) -> int:
     """bench step --fake-world: validate, run the chosen ranks, project, print, write JSON."""
     from dmuon.bench.step import _check_counts, _matrices, _write_json
+    from dmuon.cli_usage import input_checks
     from dmuon.launch import resolve_device
 
-    if args.world is not None or args.worlds is not None:
-        raise ValueError("--fake-world runs one process; it cannot be combined with --world or --worlds")
-    _check_counts(args)
-    world = args.fake_world
-    check_world(world, args.hsdp)
-    if args.rank is not None:
-        check_rank(args.rank, world)
-    topology = topology_from_args(args)
-    require_no_process_group()
-    device = resolve_device(args.device)
-    methods = parse_methods(args.mode)
-    model_name, matrices = _matrices(args)
+    with input_checks():
+        if args.world is not None or args.worlds is not None:
+            raise ValueError("--fake-world runs one process; it cannot be combined with --world or --worlds")
+        _check_counts(args)
+        world = args.fake_world
+        check_world(world, args.hsdp)
+        if args.rank is not None:
+            check_rank(args.rank, world)
+        topology = topology_from_args(args)
+        require_no_process_group()
+        device = resolve_device(args.device)
+        methods = parse_methods(args.mode)
+        model_name, matrices = _matrices(args)
     shapes = [(m.batch, m.rows, m.cols) if m.batch > 1 else (m.rows, m.cols) for m in matrices]
     names = [m.name for m in matrices]
     settings = _Settings(args, device, world, shapes, names)

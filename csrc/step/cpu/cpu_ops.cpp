@@ -1,0 +1,335 @@
+// dmuon/step/cpu/cpu_ops.cpp — the engine's passes on host memory.
+#include "step/cpu/cpu_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "common/check.h"
+#include "step/cpu/cpu_elements.h"
+
+namespace dmuon::step {
+namespace {
+
+using cpu::dispatch_compute;
+using cpu::dispatch_float;
+using cpu::Elem;
+using cpu::round_to;
+
+bool gate_closed(const Buffer& gate) { return !gate.empty() && gate.as<const int32_t>()[0] != 0; }
+
+// ATen's lerp (aten/src/ATen/native/Lerp.h), in the arithmetic type of the tensor.
+template <typename C>
+C lerp(C self, C end, C weight) {
+  return std::abs(weight) < C(0.5) ? self + weight * (end - self) : end - (end - self) * (C(1) - weight);
+}
+
+// Element i of a piece: the momentum after its lerp (written when `update`, else read as
+// already updated), and U, both rounded to the parameter dtype P.
+template <typename P>
+typename Elem<P>::Compute momentum_update(const P* grad, P* momentum, int64_t i, const MomentumRule& rule,
+                                          bool update) {
+  using C = typename Elem<P>::Compute;
+  const C g = Elem<P>::load(grad[i]);
+  C m = Elem<P>::load(momentum[i]);
+  if (update) {
+    // NOTE: the weight is cast to the arithmetic type, as torch casts its Scalar.
+    m = round_to<P>(lerp(m, g, static_cast<C>(1.0 - rule.momentum)));
+    momentum[i] = Elem<P>::store(m);
+  }
+  return rule.nesterov ? round_to<P>(lerp(g, m, static_cast<C>(rule.momentum))) : m;
+}
+
+void check_same(const Buffer& a, const Buffer& b, const char* what) {
+  DMUON_CHECK(a.dtype == b.dtype && a.numel == b.numel, what, ": ", dtype_name(a.dtype), "[", a.numel, "] vs ",
+              dtype_name(b.dtype), "[", b.numel, "]");
+}
+
+// p ← round(round(p·decay) + scale·O) with O rounded to P first (torch's .to(param dtype),
+// _foreach_mul_, _foreach_add_(alpha=scale)); a non-finite O is not applied.
+template <typename P>
+void apply_element(P* param, int64_t i, typename Elem<P>::Compute o, double scale, double decay, bool& bad) {
+  using C = typename Elem<P>::Compute;
+  C p = Elem<P>::load(param[i]);
+  if (decay != 1.0) p = round_to<P>(p * static_cast<C>(decay));
+  if (!std::isfinite(o)) {
+    bad = true;
+    o = C(0);
+  }
+  param[i] = Elem<P>::store(p + static_cast<C>(scale) * o);
+}
+
+}  // namespace
+
+DType cpu_iterate_dtype(DType param_dtype) {
+  return param_dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+}
+
+CpuOps::CpuOps(CpuOpsOptions options) : options_(std::move(options)) {
+  if (!options_.parallel_for) options_.parallel_for = ns::serial_for;
+}
+
+OwnedBuffer CpuOps::allocate(DType dtype, int64_t numel) {
+  DMUON_CHECK(numel >= 0, "CpuOps::allocate: ", numel, " elements");
+  Buffer buffer{nullptr, dtype, numel, device()};
+  if (numel == 0) return OwnedBuffer(buffer, nullptr);
+  // NOTE: 64-byte alignment (a cache line), rounded up as aligned_alloc requires.
+  const size_t bytes = static_cast<size_t>(numel * dtype_size(dtype));
+  buffer.data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  DMUON_CHECK(buffer.data != nullptr, "CpuOps::allocate: out of memory for ", bytes, " bytes");
+  if (options_.poison_allocations) std::memset(buffer.data, 0xff, bytes);  // NOTE: NaN in every float type
+  return OwnedBuffer(buffer, [](const Buffer& b) { std::free(b.data); });
+}
+
+void CpuOps::fill_zero(const Buffer& buffer) {
+  if (buffer.numel > 0) std::memset(buffer.data, 0, static_cast<size_t>(buffer.bytes()));
+}
+
+void CpuOps::copy(const Buffer& src, const Buffer& dst) {
+  check_same(src, dst, "CpuOps::copy");
+  if (src.numel > 0) std::memcpy(dst.data, src.data, static_cast<size_t>(src.bytes()));
+}
+
+Partials CpuOps::check(const std::vector<CheckPiece>& pieces, const Buffer& flags) {
+  DMUON_CHECK(flags.dtype == DType::kInt32, "CpuOps::check: flags must be int32");
+  int32_t* f = flags.as<int32_t>();
+  Partials partials;
+  for (const CheckPiece& piece : pieces) {
+    check_same(piece.grad, piece.momentum, "CpuOps::check: gradient and momentum");
+    DMUON_CHECK(2 * piece.flag_idx + 1 < flags.numel, "CpuOps::check: flag index ", piece.flag_idx, " out of range");
+    dispatch_float(piece.grad.dtype, [&](auto zero) {
+      using P = decltype(zero);
+      const P* g = piece.grad.as<const P>();
+      const P* m = piece.momentum.as<const P>();
+      bool grad_ok = true, momentum_ok = true;
+      for (int64_t i = 0; i < piece.grad.numel; ++i) {
+        grad_ok = grad_ok && std::isfinite(Elem<P>::load(g[i]));
+        momentum_ok = momentum_ok && std::isfinite(Elem<P>::load(m[i]));
+      }
+      if (!grad_ok) f[2 * piece.flag_idx] = 1;
+      if (!momentum_ok) f[2 * piece.flag_idx + 1] = 1;
+    });
+    // NOTE: orthogonalize_cpu sums the norm itself; no partials are kept.
+    if (piece.sum_update) {
+      partials.offset.push_back(0);
+      partials.count.push_back(0);
+    }
+  }
+  return partials;
+}
+
+OwnedBuffer CpuOps::make_gate(const Buffer& flags) {
+  OwnedBuffer gate = allocate(DType::kInt32, 1);
+  int32_t any = 0;
+  for (int64_t i = 0; i < flags.numel; ++i) any = any || flags.as<const int32_t>()[i] != 0;
+  gate.get().as<int32_t>()[0] = any;
+  return gate;
+}
+
+void CpuOps::prepare_pieces(const std::vector<PreparePiece>& pieces, const Buffer& gate) {
+  if (gate_closed(gate)) return;
+  for (const PreparePiece& piece : pieces) {
+    check_same(piece.grad, piece.momentum, "CpuOps::prepare_pieces: gradient and momentum");
+    DMUON_CHECK(piece.wire.empty() || piece.wire.numel == piece.grad.numel, "CpuOps::prepare_pieces: a wire of ",
+                piece.wire.numel, " elements for a piece of ", piece.grad.numel);
+    dispatch_float(piece.grad.dtype, [&](auto pz) {
+      using P = decltype(pz);
+      const P* g = piece.grad.as<const P>();
+      P* m = piece.momentum.as<P>();
+      if (piece.wire.empty()) {
+        for (int64_t i = 0; i < piece.grad.numel; ++i) momentum_update(g, m, i, piece.rule, true);
+        return;
+      }
+      dispatch_float(piece.wire.dtype, [&](auto wz) {
+        using W = decltype(wz);
+        W* w = piece.wire.as<W>();
+        for (int64_t i = 0; i < piece.grad.numel; ++i) w[i] = Elem<W>::store(momentum_update(g, m, i, piece.rule, true));
+      });
+    });
+  }
+}
+
+int64_t CpuOps::ns_workspace_bytes(int64_t rows, int64_t cols, int64_t count, DType param_dtype,
+                                   ns::Algorithm) const {
+  // The iterate of the batch, plus one matrix's scratch of orthogonalize_cpu (2 m×n
+  // iterates and 5 m×m products).
+  const int64_t elem = dtype_size(cpu_iterate_dtype(param_dtype));
+  const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
+  return (count * rows * cols + 2 * m * n + 5 * m * m) * elem;
+}
+
+void CpuOps::orthogonalize(const NsBatchDesc& batch, const std::function<void(const NsView&, bool first)>& fill,
+                           const std::function<void(const NsView&)>& consume) {
+  DMUON_CHECK(batch.schedule != nullptr && batch.count >= 1 && batch.rows >= 1 && batch.cols >= 1,
+              "CpuOps::orthogonalize: invalid batch [", batch.count, ", ", batch.rows, ", ", batch.cols, "]");
+  const DType dtype = cpu_iterate_dtype(batch.param_dtype);
+  const int64_t stride = batch.rows * batch.cols;
+  OwnedBuffer iterate = allocate(dtype, batch.count * stride);
+  const NsView view{iterate.get().data, dtype, batch.cols, stride, false};
+  fill(view, true);
+  dispatch_compute(dtype, [&](auto zero) {
+    using C = decltype(zero);
+    {
+      C* data = iterate.get().as<C>();
+      // NOTE: orthogonalize_cpu refuses a non-finite matrix; such a matrix (a wire that
+      // overflowed) gets NaN instead, which apply refuses and flags.
+      std::vector<bool> finite(static_cast<size_t>(batch.count), true);
+      bool all_finite = true;
+      for (int64_t k = 0; k < batch.count; ++k) {
+        for (int64_t i = 0; i < stride && finite[static_cast<size_t>(k)]; ++i)
+          finite[static_cast<size_t>(k)] = std::isfinite(data[k * stride + i]);
+        all_finite = all_finite && finite[static_cast<size_t>(k)];
+      }
+      if (all_finite) {
+        ns::orthogonalize_cpu<C>(*batch.schedule, data, batch.count, batch.rows, batch.cols, options_.parallel_for);
+      } else {
+        for (int64_t k = 0; k < batch.count; ++k) {
+          if (finite[static_cast<size_t>(k)])
+            ns::orthogonalize_cpu<C>(*batch.schedule, data + k * stride, 1, batch.rows, batch.cols,
+                                     options_.parallel_for);
+          else
+            std::fill(data + k * stride, data + (k + 1) * stride, std::numeric_limits<C>::quiet_NaN());
+        }
+      }
+    }
+  });
+  consume(view);
+}
+
+void CpuOps::prepare_to_iterate(const std::vector<LocalMatrix>& matrices, const Partials&, const NsBatchDesc& batch,
+                                const NsView& iterate, bool update_momentum, const Buffer& gate) {
+  const bool closed = gate_closed(gate);
+  const int64_t stride = batch.rows * batch.cols;
+  dispatch_compute(iterate.dtype, [&](auto iz) {
+    using C = decltype(iz);
+    C* it = static_cast<C*>(iterate.data);
+    for (const LocalMatrix& matrix : matrices) {
+      DMUON_CHECK(matrix.matrix_idx >= 0 && matrix.matrix_idx < batch.count && matrix.grad.numel == stride,
+                  "CpuOps::prepare_to_iterate: matrix ", matrix.matrix_idx, " of ", matrix.grad.numel,
+                  " elements in a batch of ", batch.count, " ", batch.rows, "x", batch.cols);
+      check_same(matrix.grad, matrix.momentum, "CpuOps::prepare_to_iterate: gradient and momentum");
+      C* dst = it + matrix.matrix_idx * iterate.batch_stride;
+      if (closed) {
+        std::fill(dst, dst + stride, C(0));
+        continue;
+      }
+      dispatch_float(matrix.grad.dtype, [&](auto pz) {
+        using P = decltype(pz);
+        const P* g = matrix.grad.as<const P>();
+        P* m = matrix.momentum.as<P>();
+        for (int64_t i = 0; i < stride; ++i)
+          dst[i] = static_cast<C>(momentum_update(g, m, i, matrix.rule, update_momentum));
+      });
+    }
+  });
+}
+
+void CpuOps::iterate_from_pieces(const std::vector<WirePiece>& pieces, const NsBatchDesc& batch,
+                                 const NsView& iterate, const Buffer& gate) {
+  const bool closed = gate_closed(gate);
+  dispatch_compute(iterate.dtype, [&](auto iz) {
+    using C = decltype(iz);
+    C* it = static_cast<C*>(iterate.data);
+    for (const WirePiece& piece : pieces) {
+      check_batch_rows("CpuOps::iterate_from_pieces", batch, piece.matrix_idx, piece.row_begin, piece.row_count,
+                       piece.wire.numel);
+      C* dst = it + piece.matrix_idx * iterate.batch_stride + piece.row_begin * batch.cols;
+      dispatch_float(piece.wire.dtype, [&](auto wz) {
+        using W = decltype(wz);
+        const W* w = piece.wire.as<const W>();
+        for (int64_t i = 0; i < piece.wire.numel; ++i) dst[i] = closed ? C(0) : static_cast<C>(Elem<W>::load(w[i]));
+      });
+    }
+  });
+}
+
+void CpuOps::result_to_pieces(const NsView& result, const NsBatchDesc& batch, const std::vector<WirePiece>& pieces) {
+  dispatch_compute(result.dtype, [&](auto rz) {
+    using C = decltype(rz);
+    const C* out = static_cast<const C*>(result.data);
+    for (const WirePiece& piece : pieces) {
+      check_batch_rows("CpuOps::result_to_pieces", batch, piece.matrix_idx, piece.row_begin, piece.row_count,
+                       piece.wire.numel);
+      const C* src = out + piece.matrix_idx * result.batch_stride + piece.row_begin * batch.cols;
+      dispatch_float(piece.wire.dtype, [&](auto wz) {
+        using W = decltype(wz);
+        W* w = piece.wire.as<W>();
+        for (int64_t i = 0; i < piece.wire.numel; ++i) w[i] = Elem<W>::store(src[i]);
+      });
+    }
+  });
+}
+
+void CpuOps::apply_result(const NsView& result, const NsBatchDesc& batch, const std::vector<ApplyPiece>& pieces,
+                          const Buffer& gate, const Buffer& result_flags) {
+  if (gate_closed(gate)) return;
+  dispatch_compute(result.dtype, [&](auto rz) {
+    using R = decltype(rz);
+    const R* out = static_cast<const R*>(result.data);
+    for (const ApplyPiece& piece : pieces) {
+      check_batch_rows("CpuOps::apply_result", batch, piece.matrix_idx, piece.row_begin, piece.row_count,
+                       piece.param.numel);
+      DMUON_CHECK(piece.flag_idx >= 0 && piece.flag_idx < result_flags.numel, "CpuOps::apply_result: flag index ",
+                  piece.flag_idx, " out of range");
+      const R* src = out + piece.matrix_idx * result.batch_stride + piece.row_begin * batch.cols;
+      bool bad = false;
+      dispatch_float(piece.param.dtype, [&](auto pz) {
+        using P = decltype(pz);
+        using C = typename Elem<P>::Compute;
+        P* p = piece.param.as<P>();
+        if (!piece.round_through_wire) {
+          for (int64_t i = 0; i < piece.param.numel; ++i)
+            apply_element(p, i, round_to<P>(static_cast<C>(src[i])), piece.scale, piece.decay, bad);
+          return;
+        }
+        dispatch_float(piece.wire_dtype, [&](auto wz) {
+          using W = decltype(wz);
+          for (int64_t i = 0; i < piece.param.numel; ++i)
+            apply_element(p, i, round_to<P>(static_cast<C>(round_to<W>(src[i]))), piece.scale, piece.decay, bad);
+        });
+      });
+      if (bad) result_flags.as<int32_t>()[piece.flag_idx] = 1;
+    }
+  });
+}
+
+void CpuOps::apply_pieces(const std::vector<ApplyPiece>& pieces, const Buffer& gate, const Buffer& result_flags) {
+  if (gate_closed(gate)) return;
+  for (const ApplyPiece& piece : pieces) {
+    DMUON_CHECK(piece.wire.numel == piece.param.numel, "CpuOps::apply_pieces: ", piece.wire.numel,
+                " wire elements for ", piece.param.numel, " parameter elements");
+    DMUON_CHECK(piece.flag_idx >= 0 && piece.flag_idx < result_flags.numel, "CpuOps::apply_pieces: flag index ",
+                piece.flag_idx, " out of range");
+    bool bad = false;
+    dispatch_float(piece.param.dtype, [&](auto pz) {
+      using P = decltype(pz);
+      using C = typename Elem<P>::Compute;
+      P* p = piece.param.as<P>();
+      dispatch_float(piece.wire.dtype, [&](auto wz) {
+        using W = decltype(wz);
+        const W* w = piece.wire.as<const W>();
+        for (int64_t i = 0; i < piece.param.numel; ++i)
+          apply_element(p, i, round_to<P>(static_cast<C>(Elem<W>::load(w[i]))), piece.scale, piece.decay, bad);
+      });
+    });
+    if (bad) result_flags.as<int32_t>()[piece.flag_idx] = 1;
+  }
+}
+
+std::vector<int32_t> CpuOps::read_flags(const std::vector<Buffer>& buffers) {
+  std::vector<int32_t> out;
+  for (const Buffer& b : buffers) {
+    DMUON_CHECK(b.dtype == DType::kInt32, "CpuOps::read_flags: expected int32 buffers");
+    out.insert(out.end(), b.as<const int32_t>(), b.as<const int32_t>() + b.numel);
+  }
+  return out;
+}
+
+int CpuOps::run_on_streams(const std::vector<int>& stream_of, const std::function<void(size_t)>& run) {
+  for (size_t k = 0; k < stream_of.size(); ++k) run(k);
+  return 1;
+}
+
+}  // namespace dmuon::step

@@ -1,0 +1,537 @@
+// dmuon/step/cuda/piece_kernels.cu — the fused row-piece passes of the CUDA step ops.
+#include "step/cuda/piece_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "common/check.h"
+#include "ns/cuda/cuda_check.h"
+
+namespace dmuon::step::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+// Tiles of the transposing passes: 32×32 elements, 32×8 threads (each thread 4 rows).
+constexpr int kTile = 32;
+constexpr int kTileRows = 8;
+
+// ---------------------------------------------------------------- elements
+__device__ __forceinline__ float load(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float load(const __half* p, int64_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+
+// Whether element i is finite, in its own precision (a large double is not an fp32 Inf).
+template <typename T>
+__device__ __forceinline__ bool finite_at(const T* p, int64_t i) {
+  return isfinite(load(p, i));
+}
+template <>
+__device__ __forceinline__ bool finite_at<double>(const double* p, int64_t i) {
+  return isfinite(p[i]);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// v as a T tensor holds it.
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+  const T t = from_f<T>(v);
+  return load(&t, 0);
+}
+
+// O rounded to a wire dtype code (kRound*), the replicas' view of an owner's result.
+enum RoundCode : int { kRoundNone = 0, kRoundBF16 = 1, kRoundF16 = 2 };
+__device__ __forceinline__ float round_code(float v, int code) {
+  if (code == kRoundBF16) return round_to<__nv_bfloat16>(v);
+  if (code == kRoundF16) return round_to<__half>(v);
+  return v;
+}
+
+// ATen's lerp (aten/src/ATen/native/Lerp.h), the arithmetic of torch's _foreach_lerp_.
+__device__ __forceinline__ float lerp(float self, float end, float weight) {
+  const float diff = end - self;
+  return fabsf(weight) < 0.5f ? self + weight * diff : end - diff * (1.f - weight);
+}
+
+// The momentum after its lerp (written when `update`) and U, rounded to P.
+template <typename P>
+__device__ __forceinline__ float momentum_update(const P* grad, P* momentum, int64_t i, const Rule& rule, bool update) {
+  const float g = load(grad, i);
+  float m = load(momentum, i);
+  if (update) {
+    m = round_to<P>(lerp(m, g, rule.buffer_weight));
+    momentum[i] = from_f<P>(m);
+  }
+  return rule.nesterov ? round_to<P>(lerp(g, m, rule.nesterov_weight)) : m;
+}
+
+__device__ __forceinline__ bool is_skipped(const int* skip) { return skip != nullptr && *skip != 0; }
+
+// Sum over the block in a fixed order (warp trees, then warps in order): deterministic.
+__device__ float block_sum(float value) {
+  __shared__ float warp_sums[kThreads / 32];  // [warps]
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = value;
+  __syncthreads();
+  float total = 0.f;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+  return total;  // valid in thread 0
+}
+
+// Descriptors of one launch, in the kernel's parameters.
+template <typename D>
+struct DescList {
+  D d[kMaxPiecesPerLaunch];
+  int n = 0;
+};
+
+// fn(list, first) for every launch-sized part of `all`.
+template <typename D, typename Fn>
+void for_each_launch(const std::vector<D>& all, Fn&& fn) {
+  for (size_t first = 0; first < all.size(); first += kMaxPiecesPerLaunch) {
+    DescList<D> list;
+    list.n = static_cast<int>(std::min<size_t>(kMaxPiecesPerLaunch, all.size() - first));
+    for (int k = 0; k < list.n; ++k) list.d[k] = all[first + static_cast<size_t>(k)];
+    fn(list, first);
+  }
+}
+
+// fn(T{}) with T the CUDA element type of a float32 / bfloat16 / float16 dtype.
+template <typename Fn>
+void dispatch(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kFloat32: fn(float{}); return;
+    case DType::kBFloat16: fn(__nv_bfloat16{}); return;
+    case DType::kFloat16: fn(__half{}); return;
+    default: break;
+  }
+  DMUON_FAIL("the CUDA step ops handle float32, bfloat16 and float16 elements, not ", dtype_name(dtype));
+}
+template <typename Fn>
+void dispatch_half(DType dtype, Fn&& fn) {
+  if (dtype == DType::kFloat16) return fn(__half{});
+  if (dtype == DType::kBFloat16) return fn(__nv_bfloat16{});
+  DMUON_FAIL("an NS iterate is float16 or bfloat16, not ", dtype_name(dtype));
+}
+
+unsigned flat_blocks(int64_t numel) {
+  // NOTE: a grid-stride loop; 2048 blocks of 256 threads fill a 132-SM GPU several times.
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((numel + kThreads - 1) / kThreads, 2048)));
+}
+
+dim3 tile_grid(int64_t rows, int64_t cols, int n) {
+  return dim3(static_cast<unsigned>(std::max<int64_t>(1, (cols + kTile - 1) / kTile)),
+              static_cast<unsigned>(std::max<int64_t>(1, (rows + kTile - 1) / kTile)), static_cast<unsigned>(n));
+}
+
+// ---------------------------------------------------------------- tile movers
+// One 32×32 tile (blockIdx.y, blockIdx.x) of an R×C piece, from read(r, c) to
+// write(r, c, v). kTranspose: one side is coalesced along r, the other along c, through
+// shared memory: kReadAlongRows = false reads along c (piece → transposed iterate), true
+// reads along r (transposed result → piece).
+template <bool kTranspose, bool kReadAlongRows, typename Read, typename Write>
+__device__ void move_tile(int64_t R, int64_t C, Read&& read, Write&& write) {
+  __shared__ float tile[kTile][kTile + 1];  // [first phase's i][threadIdx.x] (padded against bank conflicts)
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  if constexpr (!kTranspose) {
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t r = r0 + i, c = c0 + threadIdx.x;
+      if (r < R && c < C) write(r, c, read(r, c));
+    }
+  } else {
+    // Thread (x, i) of a phase is element (r0 + i, c0 + x) along c, (r0 + x, c0 + i) along r.
+    auto row = [&](bool along_rows, int i) { return along_rows ? r0 + threadIdx.x : r0 + i; };
+    auto col = [&](bool along_rows, int i) { return along_rows ? c0 + i : c0 + threadIdx.x; };
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t r = row(kReadAlongRows, i), c = col(kReadAlongRows, i);
+      tile[i][threadIdx.x] = (r < R && c < C) ? read(r, c) : 0.f;
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t r = row(!kReadAlongRows, i), c = col(!kReadAlongRows, i);
+      if (r < R && c < C) write(r, c, tile[threadIdx.x][i]);
+    }
+  }
+}
+
+// Element (r, c) of item rows in the iterate: row-major m×ld, transposed for tall items.
+template <bool kTranspose>
+__device__ __forceinline__ int64_t iterate_at(int64_t r, int64_t c, int64_t ld) {
+  return kTranspose ? c * ld + r : r * ld + c;
+}
+
+// ---------------------------------------------------------------- kernels
+template <typename P>
+__global__ void check_kernel(const __grid_constant__ DescList<CheckDesc> list, int* __restrict__ flags,
+                             float* __restrict__ partials) {
+  const CheckDesc& d = list.d[blockIdx.y];
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kPartialChunk;
+  if (begin >= d.numel && blockIdx.x > 0) return;  // NOTE: uniform over the block
+  const int64_t end = min(d.numel, begin + kPartialChunk);
+  const P* grad = static_cast<const P*>(d.grad);
+  const P* momentum = static_cast<const P*>(d.momentum);
+  float acc = 0.f;
+  bool grad_ok = true, momentum_ok = true;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+    grad_ok = grad_ok && finite_at(grad, i);
+    momentum_ok = momentum_ok && finite_at(momentum, i);
+    // NOTE: float64 is only ever checked (gradients checked with the step), never summed.
+    if constexpr (!std::is_same_v<P, double>) {
+      const float g = load(grad, i), m = load(momentum, i);
+      const float m_new = round_to<P>(lerp(m, g, d.rule.buffer_weight));
+      const float u = d.rule.nesterov ? round_to<P>(lerp(g, m_new, d.rule.nesterov_weight)) : m_new;
+      acc = fmaf(u, u, acc);
+    }
+  }
+  if (d.partial_offset >= 0) {
+    const float total = block_sum(acc);
+    if (threadIdx.x == 0) partials[d.partial_offset + blockIdx.x] = total;
+  }
+  if (!grad_ok) atomicOr(flags + 2 * d.flag_idx, 1);
+  if (!momentum_ok) atomicOr(flags + 2 * d.flag_idx + 1, 1);
+}
+
+template <typename P, typename W>
+__global__ void prepare_kernel(const __grid_constant__ DescList<PrepareDesc> list, const int* __restrict__ skip) {
+  if (is_skipped(skip)) return;
+  const PrepareDesc& d = list.d[blockIdx.y];
+  const P* grad = static_cast<const P*>(d.grad);
+  P* momentum = static_cast<P*>(d.momentum);
+  W* wire = static_cast<W*>(d.wire);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < d.numel;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const float u = momentum_update(grad, momentum, i, d.rule, true);
+    if (wire != nullptr) wire[i] = from_f<W>(u);
+  }
+}
+
+template <typename W>
+__global__ void sum_squares_kernel(const __grid_constant__ DescList<WireDesc> list, int64_t cols,
+                                   float* __restrict__ partials) {
+  const WireDesc& d = list.d[blockIdx.y];
+  const int64_t numel = d.row_count * cols;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kPartialChunk;
+  if (begin >= numel && blockIdx.x > 0) return;  // NOTE: uniform over the block
+  const int64_t end = min(numel, begin + kPartialChunk);
+  const W* wire = static_cast<const W*>(d.wire);
+  float acc = 0.f;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+    const float v = load(wire, i);
+    acc = fmaf(v, v, acc);
+  }
+  const float total = block_sum(acc);
+  if (threadIdx.x == 0) partials[d.partial_offset + blockIdx.x] = total;
+}
+
+struct ScaleList {
+  int64_t offset[kMaxPiecesPerLaunch];
+  int64_t count[kMaxPiecesPerLaunch];
+};
+
+__global__ void scales_kernel(const float* __restrict__ partials, const __grid_constant__ ScaleList list, float eps,
+                              float* __restrict__ out) {
+  const int k = blockIdx.x;
+  float acc = 0.f;
+  for (int64_t i = threadIdx.x; i < list.count[k]; i += kThreads) acc += partials[list.offset[k] + i];
+  const float total = block_sum(acc);
+  if (threadIdx.x == 0) out[k] = 1.f / fmaxf(sqrtf(total), eps);
+}
+
+template <typename P, typename T, bool kTranspose>
+__global__ void local_to_iterate_kernel(const __grid_constant__ DescList<LocalDesc> list, int64_t rows, int64_t cols,
+                                        bool update_momentum, const float* __restrict__ scales, T* __restrict__ iterate,
+                                        int64_t ld, int64_t stride, const int* __restrict__ skip) {
+  const LocalDesc& d = list.d[blockIdx.z];
+  const bool skipped = is_skipped(skip);
+  const float scale = skipped ? 0.f : scales[d.matrix_idx];
+  const P* grad = static_cast<const P*>(d.grad);
+  P* momentum = static_cast<P*>(d.momentum);
+  T* dst = iterate + d.matrix_idx * stride;
+  move_tile<kTranspose, false>(
+      rows, cols,
+      [&](int64_t r, int64_t c) {
+        return skipped ? 0.f : momentum_update(grad, momentum, r * cols + c, d.rule, update_momentum);
+      },
+      [&](int64_t r, int64_t c, float u) { dst[iterate_at<kTranspose>(r, c, ld)] = from_f<T>(u * scale); });
+}
+
+template <typename W, typename T, bool kTranspose>
+__global__ void pieces_to_iterate_kernel(const __grid_constant__ DescList<WireDesc> list, int64_t cols,
+                                         const float* __restrict__ scales, T* __restrict__ iterate, int64_t ld,
+                                         int64_t stride, const int* __restrict__ skip) {
+  const WireDesc& d = list.d[blockIdx.z];
+  const float scale = is_skipped(skip) ? 0.f : scales[d.matrix_idx];
+  const W* wire = static_cast<const W*>(d.wire);
+  T* dst = iterate + d.matrix_idx * stride;
+  move_tile<kTranspose, false>(
+      d.row_count, cols, [&](int64_t r, int64_t c) { return load(wire, r * cols + c); },
+      [&](int64_t r, int64_t c, float v) { dst[iterate_at<kTranspose>(d.row_begin + r, c, ld)] = from_f<T>(v * scale); });
+}
+
+template <typename T, typename W, bool kTranspose>
+__global__ void result_to_pieces_kernel(const T* __restrict__ result, int64_t ld, int64_t stride,
+                                        const __grid_constant__ DescList<WireDesc> list, int64_t cols) {
+  const WireDesc& d = list.d[blockIdx.z];
+  const T* src = result + d.matrix_idx * stride;
+  W* wire = static_cast<W*>(d.wire);
+  move_tile<kTranspose, true>(
+      d.row_count, cols, [&](int64_t r, int64_t c) { return load(src, iterate_at<kTranspose>(d.row_begin + r, c, ld)); },
+      [&](int64_t r, int64_t c, float v) { wire[r * cols + c] = from_f<W>(v); });
+}
+
+// p ← round(round(p·decay) + scale·O); a non-finite O is not applied (only the decay is).
+template <typename P>
+__device__ __forceinline__ void apply_at(P* param, int64_t i, float o, float scale, float decay, bool& bad) {
+  float p = load(param, i);
+  if (decay != 1.f) p = round_to<P>(p * decay);
+  if (!isfinite(o)) {
+    bad = true;
+    o = 0.f;
+  }
+  param[i] = from_f<P>(p + scale * o);
+}
+
+template <typename T, typename P, bool kTranspose>
+__global__ void apply_result_kernel(const T* __restrict__ result, int64_t ld, int64_t stride,
+                                    const __grid_constant__ DescList<ApplyDesc> list, int64_t cols, int round,
+                                    int* __restrict__ flags, const int* __restrict__ skip) {
+  if (is_skipped(skip)) return;  // NOTE: the whole block returns, before any barrier
+  const ApplyDesc& d = list.d[blockIdx.z];
+  const T* src = result + d.matrix_idx * stride;
+  P* param = static_cast<P*>(d.param);
+  bool bad = false;
+  move_tile<kTranspose, true>(
+      d.row_count, cols, [&](int64_t r, int64_t c) { return load(src, iterate_at<kTranspose>(d.row_begin + r, c, ld)); },
+      [&](int64_t r, int64_t c, float o) {
+        apply_at(param, r * cols + c, round_to<P>(round_code(o, round)), d.scale, d.decay, bad);
+      });
+  if (bad) atomicOr(flags + d.flag_idx, 1);
+}
+
+template <typename W, typename P>
+__global__ void apply_wire_kernel(const __grid_constant__ DescList<ApplyDesc> list, int64_t cols,
+                                  int* __restrict__ flags, const int* __restrict__ skip) {
+  if (is_skipped(skip)) return;
+  const ApplyDesc& d = list.d[blockIdx.y];
+  const W* wire = static_cast<const W*>(d.wire);
+  P* param = static_cast<P*>(d.param);
+  const int64_t numel = d.row_count * cols;
+  bool bad = false;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < numel;
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    apply_at(param, i, round_to<P>(load(wire, i)), d.scale, d.decay, bad);
+  if (bad) atomicOr(flags + d.flag_idx, 1);
+}
+
+__global__ void any_nonzero_kernel(const int* __restrict__ flags, int64_t n, int* __restrict__ gate) {
+  int any = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) any |= flags[i] != 0 ? 1 : 0;
+  any = __syncthreads_or(any);
+  if (threadIdx.x == 0) *gate = any;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- host side
+int64_t num_chunks(int64_t numel) { return std::max<int64_t>(1, (numel + kPartialChunk - 1) / kPartialChunk); }
+
+Rule make_rule(double momentum, bool nesterov) {
+  return {static_cast<float>(1.0 - momentum), static_cast<float>(momentum), nesterov ? 1 : 0};
+}
+
+void check(DType param, const std::vector<CheckDesc>& pieces, int* flags, float* partials, cudaStream_t stream) {
+  auto launch = [&](auto zero) {
+    using P = decltype(zero);
+    for_each_launch(pieces, [&](const DescList<CheckDesc>& list, size_t) {
+      int64_t chunks = 1;
+      for (int k = 0; k < list.n; ++k) chunks = std::max(chunks, num_chunks(list.d[k].numel));
+      check_kernel<P><<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(list.n)), kThreads, 0, stream>>>(
+          list, flags, partials);
+      DMUON_CHECK_CUDA(cudaGetLastError());
+    });
+  };
+  if (param == DType::kFloat64) {
+    for (const CheckDesc& d : pieces)
+      DMUON_CHECK(d.partial_offset < 0, "check: float64 pieces are only checked, never summed");
+    launch(double{});
+  } else {
+    dispatch(param, launch);
+  }
+}
+
+void prepare(DType param, DType wire, const std::vector<PrepareDesc>& pieces, const int* skip, cudaStream_t stream) {
+  dispatch(param, [&](auto pz) {
+    using P = decltype(pz);
+    dispatch(wire, [&](auto wz) {
+      using W = decltype(wz);
+      for_each_launch(pieces, [&](const DescList<PrepareDesc>& list, size_t) {
+        int64_t numel = 1;
+        for (int k = 0; k < list.n; ++k) numel = std::max(numel, list.d[k].numel);
+        prepare_kernel<P, W><<<dim3(flat_blocks(numel), static_cast<unsigned>(list.n)), kThreads, 0, stream>>>(list,
+                                                                                                              skip);
+        DMUON_CHECK_CUDA(cudaGetLastError());
+      });
+    });
+  });
+}
+
+void sum_squares(DType wire, const std::vector<WireDesc>& pieces, int64_t cols, float* partials, cudaStream_t stream) {
+  dispatch(wire, [&](auto wz) {
+    using W = decltype(wz);
+    for_each_launch(pieces, [&](const DescList<WireDesc>& list, size_t) {
+      int64_t chunks = 1;
+      for (int k = 0; k < list.n; ++k) chunks = std::max(chunks, num_chunks(list.d[k].row_count * cols));
+      sum_squares_kernel<W><<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(list.n)), kThreads, 0,
+                              stream>>>(list, cols, partials);
+      DMUON_CHECK_CUDA(cudaGetLastError());
+    });
+  });
+}
+
+void scales(const float* partials, const std::vector<int64_t>& offset, const std::vector<int64_t>& count, double eps,
+            float* scales_out, cudaStream_t stream) {
+  DMUON_CHECK(offset.size() == count.size(), "scales: ", offset.size(), " offsets for ", count.size(), " counts");
+  for (size_t first = 0; first < offset.size(); first += kMaxPiecesPerLaunch) {
+    const size_t n = std::min<size_t>(kMaxPiecesPerLaunch, offset.size() - first);
+    ScaleList list{};
+    for (size_t k = 0; k < n; ++k) list.offset[k] = offset[first + k], list.count[k] = count[first + k];
+    scales_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(partials, list, static_cast<float>(eps),
+                                                                     scales_out + first);
+    DMUON_CHECK_CUDA(cudaGetLastError());
+  }
+}
+
+void zero_padding(const IterateView& it, int64_t count, cudaStream_t stream) {
+  const int64_t n = std::max(it.rows, it.cols), m = std::min(it.rows, it.cols);
+  if (it.ld == n || count == 0) return;
+  DMUON_CHECK(it.stride == m * it.ld, "zero_padding: matrices must be packed (stride ", it.stride, ", m·ld ",
+              m * it.ld, ")");
+  const size_t elem = static_cast<size_t>(dtype_size(it.dtype));
+  DMUON_CHECK_CUDA(cudaMemset2DAsync(static_cast<char*>(it.data) + n * elem, it.ld * elem, 0, (it.ld - n) * elem,
+                                     static_cast<size_t>(count * m), stream));
+}
+
+void local_to_iterate(DType param, const std::vector<LocalDesc>& matrices, bool update_momentum, const float* scales_in,
+                      const IterateView& it, const int* skip, cudaStream_t stream) {
+  dispatch(param, [&](auto pz) {
+    using P = decltype(pz);
+    dispatch_half(it.dtype, [&](auto tz) {
+      using T = decltype(tz);
+      for_each_launch(matrices, [&](const DescList<LocalDesc>& list, size_t) {
+        const dim3 grid = tile_grid(it.rows, it.cols, list.n), block(kTile, kTileRows);
+        T* out = static_cast<T*>(it.data);
+        if (it.transposed())
+          local_to_iterate_kernel<P, T, true><<<grid, block, 0, stream>>>(list, it.rows, it.cols, update_momentum,
+                                                                         scales_in, out, it.ld, it.stride, skip);
+        else
+          local_to_iterate_kernel<P, T, false><<<grid, block, 0, stream>>>(list, it.rows, it.cols, update_momentum,
+                                                                          scales_in, out, it.ld, it.stride, skip);
+        DMUON_CHECK_CUDA(cudaGetLastError());
+      });
+    });
+  });
+}
+
+void pieces_to_iterate(DType wire, const std::vector<WireDesc>& pieces, const float* scales_in, const IterateView& it,
+                       const int* skip, cudaStream_t stream) {
+  dispatch(wire, [&](auto wz) {
+    using W = decltype(wz);
+    dispatch_half(it.dtype, [&](auto tz) {
+      using T = decltype(tz);
+      for_each_launch(pieces, [&](const DescList<WireDesc>& list, size_t) {
+        int64_t rows = 1;
+        for (int k = 0; k < list.n; ++k) rows = std::max(rows, list.d[k].row_count);
+        const dim3 grid = tile_grid(rows, it.cols, list.n), block(kTile, kTileRows);
+        T* out = static_cast<T*>(it.data);
+        if (it.transposed())
+          pieces_to_iterate_kernel<W, T, true><<<grid, block, 0, stream>>>(list, it.cols, scales_in, out, it.ld,
+                                                                          it.stride, skip);
+        else
+          pieces_to_iterate_kernel<W, T, false><<<grid, block, 0, stream>>>(list, it.cols, scales_in, out, it.ld,
+                                                                           it.stride, skip);
+        DMUON_CHECK_CUDA(cudaGetLastError());
+      });
+    });
+  });
+}
+
+void result_to_pieces(DType wire, const IterateView& result, const std::vector<WireDesc>& pieces, cudaStream_t stream) {
+  dispatch_half(result.dtype, [&](auto tz) {
+    using T = decltype(tz);
+    dispatch(wire, [&](auto wz) {
+      using W = decltype(wz);
+      for_each_launch(pieces, [&](const DescList<WireDesc>& list, size_t) {
+        int64_t rows = 1;
+        for (int k = 0; k < list.n; ++k) rows = std::max(rows, list.d[k].row_count);
+        const dim3 grid = tile_grid(rows, result.cols, list.n), block(kTile, kTileRows);
+        const T* src = static_cast<const T*>(result.data);
+        if (result.transposed())
+          result_to_pieces_kernel<T, W, true><<<grid, block, 0, stream>>>(src, result.ld, result.stride, list,
+                                                                         result.cols);
+        else
+          result_to_pieces_kernel<T, W, false><<<grid, block, 0, stream>>>(src, result.ld, result.stride, list,
+                                                                          result.cols);
+        DMUON_CHECK_CUDA(cudaGetLastError());
+      });
+    });
+  });
+}
+
+void apply_result(DType param, DType round_wire, const IterateView& result, const std::vector<ApplyDesc>& pieces,
+                  int* flags, const int* skip, cudaStream_t stream) {
+  const int round = round_wire == DType::kBFloat16 ? kRoundBF16 : round_wire == DType::kFloat16 ? kRoundF16 : kRoundNone;
+  dispatch_half(result.dtype, [&](auto tz) {
+    using T = decltype(tz);
+    dispatch(param, [&](auto pz) {
+      using P = decltype(pz);
+      for_each_launch(pieces, [&](const DescList<ApplyDesc>& list, size_t) {
+        int64_t rows = 1;
+        for (int k = 0; k < list.n; ++k) rows = std::max(rows, list.d[k].row_count);
+        const dim3 grid = tile_grid(rows, result.cols, list.n), block(kTile, kTileRows);
+        const T* src = static_cast<const T*>(result.data);
+        if (result.transposed())
+          apply_result_kernel<T, P, true><<<grid, block, 0, stream>>>(src, result.ld, result.stride, list, result.cols,
+                                                                     round, flags, skip);
+        else
+          apply_result_kernel<T, P, false><<<grid, block, 0, stream>>>(src, result.ld, result.stride, list, result.cols,
+                                                                      round, flags, skip);
+        DMUON_CHECK_CUDA(cudaGetLastError());
+      });
+    });
+  });
+}
+
+void apply_wire(DType param, DType wire, const std::vector<ApplyDesc>& pieces, int64_t cols, int* flags,
+                const int* skip, cudaStream_t stream) {
+  dispatch(param, [&](auto pz) {
+    using P = decltype(pz);
+    dispatch(wire, [&](auto wz) {
+      using W = decltype(wz);
+      for_each_launch(pieces, [&](const DescList<ApplyDesc>& list, size_t) {
+        int64_t numel = 1;
+        for (int k = 0; k < list.n; ++k) numel = std::max(numel, list.d[k].row_count * cols);
+        apply_wire_kernel<W, P><<<dim3(flat_blocks(numel), static_cast<unsigned>(list.n)), kThreads, 0, stream>>>(
+            list, cols, flags, skip);
+        DMUON_CHECK_CUDA(cudaGetLastError());
+      });
+    });
+  });
+}
+
+void any_nonzero(const int* flags, int64_t n, int* gate, cudaStream_t stream) {
+  any_nonzero_kernel<<<1, kThreads, 0, stream>>>(flags, n, gate);
+  DMUON_CHECK_CUDA(cudaGetLastError());
+}
+
+}  // namespace dmuon::step::cuda

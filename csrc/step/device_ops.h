@@ -1,0 +1,161 @@
+// dmuon/step/device_ops.h — the passes the step engine needs from a device (CPU or CUDA).
+//
+// The engine never touches element data: it calls a DeviceOps with lists of pieces (views
+// of parameters, gradients, momentum buffers and wire buffers). The ops own the stream
+// order: every call is enqueued in call order on the ops' stream (the CPU runs it at
+// once); the transport orders its collectives into that stream. Every writing pass takes a
+// `gate` (an int32 [1] device buffer, or empty): non-zero at run time turns it into a
+// no-op (iterates get zeros), so a step whose check failed changes nothing without a host
+// wait (the one-process step). What an NS iterate holds (normalized or not, its element
+// type and orientation) is the ops' business: the engine only routes it between the ops'
+// own passes.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "ns/schedule.h"
+#include "step/types.h"
+
+namespace dmuon::step {
+
+/// The momentum rule of a param group: buf ← lerp(buf, g, 1 − μ); U ← lerp(g, buf, μ)
+/// with Nesterov, else buf.
+struct MomentumRule {
+  double momentum = 0.95;
+  bool nesterov = true;
+};
+
+/// Read by check(): a piece of a parameter's gradient and momentum buffer.
+struct CheckPiece {
+  Buffer grad, momentum;
+  MomentumRule rule;
+  int flag_idx = 0;         ///< flags[2·flag_idx] |= gradient non-finite, [2·flag_idx + 1] |= momentum
+  bool sum_update = false;  ///< also the partial sums of U² (a whole item bound for this rank's iterate)
+};
+
+/// check()'s partial sums: those of the j-th sum_update piece occupy
+/// [offset[j], offset[j] + count[j]) of `buffer` (layout and element type: the ops').
+struct Partials {
+  OwnedBuffer buffer;
+  std::vector<int64_t> offset, count;
+};
+
+/// Momentum in place on a piece and, when `wire` is not empty, U cast into it.
+struct PreparePiece {
+  Buffer grad, momentum;
+  MomentumRule rule;
+  Buffer wire;  ///< wire dtype, the piece's element count; empty: momentum only
+};
+
+/// One NS batch: `count` rows×cols matrices of parameters of `param_dtype`.
+struct NsBatchDesc {
+  int64_t rows = 0, cols = 0, count = 0;
+  DType param_dtype = DType::kFloat32;
+  const ns::Schedule* schedule = nullptr;
+  bool graphs = true;  ///< may capture and replay CUDA graphs
+};
+
+/// An iterate or result of an NS batch, as laid out by the ops that made it: matrix k at
+/// data + k·batch_stride elements, rows of `ld` elements; `transposed`: stored cols×rows.
+struct NsView {
+  void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  int64_t ld = 0, batch_stride = 0;
+  bool transposed = false;
+};
+
+/// A whole item this rank holds, written into matrix `matrix_idx` of the iterate.
+struct LocalMatrix {
+  Buffer grad, momentum;
+  MomentumRule rule;
+  int partial_idx = -1;  ///< its check() partials (−1: none; the ops then sum themselves)
+  int64_t matrix_idx = 0;
+};
+
+/// Rows [row_begin, row_begin + row_count) of matrix `matrix_idx` of an NS batch, in a
+/// wire buffer (what iterate_from_pieces reads and result_to_pieces writes).
+struct WirePiece {
+  Buffer wire;
+  int64_t matrix_idx = 0;
+  int64_t row_begin = 0, row_count = 0;
+};
+
+/// p ← p·decay + scale·O on rows [row_begin, row_begin + row_count) of matrix
+/// `matrix_idx` (apply_result) or from `wire` (apply_pieces); a non-finite entry of O is
+/// not applied (only the decay is) and sets result_flags[flag_idx].
+struct ApplyPiece {
+  Buffer param;
+  Buffer wire;  ///< apply_pieces only
+  int64_t matrix_idx = 0;
+  int64_t row_begin = 0, row_count = 0;
+  double scale = 0.0, decay = 1.0;
+  int flag_idx = 0;
+  /// apply_result only: O rounded to `wire_dtype` first. NOTE: an owner's rows that other
+  /// ranks also hold (a replicated parameter) must take the values the replicas receive,
+  /// or the replicas drift apart under a lossy wire.
+  bool round_through_wire = false;
+  DType wire_dtype = DType::kFloat32;
+};
+
+/// Throws dmuon::Error naming `what` unless rows [row_begin, row_begin + row_count) of
+/// matrix `matrix_idx` lie in `batch` and hold `numel` elements (the ops' argument check).
+void check_batch_rows(const char* what, const NsBatchDesc& batch, int64_t matrix_idx, int64_t row_begin,
+                      int64_t row_count, int64_t numel);
+
+class DeviceOps {
+ public:
+  virtual ~DeviceOps() = default;
+  virtual Device device() const = 0;
+
+  /// Memory for `numel` elements, released (stream-ordered) when the handle dies.
+  virtual OwnedBuffer allocate(DType dtype, int64_t numel) = 0;
+  virtual void fill_zero(const Buffer& buffer) = 0;
+  /// dst ← src (same dtype and size).
+  virtual void copy(const Buffer& src, const Buffer& dst) = 0;
+
+  /// Reads only: NaN/Inf flags (int32, zeroed by the caller) and U² partials.
+  virtual Partials check(const std::vector<CheckPiece>& pieces, const Buffer& flags) = 0;
+  /// int32 [1]: non-zero when any of `flags` is.
+  virtual OwnedBuffer make_gate(const Buffer& flags) = 0;
+  /// Momentum in place and U into the wire (pieces not bound for this rank's iterate).
+  virtual void prepare_pieces(const std::vector<PreparePiece>& pieces, const Buffer& gate) = 0;
+
+  /// Bytes of NS workspace of `count` rows×cols matrices (the NS batch bound).
+  virtual int64_t ns_workspace_bytes(int64_t rows, int64_t cols, int64_t count, DType param_dtype,
+                                     ns::Algorithm algorithm) const = 0;
+  /// Fills the iterate (fill(iterate, first): `first` on the first call; the ops may call
+  /// it again, e.g. to tune, so it must only update momentum when `first`), orthogonalizes
+  /// it, and hands the result to consume() before its memory is reused.
+  virtual void orthogonalize(const NsBatchDesc& batch, const std::function<void(const NsView&, bool first)>& fill,
+                             const std::function<void(const NsView&)>& consume) = 0;
+  /// Inside fill(): whole local items into the iterate (momentum updated when
+  /// update_momentum, else read as already updated).
+  virtual void prepare_to_iterate(const std::vector<LocalMatrix>& matrices, const Partials& partials,
+                                  const NsBatchDesc& batch, const NsView& iterate, bool update_momentum,
+                                  const Buffer& gate) = 0;
+  /// Inside fill(): the norm over every piece of a matrix, then the pieces into the iterate.
+  virtual void iterate_from_pieces(const std::vector<WirePiece>& pieces, const NsBatchDesc& batch,
+                                   const NsView& iterate, const Buffer& gate) = 0;
+  /// Inside consume(): result rows into wire pieces (wire dtype of each piece's buffer).
+  virtual void result_to_pieces(const NsView& result, const NsBatchDesc& batch,
+                                const std::vector<WirePiece>& pieces) = 0;
+  /// Inside consume(): this rank's rows applied straight from the result.
+  virtual void apply_result(const NsView& result, const NsBatchDesc& batch, const std::vector<ApplyPiece>& pieces,
+                            const Buffer& gate, const Buffer& result_flags) = 0;
+  /// Rows returned by their owner, applied from the wire.
+  virtual void apply_pieces(const std::vector<ApplyPiece>& pieces, const Buffer& gate,
+                            const Buffer& result_flags) = 0;
+
+  /// The host values of int32 buffers, concatenated: waits for everything enqueued.
+  virtual std::vector<int32_t> read_flags(const std::vector<Buffer>& buffers) = 0;
+  /// Waits for everything enqueued (profiling).
+  virtual void synchronize() = 0;
+  /// run(k) for every k in order, batch k's work on stream stream_of[k] (0: the ops'
+  /// stream); every stream starts after what was enqueued before and the ops' stream waits
+  /// for all of them before this returns. Returns the number of streams used.
+  virtual int run_on_streams(const std::vector<int>& stream_of, const std::function<void(size_t)>& run) = 0;
+};
+
+}  // namespace dmuon::step

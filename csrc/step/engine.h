@@ -1,0 +1,137 @@
+// dmuon/step/engine.h — StepEngine: the one Muon step pipeline over a transport and a
+// device's ops (docs/design/step_engine.md).
+//
+//   plan      made once, when the engine is made (collective): the planning problem of
+//             the items, solved on rank 0 and broadcast, or solved on every rank where
+//             the solver is deterministic or the transport moves no data; agreed by hash
+//   check     NaN/Inf flags of every local gradient and momentum buffer (reads only)
+//   agree     several ranks: one all_reduce of [has gradient] + flags, on the host,
+//             before any exchange; one rank: a device-side gate, no host wait
+//   stages    pipelined: forwards `depth` stages ahead, returns applied `depth` behind
+//     prepare   momentum in place, U of pieces into the stage's send buffer
+//     forward   all_to_all to the ranks that compute each item
+//     iterate   (owner) norm and cast of the received pieces, or of a whole local item
+//     ns        batched Newton–Schulz of each NS batch (streams, graphs: the ops')
+//     return    result rows back to the ranks that hold them; own rows applied at once
+//     apply     p ← p·(1 − lr·wd) − lr·ratio·O from the returned rows
+//   agree     one reduction of the result flags; every rank raises naming the first
+//             parameter whose orthogonalized update was not finite
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "step/device_ops.h"
+#include "step/items.h"
+#include "step/options.h"
+#include "step/stages.h"
+#include "step/stats.h"
+#include "step/transport.h"
+
+namespace dmuon::step {
+
+/// One parameter's local memory on this rank: [local rows, cols], row-major, contiguous,
+/// of the parameter's dtype on the ops' device.
+struct ParamTensors {
+  Buffer param, grad, momentum;
+  bool has_grad = false;  ///< false: no gradient this step (grad and momentum unused)
+};
+
+/// A gradient the step only checks (e.g. an AdamW parameter's, same device): NaN/Inf in it
+/// refuses the whole step as a Muon gradient's would, in the same pass and agreement (the
+/// one-process step keeps its single host wait).
+struct CheckOnly {
+  std::string name;
+  Buffer grad;
+};
+
+/// What a step did (the caller raises or skips from it; errors are thrown instead).
+struct StepOutcome {
+  enum class Status {
+    kApplied,            ///< every parameter with a gradient was updated
+    kNonFiniteGradient,  ///< a gradient held NaN/Inf on some rank: nothing changed anywhere
+  };
+  Status status = Status::kApplied;
+  std::vector<int> nonfinite_params;  ///< agreed over every rank, ascending
+  std::vector<int> nonfinite_extra;   ///< indices into the step's CheckOnly list, ascending
+  std::string message;                ///< names the first of them and the step
+  std::vector<bool> active;           ///< parameters that had a gradient (on every rank)
+  bool applied() const { return status == Status::kApplied; }
+};
+
+class StepEngine {
+ public:
+  /// Collective: every rank makes it with the same params and options (the plan is made
+  /// and agreed here). The transport and ops outlive the engine.
+  StepEngine(Transport& transport, DeviceOps& ops, std::vector<ParamSpec> params, EngineOptions options);
+
+  /// One step over every parameter (tensors[i] for params[i]); rules[g] is group g's rule.
+  /// Throws dmuon::Error on every rank, with nothing changed, when a parameter has a
+  /// gradient on some ranks only, a momentum buffer holds NaN/Inf, or a rank's input is
+  /// invalid; and, after the rest of the step was applied, when an orthogonalized update
+  /// was not finite.
+  /// `extra`: gradients checked with the step's (every rank passes the same list).
+  StepOutcome step(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules, int64_t step_idx,
+                   const std::vector<CheckOnly>& extra = {});
+
+  const ItemTable& items() const { return table_; }
+  /// Owner rank of every item (kEveryRank in gather mode).
+  const std::vector<int>& owners() const { return owners_; }
+  const std::string& plan_text() const { return plan_text_; }
+  /// Fingerprint of the plan (problem, owners, batches), agreed by every rank.
+  uint64_t plan_hash() const { return plan_hash_; }
+  double predicted_makespan_s() const { return predicted_makespan_s_; }
+  const EngineOptions& options() const { return options_; }
+  int pipeline_depth() const { return depth_; }
+  DType wire_dtype() const { return wire_dtype_; }
+  /// The stages of the last step (empty before the first).
+  const std::vector<Stage>& stages() const { return stages_; }
+  const StepStats& last_stats() const { return stats_; }
+
+ private:
+  struct StepState;
+  struct Flight;
+
+  void make_plan();
+  void make_stages_for(const std::vector<GroupRule>& rules);
+  void validate(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
+                const std::vector<CheckOnly>& extra) const;
+  bool computes(int item, int rank) const;
+  Flight issue_forward(size_t s, StepState& st);
+  Flight run_stage(size_t s, StepState& st, Flight& forward);
+  void land(size_t s, StepState& st, Flight& back);
+  // One exchange of a stage (the all_to_all when `collective`) and its bytes per peer.
+  void issue_exchange(Flight& f, const Buffer& send, const std::vector<int64_t>& send_counts,
+                      const std::vector<int64_t>& recv_counts, bool collective, const std::string& what,
+                      std::vector<int64_t>& sent_to, std::vector<int64_t>& received_from);
+  // The outcome of a step refused for the non-finite gradients of `flagged` (indices of
+  // the parameters, then num_params + k for extra[k]).
+  StepOutcome nonfinite_gradient(const std::vector<int>& flagged, std::vector<bool> active, int64_t step_idx,
+                                 const std::vector<CheckOnly>& extra) const;
+  std::vector<int> stream_assignment(const std::vector<const NsBatch*>& batches,
+                                     const std::vector<GroupRule>& rules);
+
+  Transport& transport_;
+  DeviceOps& ops_;
+  ItemTable table_;
+  EngineOptions options_;
+  int rank_ = 0, world_ = 1, depth_ = 1;
+  DType wire_dtype_ = DType::kFloat32;
+  std::vector<int> owners_;
+  std::vector<OwnerBatches> owner_batches_;
+  std::string plan_text_;
+  uint64_t plan_hash_ = 0;
+  double predicted_makespan_s_ = 0.0;
+  std::vector<Stage> stages_;
+  std::vector<ns::Algorithm> stage_algorithms_;  // the group algorithms stages_ were made for
+  // NOTE: a batch's first runs tune its kernels and capture its graph (timings other
+  // streams would disturb); NS batches spread over streams only once every batch of the
+  // stage has run before. Key: (group, dtype, rows, cols, count).
+  std::set<std::tuple<int, int, int64_t, int64_t, int64_t>> warm_batches_;
+  StepStats stats_;
+};
+
+}  // namespace dmuon::step

@@ -1,0 +1,124 @@
+// dmuon/step/engine_plan.cpp — the engine's plan (made and agreed when the engine is made)
+// and the stages made from it.
+#include <utility>
+
+#include "common/check.h"
+#include "plan/cost_model.h"
+#include "plan/hash.h"
+#include "plan/planner.h"
+#include "step/engine.h"
+
+namespace dmuon::step {
+namespace {
+
+// The planning problem: one matrix per item (MoE experts are planned one by one).
+plan::Problem planning_problem(const ItemTable& table, int64_t wire_size, const EngineOptions& options,
+                               DeviceKind device) {
+  std::vector<plan::MatrixSpec> matrices;
+  for (int i = 0; i < table.num_items(); ++i) {
+    const Item& it = table.item(i);
+    matrices.push_back({table.item_name(i), it.rows, it.cols, 1, it.numel() * wire_size, 0});
+  }
+  plan::ProblemOptions problem_options;
+  problem_options.world_size = table.world_size();
+  problem_options.bandwidth_bytes_per_s = options.bandwidth_bytes_per_s;
+  plan::CostFn cost;
+  if (!options.cost_entries.empty()) {
+    plan::CostTable measured;
+    for (const auto& [rows, cols, count, seconds] : options.cost_entries) measured.set(rows, cols, count, seconds);
+    cost = measured.as_cost_fn();
+  } else {
+    cost = (device == DeviceKind::kCuda ? plan::AnalyticCostModel::gpu_default()
+                                        : plan::AnalyticCostModel::cpu_default())
+               .as_cost_fn();
+  }
+  return plan::build_problem(std::move(matrices), problem_options, cost);
+}
+
+// What makes two plans the same step: the problem, every owner and every batch.
+// NOTE: not the text, which carries the solve time of the rank that solved it.
+uint64_t plan_fingerprint(const plan::Plan& plan) {
+  plan::Hasher hasher;
+  hasher.i64(static_cast<int64_t>(plan.problem_hash));
+  for (int owner : plan.owner) hasher.i64(owner);
+  for (const plan::RankPlan& rank : plan.ranks) {
+    hasher.i64(static_cast<int64_t>(rank.batches.size()));
+    for (const plan::Batch& batch : rank.batches) {
+      hasher.i64(static_cast<int64_t>(batch.matrix_idx.size()));
+      for (int idx : batch.matrix_idx) hasher.i64(idx);
+    }
+  }
+  return hasher.digest();
+}
+
+}  // namespace
+
+// Owners and their batches. Rank 0 solves and broadcasts, or (deterministic solvers, or a
+// transport that moves nothing) every rank solves; then one all_reduce agrees that every
+// rank holds the same plan (and that none failed to make it).
+void StepEngine::make_plan() {
+  const int num_items = table_.num_items();
+  std::vector<int> all(static_cast<size_t>(num_items));
+  for (int i = 0; i < num_items; ++i) all[static_cast<size_t>(i)] = i;
+  if (num_items == 0) return;
+  if (options_.mode == Mode::kGather || world_ == 1) {
+    const int owner = options_.mode == Mode::kGather ? kEveryRank : 0;
+    owners_.assign(static_cast<size_t>(num_items), owner);
+    owner_batches_ = {{owner, shape_batches(table_, all)}};
+    return;
+  }
+  const int64_t wire_size = dtype_size(wire_dtype_);
+  const plan::Problem problem = planning_problem(table_, wire_size, options_, ops_.device().kind);
+  // NOTE: LPT and round robin are deterministic; the MILP may stop at a wall-clock limit,
+  // so its plan is made once and broadcast. A transport that moves nothing cannot
+  // broadcast, so every rank solves (the fake world's ranks are one process each).
+  const bool local = options_.solver != plan::SolverKind::kMilp || !transport_.moves_data();
+  std::string text, error;
+  try {
+    if (local || rank_ == 0) text = plan::solve(problem, options_.solver, options_.milp).serialize();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (!local) text = transport_.broadcast(text, "broadcast of the owner plan");
+  plan::Plan solved;
+  if (error.empty()) {
+    try {
+      solved = plan::deserialize_plan(problem, text);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  const uint64_t hash = error.empty() ? plan_fingerprint(solved) : 0;
+  const int64_t hi = static_cast<int64_t>(hash >> 32), lo = static_cast<int64_t>(hash & 0xffffffffu);
+  // NOTE: max of (x, −x) over the ranks gives max and −min: every rank agrees iff both are its own.
+  const std::vector<int64_t> agreed = transport_.all_reduce({error.empty() ? 0 : 1, hi, lo, -hi, -lo}, ReduceOp::kMax,
+                                                            "all_reduce of the owner plan's hash");
+  DMUON_CHECK(error.empty(), "planning owners failed on rank ", rank_, ": ", error);
+  DMUON_CHECK(agreed[0] == 0, "planning owners failed on another rank (its error names the cause)");
+  DMUON_CHECK(agreed[1] == hi && agreed[2] == lo && agreed[3] == -hi && agreed[4] == -lo,
+              "the owner plan differs between ranks (rank ", rank_, " holds plan hash ", hash,
+              "): every rank must pass the same parameters and options");
+  owners_ = solved.owner;
+  for (int r = 0; r < world_; ++r) {
+    OwnerBatches batches{r, {}};
+    for (const plan::Batch& b : solved.ranks[static_cast<size_t>(r)].batches) batches.batches.push_back(b.matrix_idx);
+    owner_batches_.push_back(std::move(batches));
+  }
+  plan_text_ = text;
+  plan_hash_ = hash;
+  predicted_makespan_s_ = solved.makespan;
+}
+
+void StepEngine::make_stages_for(const std::vector<GroupRule>& rules) {
+  std::vector<ns::Algorithm> algorithms;
+  for (const GroupRule& rule : rules) algorithms.push_back(rule.schedule.algorithm);
+  if (algorithms == stage_algorithms_ && (!stages_.empty() || table_.num_items() == 0)) return;
+  StageLimits limits{dtype_size(wire_dtype_), options_.stage_bytes, options_.ns_batch_bytes};
+  stages_ = make_stages(table_, owner_batches_, algorithms, limits,
+                        [&](int64_t rows, int64_t cols, int64_t count, DType dtype, ns::Algorithm algorithm) {
+                          return ops_.ns_workspace_bytes(rows, cols, count, dtype, algorithm);
+                        });
+  stage_algorithms_ = std::move(algorithms);
+}
+
+}  // namespace dmuon::step

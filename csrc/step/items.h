@@ -1,0 +1,85 @@
+// dmuon/step/items.h — the units of the step: items (single matrices) and their pieces on
+// every rank.
+//
+// An item is one matrix: a 2-D parameter (or one with trailing dims flattened, e.g. a 4-D
+// conv weight [out, in·kh·kw]), or one matrix of a 3-D stack (MoE experts: one item per
+// matrix). It is planned, exchanged and orthogonalized as a whole by one owner.
+// A piece is what one rank holds of an item: rows [row_begin, row_begin + row_count) of
+// it, at an element offset of that rank's local tensors (its Shard(0) chunk under
+// torch.chunk's split, all rows when replicated, possibly none). Every rank derives the
+// same table from the same parameter specs and world size.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dist/shard_layout.h"
+#include "step/types.h"
+
+namespace dmuon::step {
+
+/// One Muon parameter as every rank sees it (identical on every rank).
+struct ParamSpec {
+  std::string name;
+  dist::ParamLayout layout;
+  DType dtype = DType::kFloat32;  ///< of the parameter, its gradient and momentum buffer
+  int group = 0;                  ///< index into the step's GroupRules
+};
+
+/// One matrix: rows×cols as stored in the parameter (tall when rows > cols).
+struct Item {
+  int param_idx = 0;
+  int64_t matrix_idx = 0;  ///< which matrix of a stack (0 for a plain matrix)
+  int64_t rows = 0, cols = 0;
+  int group = 0;
+  DType dtype = DType::kFloat32;
+  int64_t numel() const { return rows * cols; }
+};
+
+/// What one rank holds of an item.
+struct Piece {
+  int64_t row_begin = 0;     ///< first row, within the item
+  int64_t row_count = 0;     ///< rows held (0: none)
+  int64_t local_offset = 0;  ///< element offset into the rank's local tensors of the parameter
+  bool empty() const { return row_count == 0; }
+};
+
+/// Items of every parameter and their pieces on every rank.
+class ItemTable {
+ public:
+  /// Throws dmuon::Error naming the parameter when a spec is unusable. Matrices with no
+  /// element (a zero dimension) have no item: there is nothing to orthogonalize.
+  ItemTable(std::vector<ParamSpec> params, int world_size);
+
+  int world_size() const { return world_size_; }
+  int num_params() const { return static_cast<int>(params_.size()); }
+  int num_items() const { return static_cast<int>(items_.size()); }
+  const std::vector<ParamSpec>& params() const { return params_; }
+  const ParamSpec& param(int param_idx) const { return params_.at(static_cast<size_t>(param_idx)); }
+  const std::vector<Item>& items() const { return items_; }
+  const Item& item(int item_idx) const { return items_.at(static_cast<size_t>(item_idx)); }
+  /// Rank `rank`'s piece of item `item_idx`.
+  const Piece& piece(int item_idx, int rank) const;
+  /// Whether `rank` holds every row of the item.
+  bool whole_on(int item_idx, int rank) const { return piece(item_idx, rank).row_count == item(item_idx).rows; }
+  /// The items of a parameter: [first, first + count).
+  std::pair<int, int> items_of(int param_idx) const { return item_range_.at(static_cast<size_t>(param_idx)); }
+  /// Flat rows of a parameter that `rank` holds (its local tensors are [count, cols]).
+  dist::RowBlock local_rows(int param_idx, int rank) const;
+  /// Elements of a parameter's local tensors on `rank`.
+  int64_t local_numel(int param_idx, int rank) const;
+  /// "name" for a plain matrix, "name[e]" for matrix e of a stack (errors, plans).
+  std::string item_name(int item_idx) const;
+
+ private:
+  int world_size_ = 1;
+  std::vector<ParamSpec> params_;
+  std::vector<Item> items_;
+  std::vector<std::pair<int, int>> item_range_;     // [param] → (first item, count)
+  std::vector<std::vector<dist::RowBlock>> rows_;  // [param][rank] flat rows
+  std::vector<Piece> pieces_;                      // [item · world + rank]
+};
+
+}  // namespace dmuon::step

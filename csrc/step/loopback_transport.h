@@ -1,0 +1,96 @@
+// dmuon/step/loopback_transport.h — transports without a collective library, for tests:
+//   LoopbackWorld    N ranks as threads of one process meeting at a shared rendezvous
+//                    (all_to_all, all_reduce, broadcast), so GoogleTest can run worlds of 1–4;
+//   NoDataTransport  rank r of a world of D that moves nothing (the model of torch's fake
+//                    process group, issue 31).
+// A rank that throws, calls a different collective than the others, or finishes while the
+// others wait for it fails every rank's pending and later collectives with a named error:
+// a broken rank never leaves the others hanging.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "step/transport.h"
+
+namespace dmuon::step {
+
+struct LoopbackOptions {
+  /// Copies `bytes` between two ranks' buffers (default std::memcpy; a GPU test passes a
+  /// device copy).
+  std::function<void(void* dst, const void* src, size_t bytes)> copy;
+  /// Runs before a collective's copies (a GPU test waits for the device there).
+  std::function<void()> before_copy;
+};
+
+class LoopbackWorld {
+ public:
+  explicit LoopbackWorld(int world_size, LoopbackOptions options = {});
+  ~LoopbackWorld();
+  LoopbackWorld(const LoopbackWorld&) = delete;
+  LoopbackWorld& operator=(const LoopbackWorld&) = delete;
+
+  int world_size() const { return world_size_; }
+  /// Rank `rank`'s transport (valid while the world lives).
+  Transport& transport(int rank);
+  /// Runs fn(rank) on one thread per rank and joins them. A rank that throws fails the
+  /// rendezvous (every other rank's collectives throw naming it). Returns each rank's
+  /// error message, "" where fn returned.
+  std::vector<std::string> run(const std::function<void(int rank)>& fn);
+  /// Fails every pending and later collective: rank `rank` failed with `why`.
+  void abort(int rank, const std::string& why);
+  /// Collectives completed so far (tests).
+  int64_t num_completed() const;
+
+ private:
+  class RankTransport;
+  class AllToAllPending;
+  struct Slot;
+  enum class Kind { kAllToAll, kAllReduce, kBroadcast };
+
+  // The slot of this rank's next collective, checked against what the other ranks called.
+  Slot& arrive(int rank, Kind kind, const std::string& what, std::unique_lock<std::mutex>& lock, int64_t* seq);
+  // Blocks until slot `seq` completes; throws the world's failure naming `what`.
+  void await(int rank, int64_t seq, const std::string& what, std::unique_lock<std::mutex>& lock);
+  // Run by the last rank to arrive: the collective's data movement or reduction.
+  void complete(Slot& slot);
+  void fail_locked(const std::string& why);
+  void finish(int rank);
+
+  int world_size_;
+  LoopbackOptions options_;
+  std::vector<std::unique_ptr<RankTransport>> transports_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<int64_t, std::unique_ptr<Slot>> slots_;  // by sequence number
+  std::vector<int64_t> next_seq_;                   // [rank]
+  std::vector<bool> finished_;                      // [rank] fn returned or threw
+  std::string failure_;
+  int64_t num_completed_ = 0;
+};
+
+/// Rank `rank` of a world of `world_size` whose collectives move nothing: all_to_all
+/// leaves the receive buffer as it is, all_reduce returns local·world (sum) or local
+/// (max), broadcast returns this rank's own text.
+class NoDataTransport : public Transport {
+ public:
+  NoDataTransport(int rank, int world_size);
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  bool moves_data() const override { return false; }
+  std::unique_ptr<Pending> all_to_all(const Buffer& send, const std::vector<int64_t>& send_counts, const Buffer& recv,
+                                      const std::vector<int64_t>& recv_counts, const std::string& what) override;
+  std::vector<int64_t> all_reduce(const std::vector<int64_t>& local, ReduceOp op, const std::string& what) override;
+  std::string broadcast(const std::string& text, const std::string& what) override;
+
+ private:
+  int rank_, world_size_;
+};
+
+}  // namespace dmuon::step

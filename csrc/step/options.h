@@ -1,0 +1,89 @@
+// dmuon/step/options.h — typed options of the step engine: the math of one param group
+// (GroupRule, with its Newton–Schulz schedule built once) and how the engine runs
+// (EngineOptions). Strings are parsed once, here, with errors that name the option.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ns/schedule.h"
+#include "optim/update_rule.h"
+#include "plan/solvers.h"
+#include "step/types.h"
+
+namespace dmuon::step {
+
+/// The update rule of one Muon param group:
+///   buf ← lerp(buf, g, 1 − μ);  U ← lerp(g, buf, μ) (Nesterov) or buf;
+///   p ← p·(1 − lr·wd) − lr·ratio(m, n)·orth(U).
+struct GroupRule {
+  double lr = 0.0;
+  double weight_decay = 0.0;
+  double momentum = 0.95;
+  bool nesterov = true;
+  optim::AdjustLr adjust_lr = optim::AdjustLr::kNone;
+  ns::Schedule schedule;
+
+  /// A validated rule; the schedule from ns_algorithm, flattened (a, b, c) coefficients
+  /// per step and the 1-based restart iterations. Errors name the option.
+  static GroupRule make(double lr, double weight_decay, double momentum, bool nesterov, const std::string& adjust_lr,
+                        const std::string& ns_algorithm, const std::vector<double>& coefficients,
+                        const std::vector<int64_t>& restart_after, double eps);
+  /// Throws dmuon::Error naming the option that is out of range.
+  void validate() const;
+  /// Factor of O in p ← p·decay() + update_scale(m, n)·O.
+  double update_scale(int64_t rows, int64_t cols) const { return -lr * optim::adjusted_lr_ratio(adjust_lr, rows, cols); }
+  /// Decoupled weight decay's factor on the parameter.
+  double decay() const { return 1.0 - lr * weight_decay; }
+};
+
+/// Who orthogonalizes an item.
+enum class Mode {
+  kOwner,   ///< its planned owner, once; results return to every rank that holds rows
+  kGather,  ///< every rank (the benchmark baseline): every rank receives every piece
+};
+/// "owner" | "gather"; the error names the option `mode`.
+Mode parse_mode(const std::string& name);
+const char* mode_name(Mode mode);
+
+/// Element type of the pieces on the wire.
+enum class WireDType { kAuto, kFloat32, kBFloat16, kFloat16 };
+/// "auto" | "float32" | "bfloat16" | "float16"; the error names `wire_dtype`.
+WireDType parse_wire_dtype(const std::string& name);
+/// auto: float32 on the CPU, bfloat16 on CUDA (16-bit halves the bytes moved).
+DType resolve_wire_dtype(WireDType wire, DeviceKind device);
+
+/// How the engine runs; fixed when the engine is made.
+struct EngineOptions {
+  Mode mode = Mode::kOwner;
+  WireDType wire_dtype = WireDType::kAuto;
+  /// Wire bytes of one pipeline stage, over every owner (each owner's NS batches take at
+  /// most stage_bytes / world of it, at least one item); ≤ 0: no bound.
+  int64_t stage_bytes = int64_t{64} << 20;
+  /// Stages of pipeline slack: forwards that far ahead, returns applied that far behind.
+  /// 0: twice the world size (today's DMUON_PIPELINE_DEPTH default).
+  int pipeline_depth = 0;
+  /// Streams the NS batches of a stage may spread over (1–8; CPU ops ignore it).
+  int num_streams = 2;
+  /// Bound on one NS batch's workspace (today's DMUON_NS_BATCH_MB); at least one item.
+  int64_t ns_batch_bytes = int64_t{2048} << 20;
+  /// CUDA graphs of the NS iteration (replayed from a batch's third run on).
+  bool graphs = true;
+  /// Synchronize the device between phases so that the phase times are real.
+  bool profile = false;
+  /// Owner planner; costs measured (rows, cols, num_matrices, seconds) when given
+  /// (identical on every rank), else the analytic model of the ops' device.
+  plan::SolverKind solver = plan::SolverKind::kMilp;
+  plan::MilpOptions milp{};
+  std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries;
+  double bandwidth_bytes_per_s = 50e9;
+
+  /// Throws dmuon::Error naming the option that is out of range.
+  void validate() const;
+  /// The pipeline depth at `world_size` (0 resolved).
+  int depth_for(int world_size) const { return pipeline_depth > 0 ? pipeline_depth : 2 * world_size; }
+};
+
+}  // namespace dmuon::step

@@ -1,0 +1,15 @@
+# The step engine (csrc/step): torch-free, part of dmuon_core. Included from
+# csrc/CMakeLists.txt after dmuon_core is defined; the CUDA ops (csrc/step/cuda) come with
+# the CUDA sources.
+target_sources(dmuon_core PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/types.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/items.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/stages.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/options.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/device_ops.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/loopback_transport.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/route.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/engine.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/engine_plan.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/cpu/cpu_ops.cpp
+)

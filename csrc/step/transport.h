@@ -1,0 +1,49 @@
+// dmuon/step/transport.h — how pieces reach their owners and results come back: the one
+// small interface between the step engine and a collective library (c10d in the torch
+// adapter, threads of one process in the GoogleTests).
+//
+// Every rank calls the same collectives in the same order (the engine decides from facts
+// every rank shares). A collective that fails throws dmuon::Error naming `what` and the
+// rank; a transport must never leave the other ranks waiting on a rank that has thrown.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "step/types.h"
+
+namespace dmuon::step {
+
+enum class ReduceOp { kSum, kMax };
+
+/// One collective in flight.
+class Pending {
+ public:
+  virtual ~Pending() = default;
+  /// GPU: the ops' stream waits for it; CPU: blocks until it is complete. Throws naming it.
+  virtual void wait() = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  /// False where the backend moves no data (torch's fake process group, issue 31):
+  /// receive buffers keep what the engine wrote there (it zero-fills them first), and
+  /// reductions return this rank's values as if every rank behaved like this one.
+  virtual bool moves_data() const { return true; }
+  /// send_counts[d] consecutive elements of `send` go to rank d; recv_counts[s] elements
+  /// from rank s land consecutively in `recv`. Both buffers stay alive until wait() returns.
+  virtual std::unique_ptr<Pending> all_to_all(const Buffer& send, const std::vector<int64_t>& send_counts,
+                                              const Buffer& recv, const std::vector<int64_t>& recv_counts,
+                                              const std::string& what) = 0;
+  /// Element-wise over every rank, small host integer vectors; blocking.
+  virtual std::vector<int64_t> all_reduce(const std::vector<int64_t>& local, ReduceOp op, const std::string& what) = 0;
+  /// Rank 0's text on every rank (a plan); blocking.
+  virtual std::string broadcast(const std::string& text, const std::string& what) = 0;
+};
+
+}  // namespace dmuon::step

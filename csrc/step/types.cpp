@@ -1,0 +1,43 @@
+// dmuon/step/types.cpp — element sizes and names, device names, Buffer slices.
+#include "step/types.h"
+
+#include "common/check.h"
+
+namespace dmuon::step {
+
+int64_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return 4;
+    case DType::kFloat64: return 8;
+    case DType::kBFloat16: return 2;
+    case DType::kFloat16: return 2;
+    case DType::kInt32: return 4;
+  }
+  DMUON_FAIL("unknown DType ", static_cast<int>(dtype));
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat64: return "float64";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat16: return "float16";
+    case DType::kInt32: return "int32";
+  }
+  return "unknown";
+}
+
+std::string device_name(const Device& device) {
+  return device.kind == DeviceKind::kCpu ? std::string("cpu") : "cuda:" + std::to_string(device.index);
+}
+
+Buffer Buffer::slice(int64_t offset, int64_t count, const char* what) const {
+  DMUON_CHECK(offset >= 0 && count >= 0 && offset + count <= numel, what, ": elements [", offset, ", ",
+              offset + count, ") of a buffer of ", numel);
+  Buffer out = *this;
+  out.data = count == 0 ? nullptr : static_cast<char*>(data) + offset * dtype_size(dtype);
+  out.numel = count;
+  return out;
+}
+
+}  // namespace dmuon::step

@@ -1,0 +1,153 @@
+"""The options of DMuon's param groups: their keys, their checks (errors name the option
+and the group), and the AdamW group that keeps ``momentum`` and ``betas[0]`` one value.
+
+Checks run at construction, in ``add_param_group``, on a checkpoint's groups before it is
+loaded and at every step (a scheduler or the user may have changed a group since).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+NS_ALGORITHMS = ("gram", "standard")
+ADJUST_LR = (None, "original", "match_rms_adamw", "spectral")
+MUON_KEYS = ("lr", "weight_decay", "momentum", "nesterov", "ns_algorithm", "ns_coefficients", "ns_steps", "eps",
+             "adjust_lr")
+# NOTE: a user gives an AdamW group `betas`; DMuon's group also carries `momentum` = betas[0]
+# (AdamWGroup) for the schedulers that cycle it.
+ADAMW_KEYS = ("lr", "weight_decay", "betas", "eps")
+# Bookkeeping kept in every group: steps taken (including skipped ones) and skipped steps.
+COUNTER_KEYS = ("num_steps", "num_skipped_steps")
+# What torch's schedulers and DMuon itself add to groups.
+EXTRA_KEYS = ("params", "use_muon", "initial_lr", *COUNTER_KEYS)
+
+# The DMuon keyword that sets each AdamW group key (for errors at construction).
+ADAMW_OPTION_NAMES = {"lr": "adamw_lr", "weight_decay": "adamw_weight_decay", "betas": "adamw_betas",
+                      "eps": "adamw_eps", "momentum": "adamw_betas"}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_nonnegative(where: str, name: str, value: Any) -> None:
+    if not (_is_number(value) and value >= 0):
+        raise ValueError(f"{where}{name} must be a finite number >= 0, got {value!r}")
+
+
+def check_muon_group(group: dict[str, Any], where: str, names: dict[str, str] | None = None) -> None:
+    """Raise ValueError naming the first bad option of a Muon group; normalizes
+    ``ns_coefficients`` to one (a, b, c) per step. `names`: the option name to print per key."""
+    names = names or {}
+    name = lambda key: names.get(key, key)  # noqa: E731
+    if group["ns_algorithm"] not in NS_ALGORITHMS:
+        raise ValueError(f"{where}{name('ns_algorithm')} must be one of {NS_ALGORITHMS}, got {group['ns_algorithm']!r}")
+    if group["adjust_lr"] not in ADJUST_LR:
+        raise ValueError(f"{where}{name('adjust_lr')} must be one of {ADJUST_LR}, got {group['adjust_lr']!r}")
+    steps = group["ns_steps"]
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= 100:
+        raise ValueError(f"{where}{name('ns_steps')} must be an integer in 1..100, got {steps!r}")
+    if group["ns_coefficients"] is not None:
+        group["ns_coefficients"] = _coefficients(group["ns_coefficients"], steps, where + name("ns_coefficients"))
+    for key in ("lr", "weight_decay", "eps"):
+        _check_nonnegative(where, name(key), group[key])
+    if group["eps"] <= 0:
+        raise ValueError(f"{where}{name('eps')} must be > 0, got {group['eps']!r}")
+    if not (_is_number(group["momentum"]) and 0.0 <= group["momentum"] < 1.0):
+        raise ValueError(f"{where}{name('momentum')} must be a number in [0, 1), got {group['momentum']!r}")
+    if not isinstance(group["nesterov"], bool):
+        raise ValueError(f"{where}{name('nesterov')} must be True or False, got {group['nesterov']!r}")
+
+
+def _coefficients(value: Any, steps: int, what: str) -> list[tuple[float, float, float]]:
+    """One (a, b, c) per step from one triple (every step, as torch.optim.Muon) or `steps` triples."""
+    try:
+        coefficients = [tuple(float(x) for x in step) for step in value]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be one (a, b, c) triple or ns_steps={steps} triples, got {value!r}") from None
+    if len(coefficients) == 1 and steps > 1:
+        coefficients = coefficients * steps
+    if len(coefficients) != steps or any(len(c) != 3 for c in coefficients):
+        raise ValueError(f"{what} must be one (a, b, c) triple or ns_steps={steps} triples, got {value!r}")
+    if not all(math.isfinite(x) for c in coefficients for x in c):
+        raise ValueError(f"{what} must be finite, got {coefficients}")
+    return coefficients
+
+
+def check_adamw_group(group: dict[str, Any], where: str, names: dict[str, str] | None = None) -> None:
+    """Raise ValueError naming the first bad option of an AdamW group."""
+    names = names or {}
+    betas = group["betas"]
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(_is_number(b) and 0.0 <= b < 1.0
+                                                                          for b in betas)):
+        raise ValueError(f"{where}{names.get('betas', 'betas')} must be a pair (beta1, beta2) of numbers in [0, 1), "
+                         f"got {betas!r}")
+    if "momentum" in group and group["momentum"] != betas[0]:
+        raise ValueError(f"{where}momentum ({group['momentum']!r}) is beta1 in an AdamW group, but betas is "
+                         f"{betas!r}; set one of them")
+    for key in ("lr", "weight_decay", "eps"):
+        _check_nonnegative(where, names.get(key, key), group[key])
+
+
+def check_unknown_keys(group: dict[str, Any], group_idx: int, use_muon: bool) -> None:
+    """Options a group of this kind does not take (typos, the other kind's options)."""
+    allowed = set(MUON_KEYS if use_muon else ADAMW_KEYS) | set(EXTRA_KEYS)
+    unknown = sorted(set(group) - allowed)
+    if unknown:
+        kind = "Muon" if use_muon else "AdamW"
+        hint = " (AdamW's momentum is betas[0])" if not use_muon and "momentum" in unknown else ""
+        raise ValueError(f"param group {group_idx} ({kind}) has unknown option(s) {unknown}; allowed: "
+                         f"{sorted(allowed - {'params'})}{hint}")
+
+
+class AdamWGroup(dict):
+    """An AdamW param group in which ``momentum`` is β1: setting either ``momentum`` or
+    ``betas`` sets the other. So schedulers that cycle ``momentum`` in every group (torch's
+    OneCycleLR and CyclicLR, which read ``optimizer.defaults``) drive AdamW's β1 as they
+    drive Muon's momentum, and the step uses what they set."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+        self.update(*args, **kwargs)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        # NOTE: a malformed value is stored as given; the next step's check names it.
+        if key == "momentum" and _pair(self.get("betas")):
+            super().__setitem__("betas", (value, self["betas"][1]))
+        elif key == "betas" and _pair(value):
+            super().__setitem__("momentum", value[0])
+
+    def update(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        items = dict(*args, **kwargs)
+        # NOTE: betas first, so that a momentum given with it wins only when it differs.
+        for key in sorted(items, key=lambda k: k != "betas"):
+            self[key] = items[key]
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def __deepcopy__(self, memo: dict) -> "AdamWGroup":
+        import copy
+
+        return AdamWGroup({k: copy.deepcopy(v, memo) for k, v in self.items()})
+
+
+def _pair(value: Any) -> bool:
+    return isinstance(value, (tuple, list)) and len(value) == 2
+
+
+def as_adamw_group(group: dict[str, Any], where: str) -> AdamWGroup:
+    """`group` (with `betas`) as an AdamWGroup; a `momentum` that is not betas[0] is an error."""
+    if "momentum" in group and _pair(group.get("betas")) and group["momentum"] != group["betas"][0]:
+        raise ValueError(f"{where}momentum ({group['momentum']!r}) is beta1 in an AdamW group, but betas is "
+                         f"{group['betas']!r}; set one of them")
+    return AdamWGroup({k: v for k, v in group.items() if k != "momentum"})
+
+
+def group_signature_options(group: dict[str, Any]) -> tuple:
+    """The group's options as a comparable tuple (for rank agreement)."""
+    return tuple(sorted((k, repr(v)) for k, v in group.items() if k not in ("params", *COUNTER_KEYS)))

@@ -1,0 +1,23 @@
+# GoogleTest tests of the step engine (csrc/step): its parts, the loopback transport, and
+# the whole engine on the CPU ops against an fp64 Muon.
+add_executable(dmuon_step_tests
+  ${CMAKE_CURRENT_LIST_DIR}/step_world.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_step_parts.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_step_loopback.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_step_engine.cpp
+)
+target_include_directories(dmuon_step_tests PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+target_link_libraries(dmuon_step_tests PRIVATE dmuon::core GTest::gtest GTest::gtest_main)
+gtest_discover_tests(dmuon_step_tests DISCOVERY_TIMEOUT 60)
+
+# The CUDA step ops and the engine on a GPU (skip cleanly where no device is visible),
+# built where the CUDA sources are.
+if(DMUON_HAVE_CUDA)
+  add_executable(dmuon_step_cuda_tests
+    ${CMAKE_CURRENT_LIST_DIR}/step_world.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/test_step_cuda.cpp
+  )
+  target_include_directories(dmuon_step_cuda_tests PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+  target_link_libraries(dmuon_step_cuda_tests PRIVATE dmuon::core GTest::gtest GTest::gtest_main)
+  gtest_discover_tests(dmuon_step_cuda_tests DISCOVERY_TIMEOUT 60)
+endif()

@@ -1,0 +1,224 @@
+// tests/cpp/step_world.cpp — the test world of the step engine and its fp64 reference.
+#include "step_world.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "ns/cpu/cpu_backend.h"
+
+namespace dmuon::testing {
+namespace {
+
+using step::DType;
+using step::cpu::dispatch_float;
+using step::cpu::Elem;
+
+// ATen's lerp in fp64 (the reference's arithmetic).
+double lerp(double self, double end, double weight) {
+  return std::abs(weight) < 0.5 ? self + weight * (end - self) : end - (end - self) * (1.0 - weight);
+}
+
+std::vector<double> rows_of(const std::vector<double>& global, int64_t begin, int64_t count, int64_t cols) {
+  return std::vector<double>(global.begin() + begin * cols, global.begin() + (begin + count) * cols);
+}
+
+std::vector<double> flatten(const std::vector<ns::Coefficients>& steps) {
+  std::vector<double> out;
+  for (const auto& c : steps) out.insert(out.end(), {c.a, c.b, c.c});
+  return out;
+}
+
+}  // namespace
+
+HostTensor::HostTensor(const std::vector<double>& values, DType dtype)
+    : dtype_(dtype), numel_(static_cast<int64_t>(values.size())) {
+  bytes_.resize(static_cast<size_t>(numel_ * step::dtype_size(dtype)));
+  for (int64_t i = 0; i < numel_; ++i) set(i, values[static_cast<size_t>(i)]);
+}
+
+void HostTensor::set(int64_t i, double value) {
+  dispatch_float(dtype_, [&](auto zero) {
+    using T = decltype(zero);
+    reinterpret_cast<T*>(bytes_.data())[i] = Elem<T>::template store<double>(value);
+  });
+}
+
+std::vector<double> HostTensor::values() const {
+  std::vector<double> out(static_cast<size_t>(numel_));
+  dispatch_float(dtype_, [&](auto zero) {
+    using T = decltype(zero);
+    for (int64_t i = 0; i < numel_; ++i)
+      out[static_cast<size_t>(i)] = static_cast<double>(Elem<T>::load(reinterpret_cast<const T*>(bytes_.data())[i]));
+  });
+  return out;
+}
+
+step::Buffer HostTensor::buffer() const {
+  return step::Buffer{numel_ == 0 ? nullptr : bytes_.data(), dtype_, numel_, step::Device{}};
+}
+
+std::vector<double> rounded(const std::vector<double>& values, DType dtype) { return HostTensor(values, dtype).values(); }
+
+std::vector<step::ParamTensors> RankTensors::views() const {
+  std::vector<step::ParamTensors> out;
+  for (size_t p = 0; p < param.size(); ++p)
+    out.push_back({param[p].buffer(), grad[p].buffer(), momentum[p].buffer(), has_grad[p]});
+  return out;
+}
+
+static std::vector<step::ParamSpec> specs_of(const std::vector<ModelParam>& model) {
+  std::vector<step::ParamSpec> specs;
+  for (const ModelParam& m : model) specs.push_back({m.name, {m.shape, m.batch_dims, m.sharded}, m.dtype, m.group});
+  return specs;
+}
+
+World::World(std::vector<ModelParam> model, int world_size, int num_steps, uint64_t seed)
+    : model_(std::move(model)), world_size_(world_size), table_(specs_of(model_), world_size) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto random = [&](int p, double scale) {
+    std::vector<double> v(static_cast<size_t>(numel(p)));
+    for (double& x : v) x = scale * normal(rng);
+    return rounded(v, model_[static_cast<size_t>(p)].dtype);
+  };
+  for (int p = 0; p < static_cast<int>(model_.size()); ++p) {
+    initial_param.push_back(random(p, 1.0));
+    initial_momentum.push_back(random(p, 0.1));
+  }
+  grads.resize(static_cast<size_t>(num_steps));
+  for (auto& step_grads : grads)
+    for (int p = 0; p < static_cast<int>(model_.size()); ++p) step_grads.push_back(random(p, 1.0));
+}
+
+std::vector<step::ParamSpec> World::specs() const { return specs_of(model_); }
+
+int64_t World::numel(int p) const {
+  const auto& layout = table_.param(p).layout;
+  return layout.flat_rows() * layout.cols();
+}
+
+RankTensors World::local(int rank) const {
+  RankTensors t;
+  for (int p = 0; p < static_cast<int>(model_.size()); ++p) {
+    const dist::RowBlock rows = table_.local_rows(p, rank);
+    const int64_t cols = table_.param(p).layout.cols();
+    const DType dtype = model_[static_cast<size_t>(p)].dtype;
+    t.param.emplace_back(rows_of(initial_param[static_cast<size_t>(p)], rows.begin, rows.count, cols), dtype);
+    t.momentum.emplace_back(rows_of(initial_momentum[static_cast<size_t>(p)], rows.begin, rows.count, cols), dtype);
+    t.grad.emplace_back(std::vector<double>(static_cast<size_t>(rows.count * cols), 0.0), dtype);
+    t.has_grad.push_back(true);
+  }
+  return t;
+}
+
+void World::set_grads(int rank, int step, RankTensors& t) const {
+  for (int p = 0; p < static_cast<int>(model_.size()); ++p) {
+    const dist::RowBlock rows = table_.local_rows(p, rank);
+    const int64_t cols = table_.param(p).layout.cols();
+    t.grad[static_cast<size_t>(p)] =
+        HostTensor(rows_of(grads.at(static_cast<size_t>(step - 1))[static_cast<size_t>(p)], rows.begin, rows.count, cols),
+                   model_[static_cast<size_t>(p)].dtype);
+  }
+}
+
+std::vector<double> World::gather(int p, const std::vector<RankTensors>& ranks, bool momentum) const {
+  std::vector<double> global(static_cast<size_t>(numel(p)), 0.0);
+  const int64_t cols = table_.param(p).layout.cols();
+  for (int r = 0; r < world_size_; ++r) {
+    const dist::RowBlock rows = table_.local_rows(p, r);
+    const std::vector<double> local = (momentum ? ranks[static_cast<size_t>(r)].momentum : ranks[static_cast<size_t>(r)].param)[static_cast<size_t>(p)].values();
+    if (model_[static_cast<size_t>(p)].sharded || r == 0) {
+      std::copy(local.begin(), local.end(), global.begin() + rows.begin * cols);
+    } else if (local != global) {
+      throw std::runtime_error("the replicas of parameter '" + model_[static_cast<size_t>(p)].name + "' on ranks 0 and " +
+                               std::to_string(r) + " differ");
+    }
+  }
+  return global;
+}
+
+ReferenceResult reference_muon(const World& world, const std::vector<step::GroupRule>& rules, int num_steps) {
+  ReferenceResult out{world.initial_param, world.initial_momentum};
+  const step::ItemTable& table = world.table();
+  for (int s = 0; s < num_steps; ++s) {
+    for (int p = 0; p < table.num_params(); ++p) {
+      const step::GroupRule& rule = rules.at(static_cast<size_t>(table.param(p).group));
+      std::vector<double>& m = out.momentum[static_cast<size_t>(p)];
+      std::vector<double>& w = out.param[static_cast<size_t>(p)];
+      const std::vector<double>& g = world.grads[static_cast<size_t>(s)][static_cast<size_t>(p)];
+      std::vector<double> u(m.size());
+      for (size_t i = 0; i < m.size(); ++i) {
+        m[i] = lerp(m[i], g[i], 1.0 - rule.momentum);
+        u[i] = rule.nesterov ? lerp(g[i], m[i], rule.momentum) : m[i];
+      }
+      const auto [first, count] = table.items_of(p);
+      for (int item = first; item < first + count; ++item) {
+        const step::Item& it = table.item(item);
+        const int64_t offset = it.matrix_idx * it.numel();
+        ns::orthogonalize_cpu<double>(rule.schedule, u.data() + offset, 1, it.rows, it.cols);
+        const double scale = rule.update_scale(it.rows, it.cols), decay = rule.decay();
+        for (int64_t i = 0; i < it.numel(); ++i)
+          w[static_cast<size_t>(offset + i)] = w[static_cast<size_t>(offset + i)] * decay + scale * u[static_cast<size_t>(offset + i)];
+      }
+    }
+  }
+  return out;
+}
+
+double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
+  double diff = 0.0, ref = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    ref += b[i] * b[i];
+  }
+  if (a.size() != b.size()) return INFINITY;
+  return std::sqrt(diff) / std::max(std::sqrt(ref), 1e-300);
+}
+
+std::vector<double> difference(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] - b[i];
+  return out;
+}
+
+EngineRun run_engine(const World& world, const step::EngineOptions& options, const std::vector<step::GroupRule>& rules,
+                     int num_steps, const RunHooks& hooks) {
+  const int n = world.world_size();
+  EngineRun run;
+  run.outcomes.resize(static_cast<size_t>(n));
+  run.stats.resize(static_cast<size_t>(n));
+  run.owners.resize(static_cast<size_t>(n));
+  run.stages.resize(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) run.tensors.push_back(world.local(r));
+  step::LoopbackWorld loopback(n);
+  const std::vector<step::ParamSpec> specs = world.specs();
+  run.errors = loopback.run([&](int r) {
+    step::CpuOpsOptions cpu_options;
+    cpu_options.poison_allocations = true;
+    step::CpuOps cpu(cpu_options);
+    step::DeviceOps& ops = hooks.ops ? hooks.ops(r, cpu) : cpu;
+    step::StepEngine engine(loopback.transport(r), ops, specs, options);
+    run.owners[static_cast<size_t>(r)] = engine.owners();
+    RankTensors& t = run.tensors[static_cast<size_t>(r)];
+    for (int s = 1; s <= num_steps; ++s) {
+      world.set_grads(r, s, t);
+      if (hooks.before_step) hooks.before_step(r, s, t);
+      run.outcomes[static_cast<size_t>(r)].push_back(engine.step(t.views(), rules, s));
+      run.stats[static_cast<size_t>(r)] = engine.last_stats();
+      run.stages[static_cast<size_t>(r)] = engine.stages();
+    }
+  });
+  return run;
+}
+
+step::GroupRule gram_rule(double lr, double weight_decay, bool nesterov, const char* adjust_lr) {
+  return step::GroupRule::make(lr, weight_decay, 0.95, nesterov, adjust_lr, "gram",
+                               flatten(ns::polar_express_coefficients(5)), {2}, 1e-7);
+}
+
+step::GroupRule standard_rule(double lr, double weight_decay, bool nesterov, const char* adjust_lr) {
+  return step::GroupRule::make(lr, weight_decay, 0.95, nesterov, adjust_lr, "standard",
+                               flatten(ns::keller_jordan_coefficients(5)), {}, 1e-7);
+}
+
+}  // namespace dmuon::testing

@@ -1,0 +1,192 @@
+// tests/cpp/step_world.h — a model of Muon parameters spread over a loopback world, and
+// a plain fp64 Muon to check the step engine against.
+//
+// World holds every parameter's global values (fp64, rounded to the parameter's dtype),
+// each rank's local tensors (its Shard(0) rows or a replica) and the gradients of every
+// step. reference_muon() runs the same steps on the global values in fp64: momentum lerp,
+// Nesterov, Newton–Schulz by the same schedule in fp64 (orthogonalize_cpu<double>), the
+// lr ratio and decoupled weight decay.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "step/cpu/cpu_elements.h"
+#include "step/cpu/cpu_ops.h"
+#include "step/engine.h"
+#include "step/loopback_transport.h"
+
+namespace dmuon::testing {
+
+/// One Muon parameter of a test model.
+struct ModelParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t batch_dims = 0;
+  bool sharded = true;
+  step::DType dtype = step::DType::kFloat32;
+  int group = 0;
+};
+
+/// Host memory of one tensor of `dtype`.
+class HostTensor {
+ public:
+  HostTensor() = default;
+  HostTensor(const std::vector<double>& values, step::DType dtype);
+  std::vector<double> values() const;
+  step::Buffer buffer() const;
+  int64_t numel() const { return numel_; }
+  const std::vector<unsigned char>& bytes() const { return bytes_; }
+  /// The elements' memory (tests copy device results into it).
+  void* data() const { return bytes_.data(); }
+  step::DType dtype() const { return dtype_; }
+  /// Element i set to `value` (rounded to the dtype).
+  void set(int64_t i, double value);
+
+ private:
+  step::DType dtype_ = step::DType::kFloat32;
+  int64_t numel_ = 0;
+  mutable std::vector<unsigned char> bytes_;
+};
+
+/// Every value rounded to `dtype` (how it reads back from a tensor of that dtype).
+std::vector<double> rounded(const std::vector<double>& values, step::DType dtype);
+
+/// One rank's local tensors of every parameter.
+struct RankTensors {
+  std::vector<HostTensor> param, grad, momentum;
+  std::vector<bool> has_grad;
+  std::vector<step::ParamTensors> views() const;
+};
+
+class World {
+ public:
+  /// Random parameters, momentum buffers (from a previous step) and `num_steps` steps of
+  /// gradients; every value exactly representable in its parameter's dtype.
+  World(std::vector<ModelParam> model, int world_size, int num_steps, uint64_t seed);
+
+  int world_size() const { return world_size_; }
+  const std::vector<ModelParam>& model() const { return model_; }
+  std::vector<step::ParamSpec> specs() const;
+  const step::ItemTable& table() const { return table_; }
+  /// Flat rows × cols of parameter p.
+  int64_t numel(int p) const;
+
+  /// Global values before any step.
+  std::vector<std::vector<double>> initial_param, initial_momentum;
+  /// [step][param] global gradients.
+  std::vector<std::vector<std::vector<double>>> grads;
+
+  /// Rank r's local tensors before any step (its rows of the initial values).
+  RankTensors local(int rank) const;
+  /// Rank r's local gradients of step `step` (1-based) into `t`.
+  void set_grads(int rank, int step, RankTensors& t) const;
+  /// Global values of parameter p (param or momentum) from every rank's local tensors;
+  /// replicas must agree exactly (else the test fails naming them).
+  std::vector<double> gather(int p, const std::vector<RankTensors>& ranks, bool momentum) const;
+
+ private:
+  std::vector<ModelParam> model_;
+  int world_size_;
+  step::ItemTable table_;
+};
+
+/// fp64 Muon over `num_steps` steps of world.grads from the initial values: the global
+/// parameters and momentum buffers after them (per parameter).
+struct ReferenceResult {
+  std::vector<std::vector<double>> param, momentum;
+};
+ReferenceResult reference_muon(const World& world, const std::vector<step::GroupRule>& rules, int num_steps);
+
+/// ‖a − b‖_F / max(‖b‖_F, tiny).
+double relative_error(const std::vector<double>& a, const std::vector<double>& b);
+/// a − b element-wise.
+std::vector<double> difference(const std::vector<double>& a, const std::vector<double>& b);
+
+/// What a run of the engine on every rank gave.
+struct EngineRun {
+  std::vector<std::string> errors;                      // [rank] "" when none
+  std::vector<std::vector<step::StepOutcome>> outcomes;  // [rank][step]
+  std::vector<step::StepStats> stats;                    // [rank] of the last step
+  std::vector<std::vector<int>> owners;                  // [rank] per item
+  std::vector<std::vector<step::Stage>> stages;          // [rank]
+  std::vector<RankTensors> tensors;                      // [rank] after the run
+};
+
+/// Hooks of run_engine: the ops each rank's engine uses (default: the CpuOps given), and a
+/// change to a rank's inputs before a step (e.g. a NaN).
+struct RunHooks {
+  std::function<step::DeviceOps&(int rank, step::CpuOps& cpu)> ops;
+  std::function<void(int rank, int step, RankTensors& t)> before_step;
+};
+
+/// `num_steps` engine steps on every rank of a loopback world (CpuOps that poison their
+/// allocations with NaN, so that nothing may read memory it did not write).
+EngineRun run_engine(const World& world, const step::EngineOptions& options, const std::vector<step::GroupRule>& rules,
+                     int num_steps, const RunHooks& hooks = {});
+
+/// A forwarding DeviceOps: tests override the passes they watch or break.
+class ForwardingOps : public step::DeviceOps {
+ public:
+  explicit ForwardingOps(step::DeviceOps& inner) : inner_(inner) {}
+  step::Device device() const override { return inner_.device(); }
+  step::OwnedBuffer allocate(step::DType dtype, int64_t numel) override { return inner_.allocate(dtype, numel); }
+  void fill_zero(const step::Buffer& b) override { inner_.fill_zero(b); }
+  void copy(const step::Buffer& src, const step::Buffer& dst) override { inner_.copy(src, dst); }
+  step::Partials check(const std::vector<step::CheckPiece>& pieces, const step::Buffer& flags) override {
+    return inner_.check(pieces, flags);
+  }
+  step::OwnedBuffer make_gate(const step::Buffer& flags) override { return inner_.make_gate(flags); }
+  void prepare_pieces(const std::vector<step::PreparePiece>& pieces, const step::Buffer& gate) override {
+    inner_.prepare_pieces(pieces, gate);
+  }
+  int64_t ns_workspace_bytes(int64_t rows, int64_t cols, int64_t count, step::DType dtype,
+                             ns::Algorithm algorithm) const override {
+    return inner_.ns_workspace_bytes(rows, cols, count, dtype, algorithm);
+  }
+  void orthogonalize(const step::NsBatchDesc& batch, const std::function<void(const step::NsView&, bool)>& fill,
+                     const std::function<void(const step::NsView&)>& consume) override {
+    inner_.orthogonalize(batch, fill, consume);
+  }
+  void prepare_to_iterate(const std::vector<step::LocalMatrix>& m, const step::Partials& partials,
+                          const step::NsBatchDesc& batch, const step::NsView& it, bool update,
+                          const step::Buffer& gate) override {
+    inner_.prepare_to_iterate(m, partials, batch, it, update, gate);
+  }
+  void iterate_from_pieces(const std::vector<step::WirePiece>& pieces, const step::NsBatchDesc& batch,
+                           const step::NsView& it, const step::Buffer& gate) override {
+    inner_.iterate_from_pieces(pieces, batch, it, gate);
+  }
+  void result_to_pieces(const step::NsView& r, const step::NsBatchDesc& batch,
+                        const std::vector<step::WirePiece>& pieces) override {
+    inner_.result_to_pieces(r, batch, pieces);
+  }
+  void apply_result(const step::NsView& r, const step::NsBatchDesc& batch, const std::vector<step::ApplyPiece>& pieces,
+                    const step::Buffer& gate, const step::Buffer& flags) override {
+    inner_.apply_result(r, batch, pieces, gate, flags);
+  }
+  void apply_pieces(const std::vector<step::ApplyPiece>& pieces, const step::Buffer& gate,
+                    const step::Buffer& flags) override {
+    inner_.apply_pieces(pieces, gate, flags);
+  }
+  std::vector<int32_t> read_flags(const std::vector<step::Buffer>& buffers) override {
+    return inner_.read_flags(buffers);
+  }
+  void synchronize() override { inner_.synchronize(); }
+  int run_on_streams(const std::vector<int>& stream_of, const std::function<void(size_t)>& run) override {
+    return inner_.run_on_streams(stream_of, run);
+  }
+
+ protected:
+  step::DeviceOps& inner_;
+};
+
+/// A group rule with Gram NS (Polar Express, restart after 2), 5 steps.
+step::GroupRule gram_rule(double lr, double weight_decay, bool nesterov = true, const char* adjust_lr = "none");
+/// A group rule with standard NS (Keller Jordan's quintic), 5 steps.
+step::GroupRule standard_rule(double lr, double weight_decay, bool nesterov = true, const char* adjust_lr = "none");
+
+}  // namespace dmuon::testing

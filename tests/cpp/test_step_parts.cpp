@@ -1,0 +1,337 @@
+// The step engine's parts without a pipeline: items and pieces, stage formation, the
+// route decision table, typed options, and the CPU ops' element semantics (16-bit
+// conversions, momentum rounded like torch's lerp on 16-bit tensors, apply, the gate).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "error_of.h"
+#include "step/cpu/cpu_elements.h"
+#include "step/cpu/cpu_ops.h"
+#include "step/items.h"
+#include "step/options.h"
+#include "step/route.h"
+#include "step/stages.h"
+
+namespace {
+
+using dmuon::step::DType;
+using dmuon::step::ItemTable;
+using dmuon::step::ParamSpec;
+using dmuon::testing::error_of;
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// ---------------------------------------------------------------- items and pieces
+TEST(StepItems, PiecesOfShardedReplicatedAndStackedParameters) {
+  const std::vector<ParamSpec> specs = {
+      {"w", {{5, 3}, 0, true}, DType::kFloat32, 0},      // torch.chunk: rows 2,2,1,0 over 4 ranks
+      {"e", {{3, 4, 5}, 1, true}, DType::kFloat32, 0},   // experts 1,1,1,0: flat rows 4 each
+      {"r", {{2, 6}, 0, false}, DType::kBFloat16, 1},    // replicated
+      {"conv", {{4, 2, 3, 3}, 0, true}, DType::kFloat32, 0},  // 4 × 18
+      {"empty", {{0, 5}, 0, true}, DType::kFloat32, 0},  // no item
+  };
+  const ItemTable table(specs, 4);
+  ASSERT_EQ(table.num_items(), 1 + 3 + 1 + 1);
+  EXPECT_EQ(table.items_of(4).second, 0);
+  // w: rows [0,2) [2,4) [4,5) and none.
+  EXPECT_EQ(table.piece(0, 0).row_count, 2);
+  EXPECT_EQ(table.piece(0, 2).row_begin, 4);
+  EXPECT_EQ(table.piece(0, 2).row_count, 1);
+  EXPECT_TRUE(table.piece(0, 3).empty());
+  EXPECT_FALSE(table.whole_on(0, 0));
+  // e: expert k whole on rank k, none on rank 3; each at offset 0 of its rank's local tensor.
+  for (int k = 0; k < 3; ++k) {
+    const int item = table.items_of(1).first + k;
+    EXPECT_EQ(table.item(item).matrix_idx, k);
+    EXPECT_TRUE(table.whole_on(item, k));
+    EXPECT_EQ(table.piece(item, k).local_offset, 0);
+    EXPECT_TRUE(table.piece(item, 3).empty());
+    EXPECT_EQ(table.item_name(item), "e[" + std::to_string(k) + "]");
+  }
+  // r: whole everywhere.
+  const int r_item = table.items_of(2).first;
+  for (int rank = 0; rank < 4; ++rank) EXPECT_TRUE(table.whole_on(r_item, rank));
+  EXPECT_EQ(table.item(r_item).dtype, DType::kBFloat16);
+  EXPECT_EQ(table.item(r_item).group, 1);
+  // conv: one 4 × 18 item, a row each.
+  const int c_item = table.items_of(3).first;
+  EXPECT_EQ(table.item(c_item).cols, 18);
+  EXPECT_EQ(table.local_numel(3, 1), 18);
+}
+
+TEST(StepItems, AStackShardedWithinExpertsGivesPiecesWithOffsets) {
+  // 2 experts of 3 rows, replicated-free Shard(0) over the stack's dim 0 = 2 at world 3:
+  // rank 2 holds nothing; a [1, 3, 4] stack at world 1 holds all.
+  const ItemTable table({{"e", {{2, 3, 4}, 1, true}, DType::kFloat32, 0}}, 3);
+  EXPECT_EQ(table.local_rows(0, 0).count, 3);
+  EXPECT_EQ(table.local_rows(0, 2).count, 0);
+  EXPECT_EQ(table.piece(1, 1).row_count, 3);
+  EXPECT_EQ(table.piece(1, 1).local_offset, 0);
+}
+
+TEST(StepItems, BadSpecsAreNamed) {
+  EXPECT_TRUE(contains(error_of([] { ItemTable({{"vec", {{5}, 0, true}, DType::kFloat32, 0}}, 2); }), "vec"));
+  EXPECT_TRUE(contains(error_of([] { ItemTable({{"x", {{2, 2}, 0, true}, DType::kInt32, 0}}, 2); }),
+                       "parameter 'x': dtype int32"));
+  EXPECT_TRUE(contains(error_of([] { ItemTable({{"g", {{2, 2}, 0, true}, DType::kFloat32, -1}}, 2); }),
+                       "parameter 'g': group index -1"));
+}
+
+// ---------------------------------------------------------------- stages
+// Workspace of the fake ops: 100 bytes per matrix plus 50.
+int64_t fake_ns_bytes(int64_t, int64_t, int64_t count, DType, dmuon::ns::Algorithm) { return 50 + 100 * count; }
+
+TEST(StepStages, EveryItemInOneBatchOfOneShapeUnderTheCaps) {
+  // 10 square items over groups {0, 1} and dtypes, 5 tall ones, 3 wide ones; 3 owners.
+  std::vector<ParamSpec> specs;
+  for (int i = 0; i < 10; ++i)
+    specs.push_back({"sq" + std::to_string(i), {{8, 8}, 0, true}, i % 3 == 0 ? DType::kBFloat16 : DType::kFloat32, i % 2});
+  for (int i = 0; i < 5; ++i) specs.push_back({"tall" + std::to_string(i), {{16, 4}, 0, true}, DType::kFloat32, 0});
+  specs.push_back({"wide", {{3, 4, 12}, 1, true}, DType::kFloat32, 0});
+  const ItemTable table(specs, 3);
+  std::vector<dmuon::step::OwnerBatches> owners(3);
+  for (int r = 0; r < 3; ++r) owners[static_cast<size_t>(r)].owner = r;
+  // Rank 0: all squares in one plan batch; rank 1: the talls; rank 2: the wide stack.
+  std::vector<int> squares, talls, wides;
+  for (int i = 0; i < table.num_items(); ++i)
+    (table.item(i).rows == 8 ? squares : table.item(i).rows == 16 ? talls : wides).push_back(i);
+  owners[0].batches = {squares};
+  owners[1].batches = {talls};
+  owners[2].batches = {wides};
+  const std::vector<dmuon::ns::Algorithm> algorithms = {dmuon::ns::Algorithm::kGram, dmuon::ns::Algorithm::kStandard};
+  for (int64_t stage_bytes : {int64_t{0}, int64_t{3 * 8 * 8 * 2 * 2}}) {
+    for (int64_t ns_cap : {int64_t{0}, int64_t{350}}) {
+      dmuon::step::StageLimits limits{2, stage_bytes, ns_cap};
+      const auto stages = dmuon::step::make_stages(table, owners, algorithms, limits, fake_ns_bytes);
+      std::map<int, int> seen;
+      for (size_t s = 0; s < stages.size(); ++s) {
+        std::set<int> owners_in_stage;
+        for (const auto& batch : stages[s].batches) {
+          EXPECT_TRUE(owners_in_stage.insert(batch.owner).second) << "an owner has one batch per stage";
+          for (int item : batch.items) {
+            ++seen[item];
+            const auto& it = table.item(item);
+            EXPECT_EQ(it.rows, batch.rows);
+            EXPECT_EQ(it.cols, batch.cols);
+            EXPECT_EQ(it.group, batch.group);
+            EXPECT_EQ(it.dtype, batch.dtype);
+          }
+          const int64_t count = static_cast<int64_t>(batch.items.size());
+          EXPECT_EQ(batch.ns_bytes, fake_ns_bytes(0, 0, count, DType::kFloat32, {}));
+          EXPECT_EQ(batch.wire_bytes, count * batch.rows * batch.cols * 2);
+          if (count > 1 && ns_cap > 0) {
+            EXPECT_LE(batch.ns_bytes, ns_cap);
+          }
+          if (count > 1 && stage_bytes > 0) {
+            EXPECT_LE(batch.wire_bytes, stage_bytes / 3);
+          }
+        }
+      }
+      ASSERT_EQ(seen.size(), static_cast<size_t>(table.num_items()));
+      for (const auto& [item, times] : seen) EXPECT_EQ(times, 1) << "item " << item;
+      if (stage_bytes == 0 && ns_cap == 0) {
+        // Squares split by (group, dtype) only: {g0 f32, g1 f32, g0 bf16, g1 bf16} → 4 batches.
+        EXPECT_EQ(stages.size(), 4u);
+      }
+      if (ns_cap == 350 && stage_bytes == 0) {
+        // 350 bytes hold 3 matrices: 5 talls → near-equal batches of 3 and 2.
+        std::vector<size_t> tall_sizes;
+        for (const auto& stage : stages)
+          for (const auto& b : stage.batches)
+            if (b.rows == 16) tall_sizes.push_back(b.items.size());
+        EXPECT_EQ(tall_sizes, (std::vector<size_t>{3, 2}));
+      }
+    }
+  }
+}
+
+TEST(StepStages, OneProcessHasOneStageAndGatherOneBatchPerStage) {
+  std::vector<ParamSpec> specs;
+  for (int i = 0; i < 6; ++i) specs.push_back({"p" + std::to_string(i), {{4 + i % 2, 4}, 0, true}, DType::kFloat32, 0});
+  const std::vector<dmuon::ns::Algorithm> algorithms = {dmuon::ns::Algorithm::kGram};
+  {
+    const ItemTable table(specs, 1);
+    std::vector<int> all{0, 1, 2, 3, 4, 5};
+    const auto stages = dmuon::step::make_stages(table, {{0, dmuon::step::shape_batches(table, all)}}, algorithms,
+                                                 {4, 16, 350}, fake_ns_bytes);
+    ASSERT_EQ(stages.size(), 1u);
+    EXPECT_EQ(stages[0].batches.size(), 2u) << "the wire does not bound one process's batches, the workspace does";
+  }
+  {
+    const ItemTable table(specs, 3);
+    std::vector<int> all{0, 1, 2, 3, 4, 5};
+    const auto stages = dmuon::step::make_stages(table, {{dmuon::step::kEveryRank, dmuon::step::shape_batches(table, all)}},
+                                                 algorithms, {4, 4 * 4 * 4 * 2, 0}, fake_ns_bytes);
+    // NOTE: 128 bytes hold two 4×4 float32 items and one 5×4: [2, 1] + [1, 1, 1].
+    ASSERT_EQ(stages.size(), 5u) << "gather: a stage holds one batch of at most stage_bytes";
+    for (const auto& s : stages) EXPECT_EQ(s.batches.size(), 1u);
+  }
+  EXPECT_TRUE(contains(error_of([&] {
+                         const ItemTable table(specs, 2);
+                         dmuon::step::make_stages(table, {{0, {{0, 2}}}, {1, {{2, 4}}}}, algorithms, {4, 0, 0},
+                                                  fake_ns_bytes);
+                       }),
+                       "is listed twice"));
+}
+
+// ---------------------------------------------------------------- route
+TEST(StepRoute, DecisionTable) {
+  using dmuon::step::Device;
+  using dmuon::step::DeviceKind;
+  using dmuon::step::ParamPath;
+  using dmuon::step::TransportKind;
+  const Device cpu{DeviceKind::kCpu, 0}, gpu{DeviceKind::kCuda, 0}, gpu1{DeviceKind::kCuda, 1};
+  struct Row {
+    int world;
+    dmuon::step::Mode mode;
+    std::vector<dmuon::step::ParamFacts> params;
+    TransportKind transport;
+    bool gate;
+    std::vector<ParamPath> paths;
+    std::string error_part;
+  };
+  const std::vector<Row> table = {
+      {1, dmuon::step::Mode::kOwner, {{"a", gpu, DType::kFloat32}}, TransportKind::kLocal, true, {ParamPath::kEngine}, ""},
+      {1, dmuon::step::Mode::kGather, {{"a", cpu, DType::kFloat64}}, TransportKind::kLocal, true, {ParamPath::kEngine}, ""},
+      {4, dmuon::step::Mode::kOwner, {{"a", gpu, DType::kBFloat16}}, TransportKind::kShardExchange, false,
+       {ParamPath::kEngine}, ""},
+      {4, dmuon::step::Mode::kGather, {{"a", gpu, DType::kFloat16}}, TransportKind::kGather, false, {ParamPath::kEngine},
+       ""},
+      {2, dmuon::step::Mode::kOwner,
+       {{"a", gpu, DType::kFloat32}, {"b", gpu, DType::kFloat64}, {"c", gpu, DType::kFloat32, true, true},
+        {"d", gpu, DType::kFloat32, false}},
+       TransportKind::kShardExchange, false,
+       {ParamPath::kEngine, ParamPath::kFallback, ParamPath::kOwnership, ParamPath::kFallback}, ""},
+      {1, dmuon::step::Mode::kOwner, {{"a", gpu, DType::kFloat32}, {"b", gpu1, DType::kFloat32}}, TransportKind::kLocal,
+       false, {}, "'a' is on cuda:0, 'b' on cuda:1"},
+      {1, dmuon::step::Mode::kOwner, {{"i", cpu, DType::kInt32}}, TransportKind::kLocal, false, {},
+       "parameter 'i' has dtype int32"},
+  };
+  for (size_t k = 0; k < table.size(); ++k) {
+    const Row& row = table[k];
+    const auto out = dmuon::step::decide_route({row.world, row.mode, row.params});
+    if (!row.error_part.empty()) {
+      EXPECT_TRUE(contains(out.error, row.error_part)) << "row " << k << ": " << out.error;
+      continue;
+    }
+    EXPECT_TRUE(out.ok()) << "row " << k << ": " << out.error;
+    EXPECT_EQ(out.transport, row.transport) << "row " << k;
+    EXPECT_EQ(out.device_gate, row.gate) << "row " << k;
+    EXPECT_EQ(out.paths, row.paths) << "row " << k;
+  }
+  // The reasons name what the fallback is for.
+  const auto out = dmuon::step::decide_route({2, dmuon::step::Mode::kOwner, table[4].params});
+  EXPECT_TRUE(contains(out.reasons[1], "float64 parameters are not supported by the CUDA step ops")) << out.reasons[1];
+  EXPECT_TRUE(contains(out.reasons[3], "not contiguous")) << out.reasons[3];
+  EXPECT_EQ(out.reasons[0], "");
+  EXPECT_TRUE(dmuon::step::ops_support(DeviceKind::kCpu, DType::kFloat64));
+}
+
+// ---------------------------------------------------------------- options
+TEST(StepOptions, ParsedOnceWithNamedErrors) {
+  EXPECT_EQ(dmuon::step::parse_mode("gather"), dmuon::step::Mode::kGather);
+  EXPECT_TRUE(contains(error_of([] { dmuon::step::parse_mode("owners"); }), "mode must be 'owner' or 'gather'"));
+  EXPECT_TRUE(contains(error_of([] { dmuon::step::parse_wire_dtype("fp8"); }), "wire_dtype must be"));
+  EXPECT_EQ(dmuon::step::resolve_wire_dtype(dmuon::step::WireDType::kAuto, dmuon::step::DeviceKind::kCuda),
+            DType::kBFloat16);
+  EXPECT_EQ(dmuon::step::resolve_wire_dtype(dmuon::step::WireDType::kAuto, dmuon::step::DeviceKind::kCpu),
+            DType::kFloat32);
+  dmuon::step::EngineOptions options;
+  EXPECT_EQ(options.depth_for(3), 6) << "0: twice the world size";
+  options.num_streams = 9;
+  EXPECT_TRUE(contains(error_of([&] { options.validate(); }), "num_streams must be between 1 and 8"));
+  const auto rule = dmuon::step::GroupRule::make(0.1, 0.01, 0.9, false, "spectral", "standard", {3.4445, -4.775, 2.0315},
+                                                 {}, 1e-7);
+  EXPECT_EQ(rule.schedule.steps.size(), 1u);
+  EXPECT_DOUBLE_EQ(rule.decay(), 1.0 - 0.1 * 0.01);
+  EXPECT_DOUBLE_EQ(rule.update_scale(4, 16), -0.1 * 0.5);
+  EXPECT_TRUE(contains(error_of([] { dmuon::step::GroupRule::make(0.1, 0, 1.0, true, "none", "gram", {1, 2, 3}, {}, 1e-7); }),
+                       "momentum must be in [0, 1)"));
+  EXPECT_TRUE(contains(error_of([] { dmuon::step::GroupRule::make(0.1, 0, 0.9, true, "none", "gram", {1, 2}, {}, 1e-7); }),
+                       "ns_coefficients must hold 3 numbers"));
+}
+
+// ---------------------------------------------------------------- CPU elements and ops
+TEST(StepCpuElements, SixteenBitConversionsRoundTripAndRoundToEven) {
+  using namespace dmuon::step::cpu;
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    const bf16_t b{static_cast<uint16_t>(bits)};
+    const f16_t h{static_cast<uint16_t>(bits)};
+    if (!std::isnan(to_float(b))) {
+      ASSERT_EQ(to_bf16(to_float(b)).bits, b.bits) << bits;
+    } else {
+      ASSERT_TRUE(std::isnan(to_float(to_bf16(to_float(b)))));
+    }
+    if (!std::isnan(to_float(h))) {
+      ASSERT_EQ(to_f16(to_float(h)).bits, h.bits) << bits;
+    } else {
+      ASSERT_TRUE(std::isnan(to_float(to_f16(to_float(h)))));
+    }
+  }
+  // Ties to even, overflow, subnormals.
+  EXPECT_EQ(to_float(to_bf16(1.0f + 1.0f / 256)), 1.0f);             // halfway: the even neighbour
+  EXPECT_EQ(to_float(to_bf16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);  // halfway: up to the even one
+  EXPECT_EQ(to_float(to_f16(1.0f + 1.0f / 2048)), 1.0f);
+  EXPECT_EQ(to_float(to_f16(65504.0f)), 65504.0f);
+  EXPECT_TRUE(std::isinf(to_float(to_f16(65520.0f))));
+  EXPECT_EQ(to_float(to_f16(65519.0f)), 65504.0f);
+  EXPECT_EQ(to_float(to_f16(std::ldexp(1.0f, -24))), std::ldexp(1.0f, -24));  // the smallest subnormal
+  EXPECT_EQ(to_float(to_f16(std::ldexp(1.0f, -26))), 0.0f);                   // below half of it
+  EXPECT_EQ(to_float(to_f16(std::ldexp(3.0f, -25))), std::ldexp(2.0f, -24));  // 1.5 ulp: to even (2)
+}
+
+// torch's lerp on bfloat16 tensors: float arithmetic, one rounding per result. The ops'
+// momentum and U of a bfloat16 piece into a float32 wire, against that emulation.
+TEST(StepCpuOps, HalfPrecisionMomentumRoundsLikeTorchLerp) {
+  using namespace dmuon::step::cpu;
+  dmuon::step::CpuOps ops;
+  const int n = 257;
+  std::vector<bf16_t> grad(n), momentum(n);
+  std::vector<float> wire(n, -1.f), expected_u(n), expected_m(n);
+  const float mu = 0.95f;
+  for (int i = 0; i < n; ++i) {
+    grad[i] = to_bf16(std::sin(0.37f * i) * 3.f);
+    momentum[i] = to_bf16(std::cos(0.11f * i));
+    const float g = to_float(grad[i]), m = to_float(momentum[i]);
+    // lerp(m, g, 1 − μ) with |w| < 0.5: m + w·(g − m); lerp(g, m, μ) with μ ≥ 0.5: m − (m − g)·(1 − μ).
+    const float w = static_cast<float>(1.0 - 0.95);
+    expected_m[i] = to_float(to_bf16(m + w * (g - m)));
+    expected_u[i] = to_float(to_bf16(expected_m[i] - (expected_m[i] - g) * (1.f - mu)));
+  }
+  dmuon::step::PreparePiece piece{{grad.data(), DType::kBFloat16, n, {}},
+                                  {momentum.data(), DType::kBFloat16, n, {}},
+                                  {0.95, true},
+                                  {wire.data(), DType::kFloat32, n, {}}};
+  ops.prepare_pieces({piece}, {});
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(to_float(momentum[i]), expected_m[i]) << i;
+    ASSERT_EQ(wire[i], expected_u[i]) << i;
+  }
+}
+
+TEST(StepCpuOps, ApplySkipsNonFiniteEntriesAndHonoursTheGate) {
+  dmuon::step::CpuOps ops;
+  std::vector<float> param = {1.f, 2.f, 3.f, 4.f}, wire = {0.5f, NAN, INFINITY, -1.f};
+  std::vector<int32_t> flags = {0, 0}, gate = {1};
+  const dmuon::step::Buffer flag_view{flags.data(), DType::kInt32, 2, {}};
+  dmuon::step::ApplyPiece piece;
+  piece.param = {param.data(), DType::kFloat32, 4, {}};
+  piece.wire = {wire.data(), DType::kFloat32, 4, {}};
+  piece.scale = -0.1;
+  piece.decay = 0.5;
+  piece.flag_idx = 1;
+  ops.apply_pieces({piece}, {gate.data(), DType::kInt32, 1, {}}, flag_view);
+  EXPECT_EQ(param, (std::vector<float>{1.f, 2.f, 3.f, 4.f})) << "a closed gate writes nothing";
+  ops.apply_pieces({piece}, {}, flag_view);
+  EXPECT_EQ(param, (std::vector<float>{0.5f - 0.1f * 0.5f, 1.f, 1.5f, 2.f + 0.1f}));
+  EXPECT_EQ(flags, (std::vector<int32_t>{0, 1}));
+}
+
+}  // namespace
