@@ -42,32 +42,10 @@ while [ $# -gt 0 ]; do
 done
 wants() { [[ ",$STAGES," == *",$1,"* ]]; }
 
-# Stage runner: name, timeout (s), command...; appends "name<TAB>status<TAB>seconds" to
-# stages.tsv. NOTE: 20 s of the budget are kept for the summary.
-: > "$OUT/stages.tsv"
-run_stage() {
-  local name=$1 limit=$2
-  shift 2
-  local left=$(( START + BUDGET - 20 - $(date +%s) ))
-  if [ "$left" -lt 30 ]; then
-    printf '%s\tskipped (budget spent)\t0\n' "$name" >> "$OUT/stages.tsv"
-    echo "== $name: skipped, ${left} s of the budget left"
-    return 0
-  fi
-  [ "$limit" -gt "$left" ] && limit=$left
-  echo "== $name (timeout ${limit} s): $*"
-  local t0 rc status
-  t0=$(date +%s)
-  timeout --kill-after=15 "$limit" "$@"
-  rc=$?
-  case $rc in
-    0) status=ok ;;
-    124|137) status="timed out after ${limit} s" ;;
-    *) status="failed (exit $rc)" ;;
-  esac
-  printf '%s\t%s\t%s\n' "$name" "$status" "$(( $(date +%s) - t0 ))" >> "$OUT/stages.tsv"
-  echo "== $name: $status"
-}
+# Stage runner (scripts/stage_runner.sh). NOTE: 20 s of the budget are kept for the summary.
+STAGES_TSV="$OUT/stages.tsv" STAGE_RESERVE=20 STAGE_MIN=30
+: > "$STAGES_TSV"
+source scripts/stage_runner.sh
 
 # Environment: GPUs, driver, interconnect, torch/CUDA/NCCL, transformers.
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader

@@ -201,4 +201,13 @@ CostTable profile_cost_table(const std::vector<std::tuple<int64_t, int64_t, int6
   return table;
 }
 
+CostFn runtime_cost_fn(const std::vector<std::tuple<int64_t, int64_t, int64_t, double>>& entries,
+                       const std::string& device_type) {
+  if (entries.empty())
+    return (device_type == "cuda" ? AnalyticCostModel::gpu_default() : AnalyticCostModel::cpu_default()).as_cost_fn();
+  CostTable table;
+  for (const auto& [rows, cols, count, seconds] : entries) table.set(rows, cols, count, seconds);
+  return table.as_cost_fn();
+}
+
 }  // namespace dmuon::plan

@@ -72,6 +72,12 @@ class CostTable {
   std::map<std::pair<int64_t, int64_t>, std::map<int64_t, double>> table_;
 };
 
+/// The cost the step runtime plans with: the measured entries (rows, cols, num_matrices,
+/// seconds; identical on every rank) when there are any, else the analytic model of
+/// device_type ("cuda": gpu_default, otherwise cpu_default).
+CostFn runtime_cost_fn(const std::vector<std::tuple<int64_t, int64_t, int64_t, double>>& entries,
+                       const std::string& device_type);
+
 /// Times `run_once(rows, cols, num_matrices)` (returns the seconds of one run) for each
 /// (rows, cols, num_matrices) in `points`: `num_warmup` discarded runs, then the median
 /// of `num_runs` runs. The GPU runtime passes its real NS launch timed with CUDA events.

@@ -17,4 +17,7 @@ void register_ownership_bindings(pybind11::module_& m);
 /// The owner planner: dmuon._C.plan (plan_bindings.cpp).
 void register_plan_bindings(pybind11::module_& m);
 
+/// The step projection at any world size: dmuon._C.sim (sim_bindings.cpp).
+void register_sim_bindings(pybind11::module_& m);
+
 }  // namespace dmuon::torch_adapter

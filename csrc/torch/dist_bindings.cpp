@@ -1,10 +1,14 @@
 // dmuon._C.dist: the owner-centric step runtime (MuonRuntime) and its option structs.
 #include <pybind11/stl.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/extension.h>
+
+#include <array>
 
 #include "bindings.h"
 #include "common/check.h"
 #include "dist_runtime.h"
+#include "world_detect.h"
 
 namespace py = pybind11;
 
@@ -32,6 +36,13 @@ auto per_parameter_method(Result (MuonRuntime::*method)(at::TensorList, const st
     py::gil_scoped_release release;
     return (runtime.*method)(params, defined_grads, defined_buffers, group_idx, groups, step_idx);
   };
+}
+
+// Bucket phase times as (prepare, ns, return_pack, apply) tuples.
+std::vector<std::array<double, sim::kNumPhases>> phase_tuples(const std::vector<sim::BucketTimes>& times) {
+  std::vector<std::array<double, sim::kNumPhases>> out;
+  for (const auto& t : times) out.push_back(t.seconds);
+  return out;
 }
 
 }  // namespace
@@ -73,16 +84,22 @@ void register_dist_bindings(py::module_& m) {
       .def(py::init([](std::string mode, int64_t bucket_bytes, std::string wire_dtype,
                        std::string solver, std::string device_type, bool profile,
                        std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries,
-                       int64_t fused_streams) {
+                       int64_t fused_streams, std::string plan_source, bool record_timeline) {
              return RuntimeOptions{std::move(mode),        bucket_bytes, std::move(wire_dtype),
                                    std::move(solver),      std::move(device_type), profile,
-                                   std::move(cost_entries), fused_streams};
+                                   std::move(cost_entries), fused_streams, std::move(plan_source),
+                                   record_timeline};
            }),
            py::arg("mode") = "owner", py::arg("bucket_bytes") = int64_t{64} << 20,
            py::arg("wire_dtype") = "auto", py::arg("solver") = "milp",
            py::arg("device_type") = "cpu", py::arg("profile") = false,
            py::arg("cost_entries") = std::vector<std::tuple<int64_t, int64_t, int64_t, double>>{},
-           py::arg("fused_streams") = int64_t{0});
+           py::arg("fused_streams") = int64_t{0}, py::arg("plan_source") = "auto",
+           py::arg("record_timeline") = false)
+      .def_readonly("plan_source", &RuntimeOptions::plan_source)
+      .def_readonly("record_timeline", &RuntimeOptions::record_timeline)
+      .def_readonly("cost_entries", &RuntimeOptions::cost_entries)
+      .def_readonly("device_type", &RuntimeOptions::device_type);
 
   py::class_<MuonGroupOptions>(d, "GroupOptions")
       .def(py::init([](double lr, double weight_decay, double momentum, bool nesterov,
@@ -113,7 +130,10 @@ void register_dist_bindings(py::module_& m) {
       .def_readonly("fused_batches", &StepStats::fused_batches)
       .def_readonly("pipeline_depth", &StepStats::pipeline_depth)
       .def_readonly("host_prepare_s", &StepStats::host_prepare_s)
-      .def_readonly("host_enqueue_s", &StepStats::host_enqueue_s);
+      .def_readonly("host_enqueue_s", &StepStats::host_enqueue_s)
+      .def_readonly("orthogonalized", &StepStats::orthogonalized)
+      .def_property_readonly("bucket_times", [](const StepStats& s) { return phase_tuples(s.bucket_times); })
+      .def_readonly("model_fill_s", &StepStats::model_fill_s);
 
   py::class_<MuonRuntime>(d, "MuonRuntime")
       .def(py::init<const std::string&, std::vector<std::string>, std::vector<dist::ParamLayout>,
@@ -157,7 +177,22 @@ void register_dist_bindings(py::module_& m) {
         for (const auto& b : r.buckets()) out.push_back(b.param_idx);
         return out;
       })
-      .def_property_readonly("last_stats", &MuonRuntime::last_stats);
+      .def_property_readonly("last_stats", &MuonRuntime::last_stats)
+      .def_property_readonly("transport",
+                             [](const MuonRuntime& r) { return dist::transport_name(r.world_model().transport()); })
+      .def_property_readonly("options", &MuonRuntime::options)
+      .def_property_readonly("predicted_rank_seconds", &MuonRuntime::predicted_rank_seconds)
+      .def_property_readonly("step_layout", &MuonRuntime::step_layout);
+
+  d.def(
+      "transport_of",
+      [](const std::string& group_name, const std::string& device_type) {
+        if (group_name.empty()) return std::string(dist::transport_name(dist::Transport::kSingle));
+        return std::string(dist::transport_name(
+            detect_world_model(c10d::resolve_process_group(group_name), device_type).transport()));
+      },
+      py::arg("group_name"), py::arg("device_type") = "cpu",
+      "'single' (group_name ''), 'fake' (torch's fake backend) or 'real': how dmuon treats the group");
 }
 
 }  // namespace dmuon::torch_adapter

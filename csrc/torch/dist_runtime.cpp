@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <tuple>
@@ -19,6 +20,9 @@
 #include "foreach_ops.h"
 #include "orthogonalize.h"
 #include "owner_planning.h"
+#include "phase_recorder.h"
+#include "plan/hash.h"
+#include "world_detect.h"
 
 #if defined(DMUON_WITH_CUDA) && defined(DMUON_WITH_CUDA_NS)
 #include "cuda/fused_local_step.h"
@@ -37,6 +41,9 @@ size_t pipeline_depth(int world_size) {
   DMUON_CHECK(knob >= 0, "DMUON_PIPELINE_DEPTH must be >= 0 (0: twice the world size), got ", knob);
   return static_cast<size_t>(knob > 0 ? knob : std::max(1, 2 * world_size));
 }
+
+// NOTE: any fixed seed: the fake world's synthetic updates only need to be full-rank data.
+constexpr uint64_t kSyntheticSeed = 0x5eed;
 
 // The end-of-step error when an orthogonalized update is not finite (step() and
 // check_and_update_fused(), which hands it to the caller).
@@ -71,7 +78,22 @@ struct InFlight {
   at::Tensor send;                     // [Σ input splits] wire dtype
   at::Tensor recv;                     // [Σ output splits] wire dtype
   std::vector<int64_t> recv_offsets;   // [world + 1] element offsets of each source
+  std::vector<int64_t> send_offsets;   // [world + 1] element offsets of each destination
   c10::intrusive_ptr<c10d::Work> work; // null when nothing was exchanged
+};
+
+// One compute phase of a bucket on the phase recorder, for the scope's duration.
+class ScopedPhase {
+ public:
+  ScopedPhase(PhaseRecorder& recorder, size_t bucket, sim::Phase phase) : recorder_(recorder) {
+    recorder_.begin(bucket, phase);
+  }
+  ~ScopedPhase() { recorder_.end(); }
+  ScopedPhase(const ScopedPhase&) = delete;
+  ScopedPhase& operator=(const ScopedPhase&) = delete;
+
+ private:
+  PhaseRecorder& recorder_;
 };
 
 // Concatenate flattened pieces (or an empty buffer) in the wire dtype.
@@ -128,11 +150,11 @@ MuonRuntime::MuonRuntime(const std::string& group_name, std::vector<std::string>
 #else
   gated_step_ = false;  // NOTE: no fused path in this build
 #endif
-  if (!group_name.empty()) {
-    group_ = c10d::resolve_process_group(group_name);
-    rank_ = group_->getRank();
-    world_size_ = group_->getSize();
-  }
+  if (!group_name.empty()) group_ = c10d::resolve_process_group(group_name);
+  // NOTE: detected once: a fake group is played by the model from here on (world_model.h).
+  model_ = detect_world_model(group_, options_.device_type);
+  rank_ = model_.rank();
+  world_size_ = model_.world_size();
   wire_dtype_ = parse_wire_dtype(options_.wire_dtype, options_.device_type);
   // NOTE: DMUON_PROFILE=1 synchronizes the device between phases so that the step's
   // time split is real on GPUs (it costs the overlap it measures).
@@ -141,12 +163,22 @@ MuonRuntime::MuonRuntime(const std::string& group_name, std::vector<std::string>
   make_plan();
 }
 
-// Owners and buckets: rank 0 plans, every other rank receives the plan's text.
+// Owners and buckets: rank 0 plans and every other rank receives the plan's text, or every
+// rank plans alone (a fake world); real ranks then agree on a hash of the whole layout.
 void MuonRuntime::make_plan() {
   const int64_t wire_size = at::elementSize(wire_dtype_);
   std::vector<int64_t> wire_bytes;
   for (const auto& layout : layouts_) wire_bytes.push_back(layout.numel() * wire_size);
   const size_t num_params = layouts_.size();
+  DMUON_CHECK(options_.plan_source == "auto" || options_.plan_source == "broadcast" ||
+                  options_.plan_source == "local",
+              "plan_source must be 'auto', 'broadcast' or 'local', got '", options_.plan_source, "'");
+  DMUON_CHECK(!(model_.is_fake() && options_.plan_source == "broadcast"),
+              "plan_source 'broadcast' needs a process group that moves data; rank ", rank_, " of a fake world of ",
+              world_size_, " can only plan locally ('auto' or 'local')");
+  const PlanSource source = options_.plan_source == "local" || (options_.plan_source == "auto" && model_.is_fake())
+                                ? PlanSource::kLocal
+                                : PlanSource::kBroadcast;
 
   if (num_params == 0) {
     // Nothing to plan (e.g. every Muon matrix is owned by the weight-ownership runtime).
@@ -159,16 +191,87 @@ void MuonRuntime::make_plan() {
   } else {
     OwnerPlanInput input{names_, layouts_, wire_bytes, world_size_, options_.solver,
                          options_.device_type, options_.cost_entries};
-    const OwnerPlan planned = plan_owners(input, group_, rank_, collective_device(options_.device_type));
+    const OwnerPlan planned = plan_owners(input, group_, rank_, collective_device(options_.device_type), {}, source,
+                                          /*agree_on_problem=*/model_.moves_data());
     plan_text_ = planned.text;
     predicted_makespan_s_ = planned.plan.makespan;
     owners_ = planned.plan.owner;
+    predicted_rank_s_.clear();
+    for (const auto& rank_plan : planned.plan.ranks) predicted_rank_s_.push_back(rank_plan.compute_seconds);
     order_by_rank_.assign(static_cast<size_t>(world_size_), {});
     for (int r = 0; r < world_size_; ++r)
       for (const auto& batch : planned.plan.ranks[static_cast<size_t>(r)].batches)
         for (int idx : batch.matrix_idx) order_by_rank_[static_cast<size_t>(r)].push_back(idx);
   }
   buckets_ = dist::make_buckets(order_by_rank_, wire_bytes, options_.bucket_bytes);
+  // NOTE: every rank derived its buckets (and, planning locally, its owners) itself; a rank
+  // that decided otherwise would exchange mismatched buffers: agree before the first step.
+  if (model_.moves_data())
+    agree_on_hash(group_, rank_, layout_hash(), collective_device(options_.device_type),
+                  "MuonRuntime: the step's owners and buckets");
+}
+
+// Everything a step's exchange depends on: mode, wire, layouts, owners, order, buckets.
+uint64_t MuonRuntime::layout_hash() const {
+  plan::Hasher hasher;
+  hasher.str(options_.mode);
+  hasher.i64(at::elementSize(wire_dtype_));
+  hasher.i64(static_cast<int64_t>(layouts_.size()));
+  for (const auto& layout : layouts_) {
+    for (int64_t d : layout.global_shape) hasher.i64(d);
+    hasher.i64(layout.batch_dims * 2 + (layout.sharded ? 1 : 0));
+  }
+  for (int owner : owners_) hasher.i64(owner);
+  for (const auto& order : order_by_rank_) {
+    hasher.i64(static_cast<int64_t>(order.size()));
+    for (int idx : order) hasher.i64(idx);
+  }
+  for (const auto& bucket : buckets_) {
+    hasher.i64(static_cast<int64_t>(bucket.param_idx.size()));
+    for (int idx : bucket.param_idx) hasher.i64(idx);
+  }
+  return hasher.digest();
+}
+
+sim::StepLayout MuonRuntime::step_layout() const {
+  sim::StepLayout layout;
+  layout.gather = options_.mode == "gather";
+  layout.world_size = world_size_;
+  layout.layouts = layouts_;
+  layout.owners = owners_;
+  layout.buckets = buckets_;
+  layout.wire_element_size = static_cast<int64_t>(at::elementSize(wire_dtype_));
+  return layout;
+}
+
+void MuonRuntime::fill_modelled_receive(const at::Tensor& recv, const std::vector<int64_t>& recv_offsets,
+                                        const at::Tensor& send, const std::vector<int64_t>& send_offsets,
+                                        dist::ExchangeKind kind) {
+  const dist::ReceivedData data = model_.received_data(kind);
+  if (data == dist::ReceivedData::kDelivered || !recv.defined() || recv.numel() == 0) return;
+  if (data == dist::ReceivedData::kSynthetic && !fill_generator_) {
+    // NOTE: a private copy of the device's default generator, seeded, so that the fills do
+    // not move the caller's random stream and every rank draws the same.
+    fill_generator_ = at::globalContext().defaultGenerator(recv.device()).clone();
+    std::lock_guard<std::mutex> lock(fill_generator_->mutex());
+    fill_generator_->set_current_seed(kSyntheticSeed);
+  }
+  for (int src = 0; src < world_size_; ++src) {
+    const int64_t begin = recv_offsets[static_cast<size_t>(src)];
+    const int64_t count = recv_offsets[static_cast<size_t>(src) + 1] - begin;
+    if (count == 0) continue;
+    at::Tensor piece = recv.narrow(0, begin, count);
+    if (src == rank_) {
+      // What the real all_to_all copies locally: this rank's piece for itself.
+      DMUON_CHECK(send_offsets[static_cast<size_t>(src) + 1] - send_offsets[static_cast<size_t>(src)] == count,
+                  "internal: this rank's own piece differs in size between send and receive");
+      piece.copy_(send.narrow(0, send_offsets[static_cast<size_t>(src)], count));
+    } else if (data == dist::ReceivedData::kSynthetic) {
+      piece.normal_(0.0, 1.0, *fill_generator_);  // NOTE: normal_ locks the generator itself
+    } else {
+      piece.zero_();
+    }
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> MuonRuntime::all_to_all(at::Tensor& output, at::Tensor& input,
@@ -200,7 +303,8 @@ std::vector<int64_t> MuonRuntime::all_reduce_flags(const std::vector<int64_t>& l
                                                    const std::string& op, const std::string& what,
                                                    int64_t step_idx) {
   step_idx_ = step_idx;
-  return torch_adapter::all_reduce_flags({{group_, what}}, local, op, collective_device(options_.device_type),
+  return torch_adapter::all_reduce_flags({{group_, what, model_.transport()}}, local, op,
+                                         collective_device(options_.device_type),
                                          [&](const c10::intrusive_ptr<c10d::Work>& work, const std::string& name) {
                                            wait_and_check(work, at::Tensor(), name);
                                          });
@@ -221,6 +325,7 @@ void count_fused_batch(StepStats& stats, const FusedBatch& batch) {
   stats.num_orthogonalized += static_cast<int64_t>(batch.members.size());
   stats.num_fused += static_cast<int64_t>(batch.members.size());
   stats.fused_batches.emplace_back(static_cast<int64_t>(batch.matrices.size()), batch.rows, batch.cols);
+  stats.orthogonalized.insert(stats.orthogonalized.end(), batch.members.begin(), batch.members.end());
 }
 
 // Fused batches of the usable parameters among `candidates`: by (group, rows, cols), each
@@ -593,9 +698,28 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
   const at::Device device = params.empty() ? at::Device(at::kCPU) : params[0].device();
   auto computes = [&](int idx) { return gather || owners_[static_cast<size_t>(idx)] == rank_; };
   auto sharded = [&](int idx) { return layouts_[static_cast<size_t>(idx)].sharded; };
+  // Each bucket's compute phases, for the projection (RuntimeOptions::record_timeline).
+  PhaseRecorder recorder(options_.record_timeline, device);
+
+  // A finished all_to_all: waited for, then (a fake world) its receive buffer filled as the
+  // model says; that fill is no real work and lies outside every phase.
+  auto finish_exchange = [&](InFlight& flight, const std::string& what, dist::ExchangeKind kind) {
+    const auto start = Clock::now();
+    wait_and_check(flight.work, flight.recv, what);
+    stats_.comm_wait_s += seconds_since(start);
+    if (!flight.work || !model_.is_fake()) return;
+    recorder.begin_outside();
+    const auto fill_start = Clock::now();
+    fill_modelled_receive(flight.recv, flight.recv_offsets, flight.send, flight.send_offsets, kind);
+    sync_for_profile();
+    stats_.model_fill_s += seconds_since(fill_start);
+    recorder.end();
+  };
 
   // Forward: every rank sends its rows of each sharded matrix to the ranks that compute it.
-  auto issue_forward = [&](const dist::Bucket& bucket) {
+  auto issue_forward = [&](size_t k) {
+    const dist::Bucket& bucket = buckets_[k];
+    ScopedPhase phase(recorder, k, sim::Phase::kPrepare);
     prepare_updates(bucket);
     const auto start = Clock::now();
     InFlight flight;
@@ -614,6 +738,7 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
         if (active[idx] && sharded(idx) && computes(idx))
           recv_splits[src] += rows_[idx][src].count * layouts_[idx].cols();
     flight.recv_offsets = offsets_of(recv_splits);
+    flight.send_offsets = offsets_of(send_splits);
     // NOTE: the all_to_all is collective: whether to call it must depend only on what every
     // rank knows alike (which parameters are active and sharded), never on local sizes.
     bool any_sharded = false;
@@ -632,11 +757,11 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
   };
 
   // Assemble full matrices on the ranks that compute them; batched Newton–Schulz.
-  auto orthogonalize_bucket = [&](const dist::Bucket& bucket, InFlight& flight) {
-    auto start = Clock::now();
-    wait_and_check(flight.work, flight.recv, "all_to_all of updates to owners");
-    stats_.comm_wait_s += seconds_since(start);
-    start = Clock::now();
+  auto orthogonalize_bucket = [&](size_t k, InFlight& flight) {
+    const dist::Bucket& bucket = buckets_[k];
+    finish_exchange(flight, "all_to_all of updates to owners", dist::ExchangeKind::kUpdatesToOwners);
+    ScopedPhase phase(recorder, k, sim::Phase::kNs);
+    const auto start = Clock::now();
     std::map<int, at::Tensor> full;  // param → [flat_rows, cols]
     std::vector<int64_t> cursor(flight.recv_offsets.begin(), flight.recv_offsets.end() - 1);
     for (int idx : bucket.param_idx) {
@@ -692,6 +817,7 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
     std::map<int, at::Tensor> results;
     for (auto& [idx, parts] : pieces) {
       ++stats_.num_orthogonalized;
+      stats_.orthogonalized.push_back(idx);
       if (parts.size() == 1) {
         results[idx] = parts.front().second;
         continue;
@@ -708,7 +834,9 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
 
   // Return: owners send each rank its rows of the result (all rows when replicated).
   std::vector<at::Tensor> local_results(num_params);
-  auto issue_return = [&](const dist::Bucket& bucket, std::map<int, at::Tensor>& results) {
+  auto issue_return = [&](size_t k, std::map<int, at::Tensor>& results) {
+    const dist::Bucket& bucket = buckets_[k];
+    ScopedPhase phase(recorder, k, sim::Phase::kReturnPack);
     const auto start = Clock::now();
     InFlight flight;
     if (gather || !communicate) {
@@ -737,6 +865,7 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
         if (active[idx] && owners_[idx] == src)
           recv_splits[src] += rows_[idx][rank_].count * layouts_[idx].cols();
     flight.recv_offsets = offsets_of(recv_splits);
+    flight.send_offsets = offsets_of(send_splits);
     flight.send = pack(pieces, wire_dtype_, device);
     flight.recv = at::empty({flight.recv_offsets.back()}, flight.send.options());
     flight.work = all_to_all(flight.recv, flight.send, recv_splits, send_splits);
@@ -746,11 +875,8 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
     return flight;
   };
 
-  auto finish_return = [&](const dist::Bucket& bucket, InFlight& flight) {
+  auto unpack_return = [&](const dist::Bucket& bucket, InFlight& flight) {
     if (!flight.work) return;
-    const auto start = Clock::now();
-    wait_and_check(flight.work, flight.recv, "all_to_all of results back from owners");
-    stats_.comm_wait_s += seconds_since(start);
     std::vector<int64_t> cursor(flight.recv_offsets.begin(), flight.recv_offsets.end() - 1);
     for (int src = 0; src < world_size_; ++src) {
       for (int idx : bucket.param_idx) {
@@ -810,7 +936,7 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
 
   // The pipeline: the forwards of the next `depth` buckets in flight during NS of bucket k,
   // and the returns of the `depth` buckets before it; a bucket is applied once its return
-  // has had `depth` buckets' time to arrive.
+  // has had `depth` buckets' time to arrive. (sim::bucket_pipeline_program models this order.)
   // NOTE: why `depth` both ways: on GPUs every wait for a collective is a wait of the
   // compute stream, and a collective completes only when every rank reached it. Waiting for
   // the return of bucket k−1 before NS of bucket k+1 (or sending bucket k+2's momentum,
@@ -825,17 +951,18 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
   std::vector<InFlight> forward(num_buckets), back(num_buckets);
   size_t num_issued = 0;
   auto issue_forwards_before = [&](size_t end) {  // forwards of buckets [num_issued, end)
-    for (; num_issued < std::min(end, num_buckets); ++num_issued)
-      forward[num_issued] = issue_forward(buckets_[num_issued]);
+    for (; num_issued < std::min(end, num_buckets); ++num_issued) forward[num_issued] = issue_forward(num_issued);
   };
   auto land = [&](size_t j) {  // bucket j's results back and applied
-    finish_return(buckets_[j], back[j]);
+    finish_exchange(back[j], "all_to_all of results back from owners", dist::ExchangeKind::kResultsFromOwners);
+    ScopedPhase phase(recorder, j, sim::Phase::kApply);
+    unpack_return(buckets_[j], back[j]);
     apply_bucket(buckets_[j]);
   };
   issue_forwards_before(depth + 1);
   for (size_t k = 0; k < num_buckets; ++k) {
-    auto results = orthogonalize_bucket(buckets_[k], forward[k]);
-    back[k] = issue_return(buckets_[k], results);
+    auto results = orthogonalize_bucket(k, forward[k]);
+    back[k] = issue_return(k, results);
     issue_forwards_before(k + depth + 2);
     if (k >= depth) land(k - depth);
   }
@@ -847,6 +974,11 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
     at::Tensor bad = at::stack(finite_flags).to(at::kCPU);  // the step's one host sync
     for (size_t k = 0; k < flag_owner.size(); ++k)
       if (bad.data_ptr<bool>()[k]) { first_bad = static_cast<int64_t>(flag_owner[k]); break; }
+  }
+  {
+    PhaseRecorder::Result timeline = recorder.finish(num_buckets);
+    stats_.bucket_times = std::move(timeline.buckets);
+    if (options_.record_timeline) stats_.model_fill_s = timeline.outside_s;  // NOTE: device time
   }
   // NOTE: max over ranks of (num_params − first bad index) finds the smallest bad index.
   const int64_t encoded = first_bad < 0 ? 0 : static_cast<int64_t>(num_params) - first_bad;

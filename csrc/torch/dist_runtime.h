@@ -16,14 +16,18 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "dist/buckets.h"
 #include "dist/shard_layout.h"
+#include "dist/world_model.h"
 #include "group_options.h"
 #include "ns/schedule.h"
+#include "sim/pipeline.h"
+#include "sim/step_layout.h"
 
 namespace dmuon::torch_adapter {
 
@@ -40,6 +44,12 @@ struct RuntimeOptions {
   std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries;
   /// CUDA streams of the gated fused step (1–8; 0: DMUON_FUSED_STREAMS, default 2).
   int64_t fused_streams = 0;
+  /// Where the plan comes from: "auto" (a fake world: "local", else "broadcast") |
+  /// "broadcast" (rank 0 solves, the others receive it) | "local" (every rank solves it
+  /// deterministically; on a real group the ranks then agree on its hash).
+  std::string plan_source = "auto";
+  /// Record each bucket's compute phases (StepStats::bucket_times) for the projection.
+  bool record_timeline = false;
 };
 
 /// Where the time of the last step went (seconds) and what it moved (bytes, this rank).
@@ -54,6 +64,12 @@ struct StepStats {
   /// Gated check-and-update only, host wall: from the call to its first launch, and to the
   /// last launch (the rest of total_s is the wait for the device).
   double host_prepare_s = 0, host_enqueue_s = 0;
+  /// Parameters orthogonalized on this rank, in order (each once per step).
+  std::vector<int64_t> orthogonalized;
+  /// RuntimeOptions::record_timeline: device time of each bucket's compute phases, and of
+  /// the fake world's synthetic receive data (not part of any phase: not real work).
+  std::vector<sim::BucketTimes> bucket_times;
+  double model_fill_s = 0;
 };
 
 /// What MuonRuntime::check_and_update_fused() found and did, per parameter.
@@ -123,6 +139,13 @@ class MuonRuntime {
   bool gated_step() const { return gated_step_; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
+  /// What the group's other ranks are to this process (detected when the runtime was made).
+  const dist::WorldModel& world_model() const { return model_; }
+  const RuntimeOptions& options() const { return options_; }
+  /// The planner's predicted Newton–Schulz seconds of every rank (owner mode; else empty).
+  const std::vector<double>& predicted_rank_seconds() const { return predicted_rank_s_; }
+  /// The step's layout on every rank (mode, layouts, owners, buckets, wire) for the projection.
+  sim::StepLayout step_layout() const;
   const std::vector<int>& owners() const { return owners_; }
   const std::string& plan_text() const { return plan_text_; }
   double predicted_makespan_s() const { return predicted_makespan_s_; }
@@ -137,6 +160,11 @@ class MuonRuntime {
                                             std::vector<int64_t> output_splits,
                                             std::vector<int64_t> input_splits);
   void sync_for_profile() const;
+  uint64_t layout_hash() const;
+  // A fake world: the receive buffer of a finished all_to_all filled as the model says
+  // (dist::WorldModel::received_data); the rank's own piece copied from its send buffer.
+  void fill_modelled_receive(const at::Tensor& recv, const std::vector<int64_t>& recv_offsets, const at::Tensor& send,
+                             const std::vector<int64_t>& send_offsets, dist::ExchangeKind kind);
   // One process on a GPU: the usable active parameters through the fused kernels (they
   // are then marked inactive for the bucket pipeline); one flag per batch.
   void run_fused_local(at::TensorList params, const std::vector<at::Tensor>& grads,
@@ -146,6 +174,9 @@ class MuonRuntime {
                        std::vector<size_t>& flag_owner, int64_t step_idx);
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;  // null for one process
+  dist::WorldModel model_;                         // single, real or fake (world_detect.h)
+  std::optional<at::Generator> fill_generator_;    // fake: a private copy for synthetic data
+  std::vector<double> predicted_rank_s_;
   int rank_ = 0;
   int world_size_ = 1;
   std::vector<std::string> names_;

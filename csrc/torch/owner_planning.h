@@ -1,5 +1,7 @@
 // dmuon/torch/owner_planning.h — owner planning shared by both runtimes: rank 0 solves
-// the planning problem and broadcasts the plan's text; every rank deserializes it.
+// the planning problem and broadcasts the plan's text, every rank deserializes it; or every
+// rank solves it itself with a deterministic solve (a fake world, where nothing can be
+// broadcast), and real ranks then agree on a hash of what they decided.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -25,6 +27,15 @@ struct OwnerPlanInput {
   std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries;
 };
 
+/// Where a rank's plan comes from.
+enum class PlanSource {
+  kBroadcast,  ///< rank 0 solves and broadcasts the text
+  kLocal,      ///< every rank solves the same problem deterministically
+};
+
+/// Parses "broadcast" | "local"; errors name the option plan_source.
+PlanSource parse_plan_source(const std::string& name);
+
 struct OwnerPlan {
   plan::Problem problem;
   plan::Plan plan;
@@ -39,11 +50,28 @@ plan::Problem build_owner_problem(const OwnerPlanInput& input);
 std::string solve_owner_plan(const plan::Problem& problem, const std::string& solver,
                              const std::function<void(const plan::Problem&, plan::Plan&)>& adjust = {});
 
-/// Solves on rank 0 (after `adjust`, e.g. layer spreading, when given) and broadcasts
-/// the text over `group` (null: one process). `what` names the runtime in errors.
+/// The deterministic solve every rank can make itself: the MILP stopped only by its node
+/// cap (DMUON_PLAN_MAX_NODES; CBC single-threaded), LPT and round robin as they are. Plans
+/// are remembered per process by their inputs' hash, so that the ranks one process plays
+/// in turn (fake worlds) solve once. Throws dmuon::Error if the solve was not deterministic.
+std::string solve_owner_plan_locally(const plan::Problem& problem, const std::string& solver,
+                                     const std::function<void(const plan::Problem&, plan::Plan&)>& adjust = {});
+
+/// The plan of `input` from `source`: kBroadcast solves on rank 0 (after `adjust`, e.g.
+/// layer spreading, when given) and broadcasts the text over `group` (null: one process);
+/// kLocal solves on every rank (solve_owner_plan_locally) without communicating. With
+/// agree_on_problem, the ranks of `group` first agree on the problem's hash (agree_on_hash),
+/// so that ranks with other inputs (e.g. another cost table) fail by name on every rank.
 OwnerPlan plan_owners(const OwnerPlanInput& input, const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                       int rank, const at::Device& device,
-                      const std::function<void(const plan::Problem&, plan::Plan&)>& adjust = {});
+                      const std::function<void(const plan::Problem&, plan::Plan&)>& adjust = {},
+                      PlanSource source = PlanSource::kBroadcast, bool agree_on_problem = false);
+
+/// Every rank of `group` passes the hash of what it decided; throws dmuon::Error on every
+/// rank, naming `what` and the first rank whose hash differs from rank 0's, unless all are
+/// equal (one all_gather of one int64 per rank).
+void agree_on_hash(const c10::intrusive_ptr<c10d::ProcessGroup>& group, int rank, uint64_t hash,
+                   const at::Device& device, const std::string& what);
 
 /// Broadcasts `text` from group rank 0 (length first); returns it on every rank.
 std::string broadcast_text(const c10::intrusive_ptr<c10d::ProcessGroup>& group, int rank,

@@ -18,6 +18,7 @@
 #include "plan/layer_spread.h"
 #include "plan/planner.h"
 #include "storage_control.h"
+#include "world_detect.h"
 
 namespace dmuon::torch_adapter {
 namespace {
@@ -77,6 +78,12 @@ OwnershipRuntime::OwnershipRuntime(const std::string& shard_group, const std::st
   replicate_group_ = resolve(replicate_group);
   replicate_reduce_group_ = resolve(replicate_reduce_group);
   DMUON_CHECK(shard_group_ || !replicate_group_, "OwnershipRuntime: a replicate group needs a shard group");
+  // NOTE: owners publish whole weights that every rank computes with; over the fake
+  // backend they would never arrive (the sharded mode runs there, dist/world_model.h).
+  for (const auto* group : {&shard_group_, &replicate_group_, &replicate_reduce_group_})
+    if (*group)
+      detect_world_model(*group, options_.device_type)
+          .require_data_movement("the weight-ownership mode (dmuon.own_matrices; use FSDP2's sharding with DMuon)");
   DMUON_CHECK(!replicate_group_ == !replicate_reduce_group_ &&
                   (!replicate_group_ || replicate_group_->getSize() == replicate_reduce_group_->getSize()),
               "OwnershipRuntime: replicate_group and replicate_reduce_group must both be given, over the same ranks");

@@ -77,11 +77,23 @@ def group_name(group: Any) -> str:
     return group.group_name
 
 
+def transport(group: Any) -> str:
+    """How dmuon's runtime treats `group` (its C++ detection, dmuon._C.dist.transport_of):
+    "single" (one process), "real" or "fake" (torch's fake backend: this process plays one
+    rank of the world, and the others behave like it)."""
+    from dmuon._ops import _C
+
+    return _C.dist.transport_of(group_name(group))
+
+
 def check_same_parameters_on_all_ranks(group: Any, signature: list[tuple]) -> None:
     """Raise on every rank, naming the first differing entry, unless all ranks passed the
     same signature. NOTE: one all_gather_object of small lists, at construction only; a
-    mismatch found here would otherwise hang in the first collective of a step."""
-    if group is None or dist.get_world_size(group) == 1:
+    mismatch found here would otherwise hang in the first collective of a step.
+    Over the fake backend there are no other ranks to compare with: by its model every rank
+    holds this rank's parameters, so there is nothing to check (its all_gather would only
+    copy this rank's signature D times)."""
+    if group is None or dist.get_world_size(group) == 1 or transport(group) == "fake":
         return
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, signature, group=group)

@@ -440,8 +440,11 @@ class DMuon(torch.optim.Optimizer):
         world = 1 if group is None else torch.distributed.get_world_size(group)
         if world == 1:
             return []  # NOTE: one rank owns everything: there is nothing to balance
+        # NOTE: a fake world cannot broadcast: every rank times the table itself (the cache
+        # file makes the ranks one process plays in turn share one table).
+        alone = distributed.transport(group) == "fake"
         entries: list[Any] = [None]
-        if world == 1 or torch.distributed.get_rank(group) == 0:
+        if alone or torch.distributed.get_rank(group) == 0:
             device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
             cache = None if self._cost_cache is None else os.path.expanduser(self._cost_cache)
             if cache:
@@ -449,7 +452,7 @@ class DMuon(torch.optim.Optimizer):
             table = profile_cost_table(points, device=device, algorithm=first["ns_algorithm"],
                                        num_steps=first["ns_steps"], cache_path=cache)
             entries = [[tuple(e) for e in table.entries()]]
-        if world > 1:
+        if not alone:
             torch.distributed.broadcast_object_list(entries, group=group,
                                                     src=torch.distributed.get_global_rank(group, 0))
         return entries[0]

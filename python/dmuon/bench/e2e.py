@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from dmuon.bench.environment import environment_line
+from dmuon.bench.fake_world import add_fake_world_arguments
 from dmuon.bench.memory import peak, reset_peak
 
 # NOTE: the share of GPU memory the predicted micro-batch may fill: the allocator's
@@ -46,7 +47,8 @@ def register(subparsers) -> None:
                                    help="end-to-end training step (FSDP2): dmuon (both modes) vs gather vs AdamW")
     parser.add_argument("--model", required=True, choices=MODEL_NAMES,
                         help="a shipped config (Hugging Face transformers, random weights) or 'tiny' (dmuon's GPT)")
-    parser.add_argument("--world", default="auto", help="processes: N, or 'auto' = every GPU (2 CPU processes without CUDA)")
+    parser.add_argument("--world", default=None,
+                        help="processes: N, or 'auto' = every GPU (2 CPU processes without CUDA); default auto")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--seq", type=int, default=4096, help="tokens per sequence")
     parser.add_argument("--micro-batch", default="auto",
@@ -59,6 +61,7 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is killed")
+    add_fake_world_arguments(parser, rank_choice=False)
     parser.set_defaults(func=run)
 
 
@@ -108,13 +111,48 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+# ------------------------------------------------------------------------ the model
+def mixed_precision(device: str):
+    """bf16 compute with float32 master weights and gradient reduction on GPUs; float32 on CPUs."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if device == "cuda":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def build_sharded(spec, name: str, mesh, mp_policy, torch_device: torch.device, settings, seed: int):
+    """A fresh model from `seed`, prepared by the optimizer entry `name`, sharded by FSDP2 on
+    `mesh` (each decoder layer, then the root), with its optimizer; and the parameter counts
+    (the model's Muon matrices checked against its config first)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from dmuon.bench.e2e_models import check_muon_shapes
+    from dmuon.bench.e2e_optimizers import OPTIMIZERS
+    from dmuon.routing import route_module
+
+    entry = OPTIMIZERS[name]
+    torch.manual_seed(seed)
+    with torch_device:
+        model = spec.build()
+    model = model.to(torch_device).train()
+    check_muon_shapes(model, spec.name)
+    routed = route_module(model)
+    counts = {"total": sum(r.param.numel() for r in routed), "muon": sum(r.param.numel() for r in routed if r.use_muon),
+              "muon_matrices": sum(1 for r in routed if r.use_muon)}
+    extra = (entry.prepare(model, mesh, settings) if entry.prepare is not None else None) or {}
+    for block in spec.blocks(model):
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy, **extra)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, **extra)
+    return model, entry.build(model, settings), counts
+
+
 # ------------------------------------------------------------------------ the worker
 class _Run:
     """One rank's view of the benchmark: mesh, model spec, settings."""
 
     def __init__(self, rank: int, world: int, config: dict) -> None:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy
 
         from dmuon.bench.e2e_models import model_spec
         from dmuon.bench.e2e_optimizers import Settings
@@ -125,9 +163,7 @@ class _Run:
         self.mesh = init_device_mesh(self.device, (world,))
         self.spec = model_spec(config["model"], config["seq"])
         self.settings = Settings(device_type=self.device)
-        # bf16 compute with float32 master weights and gradient reduction on GPUs.
-        self.mp_policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-                          if self.device == "cuda" else MixedPrecisionPolicy())
+        self.mp_policy = mixed_precision(self.device)
         self.param_counts: dict | None = None
         self.control = torch.distributed.new_group(backend="gloo")
         self.agree_timeout_s = float(config.get("agree_timeout_s", _AGREE_TIMEOUT_S))
@@ -170,28 +206,10 @@ class _Run:
     def build(self, name: str):
         """A fresh model (same seed on every rank and for every optimizer), prepared,
         sharded (each decoder layer, then the root) and its optimizer."""
-        from torch.distributed.fsdp import fully_shard
-
-        from dmuon.bench.e2e_models import check_muon_shapes
-        from dmuon.bench.e2e_optimizers import OPTIMIZERS
-        from dmuon.routing import route_module
-
-        entry = OPTIMIZERS[name]
-        torch.manual_seed(self.config["seed"])
-        with self.torch_device:
-            model = self.spec.build()
-        model = model.to(self.torch_device).train()
-        if self.param_counts is None:
-            check_muon_shapes(model, self.spec.name)
-            routed = route_module(model)
-            self.param_counts = {"total": sum(r.param.numel() for r in routed),
-                                 "muon": sum(r.param.numel() for r in routed if r.use_muon),
-                                 "muon_matrices": sum(1 for r in routed if r.use_muon)}
-        extra = (entry.prepare(model, self.mesh, self.settings) if entry.prepare is not None else None) or {}
-        for block in self.spec.blocks(model):
-            fully_shard(block, mesh=self.mesh, mp_policy=self.mp_policy, **extra)
-        fully_shard(model, mesh=self.mesh, mp_policy=self.mp_policy, **extra)
-        return model, entry.build(model, self.settings)
+        model, opt, counts = build_sharded(self.spec, name, self.mesh, self.mp_policy, self.torch_device,
+                                           self.settings, self.config["seed"])
+        self.param_counts = self.param_counts or counts
+        return model, opt
 
     def tokens(self, micro_batch: int) -> torch.Tensor:
         gen = torch.Generator(device=self.torch_device).manual_seed(self.config["seed"] * 1000 + self.rank)
@@ -425,10 +443,17 @@ def run(args: argparse.Namespace) -> int:
 
     from dmuon.cli_usage import input_checks
 
+    if args.fake_world is not None:
+        from dmuon.bench.e2e_fake import run_fake
+
+        return run_fake(args)
     with input_checks():
+        for flag, value in (("--rank", args.rank), ("--hsdp", args.hsdp if args.hsdp != 1 else None)):
+            if value is not None:
+                raise ValueError(f"{flag} needs --fake-world (a real --world runs every rank)")
         _check_args(args)
         device = resolve_device(args.device)
-        world = resolve_world(args.world, device)
+        world = resolve_world("auto" if args.world is None else args.world, device)
         micro_batch = _micro_batch_arg(args.micro_batch)
         optimizers = parse_optimizers(args.optimizers)
     if args.model in HF_CONFIGS:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from dmuon.bench.environment import environment_line
+from dmuon.bench.fake_world import add_fake_world_arguments
 from dmuon.bench.memory import memory_in_use, peak, reset_peak
 
 
@@ -37,12 +38,12 @@ def register(subparsers) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="a shipped manifest (python -m dmuon plan lists them)")
     source.add_argument("--manifest", help="a JSON manifest or a Hugging Face config.json")
-    parser.add_argument("--world", default="2",
-                        help="processes: N, or 'auto' = every GPU (2 CPU processes without CUDA)")
+    parser.add_argument("--world", default=None,
+                        help="processes: N, or 'auto' = every GPU (2 CPU processes without CUDA); default 2")
     parser.add_argument("--worlds", default=None,
                         help="comma-separated world sizes, one table each plus a scaling table (e.g. 2,4,8); "
                              "on CUDA sizes above the GPU count are skipped with a note; overrides --world")
-    parser.add_argument("--mode", choices=("owner", "gather", "all"), default="all")
+    parser.add_argument("--mode", default="all", help="'all', or a comma list of owner, gather (AdamW always runs)")
     parser.add_argument("--max-matrices", type=int, default=0,
                         help="use only the first K Muon matrices (0: all); CPU runs need few")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per method")
@@ -57,6 +58,7 @@ def register(subparsers) -> None:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here (after each world)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per world size before it is killed")
+    add_fake_world_arguments(parser, rank_choice=True)
     parser.set_defaults(func=run)
 
 
@@ -78,7 +80,7 @@ def resolve_worlds(args, device: str) -> tuple[list[int], list[int]]:
     from dmuon.launch import resolve_world
 
     if args.worlds is None:
-        return [resolve_world(args.world, device)], []
+        return [resolve_world("2" if args.world is None else args.world, device)], []
     items = [item.strip() for item in str(args.worlds).split(",") if item.strip()]
     if not items:
         raise ValueError(f"--worlds must list world sizes like 2,4,8, got {args.worlds!r}")
@@ -135,9 +137,10 @@ def _local_rows(dim0: int, rank: int, world: int) -> int:
     return min(begin + chunk, dim0) - begin
 
 
-def _sharded_tensors(shapes: list, mesh, rank: int, world: int, seed: int, device: str) -> list:
-    """DTensors sharded on dim 0, each rank drawing its own rows on its device (no full
-    tensor is ever made: the 7B matrices are 26 GB in float32)."""
+def _sharded_tensors(shapes: list, mesh, rank: int, world: int, seed: int, device: str, placements=None) -> list:
+    """DTensors sharded on dim 0 over `world` ranks (rank: this one's place among them), each
+    rank drawing its own rows on its device (no full tensor is ever made: the 7B matrices are
+    26 GB in float32). placements: default [Shard(0)] (HSDP: [Replicate(), Shard(0)])."""
     from torch.distributed.tensor import DTensor, Shard
 
     gen = torch.Generator(device=device).manual_seed(seed * 1000 + rank)
@@ -146,8 +149,8 @@ def _sharded_tensors(shapes: list, mesh, rank: int, world: int, seed: int, devic
         local = torch.randn((_local_rows(shape[0], rank, world), *shape[1:]), generator=gen, device=device)
         local /= shape[-1] ** 0.5
         stride = torch.empty(shape, device="meta").stride()
-        tensors.append(DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape),
-                                          stride=stride))
+        tensors.append(DTensor.from_local(local, mesh, placements or [Shard(0)], run_check=False,
+                                          shape=torch.Size(shape), stride=stride))
     return tensors
 
 
@@ -353,7 +356,16 @@ def run(args: argparse.Namespace) -> int:
 
     from dmuon.cli_usage import input_checks
 
+    if args.fake_world is not None:
+        from dmuon.bench.step_fake import run_fake
+
+        return run_fake(args)
     with input_checks():
+        for flag, value in (("--rank", args.rank), ("--ranks", args.ranks),
+                            ("--hsdp", args.hsdp if args.hsdp != 1 else None),
+                            ("--memory-budget-gb", args.memory_budget_gb)):
+            if value is not None:
+                raise ValueError(f"{flag} needs --fake-world (a real --world runs every rank)")
         _check_counts(args)
         device = resolve_device(args.device)
         worlds, skipped = resolve_worlds(args, device)
@@ -361,7 +373,9 @@ def run(args: argparse.Namespace) -> int:
     profile_steps = args.profile_steps if args.profile_steps is not None else (3 if device == "cuda" else 0)
     shapes = [(m.batch, m.rows, m.cols) if m.batch > 1 else (m.rows, m.cols) for m in matrices]
     names = [m.name for m in matrices]
-    methods = (["owner", "gather"] if args.mode == "all" else [args.mode]) + ["adamw"]
+    from dmuon.bench.step_fake import parse_methods
+
+    methods = parse_methods(args.mode) + ["adamw"]
     wire = args.wire_dtype if args.wire_dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     context = dict(device=device, steps=args.steps,
                    cost_model="profiled NS cost table" if device == "cuda" else "analytic CPU cost model")

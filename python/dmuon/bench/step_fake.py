@@ -1,0 +1,357 @@
+"""`python -m dmuon bench step --fake-world D`: one rank's real optimizer step at world D on
+this one device, and the step projected onto a cluster.
+
+For each chosen rank in turn this process becomes that rank of a fake world of D ranks
+(torch's fake process group, re-initialized per rank), builds the rank's shards of the
+manifest's Muon matrices exactly as FSDP2 lays them out (DTensor Shard(0), torch.chunk rows,
+uneven and empty shards; HSDP: replicated over --hsdp replicas) with random gradients, and
+runs the real `DMuon.step`: the plan (every rank plans locally), momentum, packing, the
+owner's Newton–Schulz of exactly the batches the plan gives it, the return and apply. The
+runtime records each bucket's compute phases; the collectives cost nothing here, and the
+C++ projection (dmuon._C.sim) puts them back: every rank's pipeline with each wait replaced
+by its modelled time (fake_world.PROJECTION_MODEL). Gather mode (every rank gathers and
+orthogonalizes everything) and fused AdamW on the same shard run the same way.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from dmuon.bench.environment import environment_line
+from dmuon.bench.fake_world import (PROJECTION_MODEL, ClusterTopology, check_fits, check_rank, check_world,
+                                    fake_rank, require_no_process_group, topology_from_args)
+from dmuon.bench.memory import memory_in_use, peak, reset_peak
+
+# NOTE: fp32 parameter, gradient and two AdamW moments per element: the largest state of
+# the methods run (DMuon keeps one momentum buffer).
+_BYTES_PER_ELEMENT = 16
+
+
+# ---------------------------------------------------------------------------- inputs
+def parse_methods(text: str) -> list[str]:
+    """--mode: 'all' or a comma list of owner, gather (fused AdamW always runs too)."""
+    names = ["owner", "gather"] if text == "all" else [m.strip() for m in str(text).split(",") if m.strip()]
+    bad = [m for m in names if m not in ("owner", "gather")]
+    if not names or bad or len(set(names)) != len(names):
+        raise ValueError(f"--mode must be 'all' or a comma list of owner, gather (each once), got {text!r}")
+    return names
+
+
+def _local_numel(shapes: list, shard: int, shards: int) -> int:
+    """Elements of `shard`'s rows of every matrix (torch.chunk of dim 0)."""
+    from dmuon.bench.step import _local_rows
+
+    total = 0
+    for shape in shapes:
+        rest = 1
+        for d in shape[1:]:
+            rest *= d
+        total += _local_rows(shape[0], shard, shards) * rest
+    return total
+
+
+class _Settings:
+    """What every rank run of one invocation shares."""
+
+    def __init__(self, args, device: str, world: int, shapes: list, names: list) -> None:
+        self.device, self.world, self.shapes, self.names = device, world, shapes, names
+        self.replicas, self.shards = check_world(world, args.hsdp)
+        self.steps, self.warmup = args.steps, args.warmup
+        self.options = dict(bucket_mb=args.bucket_mb, planner=args.planner, wire_dtype=args.wire_dtype)
+        self.memory_budget_gb = args.memory_budget_gb
+        self.model = args.model or args.manifest
+
+    def mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self.replicas > 1:
+            return init_device_mesh(self.device, (self.replicas, self.shards), mesh_dim_names=("replicate", "shard"))
+        return init_device_mesh(self.device, (self.world,))
+
+    def placements(self):
+        from torch.distributed.tensor import Replicate, Shard
+
+        return [Replicate(), Shard(0)] if self.replicas > 1 else [Shard(0)]
+
+    def check_memory(self, rank: int) -> None:
+        numel = _local_numel(self.shapes, rank % self.shards, self.shards)
+        check_fits(f"--model {self.model} at --fake-world {self.world}"
+                   + (f" --hsdp {self.replicas}" if self.replicas > 1 else "")
+                   + f" (rank {rank}: {numel} float32 elements of shards, {_BYTES_PER_ELEMENT} bytes each for the "
+                   "parameter, its gradient and AdamW's two moments)", numel * _BYTES_PER_ELEMENT, self.device,
+                   self.memory_budget_gb)
+
+
+# --------------------------------------------------------------------------- one rank
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _median_timeline(timelines: list[list[tuple]]) -> list[tuple]:
+    """Per bucket and phase, the median over steps."""
+    return [tuple(statistics.median(step[b][p] for step in timelines) for p in range(4))
+            for b in range(len(timelines[0]))]
+
+
+def run_rank(settings: _Settings, method: str, rank: int) -> dict:
+    """One rank's `method` ("owner" | "gather" | "adamw") at the fake world size: medians of
+    the timed steps, its counted bytes, the orthogonalized parameters, its peak memory."""
+    import dmuon
+    from dmuon.bench.step import _sharded_tensors
+
+    device = settings.device
+    with fake_rank(rank, settings.world):
+        mesh = settings.mesh()
+        shard = rank % settings.shards
+        placements = settings.placements()
+        params = [torch.nn.Parameter(t) for t in _sharded_tensors(settings.shapes, mesh, shard, settings.shards, 0,
+                                                                   device, placements)]
+        for p, g in zip(params, _sharded_tensors(settings.shapes, mesh, shard, settings.shards, 1, device,
+                                                 placements)):
+            p.grad = g
+        before = memory_in_use(device)
+        if method == "adamw":
+            opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
+        else:
+            opt = dmuon.DMuon(list(zip(settings.names, params)), lr=1e-3, mode=method,
+                              bucket_size_mb=settings.options["bucket_mb"], planner=settings.options["planner"],
+                              wire_dtype=settings.options["wire_dtype"])
+            # NOTE: the timeline rides on the runtime options DMuon passes when it builds the
+            # runtime (not a DMuon argument), as bench step's profile option does.
+            if not isinstance(getattr(opt, "_runtime_options", None), dict):
+                raise RuntimeError("bench step --fake-world: DMuon has no _runtime_options dict to ask for the "
+                                   "runtime's timeline")
+            opt._runtime_options["record_timeline"] = True
+        reset_peak(device)
+        walls, stats = [], []
+        for i in range(settings.warmup + settings.steps):
+            _sync(device)
+            start = time.perf_counter()
+            opt.step()
+            _sync(device)
+            if i < settings.warmup:
+                continue
+            walls.append(time.perf_counter() - start)
+            if method != "adamw":
+                s = opt.runtime.last_stats
+                stats.append(dict(ns_s=s.ns_s, fill_s=s.model_fill_s, bytes_sent=s.bytes_sent,
+                                  bytes_received=s.bytes_received, timeline=s.bucket_times,
+                                  orthogonalized=list(s.orthogonalized), pipeline_depth=s.pipeline_depth))
+        record = {"rank": rank, "step_s": statistics.median(walls), "peak_extra_bytes": max(0, peak(device) - before)}
+        if method != "adamw":
+            runtime = opt.runtime
+            if runtime.transport != "fake" and runtime.world_size > 1:
+                raise RuntimeError(f"bench step --fake-world: the runtime's group is {runtime.transport!r}, not fake")
+            timeline = _median_timeline([s["timeline"] for s in stats]) if stats[0]["timeline"] else []
+            # NOTE: NS from the timeline (device time); the runtime's ns_s is host time on GPUs.
+            ns_s = sum(b[1] for b in timeline) if timeline else statistics.median(s["ns_s"] for s in stats)
+            record.update(
+                ns_s=ns_s, fill_s=statistics.median(s["fill_s"] for s in stats),
+                compute_s=sum(sum(b) for b in timeline), bucket_times=timeline,
+                bytes_sent=stats[-1]["bytes_sent"], bytes_received=stats[-1]["bytes_received"],
+                orthogonalized=stats[-1]["orthogonalized"], pipeline_depth=stats[-1]["pipeline_depth"],
+                group_rank=runtime.rank, group_size=runtime.world_size,
+                predicted_rank_seconds=list(runtime.predicted_rank_seconds), owners=list(runtime.owners),
+                buckets=[list(b) for b in runtime.buckets], cost_entries=list(runtime.options.cost_entries),
+                device_type=runtime.options.device_type, _layout=runtime.step_layout)
+        del opt, params
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return record
+
+
+# ----------------------------------------------------------------------- projection
+def project_method(method: str, records: dict[int, dict], settings: _Settings, topology: ClusterTopology) -> dict:
+    """The projected step of `method` from its measured ranks (records by global rank)."""
+    from dmuon._ops import _C
+
+    first = next(iter(records.values()))
+    for rank, r in records.items():
+        if (r["owners"], r["buckets"]) != (first["owners"], first["buckets"]):
+            raise RuntimeError(f"{method}: rank {rank} planned other owners or buckets than rank {first['rank']} "
+                               "(every rank must decide the same; were the cost tables different?)")
+    group_size = first["group_size"]
+    entry: dict = {"group_size": group_size, "num_buckets": len(first["buckets"]),
+                   "pipeline_depth": first["pipeline_depth"]}
+    per_rank = {}
+    if group_size == 1:
+        for rank, r in records.items():
+            per_rank[rank] = dict(projected_step_s=r["step_s"], wait_s=0.0)
+        projection = None
+        traffic = None
+    else:
+        # NOTE: the group is the (HSDP: shard) group of replica 0; replicas run alike.
+        group_topology = topology.group(group_size, first_global_rank=0, stride=1)
+        measured = {}
+        for r in records.values():
+            measured.setdefault(r["group_rank"], r["bucket_times"])
+        num_flags = 3 * len(settings.shapes)  # NOTE: the gradient checks' all_reduce (int64 each)
+        projection = _C.sim.project_step(first["_layout"], group_topology, measured, first["cost_entries"],
+                                         first["device_type"], first["pipeline_depth"], 8 * num_flags)
+        traffic = _C.sim.rank_traffic(first["_layout"], group_topology)
+        for rank, r in records.items():
+            t = traffic[r["group_rank"]]
+            if (t.sent, t.received) != (r["bytes_sent"], r["bytes_received"]):
+                raise RuntimeError(f"{method}: rank {rank} counted {r['bytes_sent']} bytes sent and "
+                                   f"{r['bytes_received']} received, the traffic model says {t.sent} and {t.received}")
+            outside = max(0.0, r["step_s"] - r["fill_s"] - r["compute_s"])
+            per_rank[rank] = dict(projected_step_s=projection.step_s + outside,
+                                  wait_s=projection.ranks[r["group_rank"]].wait_s,
+                                  send_intra=t.send_intra, send_inter=t.send_inter, recv_intra=t.recv_intra,
+                                  recv_inter=t.recv_inter)
+        entry.update(simulated_step_s=projection.step_s, simulated_slowest_rank=projection.slowest_rank,
+                     calibration={k: {"fixed_s": v.fixed_s, "rate": v.rate, "idle_s": v.idle_s}
+                                  for k, v in projection.calibration.items()},
+                     predicted_ranks=[g for g, m in enumerate(projection.measured) if not m])
+    for rank, r in records.items():
+        per_rank[rank].update(measured_step_s=r["step_s"], measured_compute_s=r["compute_s"], ns_s=r["ns_s"],
+                              fill_s=r["fill_s"], send_bytes=r["bytes_sent"], recv_bytes=r["bytes_received"],
+                              peak_extra_bytes=r["peak_extra_bytes"])
+    entry["per_rank"] = per_rank
+    return entry
+
+
+def _reported_rank(entry: dict, preferred: int | None) -> int:
+    """The rank a method's headline figures come from: `preferred` when it ran, else the
+    measured rank with the longest projected step."""
+    per_rank = entry["per_rank"]
+    if preferred in per_rank:
+        return preferred
+    return max(per_rank, key=lambda r: per_rank[r]["projected_step_s"])
+
+
+def _headline(entry: dict, rank: int) -> dict:
+    r = entry["per_rank"][rank]
+    ms = lambda s: s * 1e3  # noqa: E731
+    return {"rank": rank, "projected_step_ms": ms(r["projected_step_s"]), "measured_step_ms": ms(r["measured_step_s"]),
+            "measured_compute_ms": ms(r.get("measured_compute_s", r["measured_step_s"])),
+            "ns_ms": ms(r.get("ns_s", 0.0)), "wait_ms": ms(r.get("wait_s", 0.0)),
+            "send_bytes": r.get("send_bytes", 0), "recv_bytes": r.get("recv_bytes", 0),
+            "peak_extra_bytes": r["peak_extra_bytes"]}
+
+
+# -------------------------------------------------------------------------- running
+def run_fake(args) -> int:
+    """bench step --fake-world: validate, run the chosen ranks, project, print, write JSON."""
+    from dmuon.bench.step import _check_counts, _matrices, _write_json
+    from dmuon.cli_usage import input_checks
+    from dmuon.launch import resolve_device
+
+    with input_checks():
+        if args.world is not None or args.worlds is not None:
+            raise ValueError("--fake-world runs one process; it cannot be combined with --world or --worlds")
+        _check_counts(args)
+        world = args.fake_world
+        check_world(world, args.hsdp)
+        if args.rank is not None:
+            check_rank(args.rank, world)
+        topology = topology_from_args(args)
+        require_no_process_group()
+        device = resolve_device(args.device)
+        methods = parse_methods(args.mode)
+        model_name, matrices = _matrices(args)
+    shapes = [(m.batch, m.rows, m.cols) if m.batch > 1 else (m.rows, m.cols) for m in matrices]
+    names = [m.name for m in matrices]
+    settings = _Settings(args, device, world, shapes, names)
+    env = environment_line(device)
+    wire = args.wire_dtype if args.wire_dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    num_params = sum(m.rows * m.cols * m.batch for m in matrices)
+    hsdp = f" (HSDP {settings.replicas} x {settings.shards})" if settings.replicas > 1 else ""
+    print(f"dmuon bench step --fake-world {world}{hsdp} | {env}")
+    print(f"model {model_name}: {len(matrices)} Muon matrices, {num_params / 1e6:.1f} M parameters, float32, sharded "
+          f"on dim 0 | wire {wire} | buckets of {args.bucket_mb:g} MiB | planner {args.planner} | median of "
+          f"{args.steps} steps after {args.warmup} warm-up, each rank in turn on one {device} device", flush=True)
+
+    # The ranks to run: given, all (replica 0 under HSDP: replicas run alike), or rank 0 and
+    # the rank the planner predicts slowest (known once rank 0 has planned).
+    records: dict[str, dict[int, dict]] = {m: {} for m in [*methods, "adamw"]}
+    plan_method = "owner" if "owner" in methods else methods[0]
+    if args.rank is not None:
+        ranks = [args.rank]
+    elif args.ranks == "all":
+        ranks = list(range(settings.shards))
+    else:
+        ranks = [0]
+    settings.check_memory(ranks[0])
+    records[plan_method][ranks[0]] = run_rank(settings, plan_method, ranks[0])
+    predicted = records[plan_method][ranks[0]]["predicted_rank_seconds"]
+    slowest = max(range(len(predicted)), key=lambda r: (predicted[r], -r)) if predicted else 0
+    if args.rank is None and args.ranks != "all" and slowest not in ranks:
+        ranks.append(slowest)
+    for rank in ranks:
+        settings.check_memory(rank)
+        for method in [*methods, "adamw"]:
+            if rank not in records[method]:
+                records[method][rank] = run_rank(settings, method, rank)
+
+    # Orthogonalized exactly once, by the owner (every rank ran: a full check).
+    owner_records = records.get("owner", {})
+    if len(owner_records) == settings.shards:
+        done = sorted(i for r in owner_records.values() for i in r["orthogonalized"])
+        if done != list(range(len(matrices))):
+            raise RuntimeError(f"owner mode: the ranks orthogonalized {done}, expected every matrix once")
+
+    entries = {m: project_method(m, records[m], settings, topology) for m in methods}
+    adamw = {rank: dict(projected_step_s=r["step_s"], measured_step_s=r["step_s"], peak_extra_bytes=r["peak_extra_bytes"])
+             for rank, r in records["adamw"].items()}
+    entries["adamw"] = {"per_rank": adamw}
+    preferred = slowest if slowest in ranks else None
+    methods_json = {m: {**_headline(e, _reported_rank(e, preferred)), **{k: v for k, v in e.items() if k != "per_rank"},
+                        "per_rank": {str(r): v for r, v in e["per_rank"].items()}} for m, e in entries.items()}
+    planner = None
+    if "owner" in methods:
+        r = _reported_rank(entries["owner"], preferred)
+        group_rank = records["owner"][r]["group_rank"]
+        planner = {"slowest_rank": slowest, "predicted_ns_ms": predicted[slowest] * 1e3 if predicted else None,
+                   "measured_ns_ms": records["owner"][slowest]["ns_s"] * 1e3 if slowest in records["owner"] else None,
+                   "reported_rank": r, "reported_rank_predicted_ns_ms":
+                       predicted[group_rank] * 1e3 if predicted else None}
+    record = {"world": world, "model": model_name, "hsdp": {"replicas": settings.replicas, "shards": settings.shards},
+              "device": device, "environment": env, "wire_dtype": wire, "bucket_mb": args.bucket_mb,
+              "planner": args.planner, "steps": args.steps, "warmup": args.warmup, "ranks_run": ranks,
+              "topology": topology.describe(), "projection_model": PROJECTION_MODEL, "methods": methods_json,
+              "planner_prediction": planner}
+    _print_fake(record)
+    _write_json(args.json, record)
+    return 0
+
+
+def _print_fake(record: dict) -> None:
+    t = record["topology"]
+    print(f"topology: {t['gpus_per_node']} GPUs per node, intra-node {t['intra_GBps']:.1f} GB/s + "
+          f"{t['intra_latency_us']:g} µs, inter-node {t['inter_GBps']:.1f} GB/s + {t['inter_latency_us']:g} µs per GPU "
+          f"| ranks run: {record['ranks_run']}")
+    header = (f"{'method':<14} {'rank':>5} {'projected ms':>13} {'fake step ms':>13} {'compute ms':>11} {'NS ms':>8} "
+              f"{'wait ms':>8} {'MB sent':>9} {'MB recv':>9} {'peak+ MB':>9} {'vs gather':>10} {'x AdamW':>8}")
+    print(header)
+    print("-" * len(header))
+    methods = record["methods"]
+    adamw = methods["adamw"]["projected_step_ms"]
+    gather = methods.get("gather", {}).get("projected_step_ms")
+    for name, m in methods.items():
+        label = "adamw (fused)" if name == "adamw" else name
+        versus = f"{gather / m['projected_step_ms']:9.2f}x" if gather else f"{'-':>10}"
+        print(f"{label:<14} {m['rank']:>5} {m['projected_step_ms']:13.1f} {m['measured_step_ms']:13.1f} "
+              f"{m['measured_compute_ms']:11.1f} {m['ns_ms']:8.1f} {m['wait_ms']:8.1f} {m['send_bytes'] / 2**20:9.1f} "
+              f"{m['recv_bytes'] / 2**20:9.1f} {m['peak_extra_bytes'] / 2**20:9.1f} {versus} "
+              f"{m['projected_step_ms'] / adamw:7.2f}x")
+    p = record.get("planner_prediction")
+    if p and p["predicted_ns_ms"] is not None:
+        measured = f"{p['measured_ns_ms']:.1f} ms" if p["measured_ns_ms"] is not None else "not run"
+        print(f"planner: predicted NS of the slowest rank ({p['slowest_rank']}) {p['predicted_ns_ms']:.1f} ms, "
+              f"measured {measured}")
+    per_rank = methods.get("owner", {}).get("per_rank", {})
+    if len(per_rank) > 2:
+        print("owner per rank: " + ", ".join(f"{r}: NS {v['ns_s'] * 1e3:.1f} / wait {v.get('wait_s', 0) * 1e3:.1f} ms"
+                                             for r, v in per_rank.items()))
+    print("projected: the step on the topology (fake_world.PROJECTION_MODEL, also in the JSON); fake step: the "
+          "measured step with free collectives; compute: the pipeline's measured phases")
+    print(flush=True)

@@ -1,0 +1,276 @@
+// The step projection (csrc/sim): topology, traffic, collective costs, the pipeline
+// simulation and the prediction of unmeasured ranks, on hand-computed cases.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "common/check.h"
+#include "plan/cost_model.h"
+#include "sim/collective_cost.h"
+#include "sim/pipeline.h"
+#include "sim/rank_prediction.h"
+#include "sim/topology.h"
+#include "sim/traffic.h"
+
+namespace {
+
+using dmuon::dist::Bucket;
+using dmuon::dist::ParamLayout;
+using dmuon::sim::BucketTimes;
+using dmuon::sim::Link;
+using dmuon::sim::Phase;
+using dmuon::sim::Program;
+using dmuon::sim::RankTimeline;
+using dmuon::sim::StepLayout;
+using dmuon::sim::Topology;
+
+constexpr Link kIntra{100.0, 0.5};  // bytes/s, s: round numbers for hand computation
+constexpr Link kInter{10.0, 2.0};
+
+Topology flat(int world, int gpus_per_node) { return Topology::two_level(world, gpus_per_node, kIntra, kInter); }
+
+BucketTimes times(double prepare, double ns, double return_pack, double apply) {
+  BucketTimes t;
+  t[Phase::kPrepare] = prepare;
+  t[Phase::kNs] = ns;
+  t[Phase::kReturnPack] = return_pack;
+  t[Phase::kApply] = apply;
+  return t;
+}
+
+// One 5×4 matrix sharded over 2 ranks (rows 3 + 2) owned by rank 1, and a replicated 2×4
+// owned by rank 0; one bucket; fp32 wire.
+StepLayout two_rank_layout(bool gather) {
+  StepLayout layout;
+  layout.gather = gather;
+  layout.world_size = 2;
+  layout.layouts = {ParamLayout{{5, 4}, 0, true}, ParamLayout{{2, 4}, 0, false}};
+  layout.owners = {1, 0};
+  layout.buckets = {Bucket{{0, 1}, 0}};
+  layout.wire_element_size = 4;
+  return layout;
+}
+
+TEST(SimTopology, TwoLevelPlacesGroupRanksOnNodes) {
+  const Topology world = flat(16, 8);
+  EXPECT_EQ(world.node_of(7), 0);
+  EXPECT_EQ(world.node_of(8), 1);
+  EXPECT_TRUE(world.spans_nodes());
+  // HSDP 4 × 4 on 8-GPU nodes: the replicate group of shard 2 is global ranks 2, 6, 10, 14.
+  const Topology replicas = Topology::two_level(4, 8, kIntra, kInter, 2, 4);
+  EXPECT_EQ(replicas.node_of(0), 0);
+  EXPECT_EQ(replicas.node_of(1), 0);
+  EXPECT_EQ(replicas.node_of(2), 1);
+  // ... and the shard group of replica 1 (ranks 4..7) sits inside node 0.
+  EXPECT_FALSE(Topology::two_level(4, 8, kIntra, kInter, 4, 1).spans_nodes());
+  EXPECT_THROW(Topology({}, kIntra, kInter), dmuon::Error);
+  EXPECT_THROW(Topology({0, 1}, Link{0.0, 0.0}, kInter), dmuon::Error);
+  EXPECT_THROW(Topology::two_level(4, 0, kIntra, kInter), dmuon::Error);
+}
+
+TEST(SimTraffic, OwnerModeMovesShardsToOwnersAndResultsBack) {
+  const auto traffic = dmuon::sim::step_traffic(two_rank_layout(false), flat(2, 8));
+  ASSERT_EQ(traffic.forward.size(), 1u);
+  EXPECT_TRUE(traffic.forward[0].issued);
+  EXPECT_TRUE(traffic.back[0].issued);
+  // Forward: rank 0's 3 rows of the sharded matrix to its owner (3·4·4 bytes).
+  EXPECT_EQ(traffic.forward[0].ranks[0].send_intra, 48);
+  EXPECT_EQ(traffic.forward[0].ranks[1].recv_intra, 48);
+  EXPECT_EQ(traffic.forward[0].ranks[1].send_intra, 0);
+  // Return: the owner sends rank 0 its 3 rows; rank 0 sends rank 1 the whole replicated 2×4.
+  EXPECT_EQ(traffic.back[0].ranks[1].send_intra, 48);
+  EXPECT_EQ(traffic.back[0].ranks[0].send_intra, 32);
+  const auto r0 = traffic.total(0);
+  EXPECT_EQ(r0.sent(), 48 + 32);
+  EXPECT_EQ(r0.received(), 48);
+  EXPECT_EQ(r0.send_inter + r0.recv_inter, 0);
+  // One GPU per node: the same bytes cross the network instead.
+  const auto apart = dmuon::sim::step_traffic(two_rank_layout(false), flat(2, 1)).total(0);
+  EXPECT_EQ(apart.send_inter, 80);
+  EXPECT_EQ(apart.send_intra, 0);
+}
+
+TEST(SimTraffic, GatherModeSendsEveryShardToEveryRankAndNothingBack) {
+  const auto traffic = dmuon::sim::step_traffic(two_rank_layout(true), flat(2, 8));
+  EXPECT_FALSE(traffic.back[0].issued);
+  EXPECT_EQ(traffic.total(0).sent(), 3 * 4 * 4);
+  EXPECT_EQ(traffic.total(1).sent(), 2 * 4 * 4);
+  EXPECT_EQ(traffic.total(0).received(), 2 * 4 * 4);
+  // Inactive parameters (no gradient) move nothing, and an all-inactive bucket is not issued.
+  StepLayout layout = two_rank_layout(true);
+  layout.active = {false, true};
+  EXPECT_FALSE(dmuon::sim::step_traffic(layout, flat(2, 8)).forward[0].issued);
+}
+
+TEST(SimTraffic, BadLayoutsAreNamed) {
+  StepLayout layout = two_rank_layout(false);
+  layout.owners = {2, 0};
+  EXPECT_THROW(layout.validate(), dmuon::Error);
+  layout = two_rank_layout(false);
+  layout.buckets = {Bucket{{0}, 0}};
+  try {
+    layout.validate();
+    FAIL() << "a parameter in no bucket was accepted";
+  } catch (const dmuon::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("parameter 1 is in 0 buckets"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(dmuon::sim::step_traffic(two_rank_layout(false), flat(3, 8)), dmuon::Error);
+}
+
+TEST(SimCollectiveCost, LatencyPlusTheSlowestLink) {
+  dmuon::sim::Exchange e;
+  e.issued = true;
+  e.ranks.resize(2);
+  e.ranks[0].send_intra = 200;  // 2 s on the intra link
+  e.ranks[1].recv_intra = 200;
+  EXPECT_DOUBLE_EQ(dmuon::sim::all_to_all_seconds(e, flat(2, 8)), 0.5 + 2.0);
+  e.ranks[0].send_inter = 30;  // 3 s on the network: the slower link, and its latency
+  e.ranks[1].recv_inter = 30;
+  EXPECT_DOUBLE_EQ(dmuon::sim::all_to_all_seconds(e, flat(2, 8)), 2.0 + 3.0);
+  e.issued = false;
+  EXPECT_EQ(dmuon::sim::all_to_all_seconds(e, flat(2, 8)), 0.0);
+
+  using dmuon::sim::RingKind;
+  EXPECT_DOUBLE_EQ(dmuon::sim::ring_seconds(RingKind::kAllGather, 400, flat(4, 8)), 0.5 + 0.75 * 4.0);
+  EXPECT_DOUBLE_EQ(dmuon::sim::ring_seconds(RingKind::kAllReduce, 400, flat(4, 8)), 0.5 + 1.5 * 4.0);
+  EXPECT_DOUBLE_EQ(dmuon::sim::ring_seconds(RingKind::kReduceScatter, 40, flat(4, 2)), 2.0 + 0.75 * 4.0);
+  EXPECT_EQ(dmuon::sim::ring_seconds(RingKind::kAllReduce, 400, flat(1, 8)), 0.0);
+}
+
+TEST(SimPipeline, ACollectiveCompletesOnlyWhenEveryRankReachedIt) {
+  Program program;
+  const size_t c = program.add_collective("forward 0", 0.5);
+  program.compute(0, Phase::kPrepare);
+  program.issue(c);
+  program.wait(c);
+  program.compute(0, Phase::kNs);
+  // Rank 0 packs in 1 s, rank 1 in 3 s: both receive at 3 + 0.5; rank 0's NS then takes 10 s.
+  const std::vector<RankTimeline> t = {{times(1, 10, 0, 0)}, {times(3, 2, 0, 0)}};
+  const auto p = dmuon::sim::simulate(program, t);
+  EXPECT_DOUBLE_EQ(p.collectives[0].start_s, 3.0);
+  EXPECT_DOUBLE_EQ(p.ranks[0].wait_s, 2.5);
+  EXPECT_DOUBLE_EQ(p.ranks[1].wait_s, 0.5);
+  EXPECT_DOUBLE_EQ(p.ranks[0].end_s, 13.5);
+  EXPECT_DOUBLE_EQ(p.ranks[1].end_s, 5.5);
+  EXPECT_DOUBLE_EQ(p.step_s, 13.5);
+  EXPECT_EQ(p.slowest_rank, 0);
+  EXPECT_DOUBLE_EQ(p.ranks[0].compute_s, 11.0);
+}
+
+TEST(SimPipeline, ARanksCollectivesRunOneAtATimeInIssueOrder) {
+  Program program;
+  const size_t a = program.add_collective("a", 1.0), b = program.add_collective("b", 1.0);
+  program.issue(a);
+  program.issue(b);
+  program.wait(b);
+  const auto p = dmuon::sim::simulate(program, {{times(0, 0, 0, 0)}});
+  EXPECT_DOUBLE_EQ(p.collectives[1].start_s, 1.0);
+  EXPECT_DOUBLE_EQ(p.step_s, 2.0);
+  EXPECT_THROW(dmuon::sim::simulate(program, {{times(-1, 0, 0, 0)}}), dmuon::Error);
+}
+
+// The program's operations as text: P0 (compute prepare of bucket 0), I(forward 0), W(...).
+std::string describe(const Program& program) {
+  std::string out;
+  for (const auto& op : program.ops) {
+    if (!out.empty()) out += " ";
+    if (op.kind == Program::Kind::kCompute) {
+      out += std::string(1, "PNRA"[static_cast<size_t>(op.phase)]) + std::to_string(op.bucket);
+    } else {
+      out += (op.kind == Program::Kind::kIssue ? "I(" : "W(") + program.collective_names[op.collective] + ")";
+    }
+  }
+  return out;
+}
+
+TEST(SimPipeline, TheProgramIsTheRuntimesOrder) {
+  // Three buckets of one 4×2 matrix each over two ranks, owners 0, 1, 0; depth 1.
+  StepLayout layout;
+  layout.world_size = 2;
+  layout.layouts.assign(3, ParamLayout{{4, 2}, 0, true});
+  layout.owners = {0, 1, 0};
+  layout.buckets = {Bucket{{0}, 0}, Bucket{{1}, 0}, Bucket{{2}, 0}};
+  const auto traffic = dmuon::sim::step_traffic(layout, flat(2, 8));
+  const Program program = dmuon::sim::bucket_pipeline_program(traffic, flat(2, 8), 1, 0.0);
+  EXPECT_EQ(describe(program),
+            "P0 I(forward 0) P1 I(forward 1) "
+            "W(forward 0) N0 R0 I(return 0) P2 I(forward 2) "
+            "W(forward 1) N1 R1 I(return 1) W(return 0) A0 "
+            "W(forward 2) N2 R2 I(return 2) W(return 1) A1 "
+            "W(return 2) A2");
+  // With agreements, the step begins and ends with one.
+  const Program agreed = dmuon::sim::bucket_pipeline_program(traffic, flat(2, 8), 8, 1e-5);
+  EXPECT_EQ(agreed.collective_names.front(), "all_reduce of the gradient checks");
+  EXPECT_EQ(agreed.collective_names.back(), "all_reduce of the finite check");
+  EXPECT_EQ(agreed.ops.back().kind, Program::Kind::kWait);
+  // Gather mode: no returns.
+  layout.gather = true;
+  const Program gather = dmuon::sim::bucket_pipeline_program(dmuon::sim::step_traffic(layout, flat(2, 8)),
+                                                             flat(2, 8), 1, 0.0);
+  EXPECT_EQ(describe(gather).find("return"), std::string::npos);
+}
+
+TEST(SimPipeline, OwnersOverlapWithEnoughDepthAndChainWithout) {
+  // Four buckets, each one matrix owned by a different rank of four; NS 10 s on its owner.
+  StepLayout layout;
+  layout.world_size = 4;
+  layout.layouts.assign(4, ParamLayout{{4, 2}, 0, true});
+  layout.owners = {0, 1, 2, 3};
+  for (int b = 0; b < 4; ++b) layout.buckets.push_back(Bucket{{b}, 0});
+  std::vector<RankTimeline> t(4, RankTimeline(4, times(0, 0, 0, 0)));
+  for (int r = 0; r < 4; ++r) t[static_cast<size_t>(r)][static_cast<size_t>(r)][Phase::kNs] = 10.0;
+  const Topology fast = Topology::two_level(4, 8, Link{1e12, 0.0}, Link{1e12, 0.0});
+  const auto traffic = dmuon::sim::step_traffic(layout, fast);
+  // depth 4: every forward in flight at once, the four NS run side by side.
+  const auto overlapped = dmuon::sim::simulate(dmuon::sim::bucket_pipeline_program(traffic, fast, 4, 0.0), t);
+  EXPECT_NEAR(overlapped.step_s, 10.0, 1e-9);
+  // depth 1: rank 0 waits in bucket 1's return for rank 1's NS before it issues bucket 2's
+  // forward... the NS chain: 0 and 1 overlap, then 2 waits for the return of bucket 1.
+  const auto chained = dmuon::sim::simulate(dmuon::sim::bucket_pipeline_program(traffic, fast, 1, 0.0), t);
+  EXPECT_GT(chained.step_s, 19.0);
+}
+
+TEST(SimPrediction, UnmeasuredRanksFollowTheMeasuredRanksFit) {
+  // Two buckets of different sizes over two ranks; rank 0 measured with time = 1 ms +
+  // 2 ns per element (prepare, apply) and 3 × the cost model (NS): rank 1 must follow.
+  StepLayout layout;
+  layout.world_size = 2;
+  layout.layouts = {ParamLayout{{63, 32}, 0, true}, ParamLayout{{16, 32}, 0, true}, ParamLayout{{33, 32}, 0, true}};
+  layout.owners = {0, 1, 0};
+  layout.buckets = {Bucket{{0, 1}, 0}, Bucket{{2}, 0}};
+  const auto cost = dmuon::plan::AnalyticCostModel::cpu_default().as_cost_fn();
+  const auto work0 = dmuon::sim::rank_work(layout, 0, cost);
+  const auto work1 = dmuon::sim::rank_work(layout, 1, cost);
+  // torch.chunk: rank 0 holds 32 + 8 rows of bucket 0 and 17 of bucket 1, rank 1 31 + 8 and 16.
+  EXPECT_DOUBLE_EQ(work0[0][static_cast<size_t>(Phase::kPrepare)], (32 + 8) * 32);
+  EXPECT_DOUBLE_EQ(work1[0][static_cast<size_t>(Phase::kPrepare)], (31 + 8) * 32);
+  EXPECT_DOUBLE_EQ(work0[1][static_cast<size_t>(Phase::kApply)], 17 * 32);
+  EXPECT_DOUBLE_EQ(work0[0][static_cast<size_t>(Phase::kNs)], cost(63, 32, 1));
+  EXPECT_DOUBLE_EQ(work0[0][static_cast<size_t>(Phase::kReturnPack)], 63 * 32);
+  EXPECT_DOUBLE_EQ(work1[0][static_cast<size_t>(Phase::kNs)], cost(16, 32, 1));
+  EXPECT_DOUBLE_EQ(work1[1][static_cast<size_t>(Phase::kNs)], 0.0);
+
+  auto model = [](const std::array<double, 4>& w) {
+    return times(1e-3 + 2e-9 * w[0], 3.0 * w[1], 1e-3 + 1e-9 * w[2], 1e-3 + 2e-9 * w[3]);
+  };
+  RankTimeline measured;
+  for (const auto& w : work0) measured.push_back(model(w));
+  // NOTE: rank 0's samples of every phase vary in work, so each two-parameter fit is exact.
+  const auto all = dmuon::sim::complete_timelines(layout, {{0, measured}}, cost);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0][1][Phase::kNs], measured[1][Phase::kNs]);  // measured ranks are kept as given
+  for (size_t b = 0; b < 2; ++b) {
+    const BucketTimes expected = model(work1[b]);
+    for (size_t p = 0; p < dmuon::sim::kNumPhases; ++p) {
+      const Phase phase = static_cast<Phase>(p);
+      // Without work (rank 1 owns nothing in bucket 1): the measured idle time (none: 0).
+      const double want = work1[b][p] > 0 ? expected[phase] : 0.0;
+      EXPECT_NEAR(all[1][b][phase], want, 1e-12 + 1e-9 * want) << "bucket " << b << " phase "
+                                                                  << dmuon::sim::phase_name(phase);
+    }
+  }
+  EXPECT_THROW(dmuon::sim::complete_timelines(layout, {{2, measured}}, cost), dmuon::Error);
+  EXPECT_THROW(dmuon::sim::complete_timelines(layout, {{0, RankTimeline(1)}}, cost), dmuon::Error);
+}
+
+}  // namespace

@@ -1,0 +1,158 @@
+"""Worker functions for the fake-world tests (tests/python/test_fake_world*.py).
+
+`fake_rank_step` runs in the test process itself: it becomes each rank of a fake world in
+turn (torch's fake backend, no other processes). The `gloo_*` workers run on real Gloo
+processes through dist_harness.run_distributed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+import dmuon
+
+# Awkward matrices: dim 0 smaller than the world (empty shards at 8), not divisible by 2 or
+# 3, a 3-D stack of 3, one row, tall and wide.
+SHAPES = [(16, 24), (5, 7), (1, 40), (3, 300), (7, 5), (3, 6, 8), (12, 12)]
+
+
+def chunk_rows(dim0: int, rank: int, world: int) -> int:
+    """torch.chunk's block of dim 0 on `rank` (the test's own statement of Shard(0))."""
+    chunks = torch.arange(dim0).chunk(world)
+    return len(chunks[rank]) if rank < len(chunks) else 0
+
+
+def rows_per_dim0_and_cols(shape: tuple) -> tuple[int, int]:
+    """A Muon parameter as a matrix: rows per index of dim 0 and columns (3-D: a stack)."""
+    return (shape[1], shape[2]) if len(shape) == 3 else (1, shape[1])
+
+
+def analytic_bytes(shapes: list, owners: list[int], rank: int, world: int, mode: str,
+                   element_size: int = 4) -> tuple[int, int]:
+    """(sent, received) bytes of `rank` in one step, from the shards alone: owner mode sends
+    its rows of every matrix another rank owns and every other rank its rows of the results of
+    the matrices it owns; gather mode sends its rows to every other rank."""
+    sent = received = 0
+    for i, shape in enumerate(shapes):
+        per_row, cols = rows_per_dim0_and_cols(shape)
+        rows = [chunk_rows(shape[0], r, world) * per_row for r in range(world)]
+        if mode == "gather":
+            sent += rows[rank] * cols * (world - 1)
+            received += sum(rows[s] for s in range(world) if s != rank) * cols
+        elif owners[i] == rank:
+            others = sum(rows[s] for s in range(world) if s != rank) * cols
+            sent += others      # results back to every other rank
+            received += others  # their rows of the update
+        else:
+            sent += rows[rank] * cols
+            received += rows[rank] * cols
+    return sent * element_size, received * element_size
+
+
+def fake_rank_step(rank: int, world: int, mode: str, shapes: list = SHAPES, nan_param: int | None = None) -> dict:
+    """This process as `rank` of a fake world: its FSDP2-layout shards (Shard(0)), random
+    gradients, one DMuon step. Returns the runtime's owners, what it orthogonalized, the
+    bytes it counted and the predicted loads (or the error of a non-finite gradient)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dmuon.bench.fake_world import fake_rank
+    from dmuon.bench.step import _sharded_tensors
+
+    with fake_rank(rank, world):
+        mesh = init_device_mesh("cpu", (world,))
+        params = [nn.Parameter(t) for t in _sharded_tensors(shapes, mesh, rank, world, 0, "cpu")]
+        for p, g in zip(params, _sharded_tensors(shapes, mesh, rank, world, 1, "cpu")):
+            p.grad = g
+        if nan_param is not None and params[nan_param].to_local().numel():
+            params[nan_param].grad.to_local().view(-1)[0] = float("nan")
+        opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(params)], lr=0.02, mode=mode, planner="lpt",
+                          bucket_size_mb=0.0005)
+        before = [p.to_local().clone() for p in params]
+        try:
+            opt.step()
+        except Exception as error:  # noqa: BLE001 - reported to the test
+            return {"error": f"{type(error).__name__}: {error}"}
+        runtime = opt.runtime
+        stats = runtime.last_stats
+        changed = [not torch.equal(b, p.to_local()) for b, p in zip(before, params) if b.numel()]
+        return {"transport": runtime.transport, "owners": list(runtime.owners),
+                "orthogonalized": list(stats.orthogonalized), "bytes_sent": stats.bytes_sent,
+                "bytes_received": stats.bytes_received, "num_buckets": stats.num_buckets,
+                "bucket_times": stats.bucket_times, "predicted": list(runtime.predicted_rank_seconds),
+                "all_finite": all(bool(torch.isfinite(p.to_local()).all()) for p in params),
+                "all_changed": all(changed), "layout": runtime.step_layout}
+
+
+def _layouts(shapes: list) -> list:
+    from dmuon._ops import _C
+
+    return [_C.dist.ParamLayout(list(s), 1 if len(s) == 3 else 0, True) for s in shapes]
+
+
+def gloo_local_and_broadcast_plans(rank: int, world: int, solver: str) -> dict[str, Any]:
+    """On a real Gloo world: the plan every rank computes alone against the one rank 0
+    broadcasts, for the same parameters."""
+    import os
+
+    import torch.distributed as dist
+
+    from dmuon._ops import _C
+
+    # NOTE: rank 0's broadcast solve keeps the MILP's wall-clock limit (2 s by default); on a
+    # loaded CI machine it can fire and stop the search early, and such a plan is not the
+    # deterministic one (the reason ranks that plan alone solve without it). A limit that
+    # cannot fire here compares the two solves; the node cap ends both.
+    previous = os.environ.get("DMUON_PLAN_TIME_LIMIT")
+    os.environ["DMUON_PLAN_TIME_LIMIT"] = "600"  # NOTE: restored below (worker processes may be reused)
+    try:
+        shapes = SHAPES * 3  # NOTE: enough matrices for the MILP to have choices at world 3
+        names = [f"w{i}" for i in range(len(shapes))]
+        out = {}
+        for source in ("broadcast", "local"):
+            options = _C.dist.RuntimeOptions(solver=solver, plan_source=source, bucket_bytes=4096)
+            runtime = _C.dist.MuonRuntime(dist.group.WORLD.group_name, names, _layouts(shapes), options)
+            text = [line for line in runtime.plan_text.splitlines() if not line.startswith("solve_seconds")]
+            out[source] = {"owners": list(runtime.owners), "buckets": [list(b) for b in runtime.buckets],
+                           "text": text}
+    finally:
+        if previous is None:
+            del os.environ["DMUON_PLAN_TIME_LIMIT"]
+        else:
+            os.environ["DMUON_PLAN_TIME_LIMIT"] = previous
+    return out
+
+
+def gloo_local_plans_that_differ(rank: int, world: int, differs: str) -> str:
+    """Rank 1 plans with another cost table ("costs") or other buckets ("buckets"): every
+    rank must fail by name (not hang, not exchange mismatched buffers)."""
+    import torch.distributed as dist
+
+    from dmuon._ops import _C
+
+    shapes = SHAPES * 2
+    matrices = sorted({s[1:] if len(s) == 3 else s for s in shapes})
+    costs, bucket_bytes = [], 4096
+    if rank == 1 and differs == "costs":
+        costs = [(m, n, b, 1e-6 * m * n * b) for m, n in matrices for b in (1, 2, 4, 8)]
+    if rank == 1 and differs == "buckets":
+        bucket_bytes = 512
+    options = _C.dist.RuntimeOptions(solver="lpt", plan_source="local", cost_entries=costs, bucket_bytes=bucket_bytes)
+    try:
+        _C.dist.MuonRuntime(dist.group.WORLD.group_name, [f"w{i}" for i in range(len(shapes))], _layouts(shapes),
+                            options)
+    except RuntimeError as error:
+        return str(error)
+    return "no error"
+
+
+def gloo_fake_world_refused(rank: int, world: int, argv: list[str]) -> str:
+    """`bench step --fake-world` inside a process whose real process group is initialized."""
+    from dmuon.__main__ import main
+
+    try:
+        main(argv)
+    except RuntimeError as error:
+        return str(error)
+    return "no error"
