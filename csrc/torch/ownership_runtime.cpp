@@ -458,7 +458,12 @@ void OwnershipRuntime::process(Issued& issued) {
     std::vector<at::Tensor> stack;
     const at::ScalarType ns_dtype = wide ? at::kDouble : at::kFloat;
     for (int i : members) stack.push_back(updates[i].to(ns_dtype).view({-1, m, n}));
-    at::Tensor out = orthogonalize(at::cat(stack, 0), schedule);
+    // NOTE: a NaN/Inf gradient or buffer (flagged above) reaches the update before the ranks
+    // agree on it: iterate on zeros in its place, so that the owner's Newton–Schulz (which
+    // refuses non-finite input on the CPU) neither throws on one rank, leaving the others in
+    // the agreement, nor hides the flag; finish() reports it and the step raises or skips.
+    at::Tensor input = at::cat(stack, 0).nan_to_num_(0.0, 0.0, 0.0);
+    at::Tensor out = orthogonalize(input, schedule);
     // NOTE: as in the sharded runtime, checked and sanitized once per batch where computed;
     // commit() applies the rest and raises, naming the first applied matrix of the batch.
     result_flags_.push_back({at::logical_not(at::isfinite(out).all()).expand({static_cast<int64_t>(members.size())}),
