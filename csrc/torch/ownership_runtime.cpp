@@ -519,6 +519,9 @@ std::vector<int64_t> OwnershipRuntime::finish(int64_t step_idx) {
   for (const auto& [i, bad] : read_flags(input_flags_)) flags[i] = bad ? 1 : 0;
   std::lock_guard<std::mutex> lock(mutex_);
   reset_window();
+  // NOTE: what runs from now on (the next forward and backward) belongs to the next step,
+  // whether this one commits (commit() names its own collectives) or is skipped.
+  step_idx_ = step_idx;
   return flags;
 }
 
@@ -547,6 +550,12 @@ void OwnershipRuntime::commit(const std::vector<at::Tensor>& masters, const std:
   DMUON_CHECK(masters.size() == n && active.size() == n, "OwnershipRuntime::commit: expected ", n,
               " masters and activity flags");
   step_idx_ = step_idx - 1;
+  // NOTE: afterwards (also when this throws) the work is the next step's.
+  struct NextStep {
+    int64_t& idx;
+    int64_t value;
+    ~NextStep() { idx = value; }
+  } next_step{step_idx_, step_idx};
   std::vector<at::Tensor> param_list, update_list, buffer_list, momentum_list;
   std::vector<double> scales, decays;
   std::vector<bool> applied(n, false);
