@@ -1,6 +1,6 @@
 // dmuon._C.dist: the owner-centric step runtime (MuonRuntime) and its option structs.
 #include <pybind11/stl.h>
-#include <torch/extension.h>
+#include <torch/python.h>
 
 #include "bindings.h"
 #include "common/check.h"
