@@ -10,19 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "aligned_sym_args.h"
+
 namespace dmuon::ns::cuda {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// Operands that every configuration's alignment rules accept (16-byte aligned, ld 64).
 SymProductArgs aligned_args(double beta = 0.0) {
-  alignas(256) static char buffer[4096];
-  SymProductArgs args;
-  args.batch = 2, args.m = 64, args.k = 64;
-  args.a = args.b = args.c = args.d = buffer;
-  args.lda = args.ldb = args.ldc = args.ldd = 64;
-  args.stride_a = args.stride_b = args.stride_c = args.stride_d = 64 * 64;
+  SymProductArgs args = dmuon::testing::aligned_sym_args(2, 64, 64, 64);
   args.beta = beta;
   return args;
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "aligned_sym_args.h"
 #include "ns/cuda/sm90_sym_config.h"
 
 namespace {
@@ -17,15 +18,7 @@ using dmuon::ns::cuda::sm90_sym_config_rejects;
 using dmuon::ns::cuda::SymProductArgs;
 
 // 16-byte aligned operands with leading dimensions and batch strides multiples of 8.
-SymProductArgs aligned_args() {
-  alignas(256) static char buffer[256];
-  SymProductArgs args;
-  args.batch = 3, args.m = 96, args.k = 40;
-  args.a = args.b = args.c = args.d = buffer;
-  args.lda = args.ldb = args.ldc = args.ldd = 48;
-  args.stride_a = args.stride_b = args.stride_c = args.stride_d = 96 * 48;
-  return args;
-}
+SymProductArgs aligned_args() { return dmuon::testing::aligned_sym_args(3, 96, 40, 48); }
 
 Sm90SymConfig config(const std::string& name) {
   Sm90SymConfig c;

@@ -57,17 +57,21 @@ def ownership_matches_single_process(rank: int, world: int, wrapper: str, mesh_s
 
 
 class _SlowBackward(torch.autograd.Function):
-    """Identity whose backward sleeps: the layers below it get their gradients late."""
+    """Identity whose backward sleeps (the layers below it get their gradients late) and,
+    with `poison`, puts one NaN into the gradient it passes on."""
 
     @staticmethod
-    def forward(ctx, x, seconds):
-        ctx.seconds = seconds
+    def forward(ctx, x, seconds, poison):
+        ctx.seconds, ctx.poison = seconds, poison
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
         time.sleep(ctx.seconds)
-        return grad, None
+        if ctx.poison:
+            grad = grad.clone()
+            grad.view(-1)[0] = float("nan")
+        return grad, None, None
 
 
 class _Deep(nn.Module):
@@ -79,7 +83,7 @@ class _Deep(nn.Module):
         for i, layer in enumerate(self.layers):
             x = torch.tanh(layer(x))
             if i == 0:
-                x = _SlowBackward.apply(x, 0.5)
+                x = _SlowBackward.apply(x, 0.5, False)
         return x
 
 
@@ -180,7 +184,7 @@ def mismatched_owned_matrices(rank: int, world: int) -> str:
 
 
 def dead_rank_during_backward(rank: int, world: int) -> str:
-    """Rank 1 exits in the middle of training; rank 0's step fails naming the step and the
+    """Rank 1 exits after two steps; rank 0's third step fails naming the step and the
     collective within the collective timeout instead of hanging."""
     import os
 
@@ -200,22 +204,6 @@ def dead_rank_during_backward(rank: int, world: int) -> str:
     return "no error"
 
 
-class _PoisonBackward(torch.autograd.Function):
-    """Identity whose backward puts one NaN into the gradient when `on`."""
-
-    @staticmethod
-    def forward(ctx, x, on):
-        ctx.on = on
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        if ctx.on:
-            grad = grad.clone()
-            grad.view(-1)[0] = float("nan")
-        return grad, None
-
-
 class _PoisonableDeep(nn.Module):
     """_Deep whose first layer's gradient can be made NaN (the layers above stay finite) and
     arrives late, so that the other buckets' Newton–Schulz runs under backward first."""
@@ -229,7 +217,7 @@ class _PoisonableDeep(nn.Module):
         for i, layer in enumerate(self.layers):
             x = torch.tanh(layer(x))
             if i == 0:
-                x = _SlowBackward.apply(_PoisonBackward.apply(x, self.poison), 0.2)
+                x = _SlowBackward.apply(x, 0.2, self.poison)
         return x
 
 
