@@ -94,6 +94,7 @@ def test_orthogonalize_op_checks_its_arguments():
         ops.orthogonalize(torch.randn(5), "gram", [1.0, 2.0, 3.0], [], 1e-7)
 
 
+@pytest.mark.slow
 def test_a_negative_pipeline_depth_names_the_knob():
     import subprocess
     import sys

@@ -21,6 +21,7 @@ from dmuon.plan.manifest import load_model, manifest_from_config
 _TINY_RUN = ["bench", "e2e", "--model", "tiny", "--device", "cpu", "--seq", "16", "--steps", "2", "--warmup", "1"]
 
 
+@pytest.mark.slow
 def test_tiny_model_on_two_gloo_ranks_prints_every_optimizer_against_adamw(tmp_path, capsys):
     out = tmp_path / "e2e.json"
     assert main([*_TINY_RUN, "--world", "2", "--micro-batch", "2", "--json", str(out)]) == 0
@@ -65,6 +66,7 @@ def _runs_out_above_three_sequences(rank: int, world: int) -> dict:
     return e2e._worker(rank, world, config)
 
 
+@pytest.mark.slow
 def test_out_of_memory_makes_every_rank_step_down_the_micro_batch():
     for rank, result in run_distributed(_runs_out_above_three_sequences, 2).items():
         assert result["micro_batch"] == 3 and result["out_of_memory_at"] == [6, 5, 4], (rank, result)
@@ -95,6 +97,7 @@ def _rank0_runs_out_alone(rank: int, world: int) -> dict:
     return e2e._worker(rank, world, config)
 
 
+@pytest.mark.slow
 def test_a_rank_that_runs_out_alone_is_reported_not_hung():
     # NOTE: a hang ends in the harness's TimeoutError (timeout_s), never in these messages.
     results = run_distributed(_rank0_runs_out_alone, 2, collective_timeout_s=8, timeout_s=60, expect_errors=True)
@@ -126,6 +129,7 @@ def _rank0_runs_out_alone_above_two(rank: int, world: int, config: dict) -> dict
     return e2e._worker(rank, world, config)
 
 
+@pytest.mark.slow
 def test_a_rank_that_runs_out_alone_restarts_every_rank_at_a_smaller_micro_batch(capsys):
     import dmuon.bench.e2e as e2e
 
@@ -139,6 +143,7 @@ def test_a_rank_that_runs_out_alone_restarts_every_rank_at_a_smaller_micro_batch
     assert "ran out of memory alone at micro-batch 4; restarting every rank at 3" in out, out
 
 
+@pytest.mark.slow
 def test_a_lone_out_of_memory_at_a_given_micro_batch_is_not_retried():
     import dmuon.bench.e2e as e2e
     from dmuon.launch import RankFailed

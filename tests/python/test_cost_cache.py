@@ -132,6 +132,7 @@ def test_cache_of_another_device_or_dmuon_version_is_remeasured_without_a_warnin
     assert _valid(path) and f"key {_key()}" in path.read_text()  # rewritten for this device
 
 
+@pytest.mark.slow
 def test_concurrent_writers_never_leave_a_torn_file(tmp_path):
     path = str(tmp_path / "costs.txt")
     ctx = mp.get_context("spawn")

@@ -36,6 +36,7 @@ def test_a_task_finds_nothing_an_earlier_task_left():
                      "seeded": False, "resolve_device": True, "own_groups": 0, "groups": 1}, (rank, r)
 
 
+@pytest.mark.slow
 def test_a_failed_task_ends_the_pool_and_the_next_task_gets_new_processes():
     before = run_distributed(pool_workers.identity, 2)
     with pytest.raises(AssertionError, match="of 2 failed:(.|\n)*rank 1 fails on purpose"):
@@ -45,6 +46,7 @@ def test_a_failed_task_ends_the_pool_and_the_next_task_gets_new_processes():
     assert {r["pid"] for r in after.values()}.isdisjoint(r["pid"] for r in before.values())
 
 
+@pytest.mark.slow
 def test_a_hung_task_is_stopped_at_its_deadline_and_replaced():
     before = run_distributed(pool_workers.identity, 1)
     with pytest.raises(TimeoutError, match="exceeded 3 s"):
@@ -53,6 +55,7 @@ def test_a_hung_task_is_stopped_at_its_deadline_and_replaced():
     assert {r["pid"] for r in after.values()}.isdisjoint(r["pid"] for r in before.values())
 
 
+@pytest.mark.slow
 def test_a_changed_environment_or_fresh_gets_processes_of_its_own(monkeypatch):
     pooled = set(dist_pool.pool_pids()) | {r["pid"] for r in run_distributed(pool_workers.identity, 1).values()}
     assert {r["pid"] for r in run_distributed(pool_workers.identity, 1, fresh=True).values()}.isdisjoint(pooled)

@@ -80,6 +80,7 @@ def test_nonfinite_gradient_skip_is_agreed_and_changes_nothing():
         assert result == {"unchanged": True, "skipped": 1, "steps": 2}, (rank, result)
 
 
+@pytest.mark.slow
 def test_a_dead_rank_makes_the_others_fail_naming_step_and_collective():
     results = run_distributed(dist_workers.a_rank_dies_mid_training, 3, expect_errors=True,
                               timeout_s=90, collective_timeout_s=10)
@@ -88,6 +89,7 @@ def test_a_dead_rank_makes_the_others_fail_naming_step_and_collective():
         assert "dmuon step 2" in results[rank] and "all_reduce" in results[rank], results[rank]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("depth", ["1", "3"])
 def test_every_pipeline_depth_gives_the_single_process_result(depth, monkeypatch):
     """DMUON_PIPELINE_DEPTH (forwards issued ahead; default twice the world size) changes
@@ -99,6 +101,7 @@ def test_every_pipeline_depth_gives_the_single_process_result(depth, monkeypatch
             assert max(errors) < TOLERANCE, (rank, mode, depth, errors)
 
 
+@pytest.mark.slow
 def test_launch_stops_the_ranks_left_waiting_after_a_failure_when_asked():
     from dmuon.launch import RankFailed, launch
 
@@ -112,6 +115,7 @@ def test_launch_stops_the_ranks_left_waiting_after_a_failure_when_asked():
                collective_timeout_s=60, abort_after_failure_s=1.0)
 
 
+@pytest.mark.slow
 def test_a_stalled_rank_makes_the_others_fail_within_the_timeout():
     results = run_distributed(dist_workers.a_rank_dies_mid_training, 3, "stall", expect_errors=True,
                               timeout_s=90, collective_timeout_s=5)

@@ -171,6 +171,7 @@ def test_python_api_plan_roundtrip():
         deserialize(other, plan.serialize())
 
 
+@pytest.mark.slow
 def test_cli_subprocess_entry_point():
     result = subprocess.run(
         [sys.executable, "-m", "dmuon", "plan", "--model", "qwen2.5-0.5b", "--world", "64", "--solvers", "lpt"],
