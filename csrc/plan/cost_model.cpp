@@ -11,11 +11,22 @@
 #include <sstream>
 
 #include "common/check.h"
+#include "plan/hash.h"
 
 namespace dmuon::plan {
 namespace {
 
-constexpr const char* kTableMagic = "dmuon-cost-table v1";
+// NOTE: v2 ends with "end <entries> <FNV-1a of everything before that line>": a file cut
+// inside a number (5.4672999795002397e-05 → 5.4672999795002397) parsed as a valid v1 table.
+constexpr const char* kTableMagic = "dmuon-cost-table v2";
+
+std::string checksum_of(const std::string& text) {
+  Hasher hasher;
+  hasher.bytes(text.data(), text.size());
+  std::ostringstream hex;
+  hex << std::hex << hasher.digest();
+  return hex.str();
+}
 
 }  // namespace
 
@@ -136,10 +147,13 @@ void CostTable::save(const std::string& path, const std::string& key) const {
   {
     std::ofstream out(tmp);
     DMUON_CHECK(out.good(), "cannot write cost table file ", tmp);
-    out << kTableMagic << "\nkey " << key << "\n";
-    out.precision(17);
+    std::ostringstream body;
+    body << kTableMagic << "\nkey " << key << "\n";
+    body.precision(17);
     for (const auto& [rows, cols, n, t] : entries())
-      out << rows << " " << cols << " " << n << " " << t << "\n";
+      body << rows << " " << cols << " " << n << " " << t << "\n";
+    const std::string head = body.str();
+    out << head << "end " << size() << " " << checksum_of(head) << "\n";
     out.flush();
     DMUON_CHECK(out.good(), "failed writing cost table file ", tmp);
   }
@@ -153,24 +167,38 @@ void CostTable::save(const std::string& path, const std::string& key) const {
 }
 
 bool CostTable::load(const std::string& path, const std::string& key) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in.good()) return false;
+  std::ostringstream whole;
+  whole << in.rdbuf();
+  const std::string text = whole.str();
+  // The header, then the end line: its entry count and the checksum of all before it.
+  const size_t first_newline = text.find('\n');
+  DMUON_CHECK(text.substr(0, first_newline) == kTableMagic, path, ":1: not a dmuon cost table (expected '",
+              kTableMagic, "')");
+  const size_t end_line = text.rfind("\nend ");
+  DMUON_CHECK(!text.empty() && text.back() == '\n' && end_line != std::string::npos, path,
+              ": truncated (no end line)");
+  const std::string head = text.substr(0, end_line + 1);
+  std::istringstream end_fields(text.substr(end_line + 5));
+  size_t count = 0;
+  std::string checksum, rest;
+  DMUON_CHECK((end_fields >> count >> checksum) && !(end_fields >> rest), path,
+              ": malformed end line (expected 'end <entries> <checksum>')");
+  DMUON_CHECK(checksum == checksum_of(head), path, ": checksum mismatch (corrupt or edited)");
+  std::istringstream lines(head);
   std::string line;
-  int line_no = 1;
-  DMUON_CHECK(std::getline(in, line) && line == kTableMagic, path, ":", line_no,
-              ": not a dmuon cost table (expected '", kTableMagic, "')");
-  ++line_no;
-  DMUON_CHECK(std::getline(in, line) && line.rfind("key ", 0) == 0, path, ":", line_no,
+  std::getline(lines, line);  // the magic line, checked above
+  int line_no = 2;
+  DMUON_CHECK(std::getline(lines, line) && line.rfind("key ", 0) == 0, path, ":", line_no,
               ": expected 'key <device key>'");
   if (line.substr(4) != key) return false;
   CostTable loaded;
-  while (std::getline(in, line)) {
+  while (std::getline(lines, line)) {
     ++line_no;
-    if (line.empty()) continue;
     std::istringstream fields(line);
     int64_t rows = 0, cols = 0, n = 0;
     double t = 0;
-    std::string rest;
     DMUON_CHECK((fields >> rows >> cols >> n >> t) && !(fields >> rest), path, ":", line_no,
                 ": expected 'rows cols num_matrices seconds', got '", line, "'");
     try {
@@ -179,6 +207,7 @@ bool CostTable::load(const std::string& path, const std::string& key) {
       DMUON_FAIL(path, ":", line_no, ": ", error.what());
     }
   }
+  DMUON_CHECK(loaded.size() == count, path, ": ", loaded.size(), " entries, the end line says ", count);
   *this = std::move(loaded);
   return true;
 }

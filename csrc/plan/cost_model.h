@@ -65,7 +65,8 @@ class CostTable {
   /// the device/driver/version the numbers belong to.
   void save(const std::string& path, const std::string& key) const;
   /// Reads a table written by save(). Returns false (no throw) when the file is missing
-  /// or its key differs; throws naming file:line on a malformed file.
+  /// or its key differs; throws naming the file (and line) when it is malformed, truncated
+  /// or edited (its end line holds the entry count and a checksum of everything before it).
   bool load(const std::string& path, const std::string& key);
 
  private:

@@ -1,7 +1,7 @@
 // dmuon._C.dist: the owner-centric step runtime (MuonRuntime) and its option structs.
 #include <pybind11/stl.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
-#include <torch/extension.h>
+#include <torch/python.h>
 
 #include <array>
 

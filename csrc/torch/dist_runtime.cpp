@@ -517,9 +517,7 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
   // batches: the same groups, shapes and sizes (the tensors may be new, e.g. gradients).
   std::vector<FusedProblem> problems;
   for (const FusedBatch& batch : batches) problems.push_back(batch.problem());
-  const std::vector<int> stream_of = problems == gated_warm_problems_
-                                         ? fused_batch_streams(batches, schedules, fused_streams_)
-                                         : std::vector<int>(batches.size(), 0);
+  const std::vector<int> stream_of = fused_batch_streams(batches, gated_warm_problems_, schedules, fused_streams_);
   gated_warm_problems_.clear();
   const int num_streams = run_on_streams(stream_of, *device, [&](size_t k) {
     const FusedBatch& batch = batches[k];

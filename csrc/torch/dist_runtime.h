@@ -26,6 +26,7 @@
 #include "dist/world_model.h"
 #include "group_options.h"
 #include "ns/schedule.h"
+#include "optim/gated_step.h"
 #include "sim/pipeline.h"
 #include "sim/step_layout.h"
 
@@ -194,7 +195,7 @@ class MuonRuntime {
   struct FusedState;                  // check_fused()'s results (fused path only)
   std::unique_ptr<FusedState> fused_;
   // FusedBatch::problem() of each batch the last check_and_update_fused() ran.
-  using FusedProblem = std::tuple<int64_t, int64_t, int64_t, size_t>;
+  using FusedProblem = optim::GatedBatch;
   std::vector<FusedProblem> gated_warm_problems_;
   int64_t fused_done_step_ = -1;      // the step whose fused part check_and_update_fused() ran
   bool gated_step_ = true;            // DMUON_GATED_STEP

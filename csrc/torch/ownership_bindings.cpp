@@ -2,7 +2,7 @@
 // hooks use. Every method that may wait on a collective or on the worker thread releases
 // the GIL (the worker and c10d's threads may need it to drop tensors).
 #include <pybind11/stl.h>
-#include <torch/extension.h>
+#include <torch/python.h>
 
 #include "bindings.h"
 #include "ownership_runtime.h"

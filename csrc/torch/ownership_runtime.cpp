@@ -468,7 +468,12 @@ void OwnershipRuntime::process(Issued& issued) {
     std::vector<at::Tensor> stack;
     const at::ScalarType ns_dtype = wide ? at::kDouble : at::kFloat;
     for (int i : members) stack.push_back(updates[i].to(ns_dtype).view({-1, m, n}));
-    at::Tensor out = orthogonalize(at::cat(stack, 0), schedule);
+    // NOTE: a NaN/Inf gradient or buffer (flagged above) reaches the update before the ranks
+    // agree on it: iterate on zeros in its place, so that the owner's Newton–Schulz (which
+    // refuses non-finite input on the CPU) neither throws on one rank, leaving the others in
+    // the agreement, nor hides the flag; finish() reports it and the step raises or skips.
+    at::Tensor input = at::cat(stack, 0).nan_to_num_(0.0, 0.0, 0.0);
+    at::Tensor out = orthogonalize(input, schedule);
     // NOTE: as in the sharded runtime, checked and sanitized once per batch where computed;
     // commit() applies the rest and raises, naming the first applied matrix of the batch.
     result_flags_.push_back({at::logical_not(at::isfinite(out).all()).expand({static_cast<int64_t>(members.size())}),
@@ -524,6 +529,9 @@ std::vector<int64_t> OwnershipRuntime::finish(int64_t step_idx) {
   for (const auto& [i, bad] : read_flags(input_flags_)) flags[i] = bad ? 1 : 0;
   std::lock_guard<std::mutex> lock(mutex_);
   reset_window();
+  // NOTE: what runs from now on (the next forward and backward) belongs to the next step,
+  // whether this one commits (commit() names its own collectives) or is skipped.
+  step_idx_ = step_idx;
   return flags;
 }
 
@@ -552,6 +560,12 @@ void OwnershipRuntime::commit(const std::vector<at::Tensor>& masters, const std:
   DMUON_CHECK(masters.size() == n && active.size() == n, "OwnershipRuntime::commit: expected ", n,
               " masters and activity flags");
   step_idx_ = step_idx - 1;
+  // NOTE: afterwards (also when this throws) the work is the next step's.
+  struct NextStep {
+    int64_t& idx;
+    int64_t value;
+    ~NextStep() { idx = value; }
+  } next_step{step_idx_, step_idx};
   std::vector<at::Tensor> param_list, update_list, buffer_list, momentum_list;
   std::vector<double> scales, decays;
   std::vector<bool> applied(n, false);

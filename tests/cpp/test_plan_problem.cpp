@@ -3,11 +3,13 @@
 
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "common/check.h"
 #include "error_of.h"
 #include "plan/cost_model.h"
+#include "plan/hash.h"
 #include "plan/plan.h"
 #include "plan/problem.h"
 
@@ -28,6 +30,22 @@ ProblemOptions options_for(int world_size) {
 }
 
 CostFn analytic() { return AnalyticCostModel::gpu_default().as_cost_fn(); }
+
+// `head` followed by the end line save() writes: the count and FNV-1a of `head` in hex.
+std::string with_end_line(const std::string& head, int count) {
+  Hasher hasher;
+  hasher.bytes(head.data(), head.size());
+  std::ostringstream out;
+  out << head << "end " << count << " " << std::hex << hasher.digest() << "\n";
+  return out.str();
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 TEST(PlanProblem, GroupsIdenticalMatricesIntoShapeClasses) {
   const Problem p = build_problem(small_matrices(), options_for(2), analytic());
@@ -132,10 +150,49 @@ TEST(PlanCostTable, SavesAndLoadsWithKeyAndRejectsMalformedFiles) {
   ASSERT_TRUE(loaded.load(path, "H200 driver 1 dmuon 0.1.0"));
   EXPECT_EQ(loaded.entries(), table.entries());
   EXPECT_FALSE(loaded.load(path + ".missing", "x"));
-  // A malformed line is reported with file and line.
-  { std::ofstream(path) << "dmuon-cost-table v1\nkey k\n128 512 one 1e-4\n"; }
-  const std::string message = error_of([&] { CostTable().load(path, "k"); });
+  // A malformed line (under a valid end line) is reported with file and line.
+  { std::ofstream(path) << with_end_line("dmuon-cost-table v2\nkey k\n128 512 one 1e-4\n", 1); }
+  std::string message = error_of([&] { CostTable().load(path, "k"); });
   EXPECT_NE(message.find(path + ":3"), std::string::npos) << message;
+  // So is an end line whose count is not the number of entries.
+  { std::ofstream(path) << with_end_line("dmuon-cost-table v2\nkey k\n128 512 1 1e-4\n", 2); }
+  message = error_of([&] { CostTable().load(path, "k"); });
+  EXPECT_NE(message.find("1 entries, the end line says 2"), std::string::npos) << message;
+  // A table of the previous format (no end line) is not one.
+  { std::ofstream(path) << "dmuon-cost-table v1\nkey k\n128 512 1 1e-4\n"; }
+  message = error_of([&] { CostTable().load(path, "k"); });
+  EXPECT_NE(message.find("not a dmuon cost table"), std::string::npos) << message;
+  std::remove(path.c_str());
+}
+
+// A file cut anywhere, or with one character changed, is refused with an error (never read
+// as another table: the cut 5.4672999795002397e-05 → 5.4672999795002397 was a valid v1 file),
+// and the table that tried to load it keeps what it held.
+TEST(PlanCostTable, RefusesEveryTruncationAndEveryChangedCharacter) {
+  const std::string path = ::testing::TempDir() + "/dmuon_cost_table_cut.txt";
+  CostTable table;
+  table.set(8, 12, 1, 5.4672999795002397e-05);
+  table.set(8, 12, 2, 1.0e-4);
+  table.set(5, 7, 1, 3.25e-05);
+  table.save(path, "cpu | dmuon 0.1.0");
+  const std::string text = read_text(path);
+  CostTable kept;
+  kept.set(1, 1, 1, 1.0);
+  for (size_t length = 0; length < text.size(); ++length) {
+    { std::ofstream(path, std::ios::binary) << text.substr(0, length); }
+    EXPECT_NE(error_of([&] { kept.load(path, "cpu | dmuon 0.1.0"); }), "") << "cut to " << length << " bytes";
+    ASSERT_EQ(kept.size(), 1u);
+  }
+  for (size_t pos = 0; pos + 1 < text.size(); ++pos) {
+    std::string changed = text;
+    changed[pos] = changed[pos] == '1' ? '2' : '1';
+    { std::ofstream(path, std::ios::binary) << changed; }
+    EXPECT_NE(error_of([&] { kept.load(path, "cpu | dmuon 0.1.0"); }), "") << "changed at " << pos;
+    ASSERT_EQ(kept.size(), 1u);
+  }
+  { std::ofstream(path, std::ios::binary) << text; }
+  ASSERT_TRUE(kept.load(path, "cpu | dmuon 0.1.0"));
+  EXPECT_EQ(kept.entries(), table.entries());
   std::remove(path.c_str());
 }
 

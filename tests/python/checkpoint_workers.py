@@ -42,12 +42,24 @@ def train(model: nn.Module, opt: torch.optim.Optimizer, first_step: int, num_ste
         opt.step()
 
 
-def snapshot(model: nn.Module) -> dict[str, np.ndarray]:
-    """Full parameters by name (numpy: results travel between processes by value)."""
-    out = {}
-    for name, p in model.named_parameters():
-        full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        out[name.removeprefix("module.")] = full.detach().numpy().copy()
+def snapshot(model: nn.Module, opt: torch.optim.Optimizer | None = None) -> dict:
+    """This rank's view, whole (numpy: results travel between processes by value): every
+    parameter ("params"), and with `opt` every state entry of every parameter ("state",
+    by parameter and key) and the param groups' options ("groups")."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    def whole(t: torch.Tensor) -> np.ndarray:
+        t = t.full_tensor() if hasattr(t, "full_tensor") else t
+        return t.detach().cpu().double().numpy().copy()
+
+    out = {"params": {name.removeprefix("module."): whole(p) for name, p in model.named_parameters()}}
+    if opt is not None:
+        _, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+        out["state"] = {f"{str(fqn).removeprefix('module.')}.{key}": whole(value) if torch.is_tensor(value) else value
+                        for fqn, entries in osd["state"].items() for key, value in entries.items()}
+        # NOTE: a full state dict's load gives tuples back as lists (betas): compared as lists.
+        out["groups"] = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items() if k != "params"}
+                         for g in osd["param_groups"]]
     return out
 
 
@@ -72,7 +84,7 @@ def save_then_continue(rank: int, world: int, wrapper: str, path: str, full: boo
     else:
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
     train(model, opt, 3, 3)
-    return snapshot(model)
+    return snapshot(model, opt)
 
 
 def load_then_continue(rank: int, world: int, wrapper: str, path: str, full: bool = False) -> dict:
@@ -95,4 +107,4 @@ def load_then_continue(rank: int, world: int, wrapper: str, path: str, full: boo
     assert opt.param_groups[0]["lr"] == 0.02 and opt.param_groups[0]["weight_decay"] == 0.1
     dist.barrier()
     train(model, opt, 3, 3)
-    return snapshot(model)
+    return snapshot(model, opt)

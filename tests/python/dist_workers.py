@@ -74,6 +74,10 @@ def sharded_and_replicated_match_single_process(rank: int, world: int, algorithm
     initial = _global_tensors(0)
     single = [nn.Parameter(t.clone()) for t in initial]
     single_opt = _single_process_dmuon([(f"w{i}", p) for i, p in enumerate(single)], **options)
+    # NOTE: the independent oracle: the pure-PyTorch float64 reference, so that the
+    # distributed runs are not only compared with DMuon itself.
+    exact = [nn.Parameter(t.clone()) for t in initial]
+    exact_opt = _reference_like(single_opt, exact)
 
     device_type = _device().type
     if hsdp:
@@ -93,6 +97,9 @@ def sharded_and_replicated_match_single_process(rank: int, world: int, algorithm
         grads = _global_tensors(100 + step)
         for p, g in zip(single, grads):
             p.grad = g.clone()
+        for p, g in zip(exact, grads):
+            p.grad = g.clone()
+        exact_opt.step()
         for p, g in zip(replicated, grads):
             p.grad = g.clone()
         for ps in (sharded, gathered):
@@ -102,15 +109,27 @@ def sharded_and_replicated_match_single_process(rank: int, world: int, algorithm
             opt.step()
 
     errors = {"sharded": [], "gather": [], "replicated": []}
+    reference_errors = [_rel(p, q) for p, q in zip(single, exact)]
     for i, ref in enumerate(single):
         errors["sharded"].append(_rel(sharded[i].full_tensor(), ref.detach()))
         errors["gather"].append(_rel(gathered[i].full_tensor(), ref.detach()))
         errors["replicated"].append(_rel(replicated[i].detach(), ref.detach()))
     stats = sharded_opt.runtime.last_stats
-    return {"errors": errors, "owners": sharded_opt.runtime.owners, "num_buckets": stats.num_buckets,
+    return {"errors": errors, "reference_errors": reference_errors, "owners": sharded_opt.runtime.owners,
+            "num_buckets": stats.num_buckets,
             "num_orthogonalized": stats.num_orthogonalized, "bytes_sent": stats.bytes_sent,
             "replicated_orthogonalized": replicated_opt.runtime.last_stats.num_orthogonalized,
             "gather_orthogonalized": gather_opt.runtime.last_stats.num_orthogonalized}
+
+
+def _reference_like(opt, params: list[torch.Tensor]):
+    """ReferenceDMuon (float64 Newton–Schulz) with `opt`'s options on `params` (same order)."""
+    from dmuon.reference import ReferenceDMuon
+
+    by_id = dict(zip((id(p) for g in opt.param_groups for p in g["params"]), params))
+    groups = [{**{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}, "params": [by_id[id(p)] for p in g["params"]],
+               "batch_dims": [opt._batch_dims.get(id(p), 0) for p in g["params"]]} for g in opt.param_groups]
+    return ReferenceDMuon(groups)
 
 
 def mismatched_parameters(rank: int, world: int) -> str:
@@ -251,12 +270,19 @@ def profiled_costs_give_one_plan(rank: int, world: int) -> dict:
 
 
 def nonfinite_on_one_rank(rank: int, world: int, policy: str) -> dict:
-    """NaN in one rank's shard of a matrix and Inf in a 3-D expert stack: every rank must
-    raise (naming the parameter and step) or skip the step, changing nothing."""
+    """Step 2 has one NaN, in the last rank's shard of a matrix and nowhere else (policy
+    "raise": also an Inf in a 3-D expert stack on every rank that holds rows of it): every
+    rank must raise (naming the parameter and step) or skip the step, changing no parameter
+    and no momentum buffer."""
     initial = _global_tensors(0)
     mesh = init_device_mesh(_device().type, (world,))
     params = [nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)])) for t in initial]
     opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(params)], lr=0.02, nonfinite=policy)
+
+    def state() -> list[torch.Tensor]:
+        buffers = [opt.state[p]["momentum_buffer"] for p in params if "momentum_buffer" in opt.state[p]]
+        return [t.full_tensor().clone() for t in (*params, *buffers)]
+
     for step in range(2):
         for p, g in zip(params, _global_tensors(50 + step)):
             p.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
@@ -264,14 +290,15 @@ def nonfinite_on_one_rank(rank: int, world: int, policy: str) -> dict:
             if rank == world - 1:
                 params[0].grad.to_local()[0, 0] = float("nan")  # a 2-D matrix, last rank only
             stack = params[6].grad.to_local()  # the 3-D expert stack (5, 6, 8)
-            if stack.numel():
+            if policy == "raise" and stack.numel():
                 stack.view(-1)[-1] = float("inf")
-        before = [p.full_tensor().clone() for p in params]
+        before = state()
         try:
             opt.step()
         except dmuon.NonFiniteGradientError as error:
-            return {"raised": str(error)}
-    unchanged = all(torch.equal(p.full_tensor(), b) for p, b in zip(params, before))
+            return {"raised": str(error), "unchanged": all(torch.equal(a, b) for a, b in zip(state(), before))}
+    after = state()
+    unchanged = len(after) == len(before) == 2 * len(params) and all(torch.equal(a, b) for a, b in zip(after, before))
     return {"unchanged": unchanged, "skipped": opt.param_groups[0]["num_skipped_steps"],
             "steps": opt.param_groups[0]["num_steps"]}
 

@@ -10,6 +10,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 import dmuon
+from checkpoint_workers import snapshot
 from dist_workers import (TinyTransformer, _batches, _device, _loss, _single_process_dmuon, errors_against_reference,
                           train_beside_reference)
 
@@ -56,17 +57,21 @@ def ownership_matches_single_process(rank: int, world: int, wrapper: str, mesh_s
 
 
 class _SlowBackward(torch.autograd.Function):
-    """Identity whose backward sleeps: the layers below it get their gradients late."""
+    """Identity whose backward sleeps (the layers below it get their gradients late) and,
+    with `poison`, puts one NaN into the gradient it passes on."""
 
     @staticmethod
-    def forward(ctx, x, seconds):
-        ctx.seconds = seconds
+    def forward(ctx, x, seconds, poison):
+        ctx.seconds, ctx.poison = seconds, poison
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
         time.sleep(ctx.seconds)
-        return grad, None
+        if ctx.poison:
+            grad = grad.clone()
+            grad.view(-1)[0] = float("nan")
+        return grad, None, None
 
 
 class _Deep(nn.Module):
@@ -78,7 +83,7 @@ class _Deep(nn.Module):
         for i, layer in enumerate(self.layers):
             x = torch.tanh(layer(x))
             if i == 0:
-                x = _SlowBackward.apply(x, 0.5)
+                x = _SlowBackward.apply(x, 0.5, False)
         return x
 
 
@@ -110,7 +115,7 @@ def orthogonalization_overlaps_backward(rank: int, world: int) -> dict:
 def ownership_checkpoint_resumes(rank: int, world: int, path: str, phase: str) -> dict:
     """DCP through materialized(): phase "save" trains 2 steps and saves, then trains 2
     more; phase "load" (world 1, 2 or 4: another plan) loads and trains the same 2 steps.
-    Returns the final parameters (full) for comparison."""
+    Returns this rank's whole parameters and optimizer state (checkpoint_workers.snapshot)."""
     import torch.distributed.checkpoint as dcp
 
     torch.manual_seed(0)
@@ -144,7 +149,7 @@ def ownership_checkpoint_resumes(rank: int, world: int, path: str, phase: str) -
             set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     train(range(2, 4))
     with owned.materialized(opt):
-        return {name: p.detach().double().tolist() for name, p in model.named_parameters()}
+        return snapshot(model, opt)
 
 
 class _Blocks(nn.Module):
@@ -179,7 +184,7 @@ def mismatched_owned_matrices(rank: int, world: int) -> str:
 
 
 def dead_rank_during_backward(rank: int, world: int) -> str:
-    """Rank 1 exits in the middle of training; rank 0's step fails naming the step and the
+    """Rank 1 exits after two steps; rank 0's third step fails naming the step and the
     collective within the collective timeout instead of hanging."""
     import os
 
@@ -197,3 +202,92 @@ def dead_rank_during_backward(rank: int, world: int) -> str:
     except Exception as error:  # noqa: BLE001 - the message is the result
         return str(error)
     return "no error"
+
+
+class _PoisonableDeep(nn.Module):
+    """_Deep whose first layer's gradient can be made NaN (the layers above stay finite) and
+    arrives late, so that the other buckets' Newton–Schulz runs under backward first."""
+
+    def __init__(self, width: int = 32, depth: int = 4):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(depth))
+        self.poison = False
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = torch.tanh(layer(x))
+            if i == 0:
+                x = _SlowBackward.apply(x, 0.2, self.poison)
+        return x
+
+
+def _owned_snapshot(model: nn.Module, owned, opt) -> dict:
+    """Every owned weight and its momentum buffer, whole (materialized on every rank)."""
+    with owned.materialized(opt):
+        out = {name: p.detach().clone() for name, p in model.named_parameters()}
+        out.update({f"{name}.momentum_buffer": opt.state[p]["momentum_buffer"].detach().clone()
+                    for name, p in model.named_parameters() if "momentum_buffer" in opt.state[p]})
+    return out
+
+
+def ownership_nonfinite(rank: int, world: int, case: str) -> dict:
+    """Weight ownership, step 2 bad on the last rank only: case "raise" / "skip" (a NaN in
+    that rank's gradient of layers.0.weight; nonfinite policy of the same name) or "corrupt"
+    (a NaN in the owner's momentum buffer of layers.2.weight). Every rank must raise or skip,
+    change no weight and no momentum buffer, and discard the Newton–Schulz work that began
+    under that step's backward; after a skip, step 3 must land where a run that never saw
+    step 2's batch lands."""
+
+    def batch(step: int) -> torch.Tensor:
+        return torch.randn(8, 32, generator=torch.Generator().manual_seed(100 * step + rank))
+
+    def run(steps: list[int], bad_step: int | None) -> dict:
+        torch.manual_seed(0)
+        model = _PoisonableDeep()
+        owned = dmuon.own_matrices(model, bucket_size_mb=0.0001, replicate_others=True)
+        opt = dmuon.DMuon(model, lr=0.02, nonfinite="skip" if case == "skip" else "raise")
+        out: dict = {}
+        for step in steps:
+            bad = step == bad_step
+            if bad:
+                if case == "corrupt" and owned.is_owner(model.layers[2].weight):
+                    opt.state[model.layers[2].weight]["momentum_buffer"].view(-1)[0] = float("nan")
+                out["before"] = _owned_snapshot(model, owned, opt)
+                owned.runtime.clear_timeline()
+            model.poison = bad and case != "corrupt" and rank == world - 1
+            opt.zero_grad()
+            model(batch(step)).square().mean().backward()
+            try:
+                opt.step()
+            except dmuon.NonFiniteGradientError as error:
+                out["raised"] = str(error)
+            if bad:
+                events = owned.timeline()
+                names = [e.name for e in owned._entries]
+                first, last = names.index("layers.0.weight"), names.index("layers.3.weight")
+                bucket_of = {i: k for k, bucket in enumerate(owned.runtime.buckets) for i in bucket}
+                t = lambda what, index: next(e.seconds for e in events if e.what == what and e.index == index)
+                out["ns_under_backward"] = t("ns_end", bucket_of[last]) < t("grad_ready", first)
+                out["after"] = _owned_snapshot(model, owned, opt)
+                if "raised" in out:
+                    return out
+        out["final"] = _owned_snapshot(model, owned, opt)
+        out["counters"] = (opt.param_groups[0]["num_steps"], opt.param_groups[0]["num_skipped_steps"])
+        return out
+
+    result = run([1, 2, 3], bad_step=2)
+    before, after = result["before"], result["after"]
+    out = {"raised": result.get("raised"), "ns_under_backward": result["ns_under_backward"],
+           "counters": result.get("counters"),
+           "unchanged": before.keys() == after.keys() and all(_same(before[k], after[k]) for k in before),
+           "nan_buffers": sorted(k for k, v in after.items() if torch.isnan(v).any())}
+    if case == "skip":
+        clean = run([1, 3], bad_step=None)
+        out["distance_to_clean_run"] = {k: float((result["final"][k] - v).abs().max())
+                                        for k, v in clean["final"].items()}
+    return out
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, NaN where NaN."""
+    return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a.nan_to_num(), b.nan_to_num())

@@ -94,6 +94,7 @@ def test_orthogonalize_op_checks_its_arguments():
         ops.orthogonalize(torch.randn(5), "gram", [1.0, 2.0, 3.0], [], 1e-7)
 
 
+@pytest.mark.slow
 def test_a_negative_pipeline_depth_names_the_knob():
     import subprocess
     import sys
@@ -119,3 +120,36 @@ def test_a_bad_fused_stream_count_names_the_option(streams):
     with pytest.raises(RuntimeError, match=r"fused_streams must be between 1 and 8 .*got " + str(streams)):
         opt.step()
     assert "momentum_buffer" not in opt.state.get(p, {})
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    (dict(mode="scatter"), r"mode must be one of \('owner', 'gather'\), got 'scatter'"),
+    (dict(wire_dtype="int8"), r"wire_dtype must be one of .*got 'int8'"),
+    (dict(wire_dtype="bf16"), r"wire_dtype must be one of .*got 'bf16'"),
+    (dict(planner="magic"), r"planner must be one of \('milp', 'lpt', 'round_robin'\), got 'magic'"),
+    (dict(cost_model="measured"), r"cost_model must be one of .*got 'measured'"),
+    (dict(bucket_size_mb=-1), r"bucket_size_mb must be a finite number >= 0 .*got -1"),
+    (dict(bucket_size_mb=float("nan")), "bucket_size_mb must be a finite number >= 0"),
+    (dict(bucket_size_mb=float("inf")), "bucket_size_mb must be a finite number >= 0"),
+    (dict(bucket_size_mb="64"), r"bucket_size_mb must be a finite number >= 0 .*got '64'"),
+], ids=lambda v: "-".join(f"{k}={v[k]!r}" for k in v) if isinstance(v, dict) else None)
+def test_bad_execution_options_name_the_option(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        dmuon.DMuon([matrix()], **kwargs)
+
+
+@pytest.mark.parametrize("field, value, pattern", [
+    ("mode", "scatter", "mode must be 'owner' or 'gather', got 'scatter'"),
+    ("wire_dtype", "int8", "wire_dtype must be auto, float32, bfloat16 or float16, got 'int8'"),
+    ("solver", "magic", "solver must be 'round_robin', 'lpt' or 'milp', got 'magic'"),
+    ("device_type", "tpu", "device_type must be 'cpu' or 'cuda', got 'tpu'"),
+    ("fused_streams", 9, "fused_streams must be between 1 and 8"),
+])
+def test_the_step_runtime_checks_its_options_itself(field, value, pattern):
+    """The C++ runtime, built directly (not through DMuon's checks), refuses bad options
+    with a message naming them."""
+    from dmuon._ops import _C
+
+    options = _C.dist.RuntimeOptions(**{field: value})
+    with pytest.raises(RuntimeError, match=pattern):
+        _C.dist.MuonRuntime("", ["w"], [_C.dist.ParamLayout([4, 6], 0, False)], options)

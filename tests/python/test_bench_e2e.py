@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import time
 from collections import Counter
 
 import pytest
@@ -22,6 +21,7 @@ from dmuon.plan.manifest import load_model, manifest_from_config
 _TINY_RUN = ["bench", "e2e", "--model", "tiny", "--device", "cpu", "--seq", "16", "--steps", "2", "--warmup", "1"]
 
 
+@pytest.mark.slow
 def test_tiny_model_on_two_gloo_ranks_prints_every_optimizer_against_adamw(tmp_path, capsys):
     out = tmp_path / "e2e.json"
     assert main([*_TINY_RUN, "--world", "2", "--micro-batch", "2", "--json", str(out)]) == 0
@@ -66,6 +66,7 @@ def _runs_out_above_three_sequences(rank: int, world: int) -> dict:
     return e2e._worker(rank, world, config)
 
 
+@pytest.mark.slow
 def test_out_of_memory_makes_every_rank_step_down_the_micro_batch():
     for rank, result in run_distributed(_runs_out_above_three_sequences, 2).items():
         assert result["micro_batch"] == 3 and result["out_of_memory_at"] == [6, 5, 4], (rank, result)
@@ -96,10 +97,10 @@ def _rank0_runs_out_alone(rank: int, world: int) -> dict:
     return e2e._worker(rank, world, config)
 
 
+@pytest.mark.slow
 def test_a_rank_that_runs_out_alone_is_reported_not_hung():
-    start = time.monotonic()
+    # NOTE: a hang ends in the harness's TimeoutError (timeout_s), never in these messages.
     results = run_distributed(_rank0_runs_out_alone, 2, collective_timeout_s=8, timeout_s=60, expect_errors=True)
-    assert time.monotonic() - start < 50
     assert "rank 0: this rank ran out of GPU memory (adamw at micro-batch 2, seq 8)" in results[0], results[0]
     assert "pass a smaller --micro-batch" in results[0], results[0]
     assert isinstance(results[1], str), results[1]  # rank 1 failed too (its collective timed out)
@@ -128,14 +129,13 @@ def _rank0_runs_out_alone_above_two(rank: int, world: int, config: dict) -> dict
     return e2e._worker(rank, world, config)
 
 
+@pytest.mark.slow
 def test_a_rank_that_runs_out_alone_restarts_every_rank_at_a_smaller_micro_batch(capsys):
     import dmuon.bench.e2e as e2e
 
     config = dict(model="tiny", device="cpu", seq=8, micro_batch=None, max_micro_batch=64, optimizers=["adamw"],
                   steps=1, warmup=0, seed=0, agree_timeout_s=2.0, abort_after_failure_s=1.0)
-    start = time.monotonic()
     results = e2e._launch_until_it_fits(config, 2, 120.0, worker=_rank0_runs_out_alone_above_two)
-    assert time.monotonic() - start < 90
     for rank, result in results.items():
         assert result["micro_batch"] == 2 and result["out_of_memory_at"] == [4, 3], (rank, result)
         assert result["optimizers"]["adamw"] is not None
@@ -143,6 +143,7 @@ def test_a_rank_that_runs_out_alone_restarts_every_rank_at_a_smaller_micro_batch
     assert "ran out of memory alone at micro-batch 4; restarting every rank at 3" in out, out
 
 
+@pytest.mark.slow
 def test_a_lone_out_of_memory_at_a_given_micro_batch_is_not_retried():
     import dmuon.bench.e2e as e2e
     from dmuon.launch import RankFailed

@@ -29,6 +29,7 @@ def _rank0_numel(world: int) -> int:
     return total
 
 
+@pytest.mark.slow
 def test_worlds_print_one_table_each_a_scaling_table_and_json(tmp_path, capsys):
     manifest = tmp_path / "small.json"
     manifest.write_text(json.dumps(_MANIFEST))

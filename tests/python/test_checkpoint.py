@@ -15,13 +15,29 @@ from dist_harness import run_distributed
 
 def max_relative_error(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
-    return max(float(np.linalg.norm(a[n] - b[n]) / np.linalg.norm(b[n])) for n in b)
+    return max(float(np.linalg.norm(a[n] - b[n]) / max(np.linalg.norm(b[n]), 1e-30)) for n in b)
+
+
+def assert_every_rank_matches(resumed: dict, reference: dict, tolerance: float) -> None:
+    """Every rank of the resumed run, parameters and whole optimizer state (momentum buffers,
+    AdamW moments and step counts, group options and counters), against every rank of the
+    uninterrupted run: within `tolerance` relative (0: bitwise)."""
+    expected = reference[0]
+    for rank, view in reference.items():  # the uninterrupted run's ranks agree with each other
+        assert max_relative_error(view["params"], expected["params"]) == 0.0, rank
+        assert max_relative_error(view["state"], expected["state"]) == 0.0, rank
+    assert len(expected["state"]) >= len(expected["params"])  # every parameter has state
+    for rank, view in resumed.items():
+        for what in ("params", "state"):
+            error = max_relative_error(view[what], expected[what])
+            assert error <= tolerance, (rank, what, error)
+        assert view["groups"] == expected["groups"], (rank, view["groups"], expected["groups"])
 
 
 @pytest.fixture(scope="module")
 def fsdp2_world4_checkpoint(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("ckpt_fsdp2_w4"))
-    reference = run_distributed(checkpoint_workers.save_then_continue, 4, "fsdp2", path)[0]
+    reference = run_distributed(checkpoint_workers.save_then_continue, 4, "fsdp2", path)
     return path, reference
 
 
@@ -29,23 +45,19 @@ def fsdp2_world4_checkpoint(tmp_path_factory):
                          ids=["4-fsdp2-bitwise", "2-fsdp2", "3-fsdp2", "1-single", "2-ddp"])
 def test_fsdp2_world4_checkpoint_resumes_anywhere(fsdp2_world4_checkpoint, world, wrapper):
     path, reference = fsdp2_world4_checkpoint
-    resumed = run_distributed(checkpoint_workers.load_then_continue, world, wrapper, path)[0]
-    error = max_relative_error(resumed, reference)
-    if world == 4:
-        assert error == 0.0  # exact resume: bitwise at the same world size
-    else:
-        assert error < 1e-6, error
+    resumed = run_distributed(checkpoint_workers.load_then_continue, world, wrapper, path)
+    assert_every_rank_matches(resumed, reference, 0.0 if world == 4 else 1e-6)
 
 
 def test_ddp_checkpoint_resumes_under_fsdp2(tmp_path):
     path = str(tmp_path / "ckpt_ddp")
-    reference = run_distributed(checkpoint_workers.save_then_continue, 2, "ddp", path)[0]
-    resumed = run_distributed(checkpoint_workers.load_then_continue, 2, "fsdp2", path)[0]
-    assert max_relative_error(resumed, reference) < 1e-6
+    reference = run_distributed(checkpoint_workers.save_then_continue, 2, "ddp", path)
+    resumed = run_distributed(checkpoint_workers.load_then_continue, 2, "fsdp2", path)
+    assert_every_rank_matches(resumed, reference, 1e-6)
 
 
 def test_full_state_dict_with_cpu_offload_round_trip(tmp_path):
     path = str(tmp_path / "full.pt")
-    reference = run_distributed(checkpoint_workers.save_then_continue, 2, "fsdp2", path, True)[0]
-    resumed = run_distributed(checkpoint_workers.load_then_continue, 2, "fsdp2", path, True)[0]
-    assert max_relative_error(resumed, reference) < 1e-6
+    reference = run_distributed(checkpoint_workers.save_then_continue, 2, "fsdp2", path, True)
+    resumed = run_distributed(checkpoint_workers.load_then_continue, 2, "fsdp2", path, True)
+    assert_every_rank_matches(resumed, reference, 1e-6)

@@ -6,14 +6,16 @@ fully_shard and DDP, and mismatched parameter lists."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 import dist_workers
 from dist_harness import run_distributed
 
 TOLERANCE = 1e-5
+# NOTE: single-process DMuon iterates in float32 on the CPU, the reference in float64: one NS
+# output differs by ≤ 5e-4 relative (the C++ tests' bound); after 3 steps at lr 0.02 the
+# parameters are within this of each other (test_reference_parity's atol/rtol, as a norm).
+REFERENCE_TOLERANCE = 1e-4
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -21,6 +23,7 @@ TOLERANCE = 1e-5
 def test_sharded_replicated_and_gather_match_single_process(world, algorithm):
     results = run_distributed(dist_workers.sharded_and_replicated_match_single_process, world, algorithm)
     for rank, result in results.items():
+        assert max(result["reference_errors"]) < REFERENCE_TOLERANCE, (rank, result["reference_errors"])
         for mode, errors in result["errors"].items():
             assert max(errors) < TOLERANCE, (rank, mode, errors)
         # Owner mode orthogonalizes each matrix once in total; gather mode everything everywhere.
@@ -50,9 +53,8 @@ def test_fsdp2_and_ddp_training_match_single_process(wrapper):
 
 
 def test_mismatched_parameter_lists_fail_on_every_rank_quickly():
-    start = time.monotonic()
+    # NOTE: a hang would end in the harness's TimeoutError (timeout_s), not in these messages.
     results = run_distributed(dist_workers.mismatched_parameters, 2, timeout_s=60, collective_timeout_s=20)
-    assert time.monotonic() - start < 60
     for rank, message in results.items():
         assert "differ across ranks" in message and "proj" in message, (rank, message)
 
@@ -69,6 +71,7 @@ def test_nonfinite_gradient_on_one_rank_raises_on_every_rank():
     for rank, result in results.items():
         assert "raised" in result, (rank, result)
         assert "'w0'" in result["raised"] and "step 2" in result["raised"], (rank, result)
+        assert result["unchanged"], (rank, result)
 
 
 def test_nonfinite_gradient_skip_is_agreed_and_changes_nothing():
@@ -77,16 +80,16 @@ def test_nonfinite_gradient_skip_is_agreed_and_changes_nothing():
         assert result == {"unchanged": True, "skipped": 1, "steps": 2}, (rank, result)
 
 
+@pytest.mark.slow
 def test_a_dead_rank_makes_the_others_fail_naming_step_and_collective():
-    start = time.monotonic()
     results = run_distributed(dist_workers.a_rank_dies_mid_training, 3, expect_errors=True,
                               timeout_s=90, collective_timeout_s=10)
-    assert time.monotonic() - start < 60
     assert "exited with code 17" in results[2]
     for rank in (0, 1):
         assert "dmuon step 2" in results[rank] and "all_reduce" in results[rank], results[rank]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("depth", ["1", "3"])
 def test_every_pipeline_depth_gives_the_single_process_result(depth, monkeypatch):
     """DMUON_PIPELINE_DEPTH (forwards issued ahead; default twice the world size) changes
@@ -98,13 +101,13 @@ def test_every_pipeline_depth_gives_the_single_process_result(depth, monkeypatch
             assert max(errors) < TOLERANCE, (rank, mode, depth, errors)
 
 
+@pytest.mark.slow
 def test_launch_stops_the_ranks_left_waiting_after_a_failure_when_asked():
     from dmuon.launch import RankFailed, launch
 
-    start = time.monotonic()
+    # NOTE: rank 0 sleeps 120 s, past timeout_s: only the abort ends it in time (else TimeoutError).
     results = launch(dist_workers.one_rank_fails_while_the_other_waits, 2, backend="gloo", timeout_s=90,
                      collective_timeout_s=60, return_errors=True, abort_after_failure_s=1.0)
-    assert time.monotonic() - start < 40
     assert "rank 1 gives up" in results[1] and "killed 1 s after rank 1 failed" in results[0], results
     # RankFailed names the failure, not the lower rank stopped because of it.
     with pytest.raises(RankFailed, match="rank 1 of 2 failed"):
@@ -112,10 +115,9 @@ def test_launch_stops_the_ranks_left_waiting_after_a_failure_when_asked():
                collective_timeout_s=60, abort_after_failure_s=1.0)
 
 
+@pytest.mark.slow
 def test_a_stalled_rank_makes_the_others_fail_within_the_timeout():
-    start = time.monotonic()
     results = run_distributed(dist_workers.a_rank_dies_mid_training, 3, "stall", expect_errors=True,
                               timeout_s=90, collective_timeout_s=5)
-    assert time.monotonic() - start < 60
     for rank in (0, 1):
         assert "dmuon step 2" in results[rank] and "all_reduce" in results[rank], results[rank]

@@ -6,7 +6,9 @@ the result beyond half-precision rounding, and keep the NaN/Inf policy.
 
 Tolerances: both paths iterate in fp16 (Gram) / bf16 (standard) from the same momentum; they
 differ only in how the Frobenius norm is summed (the bucketed path adds block sums with
-atomics), so one step's updates agree to ~1e-3 relative; 2e-2 leaves room for bf16.
+atomics), so one step's updates agree to ~1e-3 relative: the fused-vs-bucketed test allows
+twice that in fp16 and 8× that in bf16 (3 fewer mantissa bits). Runs that may tune other
+kernel configurations (other processes, streams, batch splits) allow 2e-2.
 Momentum buffers use ATen's lerp arithmetic in both paths: equal to 1e-6 relative.
 """
 
@@ -75,9 +77,11 @@ def rel(a, b) -> float:
 def test_fused_path_matches_the_bucketed_path():
     fused = run_path({"DMUON_FUSED_STEP": "1"})
     bucketed = run_path({"DMUON_FUSED_STEP": "0"})
+    # NOTE: _RUN's first half of the parameters is Gram NS (fp16 iterate), the rest standard (bf16).
+    tolerances = [2e-3 if i < len(SHAPES) // 2 else 8e-3 for i in range(len(SHAPES))]
     for step, (df, db) in enumerate(zip(fused["deltas"], bucketed["deltas"])):
         for i, (a, b) in enumerate(zip(df, db)):
-            assert rel(a, b) <= 2e-2, (step, SHAPES[i], rel(a, b))
+            assert rel(a, b) <= tolerances[i], (step, SHAPES[i], rel(a, b), tolerances[i])
     for i, (a, b) in enumerate(zip(fused["buffers"], bucketed["buffers"])):
         assert rel(a, b) <= 1e-6, (SHAPES[i], rel(a, b))
     assert fused["orthogonalized"] == bucketed["orthogonalized"] == len(SHAPES)  # parameters

@@ -50,6 +50,7 @@ def _measure_in_child(bucket_size_mb: float) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc/self/clear_refs")
 def test_peak_extra_memory_is_bounded_by_the_bucket_not_the_model():
     matrix_mib = MATRIX[0] * MATRIX[1] * 4 / 2**20

@@ -128,6 +128,7 @@ def test_profiled_cost_table_gives_one_plan(world):
 def test_nonfinite_gradient_raises_or_is_skipped_on_every_rank(world):
     for rank, result in _scenario(world, "nonfinite-raise").items():
         assert "raised" in result and "'w0'" in result["raised"] and "step 2" in result["raised"], (rank, result)
+        assert result["unchanged"], (rank, result)
     for rank, result in _scenario(world, "nonfinite-skip").items():
         assert result == {"unchanged": True, "skipped": 1, "steps": 2}, (rank, result)
 

@@ -11,6 +11,8 @@ import torch
 from torch import nn
 
 import dmuon
+from conftest import reference_groups
+from dmuon.reference import ReferenceDMuon
 
 
 def make_model(dtype=torch.float32) -> nn.Module:
@@ -59,12 +61,29 @@ def test_state_holds_momentum_and_adamw_moments():
         assert set(opt.state[p]) == {"step", "exp_avg", "exp_avg_sq"}
 
 
-def test_lr_scheduler_scales_both_algorithms():
+def test_lr_scheduler_sets_the_lr_each_step_uses():
+    """StepLR halves both groups' lr after every step: each step must use its own lr, so the
+    parameters match the reference run whose lrs are set by hand to 0.1, 0.05, 0.025 (Muon)
+    and 0.01, 0.005, 0.0025 (AdamW), within the parity tolerance (test_reference_parity)."""
     model = make_model()
+    ref_model = copy.deepcopy(model)
     opt = dmuon.DMuon(model, lr=0.1, adamw_lr=0.01)
+    ref = ReferenceDMuon(reference_groups(opt, dict(zip((id(p) for p in model.parameters()), ref_model.parameters()))))
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    train(model, opt, 2, scheduler=sched)
-    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.025, 0.0025])
+    gen = torch.Generator().manual_seed(0)
+    for step in range(3):
+        tokens = torch.randint(0, 30, (4, 6), generator=gen)
+        for m in (model, ref_model):
+            m.zero_grad()
+            m(tokens).pow(2).mean().backward()
+        for group, base in zip(ref.groups, (0.1, 0.01)):
+            group["lr"] = base * 0.5**step
+        opt.step()
+        ref.step()
+        sched.step()
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.0125, 0.00125])
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q, atol=2e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
 def test_lr_zero_and_no_decay_leaves_parameters_unchanged():
@@ -89,14 +108,23 @@ def test_parameters_without_gradients_are_left_alone():
     assert not torch.equal(model[1].weight, make_model()[1].weight)
 
 
-def test_zero_element_parameter_is_accepted_and_untouched():
+def test_zero_element_parameter_is_accepted_and_the_others_step_as_without_it():
     empty = nn.Parameter(torch.randn(0, 5))
     full = nn.Parameter(torch.randn(4, 5))
+    initial = full.detach().clone()
+    alone = nn.Parameter(initial.clone())
     opt = dmuon.DMuon([empty, full], lr=0.1)
-    empty.grad = torch.randn(0, 5)
-    full.grad = torch.randn(4, 5)
-    opt.step()
-    assert empty.shape == (0, 5)
+    opt_alone = dmuon.DMuon([alone], lr=0.1)
+    for _ in range(2):
+        grad = torch.randn(4, 5)
+        empty.grad = torch.randn(0, 5)
+        full.grad, alone.grad = grad.clone(), grad.clone()
+        opt.step()
+        opt_alone.step()
+    assert empty.shape == (0, 5) and opt.param_groups[0]["num_steps"] == 2
+    assert not torch.equal(full, initial)  # it moved, exactly as without the empty parameter
+    assert torch.equal(full, alone)
+    assert torch.equal(opt.state[full]["momentum_buffer"], opt_alone.state[alone]["momentum_buffer"])
 
 
 def test_mixed_dtypes_in_one_model():

@@ -50,12 +50,16 @@ class ToyModel(nn.Module):
         return out.sum() + self.moe(h.mean(1)).pow(2).sum()
 
 
-def run_pair(options: dict, num_steps: int = 3, dtype=torch.float32, synthetic_grads: bool = False):
+def run_pair(options: dict, num_steps: int = 3, dtype=torch.float32, synthetic_grads: bool = False,
+             initial: list | None = None):
     """Train a ToyModel with DMuon and a copy with ReferenceDMuon on the same batches.
     With synthetic_grads both get identical random gradients instead of backward's (so
-    that low-precision forward passes cannot make the gradients themselves diverge)."""
+    that low-precision forward passes cannot make the gradients themselves diverge).
+    `initial`, when given, receives a copy of the model as it started."""
     model = ToyModel().to(dtype)
     ref_model = copy.deepcopy(model)
+    if initial is not None:
+        initial.append(copy.deepcopy(model))
     opt = dmuon.DMuon(model, **options)
     ref_params = dict(zip((id(p) for p in model.parameters()), ref_model.parameters()))
     ref = ReferenceDMuon(reference_groups(opt, ref_params))
@@ -103,15 +107,25 @@ def test_matches_reference_for_other_options(options):
 
 
 def test_bf16_parameters_match_reference_within_bf16():
-    # NOTE: bf16 parameters round after every step, so single elements may differ by one
-    # bf16 ulp (up to 2^-7 relative) after a few steps; every tensor, scalars included,
-    # agrees to within one ulp (7.8e-3) in relative Frobenius norm. Gradients are synthetic
-    # and shared: a bf16 backward pass amplifies one-ulp parameter differences by itself.
-    model, ref_model = run_pair(dict(lr=0.02), dtype=torch.bfloat16, synthetic_grads=True)
-    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+    # NOTE: compared on each tensor's update (its change over the steps), not on the
+    # parameter: a wrong momentum (0.9 for 0.95) moves these bf16 parameters by only 3-6e-3
+    # relative, under one bf16 ulp (7.8e-3), but their Muon updates by 4.5-7.7e-2. A Muon
+    # update is computed in float32 (DMuon) or float64 (the reference) and rounded once to
+    # bf16: the two agree but where a value straddles a rounding boundary (bitwise here), so
+    # within 1e-2. AdamW's update runs in bf16 arithmetic on both sides, in other orders: a few
+    # ulps of a parameter step only a few ulps long (measured ≤ 2e-2), so within 5e-2.
+    # Gradients are synthetic and shared: a bf16 backward pass amplifies one-ulp parameter
+    # differences by itself.
+    initial = []
+    model, ref_model = run_pair(dict(lr=0.02), dtype=torch.bfloat16, synthetic_grads=True, initial=initial)
+    opt_groups = {id(p): g["use_muon"] for g in dmuon.DMuon(initial[0], lr=0.02).param_groups for p in g["params"]}
+    for ((name, p), q, p0) in zip(model.named_parameters(), ref_model.parameters(), initial[0].parameters()):
         assert p.dtype == torch.bfloat16
-        error = (p.double() - q.double()).norm() / q.double().norm()
-        assert error < 7.9e-3, f"{name}: relative error {error:.2e}"
+        mine, theirs = (p.detach().double() - p0.detach().double()), (q.detach().double() - p0.detach().double())
+        assert theirs.norm() > 0, name
+        error = float((mine - theirs).norm() / theirs.norm())
+        bound = 1e-2 if opt_groups[id(p0)] else 5e-2
+        assert error <= bound, f"{name}: the update's relative error {error:.2e} > {bound}"
 
 
 def test_each_step_actually_moves_the_matrices():

@@ -1,12 +1,15 @@
 """Configured as torch.optim.Muon, DMuon reproduces its parameters step for step.
 
-torch.optim.Muon iterates in bfloat16 and is itself 1.5–6% (relative) away from the exact
-update on these shapes; DMuon's CPU core iterates in float32. So, per step and per
-parameter, with d = the parameter's change in that step:
-  ‖d_dmuon − d_torch‖ ≤ 2·‖d_torch − d_exact‖ + 1e-3·‖d_exact‖   (within bf16 tolerance)
-  ‖d_dmuon − d_exact‖ ≤ 1e-3·‖d_exact‖                            (float32 accuracy)
-where d_exact comes from the float64 reference configured the same way. Gradients are
-random and shared by all three, so the momentum buffers (and NS inputs) are identical.
+torch.optim.Muon iterates in bfloat16 and DMuon's CPU core in float32, so each is bounded
+on its own against the exact update, per step and per parameter, with d = the parameter's
+change in that step and d_exact from the float64 reference configured the same way:
+  ‖d_torch − d_exact‖ ≤ 6e-2·‖d_exact‖   (torch sits 1.7–3.9% from exact on these shapes;
+                                          3× lr, flipped nesterov, momentum 0.5, no weight
+                                          decay, another adjust_lr or one NS step: ≥ 12%)
+  ‖d_dmuon − d_exact‖ ≤ 1e-3·‖d_exact‖   (float32 accuracy)
+so that torch.optim.Muon misconfigured here (or DMuon's reading of its options) fails.
+Gradients are random and shared by all three, so the momentum buffers (and NS inputs) are
+identical.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import torch
 
 import dmuon
 from dmuon.reference import KELLER_JORDAN, ReferenceDMuon
+
+TORCH_TOLERANCE = 6e-2
 
 
 @pytest.mark.parametrize("shapes", [[(32, 48), (48, 32), (40, 40)], [(5, 7), (1, 64), (3, 100)]],
@@ -48,6 +53,6 @@ def test_matches_torch_muon_step_for_step(shapes, nesterov):
             d_ours, d_torch, d_exact = (ps[i].detach() - b[i] for ps, b in zip((ours_p, torch_p, exact_p), before))
             scale = d_exact.norm()
             assert scale > 0
-            torch_error = (d_torch - d_exact).norm()
-            assert (d_ours - d_torch).norm() <= 2 * torch_error + 1e-3 * scale, (step, shape)
+            torch_error = float((d_torch - d_exact).norm() / scale)
+            assert torch_error <= TORCH_TOLERANCE, (step, shape, torch_error)
             assert (d_ours - d_exact).norm() <= 1e-3 * scale, (step, shape)

@@ -25,6 +25,7 @@ _TINY = [
 # this process (world 1) and on 2 Gloo processes under FSDP2 and DDP.
 @pytest.mark.parametrize("parallel", [["--world", "1"], ["--world", "2", "--parallel", "fsdp2"],
                                       ["--world", "2", "--parallel", "ddp"]], ids=["single", "fsdp2", "ddp"])
+@pytest.mark.slow
 def test_train_job_end_to_end(tmp_path, capsys, parallel):
     from dmuon.__main__ import main
 
@@ -61,6 +62,7 @@ def test_train_job_end_to_end(tmp_path, capsys, parallel):
 
 
 # Data parallelism changes the cost, not the math: 2 ranks (FSDP2) train like 1 rank.
+@pytest.mark.slow
 def test_two_ranks_train_like_one(tmp_path):
     from dmuon.__main__ import main
 

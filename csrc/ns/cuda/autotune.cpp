@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "autotune/timing_rounds.h"
+#include "ns/cuda/autotune_rules.h"
 #include "common/check.h"
 #include "common/env.h"
 #include "ns/cuda/cuda_check.h"
@@ -34,11 +35,6 @@ using autotune::TuneKey;
 // many bytes of scratch (e.g. a batch of 64 4096×4096 products) the untuned default runs
 // instead of risking an out-of-memory next to the model.
 constexpr size_t kMaxScratchBytes = size_t{4} << 30;
-
-// Check tolerances: max |candidate − reference| ≤ tol · max |reference|. Both sides are
-// fp32-accumulated and rounded once to 16 bits, so they differ by accumulation order and
-// one rounding (fp16 ulp 2⁻¹⁰, bf16 2⁻⁷ relative to each element).
-double tolerance(DType dtype) { return dtype == DType::kFloat16 ? 4e-3 : 3e-2; }
 
 std::mutex g_mutex;
 std::map<std::string, std::unique_ptr<autotune::TuneCache>> g_caches;  // gpu name → cache
@@ -82,19 +78,6 @@ size_t span_bytes(int64_t batch, int64_t rows, int64_t ld, int64_t stride) {
   return static_cast<size_t>((batch - 1) * stride + (rows - 1) * ld + ld) * 2;
 }
 
-// Whether a candidate's output matches the reference (and is symmetric when required).
-bool passes(const CompareStats& s, DType dtype, bool symmetric, std::string* why) {
-  char text[256];
-  const double limit = tolerance(dtype) * std::max(static_cast<double>(s.max_abs_ref), 1e-30);
-  if (s.nonfinite > 0 || (symmetric && s.asymmetric > 0) || !(s.max_abs_diff <= limit)) {
-    std::snprintf(text, sizeof(text), "max error %.3g (limit %.3g), %u non-finite, %u asymmetric",
-                  static_cast<double>(s.max_abs_diff), limit, s.nonfinite, s.asymmetric);
-    *why = text;
-    return false;
-  }
-  return true;
-}
-
 // Test hook: DMUON_AUTOTUNE_TEST_BREAK=<prefix> perturbs (α·1.5) every candidate whose
 // name starts with the prefix, so that tests can show a failing candidate never wins.
 bool broken_for_testing(const std::string& config) {
@@ -123,13 +106,15 @@ SymProductArgs with_scratch(const SymProductArgs& args, void* workspace, size_t 
   return out;
 }
 
-int parse_lt(const std::string& config) {
-  if (config.rfind("lt:", 0) != 0) return -1;
-  try {
-    return std::stoi(config.substr(3));
-  } catch (...) {
-    return -1;
+// The current device's SM count (0 when it cannot be read): the split-K configurations' rule.
+int current_num_sms() {
+  int device = 0, num_sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
   }
+  return num_sms;
 }
 
 }  // namespace
@@ -265,34 +250,26 @@ void Autotuner::sym_product(const SymProductArgs& call_args, SymMode mode, void*
                             size_t lt_workspace_bytes, cudaStream_t stream) {
   const SymProductArgs args = with_scratch(call_args, lt_workspace, lt_workspace_bytes);
   const bool kernel_mode = mode == SymMode::kKernel;
-  const std::string fallback = kernel_mode ? Sm90SymConfig{}.name() : "lt:0";
+  const std::string fallback = sym_default_config(mode);
   TuneKey key{"sym", args.m, args.m, args.k, args.batch, dtype_name(args.dtype),
               std::string(args.beta != 0.0 ? "beta" : "nobeta") + (kernel_mode ? "" : ":dense")};
+  const auto num_lt_algos = [&] {
+    return gemm_num_algos(dense_of(args), args.beta != 0.0 && args.c != nullptr,
+                          lt_workspace == nullptr ? 0 : lt_workspace_bytes);
+  };
   if (auto hit = lookup(key)) {
-    // NOTE: a cached name that does not apply to these operands (alignment) is skipped.
-    bool applies = false;
-    const int lt = parse_lt(hit->config);
-    if (lt >= 0) {
-      applies = lt < gemm_num_algos(dense_of(args), args.beta != 0.0 && args.c != nullptr,
-                                    lt_workspace == nullptr ? 0 : lt_workspace_bytes);
-    } else if (kernel_mode) {
-      Sm90SymConfig c;
-      applies = Sm90SymConfig::parse(hit->config, &c) && sm90_sym_config_rejects(args, c).empty();
-      // NOTE: a winner that is no candidate now (an experimental one, cached under
-      // DMUON_SYM_EXPERIMENTAL=1) is not reused without the knob: that code runs only when asked for.
-      if (applies) {
-        const auto candidates = sm90_sym_configs();
-        applies = std::any_of(candidates.begin(), candidates.end(),
-                              [&](const Sm90SymConfig& k) { return k.name() == c.name(); });
-      }
-    }
-    if (applies) {
+    // NOTE: a cached name that does not apply to these operands (alignment) is skipped. Only
+    // what the name needs is queried: a kernel winner builds no cuBLASLt plan.
+    Sm90SymConfig cached;
+    const bool split_k = Sm90SymConfig::parse(hit->config, &cached) && cached.split_k;
+    if (cached_sym_winner_applies(hit->config, args, mode, parse_lt(hit->config) >= 0 ? num_lt_algos() : 0,
+                                  sm90_sym_configs(), split_k ? current_num_sms() : 0)) {
       report(key, *hit, "cached");
       sym_product_with(args, hit->config, lt_workspace, lt_workspace_bytes, stream);
       return;
     }
   }
-  if (!enabled() || stream_is_capturing(stream)) {
+  if (!may_tune(enabled(), stream_is_capturing(stream))) {
     report(key, {fallback, 0.0}, "default");
     sym_product_with(args, fallback, lt_workspace, lt_workspace_bytes, stream);
     return;
@@ -310,15 +287,13 @@ void Autotuner::sym_product(const SymProductArgs& call_args, SymMode mode, void*
   ref_args.d = scratch.ptr;
   sym_product_with(ref_args, "lt:0", lt_workspace, lt_workspace_bytes, stream);
 
-  std::vector<std::string> candidates;
 #if defined(DMUON_WITH_SM90_SYM)
-  if (kernel_mode)
-    for (const Sm90SymConfig& c : sm90_sym_configs())
-      if (sm90_sym_config_rejects(args, c).empty()) candidates.push_back(c.name());
+  constexpr bool kKernelBuilt = true;
+#else
+  constexpr bool kKernelBuilt = false;
 #endif
-  const int num_lt = gemm_num_algos(dense_of(args), args.beta != 0.0 && args.c != nullptr,
-                                    lt_workspace == nullptr ? 0 : lt_workspace_bytes);
-  for (int i = 0; i < num_lt; ++i) candidates.push_back("lt:" + std::to_string(i));
+  const std::vector<std::string> candidates =
+      sym_candidates(args, mode, kKernelBuilt, sm90_sym_configs(), num_lt_algos(), current_num_sms());
 
   // Every candidate checked against the reference; those that pass are then timed in turns.
   auto reject = [&](const std::string& config, const std::string& why) {
@@ -336,7 +311,8 @@ void Autotuner::sym_product(const SymProductArgs& call_args, SymMode mode, void*
       run();
       const CompareStats s = compare_16bit(args.dtype, args.d, scratch.ptr, args.batch, args.m, args.m,
                                            args.ldd, args.stride_d, /*check_symmetric=*/true, stream);
-      if (!passes(s, args.dtype, true, &why)) {
+      why = check_rejects(s, args.dtype, /*symmetric=*/true);
+      if (!why.empty()) {
         reject(config, why);
         continue;
       }
@@ -348,16 +324,16 @@ void Autotuner::sym_product(const SymProductArgs& call_args, SymMode mode, void*
   }
   std::vector<std::string> errors;
   const std::vector<double> times = time_in_turns(runs, stream, &errors);
-  std::string best;
-  double best_ms = 0.0;
   for (size_t i = 0; i < passed.size(); ++i) {
     if (std::isnan(times[i])) {
       reject(passed[i], errors[i]);
       continue;
     }
     ++g_measurements;
-    if (best.empty() || times[i] < best_ms) best = passed[i], best_ms = times[i];
   }
+  const std::optional<size_t> winner = fastest(times);
+  const std::string best = winner ? passed[*winner] : std::string();
+  const double best_ms = winner ? times[*winner] : 0.0;
   DMUON_CHECK(!best.empty(), "autotune: no candidate passed the check for the symmetric product ", key.str());
   // The winner's result in D (the last candidate run may have been another one).
   sym_product_with(args, best, lt_workspace, lt_workspace_bytes, stream);
@@ -375,24 +351,25 @@ void Autotuner::gemm(const GemmDesc& g, double alpha, const void* a, const void*
                lt_workspace_bytes, stream, algo);
   };
   const size_t ws_bytes = lt_workspace == nullptr ? 0 : lt_workspace_bytes;
+  const int num = gemm_num_algos(g, has_c, ws_bytes);
   if (auto hit = lookup(key)) {
-    const int algo = parse_lt(hit->config);
-    if (algo >= 0 && algo < gemm_num_algos(g, has_c, ws_bytes)) {
+    if (cached_gemm_winner_applies(hit->config, num)) {
       report(key, *hit, "cached");
-      run_with(algo, 1.0, d);
+      run_with(parse_lt(hit->config), 1.0, d);
       return;
     }
   }
-  const int num = gemm_num_algos(g, has_c, ws_bytes);
-  if (!enabled() || stream_is_capturing(stream) || num <= 1) {
-    if (num <= 1 && enabled() && !stream_is_capturing(stream)) {
+  switch (gemm_tuning(enabled(), stream_is_capturing(stream), num)) {
+    case GemmTuning::kDefault:
+      report(key, {"lt:0", 0.0}, "default");
+      run_with(0, 1.0, d);
+      return;
+    case GemmTuning::kRecordOnly:
       run_with(0, 1.0, d);
       record(key, {"lt:0", 0.0});
       return;
-    }
-    report(key, {"lt:0", 0.0}, "default");
-    run_with(0, 1.0, d);
-    return;
+    case GemmTuning::kSearch:
+      break;
   }
   Scratch scratch(span_bytes(g.batch, g.m, g.ldd, g.stride_d), stream);
   if (scratch.ptr == nullptr) {
@@ -412,7 +389,7 @@ void Autotuner::gemm(const GemmDesc& g, double alpha, const void* a, const void*
       run_with(algo, scale, d);
       const CompareStats s = compare_16bit(g.dtype, d, scratch.ptr, g.batch, g.m, g.n, g.ldd, g.stride_d,
                                            /*check_symmetric=*/false, stream);
-      if (!passes(s, g.dtype, false, &why)) continue;
+      if (!check_rejects(s, g.dtype, /*symmetric=*/false).empty()) continue;
       passed.push_back(algo);
       runs.push_back([=] { run_with(algo, scale, d); });
     } catch (const Error&) {
@@ -421,13 +398,11 @@ void Autotuner::gemm(const GemmDesc& g, double alpha, const void* a, const void*
   }
   std::vector<std::string> errors;
   const std::vector<double> times = time_in_turns(runs, stream, &errors);
-  int best = -1;
-  double best_ms = 0.0;
-  for (size_t i = 0; i < passed.size(); ++i) {
-    if (std::isnan(times[i])) continue;
-    ++g_measurements;
-    if (best < 0 || times[i] < best_ms) best = passed[i], best_ms = times[i];
-  }
+  for (size_t i = 0; i < passed.size(); ++i)
+    if (!std::isnan(times[i])) ++g_measurements;
+  const std::optional<size_t> winner = fastest(times);
+  const int best = winner ? passed[*winner] : -1;
+  const double best_ms = winner ? times[*winner] : 0.0;
   DMUON_CHECK(best >= 0, "autotune: no cuBLASLt algorithm passed the check for ", key.str());
   run_with(best, 1.0, d);
   record(key, {"lt:" + std::to_string(best), best_ms});

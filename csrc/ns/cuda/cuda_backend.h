@@ -11,18 +11,10 @@
 #include <cstdint>
 #include <functional>
 
+#include "ns/cuda/sym_product_args.h"
 #include "ns/schedule.h"
 
 namespace dmuon::ns::cuda {
-
-/// Element type of the half-precision iterate.
-enum class DType { kFloat16, kBFloat16 };
-
-/// How symmetric products are computed.
-enum class SymMode {
-  kKernel,       ///< the sm_90a one-triangle kernel (TMA + WGMMA).
-  kDenseMirror,  ///< cuBLASLt dense product, then lower → upper mirror (portable).
-};
 
 /// True when this build contains the sm_90a symmetric kernel.
 bool sym_kernel_built();
@@ -88,26 +80,7 @@ void orthogonalize_finish(DType dtype, const void* result, int64_t batch, int64_
 double tuned_ns_ms(int64_t rows, int64_t cols, int64_t batch, DType dtype, const Schedule& schedule,
                    SymMode sym_mode);
 
-/// One symmetric product D = α·A·Bᵀ + β·C over a batch of m×m results (A, B: m×k), all
-/// row-major 16-bit matrices with leading dimensions and batch strides in elements.
-/// For tests and the self-check. c may be null when beta == 0.
-struct SymProductArgs {
-  DType dtype = DType::kFloat16;
-  int64_t batch = 1, m = 0, k = 0;
-  const void* a = nullptr;
-  int64_t lda = 0, stride_a = 0;
-  const void* b = nullptr;
-  int64_t ldb = 0, stride_b = 0;
-  const void* c = nullptr;
-  int64_t ldc = 0, stride_c = 0;
-  void* d = nullptr;
-  int64_t ldd = 0, stride_d = 0;
-  double alpha = 1.0, beta = 0.0;
-  /// Stream-ordered device scratch (the backend's cuBLASLt workspace): the split-K
-  /// configurations ("sm90:sk-…") keep their partial tiles and counters there.
-  void* scratch = nullptr;
-  size_t scratch_bytes = 0;
-};
+/// One symmetric product (SymProductArgs, ns/cuda/sym_product_args.h) with `mode`.
 void sym_product(const SymProductArgs& args, SymMode mode, cudaStream_t stream);
 
 }  // namespace dmuon::ns::cuda

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "ns/cuda/autotune_rules.h"
 #include "ns/cuda/cuda_backend.h"
 
 namespace dmuon::ns::cuda {
@@ -37,14 +38,7 @@ void mirror_lower(DType dtype, void* d, int64_t batch, int64_t m, int64_t ld, in
 
 /// Agreement of a 16-bit result d with a reference r (both batch × rows×cols, leading
 /// dimension ld, batch stride `stride`): the autotuner's check of every candidate.
-struct CompareStats {
-  float max_abs_diff = 0.f;  ///< over the finite elements of d
-  float max_abs_ref = 0.f;
-  double sum_sq_diff = 0.0;  ///< Σ (d − r)² over the finite elements
-  double sum_sq_ref = 0.0;   ///< Σ r²
-  unsigned nonfinite = 0;    ///< elements of d that are NaN or ±Inf
-  unsigned asymmetric = 0;   ///< d[i][j] != d[j][i] (bitwise), when checked
-};
+/// (CompareStats: ns/cuda/autotune_rules.h.)
 /// Synchronous (waits for `stream`). `check_symmetric` needs rows == cols.
 CompareStats compare_16bit(DType dtype, const void* d, const void* r, int64_t batch, int64_t rows,
                            int64_t cols, int64_t ld, int64_t stride, bool check_symmetric,

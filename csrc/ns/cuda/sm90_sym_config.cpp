@@ -1,6 +1,6 @@
 // dmuon/ns/cuda/sm90_sym_config.cpp — names, parsing and applicability of the sm_90a
-// symmetric kernel's configurations (host code, built whether or not the kernel is).
-#include <cuda_runtime.h>
+// symmetric kernel's configurations (host code without CUDA, built in every build).
+#include "ns/cuda/sm90_sym_config.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -10,7 +10,6 @@
 
 #include "common/env.h"
 #include "ns/cuda/alignment.h"
-#include "ns/cuda/sm90_sym_product.h"
 
 namespace dmuon::ns::cuda {
 
@@ -255,7 +254,7 @@ size_t sm90_sym_split_scratch_bytes(int num_ctas, int tile_n) {
   return sm90_sym_split_counter_bytes(num_ctas) + static_cast<size_t>(std::max(num_ctas, 0)) * partial_unit_bytes;
 }
 
-std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymConfig& config) {
+std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymConfig& config, int num_sms) {
   std::ostringstream why;
   if (!built(config))
     why << "configuration " << config.tile << "x" << config.tile << "x" << config.tile_k << ", " << config.stages
@@ -285,11 +284,8 @@ std::string sm90_sym_config_rejects(const SymProductArgs& args, const Sm90SymCon
     why << "the tmastore epilogue needs 16-byte aligned D and C with leading dimensions and batch strides "
            "multiples of 8 (TMA)";
   else if (config.split_k) {
-    int device = 0, num_sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      cudaGetLastError();
-      why << "cannot query the device's SM count";
+    if (num_sms < 1) {
+      why << "a split-K configuration needs the device's SM count, which is unknown";
     } else {
       const int ctas = config.num_ctas > 0 ? std::min(config.num_ctas, num_sms) : num_sms;
       const size_t needed = sm90_sym_split_scratch_bytes(ctas, config.tile_n);

@@ -6,7 +6,7 @@ target_sources(dmuon_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/elementwise.cu
   ${CMAKE_CURRENT_LIST_DIR}/matrix_list.cu
   ${CMAKE_CURRENT_LIST_DIR}/cuda_backend.cu
-  ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_config.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_device.cpp
   ${CMAKE_CURRENT_LIST_DIR}/autotune.cpp
 )
 target_link_libraries(dmuon_core PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt)

@@ -12,10 +12,8 @@
 #include "common/check.h"
 #include "common/env.h"
 #include "cuda_orthogonalize.h"
-#include "ns/batch_streams.h"
 #include "ns/cuda/cuda_backend.h"
 #include "ns/cuda/cuda_check.h"
-#include "ns/ns_bound.h"
 
 namespace dmuon::torch_adapter {
 namespace {
@@ -65,16 +63,25 @@ struct JoinStreams {
 
 }  // namespace
 
+namespace {
+optim::FusedTensor traits_of(const at::Tensor& t) {
+  optim::FusedTensor out;
+  out.defined = t.defined();
+  if (!out.defined) return out;
+  out.cuda = t.is_cuda();
+  out.float32 = t.scalar_type() == at::kFloat;
+  out.contiguous = t.is_contiguous();
+  out.device = out.cuda ? t.get_device() : -1;
+  out.sizes = t.sizes().vec();
+  return out;
+}
+}  // namespace
+
 bool fused_local_step_usable(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& momentum,
                              const MuonGroupOptions& options) {
   static const bool enabled = env::get_bool("DMUON_FUSED_STEP", true);
-  if (!enabled || !param.defined() || !param.is_cuda() || param.dim() < 2) return false;
-  for (const at::Tensor* t : {&param, &grad, &momentum}) {
-    if (t == &momentum && !t->defined()) continue;
-    if (!t->defined() || t->scalar_type() != at::kFloat || !t->is_contiguous() || t->device() != param.device() ||
-        t->sizes() != param.sizes())
-      return false;
-  }
+  // NOTE: the kernel's usability is asked only where the rest allows the fused path.
+  if (!optim::fused_path_takes(traits_of(param), traits_of(grad), traits_of(momentum), enabled, true)) return false;
   return cuda_sym_kernel_usable(param, iterate_dtype(ns::parse_algorithm(options.algorithm)));
 }
 
@@ -189,27 +196,14 @@ void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, cons
 
 // ---------------------------------------------------------------- streams of the gated step
 int fused_stream_count(int64_t requested) {
-  if (requested > 0) return static_cast<int>(requested);
-  const int64_t knob = env::get_int("DMUON_FUSED_STREAMS", 2);
-  DMUON_CHECK(knob >= 1 && knob <= 8, "DMUON_FUSED_STREAMS must be between 1 and 8, got ", knob);
-  return static_cast<int>(knob);
+  return optim::gated_stream_count(requested, requested != 0 ? 0 : env::get_int("DMUON_FUSED_STREAMS", 2));
 }
 
-std::vector<int> fused_batch_streams(const std::vector<FusedBatch>& batches,
+std::vector<int> fused_batch_streams(const std::vector<FusedBatch>& batches, const std::vector<optim::GatedBatch>& warm,
                                      const std::vector<ns::Schedule>& schedules, int num_streams) {
-  // NOTE: the floor at nominal H200 rates: only the costs' ratios matter here.
-  constexpr double kFlopsPerSecond = 775e12, kBytesPerSecond = 4.0e12;
-  std::vector<ns::StreamJob> jobs;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> key_of;
-  for (const FusedBatch& batch : batches) {
-    const auto key = key_of.emplace(std::make_tuple(batch.group, batch.rows, batch.cols),
-                                    static_cast<int64_t>(key_of.size())).first->second;
-    const std::vector<std::pair<int64_t, int64_t>> shapes(batch.matrices.size(), {batch.rows, batch.cols});
-    const ns::StepBound bound = ns::fused_step_bound(shapes, schedules.at(static_cast<size_t>(batch.group)),
-                                                     kFlopsPerSecond, kBytesPerSecond);
-    jobs.push_back({key, bound.seconds()});
-  }
-  return ns::assign_streams(jobs, num_streams);
+  std::vector<optim::GatedBatch> problems;
+  for (const FusedBatch& batch : batches) problems.push_back(batch.problem());
+  return optim::gated_batch_streams(problems, warm, schedules, num_streams);
 }
 
 int run_on_streams(const std::vector<int>& stream_of, const at::Device& device,

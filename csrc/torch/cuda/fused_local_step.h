@@ -13,6 +13,7 @@
 #include "../group_options.h"
 #include "ns/cuda/matrix_list.h"
 #include "ns/schedule.h"
+#include "optim/gated_step.h"
 
 namespace dmuon::torch_adapter {
 
@@ -36,7 +37,7 @@ struct FusedBatch {
   std::vector<int> matrix_member;              ///< matrices[k] belongs to members[matrix_member[k]]
   bool same_tensors(const FusedBatch& other) const;
   /// What the batch computes, apart from its tensors: group, rows, cols, number of matrices.
-  std::tuple<int64_t, int64_t, int64_t, size_t> problem() const { return {group, rows, cols, matrices.size()}; }
+  optim::GatedBatch problem() const { return {group, rows, cols, static_cast<int64_t>(matrices.size())}; }
 };
 
 /// The batch of `members` (params[i] etc. hold whole rows×cols matrices); an undefined
@@ -61,15 +62,13 @@ void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, cons
                   const at::Tensor& partials, const at::Tensor& like, const at::Tensor& flag,
                   const std::function<void(const char* phase)>& phase_done, const at::Tensor& gate = at::Tensor());
 
-/// The stream count of the gated fused step: `requested` when not 0 (RuntimeOptions.
-/// fused_streams, checked to be 0–8 by the runtime), else DMUON_FUSED_STREAMS (default 2;
-/// throws dmuon::Error naming it unless it is 1–8).
+/// The stream count of the gated fused step (optim::gated_stream_count): `requested` when
+/// not 0, else DMUON_FUSED_STREAMS (default 2).
 int fused_stream_count(int64_t requested);
 
-/// The stream index of each batch (ns/batch_streams.h) among `num_streams`: the batches of
-/// one (group, rows, cols) together, the shapes spread by the floor of their Newton–Schulz
-/// and memory passes (ns/ns_bound.h).
-std::vector<int> fused_batch_streams(const std::vector<FusedBatch>& batches,
+/// The stream index of each batch among `num_streams` (optim::gated_batch_streams: spread
+/// only when the batches are `warm`, those of the previous gated step; else all on 0).
+std::vector<int> fused_batch_streams(const std::vector<FusedBatch>& batches, const std::vector<optim::GatedBatch>& warm,
                                      const std::vector<ns::Schedule>& schedules, int num_streams);
 
 /// Calls run(k) for every k in order, with the current CUDA stream of `device` set to

@@ -91,7 +91,11 @@ def run(args: argparse.Namespace) -> int:
     from dmuon.train.data import load_corpus, unigram_entropy
     from dmuon.train.report import format_table, plot_losses, write_json
 
-    config = config_from_args(args).resolved()
+    try:
+        config = config_from_args(args).resolved()
+    except ValueError as error:
+        print(f"python -m dmuon train: error: {error}", file=sys.stderr)
+        return 2
     corpus = load_corpus(val_fraction=config.val_fraction)
     entropy = unigram_entropy(corpus.train)
     print(

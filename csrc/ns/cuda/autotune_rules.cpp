@@ -1,0 +1,74 @@
+// dmuon/ns/cuda/autotune_rules.cpp — the autotuner's decisions (see autotune_rules.h).
+#include "ns/cuda/autotune_rules.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace dmuon::ns::cuda {
+
+// NOTE: both sides are fp32-accumulated and rounded once to 16 bits, so they differ by
+// accumulation order and one rounding (fp16 ulp 2⁻¹⁰, bf16 2⁻⁷ relative to each element).
+double check_tolerance(DType dtype) { return dtype == DType::kFloat16 ? 4e-3 : 3e-2; }
+
+std::string check_rejects(const CompareStats& s, DType dtype, bool symmetric) {
+  const double limit = check_tolerance(dtype) * std::max(static_cast<double>(s.max_abs_ref), 1e-30);
+  if (s.nonfinite == 0 && !(symmetric && s.asymmetric > 0) && s.max_abs_diff <= limit) return "";
+  char text[256];
+  std::snprintf(text, sizeof(text), "max error %.3g (limit %.3g), %u non-finite, %u asymmetric",
+                static_cast<double>(s.max_abs_diff), limit, s.nonfinite, s.asymmetric);
+  return text;
+}
+
+int parse_lt(const std::string& config) {
+  if (config.rfind("lt:", 0) != 0 || config.size() == 3) return -1;
+  int value = 0;
+  for (size_t i = 3; i < config.size(); ++i) {
+    if (config[i] < '0' || config[i] > '9' || value > 100000) return -1;
+    value = value * 10 + (config[i] - '0');
+  }
+  return value;
+}
+
+std::string sym_default_config(SymMode mode) { return mode == SymMode::kKernel ? Sm90SymConfig{}.name() : "lt:0"; }
+
+bool may_tune(bool enabled, bool capturing) { return enabled && !capturing; }
+
+std::vector<std::string> sym_candidates(const SymProductArgs& args, SymMode mode, bool kernel_built,
+                                        const std::vector<Sm90SymConfig>& configs, int num_lt_algos, int num_sms) {
+  std::vector<std::string> candidates;
+  if (mode == SymMode::kKernel && kernel_built)
+    for (const Sm90SymConfig& c : configs)
+      if (sm90_sym_config_rejects(args, c, num_sms).empty()) candidates.push_back(c.name());
+  for (int i = 0; i < num_lt_algos; ++i) candidates.push_back("lt:" + std::to_string(i));
+  return candidates;
+}
+
+bool cached_sym_winner_applies(const std::string& config, const SymProductArgs& args, SymMode mode,
+                               int num_lt_algos, const std::vector<Sm90SymConfig>& configs, int num_sms) {
+  const int lt = parse_lt(config);
+  if (lt >= 0) return lt < num_lt_algos;
+  Sm90SymConfig c;
+  if (mode != SymMode::kKernel || !Sm90SymConfig::parse(config, &c) || !sm90_sym_config_rejects(args, c, num_sms).empty())
+    return false;
+  return std::any_of(configs.begin(), configs.end(), [&](const Sm90SymConfig& k) { return k.name() == c.name(); });
+}
+
+bool cached_gemm_winner_applies(const std::string& config, int num_algos) {
+  const int algo = parse_lt(config);
+  return algo >= 0 && algo < num_algos;
+}
+
+GemmTuning gemm_tuning(bool enabled, bool capturing, int num_algos) {
+  if (!may_tune(enabled, capturing)) return GemmTuning::kDefault;
+  return num_algos <= 1 ? GemmTuning::kRecordOnly : GemmTuning::kSearch;
+}
+
+std::optional<size_t> fastest(const std::vector<double>& times_ms) {
+  std::optional<size_t> best;
+  for (size_t i = 0; i < times_ms.size(); ++i)
+    if (!std::isnan(times_ms[i]) && (!best || times_ms[i] < times_ms[*best])) best = i;
+  return best;
+}
+
+}  // namespace dmuon::ns::cuda

@@ -1,0 +1,155 @@
+// The autotuner's decisions (csrc/ns/cuda/autotune_rules.h), on the host: a candidate passes
+// its check only when finite, within tolerance and symmetric; the fastest timed one wins;
+// what runs untuned; when a cached winner may run again. No GPU needed.
+#include "ns/cuda/autotune_rules.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "aligned_sym_args.h"
+
+namespace dmuon::ns::cuda {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+SymProductArgs aligned_args(double beta = 0.0) {
+  SymProductArgs args = dmuon::testing::aligned_sym_args(2, 64, 64, 64);
+  args.beta = beta;
+  return args;
+}
+
+CompareStats stats(float max_abs_diff, float max_abs_ref, unsigned nonfinite = 0, unsigned asymmetric = 0) {
+  CompareStats s;
+  s.max_abs_diff = max_abs_diff, s.max_abs_ref = max_abs_ref, s.nonfinite = nonfinite, s.asymmetric = asymmetric;
+  return s;
+}
+
+TEST(AutotuneRules, ACandidatePassesWithinTheToleranceOfItsDtypeOnly) {
+  EXPECT_EQ(check_rejects(stats(3.9e-3f, 1.f), DType::kFloat16, true), "");
+  EXPECT_NE(check_rejects(stats(4.1e-3f, 1.f), DType::kFloat16, true), "");
+  // bf16 has 3 fewer mantissa bits: its limit is 3e-2, relative to the reference's largest element.
+  EXPECT_EQ(check_rejects(stats(2.9e-2f, 1.f), DType::kBFloat16, true), "");
+  EXPECT_NE(check_rejects(stats(3.1e-2f, 1.f), DType::kBFloat16, true), "");
+  EXPECT_EQ(check_rejects(stats(0.39f, 100.f), DType::kFloat16, true), "");
+  EXPECT_NE(check_rejects(stats(0.41f, 100.f), DType::kFloat16, true), "");
+}
+
+TEST(AutotuneRules, NonFiniteAsymmetricOrNaNResultsAreRejectedWithTheReason) {
+  const std::string nonfinite = check_rejects(stats(0.f, 1.f, 3), DType::kFloat16, false);
+  EXPECT_NE(nonfinite.find("3 non-finite"), std::string::npos) << nonfinite;
+  const std::string asymmetric = check_rejects(stats(0.f, 1.f, 0, 5), DType::kFloat16, true);
+  EXPECT_NE(asymmetric.find("5 asymmetric"), std::string::npos) << asymmetric;
+  // A dense product need not be symmetric.
+  EXPECT_EQ(check_rejects(stats(0.f, 1.f, 0, 5), DType::kFloat16, false), "");
+  // A NaN error never passes (the comparison must not be written as "diff > limit").
+  EXPECT_NE(check_rejects(stats(std::nanf(""), 1.f), DType::kFloat16, false), "");
+  const std::string too_far = check_rejects(stats(1.f, 1.f), DType::kFloat16, false);
+  EXPECT_NE(too_far.find("max error 1 (limit 0.004)"), std::string::npos) << too_far;
+}
+
+TEST(AutotuneRules, TheFastestTimedCandidateWinsAndFailedRunsNever) {
+  EXPECT_EQ(fastest({3.0, 1.5, 2.0}), 1u);
+  EXPECT_EQ(fastest({kNaN, 2.0, kNaN, 1.0}), 3u);
+  EXPECT_EQ(fastest({kNaN, 0.5}), 1u);
+  EXPECT_EQ(fastest({2.0, 1.0, 1.0}), 1u);  // the first of equal times
+  EXPECT_FALSE(fastest({kNaN, kNaN}).has_value());
+  EXPECT_FALSE(fastest({}).has_value());
+}
+
+TEST(AutotuneRules, UntunedCallsRunTheDefaultOfTheirMode) {
+  EXPECT_EQ(sym_default_config(SymMode::kKernel), "sm90:direct:s5:c0");
+  EXPECT_EQ(sym_default_config(SymMode::kDenseMirror), "lt:0");
+  EXPECT_TRUE(may_tune(true, false));
+  EXPECT_FALSE(may_tune(false, false));  // DMUON_AUTOTUNE=0
+  EXPECT_FALSE(may_tune(true, true));    // a CUDA graph is being captured
+  EXPECT_EQ(gemm_tuning(true, false, 4), GemmTuning::kSearch);
+  EXPECT_EQ(gemm_tuning(true, false, 1), GemmTuning::kRecordOnly);
+  EXPECT_EQ(gemm_tuning(false, false, 4), GemmTuning::kDefault);
+  EXPECT_EQ(gemm_tuning(true, true, 4), GemmTuning::kDefault);
+}
+
+TEST(AutotuneRules, CandidatesAreTheApplicableKernelConfigsThenEveryLtAlgorithm) {
+  const std::vector<Sm90SymConfig> configs = sm90_sym_configs();
+  SymProductArgs args = aligned_args();
+  // NOTE: only the size and alignment of the scratch are rules; nothing is written here.
+  alignas(256) static char scratch[256];
+  args.scratch = scratch;
+  args.scratch_bytes = sm90_sym_split_scratch_bytes(132, 256);
+  const auto all = sym_candidates(args, SymMode::kKernel, true, configs, 3, 132);
+  ASSERT_EQ(all.size(), configs.size() + 3);
+  for (size_t i = 0; i < configs.size(); ++i) EXPECT_EQ(all[i], configs[i].name());
+  EXPECT_EQ(all[configs.size()], "lt:0");
+  EXPECT_EQ(all.back(), "lt:2");
+  // Dense-mirror mode, or a build without the kernel: cuBLASLt only.
+  EXPECT_EQ(sym_candidates(args, SymMode::kDenseMirror, true, configs, 2, 132),
+            (std::vector<std::string>{"lt:0", "lt:1"}));
+  EXPECT_EQ(sym_candidates(args, SymMode::kKernel, false, configs, 1, 132), (std::vector<std::string>{"lt:0"}));
+  // Without scratch the split-K configurations cannot run; a misaligned D drops the
+  // epilogues that store by TMA or stage through shared memory.
+  size_t num_split = 0;
+  for (const Sm90SymConfig& c : configs) num_split += c.split_k;
+  ASSERT_GT(num_split, 0u);
+  args.scratch = nullptr;
+  args.scratch_bytes = 0;
+  EXPECT_EQ(sym_candidates(args, SymMode::kKernel, true, configs, 0, 132).size(), configs.size() - num_split);
+  args.ldd = 60;
+  for (const std::string& name : sym_candidates(args, SymMode::kKernel, true, configs, 0, 132)) {
+    Sm90SymConfig c;
+    ASSERT_TRUE(Sm90SymConfig::parse(name, &c)) << name;
+    EXPECT_EQ(c.epilogue, Sm90Epilogue::kDirect) << name;
+  }
+}
+
+TEST(AutotuneRules, ACachedWinnerRunsAgainOnlyWhereItIsStillACandidate) {
+  const std::vector<Sm90SymConfig> configs = sm90_sym_configs();
+  const SymProductArgs args = aligned_args();
+  // cuBLASLt algorithm i while the heuristic still offers it.
+  EXPECT_TRUE(cached_sym_winner_applies("lt:2", args, SymMode::kKernel, 3, configs, 132));
+  EXPECT_FALSE(cached_sym_winner_applies("lt:3", args, SymMode::kKernel, 3, configs, 132));
+  EXPECT_TRUE(cached_sym_winner_applies("lt:0", args, SymMode::kDenseMirror, 1, configs, 132));
+  // A kernel configuration: in kernel mode only, where it applies, when it is a candidate.
+  EXPECT_TRUE(cached_sym_winner_applies("sm90:staged:s5:c0", args, SymMode::kKernel, 1, configs, 132));
+  EXPECT_FALSE(cached_sym_winner_applies("sm90:staged:s5:c0", args, SymMode::kDenseMirror, 1, configs, 132));
+  SymProductArgs misaligned = args;
+  misaligned.ldd = 60;
+  EXPECT_FALSE(cached_sym_winner_applies("sm90:staged:s5:c0", misaligned, SymMode::kKernel, 1, configs, 132));
+  EXPECT_TRUE(cached_sym_winner_applies("sm90:direct:s5:c0", misaligned, SymMode::kKernel, 1, configs, 132));
+  // An experimental winner (cached under DMUON_SYM_EXPERIMENTAL=1) is not a candidate now.
+  const std::string experimental = sm90_sym_experimental_configs().front().name();
+  EXPECT_FALSE(cached_sym_winner_applies(experimental, args, SymMode::kKernel, 1, configs, 132));
+  EXPECT_TRUE(cached_sym_winner_applies(experimental, args, SymMode::kKernel, 1, sm90_sym_experimental_configs(), 132));
+  // Names that mean nothing are tuned again.
+  for (const char* name : {"", "lt:", "lt:x", "lt:-1", "lt:1x", "sm90:fancy:s5:c0", "standard"})
+    EXPECT_FALSE(cached_sym_winner_applies(name, args, SymMode::kKernel, 4, configs, 132)) << name;
+  // Dense products: "lt:<i>" with i below the heuristic's count.
+  EXPECT_TRUE(cached_gemm_winner_applies("lt:1", 2));
+  EXPECT_FALSE(cached_gemm_winner_applies("lt:2", 2));
+  EXPECT_FALSE(cached_gemm_winner_applies("sm90:direct:s5:c0", 2));
+  EXPECT_EQ(parse_lt("lt:17"), 17);
+  EXPECT_EQ(parse_lt("lt:1x"), -1);
+}
+
+TEST(AutotuneRules, ACachedSplitKWinnerNeedsItsScratchOnThisDevice) {
+  const std::vector<Sm90SymConfig> configs = sm90_sym_configs();
+  std::string split;
+  for (const Sm90SymConfig& c : configs)
+    if (c.split_k && c.tile_n == 128) split = c.name();
+  ASSERT_FALSE(split.empty());
+  // NOTE: only the size and alignment of the scratch are rules; nothing is written here.
+  alignas(256) static char scratch[256];
+  SymProductArgs args = aligned_args();
+  args.scratch = scratch;
+  args.scratch_bytes = sm90_sym_split_scratch_bytes(132);
+  EXPECT_TRUE(cached_sym_winner_applies(split, args, SymMode::kKernel, 1, configs, 132));
+  // More SMs than the scratch was sized for, or an unknown SM count: tuned again.
+  EXPECT_FALSE(cached_sym_winner_applies(split, args, SymMode::kKernel, 1, configs, 200));
+  EXPECT_FALSE(cached_sym_winner_applies(split, args, SymMode::kKernel, 1, configs, 0));
+}
+
+}  // namespace
+}  // namespace dmuon::ns::cuda
