@@ -165,7 +165,10 @@ class ReferenceDMuon:
             else:
                 O = newton_schulz_standard(M, coefficients, group["eps"], self.ns_dtype)
             rows, cols = M.shape
-            O = O.T if transposed else O
+            # NOTE: contiguous, as DMuon applies it: Newton–Schulz returns a tall matrix as a
+            # transposed view, and torch's add_ of a strided bf16 operand rounds differently at
+            # bf16 rounding boundaries (18 of 576 elements of a 48x12 bf16 weight, one ulp).
+            O = (O.T if transposed else O).contiguous()
             target.add_(O.to(p.dtype), alpha=-lr * adjusted_lr_ratio(group["adjust_lr"], rows, cols))
 
     def _adamw(self, group: dict[str, Any], p: torch.Tensor) -> None:
