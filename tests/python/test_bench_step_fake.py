@@ -57,7 +57,10 @@ def test_the_default_runs_rank_zero_and_the_rank_the_planner_predicts_slowest(tm
     assert owner["rank"] == slowest and set(record["methods"]) == {"owner", "adamw"}
     # The ranks not run are predicted from the measured ones.
     assert sorted(owner["predicted_ranks"]) == sorted(set(range(8)) - {0, slowest})
-    assert owner["calibration"]["ns"]["rate"] > 0
+    # NOTE: the fit picks fixed + rate, rate alone or fixed alone by residual; on a busy CPU
+    # the tiny shapes' NS time is mostly overhead, so which one wins is timing noise.
+    ns_fit = owner["calibration"]["ns"]
+    assert ns_fit["rate"] >= 0 and ns_fit["fixed_s"] >= 0 and ns_fit["rate"] + ns_fit["fixed_s"] > 0
 
 
 def test_hsdp_runs_the_shard_group_of_replica_zero(tmp_path):
