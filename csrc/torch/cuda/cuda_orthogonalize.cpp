@@ -374,6 +374,33 @@ std::vector<std::string> cuda_sym_configs_op() {
   return names;
 }
 
+// The largest batch of rows×cols matrices whose NS workspace fits the step's NS batch bound
+// (DMUON_NS_BATCH_MB, read at each call): the biggest batch a step runs at this shape, so
+// the largest batch worth profiling for the planner's cost table.
+// NOTE: the profiler timed batches of every matrix of a shape (28 of 3584×18944 for
+// Qwen2.5-7B), which is where the 56.5 GB first-step peak of rank 0 came from (issue 26).
+int64_t cuda_ns_batch_capacity_op(c10::string_view algorithm, int64_t rows, int64_t cols) {
+  try {
+    DMUON_CHECK(rows >= 1 && cols >= 1, "cuda_ns_batch_capacity: rows and cols must be >= 1, got ", rows, "x", cols);
+    const int64_t limit_mb = dmuon::env::get_int("DMUON_NS_BATCH_MB", 2048);
+    DMUON_CHECK(limit_mb >= 1, "DMUON_NS_BATCH_MB must be at least 1, got ", limit_mb);
+    const auto alg = dmuon::ns::parse_algorithm(std::string(algorithm));
+    const size_t limit = static_cast<size_t>(limit_mb) << 20;
+    // Doubling, then bisection: workspace_bytes grows with the batch.
+    int64_t lo = 1, hi = 1;
+    while (hi < (int64_t{1} << 20) && dmuon::ns::cuda::workspace_bytes(alg, hi * 2, rows, cols) <= limit) hi *= 2;
+    lo = hi;
+    hi = hi * 2;
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (dmuon::ns::cuda::workspace_bytes(alg, mid, rows, cols) <= limit ? lo : hi) = mid;
+    }
+    return lo;
+  } catch (const dmuon::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
 double cuda_ns_tuned_ms_op(const at::Tensor& like, int64_t rows, int64_t cols, int64_t batch,
                            c10::string_view algorithm, at::ArrayRef<double> coefficients,
                            at::IntArrayRef restart_after, double eps, c10::string_view dtype, bool use_kernel) {
@@ -460,6 +487,7 @@ TORCH_LIBRARY_FRAGMENT(dmuon, m) {
       "cuda_sym_product_config(Tensor a, Tensor b, Tensor? c, float alpha, float beta, str config, bool poison=True) "
       "-> Tensor");
   m.def("cuda_sym_configs() -> str[]", &cuda_sym_configs_op);
+  m.def("cuda_ns_batch_capacity(str algorithm, int rows, int cols) -> int", &cuda_ns_batch_capacity_op);
   m.def("cuda_ns_tuned_ms(Tensor like, int rows, int cols, int batch, str algorithm, float[] coefficients, "
         "int[] restart_after, float eps, str dtype, bool use_kernel) -> float");
   m.def("cuda_autotune_measurements(Tensor like) -> int");
