@@ -110,9 +110,10 @@ def _check_counts(args) -> None:
 
 
 # ------------------------------------------------------------------------- timing
-def _time_steps(step, num_steps: int, warmup: int, device: str) -> list[float]:
-    """Wall time of each step after `warmup` untimed ones; ranks start together, and on
-    CUDA each step is synchronized, so a time covers the device work too."""
+def _time_steps(step, num_steps: int, warmup: int, device: str, after_warmup=None) -> list[float]:
+    """Wall time of each step after `warmup` untimed ones (then `after_warmup()` is called);
+    ranks start together, and on CUDA each step is synchronized, so a time covers the
+    device work too."""
     import torch.distributed as dist
 
     times = []
@@ -126,6 +127,8 @@ def _time_steps(step, num_steps: int, warmup: int, device: str) -> list[float]:
             torch.cuda.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - start)
+        elif i == warmup - 1 and after_warmup is not None:
+            after_warmup()
     return times
 
 
@@ -218,10 +221,20 @@ def _run_method(method: str, shapes: list, names: list, mesh, rank: int, world: 
             splits.append((s.momentum_s, s.pack_s, s.comm_wait_s, s.ns_s, s.apply_s, s.bytes_sent, s.bytes_received))
 
     # Timed steps; peak memory above what parameters and gradients hold.
+    # NOTE: the first steps build the runtime (plan, cost table, tuning, graphs): their
+    # peak is reported apart from the steady step's.
     before = memory_in_use(device)
     reset_peak(device)
-    times = _time_steps(step, options["steps"], options["warmup"], device)
-    entry = {"step_s": statistics.median(times), "peak_extra_bytes": max(0, peak(device) - before)}
+    first = []
+
+    def after_warmup():
+        first.append(max(0, peak(device) - before))
+        reset_peak(device)
+
+    times = _time_steps(step, options["steps"], options["warmup"], device, after_warmup)
+    steady = max(0, peak(device) - before)
+    entry = {"step_s": statistics.median(times), "peak_extra_bytes": steady,
+             "first_step_peak_extra_bytes": max([steady, *first])}
     if method != "adamw":
         timed = [statistics.median(col) for col in zip(*splits[options["warmup"]:])]
         source = "the timed steps" if device == "cpu" else "the timed steps (host time only: not synchronized)"
@@ -265,7 +278,8 @@ def _slowest(results: dict, world: int, methods: list) -> dict:
     for method in methods:
         per_rank = [results[r][method] for r in range(world)]
         entry = {"step_s": max(e["step_s"] for e in per_rank),
-                 "peak_extra_bytes": max(e["peak_extra_bytes"] for e in per_rank)}
+                 "peak_extra_bytes": max(e["peak_extra_bytes"] for e in per_rank),
+                 "first_step_peak_extra_bytes": max(e["first_step_peak_extra_bytes"] for e in per_rank)}
         if method != "adamw":
             entry.update(split_s=[max(e["split_s"][k] for e in per_rank) for k in range(5)],
                          split_source=per_rank[0]["split_source"],
@@ -285,7 +299,7 @@ def _print_world(world: int, merged: dict, context: dict) -> None:
     print(f"world {world} ({'NCCL, one GPU per rank' if device == 'cuda' else 'Gloo, CPU processes'})"
           + (f" | pipeline depth {'/'.join(map(str, depths))} buckets (DMUON_PIPELINE_DEPTH)" if depths else ""))
     header = (f"{'method':<14} {'step ms':>9} {'momentum':>9} {'pack':>7} {'comm wait':>10} {'NS':>8} {'apply':>7} "
-              f"{'MB sent/rank':>13} {'MB recv/rank':>13} {'buckets':>8} {'peak+ MB':>9} {'vs gather':>10} "
+              f"{'MB sent/rank':>13} {'MB recv/rank':>13} {'buckets':>8} {'peak+ MB':>9} {'1st peak+':>10} {'vs gather':>10} "
               f"{'x AdamW':>8}")
     print(header)
     print("-" * len(header))
@@ -301,7 +315,7 @@ def _print_world(world: int, merged: dict, context: dict) -> None:
             row += (f"{s[0]:9.1f} {s[1]:7.1f} {s[2]:10.1f} {s[3]:8.1f} {s[4]:7.1f} "
                     f"{entry['bytes_sent'] / 2**20:13.2f} {entry['bytes_received'] / 2**20:13.2f} "
                     f"{entry['num_buckets']:8d} ")
-        row += f"{entry['peak_extra_bytes'] / 2**20:9.1f} "
+        row += f"{entry['peak_extra_bytes'] / 2**20:9.1f} {entry['first_step_peak_extra_bytes'] / 2**20:10.1f} "
         row += f"{gather / entry['step_s']:9.2f}x " if gather else f"{'-':>10} "
         row += f"{entry['step_s'] / adamw:7.2f}x"
         print(row)
@@ -319,7 +333,8 @@ def _print_world(world: int, merged: dict, context: dict) -> None:
         print(f"planner's predicted NS makespan ({context['cost_model']}): {predicted * 1e3:.1f} ms; "
               f"measured NS on the slowest rank: {measured * 1e3:.1f} ms{ratio}")
     print(f"peak+ MB: the slowest rank's peak memory during the timed steps above what it held before "
-          f"({'CUDA allocator' if device == 'cuda' else 'resident set, VmHWM'})")
+          f"({'CUDA allocator' if device == 'cuda' else 'resident set, VmHWM'}); 1st peak+: the same over the "
+          f"warm-up steps, which build the runtime (plan, cost table, tuning, graphs)")
     print(flush=True)
 
 
