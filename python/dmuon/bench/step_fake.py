@@ -325,6 +325,14 @@ def run_fake(args) -> int:
                    "measured_ns_ms": records["owner"][slowest]["ns_s"] * 1e3 if slowest in records["owner"] else None,
                    "reported_rank": r, "reported_rank_predicted_ns_ms":
                        predicted[group_rank] * 1e3 if predicted else None}
+    if "owner" in methods and device == "cuda":
+        # The same matrices through the one-GPU path, in the same run (issue 26, item 5).
+        from dmuon.bench.local_ns import local_ns_ms
+
+        owner = methods_json["owner"]
+        mine = records["owner"][owner["rank"]]["orthogonalized"]
+        local = local_ns_ms([settings.shapes[i] for i in mine], device)
+        owner.update(local_ns_ms=local, ns_vs_local=owner["ns_ms"] / local if local > 0 else None)
     record = {"world": world, "model": model_name, "hsdp": {"replicas": settings.replicas, "shards": settings.shards},
               "device": device, "environment": env, "wire_dtype": wire, "bucket_mb": args.bucket_mb,
               "planner": args.planner, "steps": args.steps, "warmup": args.warmup, "ranks_run": ranks,
@@ -356,6 +364,10 @@ def _print_fake(record: dict) -> None:
               f"{m['recv_bytes'] / 2**20:9.1f} {m['peak_extra_bytes'] / 2**20:9.1f} "
               f"{m['first_step_peak_extra_bytes'] / 2**20:10.1f} {versus} "
               f"{m['projected_step_ms'] / adamw:7.2f}x")
+    owner = methods.get("owner", {})
+    if owner.get("local_ns_ms"):
+        print(f"NS of rank {owner['rank']}: {owner['ns_ms']:.1f} ms; the same matrices on one GPU (orthogonalize "
+              f"op, same-shape batches): {owner['local_ns_ms']:.1f} ms ({owner['ns_vs_local']:.2f}x)")
     p = record.get("planner_prediction")
     if p and p["predicted_ns_ms"] is not None:
         measured = f"{p['measured_ns_ms']:.1f} ms" if p["measured_ns_ms"] is not None else "not run"
