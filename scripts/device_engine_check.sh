@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# One device call for issue 26's measurements, before and after the step engine, in one run:
+#   1. build the current tree and a "before" tree (carried as .old_tree: `git archive <commit>`
+#      unpacked there) side by side, each installed into its own directory (no editable
+#      install: the two must not shadow each other);
+#   2. the one-GPU step (`bench ns`, DMuon.step and fused AdamW) for Qwen2.5-0.5B/1.5B/7B,
+#      before then after;
+#   3. `bench step --fake-world 4` and `8` for Qwen2.5-7B (rank 0 and the slowest rank), before
+#      and after: the slowest rank's NS against the same matrices on one GPU, peaks;
+# then a short table last.
+# Usage (device tool, carry [".cutlass", ".old_tree"]): bash scripts/device_engine_check.sh
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+OUT=${OUT:-/tmp/dmuon_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# NOTE: the system compilers, as scripts/device_build.sh explains.
+if [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+fi
+[ -d .old_tree ] || { echo "no .old_tree (git archive <commit> | tar -x -C .old_tree, then carry it)"; exit 2; }
+ROOT=$PWD
+cutlass=()
+[ -d .cutlass/include ] && cutlass=(-Ccmake.define.DMUON_CUTLASS_DIR="$ROOT/.cutlass")
+build() {  # tree, build dir, target
+  CMAKE_BUILD_PARALLEL_LEVEL=8 python3 -m pip install -q --no-build-isolation --no-deps --target "$3" "$1" \
+    -Cbuild-dir="$2" -Ccmake.define.DMUON_BUILD_TESTS=OFF "${cutlass[@]}"
+}
+start=$(date +%s)
+build "$ROOT" "$ROOT/build/engine_new" /tmp/site_new > "$OUT/build_new.log" 2>&1 & new_pid=$!
+build "$ROOT/.old_tree" "$ROOT/build/engine_old" /tmp/site_old > "$OUT/build_old.log" 2>&1 & old_pid=$!
+wait $new_pid || { tail -30 "$OUT/build_new.log"; echo "BUILD (after) FAILED"; exit 1; }
+wait $old_pid || { tail -30 "$OUT/build_old.log"; echo "BUILD (before) FAILED"; exit 1; }
+echo "builds: $(( $(date +%s) - start )) s"
+grep -h "CUTLASS" "$OUT"/build_*.log | head -2
+
+run() {  # label (new|old), timeout, args...
+  local label=$1 limit=$2; shift 2
+  # NOTE: a HOME per tree: the planner's cost table is cached under ~/.cache/dmuon, and the
+  # first-step peak must include building it.
+  mkdir -p /tmp/home_$label
+  (cd /tmp && HOME=/tmp/home_$label PYTHONPATH=/tmp/site_$label DMUON_AUTOTUNE_CACHE=/tmp/autotune_$label.txt \
+     timeout "$limit" python3 -m dmuon "$@")
+}
+for label in old new; do
+  echo "== bench ns ($label)"
+  run $label 150 bench ns --model qwen2.5-0.5b --model qwen2.5-1.5b --model qwen2.5-7b --iters 5 --warmup 2 \
+    --skip-baselines --sym-shapes 2>&1 | tee "$OUT/ns_$label.log" | grep -E "^model |^dmuon|^torch AdamW" 
+done
+for label in old new; do
+  for world in 4 8; do
+    echo "== bench step --fake-world $world ($label)"
+    run $label 120 bench step --device cuda --model qwen2.5-7b --fake-world $world --gpus-per-node 8 \
+      --intra-gbps 2960 --inter-gbps 388 --steps 3 --warmup 1 --json "$OUT/fake_${label}_w$world.json" \
+      2>&1 | tee "$OUT/fake_${label}_w$world.log" | grep -E "^owner|^gather|^adamw|^NS of|^planner"
+  done
+done
+echo "=== summary ==="
+for label in old new; do
+  echo "-- one GPU ($label): step ms per model"
+  grep -E "^model |^dmuon.DMuon.step|^torch AdamW" "$OUT/ns_$label.log" | cut -c1-110
+done
+python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+print("fake world, qwen2.5-7b, owner (ms; peak GB above the shards: steady / first steps)")
+print(f"{'tree':<5} {'world':>5} {'rank':>5} {'step':>8} {'NS':>8} {'local NS':>9} {'ratio':>6} {'peak':>6} {'1st':>6}")
+for label in ("old", "new"):
+    for world in (4, 8):
+        path = os.path.join(out, f"fake_{label}_w{world}.json")
+        if not os.path.exists(path):
+            print(f"{label:<5} {world:>5}  (no result)"); continue
+        o = json.load(open(path))["methods"]["owner"]
+        local = o.get("local_ns_ms")
+        ratio = f"{o['ns_ms'] / local:6.2f}" if local else "     -"
+        first = o.get("first_step_peak_extra_bytes", o["peak_extra_bytes"])
+        print(f"{label:<5} {world:>5} {o['rank']:>5} {o['projected_step_ms']:8.1f} {o['ns_ms']:8.1f} "
+              f"{(local or 0):9.1f} {ratio} {o['peak_extra_bytes'] / 1e9:6.1f} {first / 1e9:6.1f}")
+PY
