@@ -31,6 +31,14 @@ StepEngine::StepEngine(Transport& transport, DeviceOps& ops, std::vector<ParamSp
   make_plan();
 }
 
+// NOTE: a matrix stored transposed (HF Conv1D, dist::ParamLayout::transposed) takes the lr
+// ratio of its (cols, rows), the shape the model uses it in.
+double StepEngine::item_scale(const GroupRule& rule, int item) const {
+  const Item& it = table_.item(item);
+  const auto [m, n] = table_.param(it.param_idx).layout.update_shape(it.rows);
+  return rule.update_scale(m, n);
+}
+
 bool StepEngine::computes(int item, int rank) const {
   const int owner = owners_[static_cast<size_t>(item)];
   return owner == kEveryRank || owner == rank;
@@ -289,7 +297,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
     const GroupRule& rule = rules[static_cast<size_t>(batch.group)];
     const NsBatchDesc desc{batch.rows, batch.cols, static_cast<int64_t>(batch.items.size()), batch.dtype,
                            &rule.schedule, options_.graphs};
-    const double scale = rule.update_scale(batch.rows, batch.cols), decay = rule.decay();
+    const double decay = rule.decay();
     std::vector<LocalMatrix> local_update, local_read;
     std::vector<WirePiece> pieces, returns;
     std::vector<ApplyPiece> own;
@@ -321,7 +329,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
                              p.row_count});
         }
       if (!me.empty()) {
-        ApplyPiece a{piece_view(t.param, me, it.cols), Buffer{}, idx, me.row_begin, me.row_count, scale, decay,
+        ApplyPiece a{piece_view(t.param, me, it.cols), Buffer{}, idx, me.row_begin, me.row_count, item_scale(rule, item), decay,
                      it.param_idx};
         // NOTE: replicas apply what the wire brings them; so does the owner, bit for bit.
         a.round_through_wire = owner_mode && !table_.param(it.param_idx).layout.sharded &&
@@ -379,7 +387,7 @@ void StepEngine::land(size_t s, StepState& st, Flight& back) {
   for (const NsBatch& batch : stage.batches) {
     if (batch.owner == kEveryRank || batch.owner == rank_) continue;
     const GroupRule& rule = (*st.rules)[static_cast<size_t>(batch.group)];
-    const double scale = rule.update_scale(batch.rows, batch.cols), decay = rule.decay();
+    const double decay = rule.decay();
     for (int item : batch.items) {
       const Piece& p = table_.piece(item, rank_);
       if (!st.active[static_cast<size_t>(item)] || p.empty()) continue;
@@ -387,7 +395,7 @@ void StepEngine::land(size_t s, StepState& st, Flight& back) {
       const int64_t numel = p.row_count * it.cols;
       apply.push_back({piece_view((*st.tensors)[static_cast<size_t>(it.param_idx)].param, p, it.cols),
                        back.recv.get().slice(back.recv_at.at({item, batch.owner}), numel), 0, p.row_begin,
-                       p.row_count, scale, decay, it.param_idx});
+                       p.row_count, item_scale(rule, item), decay, it.param_idx});
     }
   }
   if (!apply.empty()) ops_.apply_pieces(apply, st.gate.get(), st.result_flags.get());

@@ -61,10 +61,12 @@ struct StepOutcome {
     kApplied,            ///< every parameter with a gradient was updated
     kNonFiniteGradient,  ///< a gradient held NaN/Inf on some rank: nothing changed anywhere
     kAgreed,             ///< finish(): every rank agreed; commit() writes the step
+    kCorruptMomentum,    ///< finish(): a momentum buffer held NaN/Inf on some rank: nothing changed
   };
   Status status = Status::kApplied;
   std::vector<int> nonfinite_params;  ///< agreed over every rank, ascending
   std::vector<int> nonfinite_extra;   ///< indices into the step's CheckOnly list, ascending
+  std::vector<int> corrupt_params;    ///< kCorruptMomentum: agreed over every rank, ascending
   std::string message;                ///< names the first of them and the step
   std::vector<bool> active;           ///< parameters that had a gradient (on every rank)
   bool applied() const { return status == Status::kApplied; }
@@ -88,8 +90,9 @@ class StepEngine {
 
   // ---- Early work and the two-phase step (the weight-ownership mode; issue 27's
   // buckets received inside backward are meant to reuse it).
-  /// Opens a step whose items may be made ready before step(). `rules` are the step's
-  /// (step() must pass the same); throws when a step is already open.
+  /// Opens a step whose items may be made ready before step(): `rules` give their momentum
+  /// and NS (step_idx names it in errors until finish() names it); throws when a step is
+  /// already open.
   void begin_step(const std::vector<GroupRule>& rules, int64_t step_idx);
   /// Items (ids into items()) whose gradient and momentum on this rank are final: their
   /// check, momentum (into a staging copy; the buffer is not written) and Newton–Schulz
@@ -103,8 +106,11 @@ class StepEngine {
   bool step_open() const { return early_ != nullptr || agreed_ != nullptr; }
   /// The rest of the step's check, then the agreement over every rank (several ranks, or
   /// one: a host read). Nothing is written: kAgreed (then commit() or discard()), or
-  /// kNonFiniteGradient (the step is closed, early results dropped). Throws as step() does,
-  /// with the step closed. `tensors` must stay alive until commit().
+  /// kNonFiniteGradient or kCorruptMomentum (the step is closed, early results dropped);
+  /// throws, with the step closed, where step() throws before writing (a gradient on some
+  /// ranks only, invalid input). `step_idx` names the step, early work included.
+  /// `tensors` must stay alive until commit(). Momentum and NS of early items follow
+  /// begin_step()'s rules; lr and weight decay, finish()'s.
   StepOutcome finish(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules, int64_t step_idx,
                      const std::vector<CheckOnly>& extra = {});
   /// Writes the agreed step: the early items' staged momentum and held results, the rest
@@ -149,6 +155,7 @@ class StepEngine {
   void validate(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
                 const std::vector<CheckOnly>& extra) const;
   bool computes(int item, int rank) const;
+  double item_scale(const GroupRule& rule, int item) const;
   Flight issue_forward(size_t s, StepState& st);
   Flight run_stage(size_t s, StepState& st, Flight& forward);
   void land(size_t s, StepState& st, Flight& back);

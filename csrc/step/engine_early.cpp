@@ -161,7 +161,7 @@ void StepEngine::commit_early(StepState& st, Early& early) {
     const Piece& me = table_.piece(item, rank_);
     ops_.copy(early.staged[static_cast<size_t>(item)].get(), piece_view(t.momentum, me, it.cols));
     apply.push_back({piece_view(t.param, me, it.cols), early.result[static_cast<size_t>(item)], 0, 0, it.rows,
-                     rule.update_scale(it.rows, it.cols), rule.decay(), it.param_idx});
+                     item_scale(rule, item), rule.decay(), it.param_idx});
   }
   if (!apply.empty()) ops_.apply_pieces(apply, Buffer{}, st.result_flags.get());
   stats_.num_orthogonalized += early.num_items;

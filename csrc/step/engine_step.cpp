@@ -115,6 +115,7 @@ StepOutcome StepEngine::step(const std::vector<ParamTensors>& tensors, const std
                              int64_t step_idx, const std::vector<CheckOnly>& extra) {
   if (world_ == 1 && !step_open()) return step_gated(tensors, rules, step_idx, extra);
   StepOutcome outcome = finish(tensors, rules, step_idx, extra);
+  DMUON_CHECK(outcome.status != StepOutcome::Status::kCorruptMomentum, outcome.message);
   if (outcome.status != StepOutcome::Status::kAgreed) return outcome;
   commit();
   outcome.status = StepOutcome::Status::kApplied;
@@ -192,8 +193,7 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
     validate(tensors, rules, extra);
     make_stages_for(rules);
     if (early_) {
-      DMUON_CHECK(early_->step_idx == step_idx, "StepEngine::finish: ", step_name(step_idx), ", but ",
-                  step_name(early_->step_idx), " was begun");
+      early_->step_idx = step_idx;
       for (int i = 0; i < table_.num_items(); ++i)
         DMUON_CHECK(!early_->ready[static_cast<size_t>(i)] ||
                         tensors[static_cast<size_t>(table_.item(i).param_idx)].has_grad,
@@ -240,9 +240,19 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
                 " of ", world_, " ranks", at_step, "; every rank must have it or none");
     st->active_params[static_cast<size_t>(p)] = count == world_;
   }
+  std::vector<int> corrupt;
   for (int p = 0; p < num_params; ++p)
-    DMUON_CHECK(agreed[static_cast<size_t>(2 * num_params + p)] == 0, "the momentum buffer of parameter '",
-                table_.param(p).name, "' holds NaN or Inf", at_step, " (corrupt optimizer state); nothing was updated");
+    if (agreed[static_cast<size_t>(2 * num_params + p)] != 0) corrupt.push_back(p);
+  if (!corrupt.empty()) {
+    StepOutcome outcome;
+    outcome.status = StepOutcome::Status::kCorruptMomentum;
+    outcome.corrupt_params = corrupt;
+    outcome.active = st->active_params;
+    outcome.message = "the momentum buffer of parameter '" + table_.param(corrupt.front()).name + "' holds NaN or Inf" +
+                      at_step + " (corrupt optimizer state); nothing was updated";
+    stats_.total_s = seconds_since(st->start);
+    return outcome;
+  }
   std::vector<int> bad;
   for (int p = 0; p < num_params; ++p)
     if (agreed[static_cast<size_t>(num_params + p)] != 0) bad.push_back(p);

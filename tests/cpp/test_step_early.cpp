@@ -328,7 +328,9 @@ TEST(EarlyWork, BadIdsAndMisuseAreNamed) {
     RankTensors no_grad = t;
     no_grad.has_grad[4] = false;
     expect(message([&] { engine.items_ready({4}, no_grad.views()); }), "item 'up' (id 4) has no gradient on rank 0");
-    expect(message([&] { engine.finish(t.views(), owned_rules(), 2); }), "step 2, but step 1 was begun");
+    RankTensors wrong = t;
+    wrong.grad[0] = dmuon::testing::HostTensor(std::vector<double>(3, 0.0), DType::kFloat32);
+    expect(message([&] { engine.finish(wrong.views(), owned_rules(), 1); }), "parameter 'q' on rank 0: its gradient holds 3 elements");
     EXPECT_FALSE(engine.step_open());  // a failed finish closes the step
   });
   // A parameter whose matrices travel (sharded over two ranks) has no early work.
@@ -347,6 +349,37 @@ TEST(EarlyWork, BadIdsAndMisuseAreNamed) {
     engine.items_ready({0}, t.views());
   });
   for (const std::string& e : travel) EXPECT_NE(e.find("item 's' (id 0) travels between ranks"), std::string::npos) << e;
+}
+
+}  // namespace
+
+namespace {
+
+// A NaN in an owner's momentum buffer: finish() reports it on every rank (the one-shot
+// step raises it), and nothing is written anywhere.
+TEST(EarlyWork, CorruptMomentumIsReportedByFinishAndNothingChanges) {
+  const World world(owned_model(2), 2, 1, 8);
+  const int corrupt = 2;  // "v", owned by rank 0
+  auto poison = [&](int r, int, RankTensors& t) {
+    if (r == corrupt % 2) t.momentum[static_cast<size_t>(corrupt)].set(5, std::numeric_limits<double>::quiet_NaN());
+  };
+  std::vector<RankTensors> expected = initial_of(world);
+  poison(corrupt % 2, 1, expected[static_cast<size_t>(corrupt % 2)]);
+  const int num_items = world.table().num_items();
+  const EarlyRun two_phase = drive(world, owned_rules(), 1, Drive{reverse_calls(num_items, 4, 0), true}, poison);
+  expect_no_errors(two_phase);
+  for (const auto& rank : two_phase.outcomes) {
+    ASSERT_EQ(rank.size(), 1u);
+    EXPECT_EQ(rank[0].status, StepOutcome::Status::kCorruptMomentum);
+    EXPECT_EQ(rank[0].corrupt_params, std::vector<int>{corrupt});
+    EXPECT_NE(rank[0].message.find("the momentum buffer of parameter 'v' holds NaN or Inf at step 1"), std::string::npos)
+        << rank[0].message;
+  }
+  EXPECT_EQ(bytes_of(two_phase.tensors), bytes_of(expected));
+  const EarlyRun one_shot = drive(world, owned_rules(), 1, Drive{reverse_calls(num_items, 4, 0)}, poison);
+  for (const std::string& e : one_shot.errors)
+    EXPECT_NE(e.find("the momentum buffer of parameter 'v' holds NaN or Inf"), std::string::npos) << e;
+  EXPECT_EQ(bytes_of(one_shot.tensors), bytes_of(expected));
 }
 
 }  // namespace
