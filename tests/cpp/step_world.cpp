@@ -68,7 +68,7 @@ std::vector<step::ParamTensors> RankTensors::views() const {
 
 static std::vector<step::ParamSpec> specs_of(const std::vector<ModelParam>& model) {
   std::vector<step::ParamSpec> specs;
-  for (const ModelParam& m : model) specs.push_back({m.name, {m.shape, m.batch_dims, m.sharded}, m.dtype, m.group, m.whole_on_rank});
+  for (const ModelParam& m : model) specs.push_back({m.name, {m.shape, m.batch_dims, m.sharded, {}, m.transposed}, m.dtype, m.group, m.whole_on_rank});
   return specs;
 }
 
