@@ -73,8 +73,6 @@ void register_ownership_bindings(py::module_& m) {
            "(active, nonfinite, corrupt): agreed over every rank; see OwnershipRuntime::finish")
       .def("commit", &OwnershipRuntime::commit, py::arg("step_idx"), Gil())
       .def("discard", &OwnershipRuntime::discard, Gil())
-      .def("all_reduce_flags", &OwnershipRuntime::all_reduce_flags, py::arg("local"), py::arg("op"),
-           py::arg("what"), Gil())
       .def_property_readonly("rank", &OwnershipRuntime::rank)
       .def_property_readonly("world_size", &OwnershipRuntime::world_size)
       .def_property_readonly("owners", &OwnershipRuntime::owners)

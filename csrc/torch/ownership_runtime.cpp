@@ -9,7 +9,6 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
 #include <algorithm>
-#include <map>
 
 #include "common/check.h"
 #include "flag_reduce.h"
@@ -600,13 +599,6 @@ void OwnershipRuntime::drop_step() {
     fresh_momentum_[i] = false;
   }
   finished_.clear();
-}
-
-std::vector<int64_t> OwnershipRuntime::all_reduce_flags(const std::vector<int64_t>& local, const std::string& op,
-                                                        const std::string& what) {
-  return torch_adapter::all_reduce_flags(
-      {{shard_group_, what + " (shard group)"}, {replicate_group_, what + " (replicas)"}}, local, op, device(),
-      [&](const c10::intrusive_ptr<c10d::Work>& work, const std::string& name) { wait_work(work, name); });
 }
 
 }  // namespace dmuon::torch_adapter

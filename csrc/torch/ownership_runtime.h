@@ -114,10 +114,6 @@ class OwnershipRuntime {
   void commit(int64_t step_idx);
   void discard();
 
-  /// Element-wise all_reduce ("sum" | "max") of small flags over every rank.
-  std::vector<int64_t> all_reduce_flags(const std::vector<int64_t>& local, const std::string& op,
-                                        const std::string& what);
-
   int rank() const { return rank_; }
   int world_size() const { return grid_.world(); }
   const std::vector<int>& owners() const { return owners_; }
