@@ -63,9 +63,11 @@ void StepEngine::validate(const std::vector<ParamTensors>& tensors, const std::v
                 "': group index ", spec.group, " but ", rules.size(), " group rules");
     std::string why;
     DMUON_CHECK(ops_support(device.kind, spec.dtype, &why), "parameter '", spec.name, "': ", why);
+    // NOTE: a rank that holds none of a parameter (an empty shard, a matrix whole on
+    // another rank) may pass any empty view: there is nothing of it to read or write.
     auto check = [&](const Buffer& b, const char* what) {
-      DMUON_CHECK(b.dtype == spec.dtype && b.numel == numel && (numel == 0 || b.data != nullptr) &&
-                      (numel == 0 || b.device == device),
+      DMUON_CHECK(numel == 0 ? b.numel == 0
+                             : b.dtype == spec.dtype && b.numel == numel && b.data != nullptr && b.device == device,
                   "parameter '", spec.name, "' on rank ", rank_, ": its ", what, " holds ", b.numel, " elements of ",
                   dtype_name(b.dtype), " on ", device_name(b.device), ", but its layout gives this rank flat rows [",
                   rows.begin, ", ", rows.begin + rows.count, ") × ", spec.layout.cols(), " = ", numel,

@@ -415,3 +415,35 @@ TEST(WholeOnRank, TransposedMatricesTakeTheLrRatioOfTheirModelShape) {
 }
 
 }  // namespace
+
+namespace {
+
+// Ranks that hold none of a matrix pass empty views of any dtype (the ownership adapter
+// passes default ones): a bfloat16 and a float64 matrix owned by rank 1 of 2, rank 0
+// passing step::Buffer{} (float32, empty) for them, step as the owner's own run does.
+TEST(WholeOnRank, NonOwnersPassAnyEmptyView) {
+  std::vector<ModelParam> model = {{"half", {6, 9}, 0, false, DType::kBFloat16, 0, 1},
+                                   {"wide64", {4, 7}, 0, false, DType::kFloat64, 0, 1},
+                                   {"mine", {5, 5}, 0, false, DType::kFloat32, 0, 0}};
+  const World world(model, 2, 1, 6);
+  const std::vector<GroupRule> rules = {dmuon::testing::gram_rule(0.1, 0.0)};
+  const EarlyRun reference = drive(world, rules, 1, Drive{});
+  expect_no_errors(reference);
+  std::vector<RankTensors> tensors = initial_of(world);
+  dmuon::step::LoopbackWorld loopback(2);
+  const auto errors = loopback.run([&](int r) {
+    dmuon::step::CpuOps cpu;
+    StepEngine engine(loopback.transport(r), cpu, world.specs(), EngineOptions{});
+    RankTensors& t = tensors[static_cast<size_t>(r)];
+    world.set_grads(r, 1, t);
+    std::vector<dmuon::step::ParamTensors> views = t.views();
+    if (r == 0) views[0] = views[1] = dmuon::step::ParamTensors{{}, {}, {}, true};
+    engine.begin_step(rules, 1);
+    engine.items_ready({0, 1, 2}, views);
+    EXPECT_TRUE(engine.step(views, rules, 1).applied());
+  });
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(bytes_of(tensors), bytes_of(reference.tensors));
+}
+
+}  // namespace
