@@ -10,44 +10,12 @@
 #include "common/check.h"
 #include "ns/batch_streams.h"
 #include "ns/ns_bound.h"
+#include "step/engine_state.h"
 #include "step/route.h"
 
 namespace dmuon::step {
-namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-Buffer piece_view(const Buffer& local, const Piece& piece, int64_t cols) {
-  return local.slice(piece.local_offset, piece.row_count * cols, "piece of a local tensor");
-}
-
-std::string step_name(int64_t step_idx) { return "step " + std::to_string(step_idx); }
-
-}  // namespace
-
-// What one step carries from phase to phase.
-struct StepEngine::StepState {
-  const std::vector<ParamTensors>* tensors = nullptr;
-  const std::vector<GroupRule>* rules = nullptr;
-  int64_t step_idx = 0;
-  std::vector<bool> active;         // [item] its parameter has a gradient on every rank
-  std::vector<int> partial_of;      // [item] index of its check() partials, −1 when none
-  std::vector<bool> momentum_done;  // [item] prepare_pieces updated this rank's momentum rows
-  Partials partials;
-  OwnedBuffer gate;                 // one process only (empty view otherwise)
-  OwnedBuffer result_flags;         // int32 [num_params]
-};
-
-// One exchange of a stage: its buffers, where each piece lies in them, its collective.
-struct StepEngine::Flight {
-  OwnedBuffer send, recv;
-  std::unique_ptr<Pending> pending;
-  std::map<std::pair<int, int>, int64_t> send_at;  // (item, destination) → offset in send
-  std::map<std::pair<int, int>, int64_t> recv_at;  // (item, source) → offset in recv
-  std::map<int, int64_t> self_at;                  // item → offset of this rank's own piece in send
-};
+StepEngine::~StepEngine() = default;
 
 StepEngine::StepEngine(Transport& transport, DeviceOps& ops, std::vector<ParamSpec> params, EngineOptions options)
     : transport_(transport),
@@ -61,6 +29,14 @@ StepEngine::StepEngine(Transport& transport, DeviceOps& ops, std::vector<ParamSp
   wire_dtype_ = resolve_wire_dtype(options_.wire_dtype, ops_.device().kind);
   depth_ = options_.depth_for(world_);
   make_plan();
+}
+
+// NOTE: a matrix stored transposed (HF Conv1D, dist::ParamLayout::transposed) takes the lr
+// ratio of its (cols, rows), the shape the model uses it in.
+double StepEngine::item_scale(const GroupRule& rule, int item) const {
+  const Item& it = table_.item(item);
+  const auto [m, n] = table_.param(it.param_idx).layout.update_shape(it.rows);
+  return rule.update_scale(m, n);
 }
 
 bool StepEngine::computes(int item, int rank) const {
@@ -87,9 +63,11 @@ void StepEngine::validate(const std::vector<ParamTensors>& tensors, const std::v
                 "': group index ", spec.group, " but ", rules.size(), " group rules");
     std::string why;
     DMUON_CHECK(ops_support(device.kind, spec.dtype, &why), "parameter '", spec.name, "': ", why);
+    // NOTE: a rank that holds none of a parameter (an empty shard, a matrix whole on
+    // another rank) may pass any empty view: there is nothing of it to read or write.
     auto check = [&](const Buffer& b, const char* what) {
-      DMUON_CHECK(b.dtype == spec.dtype && b.numel == numel && (numel == 0 || b.data != nullptr) &&
-                      (numel == 0 || b.device == device),
+      DMUON_CHECK(numel == 0 ? b.numel == 0
+                             : b.dtype == spec.dtype && b.numel == numel && b.data != nullptr && b.device == device,
                   "parameter '", spec.name, "' on rank ", rank_, ": its ", what, " holds ", b.numel, " elements of ",
                   dtype_name(b.dtype), " on ", device_name(b.device), ", but its layout gives this rank flat rows [",
                   rows.begin, ", ", rows.begin + rows.count, ") × ", spec.layout.cols(), " = ", numel,
@@ -321,7 +299,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
     const GroupRule& rule = rules[static_cast<size_t>(batch.group)];
     const NsBatchDesc desc{batch.rows, batch.cols, static_cast<int64_t>(batch.items.size()), batch.dtype,
                            &rule.schedule, options_.graphs};
-    const double scale = rule.update_scale(batch.rows, batch.cols), decay = rule.decay();
+    const double decay = rule.decay();
     std::vector<LocalMatrix> local_update, local_read;
     std::vector<WirePiece> pieces, returns;
     std::vector<ApplyPiece> own;
@@ -353,10 +331,11 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
                              p.row_count});
         }
       if (!me.empty()) {
-        ApplyPiece a{piece_view(t.param, me, it.cols), Buffer{}, idx, me.row_begin, me.row_count, scale, decay,
+        ApplyPiece a{piece_view(t.param, me, it.cols), Buffer{}, idx, me.row_begin, me.row_count, item_scale(rule, item), decay,
                      it.param_idx};
         // NOTE: replicas apply what the wire brings them; so does the owner, bit for bit.
-        a.round_through_wire = owner_mode && !table_.param(it.param_idx).layout.sharded && world_ > 1;
+        a.round_through_wire = owner_mode && !table_.param(it.param_idx).layout.sharded &&
+                               table_.param(it.param_idx).whole_on_rank < 0 && world_ > 1;
         a.wire_dtype = wire_dtype_;
         own.push_back(a);
       }
@@ -410,7 +389,7 @@ void StepEngine::land(size_t s, StepState& st, Flight& back) {
   for (const NsBatch& batch : stage.batches) {
     if (batch.owner == kEveryRank || batch.owner == rank_) continue;
     const GroupRule& rule = (*st.rules)[static_cast<size_t>(batch.group)];
-    const double scale = rule.update_scale(batch.rows, batch.cols), decay = rule.decay();
+    const double decay = rule.decay();
     for (int item : batch.items) {
       const Piece& p = table_.piece(item, rank_);
       if (!st.active[static_cast<size_t>(item)] || p.empty()) continue;
@@ -418,7 +397,7 @@ void StepEngine::land(size_t s, StepState& st, Flight& back) {
       const int64_t numel = p.row_count * it.cols;
       apply.push_back({piece_view((*st.tensors)[static_cast<size_t>(it.param_idx)].param, p, it.cols),
                        back.recv.get().slice(back.recv_at.at({item, batch.owner}), numel), 0, p.row_begin,
-                       p.row_count, scale, decay, it.param_idx});
+                       p.row_count, item_scale(rule, item), decay, it.param_idx});
     }
   }
   if (!apply.empty()) ops_.apply_pieces(apply, st.gate.get(), st.result_flags.get());
@@ -445,184 +424,6 @@ StepOutcome StepEngine::nonfinite_gradient(const std::vector<int>& flagged, std:
   message << "; nothing was updated";
   out.message = message.str();
   return out;
-}
-
-StepOutcome StepEngine::step(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
-                             int64_t step_idx, const std::vector<CheckOnly>& extra) {
-  const auto step_start = Clock::now();
-  stats_ = StepStats{};
-  stats_.pipeline_depth = depth_;
-  const int num_params = table_.num_params();
-  const int num_checked = num_params + static_cast<int>(extra.size());  // flag slots: parameters, then extra
-  const std::string at_step = " at " + step_name(step_idx);
-
-  // Input checks. NOTE: with several ranks, one rank's bad input is agreed like a flag,
-  // so that the others raise too instead of waiting in a collective it never joins.
-  std::string invalid;
-  try {
-    validate(tensors, rules, extra);
-    make_stages_for(rules);
-  } catch (const std::exception& e) {
-    if (world_ == 1) throw;
-    invalid = e.what();
-  }
-
-  StepState st;
-  st.tensors = &tensors;
-  st.rules = &rules;
-  st.step_idx = step_idx;
-  st.active.assign(static_cast<size_t>(table_.num_items()), false);
-  st.partial_of.assign(static_cast<size_t>(table_.num_items()), -1);
-  st.momentum_done.assign(static_cast<size_t>(table_.num_items()), false);
-
-  // Check: NaN/Inf flags of every local gradient and momentum buffer (reads only).
-  auto start = Clock::now();
-  OwnedBuffer flags = ops_.allocate(DType::kInt32, std::max(1, 2 * num_checked));
-  ops_.fill_zero(flags.get());
-  if (invalid.empty()) {
-    std::vector<CheckPiece> pieces;
-    for (int p = 0; p < num_params; ++p) {
-      const ParamTensors& t = tensors[static_cast<size_t>(p)];
-      if (!t.has_grad) continue;
-      const GroupRule& rule = rules[static_cast<size_t>(table_.param(p).group)];
-      const auto [first, count] = table_.items_of(p);
-      for (int item = first; item < first + count; ++item) {
-        const Piece& piece = table_.piece(item, rank_);
-        if (piece.empty()) continue;
-        const bool sum = computes(item, rank_) && table_.whole_on(item, rank_);
-        if (sum) st.partial_of[static_cast<size_t>(item)] = static_cast<int>(pieces.size());
-        const int64_t cols = table_.item(item).cols;
-        pieces.push_back({piece_view(t.grad, piece, cols), piece_view(t.momentum, piece, cols),
-                          {rule.momentum, rule.nesterov}, p, sum});
-      }
-    }
-    // NOTE: a checked-only gradient stands in for its own momentum (bit 1 is ignored).
-    for (size_t k = 0; k < extra.size(); ++k)
-      if (extra[k].grad.numel > 0)
-        pieces.push_back({extra[k].grad, extra[k].grad, {}, num_params + static_cast<int>(k), false});
-    // partial_of holds positions among all pieces; make them indices among the summed ones.
-    int next = 0;
-    std::vector<int> summed_index(pieces.size(), -1);
-    for (size_t k = 0; k < pieces.size(); ++k)
-      if (pieces[k].sum_update) summed_index[k] = next++;
-    for (int& idx : st.partial_of)
-      if (idx >= 0) idx = summed_index[static_cast<size_t>(idx)];
-    if (!pieces.empty()) st.partials = ops_.check(pieces, flags.get());
-  }
-
-  // Agreement. Several ranks: on the host, before any exchange. One rank: a device-side
-  // gate (non-zero when any flag is) that every writing pass honours; read at the end.
-  auto name = [&](int p) { return "'" + table_.param(p).name + "'"; };
-  std::vector<bool> active(static_cast<size_t>(num_params), false);
-  if (world_ > 1) {
-    std::vector<int32_t> host(static_cast<size_t>(2 * num_checked), 0);
-    if (invalid.empty() && num_checked > 0) host = ops_.read_flags({flags.get()});
-    std::vector<int64_t> local;
-    for (int p = 0; p < num_params; ++p) local.push_back(tensors.size() > static_cast<size_t>(p) && tensors[static_cast<size_t>(p)].has_grad ? 1 : 0);
-    for (int p = 0; p < num_params; ++p) local.push_back(host[static_cast<size_t>(2 * p)] != 0 ? 1 : 0);
-    for (int p = 0; p < num_params; ++p) local.push_back(host[static_cast<size_t>(2 * p + 1)] != 0 ? 1 : 0);
-    for (int k = num_params; k < num_checked; ++k) local.push_back(host[static_cast<size_t>(2 * k)] != 0 ? 1 : 0);
-    local.push_back(invalid.empty() ? 0 : 1);
-    const std::vector<int64_t> agreed =
-        transport_.all_reduce(local, ReduceOp::kSum, "all_reduce of the gradient checks (" + step_name(step_idx) + ")");
-    DMUON_CHECK(invalid.empty(), invalid);
-    DMUON_CHECK(agreed.back() == 0, "dmuon ", step_name(step_idx),
-                ": the input of another rank is invalid (its error names it); nothing was updated");
-    for (int p = 0; p < num_params; ++p) {
-      const int64_t count = agreed[static_cast<size_t>(p)];
-      DMUON_CHECK(count == 0 || count == world_, "parameter ", name(p), " has a gradient on ", count, " of ", world_,
-                  " ranks", at_step, "; every rank must have it or none");
-      active[static_cast<size_t>(p)] = count == world_;
-    }
-    for (int p = 0; p < num_params; ++p)
-      DMUON_CHECK(agreed[static_cast<size_t>(2 * num_params + p)] == 0, "the momentum buffer of parameter ", name(p),
-                  " holds NaN or Inf", at_step, " (corrupt optimizer state); nothing was updated");
-    std::vector<int> bad;
-    for (int p = 0; p < num_params; ++p)
-      if (agreed[static_cast<size_t>(num_params + p)] != 0) bad.push_back(p);
-    for (int k = num_params; k < num_checked; ++k)
-      if (agreed[static_cast<size_t>(2 * num_params + k)] != 0) bad.push_back(k);
-    if (!bad.empty()) {
-      stats_.check_s = seconds_since(start);
-      stats_.total_s = seconds_since(step_start);
-      return nonfinite_gradient(bad, active, step_idx, extra);
-    }
-  } else {
-    for (int p = 0; p < num_params; ++p) active[static_cast<size_t>(p)] = tensors[static_cast<size_t>(p)].has_grad;
-    st.gate = ops_.make_gate(flags.get());
-  }
-  for (int i = 0; i < table_.num_items(); ++i)
-    st.active[static_cast<size_t>(i)] = active[static_cast<size_t>(table_.item(i).param_idx)];
-  st.result_flags = ops_.allocate(DType::kInt32, std::max(1, num_params));
-  ops_.fill_zero(st.result_flags.get());
-  stats_.check_s = seconds_since(start);
-
-  // The pipeline: the forwards of the next `depth` stages in flight during stage k's NS,
-  // and the returns of the `depth` stages before it; a stage is applied once its return
-  // has had `depth` stages' time to arrive.
-  // NOTE: why `depth` both ways (csrc/torch/dist_runtime.cpp, measured there): on GPUs
-  // every wait for a collective is a wait of the compute stream, and a collective
-  // completes only when every rank reached it; with less slack each owner's NS chains to
-  // another owner's (world 4, Qwen2.5-7B: a 327 ms step against 153 ms of NS on the
-  // slowest rank). The price is `depth` stages of buffers each way.
-  const size_t num_stages = stages_.size();
-  stats_.num_stages = static_cast<int64_t>(num_stages);
-  stats_.stages.resize(num_stages);
-  for (size_t s = 0; s < num_stages; ++s) {
-    StageTimeline& line = stats_.stages[s];
-    line.stage_idx = static_cast<int64_t>(s);
-    for (auto* v : {&line.forward_sent_to, &line.forward_received_from, &line.return_sent_to,
-                    &line.return_received_from})
-      v->assign(static_cast<size_t>(world_), 0);
-  }
-  const size_t depth = static_cast<size_t>(depth_);
-  std::vector<Flight> forward(num_stages), back(num_stages);
-  size_t num_issued = 0;
-  auto issue_forwards_before = [&](size_t end) {
-    for (; num_issued < std::min(end, num_stages); ++num_issued) forward[num_issued] = issue_forward(num_issued, st);
-  };
-  issue_forwards_before(depth + 1);
-  for (size_t k = 0; k < num_stages; ++k) {
-    back[k] = run_stage(k, st, forward[k]);
-    issue_forwards_before(k + depth + 2);
-    if (k >= depth) land(k - depth, st, back[k - depth]);
-  }
-  for (size_t j = num_stages > depth ? num_stages - depth : 0; j < num_stages; ++j) land(j, st, back[j]);
-
-  // The end: one host read of the flags; several ranks agree on the first bad result.
-  StepOutcome outcome;
-  outcome.active = active;
-  int first_bad = -1;
-  if (world_ == 1) {
-    const std::vector<int32_t> host = ops_.read_flags({flags.get(), st.result_flags.get()});
-    for (int p = 0; p < num_params; ++p)
-      DMUON_CHECK(host[static_cast<size_t>(2 * p + 1)] == 0, "the momentum buffer of parameter ", name(p),
-                  " holds NaN or Inf", at_step, " (corrupt optimizer state); nothing was updated");
-    std::vector<int> bad;
-    for (int k = 0; k < num_checked; ++k)
-      if (host[static_cast<size_t>(2 * k)] != 0) bad.push_back(k);
-    if (!bad.empty()) {
-      // NOTE: the gate was closed: nothing was written, whatever ran.
-      stats_.total_s = seconds_since(step_start);
-      return nonfinite_gradient(bad, active, step_idx, extra);
-    }
-    for (int p = 0; p < num_params && first_bad < 0; ++p)
-      if (host[static_cast<size_t>(2 * num_checked + p)] != 0) first_bad = p;
-  } else {
-    const std::vector<int32_t> host = ops_.read_flags({st.result_flags.get()});
-    int local_bad = -1;
-    for (int p = 0; p < num_params && local_bad < 0; ++p)
-      if (host[static_cast<size_t>(p)] != 0) local_bad = p;
-    // NOTE: max over ranks of (num_params − first bad index) finds the smallest bad index.
-    const int64_t encoded = local_bad < 0 ? 0 : num_params - local_bad;
-    const int64_t agreed = transport_.all_reduce({encoded}, ReduceOp::kMax,
-                                                 "all_reduce of the result flags (" + step_name(step_idx) + ")")[0];
-    if (agreed != 0) first_bad = static_cast<int>(num_params - agreed);
-  }
-  stats_.total_s = seconds_since(step_start);
-  DMUON_CHECK(first_bad < 0, "dmuon ", step_name(step_idx), ": the orthogonalized update of parameter ", name(first_bad),
-              " is not finite; its non-finite entries were not applied (the rest of the step was)");
-  return outcome;
 }
 
 }  // namespace dmuon::step

@@ -16,9 +16,16 @@
 //     apply     p ← p·(1 − lr·wd) − lr·ratio·O from the returned rows
 //   agree     one reduction of the result flags; every rank raises naming the first
 //             parameter whose orthogonalized update was not finite
+//
+// Work begun before step() (docs/design/step_engine.md, "Early work"): begin_step() opens
+// a step; items_ready(ids) runs the check, momentum (into staging, not the buffer) and NS
+// of items whose gradients are final, batched by shape, and holds the results; step() (or
+// finish() + commit()) checks the rest, agrees, and only then writes momentum and weights;
+// a refused step, or discard(), drops the early results with nothing written.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <string>
 #include <tuple>
@@ -53,10 +60,13 @@ struct StepOutcome {
   enum class Status {
     kApplied,            ///< every parameter with a gradient was updated
     kNonFiniteGradient,  ///< a gradient held NaN/Inf on some rank: nothing changed anywhere
+    kAgreed,             ///< finish(): every rank agreed; commit() writes the step
+    kCorruptMomentum,    ///< finish(): a momentum buffer held NaN/Inf on some rank: nothing changed
   };
   Status status = Status::kApplied;
   std::vector<int> nonfinite_params;  ///< agreed over every rank, ascending
   std::vector<int> nonfinite_extra;   ///< indices into the step's CheckOnly list, ascending
+  std::vector<int> corrupt_params;    ///< kCorruptMomentum: agreed over every rank, ascending
   std::string message;                ///< names the first of them and the step
   std::vector<bool> active;           ///< parameters that had a gradient (on every rank)
   bool applied() const { return status == Status::kApplied; }
@@ -67,6 +77,7 @@ class StepEngine {
   /// Collective: every rank makes it with the same params and options (the plan is made
   /// and agreed here). The transport and ops outlive the engine.
   StepEngine(Transport& transport, DeviceOps& ops, std::vector<ParamSpec> params, EngineOptions options);
+  ~StepEngine();
 
   /// One step over every parameter (tensors[i] for params[i]); rules[g] is group g's rule.
   /// Throws dmuon::Error on every rank, with nothing changed, when a parameter has a
@@ -76,6 +87,38 @@ class StepEngine {
   /// `extra`: gradients checked with the step's (every rank passes the same list).
   StepOutcome step(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules, int64_t step_idx,
                    const std::vector<CheckOnly>& extra = {});
+
+  // ---- Early work and the two-phase step (the weight-ownership mode; issue 27's
+  // buckets received inside backward are meant to reuse it).
+  /// Opens a step whose items may be made ready before step(): `rules` give their momentum
+  /// and NS (step_idx names it in errors until finish() names it); throws when a step is
+  /// already open.
+  void begin_step(const std::vector<GroupRule>& rules, int64_t step_idx);
+  /// Items (ids into items()) whose gradient and momentum on this rank are final: their
+  /// check, momentum (into a staging copy; the buffer is not written) and Newton–Schulz
+  /// run now, batched with the same-shape items of this call; the results are held until
+  /// the step is committed. Items this rank neither computes nor holds need no work.
+  /// `tensors` as step()'s; only the grad and momentum of these items are read, and they
+  /// must stay alive and unchanged until the step is committed or discarded. Throws
+  /// naming a bad id, an id made ready twice, or an item not whole on its owner.
+  void items_ready(const std::vector<int>& items, const std::vector<ParamTensors>& tensors);
+  /// Whether a step is open (begun, or finished and not yet committed or discarded).
+  bool step_open() const { return early_ != nullptr || agreed_ != nullptr; }
+  /// The rest of the step's check, then the agreement over every rank (several ranks, or
+  /// one: a host read). Nothing is written: kAgreed (then commit() or discard()), or
+  /// kNonFiniteGradient or kCorruptMomentum (the step is closed, early results dropped);
+  /// throws, with the step closed, where step() throws before writing (a gradient on some
+  /// ranks only, invalid input). `step_idx` names the step, early work included.
+  /// `tensors` must stay alive until commit(). Momentum and NS of early items follow
+  /// begin_step()'s rules; lr and weight decay, finish()'s.
+  StepOutcome finish(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules, int64_t step_idx,
+                     const std::vector<CheckOnly>& extra = {});
+  /// Writes the agreed step: the early items' staged momentum and held results, the rest
+  /// through the pipeline; then the result agreement (throws naming the first parameter
+  /// whose orthogonalized update was not finite, after the rest was applied).
+  void commit();
+  /// Closes the open step without writing anything (early results dropped).
+  void discard();
 
   const ItemTable& items() const { return table_; }
   /// Owner rank of every item (kEveryRank in gather mode).
@@ -94,12 +137,25 @@ class StepEngine {
  private:
   struct StepState;
   struct Flight;
+  struct Early;
 
   void make_plan();
+  void take_given_owners();
+  void agree_plan(uint64_t hash, const std::string& error);
+  // Phases of a step: the check of every active item not made ready early (into st.flags),
+  // the pipeline, and (one rank) the gated one-shot step.
+  static std::unique_ptr<StepState> new_state(int num_items, int num_params, int num_extra);
+  void check_rest(StepState& st, const std::vector<CheckOnly>& extra);
+  void run_pipeline(StepState& st);
+  void commit_early(StepState& st, Early& early);
+  void agree_results(StepState& st);
+  StepOutcome step_gated(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
+                         int64_t step_idx, const std::vector<CheckOnly>& extra);
   void make_stages_for(const std::vector<GroupRule>& rules);
   void validate(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
                 const std::vector<CheckOnly>& extra) const;
   bool computes(int item, int rank) const;
+  double item_scale(const GroupRule& rule, int item) const;
   Flight issue_forward(size_t s, StepState& st);
   Flight run_stage(size_t s, StepState& st, Flight& forward);
   void land(size_t s, StepState& st, Flight& back);
@@ -132,6 +188,8 @@ class StepEngine {
   // stage has run before. Key: (group, dtype, rows, cols, count).
   std::set<std::tuple<int, int, int64_t, int64_t, int64_t>> warm_batches_;
   StepStats stats_;
+  std::unique_ptr<Early> early_;       // the open step's early work (begin_step → commit/discard)
+  std::unique_ptr<StepState> agreed_;  // finish() → commit()
 };
 
 }  // namespace dmuon::step

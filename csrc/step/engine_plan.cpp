@@ -51,7 +51,63 @@ uint64_t plan_fingerprint(const plan::Plan& plan) {
   return hasher.digest();
 }
 
+// What makes two given-owner plans the same step: every item's shape, group and owner,
+// and every owner's batches.
+uint64_t given_fingerprint(const ItemTable& table, const std::vector<int>& owners,
+                           const std::vector<OwnerBatches>& batches) {
+  plan::Hasher hasher;
+  for (int i = 0; i < table.num_items(); ++i) {
+    const Item& it = table.item(i);
+    for (int64_t v : {it.rows, it.cols, static_cast<int64_t>(it.group), static_cast<int64_t>(it.dtype),
+                      static_cast<int64_t>(owners[static_cast<size_t>(i)])})
+      hasher.i64(v);
+  }
+  for (const OwnerBatches& owner : batches) {
+    hasher.i64(owner.owner);
+    for (const std::vector<int>& batch : owner.batches) {
+      hasher.i64(static_cast<int64_t>(batch.size()));
+      for (int idx : batch) hasher.i64(idx);
+    }
+  }
+  return hasher.digest();
+}
+
 }  // namespace
+
+// One all_reduce: no rank failed to make its plan and every rank holds the same hash.
+void StepEngine::agree_plan(uint64_t hash, const std::string& error) {
+  const int64_t hi = static_cast<int64_t>(hash >> 32), lo = static_cast<int64_t>(hash & 0xffffffffu);
+  // NOTE: max of (x, −x) over the ranks gives max and −min: every rank agrees iff both are its own.
+  const std::vector<int64_t> agreed = transport_.all_reduce({error.empty() ? 0 : 1, hi, lo, -hi, -lo}, ReduceOp::kMax,
+                                                            "all_reduce of the owner plan's hash");
+  DMUON_CHECK(error.empty(), "planning owners failed on rank ", rank_, ": ", error);
+  DMUON_CHECK(agreed[0] == 0, "planning owners failed on another rank (its error names the cause)");
+  DMUON_CHECK(agreed[1] == hi && agreed[2] == lo && agreed[3] == -hi && agreed[4] == -lo,
+              "the owner plan differs between ranks (rank ", rank_, " holds plan hash ", hash,
+              "): every rank must pass the same parameters and options");
+}
+
+// Owners given by the caller (parameters "whole on rank r"): each owner's items in
+// same-shape batches, agreed by hash like a solved plan.
+void StepEngine::take_given_owners() {
+  const int num_items = table_.num_items();
+  for (int p = 0; p < table_.num_params(); ++p)
+    DMUON_CHECK(table_.param(p).whole_on_rank >= 0, "parameter '", table_.param(p).name,
+                "' has a layout while other parameters are whole on one rank: one engine takes either owners "
+                "given for every parameter or none (the weight-ownership mode has its own engine)");
+  DMUON_CHECK(options_.mode == Mode::kOwner, "parameters whole on one rank need mode 'owner', not '",
+              mode_name(options_.mode), "'");
+  owners_.resize(static_cast<size_t>(num_items));
+  std::vector<std::vector<int>> mine(static_cast<size_t>(world_));
+  for (int i = 0; i < num_items; ++i) {
+    owners_[static_cast<size_t>(i)] = table_.param(table_.item(i).param_idx).whole_on_rank;
+    mine[static_cast<size_t>(owners_[static_cast<size_t>(i)])].push_back(i);
+  }
+  for (int r = 0; r < world_; ++r) owner_batches_.push_back({r, shape_batches(table_, mine[static_cast<size_t>(r)])});
+  plan_hash_ = given_fingerprint(table_, owners_, owner_batches_);
+  plan_text_ = "owners given by the caller";
+  if (world_ > 1) agree_plan(plan_hash_, "");
+}
 
 // Owners and their batches. Rank 0 solves and broadcasts, or (deterministic solvers, or a
 // transport that moves nothing) every rank solves; then one all_reduce agrees that every
@@ -61,6 +117,9 @@ void StepEngine::make_plan() {
   std::vector<int> all(static_cast<size_t>(num_items));
   for (int i = 0; i < num_items; ++i) all[static_cast<size_t>(i)] = i;
   if (num_items == 0) return;
+  bool given = false;
+  for (int p = 0; p < table_.num_params() && !given; ++p) given = table_.param(p).whole_on_rank >= 0;
+  if (given) return take_given_owners();
   if (options_.mode == Mode::kGather || world_ == 1) {
     const int owner = options_.mode == Mode::kGather ? kEveryRank : 0;
     owners_.assign(static_cast<size_t>(num_items), owner);
@@ -89,15 +148,7 @@ void StepEngine::make_plan() {
     }
   }
   const uint64_t hash = error.empty() ? plan_fingerprint(solved) : 0;
-  const int64_t hi = static_cast<int64_t>(hash >> 32), lo = static_cast<int64_t>(hash & 0xffffffffu);
-  // NOTE: max of (x, −x) over the ranks gives max and −min: every rank agrees iff both are its own.
-  const std::vector<int64_t> agreed = transport_.all_reduce({error.empty() ? 0 : 1, hi, lo, -hi, -lo}, ReduceOp::kMax,
-                                                            "all_reduce of the owner plan's hash");
-  DMUON_CHECK(error.empty(), "planning owners failed on rank ", rank_, ": ", error);
-  DMUON_CHECK(agreed[0] == 0, "planning owners failed on another rank (its error names the cause)");
-  DMUON_CHECK(agreed[1] == hi && agreed[2] == lo && agreed[3] == -hi && agreed[4] == -lo,
-              "the owner plan differs between ranks (rank ", rank_, " holds plan hash ", hash,
-              "): every rank must pass the same parameters and options");
+  agree_plan(hash, error);
   owners_ = solved.owner;
   for (int r = 0; r < world_; ++r) {
     OwnerBatches batches{r, {}};

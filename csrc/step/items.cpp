@@ -15,7 +15,19 @@ ItemTable::ItemTable(std::vector<ParamSpec> params, int world_size)
     spec.layout.validate(spec.name.c_str());
     DMUON_CHECK(spec.group >= 0, "parameter '", spec.name, "': group index ", spec.group, " is negative");
     DMUON_CHECK(spec.dtype != DType::kInt32, "parameter '", spec.name, "': dtype int32 is not a floating-point type");
-    rows_.push_back(spec.layout.rank_rows(world_size_));
+    if (spec.whole_on_rank >= 0) {
+      DMUON_CHECK(spec.whole_on_rank < world_size_, "parameter '", spec.name, "': whole on rank ", spec.whole_on_rank,
+                  ", outside a world of ", world_size_);
+      DMUON_CHECK(!spec.layout.sharded, "parameter '", spec.name, "': whole on rank ", spec.whole_on_rank,
+                  ", but its layout is sharded");
+      std::vector<dist::RowBlock> rows(static_cast<size_t>(world_size_));
+      rows[static_cast<size_t>(spec.whole_on_rank)] = {0, spec.layout.flat_rows()};
+      rows_.push_back(std::move(rows));
+    } else {
+      DMUON_CHECK(spec.whole_on_rank == -1, "parameter '", spec.name, "': whole_on_rank ", spec.whole_on_rank,
+                  " (use -1 for the layout's pieces)");
+      rows_.push_back(spec.layout.rank_rows(world_size_));
+    }
     const int first = static_cast<int>(items_.size());
     const int64_t m = spec.layout.matrix_rows(), n = spec.layout.cols();
     if (m > 0 && n > 0) {

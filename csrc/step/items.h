@@ -7,7 +7,8 @@
 // A piece is what one rank holds of an item: rows [row_begin, row_begin + row_count) of
 // it, at an element offset of that rank's local tensors (its Shard(0) chunk under
 // torch.chunk's split, all rows when replicated, possibly none). Every rank derives the
-// same table from the same parameter specs and world size.
+// same table from the same parameter specs and world size. A parameter "whole on rank r"
+// (ParamSpec::whole_on_rank) has one piece per matrix, all rows, on rank r only.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,11 @@ struct ParamSpec {
   dist::ParamLayout layout;
   DType dtype = DType::kFloat32;  ///< of the parameter, its gradient and momentum buffer
   int group = 0;                  ///< index into the step's GroupRules
+  /// ≥ 0: the layout kind "whole on rank r" (the weight-ownership mode): every matrix of
+  /// the parameter exists only on rank r, which owns it (the owner comes from the caller's
+  /// plan, not the engine's planner); every other rank holds none of it and passes empty
+  /// tensors. The layout must then be unsharded. −1: the pieces follow `layout`.
+  int whole_on_rank = -1;
 };
 
 /// One matrix: rows×cols as stored in the parameter (tall when rows > cols).

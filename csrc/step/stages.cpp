@@ -71,8 +71,10 @@ std::vector<Stage> make_stages(const ItemTable& table, const std::vector<OwnerBa
         const Item& it = table.item(members.front());
         const int64_t item_wire = it.numel() * limits.wire_element_bytes;
         int64_t capacity = ns_batch_capacity(it.rows, it.cols, dtype, algorithm, limits.ns_batch_bytes, ns_bytes);
-        // NOTE: one process moves nothing, so only the NS workspace bounds its batches.
-        if (world > 1 && limits.stage_bytes > 0) {
+        // NOTE: one process moves nothing, nor does an item whole on its owner (the
+        // weight-ownership mode), so only the NS workspace bounds their batches.
+        const bool travels = table.param(it.param_idx).whole_on_rank < 0;
+        if (world > 1 && limits.stage_bytes > 0 && travels) {
           const int64_t share = gather ? limits.stage_bytes : limits.stage_bytes / world;
           capacity = std::min(capacity, std::max<int64_t>(1, share / std::max<int64_t>(1, item_wire)));
         }

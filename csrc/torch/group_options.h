@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "optim/update_rule.h"
+#include "step/options.h"
 
 namespace dmuon::torch_adapter {
 
@@ -28,5 +29,11 @@ struct MuonGroupOptions {
   /// Decoupled weight decay's factor on the parameter.
   double decay() const { return 1.0 - lr * weight_decay; }
 };
+
+/// The step engine's rule of a group (its NS schedule built here; errors name the option).
+inline step::GroupRule group_rule(const MuonGroupOptions& g) {
+  return step::GroupRule::make(g.lr, g.weight_decay, g.momentum, g.nesterov, g.adjust_lr, g.algorithm, g.coefficients,
+                               g.restart_after, g.eps);
+}
 
 }  // namespace dmuon::torch_adapter

@@ -41,9 +41,9 @@ void register_ownership_bindings(py::module_& m) {
 
   py::class_<OwnershipRuntime>(o, "Runtime")
       .def(py::init<const std::string&, const std::string&, const std::string&, std::vector<std::string>,
-                    std::vector<dist::ParamLayout>, std::vector<int>, OwnershipOptions>(),
+                    std::vector<dist::ParamLayout>, std::vector<int>, std::vector<std::string>, OwnershipOptions>(),
            py::arg("shard_group"), py::arg("replicate_group"), py::arg("replicate_reduce_group"),
-           py::arg("names"), py::arg("layouts"), py::arg("layer_of"), py::arg("options"), Gil())
+           py::arg("names"), py::arg("layouts"), py::arg("layer_of"), py::arg("dtypes"), py::arg("options"), Gil())
       .def("configure",
            [](OwnershipRuntime& r, std::vector<int64_t> group_idx, std::vector<MuonGroupOptions> groups,
               std::vector<std::optional<at::Tensor>> buffers) {
@@ -59,12 +59,20 @@ void register_ownership_bindings(py::module_& m) {
       .def("materialize", &OwnershipRuntime::materialize, py::arg("index"), py::arg("tensor"), Gil())
       .def("grad_ready", &OwnershipRuntime::grad_ready, py::arg("index"), py::arg("grad"), py::arg("sync"), Gil())
       .def("flush", &OwnershipRuntime::flush, py::arg("sync"), Gil())
-      .def("finish", &OwnershipRuntime::finish, py::arg("step_idx"), Gil())
-      .def("commit", &OwnershipRuntime::commit, py::arg("masters"), py::arg("active"), py::arg("groups"),
-           py::arg("step_idx"), Gil())
+      .def("finish",
+           [](OwnershipRuntime& r, int64_t step_idx, const std::vector<at::Tensor>& masters,
+              const std::vector<MuonGroupOptions>& groups) {
+             OwnershipRuntime::Finished f;
+             {
+               py::gil_scoped_release release;
+               f = r.finish(step_idx, masters, groups);
+             }
+             return py::make_tuple(f.active, f.nonfinite, f.corrupt);
+           },
+           py::arg("step_idx"), py::arg("masters"), py::arg("groups"),
+           "(active, nonfinite, corrupt): agreed over every rank; see OwnershipRuntime::finish")
+      .def("commit", &OwnershipRuntime::commit, py::arg("step_idx"), Gil())
       .def("discard", &OwnershipRuntime::discard, Gil())
-      .def("all_reduce_flags", &OwnershipRuntime::all_reduce_flags, py::arg("local"), py::arg("op"),
-           py::arg("what"), Gil())
       .def_property_readonly("rank", &OwnershipRuntime::rank)
       .def_property_readonly("world_size", &OwnershipRuntime::world_size)
       .def_property_readonly("owners", &OwnershipRuntime::owners)

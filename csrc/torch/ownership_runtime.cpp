@@ -1,4 +1,5 @@
-// dmuon/torch/ownership_runtime.cpp — publish, reduce-to-owner, early Newton–Schulz, commit.
+// dmuon/torch/ownership_runtime.cpp — publish, reduce-to-owner, and the step engine's early
+// work, finish and commit over the owned matrices.
 #include "ownership_runtime.h"
 
 #include <c10/core/DeviceGuard.h>
@@ -8,15 +9,14 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
 #include <algorithm>
-#include <map>
 
 #include "common/check.h"
-#include "foreach_ops.h"
 #include "flag_reduce.h"
-#include "orthogonalize.h"
 #include "owner_planning.h"
 #include "plan/layer_spread.h"
 #include "plan/planner.h"
+#include "step/route.h"
+#include "step_tensors.h"
 #include "storage_control.h"
 #include "world_detect.h"
 
@@ -34,15 +34,6 @@ c10::intrusive_ptr<c10d::ProcessGroup> resolve(const std::string& name) {
   return name.empty() ? nullptr : c10d::resolve_process_group(name);
 }
 
-// NOTE: a tensor made on the worker's side stream and last used on the caller's stream
-// must be marked as used there, or the caching allocator could hand its block to the side
-// stream again while the caller's kernels still read it.
-void hand_over(const at::Tensor& tensor) {
-  if (!tensor.defined() || !tensor.is_cuda() || tensor.storage().data() == nullptr) return;
-  c10::impl::VirtualGuardImpl impl(tensor.device().type());
-  impl.recordDataPtrOnStream(tensor.storage().data_ptr(), impl.getStream(tensor.device()));
-}
-
 }  // namespace
 
 // One bucket between its reduction and the end of the step.
@@ -52,17 +43,26 @@ struct OwnershipRuntime::Issued {
   at::Tensor recv;                            // level-0 pieces of this rank's shard chunk
   c10::intrusive_ptr<c10d::Work> work;        // level-0 all_to_all (null: none)
   std::optional<c10::Event> produced;         // GPU: the buffer is written on the caller's stream
-  std::vector<at::Tensor> keep;               // side-stream tensors handed over at the end
+  std::vector<at::Tensor> keep;               // side-stream tensors the step's work reads
 };
 
 OwnershipRuntime::OwnershipRuntime(const std::string& shard_group, const std::string& replicate_group,
                                    const std::string& replicate_reduce_group, std::vector<std::string> names, std::vector<dist::ParamLayout> layouts,
-                                   std::vector<int> layer_of, OwnershipOptions options)
+                                   std::vector<int> layer_of, std::vector<std::string> dtypes, OwnershipOptions options)
     : names_(std::move(names)), layouts_(std::move(layouts)), layer_of_(std::move(layer_of)),
       options_(std::move(options)), start_(std::chrono::steady_clock::now()) {
   const size_t n = names_.size();
-  DMUON_CHECK(layouts_.size() == n && layer_of_.size() == n, "OwnershipRuntime: ", n, " names, ",
-              layouts_.size(), " layouts and ", layer_of_.size(), " layer ids (layer_of)");
+  DMUON_CHECK(layouts_.size() == n && layer_of_.size() == n && dtypes.size() == n, "OwnershipRuntime: ", n,
+              " names, ", layouts_.size(), " layouts, ", layer_of_.size(), " layer ids (layer_of) and ", dtypes.size(),
+              " dtypes");
+  for (size_t i = 0; i < n; ++i) {
+    dtypes_.push_back(parse_step_dtype(dtypes[i], "matrix " + names_[i]));
+    // NOTE: refused here, not at the first step: the engine's ops of the device step it or not.
+    std::string why;
+    DMUON_CHECK(options_.device_type != "cuda" || step::ops_support(step::DeviceKind::kCuda, dtypes_.back(), &why),
+                "the weight-ownership mode cannot own matrix ", names_[i], " on CUDA (", why,
+                "): own it in float32, or leave it out of own_matrices for the sharded step");
+  }
   DMUON_CHECK(options_.device_type == "cpu" || options_.device_type == "cuda",
               "device_type must be 'cpu' or 'cuda', got '", options_.device_type, "'");
   for (size_t i = 0; i < n; ++i) {
@@ -100,16 +100,21 @@ OwnershipRuntime::OwnershipRuntime(const std::string& shard_group, const std::st
   contributed_.assign(n, false);
   arrived_.assign(n, false);
   issued_.assign(buckets_.size(), false);
-  new_momentum_.resize(n);
-  update_.resize(n);
+  step_grad_.resize(n);
+  step_momentum_.resize(n);
+  fresh_momentum_.assign(n, false);
   group_idx_.assign(n, 0);
   momentum_buffers_.resize(n);
 
-  // The worker: a thread, with its own stream on GPUs.
+  // The worker: a thread, with its own stream on GPUs, which the engine's ops enqueue on.
   if (options_.device_type == "cuda") {
     c10::impl::VirtualGuardImpl impl(at::kCUDA);
     side_stream_ = impl.getStreamFromGlobalPool(device(), /*isHighPriority=*/false);
   }
+  transport_ = std::make_unique<OwnershipAgreement>(
+      std::vector<FlagGroup>{{shard_group_, "shard group"}, {replicate_group_, "replicas"}}, rank_, grid_.world(),
+      device(), [this](const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) { wait_work(work, what); });
+  ops_ = make_step_ops(options_.device_type, side_stream_);
   worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -210,27 +215,6 @@ c10::intrusive_ptr<c10d::Work> OwnershipRuntime::broadcast(const c10::intrusive_
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   return group->broadcast(tensors, opts);
-}
-
-// ----------------------------------------------------------------------------- options
-void OwnershipRuntime::configure(std::vector<int64_t> group_idx, std::vector<MuonGroupOptions> groups,
-                                 std::vector<at::Tensor> momentum_buffers) {
-  const size_t n = names_.size();
-  DMUON_CHECK(group_idx.size() == n && momentum_buffers.size() == n, "OwnershipRuntime::configure: expected ",
-              n, " group indices and momentum buffers, got ", group_idx.size(), " and ", momentum_buffers.size());
-  for (size_t i = 0; i < n; ++i) {
-    DMUON_CHECK(group_idx[i] >= 0 && static_cast<size_t>(group_idx[i]) < groups.size(), "matrix ", names_[i],
-                ": group index ", group_idx[i], " out of range");
-    if (owners_[i] == rank_ && momentum_buffers[i].defined()) {
-      DMUON_CHECK(momentum_buffers[i].numel() == layouts_[i].numel() && momentum_buffers[i].is_contiguous(),
-                  "matrix ", names_[i], ": its owner's momentum buffer must be contiguous with ",
-                  layouts_[i].numel(), " elements");
-    }
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
-  group_idx_ = std::move(group_idx);
-  groups_ = std::move(groups);
-  momentum_buffers_ = std::move(momentum_buffers);
 }
 
 // ----------------------------------------------------------------------------- publish
@@ -417,205 +401,61 @@ void OwnershipRuntime::process(Issued& issued) {
     mine = recv.view({grid_.replicas, -1}).sum(0);
   }
 
-  // Snapshot of the options for this bucket's matrices.
-  std::vector<int64_t> group_idx;
-  std::vector<MuonGroupOptions> groups;
+  // The owner's matrices of the bucket that this rank contributed to: their reduced
+  // gradient (in the matrix's dtype) and momentum go to the engine's early work.
+  std::vector<step::GroupRule> rules;
   std::vector<at::Tensor> buffers;
+  std::vector<bool> contributed;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    group_idx = group_idx_;
-    groups = groups_;
+    rules = rules_;
     buffers = momentum_buffers_;
+    contributed = contributed_;
     record("ns_begin", static_cast<int64_t>(issued.k));
   }
-  DMUON_CHECK(!groups.empty(), "the ownership runtime has no optimizer options: build dmuon.DMuon over the "
-              "owned parameters before the first backward");
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, std::vector<int>> batches;  // + float64?
-  std::map<int, at::Tensor> updates;
-  std::vector<at::Tensor> grad_list, buffer_list;
-  std::vector<size_t> grad_slots, buffer_slots;  // where their flags go in finish()'s result
+  DMUON_CHECK(engine_ && !rules.empty(), "the ownership runtime has no optimizer options: build dmuon.DMuon over "
+              "the owned parameters before the first backward");
+  std::vector<step::ParamTensors> tensors(names_.size());
+  std::vector<int> ready;
   for (size_t k = 0; k < bucket.param_idx.size(); ++k) {
     const int i = bucket.param_idx[k];
-    if (owners_[static_cast<size_t>(i)] != rank_ || layouts_[i].numel() == 0) continue;
-    const auto& layout = layouts_[i];
-    const auto& options = groups[static_cast<size_t>(group_idx[i])];
-    at::Tensor grad = mine.narrow(0, bucket.final_offset(k, grid_, owners_), layout.numel())
-                          .div(static_cast<double>(grid_.world()));
-    // NOTE: no buffer yet (before the first step): momentum starts from zeros.
-    at::Tensor buffer = buffers[i].defined() ? buffers[i].reshape({-1}) : at::zeros({layout.numel()}, grad.options());
-    grad_list.push_back(grad);
-    buffer_list.push_back(buffer);
-    grad_slots.push_back(names_.size() + static_cast<size_t>(i));
-    buffer_slots.push_back(2 * names_.size() + static_cast<size_t>(i));
-    at::Tensor momentum = buffer.lerp(grad.to(buffer.scalar_type()), 1.0 - options.momentum);
-    at::Tensor update = options.nesterov ? grad.to(buffer.scalar_type()).lerp(momentum, options.momentum) : momentum;
-    new_momentum_[i] = momentum;
-    updates[i] = update;
-    batches[{group_idx[i], layout.matrix_rows(), layout.cols(), update.scalar_type() == at::kDouble}].push_back(i);
-    issued.keep.push_back(momentum);
+    const size_t m = static_cast<size_t>(i);
+    if (owners_[m] != rank_ || layouts_[m].numel() == 0 || !contributed[m]) continue;
+    at::Tensor grad = mine.narrow(0, bucket.final_offset(k, grid_, owners_), layouts_[m].numel())
+                          .div(static_cast<double>(grid_.world()))
+                          .to(scalar_type(dtypes_[m]))
+                          .contiguous();
+    // NOTE: no buffer yet (before the first step): momentum starts from zeros, copied
+    // into the buffer the optimizer makes at commit.
+    const bool fresh = !buffers[m].defined();
+    at::Tensor momentum = fresh ? at::zeros({layouts_[m].numel()}, grad.options()) : buffers[m];
+    step_grad_[m] = grad;
+    step_momentum_[m] = momentum;
+    fresh_momentum_[m] = fresh;
+    tensors[m] = {step::Buffer{}, to_buffer(grad, "the reduced gradient of " + names_[m]),
+                  to_buffer(momentum, "the momentum buffer of " + names_[m]), true};
+    const auto [first, count] = engine_->items().items_of(i);
+    for (int item = first; item < first + count; ++item) ready.push_back(item);
   }
-  // NaN/Inf of the reduced gradients and of the buffers: two multi-tensor checks per bucket.
-  if (!grad_list.empty()) {
-    input_flags_.push_back({nonfinite_flags(grad_list), grad_slots});
-    input_flags_.push_back({nonfinite_flags(buffer_list), buffer_slots});
-    issued.keep.push_back(input_flags_[input_flags_.size() - 2].flags);
-    issued.keep.push_back(input_flags_.back().flags);
-  }
-  for (const auto& [key, members] : batches) {
-    const auto [g, m, n, wide] = key;
-    const auto& options = groups[static_cast<size_t>(g)];
-    const ns::Schedule schedule = make_schedule(options.algorithm, options.coefficients, options.restart_after, options.eps);
-    std::vector<at::Tensor> stack;
-    const at::ScalarType ns_dtype = wide ? at::kDouble : at::kFloat;
-    for (int i : members) stack.push_back(updates[i].to(ns_dtype).view({-1, m, n}));
-    // NOTE: a NaN/Inf gradient or buffer (flagged above) reaches the update before the ranks
-    // agree on it: iterate on zeros in its place, so that the owner's Newton–Schulz (which
-    // refuses non-finite input on the CPU) neither throws on one rank, leaving the others in
-    // the agreement, nor hides the flag; finish() reports it and the step raises or skips.
-    at::Tensor input = at::cat(stack, 0).nan_to_num_(0.0, 0.0, 0.0);
-    at::Tensor out = orthogonalize(input, schedule);
-    // NOTE: as in the sharded runtime, checked and sanitized once per batch where computed;
-    // commit() applies the rest and raises, naming the first applied matrix of the batch.
-    result_flags_.push_back({at::logical_not(at::isfinite(out).all()).expand({static_cast<int64_t>(members.size())}),
-                             std::vector<size_t>(members.begin(), members.end())});
-    issued.keep.push_back(result_flags_.back().flags);
-    out.nan_to_num_(0.0, 0.0, 0.0);
-    int64_t offset = 0;
-    for (int i : members) {
-      const int64_t count = layouts_[i].num_matrices();
-      update_[i] = out.narrow(0, offset, count);
-      offset += count;
-    }
-    issued.keep.push_back(out);
-  }
-  if (side_stream_) {
-    worker_done_event_.emplace(side_stream_->device_type());
-    worker_done_event_->record(*side_stream_);
+  if (!ready.empty()) {
+    if (!engine_->step_open()) engine_->begin_step(rules, step_idx_ + 1);
+    engine_->items_ready(ready, tensors);
   }
   std::lock_guard<std::mutex> lock(mutex_);
   record("ns_end", static_cast<int64_t>(issued.k));
 }
 
-// ----------------------------------------------------------------------------- step
-void OwnershipRuntime::wait_worker() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [&] { return num_processed_ == num_issued_; });
-}
-
-std::vector<int64_t> OwnershipRuntime::finish(int64_t step_idx) {
-  step_idx_ = step_idx - 1;
-  flush(true);
-  wait_worker();
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    record("finish", step_idx);
-    window_open_ = false;
-    if (worker_error_) {
-      std::exception_ptr error = worker_error_;
-      worker_error_ = nullptr;
-      reset_window();
-      lock.unlock();
-      discard();
-      std::rethrow_exception(error);
-    }
-  }
-  if (worker_done_event_ && side_stream_) {
-    c10::impl::VirtualGuardImpl impl(side_stream_->device_type());
-    worker_done_event_->block(impl.getStream(side_stream_->device()));
-  }
-  const size_t n = names_.size();
-  std::vector<int64_t> flags(3 * n, 0);
-  for (size_t i = 0; i < n; ++i) flags[i] = contributed_[i] ? 1 : 0;
-  for (const auto& [i, bad] : read_flags(input_flags_)) flags[i] = bad ? 1 : 0;
-  std::lock_guard<std::mutex> lock(mutex_);
-  reset_window();
-  // NOTE: what runs from now on (the next forward and backward) belongs to the next step,
-  // whether this one commits (commit() names its own collectives) or is skipped.
-  step_idx_ = step_idx;
-  return flags;
-}
-
-void OwnershipRuntime::reset_window() {
-  std::fill(contributed_.begin(), contributed_.end(), false);
-  std::fill(issued_.begin(), issued_.end(), false);
-  next_to_issue_ = 0;
-}
-
-// Every (slot, flag) of a list of flag tensors, read with one host sync.
-std::vector<std::pair<size_t, bool>> OwnershipRuntime::read_flags(const std::vector<FlagSet>& sets) {
-  std::vector<std::pair<size_t, bool>> out;
-  if (sets.empty()) return out;
-  std::vector<at::Tensor> all;
-  for (const auto& set : sets) all.push_back(set.flags.to(sets.front().flags.device()));
-  at::Tensor host = at::cat(all).to(at::kCPU).contiguous();
-  const bool* bad = host.data_ptr<bool>();
-  for (const auto& set : sets)
-    for (size_t slot : set.slots) out.emplace_back(slot, *bad++);
-  return out;
-}
-
-void OwnershipRuntime::commit(const std::vector<at::Tensor>& masters, const std::vector<bool>& active,
-                              const std::vector<MuonGroupOptions>& groups, int64_t step_idx) {
-  const size_t n = names_.size();
-  DMUON_CHECK(masters.size() == n && active.size() == n, "OwnershipRuntime::commit: expected ", n,
-              " masters and activity flags");
-  step_idx_ = step_idx - 1;
-  // NOTE: afterwards (also when this throws) the work is the next step's.
-  struct NextStep {
-    int64_t& idx;
-    int64_t value;
-    ~NextStep() { idx = value; }
-  } next_step{step_idx_, step_idx};
-  std::vector<at::Tensor> param_list, update_list, buffer_list, momentum_list;
-  std::vector<double> scales, decays;
-  std::vector<bool> applied(n, false);
-  for (size_t i = 0; i < n; ++i) {
-    if (owners_[i] != rank_ || !active[i] || !update_[i].defined()) continue;
-    DMUON_CHECK(momentum_buffers_[i].defined(), "commit: no momentum buffer configured for ", names_[i]);
-    const auto& options = groups[static_cast<size_t>(group_idx_[i])];
-    buffer_list.push_back(momentum_buffers_[i]);
-    momentum_list.push_back(new_momentum_[i].view(momentum_buffers_[i].sizes()));
-    param_list.push_back(masters[i]);
-    update_list.push_back(update_[i]);
-    const auto [m, n_cols] = layouts_[i].update_shape(layouts_[i].matrix_rows());
-    scales.push_back(options.update_scale(m, n_cols));
-    decays.push_back(options.decay());
-    applied[i] = true;
-  }
-  if (!buffer_list.empty()) at::_foreach_copy_(buffer_list, momentum_list);
-  apply_updates_(param_list, update_list, scales, decays);
-  // Agree that every applied result was finite (one host sync, one tiny all_reduce).
-  int64_t first_bad = -1;
-  for (const auto& [i, bad] : read_flags(result_flags_))
-    if (bad && applied[i] && (first_bad < 0 || static_cast<int64_t>(i) < first_bad)) first_bad = static_cast<int64_t>(i);
-  discard();
-  const int64_t encoded = first_bad < 0 ? 0 : static_cast<int64_t>(n) - first_bad;
-  const int64_t agreed = all_reduce_flags({encoded}, "max", "all_reduce of the finite check")[0];
-  DMUON_CHECK(agreed == 0, "dmuon step ", step_idx, ": the orthogonalized update of ",
-              names_[static_cast<size_t>(static_cast<int64_t>(n) - agreed)],
-              " is not finite; its non-finite entries were not applied (the rest of the step was)");
-}
-
-void OwnershipRuntime::discard() {
+// The step's tensors, once the engine's work on them is done (commit, discard).
+void OwnershipRuntime::drop_step() {
+  // NOTE: the engine's work on these tensors may still be enqueued (a discarded step).
+  if (ops_) ops_->synchronize();
   std::lock_guard<std::mutex> lock(mutex_);
   for (size_t i = 0; i < names_.size(); ++i) {
-    hand_over(update_[i]);
-    update_[i] = at::Tensor();
-    new_momentum_[i] = at::Tensor();
+    step_grad_[i] = at::Tensor();
+    step_momentum_[i] = at::Tensor();
+    fresh_momentum_[i] = false;
   }
-  input_flags_.clear();
-  result_flags_.clear();
-  for (auto& issued : finished_)
-    for (auto& t : issued->keep) hand_over(t);
   finished_.clear();
-  worker_done_event_.reset();
-}
-
-std::vector<int64_t> OwnershipRuntime::all_reduce_flags(const std::vector<int64_t>& local, const std::string& op,
-                                                        const std::string& what) {
-  return torch_adapter::all_reduce_flags(
-      {{shard_group_, what + " (shard group)"}, {replicate_group_, what + " (replicas)"}}, local, op, device(),
-      [&](const c10::intrusive_ptr<c10d::Work>& work, const std::string& name) { wait_work(work, name); });
 }
 
 }  // namespace dmuon::torch_adapter

@@ -7,12 +7,16 @@
 //             caller, released after use (release) to save memory;
 //   backward  grad_ready(i): the local gradient is added into its bucket's compact buffer;
 //             a complete bucket is reduced to the owners (all_to_all, then a local sum) at
-//             once, and a worker thread (a side stream on GPUs) runs momentum and batched
-//             Newton–Schulz for the owner's matrices of that bucket while backward goes on;
-//   step      finish(): waits for the worker and reports flags; commit(): momentum and
-//             parameters are updated (owner only) — or discard() for a skipped step.
-// The update rule is Muon's; nothing is committed before every rank has agreed that the
-// gradients and buffers were finite.
+//             once; a thread of this runtime waits for the reduction (a side stream on
+//             GPUs) and hands the owner's matrices of the bucket to the step engine's early
+//             work (step::StepEngine::items_ready: check, momentum staged, batched NS)
+//             while backward goes on;
+//   step      finish(): the engine checks the rest and every rank agrees; commit(): the
+//             engine writes momentum and parameters (owner only) — or discard().
+// The math (momentum, batching, NS, the NaN/Inf checks, apply, the agreements) is the
+// engine's, on the matrices' layout "whole on rank r"; this runtime is the mode's
+// transport (bucket reduction and publish) and its adapter. Nothing is committed before
+// every rank has agreed that the gradients and buffers were finite.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -35,6 +39,8 @@
 #include "dist/owned_buckets.h"
 #include "dist/shard_layout.h"
 #include "group_options.h"
+#include "ownership_transport.h"
+#include "step/engine.h"
 
 namespace dmuon::torch_adapter {
 
@@ -62,10 +68,11 @@ class OwnershipRuntime {
   /// replicate_group (publish and step flags) and replicate_reduce_group (used only by the
   /// worker thread, so that its collectives keep one order) are two groups over the same
   /// mesh column, both "" on a flat group. One process passes "" everywhere.
-  /// layouts: global shapes (never sharded); layer_of: layer id per matrix (−1: none).
+  /// layouts: global shapes (never sharded); layer_of: layer id per matrix (−1: none);
+  /// dtypes: of each master weight ("float32" | "float64" | "bfloat16" | "float16").
   OwnershipRuntime(const std::string& shard_group, const std::string& replicate_group,
                    const std::string& replicate_reduce_group, std::vector<std::string> names, std::vector<dist::ParamLayout> layouts,
-                   std::vector<int> layer_of, OwnershipOptions options);
+                   std::vector<int> layer_of, std::vector<std::string> dtypes, OwnershipOptions options);
   ~OwnershipRuntime();
   OwnershipRuntime(const OwnershipRuntime&) = delete;
   OwnershipRuntime& operator=(const OwnershipRuntime&) = delete;
@@ -91,19 +98,21 @@ class OwnershipRuntime {
   void grad_ready(int64_t i, const at::Tensor& grad, bool sync);
   void flush(bool sync);
 
-  // Step: finish flushes, waits for the worker and returns this rank's flags, 3 per
-  // matrix: [contributed a gradient] + [owner: reduced gradient not finite] + [owner:
-  // momentum buffer not finite]. commit applies the owner's updates of the matrices in
-  // `active` (lr and weight decay from groups) and agrees that every result was finite
-  // (collective); discard drops the step's results.
-  std::vector<int64_t> finish(int64_t step_idx);
-  void commit(const std::vector<at::Tensor>& masters, const std::vector<bool>& active,
-              const std::vector<MuonGroupOptions>& groups, int64_t step_idx);
+  // Step: finish flushes, waits for the worker, checks the rest and agrees over every
+  // rank (collective): which matrices had a gradient on every rank (active), and which had
+  // a non-finite gradient or momentum buffer on some rank (indices; then nothing will be
+  // written and the step is closed). masters: every matrix's master (read on its owner);
+  // groups: the Muon groups' options now (lr and weight decay; momentum and NS follow the
+  // configure()d ones the early work ran with). commit writes the agreed step and agrees
+  // that every result was finite (collective; raises naming the first that was not);
+  // discard drops the step.
+  struct Finished {
+    std::vector<bool> active;
+    std::vector<int64_t> nonfinite, corrupt;
+  };
+  Finished finish(int64_t step_idx, const std::vector<at::Tensor>& masters, const std::vector<MuonGroupOptions>& groups);
+  void commit(int64_t step_idx);
   void discard();
-
-  /// Element-wise all_reduce ("sum" | "max") of small flags over every rank.
-  std::vector<int64_t> all_reduce_flags(const std::vector<int64_t>& local, const std::string& op,
-                                        const std::string& what);
 
   int rank() const { return rank_; }
   int world_size() const { return grid_.world(); }
@@ -117,18 +126,14 @@ class OwnershipRuntime {
 
  private:
   struct Issued;  // one bucket on its way through the reduction and the worker
-  /// NaN/Inf flags (bool [k], made on the worker) and the matrix or flag slot of each.
-  struct FlagSet {
-    at::Tensor flags;
-    std::vector<size_t> slots;
-  };
   void make_plan();
+  void make_engine();  // with the group index of every matrix (collective: the plan hash)
   void issue_bucket(size_t k);
   void worker_loop();
   void process(Issued& issued);
   void wait_worker();
   void reset_window();  // with mutex_ held
-  static std::vector<std::pair<size_t, bool>> read_flags(const std::vector<FlagSet>& sets);
+  void drop_step();     // the step's tensors, once the engine's work on them is done
   c10::intrusive_ptr<c10d::Work> broadcast_from_owner(int64_t i, at::Tensor& tensor);
   void record(const std::string& what, int64_t index);
   at::Device device() const;
@@ -155,7 +160,19 @@ class OwnershipRuntime {
   // Early-orthogonalization options (guarded by mutex_).
   std::vector<int64_t> group_idx_;
   std::vector<MuonGroupOptions> groups_;
+  std::vector<step::GroupRule> rules_;  // groups_ as the engine's rules (built once per configure)
   std::vector<at::Tensor> momentum_buffers_;
+  // The step engine over the owned matrices ("whole on rank owner"), its ops and transport.
+  std::vector<step::DType> dtypes_;
+  std::unique_ptr<OwnershipAgreement> transport_;
+  std::unique_ptr<step::DeviceOps> ops_;
+  std::unique_ptr<step::StepEngine> engine_;
+  std::vector<int64_t> engine_group_idx_;  // the group indices engine_ was made with
+  // The open step's tensors on the owner (kept until commit or discard): each matrix's
+  // reduced gradient in its dtype, and the momentum the engine reads and writes (the
+  // configured buffer, or zeros before the first step: copied into the buffer at commit).
+  std::vector<at::Tensor> step_grad_, step_momentum_;
+  std::vector<bool> fresh_momentum_;
   // Publish state.
   std::vector<c10::intrusive_ptr<c10d::Work>> publish_work_;
   // Backward state of the current accumulation window (guarded by mutex_).
@@ -174,12 +191,7 @@ class OwnershipRuntime {
   bool stopping_ = false;
   std::exception_ptr worker_error_;
   int64_t step_idx_ = 0;
-  // Results of the window (owner): new momentum, orthogonalized update, flags.
-  std::vector<at::Tensor> new_momentum_, update_;
-  std::vector<FlagSet> input_flags_;   // reduced gradients and buffers: slots of finish()'s result
-  std::vector<FlagSet> result_flags_;  // one per NS batch: its matrices
   std::vector<std::unique_ptr<Issued>> finished_;  // kept until commit/discard (stream safety)
-  std::optional<c10::Event> worker_done_event_;
   // Timeline.
   std::chrono::steady_clock::time_point start_;
   std::vector<TimelineEvent> timeline_;

@@ -671,29 +671,23 @@ class DMuon(torch.optim.Optimizer):
         runtime.step(params, grads, buffers, slots, group_options, step_idx)
 
     def _finish_owned(self, step_idx: int) -> dict[str, Any]:
-        """Waits for the owned matrices' early work; their agreed flags."""
+        """Waits for the owned matrices' early work; their flags, agreed by every rank (the
+        step engine's finish: nothing is written until _commit_owned)."""
         out: dict[str, Any] = {"bad": [], "corrupt": [], "active": []}
         handle = self._ownership
         if handle is None:
             return out
         rt = handle.runtime
-        n = len(handle._entries)
+        options, _ = self._owned_group_slots()
         try:
-            local = rt.finish(step_idx)
-            agreed = rt.all_reduce_flags(local, "sum", f"dmuon step {step_idx}: all_reduce of the owned gradient checks")
+            active, bad, corrupt = rt.finish(step_idx, [e.master for e in handle._entries], options)
         except Exception:
             rt.discard()
             handle._after_step()
             raise
-        world = rt.world_size
-        for e, count in zip(handle._entries, agreed[:n]):
-            if count not in (0, world):
-                self._discard_owned()
-                raise RuntimeError(f"parameter {e.name!r} has a gradient on {count} of {world} ranks "
-                                   f"at step {step_idx}; every rank must have it or none")
-        out["active"] = [count == world for count in agreed[:n]]
-        out["bad"] = [e.name for e, b in zip(handle._entries, agreed[n:2 * n]) if b]
-        out["corrupt"] = [e.name for e, b in zip(handle._entries, agreed[2 * n:]) if b]
+        out["active"] = list(active)
+        out["bad"] = [handle._entries[i].name for i in bad]
+        out["corrupt"] = [handle._entries[i].name for i in corrupt]
         return out
 
     def _discard_owned(self) -> None:
@@ -708,13 +702,12 @@ class DMuon(torch.optim.Optimizer):
         for e in handle._entries:
             if handle.runtime.owners[e.index] == handle.runtime.rank and "momentum_buffer" not in self.state[e.master]:
                 self.state[e.master]["momentum_buffer"] = torch.zeros_like(e.master, memory_format=torch.contiguous_format)
+        # NOTE: the new buffers reach the runtime before its commit, which fills them.
         self._configure_ownership()
-        options, _ = self._owned_group_slots()
         try:
-            handle.runtime.commit([e.master for e in handle._entries], owned["active"], options, step_idx)
+            handle.runtime.commit(step_idx)
         finally:
             handle._after_step()
-        self._configure_ownership()
 
     def _adamw_state(self, p: torch.Tensor) -> dict[str, Any]:
         """`p`'s AdamW state, created (zeros, step 0) on first use (float32 moments for float16)."""

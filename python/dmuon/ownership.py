@@ -10,8 +10,8 @@ weight only on its owner, and hooks the model:
   ``reshard_after_forward``, the compute copies are freed (re-published before backward);
 - backward: each gradient is added into a compact bucket buffer; complete buckets are
   reduced to their owners at once (two levels on a 2-D mesh), and the owner's momentum and
-  Newton–Schulz for that bucket start on a C++ worker (a side stream on GPUs) while
-  backward continues;
+  Newton–Schulz for that bucket start in the C++ step engine's early work (a worker thread
+  waits for the reduction; a side stream on GPUs) while backward continues;
 - ``dmuon.DMuon.step`` waits for that work, agrees on finiteness across ranks and applies.
 
 The scheduling, collectives and math are C++ (``dmuon._C.ownership.Runtime``); this module
@@ -37,6 +37,7 @@ from dmuon.routing import route_module
 _ATTR = "_dmuon_ownership"
 _LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.")
 _REDUCE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_DTYPE_NAMES = {**_REDUCE_DTYPES, torch.float64: "float64"}
 
 
 def layer_of_name(name: str) -> int:
@@ -390,8 +391,13 @@ def own_matrices(model: nn.Module, mesh: Any = None,
     shard, replicate, replicate_reduce = groups.names()
     options = _C.ownership.Options(bucket_bytes=int(bucket_size_mb * 2**20), reduce_dtype=_REDUCE_DTYPES[reduce_dtype],
                                    solver=planner, device_type=device_type, spread_layers=spread_layers)
+    for r in routed:
+        if r.param.dtype not in _DTYPE_NAMES:
+            raise TypeError(f"parameter {r.name!r}: dtype {r.param.dtype} cannot be owned; "
+                            f"use one of {list(_DTYPE_NAMES)}")
     runtime = _C.ownership.Runtime(shard, replicate, replicate_reduce, names, layouts,
-                                   [layer_of_name(n) for n in names], options)
+                                   [layer_of_name(n) for n in names], [_DTYPE_NAMES[r.param.dtype] for r in routed],
+                                   options)
 
     # Compute tensors; non-owners drop the master's bytes.
     entries = []

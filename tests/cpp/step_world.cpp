@@ -68,7 +68,7 @@ std::vector<step::ParamTensors> RankTensors::views() const {
 
 static std::vector<step::ParamSpec> specs_of(const std::vector<ModelParam>& model) {
   std::vector<step::ParamSpec> specs;
-  for (const ModelParam& m : model) specs.push_back({m.name, {m.shape, m.batch_dims, m.sharded}, m.dtype, m.group});
+  for (const ModelParam& m : model) specs.push_back({m.name, {m.shape, m.batch_dims, m.sharded, {}, m.transposed}, m.dtype, m.group, m.whole_on_rank});
   return specs;
 }
 
@@ -127,7 +127,10 @@ std::vector<double> World::gather(int p, const std::vector<RankTensors>& ranks, 
   for (int r = 0; r < world_size_; ++r) {
     const dist::RowBlock rows = table_.local_rows(p, r);
     const std::vector<double> local = (momentum ? ranks[static_cast<size_t>(r)].momentum : ranks[static_cast<size_t>(r)].param)[static_cast<size_t>(p)].values();
-    if (model_[static_cast<size_t>(p)].sharded || r == 0) {
+    const int whole_on = model_[static_cast<size_t>(p)].whole_on_rank;
+    if (whole_on >= 0) {
+      if (r == whole_on) std::copy(local.begin(), local.end(), global.begin());
+    } else if (model_[static_cast<size_t>(p)].sharded || r == 0) {
       std::copy(local.begin(), local.end(), global.begin() + rows.begin * cols);
     } else if (local != global) {
       throw std::runtime_error("the replicas of parameter '" + model_[static_cast<size_t>(p)].name + "' on ranks 0 and " +

@@ -29,6 +29,8 @@ struct ModelParam {
   bool sharded = true;
   step::DType dtype = step::DType::kFloat32;
   int group = 0;
+  int whole_on_rank = -1;  ///< ≥ 0: the weight-ownership layout (ParamSpec::whole_on_rank)
+  bool transposed = false;  ///< stored (in, out), as HF Conv1D (dist::ParamLayout::transposed)
 };
 
 /// Host memory of one tensor of `dtype`.

@@ -16,12 +16,13 @@ from dist_workers import (TinyTransformer, _batches, _device, _loss, _single_pro
 
 
 def ownership_matches_single_process(rank: int, world: int, wrapper: str, mesh_shape: tuple = (),
-                                     accumulate: int = 1, reshard: bool = True, num_steps: int = 3) -> dict:
+                                     accumulate: int = 1, reshard: bool = True, num_steps: int = 3,
+                                     dtype: torch.dtype = torch.float32) -> dict:
     """Weight-ownership training (owned matrices; the rest under FSDP2 or plain DP) against
     single-process DMuon on the whole batch. Returns per parameter the relative error."""
     torch.manual_seed(0)
     device = _device()
-    reference = TinyTransformer().to(device)
+    reference = TinyTransformer().to(device=device, dtype=dtype)
     model = copy.deepcopy(reference)
     initial = [p.detach().clone() for p in reference.parameters()]
     options = dict(lr=0.01, weight_decay=0.05)

@@ -36,6 +36,13 @@ def test_fsdp2_on_the_rest_matches_single_process(world):
     _check(run_distributed(ownership_workers.ownership_matches_single_process, world, "fsdp2"), world)
 
 
+def test_float64_owned_matrices_match_single_process():
+    """A float64 model: each owner steps its matrices in float64 (the other rank passes
+    nothing of them), as single-process DMuon does."""
+    _check(run_distributed(ownership_workers.ownership_matches_single_process, 2, "dp", (), 1, True, 3,
+                           torch.float64), 2)
+
+
 def test_gradient_accumulation_reduces_once_and_matches():
     _check(run_distributed(ownership_workers.ownership_matches_single_process, 2, "fsdp2", (), 2), 2)
 

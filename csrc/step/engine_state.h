@@ -1,0 +1,72 @@
+// dmuon/step/engine_state.h — what StepEngine carries inside one step (internal to
+// csrc/step/engine*.cpp): the step's state from phase to phase, an exchange in flight,
+// and the early work of an open step.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "step/engine.h"
+
+namespace dmuon::step {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+/// Rows of `piece` in a rank's local tensor of an item's parameter.
+inline Buffer piece_view(const Buffer& local, const Piece& piece, int64_t cols) {
+  return local.slice(piece.local_offset, piece.row_count * cols, "piece of a local tensor");
+}
+
+inline std::string step_name(int64_t step_idx) { return "step " + std::to_string(step_idx); }
+
+// What one step carries from phase to phase.
+struct StepEngine::StepState {
+  // finish() → commit(): the caller's descriptors, kept (the pointers below point here).
+  std::vector<ParamTensors> tensors_kept;
+  std::vector<GroupRule> rules_kept;
+  const std::vector<ParamTensors>* tensors = nullptr;
+  const std::vector<GroupRule>* rules = nullptr;
+  int64_t step_idx = 0;
+  Clock::time_point start;
+  int num_checked = 0;              // flag slots: parameters, then the CheckOnly gradients
+  OwnedBuffer flags;                // int32 [2·num_checked]: check()'s
+  std::vector<bool> active_params;  // [param] has a gradient on every rank
+  std::vector<bool> active;         // [item] goes through the pipeline (active, not made ready early)
+  std::vector<int> partial_of;      // [item] index of its check() partials, −1 when none
+  std::vector<bool> momentum_done;  // [item] prepare_pieces updated this rank's momentum rows
+  Partials partials;
+  OwnedBuffer gate;                 // the one-process gated step only (empty view otherwise)
+  OwnedBuffer result_flags;         // int32 [num_params]
+};
+
+// One exchange of a stage: its buffers, where each piece lies in them, its collective.
+struct StepEngine::Flight {
+  OwnedBuffer send, recv;
+  std::unique_ptr<Pending> pending;
+  std::map<std::pair<int, int>, int64_t> send_at;  // (item, destination) → offset in send
+  std::map<std::pair<int, int>, int64_t> recv_at;  // (item, source) → offset in recv
+  std::map<int, int64_t> self_at;                  // item → offset of this rank's own piece in send
+};
+
+// The early work of an open step (begin_step → commit or discard): nothing here is the
+// caller's memory; committing copies it there.
+struct StepEngine::Early {
+  int64_t step_idx = 0;
+  std::vector<GroupRule> rules;       // the schedules the early NS batches point to
+  OwnedBuffer flags;                  // int32 [2·num_params], as check()'s
+  std::vector<bool> ready;            // [item] made ready (whether or not this rank had work)
+  std::vector<OwnedBuffer> staged;    // [item] its momentum after this step (owner's work only)
+  std::vector<OwnedBuffer> held;      // one per early NS batch: its results, row-major per item
+  std::vector<Buffer> result;         // [item] its O (rows×cols) inside `held`
+  int64_t num_batches = 0, num_items = 0;
+};
+
+}  // namespace dmuon::step

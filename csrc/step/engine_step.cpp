@@ -1,0 +1,295 @@
+// dmuon/step/engine_step.cpp — one step's phases: check, agreement, pipeline, result
+// agreement; the one-process gated step, and the two-phase finish() + commit().
+#include <algorithm>
+#include <utility>
+
+#include "common/check.h"
+#include "step/engine_state.h"
+
+namespace dmuon::step {
+
+// A fresh step's state (flags zeroed; nothing active yet).
+std::unique_ptr<StepEngine::StepState> StepEngine::new_state(int num_items, int num_params, int num_extra) {
+  auto st = std::make_unique<StepState>();
+  st->start = Clock::now();
+  st->num_checked = num_params + num_extra;
+  st->active_params.assign(static_cast<size_t>(num_params), false);
+  st->active.assign(static_cast<size_t>(num_items), false);
+  st->partial_of.assign(static_cast<size_t>(num_items), -1);
+  st->momentum_done.assign(static_cast<size_t>(num_items), false);
+  return st;
+}
+
+// Check: NaN/Inf flags of every local gradient and momentum buffer (reads only), but for
+// the items made ready early (their flags are the early work's), and of `extra`.
+void StepEngine::check_rest(StepState& st, const std::vector<CheckOnly>& extra) {
+  const int num_params = table_.num_params();
+  st.flags = ops_.allocate(DType::kInt32, std::max(1, 2 * st.num_checked));
+  ops_.fill_zero(st.flags.get());
+  std::vector<CheckPiece> pieces;
+  for (int p = 0; p < num_params; ++p) {
+    const ParamTensors& t = (*st.tensors)[static_cast<size_t>(p)];
+    if (!t.has_grad) continue;
+    const GroupRule& rule = (*st.rules)[static_cast<size_t>(table_.param(p).group)];
+    const auto [first, count] = table_.items_of(p);
+    for (int item = first; item < first + count; ++item) {
+      const Piece& piece = table_.piece(item, rank_);
+      if (piece.empty() || (early_ && early_->ready[static_cast<size_t>(item)])) continue;
+      const bool sum = computes(item, rank_) && table_.whole_on(item, rank_);
+      if (sum) st.partial_of[static_cast<size_t>(item)] = static_cast<int>(pieces.size());
+      const int64_t cols = table_.item(item).cols;
+      pieces.push_back({piece_view(t.grad, piece, cols), piece_view(t.momentum, piece, cols),
+                        {rule.momentum, rule.nesterov}, p, sum});
+    }
+  }
+  // NOTE: a checked-only gradient stands in for its own momentum (bit 1 is ignored).
+  for (size_t k = 0; k < extra.size(); ++k)
+    if (extra[k].grad.numel > 0)
+      pieces.push_back({extra[k].grad, extra[k].grad, {}, num_params + static_cast<int>(k), false});
+  // partial_of holds positions among all pieces; make them indices among the summed ones.
+  int next = 0;
+  std::vector<int> summed_index(pieces.size(), -1);
+  for (size_t k = 0; k < pieces.size(); ++k)
+    if (pieces[k].sum_update) summed_index[k] = next++;
+  for (int& idx : st.partial_of)
+    if (idx >= 0) idx = summed_index[static_cast<size_t>(idx)];
+  if (!pieces.empty()) st.partials = ops_.check(pieces, st.flags.get());
+}
+
+// The pipeline: the forwards of the next `depth` stages in flight during stage k's NS, and
+// the returns of the `depth` stages before it; a stage is applied once its return has had
+// `depth` stages' time to arrive.
+// NOTE: why `depth` both ways (csrc/torch/dist_runtime.cpp, measured there): on GPUs every
+// wait for a collective is a wait of the compute stream, and a collective completes only
+// when every rank reached it; with less slack each owner's NS chains to another owner's
+// (world 4, Qwen2.5-7B: a 327 ms step against 153 ms of NS on the slowest rank). The price
+// is `depth` stages of buffers each way.
+void StepEngine::run_pipeline(StepState& st) {
+  const size_t num_stages = stages_.size();
+  stats_.num_stages = static_cast<int64_t>(num_stages);
+  stats_.stages.resize(num_stages);
+  for (size_t s = 0; s < num_stages; ++s) {
+    StageTimeline& line = stats_.stages[s];
+    line.stage_idx = static_cast<int64_t>(s);
+    for (auto* v : {&line.forward_sent_to, &line.forward_received_from, &line.return_sent_to,
+                    &line.return_received_from})
+      v->assign(static_cast<size_t>(world_), 0);
+  }
+  const size_t depth = static_cast<size_t>(depth_);
+  std::vector<Flight> forward(num_stages), back(num_stages);
+  size_t num_issued = 0;
+  auto issue_forwards_before = [&](size_t end) {
+    for (; num_issued < std::min(end, num_stages); ++num_issued) forward[num_issued] = issue_forward(num_issued, st);
+  };
+  issue_forwards_before(depth + 1);
+  for (size_t k = 0; k < num_stages; ++k) {
+    back[k] = run_stage(k, st, forward[k]);
+    issue_forwards_before(k + depth + 2);
+    if (k >= depth) land(k - depth, st, back[k - depth]);
+  }
+  for (size_t j = num_stages > depth ? num_stages - depth : 0; j < num_stages; ++j) land(j, st, back[j]);
+}
+
+// The end of a written step: one host read of the result flags; several ranks agree on the
+// first parameter whose result was not finite, and every rank raises naming it.
+void StepEngine::agree_results(StepState& st) {
+  const int num_params = table_.num_params();
+  const std::vector<int32_t> host = ops_.read_flags({st.result_flags.get()});
+  int first_bad = -1;
+  for (int p = 0; p < num_params && first_bad < 0; ++p)
+    if (host[static_cast<size_t>(p)] != 0) first_bad = p;
+  if (world_ > 1) {
+    // NOTE: max over ranks of (num_params − first bad index) finds the smallest bad index.
+    const int64_t encoded = first_bad < 0 ? 0 : num_params - first_bad;
+    const int64_t agreed = transport_.all_reduce({encoded}, ReduceOp::kMax,
+                                                 "all_reduce of the result flags (" + step_name(st.step_idx) + ")")[0];
+    first_bad = agreed != 0 ? static_cast<int>(num_params - agreed) : -1;
+  }
+  stats_.total_s = seconds_since(st.start);
+  DMUON_CHECK(first_bad < 0, "dmuon ", step_name(st.step_idx), ": the orthogonalized update of parameter '",
+              table_.param(first_bad).name,
+              "' is not finite; its non-finite entries were not applied (the rest of the step was)");
+}
+
+StepOutcome StepEngine::step(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
+                             int64_t step_idx, const std::vector<CheckOnly>& extra) {
+  if (world_ == 1 && !step_open()) return step_gated(tensors, rules, step_idx, extra);
+  StepOutcome outcome = finish(tensors, rules, step_idx, extra);
+  DMUON_CHECK(outcome.status != StepOutcome::Status::kCorruptMomentum, outcome.message);
+  if (outcome.status != StepOutcome::Status::kAgreed) return outcome;
+  commit();
+  outcome.status = StepOutcome::Status::kApplied;
+  return outcome;
+}
+
+// One process, nothing begun early: the check gates every write on the device, and the
+// step's one host wait is at its end.
+StepOutcome StepEngine::step_gated(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
+                                   int64_t step_idx, const std::vector<CheckOnly>& extra) {
+  stats_ = StepStats{};
+  stats_.pipeline_depth = depth_;
+  const int num_params = table_.num_params();
+  validate(tensors, rules, extra);
+  make_stages_for(rules);
+  std::unique_ptr<StepState> st = new_state(table_.num_items(), num_params, static_cast<int>(extra.size()));
+  st->tensors = &tensors;
+  st->rules = &rules;
+  st->step_idx = step_idx;
+  check_rest(*st, extra);
+  for (int p = 0; p < num_params; ++p) st->active_params[static_cast<size_t>(p)] = tensors[static_cast<size_t>(p)].has_grad;
+  for (int i = 0; i < table_.num_items(); ++i)
+    st->active[static_cast<size_t>(i)] = st->active_params[static_cast<size_t>(table_.item(i).param_idx)];
+  st->gate = ops_.make_gate(st->flags.get());
+  st->result_flags = ops_.allocate(DType::kInt32, std::max(1, num_params));
+  ops_.fill_zero(st->result_flags.get());
+  stats_.check_s = seconds_since(st->start);
+  run_pipeline(*st);
+
+  const std::vector<int32_t> host = ops_.read_flags({st->flags.get()});
+  for (int p = 0; p < num_params; ++p)
+    DMUON_CHECK(host[static_cast<size_t>(2 * p + 1)] == 0, "the momentum buffer of parameter '", table_.param(p).name,
+                "' holds NaN or Inf at ", step_name(step_idx), " (corrupt optimizer state); nothing was updated");
+  std::vector<int> bad;
+  for (int k = 0; k < st->num_checked; ++k)
+    if (host[static_cast<size_t>(2 * k)] != 0) bad.push_back(k);
+  if (!bad.empty()) {
+    // NOTE: the gate was closed: nothing was written, whatever ran.
+    stats_.total_s = seconds_since(st->start);
+    return nonfinite_gradient(bad, st->active_params, step_idx, extra);
+  }
+  agree_results(*st);
+  StepOutcome outcome;
+  outcome.active = st->active_params;
+  return outcome;
+}
+
+StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
+                               int64_t step_idx, const std::vector<CheckOnly>& extra) {
+  DMUON_CHECK(!agreed_, "StepEngine::finish: ", step_name(agreed_ ? agreed_->step_idx : 0),
+              " was finished but neither committed nor discarded");
+  // NOTE: every exit but the agreed one closes the step: early results are dropped.
+  struct CloseUnlessAgreed {
+    std::unique_ptr<Early>& early;
+    bool agreed = false;
+    ~CloseUnlessAgreed() {
+      if (!agreed) early.reset();
+    }
+  } close{early_};
+  stats_ = StepStats{};
+  stats_.pipeline_depth = depth_;
+  const int num_params = table_.num_params();
+  const std::string at_step = " at " + step_name(step_idx);
+  std::unique_ptr<StepState> st = new_state(table_.num_items(), num_params, static_cast<int>(extra.size()));
+  st->tensors_kept = tensors;
+  st->rules_kept = rules;
+  st->tensors = &st->tensors_kept;
+  st->rules = &st->rules_kept;
+  st->step_idx = step_idx;
+
+  // Input checks. NOTE: with several ranks, one rank's bad input is agreed like a flag, so
+  // that the others raise too instead of waiting in a collective it never joins.
+  std::string invalid;
+  try {
+    validate(tensors, rules, extra);
+    make_stages_for(rules);
+    if (early_) {
+      early_->step_idx = step_idx;
+      for (int i = 0; i < table_.num_items(); ++i)
+        DMUON_CHECK(!early_->ready[static_cast<size_t>(i)] ||
+                        tensors[static_cast<size_t>(table_.item(i).param_idx)].has_grad,
+                    "item '", table_.item_name(i), "' was made ready early", at_step,
+                    ", but its parameter has no gradient at finish()");
+    }
+    check_rest(*st, extra);
+  } catch (const std::exception& e) {
+    if (world_ == 1) throw;
+    invalid = e.what();
+  }
+
+  // Agreement on the host: this rank's flags (and its early work's), then, with several
+  // ranks, one all_reduce of [has gradient] + [gradient bad] + [momentum bad] + [extra bad]
+  // + [input invalid].
+  const int num_checked = st->num_checked;
+  std::vector<int32_t> host(static_cast<size_t>(2 * num_checked), 0);
+  if (invalid.empty()) {
+    std::vector<Buffer> buffers{st->flags.get()};
+    if (early_) buffers.push_back(early_->flags.get());
+    const std::vector<int32_t> read = ops_.read_flags(buffers);
+    std::copy(read.begin(), read.begin() + 2 * num_checked, host.begin());
+    if (early_)
+      for (int k = 0; k < 2 * num_params; ++k)
+        host[static_cast<size_t>(k)] |= read[static_cast<size_t>(std::max(1, 2 * num_checked) + k)];
+  }
+  std::vector<int64_t> local;
+  for (int p = 0; p < num_params; ++p)
+    local.push_back(tensors.size() > static_cast<size_t>(p) && tensors[static_cast<size_t>(p)].has_grad ? 1 : 0);
+  for (int p = 0; p < num_params; ++p) local.push_back(host[static_cast<size_t>(2 * p)] != 0 ? 1 : 0);
+  for (int p = 0; p < num_params; ++p) local.push_back(host[static_cast<size_t>(2 * p + 1)] != 0 ? 1 : 0);
+  for (int k = num_params; k < num_checked; ++k) local.push_back(host[static_cast<size_t>(2 * k)] != 0 ? 1 : 0);
+  local.push_back(invalid.empty() ? 0 : 1);
+  const std::vector<int64_t> agreed =
+      world_ > 1 ? transport_.all_reduce(local, ReduceOp::kSum,
+                                         "all_reduce of the gradient checks (" + step_name(step_idx) + ")")
+                 : local;
+  DMUON_CHECK(invalid.empty(), invalid);
+  DMUON_CHECK(agreed.back() == 0, "dmuon ", step_name(step_idx),
+              ": the input of another rank is invalid (its error names it); nothing was updated");
+  for (int p = 0; p < num_params; ++p) {
+    const int64_t count = agreed[static_cast<size_t>(p)];
+    DMUON_CHECK(count == 0 || count == world_, "parameter '", table_.param(p).name, "' has a gradient on ", count,
+                " of ", world_, " ranks", at_step, "; every rank must have it or none");
+    st->active_params[static_cast<size_t>(p)] = count == world_;
+  }
+  std::vector<int> corrupt;
+  for (int p = 0; p < num_params; ++p)
+    if (agreed[static_cast<size_t>(2 * num_params + p)] != 0) corrupt.push_back(p);
+  if (!corrupt.empty()) {
+    StepOutcome outcome;
+    outcome.status = StepOutcome::Status::kCorruptMomentum;
+    outcome.corrupt_params = corrupt;
+    outcome.active = st->active_params;
+    outcome.message = "the momentum buffer of parameter '" + table_.param(corrupt.front()).name + "' holds NaN or Inf" +
+                      at_step + " (corrupt optimizer state); nothing was updated";
+    stats_.total_s = seconds_since(st->start);
+    return outcome;
+  }
+  std::vector<int> bad;
+  for (int p = 0; p < num_params; ++p)
+    if (agreed[static_cast<size_t>(num_params + p)] != 0) bad.push_back(p);
+  for (int k = num_params; k < num_checked; ++k)
+    if (agreed[static_cast<size_t>(2 * num_params + k)] != 0) bad.push_back(k);
+  stats_.check_s = seconds_since(st->start);
+  if (!bad.empty()) {
+    stats_.total_s = seconds_since(st->start);
+    return nonfinite_gradient(bad, st->active_params, step_idx, extra);
+  }
+  for (int i = 0; i < table_.num_items(); ++i)
+    st->active[static_cast<size_t>(i)] = st->active_params[static_cast<size_t>(table_.item(i).param_idx)] &&
+                                         !(early_ && early_->ready[static_cast<size_t>(i)]);
+  StepOutcome outcome;
+  outcome.status = StepOutcome::Status::kAgreed;
+  outcome.active = st->active_params;
+  agreed_ = std::move(st);
+  close.agreed = true;
+  return outcome;
+}
+
+void StepEngine::commit() {
+  DMUON_CHECK(agreed_, "StepEngine::commit: no finished step to commit (call finish() first, and commit only "
+              "when it returned kAgreed)");
+  std::unique_ptr<StepState> st = std::move(agreed_);
+  std::unique_ptr<Early> early = std::move(early_);
+  st->result_flags = ops_.allocate(DType::kInt32, std::max(1, table_.num_params()));
+  ops_.fill_zero(st->result_flags.get());
+  if (early) commit_early(*st, *early);
+  early.reset();  // NOTE: staging and held results are written back; free them before the pipeline's buffers
+  run_pipeline(*st);
+  agree_results(*st);
+}
+
+void StepEngine::discard() {
+  early_.reset();
+  agreed_.reset();
+}
+
+}  // namespace dmuon::step
