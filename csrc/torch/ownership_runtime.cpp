@@ -464,7 +464,7 @@ void OwnershipRuntime::process(Issued& issued) {
   for (const auto& [key, members] : batches) {
     const auto [g, m, n, wide] = key;
     const auto& options = groups[static_cast<size_t>(g)];
-    const ns::Schedule schedule = make_schedule(options.algorithm, options.coefficients, options.restart_after, options.eps);
+    const ns::Schedule& schedule = options.schedule;
     std::vector<at::Tensor> stack;
     const at::ScalarType ns_dtype = wide ? at::kDouble : at::kFloat;
     for (int i : members) stack.push_back(updates[i].to(ns_dtype).view({-1, m, n}));

@@ -266,8 +266,8 @@ void orthogonalize_cuda_prepared(int64_t num, int64_t rows, int64_t cols, const 
            stream);
   };
 
-  static const bool graphs = env::get_bool("DMUON_CUDA_GRAPHS", true);
-  static const size_t budget = static_cast<size_t>(std::max<int64_t>(0, env::get_int("DMUON_GRAPH_CACHE_MB", 8192))) << 20;
+  const bool graphs = env::kCudaGraphs.get();
+  const size_t budget = static_cast<size_t>(std::max<int64_t>(0, env::kGraphCacheMb.get())) << 20;
   if (!graphs || bytes > budget || ns::cuda::stream_is_capturing(stream)) {
     // NOTE: the caching allocator's blocks are 512-byte aligned, more than the 256 needed.
     at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, bytes_options);

@@ -19,14 +19,15 @@ namespace dmuon::torch_adapter {
 
 /// True when (param, grad, momentum) can take the fused path: contiguous fp32 CUDA
 /// tensors of one shape on one device, where the sm_90a symmetric kernel is usable (the
-/// backend orthogonalize()'s "auto" picks there), unless DMUON_FUSED_STEP=0. An undefined
-/// momentum stands for a buffer not created yet (it will be made like the parameter).
+/// backend orthogonalize()'s "auto" picks there), when `enabled` (the runtime's fused_step:
+/// Execution.fused_step or DMUON_FUSED_STEP). An undefined momentum stands for a buffer
+/// not created yet (it will be made like the parameter).
 bool fused_local_step_usable(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& momentum,
-                             const MuonGroupOptions& options);
+                             const MuonGroupOptions& options, bool enabled);
 
 /// How many rows×cols matrices one fused batch may hold: its Newton–Schulz workspace
-/// stays within DMUON_NS_BATCH_MB (default 2048) MiB, and at least one.
-int64_t fused_batch_capacity(int64_t rows, int64_t cols, const ns::Schedule& schedule);
+/// stays within `limit_bytes` (Execution.ns_batch_mb or DMUON_NS_BATCH_MB), and at least one.
+int64_t fused_batch_capacity(int64_t rows, int64_t cols, const ns::Schedule& schedule, int64_t limit_bytes);
 
 /// Whole rows×cols matrices of some parameters of one param group.
 struct FusedBatch {
