@@ -86,12 +86,13 @@ void register_dist_bindings(py::module_& m) {
                        std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries,
                        int64_t fused_streams, std::string plan_source, bool record_timeline,
                        std::optional<bool> gated_step, std::optional<bool> fused_step,
-                       std::optional<int64_t> pipeline_depth, std::optional<int64_t> ns_batch_mb) {
+                       std::optional<int64_t> pipeline_depth, std::optional<int64_t> ns_batch_mb,
+                       std::optional<bool> cuda_graphs) {
              return RuntimeOptions{std::move(mode),        bucket_bytes, std::move(wire_dtype),
                                    std::move(solver),      std::move(device_type), profile,
                                    std::move(cost_entries), fused_streams, std::move(plan_source),
                                    record_timeline,        gated_step,   fused_step,
-                                   pipeline_depth,         ns_batch_mb};
+                                   pipeline_depth,         ns_batch_mb,  cuda_graphs};
            }),
            py::arg("mode") = "owner", py::arg("bucket_bytes") = int64_t{64} << 20,
            py::arg("wire_dtype") = "auto", py::arg("solver") = "milp",
@@ -100,7 +101,7 @@ void register_dist_bindings(py::module_& m) {
            py::arg("fused_streams") = int64_t{0}, py::arg("plan_source") = "auto",
            py::arg("record_timeline") = false, py::arg("gated_step") = py::none(),
            py::arg("fused_step") = py::none(), py::arg("pipeline_depth") = py::none(),
-           py::arg("ns_batch_mb") = py::none())
+           py::arg("ns_batch_mb") = py::none(), py::arg("cuda_graphs") = py::none())
       .def_readonly("plan_source", &RuntimeOptions::plan_source)
       .def_readonly("record_timeline", &RuntimeOptions::record_timeline)
       .def_readonly("cost_entries", &RuntimeOptions::cost_entries)
@@ -177,7 +178,8 @@ void register_dist_bindings(py::module_& m) {
             py::dict d;
             d["gated_step"] = r.gated_step(), d["fused_step"] = r.fused_step();
             d["fused_streams"] = r.fused_streams(), d["pipeline_depth"] = r.pipeline_depth();
-            d["ns_batch_mb"] = r.ns_batch_bytes() >> 20, d["profile"] = r.profile();
+            d["ns_batch_mb"] = r.ns_batch_bytes() >> 20, d["cuda_graphs"] = r.cuda_graphs();
+            d["profile"] = r.profile();
             return d;
           },
           "The code-path switches as resolved when the runtime was made (options, else DMUON_* variables)")

@@ -162,6 +162,7 @@ MuonRuntime::MuonRuntime(const std::string& group_name, std::vector<std::string>
   fused_step_ = false;
 #endif
   ns_batch_bytes_ = resolve_ns_batch_bytes(options_.ns_batch_mb);
+  cuda_graphs_ = env::resolve(options_.cuda_graphs, env::kCudaGraphs);
   if (!group_name.empty()) group_ = c10d::resolve_process_group(group_name);
   // NOTE: detected once: a fake group is played by the model from here on (world_model.h).
   model_ = detect_world_model(group_, options_.device_type);
@@ -540,7 +541,7 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
     const FusedBatch& batch = batches[k];
     fused_update(batch, groups[static_cast<size_t>(batch.group)], schedules[static_cast<size_t>(batch.group)],
                  checks.partials[k], params[static_cast<size_t>(batch.members.front())], result_flags[k], nullptr,
-                 gate);
+                 cuda_graphs_, gate);
   });
   for (const FusedBatch& batch : batches) {
     count_fused_batch(stats_, batch);
@@ -619,7 +620,8 @@ void MuonRuntime::run_fused_local(at::TensorList params, const std::vector<at::T
                    sync_for_profile();
                    (std::string(phase) == "ns" ? stats_.ns_s : stats_.apply_s) += seconds_since(phase_start);
                    phase_start = Clock::now();
-                 });
+                 },
+                 cuda_graphs_);
     finite_flags.push_back(flag.squeeze(0) != 0);
     flag_owner.push_back(static_cast<size_t>(batch.members.front()));
     count_fused_batch(stats_, batch);
@@ -815,7 +817,7 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
       const at::ScalarType ns_dtype = wide ? at::kDouble : at::kFloat;
       for (const auto& [idx, run] : runs)
         stack.push_back(full[idx].narrow(0, run.row_begin, run.num_rows).to(ns_dtype).view({-1, m, n}));
-      at::Tensor out = orthogonalize(at::cat(stack, 0), schedules[static_cast<size_t>(g)]);
+      at::Tensor out = orthogonalize(at::cat(stack, 0), schedules[static_cast<size_t>(g)], "auto", "auto", cuda_graphs_);
       // NOTE: checked and sanitized where computed, once per batch: inputs were finite, so
       // NaN/Inf here is rare; such entries are zeroed (never applied) and the step raises
       // at its end on every rank, naming the batch's first parameter.

@@ -57,6 +57,7 @@ struct RuntimeOptions {
   std::optional<bool> fused_step;         ///< DMUON_FUSED_STEP (default on): the fused single-GPU batches
   std::optional<int64_t> pipeline_depth;  ///< DMUON_PIPELINE_DEPTH (default 0: twice the world size)
   std::optional<int64_t> ns_batch_mb;     ///< DMUON_NS_BATCH_MB (default 2048): one fused batch's workspace
+  std::optional<bool> cuda_graphs;        ///< DMUON_CUDA_GRAPHS (default on): NS replayed as CUDA graphs
 };
 
 /// Where the time of the last step went (seconds) and what it moved (bytes, this rank).
@@ -149,6 +150,7 @@ class MuonRuntime {
   int fused_streams() const { return fused_streams_; }
   int64_t pipeline_depth() const { return static_cast<int64_t>(depth_); }
   int64_t ns_batch_bytes() const { return ns_batch_bytes_; }
+  bool cuda_graphs() const { return cuda_graphs_; }
   bool profile() const { return options_.profile; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
@@ -215,6 +217,7 @@ class MuonRuntime {
   int fused_streams_ = 1;             // options.fused_streams or DMUON_FUSED_STREAMS
   size_t depth_ = 1;                  // options.pipeline_depth or DMUON_PIPELINE_DEPTH, resolved
   int64_t ns_batch_bytes_ = int64_t{2048} << 20;  // options.ns_batch_mb or DMUON_NS_BATCH_MB
+  bool cuda_graphs_ = true;           // options.cuda_graphs or DMUON_CUDA_GRAPHS
 };
 
 }  // namespace dmuon::torch_adapter

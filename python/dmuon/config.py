@@ -10,7 +10,7 @@ working: :data:`FLAT_OPTIONS` maps each onto its field, and a flat value that di
 the dataclass given with it is an error naming both. Param groups may override any
 :class:`MuonMath` field under the same key (``{"params": …, "ns_steps": 7}``).
 
-The ``None`` fields of :class:`Execution` are code-path switches left to their default: the
+The ``None`` fields of :class:`Execution` are the code-path switches left to their default: the
 ``DMUON_*`` variable named in the field's comment overrides them when set, read when the
 step runtime is made (docs/configuration.md lists every field, default and variable).
 """
@@ -117,7 +117,7 @@ class Execution(_Options):
     variable if set, else the default in brackets): ``gated_step`` (DMUON_GATED_STEP [on]),
     ``fused_step`` (DMUON_FUSED_STEP [on]), ``fused_streams`` (DMUON_FUSED_STREAMS [2]),
     ``pipeline_depth`` (DMUON_PIPELINE_DEPTH [0: twice the world size]), ``ns_batch_mb``
-    (DMUON_NS_BATCH_MB [2048])."""
+    (DMUON_NS_BATCH_MB [2048]), ``cuda_graphs`` (DMUON_CUDA_GRAPHS [on])."""
 
     mode: str = "owner"
     bucket_size_mb: float = 64.0
@@ -132,6 +132,7 @@ class Execution(_Options):
     fused_streams: int | None = None
     pipeline_depth: int | None = None
     ns_batch_mb: int | None = None
+    cuda_graphs: bool | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in (("mode", MODES), ("wire_dtype", WIRE_DTYPES), ("planner", PLANNERS),
@@ -145,6 +146,7 @@ class Execution(_Options):
             _fail(Execution, "profile", "True or False", self.profile)
         _check_optional_bool(self, "gated_step")
         _check_optional_bool(self, "fused_step")
+        _check_optional_bool(self, "cuda_graphs")
         _check_optional_int(self, "fused_streams", 1, 8)
         _check_optional_int(self, "pipeline_depth", 0)
         _check_optional_int(self, "ns_batch_mb", 1)
@@ -154,7 +156,7 @@ class Execution(_Options):
         return dict(mode=self.mode, bucket_bytes=int(self.bucket_size_mb * 2**20), wire_dtype=self.wire_dtype,
                     solver=self.planner, profile=self.profile, fused_streams=self.fused_streams or 0,
                     gated_step=self.gated_step, fused_step=self.fused_step, pipeline_depth=self.pipeline_depth,
-                    ns_batch_mb=self.ns_batch_mb)
+                    ns_batch_mb=self.ns_batch_mb, cuda_graphs=self.cuda_graphs)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

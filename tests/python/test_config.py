@@ -50,6 +50,7 @@ BAD_FIELDS = [
     (Execution, "cost_cache", 3), (Execution, "nonfinite", "ignore"), (Execution, "profile", "yes"),
     (Execution, "gated_step", 0), (Execution, "fused_step", "on"), (Execution, "fused_streams", 9),
     (Execution, "fused_streams", 0), (Execution, "pipeline_depth", -1), (Execution, "ns_batch_mb", 0),
+    (Execution, "cuda_graphs", "1"),
     (Ownership, "reshard_after_forward", None), (Ownership, "prefetch", -1), (Ownership, "bucket_size_mb", -2),
     (Ownership, "reduce_dtype", torch.int32), (Ownership, "param_dtype", torch.float64),
     (Ownership, "planner", "greedy"), (Ownership, "spread_layers", 1), (Ownership, "replicate_others", "no"),
@@ -199,24 +200,27 @@ def runtime_of(**execution):
 
 def test_execution_switches_reach_the_runtime(monkeypatch):
     for name in ("DMUON_GATED_STEP", "DMUON_FUSED_STEP", "DMUON_PIPELINE_DEPTH", "DMUON_NS_BATCH_MB",
-                 "DMUON_FUSED_STREAMS"):
+                 "DMUON_FUSED_STREAMS", "DMUON_CUDA_GRAPHS", "DMUON_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     switches = runtime_of(gated_step=False, fused_step=False, fused_streams=3, pipeline_depth=5,
-                          ns_batch_mb=7, profile=True).execution
+                          ns_batch_mb=7, cuda_graphs=False, profile=True).execution
     assert switches == dict(gated_step=False, fused_step=False, fused_streams=3, pipeline_depth=5, ns_batch_mb=7,
-                            profile=True)
+                            cuda_graphs=False, profile=True)
     defaults = runtime_of().execution
     assert defaults["gated_step"] and defaults["fused_step"] and defaults["fused_streams"] == 2
+    assert defaults["cuda_graphs"] and not defaults["profile"]
     assert defaults["pipeline_depth"] == 2 and defaults["ns_batch_mb"] == 2048  # world 1: 2 x 1
 
 
 def test_variables_override_unset_fields_only(monkeypatch):
     monkeypatch.setenv("DMUON_GATED_STEP", "0")
     monkeypatch.setenv("DMUON_PIPELINE_DEPTH", "4")
+    monkeypatch.setenv("DMUON_CUDA_GRAPHS", "0")
     assert runtime_of().execution["gated_step"] is False
     assert runtime_of().execution["pipeline_depth"] == 4
-    assert runtime_of(gated_step=True, pipeline_depth=1).execution == {
-        **runtime_of().execution, "gated_step": True, "pipeline_depth": 1}
+    assert runtime_of().execution["cuda_graphs"] is False
+    assert runtime_of(gated_step=True, pipeline_depth=1, cuda_graphs=True).execution == {
+        **runtime_of().execution, "gated_step": True, "pipeline_depth": 1, "cuda_graphs": True}
 
 
 def test_a_variable_changed_between_two_runtimes_is_seen_by_the_second(monkeypatch):
@@ -301,3 +305,17 @@ def test_a_checkpoint_saved_before_ns_restarts_loads_with_the_default():
     assert fresh.param_groups[0]["ns_restarts"] is None
     assert list(fresh._group_schedule(0, fresh.param_groups[0]).restart_after) == [2]
     trained(fresh_model, fresh, steps=1)
+
+
+# ----------------------------------------------------------- weight ownership
+def test_own_matrices_takes_ownership_options_or_flat_keywords():
+    with pytest.raises(ValueError, match=r"Ownership\.prefetch must be an integer >= 0, got -1"):
+        dmuon.own_matrices(make_model(), prefetch=-1)
+    with pytest.raises(ValueError, match=r"prefetch=2 conflicts with options=Ownership\(\.\.\., prefetch=1\)"):
+        dmuon.own_matrices(make_model(), options=Ownership(), prefetch=2)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['prefech'\]"):
+        dmuon.own_matrices(make_model(), prefech=2)
+    model = make_model()
+    owned = dmuon.own_matrices(model, options=Ownership(prefetch=0, planner="lpt"))
+    assert owned.params and all(dmuon.ownership.ownership_of(p) is owned for p in owned.params)
+    assert owned._prefetch == 0  # the options took effect

@@ -142,7 +142,7 @@ at::Tensor fused_check(const FusedBatch& batch, const MuonGroupOptions& options,
 
 void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, const ns::Schedule& schedule,
                   const at::Tensor& partials, const at::Tensor& like, const at::Tensor& flag,
-                  const std::function<void(const char* phase)>& phase_done, const at::Tensor& gate) {
+                  const std::function<void(const char* phase)>& phase_done, bool graphs, const at::Tensor& gate) {
   DMUON_CHECK(flag.is_cuda() && flag.scalar_type() == at::kInt && flag.numel() == 1,
               "fused_update: flag must be one int32 CUDA element");
   DMUON_CHECK(!gate.defined() || (gate.is_cuda() && gate.scalar_type() == at::kInt && gate.numel() == 1 &&
@@ -186,7 +186,8 @@ void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, cons
         ns_reported = true;
         ns::cuda::apply_result(half, result, ld, batch.matrices.data(), count, rows, cols, update_scale, decay,
                                flag_ptr, s, skip);
-      });
+      },
+      graphs);
   DMUON_CHECK(momentum_updated, "internal: the fused batch's iterate was never prepared");
   if (!ns_reported) done("ns");
   done("apply");

@@ -59,9 +59,11 @@ at::Tensor fused_check(const FusedBatch& batch, const MuonGroupOptions& options,
 /// "ns" and "apply" phases are enqueued. `gate` (undefined, or an int32 CUDA scalar that
 /// earlier kernels of the stream write): non-zero at run time makes both passes write
 /// nothing (the iterate gets zeros, so Newton–Schulz still runs on finite numbers).
+/// `graphs`: replay the Newton–Schulz iteration as a CUDA graph (the runtime's cuda_graphs).
 void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, const ns::Schedule& schedule,
                   const at::Tensor& partials, const at::Tensor& like, const at::Tensor& flag,
-                  const std::function<void(const char* phase)>& phase_done, const at::Tensor& gate = at::Tensor());
+                  const std::function<void(const char* phase)>& phase_done, bool graphs,
+                  const at::Tensor& gate = at::Tensor());
 
 /// The stream count of the gated fused step (optim::gated_stream_count): `requested` when
 /// not 0, else DMUON_FUSED_STREAMS (default 2).
