@@ -83,9 +83,9 @@ inline std::string Knob<const char*>::get() const { return get_string(name, fall
   X(kSymExperimental, bool, "DMUON_SYM_EXPERIMENTAL", false, kDiagnostic,                                            \
     "make the experimental symmetric-kernel configurations autotune candidates (kernel research)")                  \
   X(kPlanTimeLimit, double, "DMUON_PLAN_TIME_LIMIT", 0.0, kDiagnostic,                                              \
-    "seconds the MILP owner planner may search (unset: the solver's default)")                                     \
+    "seconds the MILP owner planner may search (unset, shown as 0: MilpOptions' 2 s)")                                     \
   X(kPlanMaxNodes, int64_t, "DMUON_PLAN_MAX_NODES", 0, kDiagnostic,                                                 \
-    "branch-and-bound nodes the MILP owner planner may visit (unset: the solver's default)")                        \
+    "branch-and-bound nodes per MILP stage (unset, shown as 0: MilpOptions' 20000)")                        \
   X(kGatedStep, bool, "DMUON_GATED_STEP", true, kOverride,                                                          \
     "Execution.gated_step: one process on one GPU checks and updates behind a device-side gate")                     \
   X(kFusedStep, bool, "DMUON_FUSED_STEP", true, kOverride,                                                          \
