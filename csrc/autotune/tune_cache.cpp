@@ -283,7 +283,7 @@ void TuneCache::set_warning_sink(std::function<void(const std::string&)> sink) {
 }
 
 std::string default_cache_path() {
-  const std::string configured = env::get_string("DMUON_AUTOTUNE_CACHE", "");
+  const std::string configured = env::kAutotuneCache.get();
   if (configured == "none" || configured == "0") return {};
   if (!configured.empty()) return configured;
   const char* xdg = std::getenv("XDG_CACHE_HOME");

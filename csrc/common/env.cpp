@@ -1,37 +1,21 @@
-// dmuon/common/env.cpp — parsing and caching of DMUON_* environment knobs.
+// dmuon/common/env.cpp — parsing of DMUON_* environment knobs (read at every call).
 #include "common/env.h"
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
-#include <mutex>
-#include <unordered_map>
+#include <sstream>
 
 #include "common/check.h"
 
 namespace dmuon::env {
 namespace {
 
-// Cache of raw values, keyed by variable name; guarded because ranks may use threads.
-std::mutex& cache_mutex() {
-  static std::mutex mutex;
-  return mutex;
-}
-std::unordered_map<std::string, std::string>& raw_cache() {
-  static std::unordered_map<std::string, std::string> cache;
-  return cache;
-}
-
-// Raw value of a variable, read once; empty when unset.
+// Raw value of a variable now; empty when unset.
 std::string raw_value(const char* name) {
-  std::lock_guard<std::mutex> lock(cache_mutex());
-  auto it = raw_cache().find(name);
-  if (it != raw_cache().end()) return it->second;
   const char* value = std::getenv(name);
-  std::string text = value == nullptr ? std::string() : std::string(value);
-  raw_cache().emplace(name, text);
-  return text;
+  return value == nullptr ? std::string() : std::string(value);
 }
 
 std::string lowercase(std::string text) {
@@ -39,6 +23,27 @@ std::string lowercase(std::string text) {
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return text;
 }
+
+// A fallback as text, for the list of knobs.
+std::string text_of(bool value) { return value ? "1" : "0"; }
+std::string text_of(int64_t value) { return std::to_string(value); }
+std::string text_of(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+std::string text_of(const char* value) { return value; }
+
+template <class T>
+const char* type_name();
+template <>
+const char* type_name<bool>() { return "bool"; }
+template <>
+const char* type_name<int64_t>() { return "int"; }
+template <>
+const char* type_name<double>() { return "float"; }
+template <>
+const char* type_name<const char*>() { return "str"; }
 
 }  // namespace
 
@@ -78,9 +83,25 @@ std::string get_string(const char* name, const std::string& default_value) {
   return text.empty() ? default_value : text;
 }
 
-void clear_cache_for_testing() {
-  std::lock_guard<std::mutex> lock(cache_mutex());
-  raw_cache().clear();
+bool is_set(const char* name) { return !raw_value(name).empty(); }
+
+const char* kind_name(KnobKind kind) {
+  switch (kind) {
+    case KnobKind::kCache: return "cache";
+    case KnobKind::kDiagnostic: return "diagnostic";
+    case KnobKind::kOverride: return "override";
+  }
+  return "unknown";
+}
+
+std::vector<KnobInfo> all_knobs() {
+  std::vector<KnobInfo> out;
+#define DMUON_LIST_KNOB(id, type, variable, fallback, kind, what)                                          \
+  out.push_back({variable, type_name<type>(), text_of(static_cast<type>(fallback)), kind_name(KnobKind::kind), \
+                 what, raw_value(variable)});
+  DMUON_ENV_KNOBS(DMUON_LIST_KNOB)
+#undef DMUON_LIST_KNOB
+  return out;
 }
 
 }  // namespace dmuon::env

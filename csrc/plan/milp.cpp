@@ -34,8 +34,8 @@ namespace dmuon::plan {
 
 MilpOptions MilpOptions::from_env() {
   MilpOptions options;
-  options.time_limit_s = env::get_double("DMUON_PLAN_TIME_LIMIT", options.time_limit_s);
-  options.max_nodes = env::get_int("DMUON_PLAN_MAX_NODES", options.max_nodes);
+  options.time_limit_s = env::kPlanTimeLimit.get_if_set().value_or(options.time_limit_s);
+  options.max_nodes = env::kPlanMaxNodes.get_if_set().value_or(options.max_nodes);
   return options;
 }
 

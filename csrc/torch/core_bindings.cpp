@@ -3,8 +3,13 @@
 // benchmarks.
 #include <pybind11/stl.h>
 
+#include <optional>
+#include <tuple>
+#include <vector>
+
 #include "bindings.h"
 #include "common/check.h"
+#include "common/env.h"
 #include "ns/ns_bound.h"
 #include "ns/schedule.h"
 
@@ -37,6 +42,55 @@ std::vector<ns::NsBatch> to_batches(const std::vector<std::tuple<int64_t, int64_
 
 void register_core_bindings(py::module_& m) {
   py::register_exception<dmuon::Error>(m, "DMuonError", PyExc_RuntimeError);
+  py::class_<ns::Schedule>(m, "NsSchedule", "A validated Newton-Schulz schedule (ns/schedule.h)")
+      .def_property_readonly("algorithm", [](const ns::Schedule& s) { return ns::algorithm_name(s.algorithm); })
+      .def_property_readonly("coefficients",
+                             [](const ns::Schedule& s) {
+                               std::vector<std::tuple<double, double, double>> steps;
+                               for (const auto& c : s.steps) steps.emplace_back(c.a, c.b, c.c);
+                               return steps;
+                             })
+      .def_readonly("restart_after", &ns::Schedule::restart_after)
+      .def_readonly("eps", &ns::Schedule::eps)
+      .def("__repr__", [](const ns::Schedule& s) {
+        return "NsSchedule(" + std::string(ns::algorithm_name(s.algorithm)) + ", " + std::to_string(s.steps.size()) +
+               " steps, restarts " + std::to_string(s.restart_after.size()) + ")";
+      });
+  m.def(
+      "ns_schedule",
+      [](const std::string& algorithm, int num_steps,
+         std::optional<std::vector<std::tuple<double, double, double>>> coefficients,
+         std::optional<std::vector<int>> restart_after, double eps) {
+        DMUON_CHECK(num_steps >= 1, "ns_steps must be at least 1, got ", num_steps);
+        ns::Schedule schedule = ns::default_schedule(ns::parse_algorithm(algorithm), num_steps, eps);
+        if (coefficients) {
+          DMUON_CHECK(static_cast<int>(coefficients->size()) == num_steps, "ns_coefficients must hold ns_steps=",
+                      num_steps, " (a, b, c) triples, got ", coefficients->size());
+          schedule.steps.clear();
+          for (const auto& [a, b, c] : *coefficients) schedule.steps.push_back({a, b, c});
+        }
+        if (restart_after) schedule.restart_after = *restart_after;
+        schedule.validate();
+        return schedule;
+      },
+      py::arg("algorithm"), py::arg("num_steps"), py::arg("coefficients") = py::none(),
+      py::arg("restart_after") = py::none(), py::arg("eps") = 1e-7,
+      "The schedule of one param group, built and validated once: the algorithm's default "
+      "coefficients and restarts, each replaced where given");
+  m.def(
+      "env_knobs",
+      []() {
+        py::list out;
+        for (const auto& k : env::all_knobs()) {
+          py::dict d;
+          d["name"] = k.name, d["type"] = k.type, d["fallback"] = k.fallback, d["kind"] = k.kind;
+          d["what"] = k.what, d["value"] = k.value;
+          out.append(d);
+        }
+        return out;
+      },
+      "Every DMUON_* environment knob (common/env.h): name, type, fallback, kind (cache | diagnostic | "
+      "override), what it does, and its value now ('' when unset)");
   m.def(
       "default_schedule",
       [](const std::string& algorithm, int num_steps) {

@@ -84,34 +84,38 @@ void register_dist_bindings(py::module_& m) {
       .def(py::init([](std::string mode, int64_t bucket_bytes, std::string wire_dtype,
                        std::string solver, std::string device_type, bool profile,
                        std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries,
-                       int64_t fused_streams, std::string plan_source, bool record_timeline) {
+                       int64_t fused_streams, std::string plan_source, bool record_timeline,
+                       std::optional<bool> gated_step, std::optional<bool> fused_step,
+                       std::optional<int64_t> pipeline_depth, std::optional<int64_t> ns_batch_mb,
+                       std::optional<bool> cuda_graphs) {
              return RuntimeOptions{std::move(mode),        bucket_bytes, std::move(wire_dtype),
                                    std::move(solver),      std::move(device_type), profile,
                                    std::move(cost_entries), fused_streams, std::move(plan_source),
-                                   record_timeline};
+                                   record_timeline,        gated_step,   fused_step,
+                                   pipeline_depth,         ns_batch_mb,  cuda_graphs};
            }),
            py::arg("mode") = "owner", py::arg("bucket_bytes") = int64_t{64} << 20,
            py::arg("wire_dtype") = "auto", py::arg("solver") = "milp",
            py::arg("device_type") = "cpu", py::arg("profile") = false,
            py::arg("cost_entries") = std::vector<std::tuple<int64_t, int64_t, int64_t, double>>{},
            py::arg("fused_streams") = int64_t{0}, py::arg("plan_source") = "auto",
-           py::arg("record_timeline") = false)
+           py::arg("record_timeline") = false, py::arg("gated_step") = py::none(),
+           py::arg("fused_step") = py::none(), py::arg("pipeline_depth") = py::none(),
+           py::arg("ns_batch_mb") = py::none(), py::arg("cuda_graphs") = py::none())
       .def_readonly("plan_source", &RuntimeOptions::plan_source)
       .def_readonly("record_timeline", &RuntimeOptions::record_timeline)
       .def_readonly("cost_entries", &RuntimeOptions::cost_entries)
       .def_readonly("device_type", &RuntimeOptions::device_type);
 
   py::class_<MuonGroupOptions>(d, "GroupOptions")
-      .def(py::init([](double lr, double weight_decay, double momentum, bool nesterov,
-                       std::string adjust_lr, std::string algorithm, std::vector<double> coefficients,
-                       std::vector<int64_t> restart_after, double eps) {
-             return MuonGroupOptions{lr, weight_decay, momentum, nesterov, std::move(adjust_lr),
-                                     std::move(algorithm), std::move(coefficients),
-                                     std::move(restart_after), eps};
+      .def(py::init([](double lr, double weight_decay, double momentum, bool nesterov, std::string adjust_lr,
+                       ns::Schedule schedule) {
+             optim::parse_adjust_lr(adjust_lr);  // NOTE: the error names adjust_lr here, not mid-step
+             return MuonGroupOptions{lr, weight_decay, momentum, nesterov, std::move(adjust_lr), std::move(schedule)};
            }),
            py::arg("lr"), py::arg("weight_decay"), py::arg("momentum"), py::arg("nesterov"),
-           py::arg("adjust_lr"), py::arg("algorithm"), py::arg("coefficients"),
-           py::arg("restart_after"), py::arg("eps"));
+           py::arg("adjust_lr"), py::arg("schedule"))
+      .def_readonly("schedule", &MuonGroupOptions::schedule);
 
   py::class_<StepStats>(d, "StepStats")
       .def_readonly("momentum_s", &StepStats::momentum_s)
@@ -168,6 +172,17 @@ void register_dist_bindings(py::module_& m) {
       .def_property_readonly("rank", &MuonRuntime::rank)
       .def_property_readonly("world_size", &MuonRuntime::world_size)
       .def_property_readonly("gated_step", &MuonRuntime::gated_step)
+      .def_property_readonly(
+          "execution",
+          [](const MuonRuntime& r) {
+            py::dict d;
+            d["gated_step"] = r.gated_step(), d["fused_step"] = r.fused_step();
+            d["fused_streams"] = r.fused_streams(), d["pipeline_depth"] = r.pipeline_depth();
+            d["ns_batch_mb"] = r.ns_batch_bytes() >> 20, d["cuda_graphs"] = r.cuda_graphs();
+            d["profile"] = r.profile();
+            return d;
+          },
+          "The code-path switches as resolved when the runtime was made (options, else DMUON_* variables)")
       .def_property_readonly("owners", &MuonRuntime::owners)
       .def_property_readonly("plan_text", &MuonRuntime::plan_text)
       .def_property_readonly("predicted_makespan_s", &MuonRuntime::predicted_makespan_s)

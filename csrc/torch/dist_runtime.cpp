@@ -34,12 +34,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Buckets of pipeline slack (DMUON_PIPELINE_DEPTH; 0: twice the world size, so that every
-// owner has work queued): forwards issued that far ahead, returns applied that far behind.
-size_t pipeline_depth(int world_size) {
-  const int64_t knob = env::get_int("DMUON_PIPELINE_DEPTH", 0);
-  DMUON_CHECK(knob >= 0, "DMUON_PIPELINE_DEPTH must be >= 0 (0: twice the world size), got ", knob);
-  return static_cast<size_t>(knob > 0 ? knob : std::max(1, 2 * world_size));
+// Buckets of pipeline slack (options.pipeline_depth, else DMUON_PIPELINE_DEPTH; 0: twice
+// the world size, so that every owner has work queued): forwards issued that far ahead,
+// returns applied that far behind.
+size_t resolve_pipeline_depth(const std::optional<int64_t>& requested, int world_size) {
+  const int64_t depth = env::resolve(requested, env::kPipelineDepth);
+  DMUON_CHECK(depth >= 0, requested ? "pipeline_depth" : "DMUON_PIPELINE_DEPTH",
+              " must be >= 0 (0: twice the world size), got ", depth);
+  return static_cast<size_t>(depth > 0 ? depth : std::max(1, 2 * world_size));
+}
+
+// Bytes of one fused NS batch's workspace (options.ns_batch_mb, else DMUON_NS_BATCH_MB).
+int64_t resolve_ns_batch_bytes(const std::optional<int64_t>& requested) {
+  const int64_t mb = env::resolve(requested, env::kNsBatchMb);
+  DMUON_CHECK(mb >= 1, requested ? "ns_batch_mb" : "DMUON_NS_BATCH_MB", " must be at least 1, got ", mb);
+  return mb << 20;
 }
 
 // NOTE: any fixed seed: the fake world's synthetic updates only need to be full-rank data.
@@ -57,7 +66,7 @@ std::string nonfinite_result_message(int64_t step_idx, int64_t param, const std:
 // Each param group's NS schedule, in group order.
 std::vector<ns::Schedule> schedules_of(const std::vector<MuonGroupOptions>& groups) {
   std::vector<ns::Schedule> schedules;
-  for (const auto& g : groups) schedules.push_back(make_schedule(g.algorithm, g.coefficients, g.restart_after, g.eps));
+  for (const auto& g : groups) schedules.push_back(g.schedule);
   return schedules;
 }
 
@@ -145,11 +154,15 @@ MuonRuntime::MuonRuntime(const std::string& group_name, std::vector<std::string>
   for (size_t i = 0; i < layouts_.size(); ++i) layouts_[i].validate(names_[i].c_str());
   // NOTE: read per runtime (not once per process) so that one process can compare both.
 #if defined(DMUON_HAS_FUSED_LOCAL_STEP)
-  gated_step_ = env::get_bool("DMUON_GATED_STEP", true);
+  gated_step_ = env::resolve(options_.gated_step, env::kGatedStep);
+  fused_step_ = env::resolve(options_.fused_step, env::kFusedStep);
   fused_streams_ = fused_stream_count(options_.fused_streams);
 #else
   gated_step_ = false;  // NOTE: no fused path in this build
+  fused_step_ = false;
 #endif
+  ns_batch_bytes_ = resolve_ns_batch_bytes(options_.ns_batch_mb);
+  cuda_graphs_ = env::resolve(options_.cuda_graphs, env::kCudaGraphs);
   if (!group_name.empty()) group_ = c10d::resolve_process_group(group_name);
   // NOTE: detected once: a fake group is played by the model from here on (world_model.h).
   model_ = detect_world_model(group_, options_.device_type);
@@ -158,7 +171,8 @@ MuonRuntime::MuonRuntime(const std::string& group_name, std::vector<std::string>
   wire_dtype_ = parse_wire_dtype(options_.wire_dtype, options_.device_type);
   // NOTE: DMUON_PROFILE=1 synchronizes the device between phases so that the step's
   // time split is real on GPUs (it costs the overlap it measures).
-  options_.profile = options_.profile || env::get_bool("DMUON_PROFILE", false);
+  options_.profile = options_.profile || env::kProfile.get();
+  depth_ = resolve_pipeline_depth(options_.pipeline_depth, world_size_);
   for (const auto& layout : layouts_) rows_.push_back(layout.rank_rows(world_size_));
   make_plan();
 }
@@ -333,14 +347,16 @@ void count_fused_batch(StepStats& stats, const FusedBatch& batch) {
 std::vector<FusedBatch> plan_fused(const std::vector<dist::ParamLayout>& layouts, at::TensorList params,
                                    const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& momenta,
                                    const std::vector<int64_t>& group_idx, const std::vector<MuonGroupOptions>& groups,
-                                   const std::vector<ns::Schedule>& schedules, const std::vector<bool>& candidates) {
+                                   const std::vector<ns::Schedule>& schedules, const std::vector<bool>& candidates,
+                                   bool fused_step, int64_t ns_batch_bytes) {
   // NOTE: keyed by device too: a batch's kernels run on one device; and by transposition,
   // which changes the lr adjustment's (m, n). Row blocks of different rows take the bucketed
   // path (a fused batch holds whole equal matrices of contiguous rows).
   std::map<std::tuple<int64_t, int64_t, int64_t, int, bool>, std::vector<int>> by_shape;
   for (size_t i = 0; i < layouts.size(); ++i)
     if (candidates[i] && layouts[i].uniform() &&
-        fused_local_step_usable(params[i], grads[i], momenta[i], groups[static_cast<size_t>(group_idx[i])]))
+        fused_local_step_usable(params[i], grads[i], momenta[i], groups[static_cast<size_t>(group_idx[i])],
+                                fused_step))
       by_shape[{group_idx[i], layouts[i].matrix_rows(), layouts[i].cols(), params[i].get_device(),
                 layouts[i].transposed}]
           .push_back(static_cast<int>(i));
@@ -349,7 +365,7 @@ std::vector<FusedBatch> plan_fused(const std::vector<dist::ParamLayout>& layouts
     const auto [g, rows, cols, device, transposed] = key;
     std::vector<int64_t> counts;
     for (int idx : members) counts.push_back(layouts[idx].num_matrices());
-    const int64_t capacity = fused_batch_capacity(rows, cols, schedules[static_cast<size_t>(g)]);
+    const int64_t capacity = fused_batch_capacity(rows, cols, schedules[static_cast<size_t>(g)], ns_batch_bytes);
     for (const auto& run : dist::split_near_equal(counts, capacity)) {
       std::vector<int> part;
       for (int k : run) part.push_back(members[static_cast<size_t>(k)]);
@@ -414,7 +430,8 @@ std::vector<int64_t> MuonRuntime::check_fused(at::TensorList params, const std::
   }
   auto state = std::make_unique<FusedState>();
   state->step_idx = step_idx;
-  state->batches = plan_fused(layouts_, params, grads, momentum_buffers, group_idx, groups, schedules, candidates);
+  state->batches = plan_fused(layouts_, params, grads, momentum_buffers, group_idx, groups, schedules, candidates,
+                                fused_step_, ns_batch_bytes_);
   if (state->batches.empty()) return codes;
   // Every batch's check on the device, then one copy of all flags to the host.
   BatchChecks checks = launch_batch_checks(state->batches, params, groups);
@@ -482,7 +499,8 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
   for (size_t e = 0; e < extra.size(); ++e) on_device(extra[e], "extra tensor ", std::to_string(e));
   const c10::DeviceGuard guard(*device);
   const std::vector<FusedBatch> batches =
-      plan_fused(layouts_, params, grads, momentum_buffers, group_idx, groups, schedules, candidates);
+      plan_fused(layouts_, params, grads, momentum_buffers, group_idx, groups, schedules, candidates,
+                                fused_step_, ns_batch_bytes_);
   std::vector<bool> fused(num_params, false);
   for (const FusedBatch& batch : batches)
     for (int idx : batch.members) fused[static_cast<size_t>(idx)] = true;
@@ -523,7 +541,7 @@ FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const st
     const FusedBatch& batch = batches[k];
     fused_update(batch, groups[static_cast<size_t>(batch.group)], schedules[static_cast<size_t>(batch.group)],
                  checks.partials[k], params[static_cast<size_t>(batch.members.front())], result_flags[k], nullptr,
-                 gate);
+                 cuda_graphs_, gate);
   });
   for (const FusedBatch& batch : batches) {
     count_fused_batch(stats_, batch);
@@ -578,7 +596,8 @@ void MuonRuntime::run_fused_local(at::TensorList params, const std::vector<at::T
                                   int64_t step_idx) {
 #if defined(DMUON_HAS_FUSED_LOCAL_STEP)
   std::vector<FusedBatch> batches =
-      plan_fused(layouts_, params, grads, momentum_buffers, group_idx, groups, schedules, active);
+      plan_fused(layouts_, params, grads, momentum_buffers, group_idx, groups, schedules, active, fused_step_,
+                 ns_batch_bytes_);
   // NOTE: the check's partial sums are reused when check_fused() saw exactly these tensors
   // for this step; otherwise (e.g. momentum buffers created after the check) recomputed.
   std::unique_ptr<FusedState> checked = std::move(fused_);
@@ -601,7 +620,8 @@ void MuonRuntime::run_fused_local(at::TensorList params, const std::vector<at::T
                    sync_for_profile();
                    (std::string(phase) == "ns" ? stats_.ns_s : stats_.apply_s) += seconds_since(phase_start);
                    phase_start = Clock::now();
-                 });
+                 },
+                 cuda_graphs_);
     finite_flags.push_back(flag.squeeze(0) != 0);
     flag_owner.push_back(static_cast<size_t>(batch.members.front()));
     count_fused_batch(stats_, batch);
@@ -797,7 +817,7 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
       const at::ScalarType ns_dtype = wide ? at::kDouble : at::kFloat;
       for (const auto& [idx, run] : runs)
         stack.push_back(full[idx].narrow(0, run.row_begin, run.num_rows).to(ns_dtype).view({-1, m, n}));
-      at::Tensor out = orthogonalize(at::cat(stack, 0), schedules[static_cast<size_t>(g)]);
+      at::Tensor out = orthogonalize(at::cat(stack, 0), schedules[static_cast<size_t>(g)], "auto", "auto", cuda_graphs_);
       // NOTE: checked and sanitized where computed, once per batch: inputs were finite, so
       // NaN/Inf here is rare; such entries are zeroed (never applied) and the step raises
       // at its end on every rank, naming the batch's first parameter.
@@ -944,7 +964,7 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
   // owners overlap; the price is `depth` buckets of buffers.
   const size_t num_buckets = buckets_.size();
   stats_.num_buckets = static_cast<int64_t>(num_buckets);
-  const size_t depth = pipeline_depth(world_size_);
+  const size_t depth = depth_;
   stats_.pipeline_depth = static_cast<int64_t>(depth);
   std::vector<InFlight> forward(num_buckets), back(num_buckets);
   size_t num_issued = 0;

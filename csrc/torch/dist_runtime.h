@@ -51,6 +51,13 @@ struct RuntimeOptions {
   std::string plan_source = "auto";
   /// Record each bucket's compute phases (StepStats::bucket_times) for the projection.
   bool record_timeline = false;
+  // Code-path switches (Python: dmuon.Execution). Unset: the DMUON_* variable named, read
+  // when the runtime is made (common/env.h), else the default.
+  std::optional<bool> gated_step;         ///< DMUON_GATED_STEP (default on): the gated check-and-update
+  std::optional<bool> fused_step;         ///< DMUON_FUSED_STEP (default on): the fused single-GPU batches
+  std::optional<int64_t> pipeline_depth;  ///< DMUON_PIPELINE_DEPTH (default 0: twice the world size)
+  std::optional<int64_t> ns_batch_mb;     ///< DMUON_NS_BATCH_MB (default 2048): one fused batch's workspace
+  std::optional<bool> cuda_graphs;        ///< DMUON_CUDA_GRAPHS (default on): NS replayed as CUDA graphs
 };
 
 /// Where the time of the last step went (seconds) and what it moved (bytes, this rank).
@@ -136,8 +143,15 @@ class MuonRuntime {
                                         const std::string& what, int64_t step_idx);
 
   /// Whether the caller should use check_and_update_fused() where it applies
-  /// (DMUON_GATED_STEP, default 1, read when the runtime is made).
+  /// (options.gated_step, else DMUON_GATED_STEP, default 1, read when the runtime is made).
   bool gated_step() const { return gated_step_; }
+  /// The code-path switches as resolved when the runtime was made (options, else DMUON_*).
+  bool fused_step() const { return fused_step_; }
+  int fused_streams() const { return fused_streams_; }
+  int64_t pipeline_depth() const { return static_cast<int64_t>(depth_); }
+  int64_t ns_batch_bytes() const { return ns_batch_bytes_; }
+  bool cuda_graphs() const { return cuda_graphs_; }
+  bool profile() const { return options_.profile; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   /// What the group's other ranks are to this process (detected when the runtime was made).
@@ -198,8 +212,12 @@ class MuonRuntime {
   using FusedProblem = optim::GatedBatch;
   std::vector<FusedProblem> gated_warm_problems_;
   int64_t fused_done_step_ = -1;      // the step whose fused part check_and_update_fused() ran
-  bool gated_step_ = true;            // DMUON_GATED_STEP
+  bool gated_step_ = true;            // options.gated_step or DMUON_GATED_STEP
+  bool fused_step_ = true;            // options.fused_step or DMUON_FUSED_STEP
   int fused_streams_ = 1;             // options.fused_streams or DMUON_FUSED_STREAMS
+  size_t depth_ = 1;                  // options.pipeline_depth or DMUON_PIPELINE_DEPTH, resolved
+  int64_t ns_batch_bytes_ = int64_t{2048} << 20;  // options.ns_batch_mb or DMUON_NS_BATCH_MB
+  bool cuda_graphs_ = true;           // options.cuda_graphs or DMUON_CUDA_GRAPHS
 };
 
 }  // namespace dmuon::torch_adapter

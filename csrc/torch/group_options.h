@@ -5,22 +5,22 @@
 #include <string>
 #include <vector>
 
+#include "ns/schedule.h"
 #include "optim/update_rule.h"
 #include "step/options.h"
 
 namespace dmuon::torch_adapter {
 
-/// Options shared by every parameter of one Muon param group.
+/// Options shared by every parameter of one Muon param group. The Newton–Schulz schedule
+/// comes built and validated (dmuon._C.ns_schedule, once per group when the group is added
+/// or its ns_* options change), never re-parsed per step.
 struct MuonGroupOptions {
   double lr = 0.0;
   double weight_decay = 0.0;
   double momentum = 0.95;
   bool nesterov = true;
   std::string adjust_lr = "none";
-  std::string algorithm = "gram";
-  std::vector<double> coefficients;   // a, b, c per step
-  std::vector<int64_t> restart_after;
-  double eps = 1e-7;
+  ns::Schedule schedule;
 
   /// Factor of the orthogonalized update of an m×n matrix in p ← p·decay() + scale·O.
   double update_scale(int64_t rows, int64_t cols) const {

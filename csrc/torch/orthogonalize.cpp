@@ -5,6 +5,7 @@
 
 #include "aten_ns_backend.h"
 #include "common/check.h"
+#include "common/env.h"
 #include "ns/cpu/cpu_backend.h"
 #include "ns/ns_algorithms.h"
 
@@ -79,7 +80,8 @@ ns::Schedule make_schedule(const std::string& algorithm, at::ArrayRef<double> co
 }
 
 at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,
-                         const std::string& backend, const std::string& compute_dtype) {
+                         const std::string& backend, const std::string& compute_dtype,
+                         std::optional<bool> cuda_graphs) {
   DMUON_CHECK(x.dim() >= 2, "orthogonalize: expected a tensor of matrices [..., m, n], got ",
               x.dim(), " dims");
   DMUON_CHECK(x.is_floating_point(), "orthogonalize: expected a floating tensor, got ",
@@ -109,7 +111,9 @@ at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,
   if (x.is_cuda() && half_dtype && backend != "aten") {
     const bool kernel = backend != "cuda_dense" && cuda_sym_kernel_usable(x, dtype);
     if (kernel || backend == "cuda" || backend == "cuda_dense")
-      return orthogonalize_cuda(batch, schedule, dtype, kernel).to(out_dtype).reshape(x.sizes());
+      return orthogonalize_cuda(batch, schedule, dtype, kernel, env::resolve(cuda_graphs, env::kCudaGraphs))
+          .to(out_dtype)
+          .reshape(x.sizes());
   }
 #else
   DMUON_CHECK(backend != "cuda" && backend != "cuda_dense",

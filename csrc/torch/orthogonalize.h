@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <string>
 
 #include "ns/schedule.h"
@@ -22,8 +23,11 @@ ns::Schedule make_schedule(const std::string& algorithm, at::ArrayRef<double> co
 /// auto: CPU → core in fp32 (fp64 for fp64 input); CUDA → fp16 for Gram NS and bf16 for
 /// standard NS (DESIGN.md §3), on the CUDA backend when the sm_90a kernel is built, the
 /// GPU is sm_90 and the kernel passed its self-check, else on the ATen backend.
+/// cuda_graphs (CUDA backend): replay the iteration as a CUDA graph; unset: DMUON_CUDA_GRAPHS
+/// (default on), read at this call.
 at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,
                          const std::string& backend = "auto",
-                         const std::string& compute_dtype = "auto");
+                         const std::string& compute_dtype = "auto",
+                         std::optional<bool> cuda_graphs = std::nullopt);
 
 }  // namespace dmuon::torch_adapter

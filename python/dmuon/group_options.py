@@ -12,8 +12,9 @@ from typing import Any
 
 NS_ALGORITHMS = ("gram", "standard")
 ADJUST_LR = (None, "original", "match_rms_adamw", "spectral")
-MUON_KEYS = ("lr", "weight_decay", "momentum", "nesterov", "ns_algorithm", "ns_coefficients", "ns_steps", "eps",
-             "adjust_lr")
+# The math of a Muon group (the fields of dmuon.MuonMath, under the same names).
+MATH_KEYS = ("momentum", "nesterov", "ns_algorithm", "ns_coefficients", "ns_steps", "ns_restarts", "eps", "adjust_lr")
+MUON_KEYS = ("lr", "weight_decay", *MATH_KEYS)
 # NOTE: a user gives an AdamW group `betas`; DMuon's group also carries `momentum` = betas[0]
 # (AdamWGroup) for the schedulers that cycle it.
 ADAMW_KEYS = ("lr", "weight_decay", "betas", "eps")
@@ -40,6 +41,15 @@ def check_muon_group(group: dict[str, Any], where: str, names: dict[str, str] | 
     """Raise ValueError naming the first bad option of a Muon group; normalizes
     ``ns_coefficients`` to one (a, b, c) per step. `names`: the option name to print per key."""
     names = names or {}
+    for key in ("lr", "weight_decay"):
+        _check_nonnegative(where, names.get(key, key), group[key])
+    check_muon_math(group, where, names)
+
+
+def check_muon_math(group: dict[str, Any], where: str, names: dict[str, str] | None = None) -> None:
+    """The MATH_KEYS part of check_muon_group (also dmuon.MuonMath's check). A group saved
+    before ``ns_restarts`` existed has none: the algorithm's default."""
+    names = names or {}
     name = lambda key: names.get(key, key)  # noqa: E731
     if group["ns_algorithm"] not in NS_ALGORITHMS:
         raise ValueError(f"{where}{name('ns_algorithm')} must be one of {NS_ALGORITHMS}, got {group['ns_algorithm']!r}")
@@ -50,8 +60,10 @@ def check_muon_group(group: dict[str, Any], where: str, names: dict[str, str] | 
         raise ValueError(f"{where}{name('ns_steps')} must be an integer in 1..100, got {steps!r}")
     if group["ns_coefficients"] is not None:
         group["ns_coefficients"] = _coefficients(group["ns_coefficients"], steps, where + name("ns_coefficients"))
-    for key in ("lr", "weight_decay", "eps"):
-        _check_nonnegative(where, name(key), group[key])
+    if group.get("ns_restarts") is not None:
+        group["ns_restarts"] = _restarts(group["ns_restarts"], group["ns_algorithm"], steps,
+                                         where + name("ns_restarts"))
+    _check_nonnegative(where, name("eps"), group["eps"])
     if group["eps"] <= 0:
         raise ValueError(f"{where}{name('eps')} must be > 0, got {group['eps']!r}")
     if not (_is_number(group["momentum"]) and 0.0 <= group["momentum"] < 1.0):
@@ -73,6 +85,20 @@ def _coefficients(value: Any, steps: int, what: str) -> list[tuple[float, float,
     if not all(math.isfinite(x) for c in coefficients for x in c):
         raise ValueError(f"{what} must be finite, got {coefficients}")
     return coefficients
+
+
+def _restarts(value: Any, algorithm: str, steps: int, what: str) -> list[int]:
+    """Strictly increasing 1-based iterations in 1..steps (Gram only; [] means none)."""
+    try:
+        restarts = list(value)
+    except TypeError:
+        raise ValueError(f"{what} must be None or a sequence of iterations, got {value!r}") from None
+    if not all(isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= steps for r in restarts) or \
+            any(a >= b for a, b in zip(restarts, restarts[1:])):
+        raise ValueError(f"{what} must be strictly increasing iterations in 1..ns_steps={steps}, got {value!r}")
+    if restarts and algorithm != "gram":
+        raise ValueError(f"{what} restarts only the 'gram' iteration, but ns_algorithm is {algorithm!r}")
+    return restarts
 
 
 def check_adamw_group(group: dict[str, Any], where: str, names: dict[str, str] | None = None) -> None:

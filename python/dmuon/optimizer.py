@@ -9,7 +9,6 @@ torch optimizer) and checks gradients for NaN/Inf with one host sync per step.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Callable, Iterable
 
@@ -21,6 +20,7 @@ from torch.optim.adam import adam as _torch_adam
 
 from dmuon import distributed, rank_agreement
 from dmuon._ops import _C, ops
+from dmuon.config import FLAT_OPTIONS, Execution, MuonMath, merge_flat
 from dmuon.group_options import (ADAMW_OPTION_NAMES, COUNTER_KEYS, as_adamw_group, check_adamw_group,
                                  check_muon_group, check_unknown_keys, group_signature_options)
 from dmuon.ownership import ownership_of
@@ -29,11 +29,6 @@ from dmuon.routing import MatrixView, default_batch_dims, route_params
 from dmuon.routing_summary import RoutingSummary, announce, entries_of
 from dmuon.state_checks import adamw_state_dtype, check_state_dict, step_state_error
 
-_NONFINITE = ("raise", "skip")
-_MODES = ("owner", "gather")
-_WIRE_DTYPES = ("auto", "float32", "bfloat16", "float16")
-_PLANNERS = ("milp", "lpt", "round_robin")
-_COST_MODELS = ("auto", "analytic", "profile")
 _MUON_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 # Kept for code that imports them from here.
 _COUNTER_KEYS = COUNTER_KEYS
@@ -43,13 +38,20 @@ class NonFiniteGradientError(FloatingPointError):
     """A gradient holds NaN or ±Inf (policy nonfinite='raise')."""
 
 
-def _schedule_of(group: dict[str, Any]) -> tuple[list[float], list[int]]:
-    """Flattened (a, b, c) per step and the restart iterations of a Muon group."""
-    coefficients, restarts = _C.default_schedule(group["ns_algorithm"], group["ns_steps"])
-    if group["ns_coefficients"] is not None:
-        coefficients = group["ns_coefficients"]
-    flat = [float(x) for step in coefficients for x in step]
-    return flat, list(restarts) if group["ns_algorithm"] == "gram" else []
+def _schedule_key(group: dict[str, Any]) -> tuple:
+    """What a Muon group's Newton–Schulz schedule is built from (a checked group)."""
+    coefficients, restarts = group["ns_coefficients"], group.get("ns_restarts")
+    return (group["ns_algorithm"], group["ns_steps"],
+            None if coefficients is None else tuple(tuple(float(x) for x in c) for c in coefficients),
+            None if restarts is None else tuple(restarts), float(group["eps"]))
+
+
+def _build_schedule(key: tuple) -> Any:
+    """The C++ schedule (dmuon._C.NsSchedule) of a _schedule_key: the algorithm's default
+    coefficients and restarts, each replaced where the group sets it."""
+    algorithm, steps, coefficients, restarts, eps = key
+    return _C.ns_schedule(algorithm, steps, None if coefficients is None else list(coefficients),
+                          None if restarts is None else list(restarts), eps)
 
 
 class DMuon(torch.optim.Optimizer):
@@ -59,15 +61,18 @@ class DMuon(torch.optim.Optimizer):
     :mod:`dmuon.routing`), an iterable of tensors or ``(name, tensor)`` pairs (``ndim ≥ 2``
     → Muon), or param-group dicts with ``use_muon=True/False`` and any per-group option.
 
-    Muon options: ``lr``, ``momentum``, ``nesterov``, decoupled ``weight_decay``,
-    ``ns_algorithm`` ("gram" | "standard"), ``ns_coefficients`` (one (a, b, c) per step;
-    default: Polar Express ÷ 1.05 for gram, Keller Jordan's for standard), ``ns_steps``,
-    ``eps`` (normalization floor), ``adjust_lr`` (None → ratio 1; "original" →
-    √max(1, m/n); "match_rms_adamw" → 0.2·√max(m, n); "spectral" → √(m/n)).
+    Options (:mod:`dmuon.config`): ``lr`` and decoupled ``weight_decay`` (group keys, as in
+    torch optimizers); ``math``: a :class:`dmuon.MuonMath` (momentum, Nesterov, the
+    Newton–Schulz algorithm, steps, coefficients and restarts, ``eps``, ``adjust_lr``; a
+    param group may set any of its fields as a key); ``execution``: a
+    :class:`dmuon.Execution` (mode, buckets, wire dtype, planner, cost model, non-finite
+    policy, code-path switches). The flat keywords of earlier releases (``momentum=…``,
+    ``ns_steps=…``, ``bucket_size_mb=…``, ``nonfinite=…``; dmuon.config.FLAT_OPTIONS) set
+    the same fields; one that differs from a dataclass passed with it is an error.
     AdamW options (groups with ``use_muon=False``): ``adamw_lr`` (default: ``lr``),
     ``adamw_betas``, ``adamw_eps``, ``adamw_weight_decay`` (default: ``weight_decay``).
-    ``nonfinite``: "raise" (error naming the parameter and step) or "skip" (the step
-    changes nothing and is counted in ``num_skipped_steps``).
+    ``execution.nonfinite``: "raise" (error naming the parameter and step) or "skip" (the
+    step changes nothing and is counted in ``num_skipped_steps``).
 
     Conventions of torch optimizers: frozen parameters stay in the optimizer (and train once
     unfrozen); Muon groups have ``momentum`` and AdamW groups ``betas`` (and ``momentum`` =
@@ -79,15 +84,9 @@ class DMuon(torch.optim.Optimizer):
     Distribution (see :mod:`dmuon.distributed`): DTensor parameters sharded on dim 0
     (FSDP2) or replicated parameters on an initialized process group (DDP) are
     orthogonalized once, on an owner rank chosen by the planner; replicas are checked to be
-    equal at construction. ``mode``: "owner" or "gather" (every rank gathers and
-    orthogonalizes every matrix: the naive baseline); ``bucket_size_mb``: wire bytes per
-    pipeline bucket; ``process_group``: the group of replicated parameters (default: the
-    default group; "local": every rank trains its own model); ``wire_dtype``: "auto" (float32
-    on CPU, bfloat16 on CUDA) or a dtype name; ``planner``: "milp", "lpt" or
-    "round_robin"; ``cost_model``: what the planner balances — "profile" times the real
-    Newton–Schulz per shape and batch size on rank 0 (median of 5 runs, cached on disk at
-    ``cost_cache``) and shares the table, "analytic" uses FLOP counts, "auto" profiles on
-    GPUs and uses the analytic model on CPUs.
+    equal at construction. ``process_group``: the group of replicated parameters (default:
+    the default group; "local": every rank trains its own model). How the owners are
+    planned and the step pipelined: :class:`dmuon.Execution`.
     """
 
     def __init__(
@@ -95,49 +94,36 @@ class DMuon(torch.optim.Optimizer):
         params: nn.Module | Iterable[Any],
         lr: float = 1e-3,
         *,
-        momentum: float = 0.95,
-        nesterov: bool = True,
         weight_decay: float = 0.01,
-        ns_algorithm: str = "gram",
-        ns_coefficients: Iterable[Iterable[float]] | None = None,
-        ns_steps: int = 5,
-        eps: float = 1e-7,
-        adjust_lr: str | None = "match_rms_adamw",
+        math: MuonMath | None = None,
+        execution: Execution | None = None,
         adamw_lr: float | None = None,
         adamw_betas: tuple[float, float] = (0.9, 0.999),
         adamw_eps: float = 1e-8,
         adamw_weight_decay: float | None = None,
-        nonfinite: str = "raise",
         muon_filter: Callable[[str, nn.Parameter], bool] | None = None,
-        mode: str = "owner",
-        bucket_size_mb: float = 64.0,
         process_group: Any = None,
-        wire_dtype: str = "auto",
-        planner: str = "milp",
-        cost_model: str = "auto",
-        cost_cache: str | None = "~/.cache/dmuon/ns_costs.txt",
+        **flat: Any,
     ) -> None:
-        for arg, value, allowed in (("nonfinite", nonfinite, _NONFINITE), ("mode", mode, _MODES),
-                                    ("wire_dtype", wire_dtype, _WIRE_DTYPES), ("planner", planner, _PLANNERS),
-                                    ("cost_model", cost_model, _COST_MODELS)):
-            if value not in allowed:
-                raise ValueError(f"{arg} must be one of {allowed}, got {value!r}")
-        if not (isinstance(bucket_size_mb, (int, float)) and bucket_size_mb >= 0 and math.isfinite(bucket_size_mb)):
-            raise ValueError(f"bucket_size_mb must be a finite number >= 0 (0: one bucket), got {bucket_size_mb!r}")
+        unknown = sorted(set(flat) - set(FLAT_OPTIONS))
+        if unknown:
+            raise TypeError(f"DMuon got unexpected keyword argument(s) {unknown}; options are lr, weight_decay, "
+                            f"math, execution, adamw_*, muon_filter, process_group and {sorted(FLAT_OPTIONS)}")
+        math, execution = merge_flat(math, execution, flat)
         if isinstance(process_group, str) and process_group != rank_agreement.LOCAL:
             raise ValueError(f"process_group must be None (the default group), a ProcessGroup or "
                              f"{rank_agreement.LOCAL!r} (every rank trains its own model), got {process_group!r}")
-        self.nonfinite = nonfinite
-        self._runtime_options = dict(mode=mode, bucket_bytes=int(bucket_size_mb * 2**20),
-                                     wire_dtype=wire_dtype, solver=planner)
+        self.math = math
+        self.execution = execution
+        self.nonfinite = execution.nonfinite
+        # NOTE: a dict, not the Execution: the benches add record_timeline (no user option).
+        self._runtime_options = execution.runtime_options()
         self._process_group = process_group
-        self._cost_model = cost_model
-        self._cost_cache = cost_cache
+        self._cost_model = execution.cost_model
+        self._cost_cache = execution.cost_cache
         self._runtime = None
-        self._muon_defaults = dict(
-            lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-            ns_algorithm=ns_algorithm, ns_coefficients=ns_coefficients, ns_steps=ns_steps,
-            eps=eps, adjust_lr=adjust_lr)
+        self._schedules: dict[int, tuple[tuple, Any]] = {}  # group index → (its _schedule_key, NsSchedule)
+        self._muon_defaults = dict(lr=lr, weight_decay=weight_decay, **math.as_dict())
         self._adamw_defaults = dict(
             lr=lr if adamw_lr is None else adamw_lr,
             weight_decay=weight_decay if adamw_weight_decay is None else adamw_weight_decay,
@@ -159,7 +145,7 @@ class DMuon(torch.optim.Optimizer):
             if r.use_muon:
                 self._views[id(r.param)] = r.view
         # NOTE: torch's OneCycleLR/CyclicLR cycle momentum when `defaults` has it.
-        super().__init__(initial.groups, {"lr": lr, "momentum": momentum})
+        super().__init__(initial.groups, {"lr": lr, "momentum": math.momentum})
         self._check_ranks_agree()
         self._check_replicas()
         self._ownership = self._find_ownership()
@@ -228,6 +214,7 @@ class DMuon(torch.optim.Optimizer):
         where = f"param group {group_idx}{'' if use_muon else ' (AdamW)'}: "
         if use_muon:
             check_muon_group(group, where)
+            self._group_schedule(group_idx, group)  # NOTE: built once, here (see _group_schedule)
         else:
             check_adamw_group(group, where)
             group = as_adamw_group(group, where)
@@ -252,6 +239,16 @@ class DMuon(torch.optim.Optimizer):
                                  "but Muon needs a matrix (ndim >= 2); put it in a use_muon=False group")
             if param.dtype not in _MUON_DTYPES:
                 raise TypeError(f"parameter {name!r} has dtype {param.dtype}; Muon supports {[str(d) for d in _MUON_DTYPES]}")
+
+    def _group_schedule(self, g_idx: int, group: dict[str, Any]) -> Any:
+        """The NsSchedule of Muon group `g_idx`, built when the group was added; built again
+        only when its ns_* keys or eps changed since (set by the user, or a checkpoint loaded):
+        the step hands the built C++ object over, nothing is parsed per step."""
+        key = _schedule_key(group)
+        entry = self._schedules.get(g_idx)
+        if entry is None or entry[0] != key:
+            entry = self._schedules[g_idx] = (key, _build_schedule(key))
+        return entry[1]
 
     def _group_defaults(self, use_muon: bool) -> dict[str, Any]:
         return dict(self._muon_defaults if use_muon else self._adamw_defaults)
@@ -339,6 +336,9 @@ class DMuon(torch.optim.Optimizer):
         for g_idx, group in enumerate(self.param_groups):
             if not group["use_muon"]:
                 group = self.param_groups[g_idx] = as_adamw_group(group, f"param group {g_idx} (AdamW): ")
+            else:
+                group.setdefault("ns_restarts", None)  # NOTE: checkpoints saved before it existed
+                self._group_schedule(g_idx, group)
             for key in COUNTER_KEYS:
                 group.setdefault(key, 0)
         self._keep_float32_moments(state_dict)
@@ -570,13 +570,11 @@ class DMuon(torch.optim.Optimizer):
         group_options, group_slot = [], {}
         for g_idx, group in enumerate(self.param_groups):
             if group["use_muon"]:
-                coefficients, restarts = _schedule_of(group)
                 group_slot[g_idx] = len(group_options)
                 group_options.append(_C.dist.GroupOptions(
                     lr=float(group["lr"]), weight_decay=float(group["weight_decay"]),
                     momentum=float(group["momentum"]), nesterov=bool(group["nesterov"]),
-                    adjust_lr=group["adjust_lr"] or "none", algorithm=group["ns_algorithm"],
-                    coefficients=coefficients, restart_after=restarts, eps=float(group["eps"])))
+                    adjust_lr=group["adjust_lr"] or "none", schedule=self._group_schedule(g_idx, group)))
         return group_options, group_slot
 
     def _runtime_args(self, muon: list[tuple[int, torch.Tensor]], takes_part: Callable[[torch.Tensor], bool],

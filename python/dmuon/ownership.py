@@ -21,6 +21,7 @@ adapts torch objects: modules, hooks, parameters and process groups.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -32,6 +33,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten
 
 from dmuon._ops import _C
+from dmuon.config import Ownership, with_flat
 from dmuon.routing import route_module
 
 _ATTR = "_dmuon_ownership"
@@ -323,10 +325,7 @@ def _average_gradients(params: list[nn.Parameter], group: Any) -> None:
 
 def own_matrices(model: nn.Module, mesh: Any = None,
                  predicate: Callable[[str, nn.Parameter], bool] | None = None, *,
-                 reshard_after_forward: bool = True, prefetch: int = 1,
-                 bucket_size_mb: float = 25.0, reduce_dtype: torch.dtype = torch.float32,
-                 param_dtype: torch.dtype | None = None, planner: str = "milp",
-                 spread_layers: bool = True, replicate_others: bool = False) -> OwnedMatrices:
+                 options: Ownership | None = None, **flat: Any) -> OwnedMatrices:
     """Give every Muon matrix of `model` one owner rank (weight-ownership mode).
 
     Call after the model is on its device and before ``fully_shard`` (pass
@@ -340,20 +339,20 @@ def own_matrices(model: nn.Module, mesh: Any = None,
     (e.g. torch.bfloat16 under FSDP2 mixed precision). ``reduce_dtype``: dtype of gradient
     buckets and of their reduction. ``replicate_others``: plain data parallel for every
     other parameter (without FSDP2/DDP): their gradients are averaged at the end of each
-    synchronizing backward and rank 0's values are broadcast now.
+    synchronizing backward and rank 0's values are broadcast now. These are the fields of
+    ``options`` (a :class:`dmuon.Ownership`), or flat keywords of the same names.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if not (isinstance(prefetch, int) and prefetch >= 0):
-        raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}")
-    if not (isinstance(bucket_size_mb, (int, float)) and bucket_size_mb >= 0):
-        raise ValueError(f"bucket_size_mb must be a number >= 0 (0: one bucket), got {bucket_size_mb!r}")
-    if reduce_dtype not in _REDUCE_DTYPES:
-        raise ValueError(f"reduce_dtype must be one of {list(_REDUCE_DTYPES)}, got {reduce_dtype!r}")
-    if param_dtype is not None and param_dtype not in _REDUCE_DTYPES:
-        raise ValueError(f"param_dtype must be None or one of {list(_REDUCE_DTYPES)}, got {param_dtype!r}")
-    if planner not in ("milp", "lpt", "round_robin"):
-        raise ValueError(f"planner must be milp, lpt or round_robin, got {planner!r}")
+    fields = {f.name for f in dataclasses.fields(Ownership)}
+    unknown = sorted(set(flat) - fields)
+    if unknown:
+        raise TypeError(f"own_matrices got unexpected keyword argument(s) {unknown}; options: {sorted(fields)}")
+    options = with_flat(Ownership, options, "options", flat)
+    reshard_after_forward, prefetch, bucket_size_mb = options.reshard_after_forward, options.prefetch, \
+        options.bucket_size_mb
+    reduce_dtype, param_dtype, planner = options.reduce_dtype, options.param_dtype, options.planner
+    spread_layers, replicate_others = options.spread_layers, options.replicate_others
 
     # Which matrices, where they are registered.
     # NOTE: frozen matrices are not owned (no gradient to reduce); DMuon keeps them as plain

@@ -161,7 +161,9 @@ class ReferenceDMuon:
             # NOTE: a transposed matrix is orthogonalized as the model uses it, Gᵀ.
             M = G.T if transposed else G
             if algorithm == "gram":
-                O = newton_schulz_gram(M, coefficients, default_restarts(algorithm, steps), group["eps"], self.ns_dtype)
+                restarts = group.get("ns_restarts")
+                restarts = default_restarts(algorithm, steps) if restarts is None else restarts
+                O = newton_schulz_gram(M, coefficients, restarts, group["eps"], self.ns_dtype)
             else:
                 O = newton_schulz_standard(M, coefficients, group["eps"], self.ns_dtype)
             rows, cols = M.shape

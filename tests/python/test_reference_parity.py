@@ -99,7 +99,11 @@ def test_matches_reference_for_each_option(options):
     dict(ns_algorithm="standard", ns_steps=2, ns_coefficients=[(3.4445, -4.7750, 2.0315), (2.0, -1.5, 0.5)]),
     dict(momentum=0.8, eps=1e-5),
     dict(adamw_lr=0.005, adamw_betas=(0.8, 0.99), adamw_eps=1e-6, adamw_weight_decay=0.3),
-], ids=["steps3", "steps7", "one-triple", "two-triples", "momentum-eps", "adamw-options"])
+    dict(ns_steps=5, ns_restarts=(1, 3)),
+    dict(ns_steps=5, ns_restarts=()),
+    dict(math=dmuon.MuonMath(ns_algorithm="standard", ns_steps=4, momentum=0.9, adjust_lr="spectral")),
+], ids=["steps3", "steps7", "one-triple", "two-triples", "momentum-eps", "adamw-options", "restarts-1-3",
+        "no-restarts", "math-dataclass"])
 def test_matches_reference_for_other_options(options):
     model, ref_model = run_pair(dict(lr=0.01, **options))
     for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):

@@ -81,7 +81,7 @@ size_t span_bytes(int64_t batch, int64_t rows, int64_t ld, int64_t stride) {
 // Test hook: DMUON_AUTOTUNE_TEST_BREAK=<prefix> perturbs (α·1.5) every candidate whose
 // name starts with the prefix, so that tests can show a failing candidate never wins.
 bool broken_for_testing(const std::string& config) {
-  static const std::string prefix = env::get_string("DMUON_AUTOTUNE_TEST_BREAK", "");
+  const std::string prefix = env::kAutotuneTestBreak.get();
   return !prefix.empty() && config.rfind(prefix, 0) == 0;
 }
 
@@ -186,8 +186,7 @@ Autotuner& Autotuner::instance() {
 }
 
 bool Autotuner::enabled() const {
-  static const bool on = env::get_bool("DMUON_AUTOTUNE", true);
-  return on;
+  return env::kAutotune.get();
 }
 
 int64_t Autotuner::num_measurements() const { return g_measurements.load(); }
@@ -212,8 +211,7 @@ autotune::TuneCache& Autotuner::cache() {
 std::optional<TuneEntry> Autotuner::lookup(const TuneKey& key) { return cache().get(key); }
 
 void Autotuner::report(const TuneKey& key, const TuneEntry& entry, const char* how) {
-  static const bool print = env::get_bool("DMUON_PRINT_CONFIGS", false);
-  if (!print) return;
+  if (!env::kPrintConfigs.get()) return;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     if (!g_reported.insert(key.str()).second) return;

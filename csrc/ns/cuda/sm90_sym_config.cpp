@@ -184,7 +184,7 @@ std::vector<Sm90SymConfig> sm90_sym_configs() {
   // measured shape (the other cluster ones, the 128×256 ones), so that the autotuner,
   // ops.cuda_sym_configs() and the tests that walk it try them; they are callable by name
   // either way.
-  if (env::get_bool("DMUON_SYM_EXPERIMENTAL", false))
+  if (env::kSymExperimental.get())
     for (const Sm90SymConfig& c : sm90_sym_experimental_configs()) configs.push_back(c);
   return configs;
 }

@@ -226,7 +226,7 @@ bool capture(GraphEntry& entry, const ns::Schedule& schedule, ns::cuda::DType dt
 }  // namespace
 
 at::Tensor orthogonalize_cuda(const at::Tensor& batch, const ns::Schedule& schedule,
-                              at::ScalarType dtype, bool use_kernel) {
+                              at::ScalarType dtype, bool use_kernel, bool graphs) {
   DMUON_CHECK(batch.is_cuda() && batch.dim() == 3, "orthogonalize_cuda: expected a CUDA [B, m, n] tensor");
   c10::cuda::CUDAGuard guard(batch.device());
   const int64_t num = batch.size(0), rows = batch.size(1), cols = batch.size(2);
@@ -244,13 +244,14 @@ at::Tensor orthogonalize_cuda(const at::Tensor& batch, const ns::Schedule& sched
       },
       [&](const void* result, int64_t, cudaStream_t stream) {
         ns::cuda::orthogonalize_finish(half, result, num, rows, cols, out, stream);
-      });
+      },
+      graphs);
   return output;
 }
 
 void orthogonalize_cuda_prepared(int64_t num, int64_t rows, int64_t cols, const ns::Schedule& schedule,
                                  at::ScalarType dtype, bool use_kernel, const at::Tensor& like,
-                                 const ns::cuda::PrepareIterate& prepare, const FinishResult& finish) {
+                                 const ns::cuda::PrepareIterate& prepare, const FinishResult& finish, bool graphs) {
   DMUON_CHECK(like.is_cuda(), "orthogonalize_cuda_prepared: expected a CUDA tensor to place the workspace");
   DMUON_CHECK(num >= 1 && rows >= 1 && cols >= 1, "orthogonalize_cuda_prepared: invalid batch [", num, ", ",
               rows, ", ", cols, "]");
@@ -266,8 +267,7 @@ void orthogonalize_cuda_prepared(int64_t num, int64_t rows, int64_t cols, const 
            stream);
   };
 
-  static const bool graphs = env::get_bool("DMUON_CUDA_GRAPHS", true);
-  static const size_t budget = static_cast<size_t>(std::max<int64_t>(0, env::get_int("DMUON_GRAPH_CACHE_MB", 8192))) << 20;
+  const size_t budget = static_cast<size_t>(std::max<int64_t>(0, env::kGraphCacheMb.get())) << 20;
   if (!graphs || bytes > budget || ns::cuda::stream_is_capturing(stream)) {
     // NOTE: the caching allocator's blocks are 512-byte aligned, more than the 256 needed.
     at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, bytes_options);

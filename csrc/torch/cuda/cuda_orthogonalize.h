@@ -21,8 +21,9 @@ bool cuda_sym_kernel_usable(const at::Tensor& x, at::ScalarType dtype);
 /// Orthogonalize a [B, rows, cols] CUDA tensor with the CUDA backend, iterating in
 /// `dtype` (float16 or bfloat16); returns fp32 [B, rows, cols]. use_kernel selects the
 /// sm_90a symmetric kernel, otherwise dense cuBLASLt products mirrored.
+/// `graphs`: capture and replay the iteration as a CUDA graph (else always eager).
 at::Tensor orthogonalize_cuda(const at::Tensor& batch, const ns::Schedule& schedule,
-                              at::ScalarType dtype, bool use_kernel);
+                              at::ScalarType dtype, bool use_kernel, bool graphs);
 
 /// Consumes the 16-bit result of a run (wide orientation, leading dimension ld, batch
 /// stride min(rows, cols)·ld), enqueued on `stream`; the buffer is reused by later runs.
@@ -30,10 +31,11 @@ using FinishResult = std::function<void(const void* result, int64_t ld, cudaStre
 
 /// The CUDA backend on a batch whose iterate the caller writes (`prepare`, see
 /// ns::cuda::PrepareIterate) and whose result it consumes (`finish`), on the current
-/// stream of `like`'s device: autotuned on first use, then replayed as a CUDA graph.
+/// stream of `like`'s device: autotuned on first use, then (with `graphs`) replayed as a
+/// CUDA graph.
 void orthogonalize_cuda_prepared(int64_t num, int64_t rows, int64_t cols, const ns::Schedule& schedule,
                                  at::ScalarType dtype, bool use_kernel, const at::Tensor& like,
-                                 const ns::cuda::PrepareIterate& prepare, const FinishResult& finish);
+                                 const ns::cuda::PrepareIterate& prepare, const FinishResult& finish, bool graphs);
 
 /// [number of cached graphs, captures, replays, bytes of kept workspaces] (tests).
 std::vector<int64_t> cuda_graph_stats();

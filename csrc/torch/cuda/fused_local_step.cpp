@@ -78,19 +78,17 @@ optim::FusedTensor traits_of(const at::Tensor& t) {
 }  // namespace
 
 bool fused_local_step_usable(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& momentum,
-                             const MuonGroupOptions& options) {
-  static const bool enabled = env::get_bool("DMUON_FUSED_STEP", true);
+                             const MuonGroupOptions& options, bool enabled) {
   // NOTE: the kernel's usability is asked only where the rest allows the fused path.
   if (!optim::fused_path_takes(traits_of(param), traits_of(grad), traits_of(momentum), enabled, true)) return false;
-  return cuda_sym_kernel_usable(param, iterate_dtype(ns::parse_algorithm(options.algorithm)));
+  return cuda_sym_kernel_usable(param, iterate_dtype(options.schedule.algorithm));
 }
 
-int64_t fused_batch_capacity(int64_t rows, int64_t cols, const ns::Schedule& schedule) {
-  static const int64_t limit_mb = env::get_int("DMUON_NS_BATCH_MB", 2048);
-  DMUON_CHECK(limit_mb >= 1, "DMUON_NS_BATCH_MB must be at least 1, got ", limit_mb);
+int64_t fused_batch_capacity(int64_t rows, int64_t cols, const ns::Schedule& schedule, int64_t limit_bytes) {
+  DMUON_CHECK(limit_bytes >= 1, "fused_batch_capacity: the workspace bound must be at least 1 byte, got ", limit_bytes);
   const size_t one = ns::cuda::workspace_bytes(schedule.algorithm, 1, rows, cols);
   const size_t per_matrix = ns::cuda::workspace_bytes(schedule.algorithm, 2, rows, cols) - one;
-  const size_t limit = static_cast<size_t>(limit_mb) << 20;
+  const size_t limit = static_cast<size_t>(limit_bytes);
   if (one >= limit) return 1;
   return 1 + static_cast<int64_t>((limit - one) / std::max<size_t>(per_matrix, 1));
 }
@@ -144,7 +142,7 @@ at::Tensor fused_check(const FusedBatch& batch, const MuonGroupOptions& options,
 
 void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, const ns::Schedule& schedule,
                   const at::Tensor& partials, const at::Tensor& like, const at::Tensor& flag,
-                  const std::function<void(const char* phase)>& phase_done, const at::Tensor& gate) {
+                  const std::function<void(const char* phase)>& phase_done, bool graphs, const at::Tensor& gate) {
   DMUON_CHECK(flag.is_cuda() && flag.scalar_type() == at::kInt && flag.numel() == 1,
               "fused_update: flag must be one int32 CUDA element");
   DMUON_CHECK(!gate.defined() || (gate.is_cuda() && gate.scalar_type() == at::kInt && gate.numel() == 1 &&
@@ -188,7 +186,8 @@ void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, cons
         ns_reported = true;
         ns::cuda::apply_result(half, result, ld, batch.matrices.data(), count, rows, cols, update_scale, decay,
                                flag_ptr, s, skip);
-      });
+      },
+      graphs);
   DMUON_CHECK(momentum_updated, "internal: the fused batch's iterate was never prepared");
   if (!ns_reported) done("ns");
   done("apply");
@@ -196,7 +195,7 @@ void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, cons
 
 // ---------------------------------------------------------------- streams of the gated step
 int fused_stream_count(int64_t requested) {
-  return optim::gated_stream_count(requested, requested != 0 ? 0 : env::get_int("DMUON_FUSED_STREAMS", 2));
+  return optim::gated_stream_count(requested, requested != 0 ? 0 : env::kFusedStreams.get());
 }
 
 std::vector<int> fused_batch_streams(const std::vector<FusedBatch>& batches, const std::vector<optim::GatedBatch>& warm,

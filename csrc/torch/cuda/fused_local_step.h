@@ -19,14 +19,15 @@ namespace dmuon::torch_adapter {
 
 /// True when (param, grad, momentum) can take the fused path: contiguous fp32 CUDA
 /// tensors of one shape on one device, where the sm_90a symmetric kernel is usable (the
-/// backend orthogonalize()'s "auto" picks there), unless DMUON_FUSED_STEP=0. An undefined
-/// momentum stands for a buffer not created yet (it will be made like the parameter).
+/// backend orthogonalize()'s "auto" picks there), when `enabled` (the runtime's fused_step:
+/// Execution.fused_step or DMUON_FUSED_STEP). An undefined momentum stands for a buffer
+/// not created yet (it will be made like the parameter).
 bool fused_local_step_usable(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& momentum,
-                             const MuonGroupOptions& options);
+                             const MuonGroupOptions& options, bool enabled);
 
 /// How many rows×cols matrices one fused batch may hold: its Newton–Schulz workspace
-/// stays within DMUON_NS_BATCH_MB (default 2048) MiB, and at least one.
-int64_t fused_batch_capacity(int64_t rows, int64_t cols, const ns::Schedule& schedule);
+/// stays within `limit_bytes` (Execution.ns_batch_mb or DMUON_NS_BATCH_MB), and at least one.
+int64_t fused_batch_capacity(int64_t rows, int64_t cols, const ns::Schedule& schedule, int64_t limit_bytes);
 
 /// Whole rows×cols matrices of some parameters of one param group.
 struct FusedBatch {
@@ -58,9 +59,11 @@ at::Tensor fused_check(const FusedBatch& batch, const MuonGroupOptions& options,
 /// "ns" and "apply" phases are enqueued. `gate` (undefined, or an int32 CUDA scalar that
 /// earlier kernels of the stream write): non-zero at run time makes both passes write
 /// nothing (the iterate gets zeros, so Newton–Schulz still runs on finite numbers).
+/// `graphs`: replay the Newton–Schulz iteration as a CUDA graph (the runtime's cuda_graphs).
 void fused_update(const FusedBatch& batch, const MuonGroupOptions& options, const ns::Schedule& schedule,
                   const at::Tensor& partials, const at::Tensor& like, const at::Tensor& flag,
-                  const std::function<void(const char* phase)>& phase_done, const at::Tensor& gate = at::Tensor());
+                  const std::function<void(const char* phase)>& phase_done, bool graphs,
+                  const at::Tensor& gate = at::Tensor());
 
 /// The stream count of the gated fused step (optim::gated_stream_count): `requested` when
 /// not 0, else DMUON_FUSED_STREAMS (default 2).

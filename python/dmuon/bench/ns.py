@@ -16,7 +16,6 @@ at the GEMM library's efficiency per FLOP).
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from collections import OrderedDict
 
@@ -329,6 +328,27 @@ def format_measured_floor(bound: dict, step_ms: float) -> str:
             f"dmuon step at {100 * bound['seconds'] * 1e3 / step_ms:.0f}% of it")
 
 
+def timed_dmuon(params, bucket_mb: float, gated: bool = True, streams: int = 0):
+    """The DMuon a timing of `bench ns` steps, with its runtime made: the gated
+    check-and-update on or off and `streams` streams (0: DMUON_FUSED_STREAMS, default 2) set
+    as options (dmuon.Execution), so that the environment cannot change what is timed."""
+    import dmuon
+
+    # NOTE: one GPU: the plan is trivial, so the analytic cost model (no profiling).
+    execution = dmuon.Execution(bucket_size_mb=bucket_mb, cost_model="analytic", gated_step=gated,
+                                fused_streams=streams or None)
+    opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, execution=execution)
+    opt._ensure_runtime()
+    return opt
+
+
+def route_of(runtime) -> str:
+    """The code path a runtime took, as it reports it (the switches resolved when it was made)."""
+    switches = runtime.execution
+    return (f"gated step {'on' if switches['gated_step'] else 'off'}, fused step "
+            f"{'on' if switches['fused_step'] else 'off'}, {switches['fused_streams']} streams")
+
+
 def run(args) -> None:
     import dmuon  # noqa: F401
     from dmuon._ops import _C, ops
@@ -390,20 +410,7 @@ def run(args) -> None:
 
         def dmuon_step(bucket_mb, gated=True, streams=0):
             def make():
-                # NOTE: one GPU: the plan is trivial, so the analytic cost model (no profiling).
-                opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, bucket_size_mb=bucket_mb,
-                                  cost_model="analytic")
-                opt._runtime_options["fused_streams"] = streams  # NOTE: 0: DMUON_FUSED_STREAMS
-                # NOTE: DMUON_GATED_STEP is read when the runtime is made: make it now.
-                previous = os.environ.get("DMUON_GATED_STEP")
-                os.environ["DMUON_GATED_STEP"] = "1" if gated else "0"
-                try:
-                    opt._ensure_runtime()
-                finally:
-                    if previous is None:
-                        del os.environ["DMUON_GATED_STEP"]
-                    else:
-                        os.environ["DMUON_GATED_STEP"] = previous
+                opt = timed_dmuon(params, bucket_mb, gated=gated, streams=streams)
                 last_dmuon["opt"] = opt
                 # NOTE: the floor below counts the kernels of the schedule the step runs.
                 group = opt.param_groups[0]
@@ -413,10 +420,11 @@ def run(args) -> None:
 
         def report_path():
             # Which path the timed steps took: the fused single-GPU step ignores the buckets.
-            stats = last_dmuon.pop("opt").runtime.last_stats
+            runtime = last_dmuon.pop("opt").runtime
+            stats = runtime.last_stats
             if stats.num_fused == len(params):
                 last_dmuon["batches"] = list(stats.fused_batches)
-            print(f"    path: {stats.num_fused} of {len(params)} parameters fused "
+            print(f"    path: {route_of(runtime)}, {stats.num_fused} of {len(params)} parameters fused "
                   f"({stats.num_fused_batches} batches on {stats.num_fused_streams} streams), "
                   f"{stats.num_buckets} buckets for the rest", flush=True)
             _free()
@@ -454,7 +462,7 @@ def run(args) -> None:
                     executed_dmuon, warm=warmup)
             report_path()
         if args.ungated:
-            measure("dmuon.DMuon.step (DMUON_GATED_STEP=0)", dmuon_step(args.bucket_mb[-1], gated=False),
+            measure("dmuon.DMuon.step (gated_step=False)", dmuon_step(args.bucket_mb[-1], gated=False),
                     executed_dmuon, warm=warmup)
             report_path()
         if args.profile:
@@ -519,7 +527,7 @@ def register(subparsers) -> None:
                         help="also time DMuon.step with these stream counts of the fused step (the "
                              "first timing uses DMUON_FUSED_STREAMS, default 2)")
     parser.add_argument("--ungated", action="store_true",
-                        help="also time DMuon.step with DMUON_GATED_STEP=0 (the check waited for before the update)")
+                        help="also time DMuon.step with Execution(gated_step=False) (the check waited for before the update)")
     parser.add_argument("--host-ahead", action="store_true",
                         help="also time each method with a spin kernel before the start event, so that "
                              "the host's launch lead is left out (device time only)")
