@@ -4,11 +4,11 @@
 # a smoke run under a short timeout (a barrier-protocol deadlock hangs there first), the
 # config tests with DMUON_SYM_EXPERIMENTAL=1, compute-sanitizer memcheck and racecheck at
 # small shapes, and the timing against the existing configurations and cuBLAS on the shapes
-# of scripts/sym_kernel_bench.py; a short table last. Budget: under 6 minutes.
-# Usage (through the device tool, carry .cutlass): bash scripts/device_multicast.sh
+# of lab/kernels/sym_kernel_bench.py; a short table last. Budget: under 6 minutes.
+# Usage (through the device tool, carry .cutlass): bash lab/device/device_multicast.sh
 # Writes logs under $OUT when set.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${OUT:-/tmp/dmuon_out}
 mkdir -p "$OUT"
 # NOTE: DMUON_SYM_EXPERIMENTAL=1 makes the mc2 configurations candidates (ops.cuda_sym_configs(),
@@ -77,7 +77,7 @@ fi
 
 # 4. Timing: the existing configurations ("old") against mc2 ("new") and cuBLAS.
 if [ "$smoke" = 0 ]; then
-  timeout 150 python3 scripts/sym_kernel_bench.py --experimental > "$OUT/bench_mc2.log" 2>&1
+  timeout 150 python3 lab/kernels/sym_kernel_bench.py --experimental > "$OUT/bench_mc2.log" 2>&1
   echo "bench (rc $?): $(grep -c ' +C\|: ' "$OUT/bench_mc2.log") lines, $OUT/bench_mc2.log"
 fi
 
