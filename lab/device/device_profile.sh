@@ -35,7 +35,8 @@ NCU_ARGS=(--clock-control none --section SpeedOfLight --section ComputeWorkloadA
           --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats)
 
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
-source scripts/device_build.sh || exit 1
+# NOTE: with the experimental instances (sym_kernel_bench.py --experimental below).
+EXPERIMENTAL_KERNELS=1 source scripts/device_build.sh || exit 1
 if [ ! -x "$PROBE" ]; then
   t0=$(date +%s)
   mkdir -p build/probe

@@ -9,9 +9,9 @@ does not scale with k (epilogue, pipeline fill, launch). TFLOP/s are "executed":
 kernel's lower-triangle tiles (2·128²·k each), cuBLAS's full m²k.
 The default list (the autotuner's candidates) holds one 128×128 2-CTA cluster configuration
 ("sm90:mc2-tmastore:s5:c0") and the 128×256 tmastore ones ("sm90:n256-tmastore:s3:c0",
-"sm90:mc2-n256-tmastore:s3:c0", "sm90:mc2-n256-sk-tmastore:s3:c0"); --experimental sets
-DMUON_SYM_EXPERIMENTAL=1 so that it holds the other cluster and 128×256 ones as well; any name
-can also be given to --configs. With cluster or
+"sm90:mc2-n256-tmastore:s3:c0", "sm90:mc2-n256-sk-tmastore:s3:c0"); in a build with
+-DDMUON_EXPERIMENTAL_KERNELS=ON it holds the other cluster and 128×256 ones as well
+(--experimental: refuse to run without them); any built name can also be given to --configs. With cluster or
 128×256 names in the list, "old" (the baseline) defaults to the 1-CTA 128×128 configurations
 and "new" to the others.
 Times: CUDA events. cuBLAS and every configuration of a shape are timed in turns, --rounds
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 
 import torch
 
@@ -104,13 +103,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds in which cuBLAS and every configuration are timed in turns (median)")
     parser.add_argument("--experimental", action="store_true",
-                        help="DMUON_SYM_EXPERIMENTAL=1: the default list includes every mc2 and n256 configuration")
+                        help="require a build with -DDMUON_EXPERIMENTAL_KERNELS=ON (every mc2 and n256 configuration)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
-    if args.experimental:
-        # NOTE: read by the C++ side at its first use (cached), which comes after this.
-        os.environ["DMUON_SYM_EXPERIMENTAL"] = "1"
+    if args.experimental and not any(":n256-staged:" in c for c in ops.cuda_sym_configs()):
+        parser.error("--experimental: this build has no experimental configurations "
+                     "(build with -DDMUON_EXPERIMENTAL_KERNELS=ON)")
     configs = args.configs if args.configs is not None else list(ops.cuda_sym_configs())
     if args.old is not None:
         old = set(args.old)
