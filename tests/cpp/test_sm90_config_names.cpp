@@ -85,6 +85,24 @@ TEST(Sm90ConfigNames, TheCandidatesAreTheDefaultListPlusTheExperimentalOnesWhere
   }
 }
 
+TEST(Sm90ConfigNames, ARefusedNameSaysWhetherItIsExperimentalOrNothing) {
+  using dmuon::ns::cuda::sm90_sym_name_rejects;
+  EXPECT_EQ(sm90_sym_name_rejects("sm90:tmastore:s5:c0"), "");
+  const std::string experimental = "sm90:n256-staged:s3:c4";
+  if (dmuon::ns::cuda::sm90_sym_experimental_built()) {
+    EXPECT_EQ(sm90_sym_name_rejects(experimental), "");
+  } else {
+    EXPECT_NE(sm90_sym_name_rejects(experimental).find("experimental configuration, not built (build with "
+                                                       "-DDMUON_EXPERIMENTAL_KERNELS=ON)"),
+              std::string::npos);
+  }
+  for (const char* nothing : {"sm90:n256-staged:s4:c0", "sm90:mc2-tmastore:s5:c3", "lt:0", "sm90:fancy:s5:c0"}) {
+    const std::string why = sm90_sym_name_rejects(nothing);
+    EXPECT_NE(why.find("names no configuration"), std::string::npos) << nothing << ": " << why;
+    EXPECT_NE(why.find("sm90:tmastore:s5"), std::string::npos) << why;  // the built ones are listed
+  }
+}
+
 TEST(Sm90ConfigNames, NamesOfUnbuiltInstancesAreRefused) {
   Sm90SymConfig c;
   ASSERT_TRUE(Sm90SymConfig::parse("sm90:sk-tmastore:s5:c7", &c));

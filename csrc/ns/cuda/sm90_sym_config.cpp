@@ -75,7 +75,9 @@ std::string Sm90SymConfig::name() const {
   return out.str();
 }
 
-bool Sm90SymConfig::parse(const std::string& text, Sm90SymConfig* config) {
+namespace {
+// The configuration `text` names (num_ctas included) among the listed ones, built or not.
+bool parse_listed(const std::string& text, Sm90SymConfig* config) {
   char epilogue[24] = {0};
   int stages = 0, ctas = 0;
   if (std::sscanf(text.c_str(), "sm90:%23[a-z0-9-]:s%d:c%d", epilogue, &stages, &ctas) != 3) return false;
@@ -104,10 +106,29 @@ bool Sm90SymConfig::parse(const std::string& text, Sm90SymConfig* config) {
   }
   c.stages = stages;
   c.num_ctas = ctas;
-  if (!built(c) || ctas < 0 || (c.cluster == 2 && ctas % 2)) return false;
+  const bool is_listed = std::any_of(listed().begin(), listed().end(),
+                                     [&](const Listed& l) { return same_configuration(l.config, c); });
+  if (!is_listed || ctas < 0 || (c.cluster == 2 && ctas % 2)) return false;
   if (c.name() != text) return false;
   *config = c;
   return true;
+}
+}  // namespace
+
+bool Sm90SymConfig::parse(const std::string& text, Sm90SymConfig* config) {
+  Sm90SymConfig c;
+  if (!parse_listed(text, &c) || !built(c)) return false;
+  *config = c;
+  return true;
+}
+
+std::string sm90_sym_name_rejects(const std::string& text) {
+  Sm90SymConfig c;
+  if (Sm90SymConfig::parse(text, &c)) return "";
+  if (parse_listed(text, &c))
+    return "'" + text + "' is an experimental configuration, not built (build with -DDMUON_EXPERIMENTAL_KERNELS=ON)";
+  return "'" + text + "' names no configuration of the symmetric kernel (sm90:[mc2-][n256-][sk-]EPILOGUE:sSTAGES:cCTAS; "
+         "built: " + built_names() + ")";
 }
 
 bool sm90_sym_experimental_built() {

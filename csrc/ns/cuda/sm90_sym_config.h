@@ -49,6 +49,10 @@ std::vector<Sm90SymConfig> sm90_sym_experimental_configs();
 /// Whether this build has the experimental configurations (DMUON_EXPERIMENTAL_KERNELS=ON).
 bool sm90_sym_experimental_built();
 
+/// Empty when `text` parses (Sm90SymConfig::parse); else why not: an experimental
+/// configuration of a build without them (naming the build option), or no configuration.
+std::string sm90_sym_name_rejects(const std::string& text);
+
 /// Bytes of SymProductArgs::scratch a split-K configuration needs with `num_ctas` CTAs:
 /// one fp32 partial unit (128 × tile_n) and one counter per CTA.
 size_t sm90_sym_split_scratch_bytes(int num_ctas, int tile_n = 128);
