@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build dmuon on a GPU machine (editable install into build/device) for the device scripts.
-# Sourced by scripts/device_check.sh and scripts/multigpu_run.sh; needs OUT set.
+# Sourced by scripts/device_check.sh and lab/device/multigpu_run.sh; needs OUT set.
 # Carry .cutlass (the unpacked nvidia-cutlass headers) so the sm_90a kernel is built.
+# EXPERIMENTAL_KERNELS=1: also its experimental instances (-DDMUON_EXPERIMENTAL_KERNELS=ON).
 # NOTE: the GPU machine's environment sets CC/CXX to /opt/gcc, a toolchain that links
 # libstdc++ statically into shared objects. dmuon._C then carries its own libstdc++
 # beside the one Python and torch load, and the first iostream use (the planner's
@@ -14,7 +15,9 @@ fi
 # Build (no GoogleTest or CBC on the GPU machine: the core tests and MILP are skipped there).
 start=$(date +%s)
 if ! python3 -m pip install -q --no-build-isolation --no-deps -e . -Cbuild-dir=build/device \
-      -Ccmake.define.DMUON_BUILD_TESTS=OFF > "$OUT/build.log" 2>&1; then
+      -Ccmake.define.DMUON_BUILD_TESTS=OFF \
+      -Ccmake.define.DMUON_EXPERIMENTAL_KERNELS=$([ "${EXPERIMENTAL_KERNELS:-0}" = 1 ] && echo ON || echo OFF) \
+      > "$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; echo "BUILD FAILED"; return 1 2>/dev/null || exit 1
 fi
 echo "build: $(( $(date +%s) - start )) s"

@@ -80,16 +80,16 @@ for m, n in [(96, 96), (128, 128), (896, 896), (64, 200), (896, 4864)]:
 PY
 
 # compute-sanitizer on every kernel: symmetric-kernel configurations, one NS run, the fused
-# step (scripts/sanitize_kernels.py, small shapes).
-# NOTE: racecheck runs a part at a time: all three in one run went past 170 s (2026-11-30,
-# run L); with this environment the sym and ns parts took 20 s and the fused part 18 s
-# (2026-12-01, run N); memcheck of all three about 11 s.
+# step (lab/kernels/sanitize_kernels.py, small shapes).
+# NOTE: racecheck runs a part at a time: all three in one run went past 170 s (H200,
+# 2026-11-30); with this environment the sym and ns parts took 20 s and the fused part 18 s
+# (H200, 2026-12-01); memcheck of all three about 11 s.
 if [ "$SANITIZE" = 1 ]; then
   DMUON_AUTOTUNE=0 DMUON_AUTOTUNE_CACHE=none timeout 200 compute-sanitizer --tool memcheck --print-limit 10 \
-    python3 scripts/sanitize_kernels.py 2>&1 | tail -3 | tee "$OUT/sanitize_memcheck.log"
+    python3 lab/kernels/sanitize_kernels.py 2>&1 | tail -3 | tee "$OUT/sanitize_memcheck.log"
   for part in sym ns fused; do
     DMUON_AUTOTUNE=0 DMUON_AUTOTUNE_CACHE=none timeout 300 compute-sanitizer --tool racecheck --print-limit 10 \
-      python3 scripts/sanitize_kernels.py $part 2>&1 | tail -3 | tee "$OUT/sanitize_racecheck_$part.log"
+      python3 lab/kernels/sanitize_kernels.py $part 2>&1 | tail -3 | tee "$OUT/sanitize_racecheck_$part.log"
   done
 fi
 

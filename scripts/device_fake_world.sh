@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 31 in one device call on ONE H200: build dmuon, then `bench step --fake-world` —
-#   1. the check against the measured multi-GPU runs (BENCHMARKS.md "Multi-GPU run (issue 8)"):
+#   1. the check against the measured multi-GPU runs (docs/benchmarks/history.md "Multi-GPU run (issue 8)"):
 #      qwen2.5-7b and qwen2.5-1.5b, owner + gather + AdamW, every rank run (--ranks all), on
 #      the topology of the 4-H200 host those runs used (one NVLink node): fake world 2 with
 #      the depth-1 pipeline the world-2 runs were measured with, fake world 4 with today's
@@ -41,11 +41,11 @@ LOG="$OUT/run.log"
 HOST4="--gpus-per-node 4 --intra-gbps 2960"
 CLUSTER="--gpus-per-node 8 --intra-gbps 2960 --inter-gbps 388"
 
-# Stage runner (scripts/stage_runner.sh). NOTE: 25 s of the budget stay for the comparison
+# Stage runner (lab/device/stage_runner.sh). NOTE: 25 s of the budget stay for the comparison
 # and the summary; every stage's output goes to run.log.
 STAGES_TSV="$WORK/stages.tsv" STAGE_RESERVE=25 STAGE_MIN=20 STAGE_LOG=$LOG
 : > "$STAGES_TSV"
-source scripts/stage_runner.sh
+source lab/device/stage_runner.sh
 
 # One bench step: name (the JSON's key), extra environment (or -), then bench step arguments.
 step() {

@@ -80,8 +80,6 @@ inline std::string Knob<const char*>::get() const { return get_string(name, fall
     "synchronize the device between step phases so that their times are real (read at runtime creation)")           \
   X(kAutotuneTestBreak, const char*, "DMUON_AUTOTUNE_TEST_BREAK", "", kDiagnostic,                                   \
     "test hook: perturb every autotune candidate whose name starts with this prefix")                               \
-  X(kSymExperimental, bool, "DMUON_SYM_EXPERIMENTAL", false, kDiagnostic,                                            \
-    "make the experimental symmetric-kernel configurations autotune candidates (kernel research)")                  \
   X(kPlanTimeLimit, double, "DMUON_PLAN_TIME_LIMIT", 0.0, kDiagnostic,                                              \
     "seconds the MILP owner planner may search (unset, shown as 0: MilpOptions' 2 s)")                                     \
   X(kPlanMaxNodes, int64_t, "DMUON_PLAN_MAX_NODES", 0, kDiagnostic,                                                 \

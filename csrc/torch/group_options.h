@@ -30,10 +30,17 @@ struct MuonGroupOptions {
   double decay() const { return 1.0 - lr * weight_decay; }
 };
 
-/// The step engine's rule of a group (its NS schedule built here; errors name the option).
+/// The step engine's rule of a group (the group's built schedule; errors name the option).
 inline step::GroupRule group_rule(const MuonGroupOptions& g) {
-  return step::GroupRule::make(g.lr, g.weight_decay, g.momentum, g.nesterov, g.adjust_lr, g.algorithm, g.coefficients,
-                               g.restart_after, g.eps);
+  step::GroupRule rule;
+  rule.lr = g.lr;
+  rule.weight_decay = g.weight_decay;
+  rule.momentum = g.momentum;
+  rule.nesterov = g.nesterov;
+  rule.adjust_lr = optim::parse_adjust_lr(g.adjust_lr);
+  rule.schedule = g.schedule;
+  rule.validate();
+  return rule;
 }
 
 }  // namespace dmuon::torch_adapter

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include "aligned_sym_args.h"
@@ -41,9 +42,64 @@ TEST(Sm90ConfigNames, EveryCandidateRoundTrips) {
     ASSERT_TRUE(Sm90SymConfig::parse(c.name(), &parsed)) << c.name();
     EXPECT_EQ(parsed.name(), c.name());
   }
+  // The experimental ones parse, run and are candidates only in a build that has them.
   for (const Sm90SymConfig& c : dmuon::ns::cuda::sm90_sym_experimental_configs()) {
     Sm90SymConfig parsed;
-    EXPECT_TRUE(Sm90SymConfig::parse(c.name(), &parsed)) << c.name();
+    EXPECT_EQ(Sm90SymConfig::parse(c.name(), &parsed), dmuon::ns::cuda::sm90_sym_experimental_built()) << c.name();
+  }
+}
+
+// NOTE: the counts of sm90_sym_instances.def: 14 default configurations on 11 instances, 10
+// experimental ones that add 7 instances (split-K shares its configuration's instance).
+TEST(Sm90ConfigNames, TheCandidatesAreTheDefaultListPlusTheExperimentalOnesWhereBuilt) {
+  const auto configs = dmuon::ns::cuda::sm90_sym_configs();
+  const auto experimental = dmuon::ns::cuda::sm90_sym_experimental_configs();
+  const bool built = dmuon::ns::cuda::sm90_sym_experimental_built();
+  auto instance_of = [](Sm90SymConfig c) {
+    c.split_k = false;
+    return c.name();
+  };
+  std::set<std::string> names, experimental_names, default_instances, every_instance;
+  for (const Sm90SymConfig& c : experimental) {
+    EXPECT_TRUE(experimental_names.insert(c.name()).second) << "listed twice: " << c.name();
+    every_instance.insert(instance_of(c));
+  }
+  for (const Sm90SymConfig& c : configs) {
+    EXPECT_TRUE(names.insert(c.name()).second) << "listed twice: " << c.name();
+    if (!experimental_names.count(c.name())) default_instances.insert(instance_of(c));
+    every_instance.insert(instance_of(c));
+  }
+  EXPECT_EQ(experimental.size(), 10u);
+  EXPECT_EQ(configs.size(), built ? 24u : 14u);
+  EXPECT_EQ(default_instances.size(), 11u);
+  EXPECT_EQ(every_instance.size(), 18u);
+  for (const std::string& name : experimental_names) EXPECT_EQ(names.count(name), built ? 1u : 0u) << name;
+  // The default candidates of every build (the autotuner's choices on an H200).
+  for (const char* name : {"sm90:staged:s4:c0", "sm90:direct:s6:c0", "sm90:tmastore:s5:c0", "sm90:sk-tmastore:s5:c0",
+                           "sm90:mc2-tmastore:s5:c0", "sm90:n256-tmastore:s3:c0", "sm90:mc2-n256-sk-tmastore:s3:c0"})
+    EXPECT_EQ(names.count(name), 1u) << name;
+  // An experimental name in a build without it: refused, and the error names the option.
+  if (!built) {
+    Sm90SymConfig c = experimental.front();
+    EXPECT_NE(sm90_sym_config_rejects(aligned_args(), c, 132).find("DMUON_EXPERIMENTAL_KERNELS=ON"), std::string::npos);
+  }
+}
+
+TEST(Sm90ConfigNames, ARefusedNameSaysWhetherItIsExperimentalOrNothing) {
+  using dmuon::ns::cuda::sm90_sym_name_rejects;
+  EXPECT_EQ(sm90_sym_name_rejects("sm90:tmastore:s5:c0"), "");
+  const std::string experimental = "sm90:n256-staged:s3:c4";
+  if (dmuon::ns::cuda::sm90_sym_experimental_built()) {
+    EXPECT_EQ(sm90_sym_name_rejects(experimental), "");
+  } else {
+    EXPECT_NE(sm90_sym_name_rejects(experimental).find("experimental configuration, not built (build with "
+                                                       "-DDMUON_EXPERIMENTAL_KERNELS=ON)"),
+              std::string::npos);
+  }
+  for (const char* nothing : {"sm90:n256-staged:s4:c0", "sm90:mc2-tmastore:s5:c3", "lt:0", "sm90:fancy:s5:c0"}) {
+    const std::string why = sm90_sym_name_rejects(nothing);
+    EXPECT_NE(why.find("names no configuration"), std::string::npos) << nothing << ": " << why;
+    EXPECT_NE(why.find("sm90:tmastore:s5"), std::string::npos) << why;  // the built ones are listed
   }
 }
 

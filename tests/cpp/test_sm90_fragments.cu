@@ -1,9 +1,9 @@
 // The accumulator layouts that the sm_90a kernel's epilogues assume
-// (csrc/ns/cuda/sm90_sym_kernel.cuh), checked on the host against CuTe's own layouts; the
+// (csrc/ns/cuda/sm90_sym_epilogue.cuh), checked on the host against CuTe's own layouts; the
 // kernel's launch repeats the check and refuses to run when it fails. No GPU needed.
 #include <gtest/gtest.h>
 
-#include "ns/cuda/sm90_sym_kernel.cuh"
+#include "ns/cuda/sm90_sym_launch.cuh"
 
 namespace {
 

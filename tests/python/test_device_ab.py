@@ -1,6 +1,6 @@
-"""scripts/device_ab.sh: each side runs with its own files, and the working tree comes back.
+"""lab/device/device_ab.sh: each side runs with its own files, and the working tree comes back.
 
-The script runs in a scratch git repository (its own copy under scripts/) with a build
+The script runs in a scratch git repository (its own copy under lab/device/) with a build
 command that does nothing (AB_BUILD=true), so no GPU and no build are needed.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "device_ab.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "lab" / "device" / "device_ab.sh"
 
 
 def git(repo: Path, *args: str) -> None:
@@ -27,8 +27,8 @@ def repo(tmp_path: Path) -> Path:
     if shutil.which("git") is None:
         pytest.skip("needs git")
     repo = tmp_path / "repo"
-    (repo / "scripts").mkdir(parents=True)
-    shutil.copy(SCRIPT, repo / "scripts" / "device_ab.sh")
+    (repo / "lab" / "device").mkdir(parents=True)
+    shutil.copy(SCRIPT, repo / "lab" / "device" / "device_ab.sh")
     (repo / ".gitignore").write_text("/.ab/\n")
     (repo / "kept.txt").write_text("old\n")
     (repo / "gone.txt").write_text("here\n")
@@ -43,7 +43,7 @@ def repo(tmp_path: Path) -> Path:
 
 def ab(repo: Path, *args: str, out: Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, AB_BUILD="true", OUT=str(out or repo / "out"))
-    return subprocess.run(["bash", "scripts/device_ab.sh", *args], cwd=repo, env=env, capture_output=True, text=True)
+    return subprocess.run(["bash", "lab/device/device_ab.sh", *args], cwd=repo, env=env, capture_output=True, text=True)
 
 
 SHOW = ["--", "bash", "-c", "cat kept.txt; ls gone.txt added.txt 2>/dev/null; true"]
@@ -69,7 +69,7 @@ def test_each_side_sees_its_own_files_and_the_tree_comes_back(repo: Path):
 def test_a_failed_build_stops_the_run_and_the_tree_comes_back(repo: Path):
     assert ab(repo, "prepare").returncode == 0
     env = dict(os.environ, AB_BUILD="false", OUT=str(repo / "out"))
-    ran = subprocess.run(["bash", "scripts/device_ab.sh", "run", *SHOW], cwd=repo, env=env,
+    ran = subprocess.run(["bash", "lab/device/device_ab.sh", "run", *SHOW], cwd=repo, env=env,
                          capture_output=True, text=True)
     assert ran.returncode == 1
     assert "the base build failed" in ran.stdout

@@ -5,6 +5,7 @@ warning, and graph replays give the eager result."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import subprocess
@@ -94,15 +95,47 @@ def test_every_sym_config_matches_dense(dtype, shape, with_c):
 
 # ---------------------------------------------------------------- 2-CTA cluster configurations
 
-# NOTE: the 2-CTA cluster configurations (mc2, TMA multicast), called by name whether or not
-# they are candidates; ":c2" runs one cluster over every unit in turn (every pair kind, one
+# NOTE: the 2-CTA cluster configurations (mc2, TMA multicast), called by name where built; ":c2" runs one cluster over every unit in turn (every pair kind, one
 # after the other), ":c4" two.
 CLUSTER_CONFIGS = ["sm90:mc2-tmastore:s4:c0", "sm90:mc2-tmastore:s5:c0", "sm90:mc2-staged:s6:c0",
                    "sm90:mc2-tmastore:s4:c2", "sm90:mc2-staged:s6:c4", "sm90:mc2-sk-tmastore:s5:c0",
                    "sm90:mc2-sk-tmastore:s4:c4"]
-# The cluster configurations that are autotuner candidates without DMUON_SYM_EXPERIMENTAL.
+# The cluster configurations that are autotuner candidates in every build, and those that a
+# build with -DDMUON_EXPERIMENTAL_KERNELS=ON adds (csrc/ns/cuda/sm90_sym_instances.def).
 DEFAULT_CLUSTER_CONFIGS = ["sm90:mc2-tmastore:s5:c0"]
-experimental_knob = os.environ.get("DMUON_SYM_EXPERIMENTAL", "0").lower() in ("1", "true", "yes", "on")
+EXPERIMENTAL_CLUSTER_CONFIGS = ["sm90:mc2-tmastore:s4:c0", "sm90:mc2-staged:s6:c0", "sm90:mc2-sk-tmastore:s5:c0",
+                                "sm90:mc2-sk-tmastore:s4:c0"]
+# Every experimental configuration (any CTA count): built only with DMUON_EXPERIMENTAL_KERNELS=ON.
+EXPERIMENTAL = {name.rsplit(":c", 1)[0] for name in EXPERIMENTAL_CLUSTER_CONFIGS} | {
+    "sm90:n256-staged:s3", "sm90:n256-direct:s3", "sm90:n256-direct:s4", "sm90:n256-tmastore:s4",
+    "sm90:mc2-n256-tmastore:s4", "sm90:mc2-n256-sk-tmastore:s4"}
+
+
+@functools.lru_cache(maxsize=None)
+def experimental_built() -> bool:
+    """Whether this build has the experimental configurations: one of them, called by name,
+    runs or is refused as not built (the candidate list is what the tests below check)."""
+    a = padded(torch.randn(1, 16, 16, device="cuda").half())
+    try:
+        ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, "sm90:n256-staged:s3:c0")
+    except RuntimeError as error:
+        assert "not built" in str(error) and "DMUON_EXPERIMENTAL_KERNELS=ON" in str(error), str(error)
+        return False
+    return True
+
+
+def built_here(configs: list[str]) -> list[str]:
+    """`configs` less the experimental ones where this build has none; those are checked to
+    be refused by name, with an error that names the build option."""
+    a = padded(torch.randn(1, 16, 16, device="cuda").half())
+    kept = []
+    for config in configs:
+        if config.rsplit(":c", 1)[0] in EXPERIMENTAL and not experimental_built():
+            with pytest.raises(RuntimeError, match="DMUON_EXPERIMENTAL_KERNELS=ON"):
+                ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, config)
+        else:
+            kept.append(config)
+    return kept
 
 # (batch, m, k) for the pair list (csrc/ns/cuda/sm90_sym_pairs.h), R = ceil(m/128) row tiles,
 # L = ceil(R/2): (1, 100, 70) R=1: one lone tile, shadowed by rank 1 (odd m and k, one k-tile);
@@ -114,9 +147,9 @@ CLUSTER_SHAPES = [(1, 100, 70), (3, 200, 130), (2, 383, 1001), (5, 520, 200), (1
 
 
 @needs_kernel
-def test_cluster_candidates_follow_the_experimental_knob():
+def test_cluster_candidates_follow_the_build():
     names = [name for name in ops.cuda_sym_configs() if ":mc2-" in name and "-n256-" not in name]
-    expected = [c for c in CLUSTER_CONFIGS if c.endswith(":c0")] if experimental_knob else DEFAULT_CLUSTER_CONFIGS
+    expected = DEFAULT_CLUSTER_CONFIGS + (EXPERIMENTAL_CLUSTER_CONFIGS if experimental_built() else [])
     assert sorted(names) == sorted(expected), names
 
 
@@ -143,7 +176,7 @@ WIDE_EXPERIMENTAL_CONFIGS = ["sm90:n256-tmastore:s4:c0", "sm90:mc2-n256-tmastore
 WIDE_TMA_SHAPES = sorted(set(CLUSTER_SHAPES) | set(N256_SHAPES))
 
 
-# Both families on their shapes, called by name whether or not they are candidates.
+# Both families on their shapes, called by name where built (built_here).
 # NOTE: the ids name the family ("cluster-…", "n256-…") so that -k selects one.
 NAMED_CASES = ([pytest.param(CLUSTER_CONFIGS, shape, id=f"cluster-{'x'.join(map(str, shape))}")
                 for shape in CLUSTER_SHAPES] +
@@ -167,14 +200,15 @@ def test_named_sym_configs_match_dense(dtype, configs, shape, with_c, operands):
     batch, m, k = shape
     gen = torch.Generator(device="cuda").manual_seed(batch * 7919 + m * 31 + k)
     a, b, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c, gen, operands)
-    for config in configs:
+    for config in built_here(configs):
         assert_like_dense(ops.cuda_sym_product_config(a, b, c, alpha, beta, config), config, exact, same)
 
 
 @needs_kernel
-def test_n256_configs_follow_the_experimental_knob_and_are_built_where_they_fit():
+def test_n256_configs_follow_the_build_and_are_built_where_they_fit():
     names = [name for name in ops.cuda_sym_configs() if "n256-" in name]
-    assert sorted(names) == sorted((N256_CONFIGS + WIDE_EXPERIMENTAL_CONFIGS if experimental_knob else []) + WIDE_TMA_CONFIGS), names
+    assert sorted(names) == sorted((N256_CONFIGS + WIDE_EXPERIMENTAL_CONFIGS if experimental_built() else []) +
+                                   WIDE_TMA_CONFIGS), names
     a = padded(torch.randn(1, 16, 16, device="cuda").half())
     for unbuilt in ("sm90:n256-staged:s4:c0", "sm90:n256-tmastore:s2:c0", "sm90:mc2-n256-staged:s3:c0",
                     "sm90:n256-sk-tmastore:s3:c0",
@@ -217,6 +251,8 @@ def test_split_k_configs_match_dense_and_repeat_exactly(dtype, config, shape, wi
     """Every element written, exactly symmetric, within the dense product's error of the exact
     product, and bitwise the same on a second run (the slices are summed in slice order,
     whichever finishes last)."""
+    if not built_here([config]):
+        return  # NOTE: experimental, and refused by name in this build (built_here checked that)
     batch, m, k = shape
     gen = torch.Generator(device="cuda").manual_seed(batch * 131 + m + k)
     a, _, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c, gen)
@@ -230,8 +266,8 @@ def test_split_k_configs_match_dense_and_repeat_exactly(dtype, config, shape, wi
 def test_split_k_is_a_candidate_and_only_for_the_tmastore_kernels():
     names = list(ops.cuda_sym_configs())
     assert "sm90:sk-tmastore:s4:c0" in names and "sm90:sk-tmastore:s5:c0" in names, names
-    # NOTE: the 2-CTA split-K configuration is built (SPLIT_CASES) but experimental.
-    assert ("sm90:mc2-sk-tmastore:s5:c0" in names) == experimental_knob, names
+    # NOTE: the 2-CTA split-K configuration is experimental (SPLIT_CASES where it is built).
+    assert ("sm90:mc2-sk-tmastore:s5:c0" in names) == experimental_built(), names
     a = padded(torch.randn(1, 16, 16, device="cuda").half())
     for unbuilt in ("sm90:sk-staged:s5:c0", "sm90:mc2-sk-staged:s6:c0", "sm90:n256-sk-tmastore:s4:c0",
                     "sm90:mc2-n256-sk-direct:s4:c0"):

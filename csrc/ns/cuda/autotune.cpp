@@ -172,7 +172,7 @@ void sym_product_with(const SymProductArgs& args, const std::string& config, voi
     return;
   }
   Sm90SymConfig kernel;
-  DMUON_CHECK(Sm90SymConfig::parse(config, &kernel), "unknown symmetric-product configuration '", config, "'");
+  DMUON_CHECK(Sm90SymConfig::parse(config, &kernel), "symmetric-product configuration: ", sm90_sym_name_rejects(config));
 #if defined(DMUON_WITH_SM90_SYM)
   sm90_sym_product(with_scratch(args, lt_workspace, lt_workspace_bytes), kernel, stream);
 #else

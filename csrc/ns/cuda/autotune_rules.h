@@ -50,8 +50,9 @@ std::vector<std::string> sym_candidates(const SymProductArgs& args, SymMode mode
 
 /// Whether a cached winner of a symmetric product may run `args` now: "lt:<i>" while the
 /// heuristic still offers algorithm i; a kernel configuration only in kernel mode, when it
-/// can run `args` and is one of `configs` (the candidates now: a winner cached under
-/// DMUON_SYM_EXPERIMENTAL=1 does not run without it). Otherwise the key is tuned again.
+/// can run `args` and is one of `configs` (the candidates now: a winner cached by a build
+/// with DMUON_EXPERIMENTAL_KERNELS=ON does not run in one without). Otherwise the key is
+/// tuned again.
 bool cached_sym_winner_applies(const std::string& config, const SymProductArgs& args, SymMode mode,
                                int num_lt_algos, const std::vector<Sm90SymConfig>& configs, int num_sms);
 

@@ -11,13 +11,12 @@
 
 namespace dmuon::ns::cuda {
 
-/// How a tile's result reaches global memory (see sm90_sym_kernel.cuh).
+/// How a tile's result reaches global memory (see sm90_sym_epilogue.cuh).
 enum class Sm90Epilogue { kDirect, kStaged, kTmaStore };
 
-/// Configuration of the kernel (compile-time instances: stages 4–6 × direct/staged,
-/// stages 4–5 × tmastore; 2-CTA clusters: tmastore s4–s5, staged s6; 128×256 units: staged
-/// s3, direct s3–s4, tmastore s3–s4 (1-CTA and 2-CTA clusters); split-K is a runtime switch
-/// of the 128×128 tmastore instances and of the 2-CTA 128×256 ones).
+/// Configuration of the kernel. Which ones are built: sm90_sym_instances.def, the one list
+/// (its experimental ones only with the CMake option DMUON_EXPERIMENTAL_KERNELS=ON); split-K
+/// is a runtime switch of the instances that have it.
 struct Sm90SymConfig {
   int tile = 128;    ///< square output tile (rows = cols)
   int tile_k = 64;   ///< k extent of one pipeline stage
@@ -26,8 +25,7 @@ struct Sm90SymConfig {
   Sm90Epilogue epilogue = Sm90Epilogue::kDirect;
   int cluster = 1;   ///< CTAs per cluster: 2 shares one operand panel by TMA multicast ("mc2-")
   /// Columns of a work unit: 128 (one tile), or 256 ("n256-": two column tiles over one
-  /// 256-row B panel, 64×256 WGMMAs; 1-CTA staged s3, direct s3–s4, tmastore s3–s4; 2-CTA
-  /// clusters tmastore s3–s4).
+  /// 256-row B panel, 64×256 WGMMAs).
   int tile_n = 128;
   /// Tail split-K ("sk-", tmastore only): the units of the last, partial wave run as k-slices
   /// on every CTA, summed by the last slice to finish (SymProductArgs::scratch).
@@ -39,16 +37,21 @@ struct Sm90SymConfig {
   static bool parse(const std::string& text, Sm90SymConfig* config);
 };
 
-/// Every built configuration, in a fixed order (the autotuner's candidates; num_ctas 0).
-/// Of the 2-CTA cluster ones only mc2-tmastore s5; the others and the 128×256 ones
-/// (sm90_sym_experimental_configs) are appended only when DMUON_SYM_EXPERIMENTAL=1.
+/// Every built configuration, in the order of sm90_sym_instances.def (the autotuner's
+/// candidates; num_ctas 0): its default ones, and its experimental ones in a build with
+/// DMUON_EXPERIMENTAL_KERNELS=ON.
 std::vector<Sm90SymConfig> sm90_sym_configs();
 
-/// The configurations that won no measured shape (2-CTA clusters: tmastore s4, staged s6,
-/// split tmastore s5; 128×256 units: staged s3, direct s3–s4, tmastore s4 1-CTA and 2-CTA
-/// with and without the split); callable by name whether or not DMUON_SYM_EXPERIMENTAL is
-/// set.
+/// The experimental configurations of sm90_sym_instances.def (they won no measured shape),
+/// whether or not this build has them.
 std::vector<Sm90SymConfig> sm90_sym_experimental_configs();
+
+/// Whether this build has the experimental configurations (DMUON_EXPERIMENTAL_KERNELS=ON).
+bool sm90_sym_experimental_built();
+
+/// Empty when `text` parses (Sm90SymConfig::parse); else why not: an experimental
+/// configuration of a build without them (naming the build option), or no configuration.
+std::string sm90_sym_name_rejects(const std::string& text);
 
 /// Bytes of SymProductArgs::scratch a split-K configuration needs with `num_ctas` CTAs:
 /// one fp32 partial unit (128 × tile_n) and one counter per CTA.

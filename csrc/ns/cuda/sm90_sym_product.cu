@@ -1,5 +1,6 @@
 // dmuon/ns/cuda/sm90_sym_product.cu — checked dispatch of the sm_90a
-// symmetric kernel (the kernel template: sm90_sym_kernel.cuh; instances: *_f16/_bf16.cu).
+// symmetric kernel (the kernel: sm90_sym_kernel.cuh; its instances: sm90_sym_instances.def, compiled
+// per element type in *_f16/_bf16.cu).
 #include "ns/cuda/sm90_sym_product.h"
 
 #include <string>

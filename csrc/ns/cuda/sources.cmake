@@ -21,7 +21,7 @@ if(DMUON_CUTLASS_INCLUDE_DIR)
   # NOTE: the kernel is sm_90a-only (WGMMA, TMA), so it is compiled for that target alone
   # (an object library of its own) instead of also emitting the portable compute_80 PTX:
   # that halves the file's compile time (the build's longest) on CI's 2 cores.
-  # NOTE: one object per element type so the instances (6 each) compile in parallel.
+  # NOTE: one object per element type so the instances (sm90_sym_instances.def) compile in parallel.
   add_library(dmuon_ns_sm90 OBJECT ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_product.cu
                                    ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_product_f16.cu
                                    ${CMAKE_CURRENT_LIST_DIR}/sm90_sym_product_bf16.cu)
@@ -33,6 +33,10 @@ if(DMUON_CUTLASS_INCLUDE_DIR)
   # NOTE: CuTe needs relaxed constexpr; -lineinfo keeps compute-sanitizer reports readable.
   target_compile_options(dmuon_ns_sm90 PRIVATE --expt-relaxed-constexpr -lineinfo)
   target_compile_definitions(dmuon_ns_sm90 PRIVATE DMUON_VERSION="${PROJECT_VERSION}")
+  if(DMUON_EXPERIMENTAL_KERNELS)
+    target_compile_definitions(dmuon_ns_sm90 PRIVATE DMUON_EXPERIMENTAL_KERNELS=1)
+  endif()
+  message(STATUS "dmuon: experimental sm_90a kernel instances ${DMUON_EXPERIMENTAL_KERNELS} (DMUON_EXPERIMENTAL_KERNELS)")
   target_sources(dmuon_core PRIVATE $<TARGET_OBJECTS:dmuon_ns_sm90>)
   target_compile_definitions(dmuon_core PRIVATE DMUON_WITH_SM90_SYM=1)
 endif()

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-# Measured on real H200s over NCCL (BENCHMARKS.md "Multi-GPU run (issue 8)", slowest rank,
+# Measured on real H200s over NCCL (docs/benchmarks/history.md "Multi-GPU run (issue 8)", slowest rank,
 # median of 5 steps, bf16 wire, 64 MiB buckets; ms). "step": the default pipeline of today
 # (depth 2 x world, call 3 of the 4-GPU run); "depth1": DMUON_PIPELINE_DEPTH=1, the pipeline
 # of the 4-GPU run's depth-1 rows and of the whole 2-GPU run (commit 53cc655).
@@ -59,7 +59,7 @@ def _error(projected: float | None, measured: float | None) -> str:
 
 def compare(records: dict) -> None:
     """Projected against measured, per model, world and pipeline."""
-    print("projection vs measured (BENCHMARKS.md, 'Multi-GPU run (issue 8)'; ms; error = projected/measured - 1)")
+    print("projection vs measured (docs/benchmarks/history.md, 'Multi-GPU run (issue 8)'; ms; error = projected/measured - 1)")
     header = f"{'model':<14} {'world':>5} {'pipeline':<9} {'figure':<8} {'projected':>10} {'measured':>9} {'error':>8}"
     print(header)
     print("-" * len(header))

@@ -100,7 +100,7 @@ def interleaved_ms(fns: dict, iters, rounds: int = 5, rotate: bool = True) -> di
     NOTE: why: under the H200's power limit the clock follows the recent load (Nsight Compute
     read 1.30–1.50 GHz across GEMM kernels, 2026-11-30), so methods timed one after the
     other can see different clocks (the same kernel timed twice in a row of configurations
-    came out 8% apart, BENCHMARKS.md run K); in turns they all see the same mix."""
+    came out 8% apart: 3584×18944 X·Xᵀ b15, 2026-11-30); in turns they all see the same mix."""
     names = list(fns)
     times = {name: [] for name in names}
     for r in range(rounds):
@@ -210,7 +210,7 @@ def sym_kernel_table(args, ops, kernel_ok: bool) -> None:
             # NOTE: unpoisoned output: the call holds the product alone, as torch.bmm's does.
             return lambda: ops.cuda_sym_product_config(x, x, None, 1.0, 0.0, config, poison=False)
         # NOTE: in turns, not one after another: sequential timings drifted by up to 8%
-        # under the power limit (BENCHMARKS.md run K), as much as the configurations differ.
+        # under the power limit (the same kernel twice, H200, 2026-11-30), as much as the configurations differ.
         timed = interleaved_ms({"cublas": dense, **{c: sym(c) for c in configs}}, iters, rounds=3)
         dense_ms = timed.pop("cublas")
         best = min(timed, key=timed.get)

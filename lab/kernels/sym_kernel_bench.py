@@ -1,6 +1,6 @@
 """Time the sm_90a symmetric-product configurations against cuBLAS (torch.bmm/baddbmm).
 
-    python3 scripts/sym_kernel_bench.py [--configs sm90:staged:s4:c0 ...] [--split-k] [--experimental]
+    python3 lab/kernels/sym_kernel_bench.py [--configs sm90:staged:s4:c0 ...] [--split-k] [--experimental]
 
 For every shape (m×k, batch, with or without β·C): cuBLAS's dense product, each kernel
 configuration, and (--split-k) the best configuration and cuBLAS again at k doubled: with
@@ -9,22 +9,22 @@ does not scale with k (epilogue, pipeline fill, launch). TFLOP/s are "executed":
 kernel's lower-triangle tiles (2·128²·k each), cuBLAS's full m²k.
 The default list (the autotuner's candidates) holds one 128×128 2-CTA cluster configuration
 ("sm90:mc2-tmastore:s5:c0") and the 128×256 tmastore ones ("sm90:n256-tmastore:s3:c0",
-"sm90:mc2-n256-tmastore:s3:c0", "sm90:mc2-n256-sk-tmastore:s3:c0"); --experimental sets
-DMUON_SYM_EXPERIMENTAL=1 so that it holds the other cluster and 128×256 ones as well; any name
-can also be given to --configs. With cluster or
+"sm90:mc2-n256-tmastore:s3:c0", "sm90:mc2-n256-sk-tmastore:s3:c0"); in a build with
+-DDMUON_EXPERIMENTAL_KERNELS=ON it holds the other cluster and 128×256 ones as well
+(--experimental: refuse to run without them); any built name can also be given to --configs. With cluster or
 128×256 names in the list, "old" (the baseline) defaults to the 1-CTA 128×128 configurations
 and "new" to the others.
 Times: CUDA events. cuBLAS and every configuration of a shape are timed in turns, --rounds
 rounds (default 3, the order rotated each round; dmuon.bench.ns.interleaved_ms), each the
 median of its rounds: under the power limit the clock follows the recent load, and timings
-taken one configuration after another drifted by up to 8% (BENCHMARKS.md run K).
+taken one configuration after another drifted by up to 8% (the same kernel twice, 3584×18944 X·Xᵀ b15,
+H200, 2026-11-30).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 
 import torch
 
@@ -103,13 +103,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds in which cuBLAS and every configuration are timed in turns (median)")
     parser.add_argument("--experimental", action="store_true",
-                        help="DMUON_SYM_EXPERIMENTAL=1: the default list includes every mc2 and n256 configuration")
+                        help="require a build with -DDMUON_EXPERIMENTAL_KERNELS=ON (every mc2 and n256 configuration)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
-    if args.experimental:
-        # NOTE: read by the C++ side at its first use (cached), which comes after this.
-        os.environ["DMUON_SYM_EXPERIMENTAL"] = "1"
+    if args.experimental and not any(":n256-staged:" in c for c in ops.cuda_sym_configs()):
+        parser.error("--experimental: this build has no experimental configurations "
+                     "(build with -DDMUON_EXPERIMENTAL_KERNELS=ON)")
     configs = args.configs if args.configs is not None else list(ops.cuda_sym_configs())
     if args.old is not None:
         old = set(args.old)

@@ -2,18 +2,18 @@
 # One device call: the first GPU run of the DRAFT 2-CTA cluster configurations of the sm_90a
 # symmetric kernel ("sm90:mc2-…", TMA multicast; csrc/ns/cuda/sm90_sym_kernel.cuh): build,
 # a smoke run under a short timeout (a barrier-protocol deadlock hangs there first), the
-# config tests with DMUON_SYM_EXPERIMENTAL=1, compute-sanitizer memcheck and racecheck at
+# config tests in a build with every experimental instance, compute-sanitizer memcheck and racecheck at
 # small shapes, and the timing against the existing configurations and cuBLAS on the shapes
-# of scripts/sym_kernel_bench.py; a short table last. Budget: under 6 minutes.
-# Usage (through the device tool, carry .cutlass): bash scripts/device_multicast.sh
+# of lab/kernels/sym_kernel_bench.py; a short table last. Budget: under 6 minutes.
+# Usage (through the device tool, carry .cutlass): bash lab/device/device_multicast.sh
 # Writes logs under $OUT when set.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${OUT:-/tmp/dmuon_out}
 mkdir -p "$OUT"
-# NOTE: DMUON_SYM_EXPERIMENTAL=1 makes the mc2 configurations candidates (ops.cuda_sym_configs(),
+# NOTE: EXPERIMENTAL_KERNELS=1 builds with -DDMUON_EXPERIMENTAL_KERNELS=ON: every mc2 configuration a candidate (ops.cuda_sym_configs(),
 # the config tests); autotuning off so that no step tunes (or caches) anything on the side.
-export PYTHONUNBUFFERED=1 DMUON_SYM_EXPERIMENTAL=1 DMUON_AUTOTUNE=0 DMUON_AUTOTUNE_CACHE=none
+export PYTHONUNBUFFERED=1 EXPERIMENTAL_KERNELS=1 DMUON_AUTOTUNE=0 DMUON_AUTOTUNE_CACHE=none
 start_all=$(date +%s)
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -77,7 +77,7 @@ fi
 
 # 4. Timing: the existing configurations ("old") against mc2 ("new") and cuBLAS.
 if [ "$smoke" = 0 ]; then
-  timeout 150 python3 scripts/sym_kernel_bench.py --experimental > "$OUT/bench_mc2.log" 2>&1
+  timeout 150 python3 lab/kernels/sym_kernel_bench.py --experimental > "$OUT/bench_mc2.log" 2>&1
   echo "bench (rc $?): $(grep -c ' +C\|: ' "$OUT/bench_mc2.log") lines, $OUT/bench_mc2.log"
 fi
 

@@ -3,13 +3,13 @@
 # configurations and CUTLASS's own dense tiles on the same shapes, and profile chosen kernels
 # under Nsight Compute (full reports under $OUT, key lines printed).
 # Usage (device tool; carry .cutlass, and build/probe to skip the probe's 3-minute build):
-#   bash scripts/device_profile.sh [--multigpu] [--shapes "896x896x72c 3584x18944x7 …"]
+#   bash lab/device/device_profile.sh [--multigpu] [--shapes "896x896x72c 3584x18944x7 …"]
 #        [--ncu "CONFIG@SHAPE …"] [--ncu-cutlass "SHAPE …"]
 # SHAPE is MxKxB, with a trailing c for a β·C product (CUTLASS's probe times X·Xᵀ only, so
 # it skips those); CONFIG is a symmetric-kernel configuration name (sm90:tmastore:s5:c0 …).
 # --multigpu last runs the multigpu tests over NCCL when the machine has several GPUs.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 OUT=${OUT:-/tmp/dmuon_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -35,18 +35,19 @@ NCU_ARGS=(--clock-control none --section SpeedOfLight --section ComputeWorkloadA
           --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats)
 
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
-source scripts/device_build.sh || exit 1
+# NOTE: with the experimental instances (sym_kernel_bench.py --experimental below).
+EXPERIMENTAL_KERNELS=1 source scripts/device_build.sh || exit 1
 if [ ! -x "$PROBE" ]; then
   t0=$(date +%s)
   mkdir -p build/probe
   nvcc -std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I.cutlass/include \
-    -lcublasLt -lcublas -o "$PROBE" scripts/cutlass_tile_probe.cu > "$OUT/probe_build.log" 2>&1 \
+    -lcublasLt -lcublas -o "$PROBE" lab/kernels/cutlass_tile_probe.cu > "$OUT/probe_build.log" 2>&1 \
     || { tail -20 "$OUT/probe_build.log"; echo "PROBE BUILD FAILED"; }
   echo "probe build: $(( $(date +%s) - t0 )) s"
 fi
 
 # 1. Times: our configurations (every one, experimental included) and CUTLASS's tiles.
-timeout 240 python3 scripts/sym_kernel_bench.py --experimental --shapes $SHAPES 2>&1 | tee "$OUT/sym_bench.log" \
+timeout 240 python3 lab/kernels/sym_kernel_bench.py --experimental --shapes $SHAPES 2>&1 | tee "$OUT/sym_bench.log" \
   | grep -v "^  sm90" | tail -$(( 4 + $(echo $SHAPES | wc -w) ))
 DENSE=$(for s in $SHAPES; do [[ "$s" == *c ]] || echo "$s"; done)
 if [ -x "$PROBE" ] && [ -n "$DENSE" ]; then

@@ -2,11 +2,11 @@
 # Before/after timing of a source change in one device call, so that the baseline comes from
 # the same run as the figure (BENCHMARKS.md asks for it; GPU state differs between calls).
 #
-#   here:    bash scripts/device_ab.sh prepare [REV]
+#   here:    bash lab/device/device_ab.sh prepare [REV]
 #            REV's version (default HEAD) of every file the working tree changes, added or
 #            deletes goes to .ab/ (git-ignored): .ab/base/PATH, and .ab/files, one
 #            "present PATH" or "absent PATH" line per file.
-#   device:  bash scripts/device_ab.sh run [--rounds N] -- COMMAND [ARG…]
+#   device:  bash lab/device/device_ab.sh run [--rounds N] -- COMMAND [ARG…]
 #            (through the device tool; carry .ab, and .cutlass for the sm_90a kernel)
 #            N rounds (default 1) of: build with REV's files, run COMMAND into
 #            $OUT/ab_base_R.txt; build with the working tree's files, run COMMAND into
@@ -15,11 +15,11 @@
 # AB_BUILD overrides the build command (default: source scripts/device_build.sh; the builds
 # after the first are incremental).
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 AB=.ab
 
 usage() {
-  echo "usage: bash scripts/device_ab.sh prepare [REV] | run [--rounds N] -- COMMAND [ARG…]" >&2
+  echo "usage: bash lab/device/device_ab.sh prepare [REV] | run [--rounds N] -- COMMAND [ARG…]" >&2
   exit 2
 }
 
@@ -43,7 +43,7 @@ prepare() {
     fi
     count=$((count + 1))
   done < <({ git diff --name-only "$rev" --; git ls-files --others --exclude-standard; } | sort -u |
-           grep -v -x -e "scripts/device_ab.sh" -e "$AB/.*")
+           grep -v -x -e "lab/device/device_ab.sh" -e "$AB/.*")
   [ "$count" -gt 0 ] || { echo "device_ab: the working tree does not differ from $rev" >&2; rm -rf "$AB"; exit 2; }
   echo "$rev $(git rev-parse --short "$rev")" > "$AB/rev"
   echo "device_ab: $count file(s) differ from $rev; base versions in $AB/ (carry it: \"$AB\")"

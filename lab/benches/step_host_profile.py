@@ -1,6 +1,6 @@
 """Host time of one process's DMuon.step on a GPU, by phase and by Python function:
 
-    python3 scripts/step_host_profile.py [--model qwen2.5-0.5b] [--steps 20]
+    python3 lab/benches/step_host_profile.py [--model qwen2.5-0.5b] [--steps 20]
 
 The parameters, gradients and optimizer are those of `python -m dmuon bench ns`. Phases
 (wall clock, the device synchronized before each step): "lead" from the call to the

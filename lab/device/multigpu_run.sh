@@ -3,7 +3,7 @@
 # every world size, time the end-to-end training step; a short summary table last.
 # Usage (device tool; carry [".cutlass"] so the sm_90a kernel is built; kind nvidia-h200-x2,
 # -x4 or -x8 — the world sizes follow the GPUs present):
-#   bash scripts/multigpu_run.sh [--stages test,step,e2e,e2e1] [--worlds 2,4,8]
+#   bash lab/device/multigpu_run.sh [--stages test,step,e2e,e2e1] [--worlds 2,4,8]
 #        [--step-models qwen2.5-1.5b,qwen2.5-7b] [--e2e-model qwen2.5-1.5b]
 #        [--e2e-optimizers dmuon-ownership,dmuon,gather,adamw] [--e2e-micro-batch auto|N]
 #        [--budget SECONDS]
@@ -11,7 +11,7 @@
 # Every stage runs under `timeout`, clipped to what is left of the budget (default 540 s,
 # the build included), so one hang cannot eat the call; logs and JSON go to $OUT.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 OUT=${OUT:-/tmp/dmuon_out}
 mkdir -p "$OUT"
 START=$(date +%s)
@@ -42,10 +42,10 @@ while [ $# -gt 0 ]; do
 done
 wants() { [[ ",$STAGES," == *",$1,"* ]]; }
 
-# Stage runner (scripts/stage_runner.sh). NOTE: 20 s of the budget are kept for the summary.
+# Stage runner (lab/device/stage_runner.sh). NOTE: 20 s of the budget are kept for the summary.
 STAGES_TSV="$OUT/stages.tsv" STAGE_RESERVE=20 STAGE_MIN=30
 : > "$STAGES_TSV"
-source scripts/stage_runner.sh
+source lab/device/stage_runner.sh
 
 # Environment: GPUs, driver, interconnect, torch/CUDA/NCCL, transformers.
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader

@@ -17,11 +17,11 @@
 // Build (no GPU needed to compile; CUTLASS/CuTe 4.2 headers from .cutlass/include):
 //   mkdir -p /work/main/build/probe && nvcc -std=c++17 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \
 //     --expt-relaxed-constexpr -I/work/main/.cutlass/include -lcublasLt -lcublas \
-//     -o /work/main/build/probe/cutlass_tile_probe /work/main/scripts/cutlass_tile_probe.cu
+//     -o /work/main/build/probe/cutlass_tile_probe /work/main/lab/kernels/cutlass_tile_probe.cu
 //
 // NOTE: -DNDEBUG matters: without it CUTLASS's device-side asserts are function calls inside
 // the mainloop and ptxas serializes every instance's WGMMAs (C7510). The run-G figures of
-// BENCHMARKS.md (2026-11-29) came from such a build.
+// docs/benchmarks/history.md (2026-11-29) came from such a build.
 //
 // Run (on an H100/H200):
 //   build/probe/cutlass_tile_probe                                   # the three default problems, batch 1
