@@ -411,9 +411,28 @@ class DMuon(torch.optim.Optimizer):
             device_type = "cuda" if device == "cuda" else "cpu"
             costs = self._measured_costs(muon, layouts, group, device_type)
             options = _C.dist.RuntimeOptions(device_type=device_type, cost_entries=costs, **self._runtime_options)
-            self._runtime = _C.dist.MuonRuntime(distributed.group_name(group), [self.param_name(p) for _, p in muon],
-                                                layouts, options)
+            names = [self.param_name(p) for _, p in muon]
+            if self._engine_route(muon, layouts, group, device_type):
+                _, slot = self._muon_group_options()
+                dtypes = [str(p.dtype).removeprefix("torch.") for _, p in muon]
+                self._runtime = _C.engine.EngineRuntime(distributed.group_name(group), names, layouts, dtypes,
+                                                        [slot[g_idx] for g_idx, _ in muon], options)
+            else:
+                self._runtime = _C.dist.MuonRuntime(distributed.group_name(group), names, layouts, options)
         return self._runtime
+
+    def _engine_route(self, muon: list[tuple[int, torch.Tensor]], layouts: list[Any], group: Any,
+                      device_type: str) -> bool:
+        """Whether the step engine (dmuon._C.engine) runs the Muon step. NOTE: every mode
+        but these, which keep the bucketed runtime (dmuon._C.dist.MuonRuntime) until the
+        engine covers them: the weight-ownership mode, a fake world (its projection reads
+        per-parameter owners and buckets), and parameters the engine's ops do not step
+        (dmuon._C.engine.unsupported_reason: float64 on CUDA, transposed or unequal row
+        blocks)."""
+        if self._ownership is not None or (group is not None and distributed.transport(group) == "fake"):
+            return False
+        return all(not _C.engine.unsupported_reason(device_type, str(p.dtype).removeprefix("torch."), layout)
+                   for (_, p), layout in zip(muon, layouts))
 
     def _layout(self, param: torch.Tensor, placement: distributed.Placement) -> Any:
         """The C++ runtime's view of one Muon parameter: shape, matrices, sharding."""
@@ -477,6 +496,8 @@ class DMuon(torch.optim.Optimizer):
                                          self._step_input_error(),
                                          lambda: rank_agreement.describe_groups(self.param_groups, self.param_name))
         runtime = self._ensure_runtime()
+        if isinstance(runtime, _C.engine.EngineRuntime):
+            return self._engine_step(runtime, step_idx, loss)
         # NOTE: owned matrices first: their reduction and Newton–Schulz ran during backward;
         # finish() waits for them, and every exit below commits or discards their results.
         owned = self._finish_owned(step_idx)
@@ -545,6 +566,68 @@ class DMuon(torch.optim.Optimizer):
                 if params:
                     self._adamw_group_step(group, params)
         return loss
+
+    def _engine_step(self, runtime: Any, step_idx: int, loss: Any) -> Any:
+        """One step through the step engine: every Muon parameter's check, momentum, NS and
+        apply, the AdamW gradients checked in the same pass and agreement; then AdamW."""
+        muon = self._muon_params()
+        muon_ids = {id(p) for _, p in muon}
+        group_options, _ = self._muon_group_options()
+        params, grads, buffers, fresh = [], [], [], []
+        for _, p in muon:
+            params.append(distributed.local(p))
+            if p.grad is None:
+                grads.append(None)
+                buffers.append(None)
+                continue
+            # NOTE: a buffer enters the state only once a step applied it (a refused step
+            # leaves the state as it was).
+            buffer = self.state.get(p, {}).get("momentum_buffer")
+            if buffer is None:
+                buffer = torch.zeros_like(p, memory_format=torch.preserve_format)
+                fresh.append((p, buffer))
+            grads.append(distributed.local(p.grad))
+            buffers.append(distributed.local(buffer))
+        # NOTE: every rank passes the same list (an AdamW parameter without a gradient as an
+        # empty tensor), so that the engine's agreement has one size on every rank.
+        others = [p for group in self.param_groups if not group["use_muon"] for p in group["params"]
+                  if id(p) not in muon_ids]
+        empty = params[0].new_empty(0) if params else torch.empty(0)
+        extra = [distributed.local(p.grad) if p.grad is not None else empty for p in others]
+        outcome = self._engine_call(runtime, params, grads, buffers, group_options, step_idx,
+                                    [self.param_name(p) for p in others], extra)
+        if not outcome["applied"]:
+            bad = {id(muon[i][1]) for i in outcome["nonfinite_params"]} | {id(others[k]) for k in outcome["nonfinite_extra"]}
+            names = [self.param_name(p) for group in self.param_groups for p in group["params"] if id(p) in bad]
+            if self.nonfinite == "raise":
+                raise NonFiniteGradientError(
+                    f"non-finite gradient (NaN or Inf) in parameter {names[0]!r} at step {step_idx}"
+                    + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
+                    + "; nothing was updated. Use DMuon(..., nonfinite='skip') to skip such steps.")
+            for group in self.param_groups:
+                group["num_steps"] += 1
+                group["num_skipped_steps"] += 1
+            return loss
+        for p, buffer in fresh:
+            self.state[p]["momentum_buffer"] = buffer
+        for group in self.param_groups:
+            group["num_steps"] += 1
+            if not group["use_muon"]:
+                active = [p for p in group["params"] if p.grad is not None]
+                if active:
+                    self._adamw_group_step(group, active)
+        return loss
+
+    @staticmethod
+    def _engine_call(runtime: Any, *args: Any) -> dict[str, Any]:
+        """runtime.step(*args); a momentum buffer holding NaN/Inf raises NonFiniteGradientError
+        (the engine refuses the step on every rank, naming it)."""
+        try:
+            return runtime.step(*args)
+        except RuntimeError as error:
+            if "(corrupt optimizer state)" in str(error):
+                raise NonFiniteGradientError(str(error)) from None
+            raise
 
     def _structure_signature(self) -> int:
         if self._signature is None:
