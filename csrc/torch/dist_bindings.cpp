@@ -129,8 +129,6 @@ void register_dist_bindings(py::module_& m) {
       .def_readonly("num_fused_streams", &StepStats::num_fused_streams)
       .def_readonly("fused_batches", &StepStats::fused_batches)
       .def_readonly("pipeline_depth", &StepStats::pipeline_depth)
-      .def_readonly("host_prepare_s", &StepStats::host_prepare_s)
-      .def_readonly("host_enqueue_s", &StepStats::host_enqueue_s)
       .def_readonly("orthogonalized", &StepStats::orthogonalized)
       .def_property_readonly("bucket_times", [](const StepStats& s) { return phase_tuples(s.bucket_times); })
       .def_readonly("model_fill_s", &StepStats::model_fill_s);
@@ -145,29 +143,10 @@ void register_dist_bindings(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("step", per_parameter_method(&MuonRuntime::step), py::arg("params"), py::arg("grads"),
            py::arg("momentum_buffers"), py::arg("group_idx"), py::arg("groups"), py::arg("step_idx"))
-      .def("check_fused", per_parameter_method(&MuonRuntime::check_fused), py::arg("params"), py::arg("grads"),
-           py::arg("momentum_buffers"), py::arg("group_idx"), py::arg("groups"), py::arg("step_idx"))
-      .def(
-          "check_and_update_fused",
-          [](MuonRuntime& runtime, std::vector<at::Tensor> params, std::vector<std::optional<at::Tensor>> grads,
-             std::vector<std::optional<at::Tensor>> buffers, std::vector<int64_t> group_idx,
-             std::vector<MuonGroupOptions> groups, int64_t step_idx, std::vector<at::Tensor> extra) {
-            const std::vector<at::Tensor> defined_grads = or_undefined(grads), defined_buffers = or_undefined(buffers);
-            FusedOutcome outcome;
-            {
-              py::gil_scoped_release release;
-              outcome = runtime.check_and_update_fused(params, defined_grads, defined_buffers, group_idx, groups,
-                                                       step_idx, extra);
-            }
-            return py::make_tuple(outcome.codes, outcome.updated, outcome.extra_bad, outcome.error);
-          },
-          py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"), py::arg("group_idx"), py::arg("groups"),
-          py::arg("step_idx"), py::arg("extra"))
       .def("all_reduce_flags", &MuonRuntime::all_reduce_flags, py::arg("local"), py::arg("op"),
            py::arg("what"), py::arg("step_idx"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rank", &MuonRuntime::rank)
       .def_property_readonly("world_size", &MuonRuntime::world_size)
-      .def_property_readonly("gated_step", &MuonRuntime::gated_step)
       .def_property_readonly("owners", &MuonRuntime::owners)
       .def_property_readonly("plan_text", &MuonRuntime::plan_text)
       .def_property_readonly("predicted_makespan_s", &MuonRuntime::predicted_makespan_s)

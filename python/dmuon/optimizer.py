@@ -1,9 +1,10 @@
 """`dmuon.DMuon`: Muon for matrices, AdamW for everything else, in one torch optimizer.
 
 The Muon math (momentum, owner planning, communication, batched Newton–Schulz, lr
-adjustment, apply) runs in C++ (``dmuon._C.dist.MuonRuntime``) on one process, under DDP
-and under FSDP2 alike; AdamW is torch's own implementation. This module routes parameters,
-validates options, keeps the state in ``self.state`` (so ``state_dict`` works as for any
+adjustment, apply) runs in C++: the step engine (``dmuon._C.engine.EngineRuntime``) on one
+process, under DDP, FSDP2 and HSDP alike; the bucketed runtime (``dmuon._C.dist.MuonRuntime``)
+where the engine does not yet step (see ``DMuon._engine_route``). AdamW is torch's own
+implementation. This module routes parameters, validates options, keeps the state in ``self.state`` (so ``state_dict`` works as for any
 torch optimizer) and checks gradients for NaN/Inf with one host sync per step.
 """
 
@@ -427,8 +428,7 @@ class DMuon(torch.optim.Optimizer):
         but these, which keep the bucketed runtime (dmuon._C.dist.MuonRuntime) until the
         engine covers them: the weight-ownership mode, a fake world (its projection reads
         per-parameter owners and buckets), and parameters the engine's ops do not step
-        (dmuon._C.engine.unsupported_reason: float64 on CUDA, transposed or unequal row
-        blocks)."""
+        (dmuon._C.engine.unsupported_reason: float64 on CUDA, unequal row blocks)."""
         if self._ownership is not None or (group is not None and distributed.transport(group) == "fake"):
             return False
         return all(not _C.engine.unsupported_reason(device_type, str(p.dtype).removeprefix("torch."), layout)
@@ -509,18 +509,7 @@ class DMuon(torch.optim.Optimizer):
         # NOTE: momentum buffers are checked with the gradients (same sync): the runtime
         # updates them in place, bucket by bucket, so they must be finite beforehand.
         has_buffer = [int(p.grad is not None and "momentum_buffer" in self.state.get(p, {})) for p in every]
-        # One process on a GPU after the first step: the runtime checks everything and runs
-        # its fused update behind a device-side gate in one go (nothing is written when
-        # anything is non-finite); `done` are the parameters it updated.
-        done: set[int] = set()
-        fused_error = ""
-        outcome = self._fused_check_and_update(runtime, step_idx, every, has_grad, has_buffer)
-        if outcome is not None:
-            codes, done, fused_error = outcome
-            grad_bad = [codes.get(id(p), 0) & 1 for p in every]
-            buffer_bad = [(codes.get(id(p), 0) >> 1) & 1 for p in every]
-        else:
-            grad_bad, buffer_bad = self._check_gradients(runtime, step_idx, every, has_grad, has_buffer)
+        grad_bad, buffer_bad = self._check_gradients(every, has_grad, has_buffer)
         agreed = runtime.all_reduce_flags(has_grad + grad_bad + buffer_bad, "sum",
                                           "all_reduce of the gradient checks", step_idx)
         world = runtime.world_size
@@ -538,26 +527,11 @@ class DMuon(torch.optim.Optimizer):
                 f"the momentum buffer of parameter {corrupt_names[0]!r} holds NaN or Inf at step {step_idx} "
                 "(corrupt optimizer state); nothing was updated")
         if any(bad) or owned["bad"]:
-            names = [self.param_name(p) for p, b in zip(every, bad) if b] + owned["bad"]
             self._discard_owned()
-            if self.nonfinite == "raise":
-                raise NonFiniteGradientError(
-                    f"non-finite gradient (NaN or Inf) in parameter {names[0]!r} at step {step_idx}"
-                    + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
-                    + "; nothing was updated. Use DMuon(..., nonfinite='skip') to skip such steps.")
-            for group in self.param_groups:
-                group["num_steps"] += 1
-                group["num_skipped_steps"] += 1
-            return loss
+            return self._refused([self.param_name(p) for p, b in zip(every, bad) if b] + owned["bad"], step_idx, loss)
         active = {id(p) for p, count in zip(every, has_grad) if count}
 
-        # NOTE: the runtime's step is skipped when the fused update did every Muon parameter
-        # (it would only re-validate them); its end-of-step error is raised here instead.
-        rest = active - done
-        if not done or any(id(p) in rest for _, p in self._muon_params()):
-            self._muon_step(runtime, rest, step_idx)
-        if fused_error:
-            raise RuntimeError(fused_error)
+        self._muon_step(runtime, active, step_idx)
         self._commit_owned(owned, step_idx)
         for group in self.param_groups:
             group["num_steps"] += 1
@@ -599,15 +573,7 @@ class DMuon(torch.optim.Optimizer):
         if not outcome["applied"]:
             bad = {id(muon[i][1]) for i in outcome["nonfinite_params"]} | {id(others[k]) for k in outcome["nonfinite_extra"]}
             names = [self.param_name(p) for group in self.param_groups for p in group["params"] if id(p) in bad]
-            if self.nonfinite == "raise":
-                raise NonFiniteGradientError(
-                    f"non-finite gradient (NaN or Inf) in parameter {names[0]!r} at step {step_idx}"
-                    + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
-                    + "; nothing was updated. Use DMuon(..., nonfinite='skip') to skip such steps.")
-            for group in self.param_groups:
-                group["num_steps"] += 1
-                group["num_skipped_steps"] += 1
-            return loss
+            return self._refused(names, step_idx, loss)
         for p, buffer in fresh:
             self.state[p]["momentum_buffer"] = buffer
         for group in self.param_groups:
@@ -616,6 +582,19 @@ class DMuon(torch.optim.Optimizer):
                 active = [p for p in group["params"] if p.grad is not None]
                 if active:
                     self._adamw_group_step(group, active)
+        return loss
+
+    def _refused(self, names: list[str], step_idx: int, loss: Any) -> Any:
+        """A step refused for the non-finite gradients of `names` (nothing was written):
+        raises under nonfinite="raise", else counts it as skipped."""
+        if self.nonfinite == "raise":
+            raise NonFiniteGradientError(
+                f"non-finite gradient (NaN or Inf) in parameter {names[0]!r} at step {step_idx}"
+                + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
+                + "; nothing was updated. Use DMuon(..., nonfinite='skip') to skip such steps.")
+        for group in self.param_groups:
+            group["num_steps"] += 1
+            group["num_skipped_steps"] += 1
         return loss
 
     @staticmethod
@@ -685,64 +664,18 @@ class DMuon(torch.optim.Optimizer):
             buffers.append(None if buffer is None else distributed.local(buffer))
         return params, grads, buffers, slots, group_options
 
-    def _check_gradients(self, runtime: Any, step_idx: int, every: list[torch.Tensor], has_grad: list[int],
+    def _check_gradients(self, every: list[torch.Tensor], has_grad: list[int],
                          has_buffer: list[int]) -> tuple[list[int], list[int]]:
         """Per parameter of `every`: whether its gradient and its momentum buffer hold NaN/Inf
         (this rank's view; one host sync)."""
-        # NOTE: the runtime checks what its fused single-GPU path will update in the same
-        # read that sums the update's norm (code −1: not its own, checked here).
-        fused = self._fused_check_codes(runtime, step_idx)
-        checked = [distributed.local(t) for p, b in zip(every, has_buffer) if p.grad is not None and id(p) not in fused
+        checked = [distributed.local(t) for p, b in zip(every, has_buffer) if p.grad is not None
                    for t in ([p.grad, self.state[p]["momentum_buffer"]] if b else [p.grad])]
         local_bad = iter(ops.nonfinite_mask(checked).tolist() if checked else [])
         grad_bad, buffer_bad = [], []
-        for p, h, b in zip(every, has_grad, has_buffer):
-            if id(p) in fused:
-                grad_bad.append(fused[id(p)] & 1)
-                buffer_bad.append((fused[id(p)] >> 1) & 1)
-                continue
+        for h, b in zip(has_grad, has_buffer):
             grad_bad.append(int(next(local_bad)) if h else 0)
             buffer_bad.append(int(next(local_bad)) if b else 0)
         return grad_bad, buffer_bad
-
-    def _fused_check_and_update(self, runtime: Any, step_idx: int, every: list[torch.Tensor], has_grad: list[int],
-                                has_buffer: list[int]) -> tuple[dict[int, int], set[int], str] | None:
-        """The runtime's gated check-and-update (MuonRuntime::check_and_update_fused) when it
-        applies (and DMUON_GATED_STEP is not 0): one process, no owned parameters, every
-        gradient on one CUDA device and every Muon parameter with a gradient already holding
-        its momentum buffer (from the second step on: the first creates them). Returns
-        id(param) → NaN/Inf bits (1 gradient, 2 momentum buffer), the ids of the parameters it
-        updated (none when any bit is set) and the end-of-step error of a non-finite result
-        (""); None when it does not apply."""
-        if runtime.world_size != 1 or self._ownership is not None or not runtime.gated_step:
-            return None
-        muon = self._muon_params()
-        muon_ids = {id(p) for _, p in muon}
-        devices = {p.grad.device for p in every if p.grad is not None}
-        if not muon or len(devices) != 1 or next(iter(devices)).type != "cuda":
-            return None
-        if any(h and not b for p, h, b in zip(every, has_grad, has_buffer) if id(p) in muon_ids):
-            return None
-        params, grads, buffers, slots, group_options = self._runtime_args(
-            muon, lambda p: p.grad is not None, create_buffers=False)
-        others = [p for p in every if id(p) not in muon_ids and p.grad is not None]
-        codes, updated, extra_bad, error = runtime.check_and_update_fused(
-            params, grads, buffers, slots, group_options, step_idx, [distributed.local(p.grad) for p in others])
-        by_id = {id(p): max(code, 0) for (_, p), code in zip(muon, codes)}
-        by_id.update({id(p): int(bad) for p, bad in zip(others, extra_bad)})
-        done = {id(p) for (_, p), u in zip(muon, updated) if u}
-        return by_id, done, error
-
-    def _fused_check_codes(self, runtime: Any, step_idx: int) -> dict[int, int]:
-        """id(param) → NaN/Inf bits (1 gradient, 2 momentum buffer) of the Muon parameters the
-        runtime checks itself (its fused single-GPU path); others are absent."""
-        muon = self._muon_params()
-        if runtime.world_size != 1 or not muon or not any(p.is_cuda for _, p in muon):
-            return {}
-        params, grads, buffers, slots, group_options = self._runtime_args(
-            muon, lambda p: p.grad is not None, create_buffers=False)
-        codes = runtime.check_fused(params, grads, buffers, slots, group_options, step_idx)
-        return {id(p): code for (_, p), code in zip(muon, codes) if code >= 0}
 
     def _muon_step(self, runtime: Any, active: set[int], step_idx: int) -> None:
         """Every Muon parameter through the C++ runtime in one call."""

@@ -28,9 +28,7 @@ std::string unsupported_reason(const std::string& device_type, const std::string
   else if (dtype != "float32") return "dtype " + dtype + " is not a Muon dtype";
   std::string reason;
   if (!step::ops_support(device, type, &reason)) return reason;
-  // NOTE: the engine's items are equal-row matrices, orthogonalized as stored: the lr
-  // adjustment of a transposed (Conv1D) matrix and unequal row blocks are not items yet.
-  if (layout.transposed) return "a transposed (in, out) matrix: its lr adjustment needs (out, in)";
+  // NOTE: the engine's items of a parameter are equal-row matrices (step/items.h).
   if (!layout.uniform()) return "row blocks of unequal sizes";
   return std::string();
 }

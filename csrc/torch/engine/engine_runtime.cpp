@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "common/env.h"
 #include "engine/torch_ops.h"
+#include "optim/gated_step.h"
 #include "plan/solvers.h"
 
 namespace dmuon::torch_adapter {
@@ -84,18 +85,34 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
   ops_options.graph_cache_bytes = std::max<int64_t>(0, env::get_int("DMUON_GRAPH_CACHE_MB", 8192)) << 20;
   ops_ = make_torch_ops(device, ops_options);
 
+  for (int64_t slot : group_slot) {
+    DMUON_CHECK(slot >= 0, "EngineRuntime: group slot ", slot, " is negative");
+    num_base_groups_ = std::max(num_base_groups_, slot + 1);
+  }
   std::vector<step::ParamSpec> specs;
   for (size_t i = 0; i < names.size(); ++i) {
     dtypes_.push_back(parse_dtype(dtypes[i], names[i]));
-    specs.push_back({names[i], layouts_[i], step_dtype(dtypes_.back()), static_cast<int>(group_slot[i])});
+    int64_t group = group_slot[i];
+    if (layouts_[i].transposed) {
+      const DerivedGroup key{group_slot[i], layouts_[i].matrix_rows(), layouts_[i].cols()};
+      auto same = [&](const DerivedGroup& d) {
+        return d.base_slot == key.base_slot && d.rows == key.rows && d.cols == key.cols;
+      };
+      auto found = std::find_if(derived_.begin(), derived_.end(), same);
+      if (found == derived_.end()) found = derived_.insert(derived_.end(), key);
+      group = num_base_groups_ + (found - derived_.begin());
+    }
+    specs.push_back({names[i], layouts_[i], step_dtype(dtypes_.back()), static_cast<int>(group)});
   }
   step::EngineOptions e;
   e.mode = step::parse_mode(options_.mode);
   e.wire_dtype = step::parse_wire_dtype(options_.wire_dtype);
   e.stage_bytes = options_.bucket_bytes;
-  e.pipeline_depth = static_cast<int>(env::get_int("DMUON_PIPELINE_DEPTH", 0));
-  const int64_t streams = options_.fused_streams != 0 ? options_.fused_streams : env::get_int("DMUON_FUSED_STREAMS", 2);
-  e.num_streams = static_cast<int>(std::clamp<int64_t>(streams, 1, 8));
+  const int64_t depth = env::get_int("DMUON_PIPELINE_DEPTH", 0);
+  DMUON_CHECK(depth >= 0, "DMUON_PIPELINE_DEPTH must be >= 0 (0: twice the world size), got ", depth);
+  e.pipeline_depth = static_cast<int>(depth);
+  e.num_streams = optim::gated_stream_count(options_.fused_streams,
+                                            options_.fused_streams != 0 ? 0 : env::get_int("DMUON_FUSED_STREAMS", 2));
   e.ns_batch_bytes = std::max<int64_t>(1, env::get_int("DMUON_NS_BATCH_MB", 2048)) << 20;
   e.graphs = env::get_bool("DMUON_CUDA_GRAPHS", true);
   // NOTE: the per-stage timeline is device time only when the phases synchronize.
@@ -115,10 +132,26 @@ void EngineRuntime::update_rules(const std::vector<MuonGroupOptions>& groups) {
   bool same = groups.size() == rule_source_.size();
   for (size_t g = 0; same && g < groups.size(); ++g) same = same_options(groups[g], rule_source_[g]);
   if (same) return;
+  DMUON_CHECK(static_cast<int64_t>(groups.size()) >= num_base_groups_, "EngineRuntime::step: ", groups.size(),
+              " Muon groups' options for group slots up to ", num_base_groups_ - 1);
+  auto rule_of = [](const MuonGroupOptions& g, double lr, double weight_decay) {
+    return step::GroupRule::make(lr, weight_decay, g.momentum, g.nesterov, g.adjust_lr, g.algorithm, g.coefficients,
+                                 g.restart_after, g.eps);
+  };
   std::vector<step::GroupRule> rules;
-  for (const MuonGroupOptions& g : groups)
-    rules.push_back(step::GroupRule::make(g.lr, g.weight_decay, g.momentum, g.nesterov, g.adjust_lr, g.algorithm,
-                                          g.coefficients, g.restart_after, g.eps));
+  for (int64_t g = 0; g < num_base_groups_; ++g) {
+    const MuonGroupOptions& o = groups[static_cast<size_t>(g)];
+    rules.push_back(rule_of(o, o.lr, o.weight_decay));
+  }
+  // A transposed shape's rule: lr·ratio(rows, cols) = the group's lr·ratio(cols, rows),
+  // lr·weight_decay = the group's (the same decay).
+  for (const DerivedGroup& d : derived_) {
+    const MuonGroupOptions& o = groups[static_cast<size_t>(d.base_slot)];
+    const optim::AdjustLr adjust = optim::parse_adjust_lr(o.adjust_lr);
+    const double lr = o.lr * optim::adjusted_lr_ratio(adjust, d.cols, d.rows) /
+                      optim::adjusted_lr_ratio(adjust, d.rows, d.cols);
+    rules.push_back(rule_of(o, lr, lr != 0.0 ? o.weight_decay * o.lr / lr : o.weight_decay));
+  }
   rules_ = std::move(rules);
   rule_source_ = groups;
 }

@@ -82,6 +82,15 @@ class EngineRuntime {
   std::unique_ptr<step::DeviceOps> ops_;
   std::unique_ptr<step::StepEngine> engine_;
   std::vector<int> param_owners_;
+  // NOTE: a transposed (in, out) matrix (HF Conv1D) is orthogonalized as stored
+  // (orth(Xᵀ) = orth(X)ᵀ), but its lr adjustment takes (out, in): such matrices step under
+  // a derived rule per (Muon group, shape) whose lr and weight decay give the adjusted
+  // scale and the group's decay. num_base_groups_: the slots of the Muon groups themselves.
+  struct DerivedGroup {
+    int64_t base_slot = 0, rows = 0, cols = 0;
+  };
+  int64_t num_base_groups_ = 0;
+  std::vector<DerivedGroup> derived_;
   // NOTE: the NS schedule of a group is built when the group's options change, not every step.
   std::vector<MuonGroupOptions> rule_source_;
   std::vector<step::GroupRule> rules_;

@@ -388,22 +388,13 @@ def run(args) -> None:
         def dmuon_name(bucket_mb, streams=0):
             return f"dmuon.DMuon.step (bucket {bucket_mb:g} MiB)" + (f", {streams} streams" if streams else "")
 
-        def dmuon_step(bucket_mb, gated=True, streams=0):
+        def dmuon_step(bucket_mb, streams=0):
             def make():
                 # NOTE: one GPU: the plan is trivial, so the analytic cost model (no profiling).
                 opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, bucket_size_mb=bucket_mb,
                                   cost_model="analytic")
                 opt._runtime_options["fused_streams"] = streams  # NOTE: 0: DMUON_FUSED_STREAMS
-                # NOTE: DMUON_GATED_STEP is read when the runtime is made: make it now.
-                previous = os.environ.get("DMUON_GATED_STEP")
-                os.environ["DMUON_GATED_STEP"] = "1" if gated else "0"
-                try:
-                    opt._ensure_runtime()
-                finally:
-                    if previous is None:
-                        del os.environ["DMUON_GATED_STEP"]
-                    else:
-                        os.environ["DMUON_GATED_STEP"] = previous
+                opt._ensure_runtime()
                 last_dmuon["opt"] = opt
                 # NOTE: the floor below counts the kernels of the schedule the step runs.
                 group = opt.param_groups[0]
@@ -412,7 +403,7 @@ def run(args) -> None:
             return make
 
         def report_path():
-            # Which path the timed steps took: the fused single-GPU step ignores the buckets.
+            # What the timed steps ran: one process runs one stage of NS batches (no buckets).
             stats = last_dmuon.pop("opt").runtime.last_stats
             if stats.num_fused == len(params):
                 last_dmuon["batches"] = list(stats.fused_batches)
@@ -451,10 +442,6 @@ def run(args) -> None:
             report_path()
         for streams in args.fused_streams:
             measure(dmuon_name(args.bucket_mb[-1], streams), dmuon_step(args.bucket_mb[-1], streams=streams),
-                    executed_dmuon, warm=warmup)
-            report_path()
-        if args.ungated:
-            measure("dmuon.DMuon.step (DMUON_GATED_STEP=0)", dmuon_step(args.bucket_mb[-1], gated=False),
                     executed_dmuon, warm=warmup)
             report_path()
         if args.profile:
@@ -518,8 +505,6 @@ def register(subparsers) -> None:
     parser.add_argument("--fused-streams", type=int, nargs="*", default=[],
                         help="also time DMuon.step with these stream counts of the fused step (the "
                              "first timing uses DMUON_FUSED_STREAMS, default 2)")
-    parser.add_argument("--ungated", action="store_true",
-                        help="also time DMuon.step with DMUON_GATED_STEP=0 (the check waited for before the update)")
     parser.add_argument("--host-ahead", action="store_true",
                         help="also time each method with a spin kernel before the start event, so that "
                              "the host's launch lead is left out (device time only)")
