@@ -6,6 +6,7 @@
 #include <array>
 
 #include "bindings.h"
+#include "optional_tensors.h"
 #include "common/check.h"
 #include "dist_runtime.h"
 #include "world_detect.h"
@@ -14,13 +15,6 @@ namespace py = pybind11;
 
 namespace dmuon::torch_adapter {
 namespace {
-
-// None → an undefined tensor: a parameter without a gradient (or buffer) this step.
-std::vector<at::Tensor> or_undefined(const std::vector<std::optional<at::Tensor>>& tensors) {
-  std::vector<at::Tensor> out;
-  for (const auto& t : tensors) out.push_back(t.has_value() ? *t : at::Tensor());
-  return out;
-}
 
 // A MuonRuntime method over (params, grads, buffers, group_idx, groups, step_idx) as a
 // Python method: None gradients and buffers become undefined tensors, and the GIL is

@@ -74,9 +74,9 @@ C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::ProcessGroup> group, step:
   model_ = detect_world_model(group_, device_.kind == step::DeviceKind::kCuda ? "cuda" : "cpu");
 }
 
-void C10dTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const {
+void C10dTransport::run(const std::function<c10::intrusive_ptr<c10d::Work>()>& issue, const std::string& what) const {
   try {
-    work->wait();
+    issue()->wait();
   } catch (const std::exception& error) {
     DMUON_FAIL("dmuon: ", what, " failed on rank ", rank(), " of ", world_size(), ": ", error.what());
   }
@@ -117,13 +117,7 @@ std::vector<int64_t> C10dTransport::all_reduce(const std::vector<int64_t>& local
   opts.reduceOp = op == step::ReduceOp::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
   std::vector<at::Tensor> tensors{
       at::tensor(local, at::TensorOptions().dtype(at::kLong)).to(torch_device(device_))};
-  try {
-    wait(group_->allreduce(tensors, opts), what);
-  } catch (const dmuon::Error&) {
-    throw;
-  } catch (const std::exception& error) {
-    DMUON_FAIL("dmuon: ", what, " failed on rank ", rank(), " of ", world_size(), ": ", error.what());
-  }
+  run([&] { return group_->allreduce(tensors, opts); }, what);
   const at::Tensor host = tensors[0].to(at::kCPU).contiguous();
   return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
 }
@@ -135,14 +129,7 @@ std::string C10dTransport::broadcast(const std::string& text, const std::string&
   opts.rootRank = 0;
   auto broadcast_one = [&](at::Tensor& tensor, const char* part) {
     std::vector<at::Tensor> tensors{tensor};
-    const std::string step_what = what + " (" + part + ")";
-    try {
-      wait(group_->broadcast(tensors, opts), step_what);
-    } catch (const dmuon::Error&) {
-      throw;
-    } catch (const std::exception& error) {
-      DMUON_FAIL("dmuon: ", step_what, " failed on rank ", rank(), " of ", world_size(), ": ", error.what());
-    }
+    run([&] { return group_->broadcast(tensors, opts); }, what + " (" + part + ")");
     tensor = tensors[0];
   };
   at::Tensor length = at::full({1}, static_cast<int64_t>(text.size()), on_device.dtype(at::kLong));

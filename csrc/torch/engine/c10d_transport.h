@@ -15,6 +15,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,8 +47,9 @@ class C10dTransport : public step::Transport {
   std::string broadcast(const std::string& text, const std::string& what) override;
 
  private:
-  // Waits for `work` (CUDA: the current stream waits); throws naming `what` and the rank.
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const;
+  // Issues a collective and waits for it (CUDA: the current stream waits); throws naming
+  // `what` and the rank when either fails.
+  void run(const std::function<c10::intrusive_ptr<c10d::Work>()>& issue, const std::string& what) const;
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   step::Device device_;

@@ -3,6 +3,7 @@
 #include <torch/python.h>
 
 #include "bindings.h"
+#include "optional_tensors.h"
 #include "engine/engine_runtime.h"
 #include "step/route.h"
 
@@ -10,12 +11,6 @@ namespace py = pybind11;
 
 namespace dmuon::torch_adapter {
 namespace {
-
-std::vector<at::Tensor> or_undefined(const std::vector<std::optional<at::Tensor>>& tensors) {
-  std::vector<at::Tensor> out;
-  for (const auto& t : tensors) out.push_back(t.has_value() ? *t : at::Tensor());
-  return out;
-}
 
 // Why the engine does not step a parameter of this device, dtype and layout ("" when it does).
 std::string unsupported_reason(const std::string& device_type, const std::string& dtype,
