@@ -76,8 +76,12 @@ def mode_matches_reference(rank: int, world: int, mode: str) -> dict:
     if mode in ("fsdp2", "gather", "hsdp"):
         from torch.distributed.fsdp import fully_shard
 
-        mesh = (init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard")) if mode == "hsdp"
-                else init_device_mesh("cpu", (world,)))
+        # NOTE: dimension names of this test's own: a pooled rank that an earlier task gave a
+        # ("replicate", "shard") mesh resolved the new mesh's groups through torch's mesh
+        # cache to that task's destroyed groups ("Could not resolve the process group
+        # registered under the name 7", after test_distributed's HSDP test).
+        mesh = (init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("parity_replicate", "parity_shard"))
+                if mode == "hsdp" else init_device_mesh("cpu", (world,)))
         for layer in model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)

@@ -20,11 +20,7 @@ MODES = [("local", 1), ("fsdp2", 3), ("ddp", 2), ("hsdp", 4), ("gather", 3), ("o
 
 @pytest.mark.parametrize("mode,world", MODES, ids=[m for m, _ in MODES])
 def test_mode_gives_the_reference_update(mode, world):
-    # NOTE: fresh processes for the 2-D mesh: in a pooled world that an earlier task gave a
-    # 2-D mesh, torch's DeviceMesh of the next task resolved a subgroup of that destroyed
-    # task ("Could not resolve the process group registered under the name 7", seen after
-    # test_distributed's HSDP test).
-    results = run_distributed(all_modes_workers.mode_matches_reference, world, mode, fresh=mode == "hsdp")
+    results = run_distributed(all_modes_workers.mode_matches_reference, world, mode)
     assert sorted(results) == list(range(world))
     for rank, result in results.items():
         assert result["world"] == world, (rank, result["world"])
