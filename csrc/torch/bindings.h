@@ -11,6 +11,9 @@ void register_core_bindings(pybind11::module_& m);
 /// The owner-centric step runtime: dmuon._C.dist (dist_bindings.cpp).
 void register_dist_bindings(pybind11::module_& m);
 
+/// The step engine's torch runtime: dmuon._C.engine (engine/engine_bindings.cpp).
+void register_engine_bindings(pybind11::module_& m);
+
 /// The weight-ownership runtime: dmuon._C.ownership (ownership_bindings.cpp).
 void register_ownership_bindings(pybind11::module_& m);
 

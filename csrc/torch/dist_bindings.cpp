@@ -6,6 +6,7 @@
 #include <array>
 
 #include "bindings.h"
+#include "optional_tensors.h"
 #include "common/check.h"
 #include "dist_runtime.h"
 #include "world_detect.h"
@@ -14,13 +15,6 @@ namespace py = pybind11;
 
 namespace dmuon::torch_adapter {
 namespace {
-
-// None → an undefined tensor: a parameter without a gradient (or buffer) this step.
-std::vector<at::Tensor> or_undefined(const std::vector<std::optional<at::Tensor>>& tensors) {
-  std::vector<at::Tensor> out;
-  for (const auto& t : tensors) out.push_back(t.has_value() ? *t : at::Tensor());
-  return out;
-}
 
 // A MuonRuntime method over (params, grads, buffers, group_idx, groups, step_idx) as a
 // Python method: None gradients and buffers become undefined tensors, and the GIL is
@@ -133,8 +127,6 @@ void register_dist_bindings(py::module_& m) {
       .def_readonly("num_fused_streams", &StepStats::num_fused_streams)
       .def_readonly("fused_batches", &StepStats::fused_batches)
       .def_readonly("pipeline_depth", &StepStats::pipeline_depth)
-      .def_readonly("host_prepare_s", &StepStats::host_prepare_s)
-      .def_readonly("host_enqueue_s", &StepStats::host_enqueue_s)
       .def_readonly("orthogonalized", &StepStats::orthogonalized)
       .def_property_readonly("bucket_times", [](const StepStats& s) { return phase_tuples(s.bucket_times); })
       .def_readonly("model_fill_s", &StepStats::model_fill_s);
@@ -149,40 +141,20 @@ void register_dist_bindings(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("step", per_parameter_method(&MuonRuntime::step), py::arg("params"), py::arg("grads"),
            py::arg("momentum_buffers"), py::arg("group_idx"), py::arg("groups"), py::arg("step_idx"))
-      .def("check_fused", per_parameter_method(&MuonRuntime::check_fused), py::arg("params"), py::arg("grads"),
-           py::arg("momentum_buffers"), py::arg("group_idx"), py::arg("groups"), py::arg("step_idx"))
-      .def(
-          "check_and_update_fused",
-          [](MuonRuntime& runtime, std::vector<at::Tensor> params, std::vector<std::optional<at::Tensor>> grads,
-             std::vector<std::optional<at::Tensor>> buffers, std::vector<int64_t> group_idx,
-             std::vector<MuonGroupOptions> groups, int64_t step_idx, std::vector<at::Tensor> extra) {
-            const std::vector<at::Tensor> defined_grads = or_undefined(grads), defined_buffers = or_undefined(buffers);
-            FusedOutcome outcome;
-            {
-              py::gil_scoped_release release;
-              outcome = runtime.check_and_update_fused(params, defined_grads, defined_buffers, group_idx, groups,
-                                                       step_idx, extra);
-            }
-            return py::make_tuple(outcome.codes, outcome.updated, outcome.extra_bad, outcome.error);
-          },
-          py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"), py::arg("group_idx"), py::arg("groups"),
-          py::arg("step_idx"), py::arg("extra"))
       .def("all_reduce_flags", &MuonRuntime::all_reduce_flags, py::arg("local"), py::arg("op"),
            py::arg("what"), py::arg("step_idx"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rank", &MuonRuntime::rank)
       .def_property_readonly("world_size", &MuonRuntime::world_size)
-      .def_property_readonly("gated_step", &MuonRuntime::gated_step)
       .def_property_readonly(
           "execution",
           [](const MuonRuntime& r) {
             py::dict d;
-            d["gated_step"] = r.gated_step(), d["fused_step"] = r.fused_step();
-            d["fused_streams"] = r.fused_streams(), d["pipeline_depth"] = r.pipeline_depth();
+            d["pipeline_depth"] = r.pipeline_depth();
             d["ns_batch_mb"] = r.ns_batch_bytes() >> 20, d["cuda_graphs"] = r.cuda_graphs();
             d["profile"] = r.profile();
             return d;
           },
-          "The code-path switches as resolved when the runtime was made (options, else DMUON_* variables)")
+          "The code-path switches as resolved when the runtime was made (options, else DMUON_*)")
       .def_property_readonly("owners", &MuonRuntime::owners)
       .def_property_readonly("plan_text", &MuonRuntime::plan_text)
       .def_property_readonly("predicted_makespan_s", &MuonRuntime::predicted_makespan_s)

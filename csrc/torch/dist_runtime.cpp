@@ -24,10 +24,6 @@
 #include "plan/hash.h"
 #include "world_detect.h"
 
-#if defined(DMUON_WITH_CUDA) && defined(DMUON_WITH_CUDA_NS)
-#include "cuda/fused_local_step.h"
-#define DMUON_HAS_FUSED_LOCAL_STEP 1
-#endif
 
 namespace dmuon::torch_adapter {
 namespace {
@@ -54,8 +50,7 @@ int64_t resolve_ns_batch_bytes(const std::optional<int64_t>& requested) {
 // NOTE: any fixed seed: the fake world's synthetic updates only need to be full-rank data.
 constexpr uint64_t kSyntheticSeed = 0x5eed;
 
-// The end-of-step error when an orthogonalized update is not finite (step() and
-// check_and_update_fused(), which hands it to the caller).
+// The end-of-step error when an orthogonalized update is not finite.
 std::string nonfinite_result_message(int64_t step_idx, int64_t param, const std::string& name) {
   std::ostringstream message;
   message << "dmuon step " << step_idx << ": the orthogonalized update of the batch of parameter " << param << " ("
@@ -153,14 +148,6 @@ MuonRuntime::MuonRuntime(const std::string& group_name, std::vector<std::string>
               "fused_streams must be between 1 and 8 (0: DMUON_FUSED_STREAMS), got ", options_.fused_streams);
   for (size_t i = 0; i < layouts_.size(); ++i) layouts_[i].validate(names_[i].c_str());
   // NOTE: read per runtime (not once per process) so that one process can compare both.
-#if defined(DMUON_HAS_FUSED_LOCAL_STEP)
-  gated_step_ = env::resolve(options_.gated_step, env::kGatedStep);
-  fused_step_ = env::resolve(options_.fused_step, env::kFusedStep);
-  fused_streams_ = fused_stream_count(options_.fused_streams);
-#else
-  gated_step_ = false;  // NOTE: no fused path in this build
-  fused_step_ = false;
-#endif
   ns_batch_bytes_ = resolve_ns_batch_bytes(options_.ns_batch_mb);
   cuda_graphs_ = env::resolve(options_.cuda_graphs, env::kCudaGraphs);
   if (!group_name.empty()) group_ = c10d::resolve_process_group(group_name);
@@ -324,313 +311,8 @@ std::vector<int64_t> MuonRuntime::all_reduce_flags(const std::vector<int64_t>& l
                                          });
 }
 
-#if defined(DMUON_HAS_FUSED_LOCAL_STEP)
-// The fused path's check results, kept from check_fused() for the step that follows.
-struct MuonRuntime::FusedState {
-  int64_t step_idx = -1;
-  std::vector<FusedBatch> batches;
-  std::vector<at::Tensor> partials;
-};
-
-namespace {
-
-// One fused batch in the step's statistics (both fused paths).
-void count_fused_batch(StepStats& stats, const FusedBatch& batch) {
-  stats.num_orthogonalized += static_cast<int64_t>(batch.members.size());
-  stats.num_fused += static_cast<int64_t>(batch.members.size());
-  stats.fused_batches.emplace_back(static_cast<int64_t>(batch.matrices.size()), batch.rows, batch.cols);
-  stats.orthogonalized.insert(stats.orthogonalized.end(), batch.members.begin(), batch.members.end());
-}
-
-// Fused batches of the usable parameters among `candidates`: by (group, rows, cols), each
-// split into as few near-equal parts as the workspace bound allows (dist::split_near_equal).
-std::vector<FusedBatch> plan_fused(const std::vector<dist::ParamLayout>& layouts, at::TensorList params,
-                                   const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& momenta,
-                                   const std::vector<int64_t>& group_idx, const std::vector<MuonGroupOptions>& groups,
-                                   const std::vector<ns::Schedule>& schedules, const std::vector<bool>& candidates,
-                                   bool fused_step, int64_t ns_batch_bytes) {
-  // NOTE: keyed by device too: a batch's kernels run on one device; and by transposition,
-  // which changes the lr adjustment's (m, n). Row blocks of different rows take the bucketed
-  // path (a fused batch holds whole equal matrices of contiguous rows).
-  std::map<std::tuple<int64_t, int64_t, int64_t, int, bool>, std::vector<int>> by_shape;
-  for (size_t i = 0; i < layouts.size(); ++i)
-    if (candidates[i] && layouts[i].uniform() &&
-        fused_local_step_usable(params[i], grads[i], momenta[i], groups[static_cast<size_t>(group_idx[i])],
-                                fused_step))
-      by_shape[{group_idx[i], layouts[i].matrix_rows(), layouts[i].cols(), params[i].get_device(),
-                layouts[i].transposed}]
-          .push_back(static_cast<int>(i));
-  std::vector<FusedBatch> batches;
-  for (const auto& [key, members] : by_shape) {
-    const auto [g, rows, cols, device, transposed] = key;
-    std::vector<int64_t> counts;
-    for (int idx : members) counts.push_back(layouts[idx].num_matrices());
-    const int64_t capacity = fused_batch_capacity(rows, cols, schedules[static_cast<size_t>(g)], ns_batch_bytes);
-    for (const auto& run : dist::split_near_equal(counts, capacity)) {
-      std::vector<int> part;
-      for (int k : run) part.push_back(members[static_cast<size_t>(k)]);
-      batches.push_back(make_fused_batch(g, rows, cols, std::move(part), params, grads, momenta));
-      batches.back().transposed = transposed;
-    }
-  }
-  return batches;
-}
-
-// Every batch's check pass on the device: its NaN/Inf flags (int32 [matrices, 2], zeroed
-// first) and the partial sums its update reuses.
-struct BatchChecks {
-  std::vector<at::Tensor> flags, partials;
-};
-BatchChecks launch_batch_checks(const std::vector<FusedBatch>& batches, at::TensorList params,
-                                const std::vector<MuonGroupOptions>& groups) {
-  BatchChecks checks;
-  for (const FusedBatch& batch : batches) {
-    const at::Tensor& like = params[static_cast<size_t>(batch.members.front())];
-    checks.flags.push_back(at::zeros({static_cast<int64_t>(batch.matrices.size()), 2}, like.options().dtype(at::kInt)));
-    checks.partials.push_back(fused_check(batch, groups[static_cast<size_t>(batch.group)], like, checks.flags.back()));
-  }
-  return checks;
-}
-
-// One batch's flags copied to the host (`f`, [matrices, 2]) into its members' codes (reset
-// to 0 first; bit 0 gradient, bit 1 momentum buffer). Returns the position after them.
-const int* or_batch_codes(const FusedBatch& batch, const int* f, std::vector<int64_t>& codes) {
-  for (int idx : batch.members) codes[static_cast<size_t>(idx)] = 0;
-  for (size_t k = 0; k < batch.matrices.size(); ++k, f += 2)
-    codes[static_cast<size_t>(batch.members[static_cast<size_t>(batch.matrix_member[k])])] |=
-        (f[0] != 0 ? 1 : 0) | (f[1] != 0 ? 2 : 0);
-  return f;
-}
-
-}  // namespace
-#else
-struct MuonRuntime::FusedState {};
-#endif
 
 MuonRuntime::~MuonRuntime() = default;
-
-std::vector<int64_t> MuonRuntime::check_fused(at::TensorList params, const std::vector<at::Tensor>& grads,
-                                              const std::vector<at::Tensor>& momentum_buffers,
-                                              const std::vector<int64_t>& group_idx,
-                                              const std::vector<MuonGroupOptions>& groups, int64_t step_idx) {
-  const size_t num_params = layouts_.size();
-  DMUON_CHECK(params.size() == num_params && grads.size() == num_params && momentum_buffers.size() == num_params &&
-                  group_idx.size() == num_params,
-              "MuonRuntime::check_fused: expected ", num_params, " params, grads, buffers and group indices");
-  std::vector<int64_t> codes(num_params, -1);
-  fused_.reset();
-#if defined(DMUON_HAS_FUSED_LOCAL_STEP)
-  if ((group_ && world_size_ > 1) || num_params == 0) return codes;
-  const std::vector<ns::Schedule> schedules = schedules_of(groups);
-  std::vector<bool> candidates(num_params, false);
-  for (size_t i = 0; i < num_params; ++i) {
-    DMUON_CHECK(group_idx[i] >= 0 && static_cast<size_t>(group_idx[i]) < groups.size(), "parameter ", i,
-                ": group index ", group_idx[i], " out of range");
-    candidates[i] = grads[i].defined() && layouts_[i].numel() > 0 && grads[i].sizes() == params[i].sizes();
-  }
-  auto state = std::make_unique<FusedState>();
-  state->step_idx = step_idx;
-  state->batches = plan_fused(layouts_, params, grads, momentum_buffers, group_idx, groups, schedules, candidates,
-                                fused_step_, ns_batch_bytes_);
-  if (state->batches.empty()) return codes;
-  // Every batch's check on the device, then one copy of all flags to the host.
-  BatchChecks checks = launch_batch_checks(state->batches, params, groups);
-  state->partials = std::move(checks.partials);
-  std::vector<at::Tensor> flat;
-  for (const at::Tensor& f : checks.flags) flat.push_back(f.view({-1}));
-  const at::Tensor host = at::cat(flat).to(at::kCPU);
-  const int* f = host.data_ptr<int>();
-  for (const FusedBatch& batch : state->batches) f = or_batch_codes(batch, f, codes);
-  fused_ = std::move(state);
-#else
-  (void)params, (void)grads, (void)momentum_buffers, (void)group_idx, (void)groups, (void)step_idx;
-#endif
-  return codes;
-}
-
-FusedOutcome MuonRuntime::check_and_update_fused(at::TensorList params, const std::vector<at::Tensor>& grads,
-                                                 const std::vector<at::Tensor>& momentum_buffers,
-                                                 const std::vector<int64_t>& group_idx,
-                                                 const std::vector<MuonGroupOptions>& groups, int64_t step_idx,
-                                                 const std::vector<at::Tensor>& extra) {
-  const size_t num_params = layouts_.size();
-  DMUON_CHECK(params.size() == num_params && grads.size() == num_params && momentum_buffers.size() == num_params &&
-                  group_idx.size() == num_params,
-              "MuonRuntime::check_and_update_fused: expected ", num_params,
-              " params, grads, buffers and group indices");
-  DMUON_CHECK(!(group_ && world_size_ > 1), "MuonRuntime::check_and_update_fused: one process only (world size ",
-              world_size_, ")");
-  FusedOutcome out;
-  out.codes.assign(num_params, -1);
-  out.updated.assign(num_params, 0);
-  out.extra_bad.assign(extra.size(), 0);
-  fused_.reset();
-  fused_done_step_ = -1;
-#if defined(DMUON_HAS_FUSED_LOCAL_STEP)
-  const auto start = Clock::now();
-  stats_ = StepStats{};
-  const std::vector<ns::Schedule> schedules = schedules_of(groups);
-  std::vector<bool> candidates(num_params, false);
-  std::optional<at::Device> device;
-  for (size_t i = 0; i < num_params; ++i) {
-    DMUON_CHECK(group_idx[i] >= 0 && static_cast<size_t>(group_idx[i]) < groups.size(), "parameter ", i,
-                ": group index ", group_idx[i], " out of range");
-    if (!grads[i].defined()) continue;
-    DMUON_CHECK(grads[i].sizes() == params[i].sizes(), "parameter ", i, " (", names_[i], "): gradient ",
-                grads[i].sizes(), " does not match its shape ", params[i].sizes());
-    DMUON_CHECK(momentum_buffers[i].defined(), "MuonRuntime::check_and_update_fused: parameter ", i, " (", names_[i],
-                ") has a gradient but no momentum buffer (the first step goes through check_fused and step)");
-    if (!device) device = grads[i].device();
-    candidates[i] = layouts_[i].numel() > 0;
-  }
-  for (const at::Tensor& t : extra)
-    if (!device) device = t.device();
-  if (!device) return out;
-  // NOTE: what/name only build the message of a failing check (no strings per tensor otherwise).
-  auto on_device = [&](const at::Tensor& t, const char* what, const std::string& name) {
-    DMUON_CHECK(t.device() == *device, "MuonRuntime::check_and_update_fused: ", what, name, " is on ", t.device(),
-                ", expected ", *device, " (one device for every checked tensor)");
-  };
-  for (size_t i = 0; i < num_params; ++i)
-    if (grads[i].defined()) {
-      on_device(grads[i], "the gradient of ", names_[i]);
-      on_device(momentum_buffers[i], "the momentum buffer of ", names_[i]);
-    }
-  for (size_t e = 0; e < extra.size(); ++e) on_device(extra[e], "extra tensor ", std::to_string(e));
-  const c10::DeviceGuard guard(*device);
-  const std::vector<FusedBatch> batches =
-      plan_fused(layouts_, params, grads, momentum_buffers, group_idx, groups, schedules, candidates,
-                                fused_step_, ns_batch_bytes_);
-  std::vector<bool> fused(num_params, false);
-  for (const FusedBatch& batch : batches)
-    for (int idx : batch.members) fused[static_cast<size_t>(idx)] = true;
-  const at::TensorOptions int_options = at::TensorOptions().device(*device).dtype(at::kInt);
-
-  // Checks, all on the device: the fused batches' own pass, then the other parameters'
-  // gradients and buffers and the extra tensors (max |x| per tensor).
-  const double prepare_s = seconds_since(start);
-  const BatchChecks checks = launch_batch_checks(batches, params, groups);
-  std::vector<at::Tensor> others;
-  std::vector<std::pair<size_t, int>> other_bits;  // (parameter, code bit) of each entry of `others`
-  for (size_t i = 0; i < num_params; ++i) {
-    if (!grads[i].defined() || fused[i]) continue;
-    others.push_back(grads[i]);
-    other_bits.emplace_back(i, 1);
-    others.push_back(momentum_buffers[i]);
-    other_bits.emplace_back(i, 2);
-  }
-  others.insert(others.end(), extra.begin(), extra.end());
-  std::vector<at::Tensor> host_parts;  // int32 flags, in decoding order
-  for (const at::Tensor& f : checks.flags) host_parts.push_back(f.view({-1}));
-  if (!others.empty()) host_parts.push_back(nonfinite_flags(others).to(at::kInt));
-
-  // The gate: non-zero when any flag so far is. Then every fused batch's update behind it.
-  const at::Tensor gate = at::cat(host_parts).ne(0).any().to(at::kInt).reshape({1});
-  std::vector<at::Tensor> result_flags;
-  for (size_t k = 0; k < batches.size(); ++k) result_flags.push_back(at::zeros({1}, int_options));
-
-  // The updates, on several streams when the same batches came this way before.
-  // NOTE: only then: a batch's first runs tune its kernels (timings that other streams'
-  // work would disturb) and capture its CUDA graph; later steps replay it. The same
-  // batches: the same groups, shapes and sizes (the tensors may be new, e.g. gradients).
-  std::vector<FusedProblem> problems;
-  for (const FusedBatch& batch : batches) problems.push_back(batch.problem());
-  const std::vector<int> stream_of = fused_batch_streams(batches, gated_warm_problems_, schedules, fused_streams_);
-  gated_warm_problems_.clear();
-  const int num_streams = run_on_streams(stream_of, *device, [&](size_t k) {
-    const FusedBatch& batch = batches[k];
-    fused_update(batch, groups[static_cast<size_t>(batch.group)], schedules[static_cast<size_t>(batch.group)],
-                 checks.partials[k], params[static_cast<size_t>(batch.members.front())], result_flags[k], nullptr,
-                 cuda_graphs_, gate);
-  });
-  for (const FusedBatch& batch : batches) {
-    count_fused_batch(stats_, batch);
-  }
-  stats_.num_fused_streams = batches.empty() ? 0 : num_streams;
-  gated_warm_problems_ = std::move(problems);
-  host_parts.insert(host_parts.end(), result_flags.begin(), result_flags.end());
-
-  // One copy to the host (it waits for the whole update), then the decoding.
-  const at::Tensor flags = at::cat(host_parts);
-  const double enqueue_s = seconds_since(start);
-  const at::Tensor host = flags.to(at::kCPU);
-  const int* f = host.data_ptr<int>();
-  bool any_bad = false;
-  for (size_t i = 0; i < num_params; ++i)
-    if (grads[i].defined()) out.codes[i] = 0;
-  for (const FusedBatch& batch : batches) f = or_batch_codes(batch, f, out.codes);
-  for (const auto& [i, bit] : other_bits)
-    if (*f++ != 0) out.codes[i] |= bit;
-  for (int64_t code : out.codes) any_bad = any_bad || code > 0;
-  for (size_t e = 0; e < extra.size(); ++e) {
-    out.extra_bad[e] = *f++ != 0 ? 1 : 0;
-    any_bad = any_bad || out.extra_bad[e] != 0;
-  }
-  if (!any_bad) {
-    for (size_t k = 0; k < batches.size(); ++k, ++f) {
-      for (int idx : batches[k].members) out.updated[static_cast<size_t>(idx)] = 1;
-      if (*f != 0 && out.error.empty()) {
-        const int first = batches[k].members.front();
-        out.error = nonfinite_result_message(step_idx, first, names_[static_cast<size_t>(first)]);
-      }
-    }
-    fused_done_step_ = step_idx;
-  } else {
-    stats_ = StepStats{};  // NOTE: nothing ran (the gate was closed)
-  }
-  stats_.total_s = seconds_since(start);
-  stats_.host_prepare_s = prepare_s;
-  stats_.host_enqueue_s = enqueue_s;
-#else
-  (void)params, (void)grads, (void)momentum_buffers, (void)group_idx, (void)groups, (void)step_idx, (void)extra;
-  DMUON_FAIL("MuonRuntime::check_and_update_fused: this build has no fused single-GPU step");
-#endif
-  return out;
-}
-
-void MuonRuntime::run_fused_local(at::TensorList params, const std::vector<at::Tensor>& grads,
-                                  const std::vector<at::Tensor>& momentum_buffers,
-                                  const std::vector<int64_t>& group_idx, const std::vector<MuonGroupOptions>& groups,
-                                  const std::vector<ns::Schedule>& schedules, std::vector<bool>& active,
-                                  std::vector<at::Tensor>& finite_flags, std::vector<size_t>& flag_owner,
-                                  int64_t step_idx) {
-#if defined(DMUON_HAS_FUSED_LOCAL_STEP)
-  std::vector<FusedBatch> batches =
-      plan_fused(layouts_, params, grads, momentum_buffers, group_idx, groups, schedules, active, fused_step_,
-                 ns_batch_bytes_);
-  // NOTE: the check's partial sums are reused when check_fused() saw exactly these tensors
-  // for this step; otherwise (e.g. momentum buffers created after the check) recomputed.
-  std::unique_ptr<FusedState> checked = std::move(fused_);
-  bool reuse = checked && checked->step_idx == step_idx && checked->batches.size() == batches.size();
-  for (size_t k = 0; reuse && k < batches.size(); ++k) reuse = batches[k].same_tensors(checked->batches[k]);
-  if (batches.empty()) return;
-  for (size_t k = 0; k < batches.size(); ++k) {
-    const FusedBatch& batch = batches[k];
-    const MuonGroupOptions& options = groups[static_cast<size_t>(batch.group)];
-    const at::Tensor& like = params[static_cast<size_t>(batch.members.front())];
-    for (int idx : batch.members) active[static_cast<size_t>(idx)] = false;  // NOTE: the buckets skip them
-    auto phase_start = Clock::now();
-    const at::Tensor partials = reuse ? checked->partials[k] : fused_check(batch, options, like, at::Tensor());
-    sync_for_profile();
-    stats_.momentum_s += seconds_since(phase_start);
-    phase_start = Clock::now();
-    const at::Tensor flag = at::zeros({1}, like.options().dtype(at::kInt));
-    fused_update(batch, options, schedules[static_cast<size_t>(batch.group)], partials, like, flag,
-                 [&](const char* phase) {
-                   sync_for_profile();
-                   (std::string(phase) == "ns" ? stats_.ns_s : stats_.apply_s) += seconds_since(phase_start);
-                   phase_start = Clock::now();
-                 },
-                 cuda_graphs_);
-    finite_flags.push_back(flag.squeeze(0) != 0);
-    flag_owner.push_back(static_cast<size_t>(batch.members.front()));
-    count_fused_batch(stats_, batch);
-  }
-#else
-  (void)params, (void)grads, (void)momentum_buffers, (void)group_idx, (void)groups, (void)schedules, (void)active,
-      (void)finite_flags, (void)flag_owner, (void)step_idx;
-#endif
-}
 
 void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& grads,
                        const std::vector<at::Tensor>& momentum_buffers, const std::vector<int64_t>& group_idx,
@@ -640,9 +322,7 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
                   momentum_buffers.size() == num_params && group_idx.size() == num_params,
               "MuonRuntime::step: expected ", num_params, " params, grads, buffers and group indices");
   step_idx_ = step_idx;
-  // NOTE: the fused part of this step, run by check_and_update_fused(), counts in its stats.
-  if (fused_done_step_ != step_idx) stats_ = StepStats{};
-  fused_done_step_ = -1;
+  stats_ = StepStats{};
   const auto step_start = Clock::now();
   const bool gather = options_.mode == "gather";
   const bool communicate = group_ && world_size_ > 1;
@@ -678,14 +358,6 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
     active[i] = true;
   }
 
-  // One process on a GPU: whole local matrices take the fused path (fused_local_step.h),
-  // batched by group and shape over the whole model; the rest go through the buckets.
-  // NOTE: with nothing to communicate, buckets only bound memory; the fused batches are
-  // bounded by their NS workspace (DMUON_NS_BATCH_MB) instead.
-  if (!communicate)
-    run_fused_local(params, grads, momentum_buffers, group_idx, groups, schedules, active, finite_flags, flag_owner,
-                    step_idx);
-  fused_.reset();
 
   // Momentum of one bucket's parameters, in place on the local rows, and the update viewed
   // as [local_rows, cols]. NOTE: done bucket by bucket so that updates never exist for the

@@ -17,5 +17,6 @@ PYBIND11_MODULE(_C, m) {
   dmuon::torch_adapter::register_plan_bindings(m);
   dmuon::torch_adapter::register_sim_bindings(m);
   dmuon::torch_adapter::register_dist_bindings(m);
+  dmuon::torch_adapter::register_engine_bindings(m);
   dmuon::torch_adapter::register_ownership_bindings(m);
 }

@@ -3,13 +3,11 @@
     python3 lab/benches/step_host_profile.py [--model qwen2.5-0.5b] [--steps 20]
 
 The parameters, gradients and optimizer are those of `python -m dmuon bench ns`. Phases
-(wall clock, the device synchronized before each step): "lead" from the call to the
-runtime's fused check, "check" the check (it waits for its flags), "between" to the Muon
-step, "muon" the runtime's step (it waits for its finite flags at the end), "after" the
-rest; with DMUON_GATED_STEP=1 (default) "check" is the gated check-and-update, which waits
-for the whole fused update, and inside it the runtime's own host clock gives the time to
-its first launch ("prepare"), to its last ("enqueue") and in all ("c++ total"). Then
-cProfile over the same steps: the functions with the most own time.
+(wall clock, the device synchronized before each step): "lead" from the call to the step
+engine's call, "engine" that call (the check, the gated update and the one host wait at its
+end), "after" the rest (AdamW, counters); inside the engine its own phase clocks (host
+time: "check" includes the start-of-step agreement). Then cProfile over the same steps: the
+functions with the most own time.
 """
 
 from __future__ import annotations
@@ -53,38 +51,27 @@ def main() -> None:
             return out
         setattr(opt, name, timed)
 
-    # NOTE: the gated path (DMUON_GATED_STEP=1) runs check and update in its check call and
-    # may skip the Muon step (then "muon" is 0 and "between" runs to the end of the step).
-    gated = opt.runtime.gated_step
-    wrap("_fused_check_and_update" if gated else "_fused_check_codes", "check0", "check1")
-    wrap("_muon_step", "muon0", "muon1")
-    totals = dict.fromkeys(("lead", "check", "between", "muon", "after", "step"), 0.0)
-    # Inside the gated call (MuonRuntime's host clock): to its first launch, to its last, all.
-    inner = dict.fromkeys(("prepare", "enqueue", "c++ total"), 0.0)
+    wrap("_engine_call", "engine0", "engine1")
+    totals = dict.fromkeys(("lead", "engine", "after", "step"), 0.0)
+    inner = dict.fromkeys(("momentum", "pack", "ns", "apply", "c++ total"), 0.0)
     for _ in range(args.steps):
         marks.clear()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.step()
         t1 = time.perf_counter()
-        muon0, muon1 = marks.get("muon0", t1), marks.get("muon1", t1)
-        totals["lead"] += marks["check0"] - t0
-        totals["check"] += marks["check1"] - marks["check0"]
-        totals["between"] += muon0 - marks["check1"]
-        totals["muon"] += muon1 - muon0
-        totals["after"] += t1 - muon1
+        totals["lead"] += marks["engine0"] - t0
+        totals["engine"] += marks["engine1"] - marks["engine0"]
+        totals["after"] += t1 - marks["engine1"]
         totals["step"] += t1 - t0
-        if gated:
-            stats = opt.runtime.last_stats
-            inner["prepare"] += stats.host_prepare_s
-            inner["enqueue"] += stats.host_enqueue_s
-            inner["c++ total"] += stats.total_s
-    print(f"{args.model}: {len(params)} parameters, DMUON_GATED_STEP={int(gated)}; host wall per step, ms "
+        stats = opt.runtime.last_stats
+        for key, value in (("momentum", stats.momentum_s), ("pack", stats.pack_s), ("ns", stats.ns_s),
+                           ("apply", stats.apply_s), ("c++ total", stats.total_s)):
+            inner[key] += value
+    print(f"{args.model}: {len(params)} parameters ({type(opt.runtime).__name__}); host wall per step, ms "
           "(device synchronized before each):")
     print("  " + "  ".join(f"{k} {v / args.steps * 1e3:.3f}" for k, v in totals.items()))
-    if gated:
-        print("  inside the gated call (from its start): " +
-              "  ".join(f"{k} {v / args.steps * 1e3:.3f}" for k, v in inner.items()))
+    print("  inside the engine: " + "  ".join(f"{k} {v / args.steps * 1e3:.3f}" for k, v in inner.items()))
 
     profiler = cProfile.Profile()
     torch.cuda.synchronize()

@@ -1,9 +1,10 @@
 """`dmuon.DMuon`: Muon for matrices, AdamW for everything else, in one torch optimizer.
 
 The Muon math (momentum, owner planning, communication, batched Newton–Schulz, lr
-adjustment, apply) runs in C++ (``dmuon._C.dist.MuonRuntime``) on one process, under DDP
-and under FSDP2 alike; AdamW is torch's own implementation. This module routes parameters,
-validates options, keeps the state in ``self.state`` (so ``state_dict`` works as for any
+adjustment, apply) runs in C++: the step engine (``dmuon._C.engine.EngineRuntime``) on one
+process, under DDP, FSDP2 and HSDP alike; the bucketed runtime (``dmuon._C.dist.MuonRuntime``)
+where the engine does not yet step (see ``DMuon._engine_route``). AdamW is torch's own
+implementation. This module routes parameters, validates options, keeps the state in ``self.state`` (so ``state_dict`` works as for any
 torch optimizer) and checks gradients for NaN/Inf with one host sync per step.
 """
 
@@ -411,9 +412,27 @@ class DMuon(torch.optim.Optimizer):
             device_type = "cuda" if device == "cuda" else "cpu"
             costs = self._measured_costs(muon, layouts, group, device_type)
             options = _C.dist.RuntimeOptions(device_type=device_type, cost_entries=costs, **self._runtime_options)
-            self._runtime = _C.dist.MuonRuntime(distributed.group_name(group), [self.param_name(p) for _, p in muon],
-                                                layouts, options)
+            names = [self.param_name(p) for _, p in muon]
+            if self._engine_route(muon, layouts, group, device_type):
+                _, slot = self._muon_group_options()
+                dtypes = [str(p.dtype).removeprefix("torch.") for _, p in muon]
+                self._runtime = _C.engine.EngineRuntime(distributed.group_name(group), names, layouts, dtypes,
+                                                        [slot[g_idx] for g_idx, _ in muon], options)
+            else:
+                self._runtime = _C.dist.MuonRuntime(distributed.group_name(group), names, layouts, options)
         return self._runtime
+
+    def _engine_route(self, muon: list[tuple[int, torch.Tensor]], layouts: list[Any], group: Any,
+                      device_type: str) -> bool:
+        """Whether the step engine (dmuon._C.engine) runs the Muon step. NOTE: every mode
+        but these, which keep the bucketed runtime (dmuon._C.dist.MuonRuntime) until the
+        engine covers them: the weight-ownership mode, a fake world (its projection reads
+        per-parameter owners and buckets), and parameters the engine's ops do not step
+        (dmuon._C.engine.unsupported_reason: float64 on CUDA, unequal row blocks)."""
+        if self._ownership is not None or (group is not None and distributed.transport(group) == "fake"):
+            return False
+        return all(not _C.engine.unsupported_reason(device_type, str(p.dtype).removeprefix("torch."), layout)
+                   for (_, p), layout in zip(muon, layouts))
 
     def _layout(self, param: torch.Tensor, placement: distributed.Placement) -> Any:
         """The C++ runtime's view of one Muon parameter: shape, matrices, sharding."""
@@ -477,6 +496,8 @@ class DMuon(torch.optim.Optimizer):
                                          self._step_input_error(),
                                          lambda: rank_agreement.describe_groups(self.param_groups, self.param_name))
         runtime = self._ensure_runtime()
+        if isinstance(runtime, _C.engine.EngineRuntime):
+            return self._engine_step(runtime, step_idx, loss)
         # NOTE: owned matrices first: their reduction and Newton–Schulz ran during backward;
         # finish() waits for them, and every exit below commits or discards their results.
         owned = self._finish_owned(step_idx)
@@ -488,18 +509,7 @@ class DMuon(torch.optim.Optimizer):
         # NOTE: momentum buffers are checked with the gradients (same sync): the runtime
         # updates them in place, bucket by bucket, so they must be finite beforehand.
         has_buffer = [int(p.grad is not None and "momentum_buffer" in self.state.get(p, {})) for p in every]
-        # One process on a GPU after the first step: the runtime checks everything and runs
-        # its fused update behind a device-side gate in one go (nothing is written when
-        # anything is non-finite); `done` are the parameters it updated.
-        done: set[int] = set()
-        fused_error = ""
-        outcome = self._fused_check_and_update(runtime, step_idx, every, has_grad, has_buffer)
-        if outcome is not None:
-            codes, done, fused_error = outcome
-            grad_bad = [codes.get(id(p), 0) & 1 for p in every]
-            buffer_bad = [(codes.get(id(p), 0) >> 1) & 1 for p in every]
-        else:
-            grad_bad, buffer_bad = self._check_gradients(runtime, step_idx, every, has_grad, has_buffer)
+        grad_bad, buffer_bad = self._check_gradients(every, has_grad, has_buffer)
         agreed = runtime.all_reduce_flags(has_grad + grad_bad + buffer_bad, "sum",
                                           "all_reduce of the gradient checks", step_idx)
         world = runtime.world_size
@@ -517,26 +527,11 @@ class DMuon(torch.optim.Optimizer):
                 f"the momentum buffer of parameter {corrupt_names[0]!r} holds NaN or Inf at step {step_idx} "
                 "(corrupt optimizer state); nothing was updated")
         if any(bad) or owned["bad"]:
-            names = [self.param_name(p) for p, b in zip(every, bad) if b] + owned["bad"]
             self._discard_owned()
-            if self.nonfinite == "raise":
-                raise NonFiniteGradientError(
-                    f"non-finite gradient (NaN or Inf) in parameter {names[0]!r} at step {step_idx}"
-                    + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
-                    + "; nothing was updated. Use DMuon(..., nonfinite='skip') to skip such steps.")
-            for group in self.param_groups:
-                group["num_steps"] += 1
-                group["num_skipped_steps"] += 1
-            return loss
+            return self._refused([self.param_name(p) for p, b in zip(every, bad) if b] + owned["bad"], step_idx, loss)
         active = {id(p) for p, count in zip(every, has_grad) if count}
 
-        # NOTE: the runtime's step is skipped when the fused update did every Muon parameter
-        # (it would only re-validate them); its end-of-step error is raised here instead.
-        rest = active - done
-        if not done or any(id(p) in rest for _, p in self._muon_params()):
-            self._muon_step(runtime, rest, step_idx)
-        if fused_error:
-            raise RuntimeError(fused_error)
+        self._muon_step(runtime, active, step_idx)
         self._commit_owned(owned, step_idx)
         for group in self.param_groups:
             group["num_steps"] += 1
@@ -545,6 +540,73 @@ class DMuon(torch.optim.Optimizer):
                 if params:
                     self._adamw_group_step(group, params)
         return loss
+
+    def _engine_step(self, runtime: Any, step_idx: int, loss: Any) -> Any:
+        """One step through the step engine: every Muon parameter's check, momentum, NS and
+        apply, the AdamW gradients checked in the same pass and agreement; then AdamW."""
+        muon = self._muon_params()
+        muon_ids = {id(p) for _, p in muon}
+        group_options, _ = self._muon_group_options()
+        params, grads, buffers, fresh = [], [], [], []
+        for _, p in muon:
+            params.append(distributed.local(p))
+            if p.grad is None:
+                grads.append(None)
+                buffers.append(None)
+                continue
+            # NOTE: a buffer enters the state only once a step applied it (a refused step
+            # leaves the state as it was).
+            buffer = self.state.get(p, {}).get("momentum_buffer")
+            if buffer is None:
+                buffer = torch.zeros_like(p, memory_format=torch.preserve_format)
+                fresh.append((p, buffer))
+            grads.append(distributed.local(p.grad))
+            buffers.append(distributed.local(buffer))
+        # NOTE: every rank passes the same list (an AdamW parameter without a gradient as an
+        # empty tensor), so that the engine's agreement has one size on every rank.
+        others = [p for group in self.param_groups if not group["use_muon"] for p in group["params"]
+                  if id(p) not in muon_ids]
+        empty = params[0].new_empty(0) if params else torch.empty(0)
+        extra = [distributed.local(p.grad) if p.grad is not None else empty for p in others]
+        outcome = self._engine_call(runtime, params, grads, buffers, group_options, step_idx,
+                                    [self.param_name(p) for p in others], extra)
+        if not outcome["applied"]:
+            bad = {id(muon[i][1]) for i in outcome["nonfinite_params"]} | {id(others[k]) for k in outcome["nonfinite_extra"]}
+            names = [self.param_name(p) for group in self.param_groups for p in group["params"] if id(p) in bad]
+            return self._refused(names, step_idx, loss)
+        for p, buffer in fresh:
+            self.state[p]["momentum_buffer"] = buffer
+        for group in self.param_groups:
+            group["num_steps"] += 1
+            if not group["use_muon"]:
+                active = [p for p in group["params"] if p.grad is not None]
+                if active:
+                    self._adamw_group_step(group, active)
+        return loss
+
+    def _refused(self, names: list[str], step_idx: int, loss: Any) -> Any:
+        """A step refused for the non-finite gradients of `names` (nothing was written):
+        raises under nonfinite="raise", else counts it as skipped."""
+        if self.nonfinite == "raise":
+            raise NonFiniteGradientError(
+                f"non-finite gradient (NaN or Inf) in parameter {names[0]!r} at step {step_idx}"
+                + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
+                + "; nothing was updated. Use DMuon(..., nonfinite='skip') to skip such steps.")
+        for group in self.param_groups:
+            group["num_steps"] += 1
+            group["num_skipped_steps"] += 1
+        return loss
+
+    @staticmethod
+    def _engine_call(runtime: Any, *args: Any) -> dict[str, Any]:
+        """runtime.step(*args); a momentum buffer holding NaN/Inf raises NonFiniteGradientError
+        (the engine refuses the step on every rank, naming it)."""
+        try:
+            return runtime.step(*args)
+        except RuntimeError as error:
+            if "(corrupt optimizer state)" in str(error):
+                raise NonFiniteGradientError(str(error)) from None
+            raise
 
     def _structure_signature(self) -> int:
         if self._signature is None:
@@ -600,64 +662,18 @@ class DMuon(torch.optim.Optimizer):
             buffers.append(None if buffer is None else distributed.local(buffer))
         return params, grads, buffers, slots, group_options
 
-    def _check_gradients(self, runtime: Any, step_idx: int, every: list[torch.Tensor], has_grad: list[int],
+    def _check_gradients(self, every: list[torch.Tensor], has_grad: list[int],
                          has_buffer: list[int]) -> tuple[list[int], list[int]]:
         """Per parameter of `every`: whether its gradient and its momentum buffer hold NaN/Inf
         (this rank's view; one host sync)."""
-        # NOTE: the runtime checks what its fused single-GPU path will update in the same
-        # read that sums the update's norm (code −1: not its own, checked here).
-        fused = self._fused_check_codes(runtime, step_idx)
-        checked = [distributed.local(t) for p, b in zip(every, has_buffer) if p.grad is not None and id(p) not in fused
+        checked = [distributed.local(t) for p, b in zip(every, has_buffer) if p.grad is not None
                    for t in ([p.grad, self.state[p]["momentum_buffer"]] if b else [p.grad])]
         local_bad = iter(ops.nonfinite_mask(checked).tolist() if checked else [])
         grad_bad, buffer_bad = [], []
-        for p, h, b in zip(every, has_grad, has_buffer):
-            if id(p) in fused:
-                grad_bad.append(fused[id(p)] & 1)
-                buffer_bad.append((fused[id(p)] >> 1) & 1)
-                continue
+        for h, b in zip(has_grad, has_buffer):
             grad_bad.append(int(next(local_bad)) if h else 0)
             buffer_bad.append(int(next(local_bad)) if b else 0)
         return grad_bad, buffer_bad
-
-    def _fused_check_and_update(self, runtime: Any, step_idx: int, every: list[torch.Tensor], has_grad: list[int],
-                                has_buffer: list[int]) -> tuple[dict[int, int], set[int], str] | None:
-        """The runtime's gated check-and-update (MuonRuntime::check_and_update_fused) when it
-        applies (and DMUON_GATED_STEP is not 0): one process, no owned parameters, every
-        gradient on one CUDA device and every Muon parameter with a gradient already holding
-        its momentum buffer (from the second step on: the first creates them). Returns
-        id(param) → NaN/Inf bits (1 gradient, 2 momentum buffer), the ids of the parameters it
-        updated (none when any bit is set) and the end-of-step error of a non-finite result
-        (""); None when it does not apply."""
-        if runtime.world_size != 1 or self._ownership is not None or not runtime.gated_step:
-            return None
-        muon = self._muon_params()
-        muon_ids = {id(p) for _, p in muon}
-        devices = {p.grad.device for p in every if p.grad is not None}
-        if not muon or len(devices) != 1 or next(iter(devices)).type != "cuda":
-            return None
-        if any(h and not b for p, h, b in zip(every, has_grad, has_buffer) if id(p) in muon_ids):
-            return None
-        params, grads, buffers, slots, group_options = self._runtime_args(
-            muon, lambda p: p.grad is not None, create_buffers=False)
-        others = [p for p in every if id(p) not in muon_ids and p.grad is not None]
-        codes, updated, extra_bad, error = runtime.check_and_update_fused(
-            params, grads, buffers, slots, group_options, step_idx, [distributed.local(p.grad) for p in others])
-        by_id = {id(p): max(code, 0) for (_, p), code in zip(muon, codes)}
-        by_id.update({id(p): int(bad) for p, bad in zip(others, extra_bad)})
-        done = {id(p) for (_, p), u in zip(muon, updated) if u}
-        return by_id, done, error
-
-    def _fused_check_codes(self, runtime: Any, step_idx: int) -> dict[int, int]:
-        """id(param) → NaN/Inf bits (1 gradient, 2 momentum buffer) of the Muon parameters the
-        runtime checks itself (its fused single-GPU path); others are absent."""
-        muon = self._muon_params()
-        if runtime.world_size != 1 or not muon or not any(p.is_cuda for _, p in muon):
-            return {}
-        params, grads, buffers, slots, group_options = self._runtime_args(
-            muon, lambda p: p.grad is not None, create_buffers=False)
-        codes = runtime.check_fused(params, grads, buffers, slots, group_options, step_idx)
-        return {id(p): code for (_, p), code in zip(muon, codes) if code >= 0}
 
     def _muon_step(self, runtime: Any, active: set[int], step_idx: int) -> None:
         """Every Muon parameter through the C++ runtime in one call."""

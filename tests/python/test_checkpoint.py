@@ -46,7 +46,11 @@ def fsdp2_world4_checkpoint(tmp_path_factory):
 def test_fsdp2_world4_checkpoint_resumes_anywhere(fsdp2_world4_checkpoint, world, wrapper):
     path, reference = fsdp2_world4_checkpoint
     resumed = run_distributed(checkpoint_workers.load_then_continue, world, wrapper, path)
-    assert_every_rank_matches(resumed, reference, 0.0 if world == 4 else 1e-6)
+    # NOTE: at another world size the gradients' reduction and the owners' sums of ‖U‖² over
+    # the received row pieces run in other orders: the step engine's last bits then differ
+    # (1.47e-6 at world 3, measured 2026-12-02; the bucketed runtime, which summed whole
+    # assembled matrices: under 1e-6).
+    assert_every_rank_matches(resumed, reference, 0.0 if world == 4 else 3e-6)
 
 
 def test_ddp_checkpoint_resumes_under_fsdp2(tmp_path):

@@ -17,7 +17,6 @@ from torch import nn
 import dmuon
 from dmuon import optimizer as optimizer_module
 from dmuon._ops import _C
-from dmuon.bench.ns import timed_dmuon
 from dmuon.config import FLAT_OPTIONS, Execution, MuonMath, Ownership, Preset
 from dmuon.group_options import MATH_KEYS
 
@@ -231,16 +230,6 @@ def test_a_variable_changed_between_two_runtimes_is_seen_by_the_second(monkeypat
     assert runtime_of().gated_step is False
     monkeypatch.setenv("DMUON_GATED_STEP", "1")
     assert runtime_of().gated_step is True
-
-
-def test_bench_ns_ungated_selects_the_ungated_path_whatever_the_environment(monkeypatch):
-    params = [nn.Parameter(torch.randn(8, 6)), nn.Parameter(torch.randn(6, 6))]
-    monkeypatch.setenv("DMUON_GATED_STEP", "1")
-    ungated = timed_dmuon(params, 64.0, gated=False).runtime
-    assert ungated.gated_step is False and ungated.execution["gated_step"] is False
-    monkeypatch.setenv("DMUON_GATED_STEP", "0")
-    gated = timed_dmuon(params, 64.0, gated=True, streams=3).runtime
-    assert gated.gated_step is True and gated.execution["fused_streams"] == 3
 
 
 def test_a_bad_variable_names_itself_and_a_bad_option_names_the_field(monkeypatch):

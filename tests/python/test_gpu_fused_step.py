@@ -1,15 +1,15 @@
-"""The fused single-GPU step (csrc/torch/cuda/fused_local_step.cpp, marker gpu): whole fp32
-matrices on one GPU go through momentum → normalization → Newton–Schulz → apply without
-stacked copies. It must agree with the bucketed path (DMUON_FUSED_STEP=0) and the float64
+"""The one-GPU step (the step engine's CUDA ops, csrc/step/cuda, marker gpu): whole
+matrices on one GPU go through check → momentum and normalization → batched Newton–Schulz
+→ apply behind one device-side gate. It must agree with the bucketed runtime
+(dmuon._C.dist.MuonRuntime, still used where the engine does not step) and the float64
 reference, be deterministic, split batches under a small workspace bound without changing
 the result beyond half-precision rounding, and keep the NaN/Inf policy.
 
 Tolerances: both paths iterate in fp16 (Gram) / bf16 (standard) from the same momentum; they
-differ only in how the Frobenius norm is summed (the bucketed path adds block sums with
-atomics), so one step's updates agree to ~1e-3 relative: the fused-vs-bucketed test allows
-twice that in fp16 and 8× that in bf16 (3 fewer mantissa bits). Runs that may tune other
-kernel configurations (other processes, streams, batch splits) allow 2e-2.
-Momentum buffers use ATen's lerp arithmetic in both paths: equal to 1e-6 relative.
+differ in how the Frobenius norm is summed, so one step's updates agree to ~1e-3 relative:
+the engine-vs-bucketed test allows twice that in fp16 and 8× that in bf16 (3 fewer mantissa
+bits). Runs that may tune other kernel configurations (other processes, streams, batch
+splits) allow 2e-2. Momentum buffers: the engine's lerp in float32 against ATen's: 1e-6.
 """
 
 from __future__ import annotations
@@ -37,10 +37,13 @@ SHAPES = [(64, 96), (96, 64), (127, 301), (130, 66), (5, 7), (3, 40, 72), (256, 
 
 # One process: builds the model from a seed, runs 3 steps in two param groups (Gram with
 # Nesterov and decay; standard without Nesterov, adjusted lr), prints parameters' and
-# buffers' per-step deltas as JSON. The environment picks the path.
+# buffers' per-step deltas as JSON. argv[3] "bucketed": the bucketed runtime instead of the
+# step engine (what DMuon uses where the engine does not step).
 _RUN = textwrap.dedent("""
     import json, sys, torch, dmuon
     shapes = json.loads(sys.argv[1])
+    if len(sys.argv) > 3 and sys.argv[3] == "bucketed":
+        dmuon.DMuon._engine_route = lambda *args, **kwargs: False
     torch.manual_seed(0)
     params = [torch.nn.Parameter((torch.randn(*s) / s[-1] ** 0.5).cuda()) for s in shapes]
     half = len(params) // 2
@@ -61,8 +64,8 @@ _RUN = textwrap.dedent("""
 """)
 
 
-def run_path(env: dict[str, str], shapes=SHAPES, steps: int = 3) -> dict:
-    out = subprocess.run([sys.executable, "-c", _RUN, json.dumps(shapes), str(steps)], capture_output=True,
+def run_path(env: dict[str, str], shapes=SHAPES, steps: int = 3, path: str = "engine") -> dict:
+    out = subprocess.run([sys.executable, "-c", _RUN, json.dumps(shapes), str(steps), path], capture_output=True,
                          text=True, env={**os.environ, **env}, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -75,8 +78,8 @@ def rel(a, b) -> float:
 
 @needs_gpu
 def test_fused_path_matches_the_bucketed_path():
-    fused = run_path({"DMUON_FUSED_STEP": "1"})
-    bucketed = run_path({"DMUON_FUSED_STEP": "0"})
+    fused = run_path({})
+    bucketed = run_path({}, path="bucketed")
     # NOTE: _RUN's first half of the parameters is Gram NS (fp16 iterate), the rest standard (bf16).
     tolerances = [2e-3 if i < len(SHAPES) // 2 else 8e-3 for i in range(len(SHAPES))]
     for step, (df, db) in enumerate(zip(fused["deltas"], bucketed["deltas"])):
@@ -84,13 +87,14 @@ def test_fused_path_matches_the_bucketed_path():
             assert rel(a, b) <= tolerances[i], (step, SHAPES[i], rel(a, b), tolerances[i])
     for i, (a, b) in enumerate(zip(fused["buffers"], bucketed["buffers"])):
         assert rel(a, b) <= 1e-6, (SHAPES[i], rel(a, b))
-    assert fused["orthogonalized"] == bucketed["orthogonalized"] == len(SHAPES)  # parameters
+    # The engine counts matrices (the stack's 3 each), the bucketed runtime parameters.
+    assert fused["orthogonalized"] == len(SHAPES) + 2 and bucketed["orthogonalized"] == len(SHAPES)
 
 
 @needs_gpu
 def test_batches_on_several_streams_match_one_stream():
-    # Step 1 is ungated, step 2 gated on one stream (it captures the graphs), steps 3–5 on
-    # DMUON_FUSED_STREAMS streams (the other streams' graphs captured at step 4). The same
+    # Steps 1–2 on one stream (a batch's first runs tune and capture), steps 3–5 on
+    # DMUON_FUSED_STREAMS streams (the step engine's warm-batch rule). The same
     # kernels on other streams: equal up to the configurations each process tunes.
     one = run_path({"DMUON_FUSED_STREAMS": "1"}, steps=5)
     three = run_path({"DMUON_FUSED_STREAMS": "3"}, steps=5)
@@ -115,12 +119,12 @@ def test_a_bad_stream_count_is_named(value):
 def test_fused_batches_split_under_a_small_workspace_bound():
     # NOTE: 1 MiB holds one or two of these matrices per batch: many batches of each shape.
     shapes = [(64, 96)] * 9 + [(96, 64)] * 7 + [(3, 40, 72)]
-    whole = run_path({"DMUON_FUSED_STEP": "1"}, shapes)
-    split = run_path({"DMUON_FUSED_STEP": "1", "DMUON_NS_BATCH_MB": "1"}, shapes)
+    whole = run_path({}, shapes)
+    split = run_path({"DMUON_NS_BATCH_MB": "1"}, shapes)
     for df, ds in zip(whole["deltas"], split["deltas"]):
         for a, b in zip(df, ds):
             assert rel(a, b) <= 2e-2
-    assert whole["orthogonalized"] == split["orthogonalized"] == 9 + 7 + 1
+    assert whole["orthogonalized"] == split["orthogonalized"] == 9 + 7 + 3  # matrices
     # The batches the stats list (matrices, rows, cols): every matrix once, in more batches
     # under the small bound, none of them larger than the unbounded step's.
     for run in (whole, split):
@@ -247,12 +251,12 @@ def test_fused_check_names_a_corrupt_momentum_buffer():
     assert torch.equal(params[0].detach(), before)
 
 
-# ---------------------------------------------------------------- the gated check-and-update
-# From the second step on, one process checks every gradient and runs the fused update behind
-# a device-side gate (MuonRuntime::check_and_update_fused) instead of waiting for the check.
+# ---------------------------------------------------------------- the gated step
+# One process checks every gradient (AdamW's too) and runs the update behind a device-side
+# gate, with one host wait at the end of the step (the step engine, one process).
 
 def gated_model(seed: int, nonfinite: str = "raise"):
-    """Fused matrices (wide, tall) and an AdamW vector, after one (ungated) first step."""
+    """Matrices (wide, tall) and an AdamW vector, after one first step."""
     torch.manual_seed(seed)
     mats = [torch.nn.Parameter(torch.randn(64, 96, device="cuda")), torch.nn.Parameter(torch.randn(96, 64, device="cuda"))]
     vec = torch.nn.Parameter(torch.randn(32, device="cuda"))
@@ -264,53 +268,11 @@ def gated_model(seed: int, nonfinite: str = "raise"):
     return mats, vec, opt
 
 
-def spy_gated(opt) -> list:
-    """Records what each step's gated check-and-update returned (None: not taken)."""
-    calls = []
-    inner = opt._fused_check_and_update
-
-    def spy(*args, **kwargs):
-        calls.append(inner(*args, **kwargs))
-        return calls[-1]
-    opt._fused_check_and_update = spy
-    return calls
-
-
-@needs_gpu
-def test_gated_step_equals_the_checked_step_bitwise():
-    # Same model twice: one takes the gated path, one is forced through check-then-step.
-    runs = []
-    for gated in (True, False):
-        mats, vec, opt = gated_model(6)
-        calls = spy_gated(opt)
-        if not gated:
-            opt._fused_check_and_update = lambda *a, **k: calls.append(None)
-        for step in range(3):
-            torch.manual_seed(100 + step)
-            for p in (*mats, vec):
-                p.grad = torch.randn_like(p)
-            opt.step()
-        assert (calls[-1] is not None) == gated
-        stats = opt.runtime.last_stats
-        assert stats.num_fused == 2
-        # From the second gated step on, the two shapes ran on two streams (the default).
-        assert stats.num_fused_streams == (2 if gated else 0)
-        # The gated call's host clock: its first launch, then its last, within its total.
-        if gated:
-            assert 0 < stats.host_prepare_s <= stats.host_enqueue_s <= stats.total_s
-        else:
-            assert stats.host_prepare_s == 0 and stats.host_enqueue_s == 0
-        runs.append([t.detach().clone() for t in (*mats, vec, *(opt.state[p]["momentum_buffer"] for p in mats))])
-    for a, b in zip(*runs):
-        assert torch.equal(a, b)
-
-
 @needs_gpu
 @pytest.mark.parametrize("policy", ["raise", "skip"])
 @pytest.mark.parametrize("where", ["fused gradient", "adamw gradient", "momentum buffer"])
 def test_gated_step_changes_nothing_when_anything_is_bad(policy, where):
     mats, vec, opt = gated_model(7, policy)
-    calls = spy_gated(opt)
     state = lambda: [t.detach().clone() for t in (*mats, vec, *(opt.state[p]["momentum_buffer"] for p in mats),  # noqa: E731
                                                   opt.state[vec]["exp_avg"])]
     for p in (*mats, vec):
@@ -327,7 +289,7 @@ def test_gated_step_changes_nothing_when_anything_is_bad(policy, where):
             opt.step()
     else:
         step_refused(opt, policy)
-    assert calls and calls[-1] is not None and not calls[-1][1]  # gated path, nothing done
+    assert type(opt.runtime).__name__ == "EngineRuntime"
     for a, b in zip(state(), before):
         assert torch.equal(a.nan_to_num(nan=7.0), b.nan_to_num(nan=7.0))  # NOTE: the planted NaN equals itself
     # The next clean step goes through (a corrupt buffer stays corrupt: the user must reset it).
@@ -335,7 +297,7 @@ def test_gated_step_changes_nothing_when_anything_is_bad(policy, where):
         for p in (*mats, vec):
             p.grad = torch.randn_like(p)
         opt.step()
-        assert calls[-1] is not None and len(calls[-1][1]) == 2
+        assert opt.runtime.last_stats.num_fused == 2
         assert all(not torch.equal(p.detach(), b) for p, b in zip((*mats, vec), before))
 
 
@@ -346,12 +308,10 @@ def test_gated_step_reports_a_non_finite_result_and_applies_none_of_it():
     mats, vec, opt = gated_model(8)
     opt.param_groups[0]["weight_decay"] = 0.0
     opt.param_groups[0]["ns_coefficients"] = [(1e4, 0.0, 0.0)] * 5
-    calls = spy_gated(opt)
     for p in (*mats, vec):
         p.grad = torch.randn_like(p)
     before = [p.detach().clone() for p in mats]
     with pytest.raises(RuntimeError, match="not finite"):
         opt.step()
-    assert calls[-1] is not None and calls[-1][2]
     for p, b in zip(mats, before):
         assert torch.equal(p.detach(), b)

@@ -174,7 +174,7 @@ def test_nonfinite_skip_counts_and_changes_nothing():
     assert opt.param_groups[0]["num_skipped_steps"] == 1 and opt.param_groups[0]["num_steps"] == 3
 
 
-def test_non_finite_result_is_reported_naming_the_batch_and_not_applied():
+def test_non_finite_result_is_reported_naming_the_parameter_and_not_applied():
     # NOTE: coefficients that only scale (a = 1e9, b = c = 0) overflow fp32 within five steps:
     # every entry of the update is Inf although the gradient is finite. Without decay the
     # parameter keeps its value (no non-finite entry is applied).
@@ -183,8 +183,8 @@ def test_non_finite_result_is_reported_naming_the_batch_and_not_applied():
     opt = dmuon.DMuon([p], lr=0.02, weight_decay=0.0, ns_coefficients=[(1e9, 0.0, 0.0)] * 5)
     p.grad = torch.randn_like(p)
     before = p.detach().clone()
-    with pytest.raises(RuntimeError, match=r"dmuon step 1: the orthogonalized update of the batch of parameter 0 "
-                                           r"\(params\[0\]\) is not finite; its non-finite entries were not applied"):
+    with pytest.raises(RuntimeError, match=r"dmuon step 1: the orthogonalized update of parameter 'params\[0\]' "
+                                           r"is not finite; its non-finite entries were not applied"):
         opt.step()
     assert torch.equal(p.detach(), before)
 

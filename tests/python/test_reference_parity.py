@@ -120,6 +120,12 @@ def test_bf16_parameters_match_reference_within_bf16():
     # ulps of a parameter step only a few ulps long (measured ≤ 2e-2), so within 5e-2.
     # Gradients are synthetic and shared: a bf16 backward pass amplifies one-ulp parameter
     # differences by itself.
+    # NOTE: the step engine's CPU ops compute torch's lerp in scalar float32, which rounds to
+    # bf16 differently from ATen's vectorized lerp in 10 of 100,000 elements (measured); U
+    # then differs by one ulp there and Newton–Schulz amplifies it (the quintic's slope
+    # 3.4445 over five steps): the Muon updates differed from the reference's by 0.7-22e-3
+    # (moe.experts the largest; the bucketed runtime, which uses ATen's lerp: 0-3.9e-3). 3e-2
+    # still catches a wrong momentum (4.5-7.7e-2).
     initial = []
     model, ref_model = run_pair(dict(lr=0.02), dtype=torch.bfloat16, synthetic_grads=True, initial=initial)
     opt_groups = {id(p): g["use_muon"] for g in dmuon.DMuon(initial[0], lr=0.02).param_groups for p in g["params"]}
@@ -128,7 +134,7 @@ def test_bf16_parameters_match_reference_within_bf16():
         mine, theirs = (p.detach().double() - p0.detach().double()), (q.detach().double() - p0.detach().double())
         assert theirs.norm() > 0, name
         error = float((mine - theirs).norm() / theirs.norm())
-        bound = 1e-2 if opt_groups[id(p0)] else 5e-2
+        bound = 3e-2 if opt_groups[id(p0)] else 5e-2
         assert error <= bound, f"{name}: the update's relative error {error:.2e} > {bound}"
 
 

@@ -328,27 +328,6 @@ def format_measured_floor(bound: dict, step_ms: float) -> str:
             f"dmuon step at {100 * bound['seconds'] * 1e3 / step_ms:.0f}% of it")
 
 
-def timed_dmuon(params, bucket_mb: float, gated: bool = True, streams: int = 0):
-    """The DMuon a timing of `bench ns` steps, with its runtime made: the gated
-    check-and-update on or off and `streams` streams (0: DMUON_FUSED_STREAMS, default 2) set
-    as options (dmuon.Execution), so that the environment cannot change what is timed."""
-    import dmuon
-
-    # NOTE: one GPU: the plan is trivial, so the analytic cost model (no profiling).
-    execution = dmuon.Execution(bucket_size_mb=bucket_mb, cost_model="analytic", gated_step=gated,
-                                fused_streams=streams or None)
-    opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, execution=execution)
-    opt._ensure_runtime()
-    return opt
-
-
-def route_of(runtime) -> str:
-    """The code path a runtime took, as it reports it (the switches resolved when it was made)."""
-    switches = runtime.execution
-    return (f"gated step {'on' if switches['gated_step'] else 'off'}, fused step "
-            f"{'on' if switches['fused_step'] else 'off'}, {switches['fused_streams']} streams")
-
-
 def run(args) -> None:
     import dmuon  # noqa: F401
     from dmuon._ops import _C, ops
@@ -408,9 +387,13 @@ def run(args) -> None:
         def dmuon_name(bucket_mb, streams=0):
             return f"dmuon.DMuon.step (bucket {bucket_mb:g} MiB)" + (f", {streams} streams" if streams else "")
 
-        def dmuon_step(bucket_mb, gated=True, streams=0):
+        def dmuon_step(bucket_mb, streams=0):
             def make():
-                opt = timed_dmuon(params, bucket_mb, gated=gated, streams=streams)
+                # NOTE: one GPU: the plan is trivial, so the analytic cost model (no profiling).
+                opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, bucket_size_mb=bucket_mb,
+                                  cost_model="analytic")
+                opt._runtime_options["fused_streams"] = streams  # NOTE: 0: DMUON_FUSED_STREAMS
+                opt._ensure_runtime()
                 last_dmuon["opt"] = opt
                 # NOTE: the floor below counts the kernels of the schedule the step runs.
                 group = opt.param_groups[0]
@@ -419,12 +402,12 @@ def run(args) -> None:
             return make
 
         def report_path():
-            # Which path the timed steps took: the fused single-GPU step ignores the buckets.
+            # What the timed steps ran: one process runs one stage of NS batches (no buckets).
             runtime = last_dmuon.pop("opt").runtime
             stats = runtime.last_stats
             if stats.num_fused == len(params):
                 last_dmuon["batches"] = list(stats.fused_batches)
-            print(f"    path: {route_of(runtime)}, {stats.num_fused} of {len(params)} parameters fused "
+            print(f"    path: {type(runtime).__name__}, {stats.num_fused} of {len(params)} parameters fused "
                   f"({stats.num_fused_batches} batches on {stats.num_fused_streams} streams), "
                   f"{stats.num_buckets} buckets for the rest", flush=True)
             _free()
@@ -459,10 +442,6 @@ def run(args) -> None:
             report_path()
         for streams in args.fused_streams:
             measure(dmuon_name(args.bucket_mb[-1], streams), dmuon_step(args.bucket_mb[-1], streams=streams),
-                    executed_dmuon, warm=warmup)
-            report_path()
-        if args.ungated:
-            measure("dmuon.DMuon.step (gated_step=False)", dmuon_step(args.bucket_mb[-1], gated=False),
                     executed_dmuon, warm=warmup)
             report_path()
         if args.profile:
@@ -526,8 +505,6 @@ def register(subparsers) -> None:
     parser.add_argument("--fused-streams", type=int, nargs="*", default=[],
                         help="also time DMuon.step with these stream counts of the fused step (the "
                              "first timing uses DMUON_FUSED_STREAMS, default 2)")
-    parser.add_argument("--ungated", action="store_true",
-                        help="also time DMuon.step with Execution(gated_step=False) (the check waited for before the update)")
     parser.add_argument("--host-ahead", action="store_true",
                         help="also time each method with a spin kernel before the start event, so that "
                              "the host's launch lead is left out (device time only)")

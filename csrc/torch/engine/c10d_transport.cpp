@@ -1,0 +1,147 @@
+// dmuon/torch/engine/c10d_transport.cpp — the engine's collectives through c10d.
+#include "engine/c10d_transport.h"
+
+#include <ATen/ATen.h>
+
+#include <numeric>
+
+#include "common/check.h"
+#include "world_detect.h"
+
+namespace dmuon::torch_adapter {
+namespace {
+
+at::ScalarType scalar_type(step::DType dtype) {
+  switch (dtype) {
+    case step::DType::kFloat32: return at::kFloat;
+    case step::DType::kFloat64: return at::kDouble;
+    case step::DType::kBFloat16: return at::kBFloat16;
+    case step::DType::kFloat16: return at::kHalf;
+    case step::DType::kInt32: return at::kInt;
+  }
+  DMUON_FAIL("tensor_view: unknown dtype");
+}
+
+at::Device torch_device(const step::Device& device) {
+  if (device.kind == step::DeviceKind::kCuda) return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index));
+  return at::Device(at::kCPU);
+}
+
+// A collective of a group whose work already completed (or that had nothing to do).
+class Done : public step::Pending {
+ public:
+  void wait() override {}
+};
+
+// An all_to_all in flight: its Work and the tensors viewing the engine's buffers.
+class InFlight : public step::Pending {
+ public:
+  InFlight(const C10dTransport& transport, c10::intrusive_ptr<c10d::Work> work, std::string what)
+      : transport_(transport), work_(std::move(work)), what_(std::move(what)) {}
+  void wait() override {
+    if (!work_) return;
+    try {
+      // NOTE: on NCCL, Work::wait() makes the current stream (the ops', during a step)
+      // wait for the collective's stream; the host does not block.
+      work_->wait();
+    } catch (const std::exception& error) {
+      work_.reset();
+      DMUON_FAIL("dmuon: ", what_, " failed on rank ", transport_.rank(), " of ", transport_.world_size(), ": ",
+                 error.what());
+    }
+    work_.reset();
+  }
+
+ private:
+  const C10dTransport& transport_;
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::string what_;
+};
+
+int64_t total(const std::vector<int64_t>& counts) { return std::accumulate(counts.begin(), counts.end(), int64_t{0}); }
+
+}  // namespace
+
+at::Tensor tensor_view(const step::Buffer& buffer) {
+  const auto options = at::TensorOptions().dtype(scalar_type(buffer.dtype)).device(torch_device(buffer.device));
+  if (buffer.numel == 0) return at::empty({0}, options);
+  return at::from_blob(buffer.data, {buffer.numel}, options);
+}
+
+C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::ProcessGroup> group, step::Device device)
+    : group_(std::move(group)), device_(device) {
+  if (group_ && group_->getSize() == 1) group_.reset();
+  model_ = detect_world_model(group_, device_.kind == step::DeviceKind::kCuda ? "cuda" : "cpu");
+}
+
+void C10dTransport::run(const std::function<c10::intrusive_ptr<c10d::Work>()>& issue, const std::string& what) const {
+  try {
+    issue()->wait();
+  } catch (const std::exception& error) {
+    DMUON_FAIL("dmuon: ", what, " failed on rank ", rank(), " of ", world_size(), ": ", error.what());
+  }
+}
+
+std::unique_ptr<step::Pending> C10dTransport::all_to_all(const step::Buffer& send,
+                                                         const std::vector<int64_t>& send_counts,
+                                                         const step::Buffer& recv,
+                                                         const std::vector<int64_t>& recv_counts,
+                                                         const std::string& what) {
+  const size_t world = static_cast<size_t>(world_size());
+  DMUON_CHECK(send_counts.size() == world && recv_counts.size() == world, "dmuon: ", what, " on rank ", rank(),
+              ": ", send_counts.size(), " send and ", recv_counts.size(), " receive counts for a world of ", world);
+  DMUON_CHECK(total(send_counts) <= send.numel && total(recv_counts) <= recv.numel, "dmuon: ", what, " on rank ",
+              rank(), ": counts of ", total(send_counts), " and ", total(recv_counts),
+              " elements exceed the buffers of ", send.numel, " and ", recv.numel);
+  DMUON_CHECK(send.dtype == recv.dtype, "dmuon: ", what, " on rank ", rank(), ": send buffer of ",
+              step::dtype_name(send.dtype), ", receive buffer of ", step::dtype_name(recv.dtype));
+  if (!model_.communicates() || !model_.moves_data()) return std::make_unique<Done>();
+  at::Tensor input = tensor_view(send.slice(0, total(send_counts), what.c_str()));
+  at::Tensor output = tensor_view(recv.slice(0, total(recv_counts), what.c_str()));
+  std::vector<int64_t> input_splits = send_counts, output_splits = recv_counts;
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = group_->alltoall_base(output, input, output_splits, input_splits);
+  } catch (const std::exception& error) {
+    DMUON_FAIL("dmuon: ", what, " failed on rank ", rank(), " of ", world_size(), ": ", error.what());
+  }
+  return std::make_unique<InFlight>(*this, std::move(work), what);
+}
+
+std::vector<int64_t> C10dTransport::all_reduce(const std::vector<int64_t>& local, step::ReduceOp op,
+                                               const std::string& what) {
+  if (local.empty() || !model_.communicates()) return local;
+  const dist::FlagOp flag_op = op == step::ReduceOp::kSum ? dist::FlagOp::kSum : dist::FlagOp::kMax;
+  if (!model_.moves_data()) return model_.modelled_agreement(local, flag_op);
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = op == step::ReduceOp::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
+  std::vector<at::Tensor> tensors{
+      at::tensor(local, at::TensorOptions().dtype(at::kLong)).to(torch_device(device_))};
+  run([&] { return group_->allreduce(tensors, opts); }, what);
+  const at::Tensor host = tensors[0].to(at::kCPU).contiguous();
+  return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+}
+
+std::string C10dTransport::broadcast(const std::string& text, const std::string& what) {
+  if (!model_.communicates() || !model_.moves_data()) return text;
+  const auto on_device = at::TensorOptions().device(torch_device(device_));
+  c10d::BroadcastOptions opts;
+  opts.rootRank = 0;
+  auto broadcast_one = [&](at::Tensor& tensor, const char* part) {
+    std::vector<at::Tensor> tensors{tensor};
+    run([&] { return group_->broadcast(tensors, opts); }, what + " (" + part + ")");
+    tensor = tensors[0];
+  };
+  at::Tensor length = at::full({1}, static_cast<int64_t>(text.size()), on_device.dtype(at::kLong));
+  broadcast_one(length, "its length");
+  const int64_t size = length.to(at::kCPU).item<int64_t>();
+  DMUON_CHECK(size >= 0, "dmuon: ", what, " on rank ", rank(), ": a negative length ", size, " arrived");
+  if (size == 0) return std::string();
+  at::Tensor payload = rank() == 0 ? at::from_blob(const_cast<char*>(text.data()), {size}, at::kByte).to(on_device.dtype(at::kByte), false, true)
+                                   : at::empty({size}, on_device.dtype(at::kByte));
+  broadcast_one(payload, "its text");
+  const at::Tensor host = payload.to(at::kCPU).contiguous();
+  return std::string(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()), static_cast<size_t>(size));
+}
+
+}  // namespace dmuon::torch_adapter

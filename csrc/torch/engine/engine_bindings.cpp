@@ -1,0 +1,79 @@
+// dmuon._C.engine: the step engine's torch runtime (EngineRuntime) and its route check.
+#include <pybind11/stl.h>
+#include <torch/python.h>
+
+#include "bindings.h"
+#include "optional_tensors.h"
+#include "engine/engine_runtime.h"
+#include "step/route.h"
+
+namespace py = pybind11;
+
+namespace dmuon::torch_adapter {
+namespace {
+
+// Why the engine does not step a parameter of this device, dtype and layout ("" when it does).
+std::string unsupported_reason(const std::string& device_type, const std::string& dtype,
+                               const dist::ParamLayout& layout) {
+  const step::DeviceKind device = device_type == "cuda" ? step::DeviceKind::kCuda : step::DeviceKind::kCpu;
+  step::DType type = step::DType::kFloat32;
+  if (dtype == "float64") type = step::DType::kFloat64;
+  else if (dtype == "bfloat16") type = step::DType::kBFloat16;
+  else if (dtype == "float16") type = step::DType::kFloat16;
+  else if (dtype != "float32") return "dtype " + dtype + " is not a Muon dtype";
+  std::string reason;
+  if (!step::ops_support(device, type, &reason)) return reason;
+  // NOTE: the engine's items of a parameter are equal-row matrices (step/items.h).
+  if (!layout.uniform()) return "row blocks of unequal sizes";
+  return std::string();
+}
+
+}  // namespace
+
+void register_engine_bindings(py::module_& m) {
+  py::module_ e = m.def_submodule("engine", "the step engine's torch adapter");
+  e.def("unsupported_reason", &unsupported_reason, py::arg("device_type"), py::arg("dtype"), py::arg("layout"),
+        "why the step engine cannot step such a parameter ('' when it can)");
+
+  py::class_<EngineRuntime>(e, "EngineRuntime")
+      .def(py::init<const std::string&, std::vector<std::string>, std::vector<dist::ParamLayout>,
+                    const std::vector<std::string>&, std::vector<int64_t>, RuntimeOptions>(),
+           py::arg("group_name"), py::arg("names"), py::arg("layouts"), py::arg("dtypes"), py::arg("group_slot"),
+           py::arg("options"),
+           // NOTE: the plan is agreed here over c10d (see dist_bindings.cpp: Gloo's thread
+           // needs the GIL to drop tensors with Python objects).
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "step",
+          [](EngineRuntime& runtime, std::vector<at::Tensor> params, std::vector<std::optional<at::Tensor>> grads,
+             std::vector<std::optional<at::Tensor>> momentum, std::vector<MuonGroupOptions> groups, int64_t step_idx,
+             std::vector<std::string> extra_names, std::vector<at::Tensor> extra_grads) {
+            const std::vector<at::Tensor> g = or_undefined(grads), b = or_undefined(momentum);
+            EngineStepOutcome out;
+            {
+              py::gil_scoped_release release;
+              out = runtime.step(params, g, b, groups, step_idx, extra_names, extra_grads);
+            }
+            return py::dict(py::arg("applied") = out.applied, py::arg("nonfinite_params") = out.nonfinite_params,
+                            py::arg("nonfinite_extra") = out.nonfinite_extra, py::arg("active") = out.active,
+                            py::arg("message") = out.message);
+          },
+          py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"), py::arg("groups"), py::arg("step_idx"),
+          py::arg("extra_names"), py::arg("extra_grads"))
+      .def_property_readonly("rank", &EngineRuntime::rank)
+      .def_property_readonly("world_size", &EngineRuntime::world_size)
+      .def_property_readonly("owners", &EngineRuntime::owners)
+      .def_property_readonly("item_owners", &EngineRuntime::item_owners)
+      .def_property_readonly("item_params", &EngineRuntime::item_params)
+      .def_property_readonly("plan_text", &EngineRuntime::plan_text)
+      .def_property_readonly("predicted_makespan_s", &EngineRuntime::predicted_makespan_s)
+      .def_property_readonly("num_buckets", [](const EngineRuntime& r) { return r.stage_params().size(); })
+      .def_property_readonly("buckets", &EngineRuntime::stage_params)
+      .def_property_readonly("last_stats", &EngineRuntime::last_stats)
+      .def_property_readonly("transport",
+                             [](const EngineRuntime& r) { return dist::transport_name(r.world_model().transport()); })
+      .def_property_readonly("options", &EngineRuntime::options)
+      .def_property_readonly("step_layout", &EngineRuntime::step_layout);
+}
+
+}  // namespace dmuon::torch_adapter

@@ -1,0 +1,292 @@
+// dmuon/torch/engine/engine_runtime.cpp — tensors to descriptors, the engine's outcome and
+// statistics back to the runtime's (see engine_runtime.h).
+#include "engine/engine_runtime.h"
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+
+#include <algorithm>
+#include <set>
+
+#include "common/check.h"
+#include "common/env.h"
+#include "engine/torch_ops.h"
+#include "optim/gated_step.h"
+#include "plan/solvers.h"
+
+namespace dmuon::torch_adapter {
+namespace {
+
+step::DType step_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return step::DType::kFloat32;
+    case at::kDouble: return step::DType::kFloat64;
+    case at::kBFloat16: return step::DType::kBFloat16;
+    case at::kHalf: return step::DType::kFloat16;
+    default: DMUON_FAIL("the step engine takes float32, float64, bfloat16 or float16 tensors, not ", type);
+  }
+}
+
+at::ScalarType parse_dtype(const std::string& name, const std::string& param) {
+  if (name == "float32") return at::kFloat;
+  if (name == "float64") return at::kDouble;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  DMUON_FAIL("parameter '", param, "': dtype must be float32, float64, bfloat16 or float16, got '", name, "'");
+}
+
+step::Buffer buffer_of(const at::Tensor& t) {
+  step::Device device;
+  if (t.is_cuda()) device = {step::DeviceKind::kCuda, t.device().index()};
+  return step::Buffer{t.numel() ? t.data_ptr() : nullptr, step_dtype(t.scalar_type()), t.numel(), device};
+}
+
+step::Device runtime_device(const std::string& device_type) {
+  DMUON_CHECK(device_type == "cpu" || device_type == "cuda", "device_type must be 'cpu' or 'cuda', got '",
+              device_type, "'");
+  if (device_type == "cpu") return {};
+  return {step::DeviceKind::kCuda, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index()};
+}
+
+bool same_options(const MuonGroupOptions& a, const MuonGroupOptions& b) {
+  const ns::Schedule &x = a.schedule, &y = b.schedule;
+  bool same_steps = x.steps.size() == y.steps.size();
+  for (size_t k = 0; same_steps && k < x.steps.size(); ++k)
+    same_steps = x.steps[k].a == y.steps[k].a && x.steps[k].b == y.steps[k].b && x.steps[k].c == y.steps[k].c;
+  return a.lr == b.lr && a.weight_decay == b.weight_decay && a.momentum == b.momentum && a.nesterov == b.nesterov &&
+         a.adjust_lr == b.adjust_lr && x.algorithm == y.algorithm && same_steps && x.restart_after == y.restart_after &&
+         x.eps == y.eps;
+}
+
+// A tensor the engine may write in place: `t` itself when contiguous, else a contiguous
+// copy that is written back after the step (kept in `write_back`).
+at::Tensor writable(const at::Tensor& t, std::vector<std::pair<at::Tensor, at::Tensor>>& write_back) {
+  if (t.is_contiguous()) return t;
+  at::Tensor copy = t.contiguous();
+  write_back.emplace_back(t, copy);
+  return copy;
+}
+
+}  // namespace
+
+EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::string> names,
+                             std::vector<dist::ParamLayout> layouts, const std::vector<std::string>& dtypes,
+                             std::vector<int64_t> group_slot, RuntimeOptions options)
+    : options_(std::move(options)), layouts_(std::move(layouts)) {
+  DMUON_CHECK(names.size() == layouts_.size() && dtypes.size() == layouts_.size() &&
+                  group_slot.size() == layouts_.size(),
+              "EngineRuntime: ", names.size(), " names, ", layouts_.size(), " layouts, ", dtypes.size(), " dtypes and ",
+              group_slot.size(), " group slots");
+  DMUON_CHECK(options_.plan_source == "auto" || options_.plan_source == "broadcast" || options_.plan_source == "local",
+              "plan_source must be 'auto', 'broadcast' or 'local', got '", options_.plan_source, "'");
+  const step::Device device = runtime_device(options_.device_type);
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  if (!group_name.empty()) group = c10d::resolve_process_group(group_name);
+  transport_ = std::make_unique<C10dTransport>(group, device);
+
+  // NOTE: DMUON_* knobs are read when the runtime is made.
+  TorchOpsOptions ops_options;
+  ops_options.graph_cache_bytes = std::max<int64_t>(0, env::get_int("DMUON_GRAPH_CACHE_MB", 8192)) << 20;
+  ops_ = make_torch_ops(device, ops_options);
+
+  for (int64_t slot : group_slot) {
+    DMUON_CHECK(slot >= 0, "EngineRuntime: group slot ", slot, " is negative");
+    num_base_groups_ = std::max(num_base_groups_, slot + 1);
+  }
+  std::vector<step::ParamSpec> specs;
+  for (size_t i = 0; i < names.size(); ++i) {
+    dtypes_.push_back(parse_dtype(dtypes[i], names[i]));
+    // NOTE: a transposed (Conv1D) matrix's lr ratio is the engine's (item_scale: the
+    // model's shape), so it steps under its own group's rule.
+    const int64_t group = group_slot[i];
+    specs.push_back({names[i], layouts_[i], step_dtype(dtypes_.back()), static_cast<int>(group)});
+  }
+  step::EngineOptions e;
+  e.mode = step::parse_mode(options_.mode);
+  e.wire_dtype = step::parse_wire_dtype(options_.wire_dtype);
+  e.stage_bytes = options_.bucket_bytes;
+  const int64_t depth = env::resolve(options_.pipeline_depth, env::kPipelineDepth);
+  DMUON_CHECK(depth >= 0, "DMUON_PIPELINE_DEPTH must be >= 0 (0: twice the world size), got ", depth);
+  e.pipeline_depth = static_cast<int>(depth);
+  e.num_streams = optim::gated_stream_count(options_.fused_streams,
+                                            options_.fused_streams != 0 ? 0 : env::get_int("DMUON_FUSED_STREAMS", 2));
+  const int64_t ns_batch_mb = env::resolve(options_.ns_batch_mb, env::kNsBatchMb);
+  DMUON_CHECK(ns_batch_mb >= 1, "DMUON_NS_BATCH_MB / ns_batch_mb must be at least 1, got ", ns_batch_mb);
+  e.ns_batch_bytes = ns_batch_mb << 20;
+  e.graphs = env::resolve(options_.cuda_graphs, env::kCudaGraphs);
+  // NOTE: the per-stage timeline is device time only when the phases synchronize.
+  e.profile = options_.profile || options_.record_timeline || env::get_bool("DMUON_PROFILE", false);
+  e.solver = plan::parse_solver(options_.solver);
+  e.cost_entries = options_.cost_entries;
+  engine_ = std::make_unique<step::StepEngine>(*transport_, *ops_, std::move(specs), e);
+
+  const step::ItemTable& table = engine_->items();
+  for (int p = 0; p < table.num_params(); ++p) {
+    const auto [first, count] = table.items_of(p);
+    param_owners_.push_back(count > 0 ? engine_->owners()[static_cast<size_t>(first)] : 0);
+  }
+}
+
+void EngineRuntime::update_rules(const std::vector<MuonGroupOptions>& groups) {
+  bool same = groups.size() == rule_source_.size();
+  for (size_t g = 0; same && g < groups.size(); ++g) same = same_options(groups[g], rule_source_[g]);
+  if (same) return;
+  DMUON_CHECK(static_cast<int64_t>(groups.size()) >= num_base_groups_, "EngineRuntime::step: ", groups.size(),
+              " Muon groups' options for group slots up to ", num_base_groups_ - 1);
+  std::vector<step::GroupRule> rules;
+  for (int64_t g = 0; g < num_base_groups_; ++g) rules.push_back(group_rule(groups[static_cast<size_t>(g)]));
+  rules_ = std::move(rules);
+  rule_source_ = groups;
+}
+
+EngineStepOutcome EngineRuntime::step(at::TensorList params, const std::vector<at::Tensor>& grads,
+                                      const std::vector<at::Tensor>& momentum,
+                                      const std::vector<MuonGroupOptions>& groups, int64_t step_idx,
+                                      const std::vector<std::string>& extra_names,
+                                      const std::vector<at::Tensor>& extra_grads) {
+  const step::ItemTable& table = engine_->items();
+  const size_t n = static_cast<size_t>(table.num_params());
+  DMUON_CHECK(params.size() == n && grads.size() == n && momentum.size() == n, "EngineRuntime::step: ",
+              params.size(), " parameters, ", grads.size(), " gradients and ", momentum.size(),
+              " momentum buffers for ", n, " Muon parameters");
+  DMUON_CHECK(extra_names.size() == extra_grads.size(), "EngineRuntime::step: ", extra_names.size(), " names for ",
+              extra_grads.size(), " checked gradients");
+  update_rules(groups);
+  OpsStreamScope scope(*ops_);
+  const at::Device device = ops_->device().kind == step::DeviceKind::kCuda
+                                ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(ops_->device().index))
+                                : at::Device(at::kCPU);
+
+  // Tensors → descriptors. NOTE: gradients are only read: a copy in the parameter's dtype
+  // and layout where they differ; parameters and buffers are written in place (through a
+  // contiguous copy, written back, where they are not contiguous).
+  std::vector<at::Tensor> keep;
+  std::vector<std::pair<at::Tensor, at::Tensor>> write_back;
+  std::vector<step::ParamTensors> tensors(n);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& name = table.param(static_cast<int>(i)).name;
+    const at::Tensor& p = params[i];
+    DMUON_CHECK(p.scalar_type() == dtypes_[i] && p.device() == device, "parameter '", name, "' is ",
+                p.scalar_type(), " on ", p.device(), "; the runtime was made for ", dtypes_[i], " on ", device);
+    tensors[i].param = buffer_of(writable(p, write_back));
+    if (!grads[i].defined()) continue;
+    DMUON_CHECK(momentum[i].defined(), "parameter '", name, "' has a gradient but no momentum buffer");
+    DMUON_CHECK(momentum[i].scalar_type() == dtypes_[i] && momentum[i].device() == device &&
+                    momentum[i].numel() == p.numel(),
+                "the momentum buffer of parameter '", name, "' is ", momentum[i].scalar_type(), " [",
+                momentum[i].numel(), "] on ", momentum[i].device(), "; expected ", dtypes_[i], " [", p.numel(),
+                "] on ", device);
+    keep.push_back(grads[i].to(device, dtypes_[i]).contiguous());
+    tensors[i].grad = buffer_of(keep.back());
+    tensors[i].momentum = buffer_of(writable(momentum[i], write_back));
+    tensors[i].has_grad = true;
+  }
+  std::vector<step::CheckOnly> extra;
+  for (size_t k = 0; k < extra_grads.size(); ++k) {
+    at::Tensor g = extra_grads[k].to(device).contiguous();
+    if (g.scalar_type() != at::kFloat && g.scalar_type() != at::kDouble && g.scalar_type() != at::kBFloat16 &&
+        g.scalar_type() != at::kHalf)
+      g = g.to(at::kFloat);
+    keep.push_back(g);
+    extra.push_back({extra_names[k], buffer_of(g)});
+  }
+  for (const auto& [_, copy] : write_back) keep.push_back(copy);
+
+  auto finish = [&] {
+    for (auto& [target, copy] : write_back) target.copy_(copy);
+    record_stats();
+  };
+  step::StepOutcome outcome;
+  try {
+    outcome = engine_->step(tensors, rules_, step_idx, extra);
+  } catch (...) {
+    finish();
+    throw;
+  }
+  finish();
+  EngineStepOutcome out;
+  out.applied = outcome.applied();
+  out.nonfinite_params.assign(outcome.nonfinite_params.begin(), outcome.nonfinite_params.end());
+  out.nonfinite_extra.assign(outcome.nonfinite_extra.begin(), outcome.nonfinite_extra.end());
+  for (bool a : outcome.active) out.active.push_back(a ? 1 : 0);
+  out.message = outcome.message;
+  last_active_ = outcome.active;
+  return out;
+}
+
+std::vector<int> EngineRuntime::item_params() const {
+  std::vector<int> out;
+  for (const step::Item& it : engine_->items().items()) out.push_back(it.param_idx);
+  return out;
+}
+
+std::vector<std::vector<int>> EngineRuntime::stage_params() const {
+  const step::ItemTable& table = engine_->items();
+  std::vector<std::vector<int>> out;
+  for (const step::Stage& stage : engine_->stages()) {
+    std::vector<int> params;
+    std::set<int> seen;
+    for (const step::NsBatch& batch : stage.batches)
+      for (int item : batch.items)
+        if (seen.insert(table.item(item).param_idx).second) params.push_back(table.item(item).param_idx);
+    out.push_back(std::move(params));
+  }
+  return out;
+}
+
+void EngineRuntime::record_stats() {
+  const step::StepStats& e = engine_->last_stats();
+  const step::ItemTable& table = engine_->items();
+  StepStats s;
+  s.momentum_s = e.momentum_s + e.check_s;
+  s.pack_s = e.pack_s;
+  s.comm_wait_s = e.comm_wait_s;
+  s.ns_s = e.ns_s;
+  s.apply_s = e.apply_s;
+  s.total_s = e.total_s;
+  s.bytes_sent = e.bytes_sent;
+  s.bytes_received = e.bytes_received;
+  s.num_buckets = e.num_stages;
+  s.num_orthogonalized = e.num_orthogonalized;
+  s.pipeline_depth = e.pipeline_depth;
+  // The matrices this rank orthogonalized, as their parameters' indices, in stage order.
+  const int rank = transport_->rank();
+  for (const step::Stage& stage : engine_->stages())
+    for (const step::NsBatch& batch : stage.batches)
+      if (batch.computed_by(rank))
+        for (int item : batch.items) {
+          const int p = table.item(item).param_idx;
+          if (last_active_.empty() || static_cast<size_t>(p) >= last_active_.size() || last_active_[static_cast<size_t>(p)])
+            s.orthogonalized.push_back(p);
+        }
+  // NOTE: one process on a GPU is the fused one-GPU step (today's names for its figures).
+  if (transport_->world_size() == 1 && ops_->device().kind == step::DeviceKind::kCuda) {
+    s.num_fused = static_cast<int64_t>(std::set<int64_t>(s.orthogonalized.begin(), s.orthogonalized.end()).size());
+    s.fused_batches = e.ns_batches;
+    s.num_fused_streams = e.num_streams;
+  }
+  if (options_.record_timeline)
+    for (const step::StageTimeline& line : e.stages) {
+      sim::BucketTimes t;
+      t.seconds = {line.prepare_s, line.ns_s, 0.0, line.apply_s};
+      s.bucket_times.push_back(t);
+    }
+  stats_ = std::move(s);
+}
+
+sim::StepLayout EngineRuntime::step_layout() const {
+  sim::StepLayout layout;
+  layout.gather = engine_->options().mode == step::Mode::kGather;
+  layout.world_size = transport_->world_size();
+  layout.layouts = layouts_;
+  layout.owners = param_owners_;
+  if (layout.gather) std::fill(layout.owners.begin(), layout.owners.end(), 0);
+  const auto stages = stage_params();
+  for (size_t s = 0; s < stages.size(); ++s)
+    layout.buckets.push_back({stages[s], engine_->stages()[s].wire_bytes});
+  layout.wire_element_size = step::dtype_size(engine_->wire_dtype());
+  layout.active = last_active_;
+  return layout;
+}
+
+}  // namespace dmuon::torch_adapter

@@ -1,0 +1,95 @@
+// dmuon/torch/engine/engine_runtime.h — the torch adapter of the step engine: c10d behind
+// step::Transport (C10dTransport), c10's allocators behind the device ops, torch tensors
+// turned into descriptors every step, and the engine's statistics as the runtime's
+// StepStats (dist_runtime.h) that the benches and tests read.
+//
+// One runtime per set of Muon parameters (names, layouts, dtypes and group slots identical
+// on every rank); made collectively (the plan is made and agreed when it is made).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dist/shard_layout.h"
+#include "dist_runtime.h"
+#include "engine/c10d_transport.h"
+#include "group_options.h"
+#include "sim/step_layout.h"
+#include "step/engine.h"
+
+namespace dmuon::torch_adapter {
+
+/// What a step of the engine runtime did (the caller raises or skips from it).
+struct EngineStepOutcome {
+  bool applied = true;
+  std::vector<int64_t> nonfinite_params;  ///< Muon parameters whose gradient held NaN/Inf (every rank)
+  std::vector<int64_t> nonfinite_extra;   ///< indices into the step's checked-only gradients
+  std::vector<int64_t> active;            ///< per Muon parameter: 1 when it had a gradient
+  std::string message;
+};
+
+class EngineRuntime {
+ public:
+  /// group_name: a c10d group's name, or "" for one process. dtypes: "float32" |
+  /// "bfloat16" | "float16" | "float64" per parameter; group_slot: its Muon group's index
+  /// into step()'s `groups`. device: "cpu" or "cuda" (the current CUDA device).
+  EngineRuntime(const std::string& group_name, std::vector<std::string> names, std::vector<dist::ParamLayout> layouts,
+                const std::vector<std::string>& dtypes, std::vector<int64_t> group_slot, RuntimeOptions options);
+
+  /// One step: params[i], grads[i] (undefined: no gradient this step), momentum[i] (the
+  /// optimizer state's buffer, zeros the caller has not stored yet on a first step) of the
+  /// local rows; `extra` gradients (AdamW's) are checked with the step and agreed with it.
+  /// Throws dmuon::Error on every rank when the ranks disagree on which parameters have
+  /// gradients, a momentum buffer holds NaN/Inf or an input is invalid (nothing changed),
+  /// and after the rest was applied when an orthogonalized update was not finite.
+  EngineStepOutcome step(at::TensorList params, const std::vector<at::Tensor>& grads,
+                         const std::vector<at::Tensor>& momentum, const std::vector<MuonGroupOptions>& groups,
+                         int64_t step_idx, const std::vector<std::string>& extra_names,
+                         const std::vector<at::Tensor>& extra_grads);
+
+  int rank() const { return transport_->rank(); }
+  int world_size() const { return transport_->world_size(); }
+  const dist::WorldModel& world_model() const { return transport_->world_model(); }
+  const RuntimeOptions& options() const { return options_; }
+  /// Per parameter: the owner of its first matrix (−1 in gather mode).
+  const std::vector<int>& owners() const { return param_owners_; }
+  /// Per matrix (item): its owner.
+  const std::vector<int>& item_owners() const { return engine_->owners(); }
+  /// Per item: its parameter.
+  std::vector<int> item_params() const;
+  const std::string& plan_text() const { return engine_->plan_text(); }
+  double predicted_makespan_s() const { return engine_->predicted_makespan_s(); }
+  /// The parameters of each stage of the last step (each once per stage, in order).
+  std::vector<std::vector<int>> stage_params() const;
+  const StepStats& last_stats() const { return stats_; }
+  const step::StepStats& engine_stats() const { return engine_->last_stats(); }
+  /// The step's layout for the projection (owners per parameter, stages as buckets).
+  sim::StepLayout step_layout() const;
+
+ private:
+  void update_rules(const std::vector<MuonGroupOptions>& groups);
+  void record_stats();
+
+  RuntimeOptions options_;
+  std::vector<dist::ParamLayout> layouts_;
+  std::vector<at::ScalarType> dtypes_;
+  std::unique_ptr<C10dTransport> transport_;
+  std::unique_ptr<step::DeviceOps> ops_;
+  std::unique_ptr<step::StepEngine> engine_;
+  std::vector<int> param_owners_;
+  // num_base_groups_: the slots of the Muon groups (a transposed matrix takes its lr ratio
+  // from the engine, which knows the model shape).
+  int64_t num_base_groups_ = 0;
+  // NOTE: the NS schedule of a group is built when the group's options change, not every step.
+  std::vector<MuonGroupOptions> rule_source_;
+  std::vector<step::GroupRule> rules_;
+  std::vector<bool> last_active_;
+  StepStats stats_;
+};
+
+}  // namespace dmuon::torch_adapter

@@ -1,0 +1,73 @@
+// dmuon/torch/engine/torch_ops.cpp — CPU ops over c10's allocator and ATen's thread pool;
+// the CUDA ops come from engine/cuda/torch_cuda_ops.cpp when torch's CUDA side is built.
+#include "engine/torch_ops.h"
+
+#include <ATen/Parallel.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <memory>
+
+#include "common/check.h"
+#include "step/cpu/cpu_ops.h"
+
+namespace dmuon::torch_adapter {
+
+#ifdef DMUON_WITH_CUDA
+// engine/cuda/torch_cuda_ops.cpp
+std::unique_ptr<step::DeviceOps> make_torch_cuda_ops(int device, int64_t graph_cache_bytes);
+std::function<void()> enter_cuda_ops_stream(step::DeviceOps& ops);
+#endif
+
+namespace {
+
+// CpuOps whose memory comes from c10's CPU allocator (what torch's CPU tensors use).
+class TorchCpuOps : public step::CpuOps {
+ public:
+  TorchCpuOps() : step::CpuOps(options()) {}
+
+  step::OwnedBuffer allocate(step::DType dtype, int64_t numel) override {
+    DMUON_CHECK(numel >= 0, "TorchCpuOps::allocate: ", numel, " elements");
+    step::Buffer buffer{nullptr, dtype, numel, device()};
+    if (numel == 0) return step::OwnedBuffer(buffer, nullptr);
+    auto memory = std::make_shared<c10::DataPtr>(
+        c10::GetCPUAllocator()->allocate(static_cast<size_t>(numel * step::dtype_size(dtype))));
+    buffer.data = memory->get();
+    DMUON_CHECK(buffer.data != nullptr, "TorchCpuOps::allocate: out of memory for ", buffer.bytes(), " bytes");
+    return step::OwnedBuffer(buffer, [memory](const step::Buffer&) mutable { memory.reset(); });
+  }
+
+ private:
+  static step::CpuOpsOptions options() {
+    step::CpuOpsOptions o;
+    o.parallel_for = [](int64_t n, const std::function<void(int64_t, int64_t)>& body) {
+      at::parallel_for(0, n, 1, body);
+    };
+    return o;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<step::DeviceOps> make_torch_ops(const step::Device& device, const TorchOpsOptions& options) {
+  if (device.kind == step::DeviceKind::kCpu) return std::make_unique<TorchCpuOps>();
+#ifdef DMUON_WITH_CUDA
+  return make_torch_cuda_ops(device.index, options.graph_cache_bytes);
+#else
+  (void)options;
+  DMUON_FAIL("this build of dmuon has no CUDA side of torch: no step ops for ", step::device_name(device));
+#endif
+}
+
+OpsStreamScope::OpsStreamScope(step::DeviceOps& ops) {
+#ifdef DMUON_WITH_CUDA
+  if (ops.device().kind == step::DeviceKind::kCuda) exit_ = enter_cuda_ops_stream(ops);
+#else
+  (void)ops;
+#endif
+}
+
+OpsStreamScope::~OpsStreamScope() {
+  if (exit_) exit_();
+}
+
+}  // namespace dmuon::torch_adapter

@@ -1,0 +1,120 @@
+"""Rank functions of test_all_modes_parity.py: one small model stepped by DMuon in every
+distributed mode, against the pure-PyTorch float64 reference (dmuon.reference) on the same
+gradients.
+
+The model's forward makes each layer's weight gradient a chosen matrix exactly: layer k
+computes I·Wₖᵀ + bₖ (I the identity) and the loss is Σ (that ∘ Gₖᵀ), so ∂loss/∂Wₖ = Gₖ
+whatever the mode's wrapper (FSDP2, DDP, weight ownership) does in forward and backward, up
+to the rounding of its gradient average (exact at worlds 2 and 4)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+
+import dmuon
+from dmuon.reference import ReferenceDMuon
+
+# (out, in) of each layer: tall, dim 0 smaller than world 3 (an empty shard), uneven under
+# world 3 (7 = 3 + 3 + 1), wide.
+SHAPES = [(12, 5), (2, 9), (7, 6), (16, 24)]
+NUM_STEPS = 2
+OPTIONS = dict(lr=0.02, weight_decay=0.1, ns_algorithm="gram", bucket_size_mb=0.0005)
+
+
+class ProbeModel(nn.Module):
+    """Linear layers whose weight gradients are set by the loss (module docstring); the first
+    layer has a bias (an AdamW parameter)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(i, o, bias=(k == 0)) for k, (o, i) in enumerate(SHAPES))
+
+    def forward(self, targets: list[torch.Tensor]) -> torch.Tensor:
+        loss = torch.zeros(())
+        for layer, g in zip(self.layers, targets):
+            out = layer(torch.eye(layer.in_features))
+            loss = loss + (out * g.T).sum()
+        return loss
+
+
+def _targets(step: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(*s, generator=gen) / s[1] ** 0.5 for s in SHAPES]
+
+
+def _reference_groups(model: nn.Module) -> list[dict]:
+    """DMuon's defaults (and OPTIONS) as ReferenceDMuon groups: weights Muon, bias AdamW."""
+    muon = dict(use_muon=True, lr=OPTIONS["lr"], weight_decay=OPTIONS["weight_decay"], momentum=0.95, nesterov=True,
+                ns_algorithm=OPTIONS["ns_algorithm"], ns_coefficients=None, ns_steps=5, eps=1e-7,
+                adjust_lr="match_rms_adamw")
+    adamw = dict(use_muon=False, lr=OPTIONS["lr"], weight_decay=OPTIONS["weight_decay"], betas=(0.9, 0.999), eps=1e-8)
+    weights = [layer.weight for layer in model.layers]
+    biases = [layer.bias for layer in model.layers if layer.bias is not None]
+    return [{**muon, "params": weights}, {**adamw, "params": biases}]
+
+
+def _full(p: torch.Tensor) -> torch.Tensor:
+    return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+
+
+def mode_matches_reference(rank: int, world: int, mode: str) -> dict:
+    """NUM_STEPS steps of DMuon in `mode` ("local", "fsdp2", "ddp", "hsdp", "gather",
+    "ownership") and of ReferenceDMuon on the same gradients; per parameter, the error of
+    DMuon's total update relative to the reference's, and which runtime stepped it."""
+    torch.manual_seed(0)
+    reference = ProbeModel()
+    model = copy.deepcopy(reference)
+    initial = [p.detach().clone() for p in reference.parameters()]
+    ref_opt = ReferenceDMuon(_reference_groups(reference))
+    owned = None
+    options = dict(OPTIONS)
+    if mode in ("fsdp2", "gather", "hsdp"):
+        from torch.distributed.fsdp import fully_shard
+
+        # NOTE: dimension names of this test's own: a pooled rank that an earlier task gave a
+        # ("replicate", "shard") mesh resolved the new mesh's groups through torch's mesh
+        # cache to that task's destroyed groups ("Could not resolve the process group
+        # registered under the name 7", after test_distributed's HSDP test).
+        mesh = (init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("parity_replicate", "parity_shard"))
+                if mode == "hsdp" else init_device_mesh("cpu", (world,)))
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        if mode == "gather":
+            options["mode"] = "gather"
+        wrapped = model
+    elif mode == "ddp":
+        wrapped = nn.parallel.DistributedDataParallel(model)
+    elif mode == "ownership":
+        owned = dmuon.own_matrices(model, bucket_size_mb=0.0005, replicate_others=True)
+        wrapped = model
+    else:
+        wrapped = model
+    opt = dmuon.DMuon(model, **options)
+    for step in range(NUM_STEPS):
+        targets = _targets(step)
+        for p in reference.parameters():
+            p.grad = None
+        reference(targets).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        wrapped(targets).backward()
+        opt.step()
+    if owned is not None:
+        with owned.materialized(opt):
+            final = [_full(p) for p in model.parameters()]
+    else:
+        final = [_full(p) for p in model.parameters()]
+    names = [name for name, _ in model.named_parameters()]
+    errors = {}
+    for name, p, q, q0 in zip(names, final, reference.parameters(), initial):
+        want = q.detach() - q0
+        errors[name] = float((p - q0 - want).norm() / want.norm())
+    runtime = "ownership" if owned is not None else type(opt.runtime).__name__
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    return {"errors": errors, "runtime": runtime, "world": world_size}
