@@ -84,10 +84,6 @@ inline std::string Knob<const char*>::get() const { return get_string(name, fall
     "seconds the MILP owner planner may search (unset, shown as 0: MilpOptions' 2 s)")                                     \
   X(kPlanMaxNodes, int64_t, "DMUON_PLAN_MAX_NODES", 0, kDiagnostic,                                                 \
     "branch-and-bound nodes per MILP stage (unset, shown as 0: MilpOptions' 20000)")                        \
-  X(kGatedStep, bool, "DMUON_GATED_STEP", true, kOverride,                                                          \
-    "Execution.gated_step: one process on one GPU checks and updates behind a device-side gate")                     \
-  X(kFusedStep, bool, "DMUON_FUSED_STEP", true, kOverride,                                                          \
-    "Execution.fused_step: one process on one GPU batches every same-shape matrix through the fused engine")         \
   X(kFusedStreams, int64_t, "DMUON_FUSED_STREAMS", 2, kOverride,                                                    \
     "Execution.streams: CUDA streams of the gated fused step (1-8)")                                               \
   X(kPipelineDepth, int64_t, "DMUON_PIPELINE_DEPTH", 0, kOverride,                                                  \

@@ -22,7 +22,7 @@ struct FusedTensor {
 };
 
 /// Whether a (parameter, gradient, momentum buffer) takes the fused path: `enabled`
-/// (DMUON_FUSED_STEP), a CUDA parameter of at least 2 dimensions, all three contiguous fp32
+/// (the former fused-step switch), a CUDA parameter of at least 2 dimensions, all three contiguous fp32
 /// tensors of its shape on its device, and the sm_90a kernel usable there (`kernel_usable`).
 /// An undefined momentum buffer stands for one not created yet (it will be made like the
 /// parameter).

@@ -79,13 +79,12 @@ void register_dist_bindings(py::module_& m) {
                        std::string solver, std::string device_type, bool profile,
                        std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries,
                        int64_t fused_streams, std::string plan_source, bool record_timeline,
-                       std::optional<bool> gated_step, std::optional<bool> fused_step,
                        std::optional<int64_t> pipeline_depth, std::optional<int64_t> ns_batch_mb,
                        std::optional<bool> cuda_graphs) {
              return RuntimeOptions{std::move(mode),        bucket_bytes, std::move(wire_dtype),
                                    std::move(solver),      std::move(device_type), profile,
                                    std::move(cost_entries), fused_streams, std::move(plan_source),
-                                   record_timeline,        gated_step,   fused_step,
+                                   record_timeline,
                                    pipeline_depth,         ns_batch_mb,  cuda_graphs};
            }),
            py::arg("mode") = "owner", py::arg("bucket_bytes") = int64_t{64} << 20,
@@ -93,8 +92,7 @@ void register_dist_bindings(py::module_& m) {
            py::arg("device_type") = "cpu", py::arg("profile") = false,
            py::arg("cost_entries") = std::vector<std::tuple<int64_t, int64_t, int64_t, double>>{},
            py::arg("fused_streams") = int64_t{0}, py::arg("plan_source") = "auto",
-           py::arg("record_timeline") = false, py::arg("gated_step") = py::none(),
-           py::arg("fused_step") = py::none(), py::arg("pipeline_depth") = py::none(),
+           py::arg("record_timeline") = false, py::arg("pipeline_depth") = py::none(),
            py::arg("ns_batch_mb") = py::none(), py::arg("cuda_graphs") = py::none())
       .def_readonly("plan_source", &RuntimeOptions::plan_source)
       .def_readonly("record_timeline", &RuntimeOptions::record_timeline)

@@ -53,8 +53,6 @@ struct RuntimeOptions {
   bool record_timeline = false;
   // Code-path switches (Python: dmuon.Execution). Unset: the DMUON_* variable named, read
   // when the runtime is made (common/env.h), else the default.
-  std::optional<bool> gated_step;         ///< DMUON_GATED_STEP (default on): the gated check-and-update
-  std::optional<bool> fused_step;         ///< DMUON_FUSED_STEP (default on): the fused single-GPU batches
   std::optional<int64_t> pipeline_depth;  ///< DMUON_PIPELINE_DEPTH (default 0: twice the world size)
   std::optional<int64_t> ns_batch_mb;     ///< DMUON_NS_BATCH_MB (default 2048): one fused batch's workspace
   std::optional<bool> cuda_graphs;        ///< DMUON_CUDA_GRAPHS (default on): NS replayed as CUDA graphs

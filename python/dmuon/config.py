@@ -114,8 +114,8 @@ class Execution(_Options):
     ``cost_cache``; "analytic": FLOP counts; "auto": profile on GPUs); ``nonfinite``:
     "raise" or "skip" a step with a NaN/Inf gradient; ``profile``: synchronize between
     phases so that ``runtime.last_stats`` times are real. Code-path switches (None: the
-    variable if set, else the default in brackets): ``gated_step`` (DMUON_GATED_STEP [on]),
-    ``fused_step`` (DMUON_FUSED_STEP [on]), ``fused_streams`` (DMUON_FUSED_STREAMS [2]),
+    variable if set, else the default in brackets): ``fused_streams`` (DMUON_FUSED_STREAMS [2]:
+    CUDA streams one process spreads its NS batches over),
     ``pipeline_depth`` (DMUON_PIPELINE_DEPTH [0: twice the world size]), ``ns_batch_mb``
     (DMUON_NS_BATCH_MB [2048]), ``cuda_graphs`` (DMUON_CUDA_GRAPHS [on])."""
 
@@ -127,8 +127,6 @@ class Execution(_Options):
     cost_cache: str | None = "~/.cache/dmuon/ns_costs.txt"
     nonfinite: str = "raise"
     profile: bool = False
-    gated_step: bool | None = None
-    fused_step: bool | None = None
     fused_streams: int | None = None
     pipeline_depth: int | None = None
     ns_batch_mb: int | None = None
@@ -144,8 +142,6 @@ class Execution(_Options):
             _fail(Execution, "cost_cache", "a path (str) or None (no cache file)", self.cost_cache)
         if not isinstance(self.profile, bool):
             _fail(Execution, "profile", "True or False", self.profile)
-        _check_optional_bool(self, "gated_step")
-        _check_optional_bool(self, "fused_step")
         _check_optional_bool(self, "cuda_graphs")
         _check_optional_int(self, "fused_streams", 1, 8)
         _check_optional_int(self, "pipeline_depth", 0)
@@ -155,7 +151,7 @@ class Execution(_Options):
         """Keyword arguments of dmuon._C.dist.RuntimeOptions (None: the runtime resolves it)."""
         return dict(mode=self.mode, bucket_bytes=int(self.bucket_size_mb * 2**20), wire_dtype=self.wire_dtype,
                     solver=self.planner, profile=self.profile, fused_streams=self.fused_streams or 0,
-                    gated_step=self.gated_step, fused_step=self.fused_step, pipeline_depth=self.pipeline_depth,
+                    pipeline_depth=self.pipeline_depth,
                     ns_batch_mb=self.ns_batch_mb, cuda_graphs=self.cuda_graphs)
 
 

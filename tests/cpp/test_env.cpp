@@ -40,7 +40,7 @@ TEST(Env, MalformedValueNamesTheVariable) {
 }
 
 // The bug this guards: a process-wide cache of first values made the second of two
-// runtimes in one process (bench ns --ungated) see the first one's DMUON_GATED_STEP.
+// runtimes in one process (bench ns --ungated) see the first one's value of a code-path switch.
 TEST(Env, ChangedVariableIsSeenByTheNextRead) {
   ::setenv("DMUON_TEST_CHANGED", "1", 1);
   EXPECT_EQ(dmuon::env::get_int("DMUON_TEST_CHANGED", 0), 1);
@@ -51,13 +51,13 @@ TEST(Env, ChangedVariableIsSeenByTheNextRead) {
 }
 
 TEST(Env, KnobSeesEachChange) {
-  ::setenv("DMUON_GATED_STEP", "1", 1);
-  EXPECT_TRUE(dmuon::env::kGatedStep.get());
-  ::setenv("DMUON_GATED_STEP", "0", 1);
-  EXPECT_FALSE(dmuon::env::kGatedStep.get());
-  ::unsetenv("DMUON_GATED_STEP");
-  EXPECT_TRUE(dmuon::env::kGatedStep.get());  // the fallback
-  EXPECT_FALSE(dmuon::env::kGatedStep.get_if_set().has_value());
+  ::setenv("DMUON_CUDA_GRAPHS", "1", 1);
+  EXPECT_TRUE(dmuon::env::kCudaGraphs.get());
+  ::setenv("DMUON_CUDA_GRAPHS", "0", 1);
+  EXPECT_FALSE(dmuon::env::kCudaGraphs.get());
+  ::unsetenv("DMUON_CUDA_GRAPHS");
+  EXPECT_TRUE(dmuon::env::kCudaGraphs.get());  // the fallback
+  EXPECT_FALSE(dmuon::env::kCudaGraphs.get_if_set().has_value());
 }
 
 // An explicit option wins over the variable; the variable only replaces an unset option.
@@ -71,7 +71,7 @@ TEST(Env, ResolveGivesTheExplicitOptionPrecedence) {
 
 TEST(Env, ListsEveryKnobOnceWithItsKind) {
   const auto knobs = dmuon::env::all_knobs();
-  EXPECT_EQ(knobs.size(), 14u);
+  EXPECT_EQ(knobs.size(), 12u);
   std::set<std::string> names;
   int overrides = 0;
   for (const auto& k : knobs) {
@@ -80,7 +80,7 @@ TEST(Env, ListsEveryKnobOnceWithItsKind) {
     EXPECT_FALSE(k.what.empty()) << k.name;
     overrides += k.kind == "override";
   }
-  EXPECT_EQ(overrides, 6);  // the code-path switches (each also an Execution field)
+  EXPECT_EQ(overrides, 4);  // the code-path switches (each also an Execution field)
   ::setenv("DMUON_NS_BATCH_MB", "7", 1);
   for (const auto& k : dmuon::env::all_knobs())
     if (k.name == "DMUON_NS_BATCH_MB") EXPECT_EQ(k.value, "7");

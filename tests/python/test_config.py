@@ -47,7 +47,7 @@ BAD_FIELDS = [
     (Execution, "mode", "scatter"), (Execution, "bucket_size_mb", -1), (Execution, "bucket_size_mb", float("inf")),
     (Execution, "wire_dtype", "int8"), (Execution, "planner", "magic"), (Execution, "cost_model", "measured"),
     (Execution, "cost_cache", 3), (Execution, "nonfinite", "ignore"), (Execution, "profile", "yes"),
-    (Execution, "gated_step", 0), (Execution, "fused_step", "on"), (Execution, "fused_streams", 9),
+    (Execution, "fused_streams", 9),
     (Execution, "fused_streams", 0), (Execution, "pipeline_depth", -1), (Execution, "ns_batch_mb", 0),
     (Execution, "cuda_graphs", "1"),
     (Ownership, "reshard_after_forward", None), (Ownership, "prefetch", -1), (Ownership, "bucket_size_mb", -2),
@@ -198,46 +198,39 @@ def runtime_of(**execution):
 
 
 def test_execution_switches_reach_the_runtime(monkeypatch):
-    for name in ("DMUON_GATED_STEP", "DMUON_FUSED_STEP", "DMUON_PIPELINE_DEPTH", "DMUON_NS_BATCH_MB",
-                 "DMUON_FUSED_STREAMS", "DMUON_CUDA_GRAPHS", "DMUON_PROFILE"):
+    for name in ("DMUON_PIPELINE_DEPTH", "DMUON_NS_BATCH_MB", "DMUON_FUSED_STREAMS", "DMUON_CUDA_GRAPHS",
+                 "DMUON_PROFILE"):
         monkeypatch.delenv(name, raising=False)
-    switches = runtime_of(gated_step=False, fused_step=False, fused_streams=3, pipeline_depth=5,
-                          ns_batch_mb=7, cuda_graphs=False, profile=True).execution
-    assert switches == dict(gated_step=False, fused_step=False, fused_streams=3, pipeline_depth=5, ns_batch_mb=7,
-                            cuda_graphs=False, profile=True)
+    switches = runtime_of(fused_streams=3, pipeline_depth=5, ns_batch_mb=7, cuda_graphs=False, profile=True).execution
+    assert switches == dict(fused_streams=3, pipeline_depth=5, ns_batch_mb=7, cuda_graphs=False, profile=True)
     defaults = runtime_of().execution
-    assert defaults["gated_step"] and defaults["fused_step"] and defaults["fused_streams"] == 2
-    assert defaults["cuda_graphs"] and not defaults["profile"]
-    assert defaults["pipeline_depth"] == 2 and defaults["ns_batch_mb"] == 2048  # world 1: 2 x 1
+    assert defaults["fused_streams"] == 2 and defaults["cuda_graphs"] and not defaults["profile"]
+    assert defaults["ns_batch_mb"] == 2048
 
 
 def test_variables_override_unset_fields_only(monkeypatch):
-    monkeypatch.setenv("DMUON_GATED_STEP", "0")
     monkeypatch.setenv("DMUON_PIPELINE_DEPTH", "4")
     monkeypatch.setenv("DMUON_CUDA_GRAPHS", "0")
-    assert runtime_of().execution["gated_step"] is False
     assert runtime_of().execution["pipeline_depth"] == 4
     assert runtime_of().execution["cuda_graphs"] is False
-    assert runtime_of(gated_step=True, pipeline_depth=1, cuda_graphs=True).execution == {
-        **runtime_of().execution, "gated_step": True, "pipeline_depth": 1, "cuda_graphs": True}
+    assert runtime_of(pipeline_depth=1, cuda_graphs=True).execution == {
+        **runtime_of().execution, "pipeline_depth": 1, "cuda_graphs": True}
 
 
 def test_a_variable_changed_between_two_runtimes_is_seen_by_the_second(monkeypatch):
     # NOTE: the bug: common/env.cpp kept each variable's first value for the process.
-    monkeypatch.setenv("DMUON_GATED_STEP", "1")
-    assert runtime_of().gated_step is True
-    monkeypatch.setenv("DMUON_GATED_STEP", "0")
-    assert runtime_of().gated_step is False
-    monkeypatch.setenv("DMUON_GATED_STEP", "1")
-    assert runtime_of().gated_step is True
+    monkeypatch.setenv("DMUON_NS_BATCH_MB", "64")
+    assert runtime_of().execution["ns_batch_mb"] == 64
+    monkeypatch.setenv("DMUON_NS_BATCH_MB", "32")
+    assert runtime_of().execution["ns_batch_mb"] == 32
 
 
 def test_a_bad_variable_names_itself_and_a_bad_option_names_the_field(monkeypatch):
     monkeypatch.setenv("DMUON_NS_BATCH_MB", "0")
     with pytest.raises(RuntimeError, match="DMUON_NS_BATCH_MB must be at least 1, got 0"):
         runtime_of()
-    monkeypatch.setenv("DMUON_GATED_STEP", "maybe")
-    with pytest.raises(RuntimeError, match="DMUON_GATED_STEP='maybe' is not a boolean"):
+    monkeypatch.setenv("DMUON_CUDA_GRAPHS", "maybe")
+    with pytest.raises(RuntimeError, match="DMUON_CUDA_GRAPHS='maybe' is not a boolean"):
         runtime_of(ns_batch_mb=1)
 
 
@@ -253,11 +246,10 @@ def _variables_in_sources() -> set[str]:
 def test_every_variable_is_listed_once_and_documented():
     knobs = _C.env_knobs()
     names = [k["name"] for k in knobs]
-    assert len(names) == len(set(names)) == 14
+    assert len(names) == len(set(names)) == 12
     assert _variables_in_sources() == set(names)
     assert sorted(k["name"] for k in knobs if k["kind"] == "override") == sorted(
-        ["DMUON_GATED_STEP", "DMUON_FUSED_STEP", "DMUON_FUSED_STREAMS", "DMUON_PIPELINE_DEPTH", "DMUON_NS_BATCH_MB",
-         "DMUON_CUDA_GRAPHS"])
+        ["DMUON_FUSED_STREAMS", "DMUON_PIPELINE_DEPTH", "DMUON_NS_BATCH_MB", "DMUON_CUDA_GRAPHS"])
     doc = (REPO / "docs" / "configuration.md").read_text()
     for k in knobs:
         assert f"`{k['name']}`" in doc, f"{k['name']} is not in docs/configuration.md"

@@ -39,7 +39,7 @@ def test_transposed_and_row_block_views_match_the_reference_on_gpu(algorithm):
                                                   transposed=[views[n].transposed for n in params])],
                                             ns_dtype=dtype)))
     (exact_p, exact), (half_p, half) = refs
-    for step in range(3):  # NOTE: steps 2 and 3 take the gated fused path
+    for step in range(3):  # NOTE: step 1 creates the momentum buffers, 2 and 3 reuse them
         before = {n: [ps[n].detach().double().cpu().clone() for ps in (gpu, exact_p, half_p)] for n in SHAPES}
         for n in SHAPES:
             grad = torch.randn(SHAPES[n], generator=gen, dtype=torch.float64)
@@ -52,5 +52,4 @@ def test_transposed_and_row_block_views_match_the_reference_on_gpu(algorithm):
                                                                                           before[n]))
             bound = 3 * (d_half - d_exact).norm() + 1e-3 * d_exact.norm()
             assert (d_gpu - d_exact).norm() <= bound, (algorithm, step, n)
-    fused = [(rows, cols) for _, rows, cols in opt.runtime.last_stats.fused_batches]
-    assert fused, "the second and third steps should take the fused path"
+    assert type(opt.runtime).__name__ == "EngineRuntime", "one GPU steps through the step engine"

@@ -73,7 +73,18 @@ void register_engine_bindings(py::module_& m) {
       .def_property_readonly("transport",
                              [](const EngineRuntime& r) { return dist::transport_name(r.world_model().transport()); })
       .def_property_readonly("options", &EngineRuntime::options)
-      .def_property_readonly("step_layout", &EngineRuntime::step_layout);
+      .def_property_readonly("step_layout", &EngineRuntime::step_layout)
+      .def_property_readonly(
+          "execution",
+          [](const EngineRuntime& r) {
+            const step::EngineOptions& e = r.engine_options();
+            py::dict d;
+            d["fused_streams"] = e.num_streams, d["pipeline_depth"] = r.pipeline_depth();
+            d["ns_batch_mb"] = e.ns_batch_bytes >> 20, d["cuda_graphs"] = e.graphs;
+            d["profile"] = r.options().profile || e.profile;
+            return d;
+          },
+          "The code-path switches as resolved when the runtime was made (options, else DMUON_* variables)");
 }
 
 }  // namespace dmuon::torch_adapter

@@ -115,7 +115,7 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
   e.ns_batch_bytes = ns_batch_mb << 20;
   e.graphs = env::resolve(options_.cuda_graphs, env::kCudaGraphs);
   // NOTE: the per-stage timeline is device time only when the phases synchronize.
-  e.profile = options_.profile || options_.record_timeline || env::get_bool("DMUON_PROFILE", false);
+  e.profile = options_.profile || options_.record_timeline || env::kProfile.get();
   e.solver = plan::parse_solver(options_.solver);
   e.cost_entries = options_.cost_entries;
   engine_ = std::make_unique<step::StepEngine>(*transport_, *ops_, std::move(specs), e);

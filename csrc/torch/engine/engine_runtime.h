@@ -56,6 +56,9 @@ class EngineRuntime {
   int world_size() const { return transport_->world_size(); }
   const dist::WorldModel& world_model() const { return transport_->world_model(); }
   const RuntimeOptions& options() const { return options_; }
+  /// The engine's options as resolved when the runtime was made (options, else DMUON_*).
+  const step::EngineOptions& engine_options() const { return engine_->options(); }
+  int64_t pipeline_depth() const { return engine_->pipeline_depth(); }
   /// Per parameter: the owner of its first matrix (−1 in gather mode).
   const std::vector<int>& owners() const { return param_owners_; }
   /// Per matrix (item): its owner.
