@@ -111,7 +111,7 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
   e.num_streams = optim::gated_stream_count(options_.fused_streams,
                                             options_.fused_streams != 0 ? 0 : env::get_int("DMUON_FUSED_STREAMS", 2));
   const int64_t ns_batch_mb = env::resolve(options_.ns_batch_mb, env::kNsBatchMb);
-  DMUON_CHECK(ns_batch_mb >= 1, "DMUON_NS_BATCH_MB / ns_batch_mb must be at least 1, got ", ns_batch_mb);
+  DMUON_CHECK(ns_batch_mb >= 1, "DMUON_NS_BATCH_MB must be at least 1, got ", ns_batch_mb);
   e.ns_batch_bytes = ns_batch_mb << 20;
   e.graphs = env::resolve(options_.cuda_graphs, env::kCudaGraphs);
   // NOTE: the per-stage timeline is device time only when the phases synchronize.
