@@ -6,21 +6,11 @@
 #include <numeric>
 
 #include "common/check.h"
+#include "step_tensors.h"
 #include "world_detect.h"
 
 namespace dmuon::torch_adapter {
 namespace {
-
-at::ScalarType scalar_type(step::DType dtype) {
-  switch (dtype) {
-    case step::DType::kFloat32: return at::kFloat;
-    case step::DType::kFloat64: return at::kDouble;
-    case step::DType::kBFloat16: return at::kBFloat16;
-    case step::DType::kFloat16: return at::kHalf;
-    case step::DType::kInt32: return at::kInt;
-  }
-  DMUON_FAIL("tensor_view: unknown dtype");
-}
 
 at::Device torch_device(const step::Device& device) {
   if (device.kind == step::DeviceKind::kCuda) return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index));

@@ -11,34 +11,21 @@
 #include "common/check.h"
 #include "common/env.h"
 #include "engine/torch_ops.h"
+#include "step_tensors.h"
 #include "optim/gated_step.h"
 #include "plan/solvers.h"
 
 namespace dmuon::torch_adapter {
 namespace {
 
-step::DType step_dtype(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat: return step::DType::kFloat32;
-    case at::kDouble: return step::DType::kFloat64;
-    case at::kBFloat16: return step::DType::kBFloat16;
-    case at::kHalf: return step::DType::kFloat16;
-    default: DMUON_FAIL("the step engine takes float32, float64, bfloat16 or float16 tensors, not ", type);
-  }
-}
-
 at::ScalarType parse_dtype(const std::string& name, const std::string& param) {
-  if (name == "float32") return at::kFloat;
-  if (name == "float64") return at::kDouble;
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
-  DMUON_FAIL("parameter '", param, "': dtype must be float32, float64, bfloat16 or float16, got '", name, "'");
+  return scalar_type(parse_step_dtype(name, "parameter '" + param + "'"));
 }
 
 step::Buffer buffer_of(const at::Tensor& t) {
   step::Device device;
   if (t.is_cuda()) device = {step::DeviceKind::kCuda, t.device().index()};
-  return step::Buffer{t.numel() ? t.data_ptr() : nullptr, step_dtype(t.scalar_type()), t.numel(), device};
+  return step::Buffer{t.numel() ? t.data_ptr() : nullptr, step_dtype(t.scalar_type(), "a step tensor"), t.numel(), device};
 }
 
 step::Device runtime_device(const std::string& device_type) {
@@ -99,7 +86,7 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
     // NOTE: a transposed (Conv1D) matrix's lr ratio is the engine's (item_scale: the
     // model's shape), so it steps under its own group's rule.
     const int64_t group = group_slot[i];
-    specs.push_back({names[i], layouts_[i], step_dtype(dtypes_.back()), static_cast<int>(group)});
+    specs.push_back({names[i], layouts_[i], step_dtype(dtypes_.back(), "parameter '" + names[i] + "'"), static_cast<int>(group)});
   }
   step::EngineOptions e;
   e.mode = step::parse_mode(options_.mode);
