@@ -81,6 +81,7 @@ bool ParamLayout::uniform() const {
 }
 
 std::vector<RowBlock> ParamLayout::rank_rows(int world_size) const {
+  DMUON_CHECK(!mesh, "a parameter placed ", mesh->describe(), " holds boxes, not row ranges (rank_boxes)");
   if (!sharded) return std::vector<RowBlock>(static_cast<size_t>(world_size), {0, flat_rows()});
   std::vector<RowBlock> blocks = chunk_rows(global_shape[0], world_size);
   for (RowBlock& b : blocks) {
@@ -88,6 +89,29 @@ std::vector<RowBlock> ParamLayout::rank_rows(int world_size) const {
     b.count *= rows_per_dim0();
   }
   return blocks;
+}
+
+}  // namespace dmuon::dist
+
+namespace dmuon::dist {
+
+std::vector<Box> ParamLayout::rank_boxes(int world_size, const std::string& what) const {
+  if (mesh) {
+    DMUON_CHECK(mesh->world_size() == world_size, what, ": placements ", mesh->describe(), " list ",
+                mesh->world_size(), " ranks, but the group has ", world_size);
+    return dist::rank_boxes(global_shape, *mesh, what);
+  }
+  std::vector<Box> boxes;
+  Box whole;
+  for (int64_t d : global_shape) whole.push_back({0, d});
+  const std::vector<RowBlock> dim0 = sharded ? chunk_rows(global_shape[0], world_size)
+                                             : std::vector<RowBlock>(static_cast<size_t>(world_size), {0, global_shape[0]});
+  for (const RowBlock& b : dim0) {
+    Box box = whole;
+    box[0] = {b.begin, b.count};
+    boxes.push_back(std::move(box));
+  }
+  return boxes;
 }
 
 }  // namespace dmuon::dist

@@ -8,12 +8,18 @@
 // The matrices Muon orthogonalizes are contiguous ranges of flat rows (matrix_blocks()).
 // Sharded on dim 0 (DTensor Shard(0), FSDP2), rank r holds a contiguous block of dim 0 —
 // torch.chunk's split, trailing ranks possibly empty — hence a contiguous block of flat
-// rows. Replicated, every rank holds every row.
+// rows. Replicated, every rank holds every row. Placed on a device mesh (`mesh`: any
+// DTensor placements, dist/placement.h), rank r holds a box of the tensor: a range of
+// rows and a range of columns of each matrix (rank_boxes()).
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
+
+#include "dist/placement.h"
 
 namespace dmuon::dist {
 
@@ -40,6 +46,9 @@ struct ParamLayout {
   /// Each matrix is stored transposed, (in, out) (HF Conv1D): the lr adjustment takes the
   /// matrix as (cols, rows). Newton–Schulz needs no change: orth(Xᵀ) = orth(X)ᵀ.
   bool transposed = false;
+  /// Set: the placement on a device mesh gives every rank's box (rank_boxes()); `sharded`
+  /// then only says whether any mesh dim shards it.
+  std::optional<MeshPlacement> mesh;
 
   /// Throws dmuon::Error naming `what` when the shape cannot be a Muon parameter.
   void validate(const char* what) const;
@@ -57,8 +66,12 @@ struct ParamLayout {
     return transposed ? std::pair<int64_t, int64_t>{cols(), rows} : std::pair<int64_t, int64_t>{rows, cols()};
   }
   int64_t numel() const { return flat_rows() * cols(); }
-  /// Flat rows each rank holds (sharded: its chunk; replicated: all rows).
+  /// Flat rows each rank holds (sharded: its chunk; replicated: all rows). Throws for a
+  /// mesh placement (whose boxes need not be row ranges: rank_boxes()).
   std::vector<RowBlock> rank_rows(int world_size) const;
+  /// The box each rank holds: a mesh placement's (world_size must be its group's), else
+  /// the chunk of dim 0 (sharded) or the whole tensor (replicated).
+  std::vector<Box> rank_boxes(int world_size, const std::string& what) const;
 };
 
 }  // namespace dmuon::dist

@@ -6,11 +6,14 @@
 namespace dmuon::step {
 
 void check_batch_rows(const char* what, const NsBatchDesc& batch, int64_t matrix_idx, int64_t row_begin,
-                      int64_t row_count, int64_t numel) {
+                      int64_t row_count, int64_t numel, int64_t col_begin, int64_t col_count) {
+  const auto [c0, nc] = piece_cols(batch, col_begin, col_count);
   DMUON_CHECK(matrix_idx >= 0 && matrix_idx < batch.count && row_begin >= 0 && row_count >= 0 &&
-                  row_begin + row_count <= batch.rows && numel == row_count * batch.cols,
-              what, ": rows [", row_begin, ", ", row_begin + row_count, ") of matrix ", matrix_idx, " with ", numel,
-              " elements, in a batch of ", batch.count, " ", batch.rows, "x", batch.cols);
+                  row_begin + row_count <= batch.rows && c0 >= 0 && nc >= 0 && c0 + nc <= batch.cols &&
+                  numel == row_count * nc,
+              what, ": rows [", row_begin, ", ", row_begin + row_count, ") x columns [", c0, ", ", c0 + nc,
+              ") of matrix ", matrix_idx, " with ", numel, " elements, in a batch of ", batch.count, " ", batch.rows,
+              "x", batch.cols);
 }
 
 }  // namespace dmuon::step

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "ns/schedule.h"
@@ -74,17 +75,21 @@ struct LocalMatrix {
   int64_t matrix_idx = 0;
 };
 
-/// Rows [row_begin, row_begin + row_count) of matrix `matrix_idx` of an NS batch, in a
-/// wire buffer (what iterate_from_pieces reads and result_to_pieces writes).
+/// Rows [row_begin, row_begin + row_count) × columns [col_begin, col_begin + col_count)
+/// of matrix `matrix_idx` of an NS batch, [row_count, col_count] row-major in a wire
+/// buffer (what iterate_from_pieces reads and result_to_pieces writes). col_count < 0:
+/// every column (a row piece).
 struct WirePiece {
   Buffer wire;
   int64_t matrix_idx = 0;
   int64_t row_begin = 0, row_count = 0;
+  int64_t col_begin = 0, col_count = -1;
 };
 
-/// p ← p·decay + scale·O on rows [row_begin, row_begin + row_count) of matrix
-/// `matrix_idx` (apply_result) or from `wire` (apply_pieces); a non-finite entry of O is
-/// not applied (only the decay is) and sets result_flags[flag_idx].
+/// p ← p·decay + scale·O on the block rows [row_begin, row_begin + row_count) × columns
+/// [col_begin, col_begin + col_count) of matrix `matrix_idx` (apply_result; p is that
+/// block, contiguous) or from `wire` (apply_pieces); a non-finite entry of O is not
+/// applied (only the decay is) and sets result_flags[flag_idx]. col_count < 0: every column.
 struct ApplyPiece {
   Buffer param;
   Buffer wire;  ///< apply_pieces only
@@ -97,12 +102,19 @@ struct ApplyPiece {
   /// or the replicas drift apart under a lossy wire.
   bool round_through_wire = false;
   DType wire_dtype = DType::kFloat32;
+  int64_t col_begin = 0, col_count = -1;
 };
 
-/// Throws dmuon::Error naming `what` unless rows [row_begin, row_begin + row_count) of
-/// matrix `matrix_idx` lie in `batch` and hold `numel` elements (the ops' argument check).
+/// The columns [begin, begin + count) of a piece in `batch` (col_count < 0: all of them).
+inline std::pair<int64_t, int64_t> piece_cols(const NsBatchDesc& batch, int64_t col_begin, int64_t col_count) {
+  return col_count < 0 ? std::pair<int64_t, int64_t>{0, batch.cols} : std::pair<int64_t, int64_t>{col_begin, col_count};
+}
+
+/// Throws dmuon::Error naming `what` unless rows [row_begin, row_begin + row_count) ×
+/// columns [col_begin, col_begin + col_count) (col_count < 0: all) of matrix
+/// `matrix_idx` lie in `batch` and hold `numel` elements (the ops' argument check).
 void check_batch_rows(const char* what, const NsBatchDesc& batch, int64_t matrix_idx, int64_t row_begin,
-                      int64_t row_count, int64_t numel);
+                      int64_t row_count, int64_t numel, int64_t col_begin = 0, int64_t col_count = -1);
 
 class DeviceOps {
  public:

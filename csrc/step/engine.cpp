@@ -58,7 +58,7 @@ void StepEngine::validate(const std::vector<ParamTensors>& tensors, const std::v
     const ParamSpec& spec = table_.param(p);
     const ParamTensors& t = tensors[static_cast<size_t>(p)];
     const int64_t numel = table_.local_numel(p, rank_);
-    const dist::RowBlock rows = table_.local_rows(p, rank_);
+    const dist::RowBlock rows = table_.local_rows(p, rank_), cols = table_.local_cols(p, rank_);
     DMUON_CHECK(spec.group >= 0 && static_cast<size_t>(spec.group) < rules.size(), "parameter '", spec.name,
                 "': group index ", spec.group, " but ", rules.size(), " group rules");
     std::string why;
@@ -69,9 +69,10 @@ void StepEngine::validate(const std::vector<ParamTensors>& tensors, const std::v
       DMUON_CHECK(numel == 0 ? b.numel == 0
                              : b.dtype == spec.dtype && b.numel == numel && b.data != nullptr && b.device == device,
                   "parameter '", spec.name, "' on rank ", rank_, ": its ", what, " holds ", b.numel, " elements of ",
-                  dtype_name(b.dtype), " on ", device_name(b.device), ", but its layout gives this rank flat rows [",
-                  rows.begin, ", ", rows.begin + rows.count, ") × ", spec.layout.cols(), " = ", numel,
-                  " elements of ", dtype_name(spec.dtype), " on ", device_name(device));
+                  dtype_name(b.dtype), " on ", device_name(b.device), ", but its layout gives this rank ", rows.count,
+                  " flat rows from ", rows.begin, " × columns [", cols.begin, ", ", cols.begin + cols.count, ") of ",
+                  spec.layout.cols(), " = ", numel, " elements of ", dtype_name(spec.dtype), " on ",
+                  device_name(device));
     };
     check(t.param, "local parameter");
     if (t.has_grad) {
@@ -88,8 +89,9 @@ StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
   StageTimeline& line = stats_.stages[s];
   Flight f;
   // Send layout: per destination, the batches it computes, the items it does not hold
-  // whole, this rank's piece; then this rank's own pieces of the items it computes (read
-  // in place by its iterate, never sent).
+  // whole, this rank's piece where this rank is its source (the lowest holder of a block
+  // the destination lacks: replicas send nothing twice); then this rank's own pieces of
+  // the items it computes (read in place by its iterate, never sent).
   std::vector<int64_t> send_counts(static_cast<size_t>(world_), 0), recv_counts(static_cast<size_t>(world_), 0);
   int64_t offset = 0;
   for (int d = 0; d < world_; ++d) {
@@ -99,16 +101,18 @@ StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
       if (!batch.computed_by(d)) continue;
       for (int item : batch.items) {
         const Piece& p = table_.piece(item, rank_);
-        if (!st.active[static_cast<size_t>(item)] || p.empty() || table_.whole_on(item, d)) continue;
+        if (!st.active[static_cast<size_t>(item)] || p.empty() || table_.whole_on(item, d) ||
+            table_.source(item, rank_, d) != rank_)
+          continue;
         f.send_at[{item, d}] = offset;
-        offset += p.row_count * batch.cols;
+        offset += p.numel();
       }
     }
     send_counts[static_cast<size_t>(d)] = offset - begin;
   }
   const int64_t to_others = offset;
   // Receive layout: per source, the batches this rank computes, the items it does not
-  // hold whole, the source's piece. Whether anyone exchanges is decided from what every
+  // hold whole, the source's piece where it is the source of that block to this rank. Whether anyone exchanges is decided from what every
   // rank knows alike (the all_to_all is collective).
   int64_t received = 0;
   bool exchange = false;
@@ -118,7 +122,7 @@ StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
       for (int c = 0; c < world_ && !exchange; ++c) exchange = batch.computed_by(c) && !table_.whole_on(item, c);
       if (batch.computed_by(rank_) && !table_.whole_on(item, rank_) && !table_.piece(item, rank_).empty()) {
         f.self_at[item] = offset;
-        offset += table_.piece(item, rank_).row_count * batch.cols;
+        offset += table_.piece(item, rank_).numel();
       }
     }
   for (int src = 0; src < world_; ++src) {
@@ -128,9 +132,11 @@ StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
       if (!batch.computed_by(rank_)) continue;
       for (int item : batch.items) {
         const Piece& p = table_.piece(item, src);
-        if (!st.active[static_cast<size_t>(item)] || table_.whole_on(item, rank_) || p.empty()) continue;
+        if (!st.active[static_cast<size_t>(item)] || table_.whole_on(item, rank_) || p.empty() ||
+            table_.source(item, src, rank_) != src)
+          continue;
         f.recv_at[{item, src}] = received;
-        received += p.row_count * batch.cols;
+        received += p.numel();
       }
     }
     recv_counts[static_cast<size_t>(src)] = received - begin;
@@ -151,15 +157,15 @@ StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
       std::vector<Buffer> targets;
       for (int d = 0; d < world_; ++d) {
         auto at = f.send_at.find({item, d});
-        if (at != f.send_at.end()) targets.push_back(f.send.get().slice(at->second, p.row_count * batch.cols));
+        if (at != f.send_at.end()) targets.push_back(f.send.get().slice(at->second, p.numel()));
       }
       auto self = f.self_at.find(item);
-      if (self != f.self_at.end()) targets.push_back(f.send.get().slice(self->second, p.row_count * batch.cols));
+      if (self != f.self_at.end()) targets.push_back(f.send.get().slice(self->second, p.numel()));
       if (targets.empty() && computes(item, rank_)) continue;
       const Item& it = table_.item(item);
       const ParamTensors& t = tensors[static_cast<size_t>(it.param_idx)];
       const GroupRule& rule = (*st.rules)[static_cast<size_t>(it.group)];
-      prepare.push_back({piece_view(t.grad, p, it.cols), piece_view(t.momentum, p, it.cols),
+      prepare.push_back({piece_view(t.grad, p), piece_view(t.momentum, p),
                          {rule.momentum, rule.nesterov}, targets.empty() ? Buffer{} : targets.front()});
       for (size_t k = 1; k < targets.size(); ++k) copies.emplace_back(targets.front(), targets[k]);
       st.momentum_done[static_cast<size_t>(item)] = true;
@@ -256,7 +262,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
           const Piece& p = table_.piece(item, d);
           if (p.empty()) continue;
           back.send_at[{item, d}] = sent;
-          sent += p.row_count * batch.cols;
+          sent += p.numel();
         }
       send_counts[static_cast<size_t>(d)] = sent - begin;
     }
@@ -269,7 +275,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
           const Piece& p = table_.piece(item, rank_);
           if (!st.active[static_cast<size_t>(item)] || p.empty()) continue;
           back.recv_at[{item, src}] = received;
-          received += p.row_count * batch.cols;
+          received += p.numel();
         }
       }
       recv_counts[static_cast<size_t>(src)] = received - begin;
@@ -310,33 +316,36 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
       const Piece& me = table_.piece(item, rank_);
       const int64_t idx = static_cast<int64_t>(j);
       if (table_.whole_on(item, rank_)) {
-        LocalMatrix m{piece_view(t.grad, me, it.cols), piece_view(t.momentum, me, it.cols),
+        LocalMatrix m{piece_view(t.grad, me), piece_view(t.momentum, me),
                       {rule.momentum, rule.nesterov}, st.partial_of[static_cast<size_t>(item)], idx};
         (st.momentum_done[static_cast<size_t>(item)] ? local_read : local_update).push_back(m);
       } else {
+        // One piece per block: this rank's own from its send buffer, every other from its source.
         for (int src = 0; src < world_; ++src) {
           const Piece& p = table_.piece(item, src);
-          if (p.empty()) continue;
-          const int64_t numel = p.row_count * it.cols;
+          if (p.empty() || table_.source(item, src, rank_) != src) continue;
+          const int64_t numel = p.numel();
           const Buffer wire = src == rank_ ? forward.send.get().slice(forward.self_at.at(item), numel)
                                            : forward.recv.get().slice(forward.recv_at.at({item, src}), numel);
-          pieces.push_back({wire, idx, p.row_begin, p.row_count});
+          pieces.push_back({wire, idx, p.row_begin, p.row_count, p.col_begin, p.col_count});
         }
       }
       if (owner_mode)
         for (int d = 0; d < world_; ++d) {
           const Piece& p = table_.piece(item, d);
           if (d == rank_ || p.empty()) continue;
-          returns.push_back({back.send.get().slice(back.send_at.at({item, d}), p.row_count * it.cols), idx, p.row_begin,
-                             p.row_count});
+          returns.push_back({back.send.get().slice(back.send_at.at({item, d}), p.numel()), idx, p.row_begin,
+                             p.row_count, p.col_begin, p.col_count});
         }
       if (!me.empty()) {
-        ApplyPiece a{piece_view(t.param, me, it.cols), Buffer{}, idx, me.row_begin, me.row_count, item_scale(rule, item), decay,
+        ApplyPiece a{piece_view(t.param, me), Buffer{}, idx, me.row_begin, me.row_count, item_scale(rule, item), decay,
                      it.param_idx};
         // NOTE: replicas apply what the wire brings them; so does the owner, bit for bit.
-        a.round_through_wire = owner_mode && !table_.param(it.param_idx).layout.sharded &&
-                               table_.param(it.param_idx).whole_on_rank < 0 && world_ > 1;
+        a.round_through_wire = owner_mode && table_.param(it.param_idx).whole_on_rank < 0 &&
+                               table_.replicated_on(item, rank_);
         a.wire_dtype = wire_dtype_;
+        a.col_begin = me.col_begin;
+        a.col_count = me.col_count;
         own.push_back(a);
       }
     }
@@ -394,8 +403,8 @@ void StepEngine::land(size_t s, StepState& st, Flight& back) {
       const Piece& p = table_.piece(item, rank_);
       if (!st.active[static_cast<size_t>(item)] || p.empty()) continue;
       const Item& it = table_.item(item);
-      const int64_t numel = p.row_count * it.cols;
-      apply.push_back({piece_view((*st.tensors)[static_cast<size_t>(it.param_idx)].param, p, it.cols),
+      const int64_t numel = p.numel();
+      apply.push_back({piece_view((*st.tensors)[static_cast<size_t>(it.param_idx)].param, p),
                        back.recv.get().slice(back.recv_at.at({item, batch.owner}), numel), 0, p.row_begin,
                        p.row_count, item_scale(rule, item), decay, it.param_idx});
     }

@@ -1,5 +1,6 @@
 // dmuon/step/engine_plan.cpp — the engine's plan (made and agreed when the engine is made)
 // and the stages made from it.
+#include <map>
 #include <utility>
 
 #include "common/check.h"
@@ -11,11 +12,11 @@
 namespace dmuon::step {
 namespace {
 
-// The planning problem: one matrix per item (MoE experts are planned one by one).
-plan::Problem planning_problem(const ItemTable& table, int64_t wire_size, const EngineOptions& options,
-                               DeviceKind device) {
+// The planning problem: one matrix per item of `items` (MoE experts are planned one by one).
+plan::Problem planning_problem(const ItemTable& table, const std::vector<int>& items, int64_t wire_size,
+                               const EngineOptions& options, DeviceKind device) {
   std::vector<plan::MatrixSpec> matrices;
-  for (int i = 0; i < table.num_items(); ++i) {
+  for (int i : items) {
     const Item& it = table.item(i);
     matrices.push_back({table.item_name(i), it.rows, it.cols, 1, it.numel() * wire_size, 0});
   }
@@ -70,6 +71,27 @@ uint64_t given_fingerprint(const ItemTable& table, const std::vector<int>& owner
     }
   }
   return hasher.digest();
+}
+
+// Items placed on a mesh that some ranks, not all, hold whole (experts of an EP group,
+// a matrix replicated over part of the mesh) are owned where they are: nothing travels
+// forward. Each goes to one of its whole holders in turn (round robin per holder set), so
+// replicas share the work. −1: the planner chooses.
+// NOTE: the planner does not see this load; issue 27's receive-bytes locality term is
+// meant to let the planner make this choice itself.
+std::vector<int> pinned_owners(const ItemTable& table) {
+  std::vector<int> pinned(static_cast<size_t>(table.num_items()), -1);
+  std::map<std::vector<int>, int64_t> turn;  // holder set → items pinned to it so far
+  for (int i = 0; i < table.num_items(); ++i) {
+    if (!table.param(table.item(i).param_idx).layout.mesh) continue;
+    std::vector<int> holders;
+    for (int r = 0; r < table.world_size(); ++r)
+      if (table.whole_on(i, r)) holders.push_back(r);
+    if (holders.empty() || static_cast<int>(holders.size()) == table.world_size()) continue;
+    const int64_t k = turn[holders]++;
+    pinned[static_cast<size_t>(i)] = holders[static_cast<size_t>(k % static_cast<int64_t>(holders.size()))];
+  }
+  return pinned;
 }
 
 }  // namespace
@@ -127,32 +149,55 @@ void StepEngine::make_plan() {
     return;
   }
   const int64_t wire_size = dtype_size(wire_dtype_);
-  const plan::Problem problem = planning_problem(table_, wire_size, options_, ops_.device().kind);
+  const std::vector<int> pinned = pinned_owners(table_);
+  std::vector<int> free_items;
+  for (int i = 0; i < num_items; ++i)
+    if (pinned[static_cast<size_t>(i)] < 0) free_items.push_back(i);
+  const plan::Problem problem = planning_problem(table_, free_items, wire_size, options_, ops_.device().kind);
   // NOTE: LPT and round robin are deterministic; the MILP may stop at a wall-clock limit,
   // so its plan is made once and broadcast. A transport that moves nothing cannot
   // broadcast, so every rank solves (the fake world's ranks are one process each).
   const bool local = options_.solver != plan::SolverKind::kMilp || !transport_.moves_data();
   std::string text, error;
   try {
-    if (local || rank_ == 0) text = plan::solve(problem, options_.solver, options_.milp).serialize();
+    if ((local || rank_ == 0) && !free_items.empty())
+      text = plan::solve(problem, options_.solver, options_.milp).serialize();
   } catch (const std::exception& e) {
     error = e.what();
   }
-  if (!local) text = transport_.broadcast(text, "broadcast of the owner plan");
+  if (!local && !free_items.empty()) text = transport_.broadcast(text, "broadcast of the owner plan");
   plan::Plan solved;
-  if (error.empty()) {
+  if (error.empty() && !free_items.empty()) {
     try {
       solved = plan::deserialize_plan(problem, text);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
-  const uint64_t hash = error.empty() ? plan_fingerprint(solved) : 0;
+  uint64_t hash = 0;
+  if (error.empty()) {
+    plan::Hasher hasher;
+    hasher.i64(free_items.empty() ? 0 : static_cast<int64_t>(plan_fingerprint(solved)));
+    for (int owner : pinned) hasher.i64(owner);
+    hash = hasher.digest();
+  }
   agree_plan(hash, error);
-  owners_ = solved.owner;
+  // The solved items' owners and batches (problem indices → items), then each rank's
+  // pinned items in same-shape batches.
+  owners_ = pinned;
+  std::vector<std::vector<int>> pinned_of(static_cast<size_t>(world_));
+  for (int i = 0; i < num_items; ++i)
+    if (pinned[static_cast<size_t>(i)] >= 0) pinned_of[static_cast<size_t>(pinned[static_cast<size_t>(i)])].push_back(i);
+  for (size_t k = 0; k < free_items.size(); ++k) owners_[static_cast<size_t>(free_items[k])] = solved.owner[k];
   for (int r = 0; r < world_; ++r) {
     OwnerBatches batches{r, {}};
-    for (const plan::Batch& b : solved.ranks[static_cast<size_t>(r)].batches) batches.batches.push_back(b.matrix_idx);
+    if (!free_items.empty())
+      for (const plan::Batch& b : solved.ranks[static_cast<size_t>(r)].batches) {
+        std::vector<int> items;
+        for (int idx : b.matrix_idx) items.push_back(free_items[static_cast<size_t>(idx)]);
+        batches.batches.push_back(std::move(items));
+      }
+    for (std::vector<int>& b : shape_batches(table_, pinned_of[static_cast<size_t>(r)])) batches.batches.push_back(std::move(b));
     owner_batches_.push_back(std::move(batches));
   }
   plan_text_ = text;

@@ -20,10 +20,14 @@ inline double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-/// Rows of `piece` in a rank's local tensor of an item's parameter.
-inline Buffer piece_view(const Buffer& local, const Piece& piece, int64_t cols) {
-  return local.slice(piece.local_offset, piece.row_count * cols, "piece of a local tensor");
+/// The block `piece` in a rank's local tensor of an item's parameter ([row_count,
+/// col_count], contiguous).
+inline Buffer piece_view(const Buffer& local, const Piece& piece) {
+  return local.slice(piece.local_offset, piece.numel(), "piece of a local tensor");
 }
+/// NOTE: the form of row pieces, kept for callers that pass the item's columns (a piece
+/// knows its own).
+inline Buffer piece_view(const Buffer& local, const Piece& piece, int64_t /*cols*/) { return piece_view(local, piece); }
 
 inline std::string step_name(int64_t step_idx) { return "step " + std::to_string(step_idx); }
 

@@ -1,11 +1,43 @@
-// dmuon/step/items.cpp — items of every parameter and the pieces each rank holds.
+// dmuon/step/items.cpp — items of every parameter, the block each rank holds of each, and
+// the replica sets of those blocks.
 #include "step/items.h"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include "common/check.h"
 
 namespace dmuon::step {
+namespace {
+
+// The flat matrix's view of a box: local flat rows and the column range it holds.
+struct BoxView {
+  int64_t row_dim = 0;  // the tensor dim of each matrix's rows (1 for a stack)
+  int64_t local_cols = 0, col_begin = 0;
+};
+
+// Columns are the flattened trailing dims: a box must hold a range of the first of them
+// and all of the others, or its local tensor is not a column range of the flat matrix.
+BoxView view_of(const ParamSpec& spec, const dist::Box& box) {
+  const std::vector<int64_t>& shape = spec.layout.global_shape;
+  BoxView v;
+  v.row_dim = spec.layout.batch_dims;
+  const size_t first_col = static_cast<size_t>(v.row_dim) + 1;
+  int64_t inner = 1;
+  for (size_t d = first_col + 1; d < shape.size(); ++d) {
+    DMUON_CHECK(box[d].count == shape[d] || dist::box_numel(box) == 0, "parameter '", spec.name,
+                "': its placements split tensor dim ", d, ", which DMuon flattens into the columns of its matrices "
+                "(only the first column dim, ", first_col, ", may be split",
+                spec.layout.mesh ? "; placements " + spec.layout.mesh->describe() : std::string(), ")");
+    inner *= shape[d];
+  }
+  v.local_cols = box[first_col].count * inner;
+  v.col_begin = box[first_col].begin * inner;
+  return v;
+}
+
+}  // namespace
 
 ItemTable::ItemTable(std::vector<ParamSpec> params, int world_size)
     : world_size_(world_size), params_(std::move(params)) {
@@ -15,35 +47,70 @@ ItemTable::ItemTable(std::vector<ParamSpec> params, int world_size)
     spec.layout.validate(spec.name.c_str());
     DMUON_CHECK(spec.group >= 0, "parameter '", spec.name, "': group index ", spec.group, " is negative");
     DMUON_CHECK(spec.dtype != DType::kInt32, "parameter '", spec.name, "': dtype int32 is not a floating-point type");
+    const std::vector<int64_t>& shape = spec.layout.global_shape;
+    dist::Box whole, none;
+    for (int64_t d : shape) whole.push_back({0, d}), none.push_back({0, 0});
+    std::vector<dist::Box> boxes;
     if (spec.whole_on_rank >= 0) {
       DMUON_CHECK(spec.whole_on_rank < world_size_, "parameter '", spec.name, "': whole on rank ", spec.whole_on_rank,
                   ", outside a world of ", world_size_);
-      DMUON_CHECK(!spec.layout.sharded, "parameter '", spec.name, "': whole on rank ", spec.whole_on_rank,
-                  ", but its layout is sharded");
-      std::vector<dist::RowBlock> rows(static_cast<size_t>(world_size_));
-      rows[static_cast<size_t>(spec.whole_on_rank)] = {0, spec.layout.flat_rows()};
-      rows_.push_back(std::move(rows));
+      DMUON_CHECK(!spec.layout.sharded && !spec.layout.mesh, "parameter '", spec.name, "': whole on rank ",
+                  spec.whole_on_rank, ", but its layout is sharded");
+      boxes.assign(static_cast<size_t>(world_size_), none);
+      boxes[static_cast<size_t>(spec.whole_on_rank)] = whole;
     } else {
       DMUON_CHECK(spec.whole_on_rank == -1, "parameter '", spec.name, "': whole_on_rank ", spec.whole_on_rank,
                   " (use -1 for the layout's pieces)");
-      rows_.push_back(spec.layout.rank_rows(world_size_));
+      boxes = spec.layout.rank_boxes(world_size_, "parameter '" + spec.name + "'");
     }
+    // NOTE: an empty box (a trailing chunk) holds nothing, wherever torch.chunk put it.
+    for (dist::Box& b : boxes)
+      if (dist::box_numel(b) == 0) b = none;
+    boxes_.push_back(boxes);
+
     const int first = static_cast<int>(items_.size());
     const int64_t m = spec.layout.matrix_rows(), n = spec.layout.cols();
     if (m > 0 && n > 0) {
+      const std::vector<dist::RowBlock> blocks = spec.layout.matrix_blocks();
       for (int64_t e = 0; e < spec.layout.num_matrices(); ++e) {
-        items_.push_back({static_cast<int>(p), e, m, n, spec.group, spec.dtype});
-        // The rows of matrix e ([e·m, (e+1)·m) of the flat rows) each rank holds.
+        const int64_t rows = blocks[static_cast<size_t>(e)].count;
+        items_.push_back({static_cast<int>(p), e, rows, n, spec.group, spec.dtype});
         for (int r = 0; r < world_size_; ++r) {
-          const dist::RowBlock block = rows_.back()[static_cast<size_t>(r)];
-          const int64_t lo = std::max(block.begin, e * m), hi = std::min(block.begin + block.count, (e + 1) * m);
+          const dist::Box& box = boxes[static_cast<size_t>(r)];
           Piece piece;
-          if (hi > lo) piece = {lo - e * m, hi - lo, (lo - block.begin) * n};
+          if (dist::box_numel(box) > 0) {
+            const BoxView v = view_of(spec, box);
+            if (spec.layout.batch_dims == 1) {
+              // Matrix e of a stack: the box's rows of it when it holds expert e.
+              if (e >= box[0].begin && e < box[0].begin + box[0].count)
+                piece = {box[1].begin, box[1].count, (e - box[0].begin) * box[1].count * v.local_cols, v.col_begin,
+                         v.local_cols};
+            } else {
+              // A matrix (or a row block of one): the box's rows inside it.
+              const int64_t lo = std::max(box[0].begin, blocks[static_cast<size_t>(e)].begin);
+              const int64_t hi = std::min(box[0].begin + box[0].count, blocks[static_cast<size_t>(e)].begin + rows);
+              if (hi > lo)
+                piece = {lo - blocks[static_cast<size_t>(e)].begin, hi - lo, (lo - box[0].begin) * v.local_cols,
+                         v.col_begin, v.local_cols};
+            }
+          }
           pieces_.push_back(piece);
         }
       }
     }
     item_range_.emplace_back(first, static_cast<int>(items_.size()) - first);
+  }
+  // Replica sets: per item, the lowest rank holding each block.
+  lowest_holder_.assign(pieces_.size(), -1);
+  for (int i = 0; i < num_items(); ++i) {
+    std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, int> lowest;
+    for (int r = 0; r < world_size_; ++r) {
+      const Piece& p = piece(i, r);
+      if (p.empty()) continue;
+      const auto key = std::make_tuple(p.row_begin, p.row_count, p.col_begin, p.col_count);
+      lowest_holder_[static_cast<size_t>(i) * static_cast<size_t>(world_size_) + static_cast<size_t>(r)] =
+          lowest.emplace(key, r).first->second;
+    }
   }
 }
 
@@ -53,12 +120,46 @@ const Piece& ItemTable::piece(int item_idx, int rank) const {
   return pieces_[static_cast<size_t>(item_idx) * static_cast<size_t>(world_size_) + static_cast<size_t>(rank)];
 }
 
+int ItemTable::source(int item_idx, int holder, int dest) const {
+  const Piece& mine = piece(item_idx, holder);
+  if (mine.empty()) return -1;
+  const Piece& theirs = piece(item_idx, dest);
+  if (!theirs.empty() && theirs.same_block(mine)) return dest;
+  return lowest_holder_[static_cast<size_t>(item_idx) * static_cast<size_t>(world_size_) + static_cast<size_t>(holder)];
+}
+
+bool ItemTable::replicated_on(int item_idx, int rank) const {
+  const Piece& mine = piece(item_idx, rank);
+  if (mine.empty()) return false;
+  for (int r = 0; r < world_size_; ++r)
+    if (r != rank && piece(item_idx, r).same_block(mine)) return true;
+  return false;
+}
+
+int ItemTable::first_whole_holder(int item_idx) const {
+  for (int r = 0; r < world_size_; ++r)
+    if (whole_on(item_idx, r)) return r;
+  return -1;
+}
+
 dist::RowBlock ItemTable::local_rows(int param_idx, int rank) const {
-  return rows_.at(static_cast<size_t>(param_idx)).at(static_cast<size_t>(rank));
+  const ParamSpec& spec = param(param_idx);
+  const dist::Box& box = boxes_.at(static_cast<size_t>(param_idx)).at(static_cast<size_t>(rank));
+  if (dist::box_numel(box) == 0) return {0, 0};
+  if (spec.layout.batch_dims == 1)
+    return {box[0].begin * spec.layout.rows_per_dim0() + box[1].begin, box[0].count * box[1].count};
+  return {box[0].begin, box[0].count};
+}
+
+dist::RowBlock ItemTable::local_cols(int param_idx, int rank) const {
+  const dist::Box& box = boxes_.at(static_cast<size_t>(param_idx)).at(static_cast<size_t>(rank));
+  if (dist::box_numel(box) == 0) return {0, 0};
+  const BoxView v = view_of(param(param_idx), box);
+  return {v.col_begin, v.local_cols};
 }
 
 int64_t ItemTable::local_numel(int param_idx, int rank) const {
-  return local_rows(param_idx, rank).count * param(param_idx).layout.cols();
+  return dist::box_numel(boxes_.at(static_cast<size_t>(param_idx)).at(static_cast<size_t>(rank)));
 }
 
 std::string ItemTable::item_name(int item_idx) const {

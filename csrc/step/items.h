@@ -4,11 +4,16 @@
 // An item is one matrix: a 2-D parameter (or one with trailing dims flattened, e.g. a 4-D
 // conv weight [out, in·kh·kw]), or one matrix of a 3-D stack (MoE experts: one item per
 // matrix). It is planned, exchanged and orthogonalized as a whole by one owner.
-// A piece is what one rank holds of an item: rows [row_begin, row_begin + row_count) of
-// it, at an element offset of that rank's local tensors (its Shard(0) chunk under
-// torch.chunk's split, all rows when replicated, possibly none). Every rank derives the
-// same table from the same parameter specs and world size. A parameter "whole on rank r"
-// (ParamSpec::whole_on_rank) has one piece per matrix, all rows, on rank r only.
+// A piece is what one rank holds of an item: a block, rows [row_begin, row_begin +
+// row_count) × columns [col_begin, col_begin + col_count) of it (a row range is a block of
+// all columns: FSDP2's Shard(0) chunk, all rows when replicated, possibly none; a mesh
+// placement may split columns too, dist/placement.h), stored contiguously ([row_count,
+// col_count], row-major) at an element offset of that rank's local tensors. Ranks that
+// hold the same block of an item are its replica set: the lowest of them sends the block
+// to a rank that needs it (source()), and every holder receives the result. Every rank
+// derives the same table from the same parameter specs and world size. A parameter
+// "whole on rank r" (ParamSpec::whole_on_rank) has one piece per matrix, all of it, on
+// rank r only.
 #pragma once
 
 #include <cstdint>
@@ -44,12 +49,18 @@ struct Item {
   int64_t numel() const { return rows * cols; }
 };
 
-/// What one rank holds of an item.
+/// What one rank holds of an item: a block of it (row_count × col_count, contiguous).
 struct Piece {
   int64_t row_begin = 0;     ///< first row, within the item
   int64_t row_count = 0;     ///< rows held (0: none)
   int64_t local_offset = 0;  ///< element offset into the rank's local tensors of the parameter
-  bool empty() const { return row_count == 0; }
+  int64_t col_begin = 0;     ///< first column, within the item
+  int64_t col_count = 0;     ///< columns held (the item's cols for a row range; 0: none)
+  bool empty() const { return row_count == 0 || col_count == 0; }
+  int64_t numel() const { return row_count * col_count; }
+  bool same_block(const Piece& o) const {
+    return row_begin == o.row_begin && row_count == o.row_count && col_begin == o.col_begin && col_count == o.col_count;
+  }
 };
 
 /// Items of every parameter and their pieces on every rank.
@@ -68,12 +79,30 @@ class ItemTable {
   const Item& item(int item_idx) const { return items_.at(static_cast<size_t>(item_idx)); }
   /// Rank `rank`'s piece of item `item_idx`.
   const Piece& piece(int item_idx, int rank) const;
-  /// Whether `rank` holds every row of the item.
-  bool whole_on(int item_idx, int rank) const { return piece(item_idx, rank).row_count == item(item_idx).rows; }
+  /// Whether `rank` holds all of the item.
+  bool whole_on(int item_idx, int rank) const {
+    const Piece& p = piece(item_idx, rank);
+    return p.row_count == item(item_idx).rows && p.col_count == item(item_idx).cols;
+  }
+  /// The rank that sends `holder`'s block of the item to `dest`: `dest` itself when it
+  /// holds the same block (nothing travels), else the lowest rank holding it. −1 when
+  /// `holder` holds nothing of it.
+  int source(int item_idx, int holder, int dest) const;
+  /// Whether `rank` holds a block of the item that some other rank holds too (a replica).
+  bool replicated_on(int item_idx, int rank) const;
+  /// The lowest rank that holds all of the item, or −1.
+  int first_whole_holder(int item_idx) const;
   /// The items of a parameter: [first, first + count).
   std::pair<int, int> items_of(int param_idx) const { return item_range_.at(static_cast<size_t>(param_idx)); }
-  /// Flat rows of a parameter that `rank` holds (its local tensors are [count, cols]).
+  /// Flat rows of a parameter that `rank` holds (its local tensors are [count, local
+  /// cols]; `begin` is the flat row of its first, meaningful for row ranges).
   dist::RowBlock local_rows(int param_idx, int rank) const;
+  /// Columns of the flat matrix of a parameter that `rank` holds.
+  dist::RowBlock local_cols(int param_idx, int rank) const;
+  /// The box of a parameter's tensor that `rank` holds (every count 0: none).
+  const dist::Box& box(int param_idx, int rank) const {
+    return boxes_.at(static_cast<size_t>(param_idx)).at(static_cast<size_t>(rank));
+  }
   /// Elements of a parameter's local tensors on `rank`.
   int64_t local_numel(int param_idx, int rank) const;
   /// "name" for a plain matrix, "name[e]" for matrix e of a stack (errors, plans).
@@ -84,8 +113,9 @@ class ItemTable {
   std::vector<ParamSpec> params_;
   std::vector<Item> items_;
   std::vector<std::pair<int, int>> item_range_;     // [param] → (first item, count)
-  std::vector<std::vector<dist::RowBlock>> rows_;  // [param][rank] flat rows
+  std::vector<std::vector<dist::Box>> boxes_;      // [param][rank] its box of the tensor
   std::vector<Piece> pieces_;                      // [item · world + rank]
+  std::vector<int> lowest_holder_;                 // [item · world + rank] lowest rank with the same block, −1: none
 };
 
 }  // namespace dmuon::step

@@ -39,6 +39,26 @@ std::vector<std::array<double, sim::kNumPhases>> phase_tuples(const std::vector<
   return out;
 }
 
+// A MeshPlacement from the plain data Python passes (dmuon.distributed.mesh_layout).
+dist::MeshPlacement mesh_placement(std::vector<int64_t> mesh_shape,
+                                   const std::vector<std::tuple<std::string, int64_t, int64_t>>& placements,
+                                   std::vector<std::vector<int64_t>> rank_coords) {
+  dist::MeshPlacement mp;
+  mp.mesh_shape = std::move(mesh_shape);
+  mp.rank_coords = std::move(rank_coords);
+  for (const auto& [kind, dim, split] : placements) {
+    dist::DimPlacement p;
+    if (kind == "replicate") p.kind = dist::PlacementKind::kReplicate;
+    else if (kind == "shard") p.kind = dist::PlacementKind::kShard;
+    else if (kind == "strided_shard") p.kind = dist::PlacementKind::kStridedShard;
+    else DMUON_FAIL("placement kind must be 'replicate', 'shard' or 'strided_shard', got '", kind, "'");
+    p.dim = dim;
+    p.split_factor = split;
+    mp.placements.push_back(p);
+  }
+  return mp;
+}
+
 }  // namespace
 
 void register_dist_bindings(py::module_& m) {
@@ -46,12 +66,33 @@ void register_dist_bindings(py::module_& m) {
 
   py::class_<dist::ParamLayout>(d, "ParamLayout")
       .def(py::init([](std::vector<int64_t> global_shape, int64_t batch_dims, bool sharded,
-                       std::vector<int64_t> row_blocks, bool transposed) {
-             return dist::ParamLayout{std::move(global_shape), batch_dims, sharded, std::move(row_blocks),
+                       std::vector<int64_t> row_blocks, bool transposed, std::vector<int64_t> mesh_shape,
+                       std::vector<std::tuple<std::string, int64_t, int64_t>> placements,
+                       std::vector<std::vector<int64_t>> rank_coords) {
+             dist::ParamLayout layout{std::move(global_shape), batch_dims, sharded, std::move(row_blocks),
                                       transposed};
+             if (!mesh_shape.empty() || !placements.empty() || !rank_coords.empty())
+               layout.mesh = mesh_placement(std::move(mesh_shape), placements, std::move(rank_coords));
+             return layout;
            }),
            py::arg("global_shape"), py::arg("batch_dims"), py::arg("sharded"),
-           py::arg("row_blocks") = std::vector<int64_t>{}, py::arg("transposed") = false)
+           py::arg("row_blocks") = std::vector<int64_t>{}, py::arg("transposed") = false,
+           py::arg("mesh_shape") = std::vector<int64_t>{},
+           py::arg("placements") = std::vector<std::tuple<std::string, int64_t, int64_t>>{},
+           py::arg("rank_coords") = std::vector<std::vector<int64_t>>{},
+           "placements: per mesh dim ('replicate' | 'shard' | 'strided_shard', tensor dim, split factor); "
+           "rank_coords: per rank of the group its mesh coordinates ([] outside the mesh)")
+      .def_property_readonly("placed_on_mesh", [](const dist::ParamLayout& l) { return l.mesh.has_value(); })
+      .def("describe_placements", [](const dist::ParamLayout& l) { return l.mesh ? l.mesh->describe() : std::string(); })
+      .def("rank_boxes", [](const dist::ParamLayout& l, int world, const std::string& what) {
+             std::vector<std::vector<std::pair<int64_t, int64_t>>> out;
+             for (const dist::Box& box : l.rank_boxes(world, what)) {
+               out.emplace_back();
+               for (const dist::DimRange& r : box) out.back().emplace_back(r.begin, r.count);
+             }
+             return out;
+           }, py::arg("world_size"), py::arg("what") = std::string("parameter"),
+           "every rank's box: per tensor dim (begin, count)")
       .def_readonly("global_shape", &dist::ParamLayout::global_shape)
       .def_readonly("batch_dims", &dist::ParamLayout::batch_dims)
       .def_readonly("sharded", &dist::ParamLayout::sharded)

@@ -18,10 +18,6 @@ double lerp(double self, double end, double weight) {
   return std::abs(weight) < 0.5 ? self + weight * (end - self) : end - (end - self) * (1.0 - weight);
 }
 
-std::vector<double> rows_of(const std::vector<double>& global, int64_t begin, int64_t count, int64_t cols) {
-  return std::vector<double>(global.begin() + begin * cols, global.begin() + (begin + count) * cols);
-}
-
 std::vector<double> flatten(const std::vector<ns::Coefficients>& steps) {
   std::vector<double> out;
   for (const auto& c : steps) out.insert(out.end(), {c.a, c.b, c.c});
@@ -68,7 +64,10 @@ std::vector<step::ParamTensors> RankTensors::views() const {
 
 static std::vector<step::ParamSpec> specs_of(const std::vector<ModelParam>& model) {
   std::vector<step::ParamSpec> specs;
-  for (const ModelParam& m : model) specs.push_back({m.name, {m.shape, m.batch_dims, m.sharded, {}, m.transposed}, m.dtype, m.group, m.whole_on_rank});
+  for (const ModelParam& m : model) {
+    specs.push_back({m.name, {m.shape, m.batch_dims, m.sharded, {}, m.transposed}, m.dtype, m.group, m.whole_on_rank});
+    specs.back().layout.mesh = m.mesh;
+  }
   return specs;
 }
 
@@ -97,45 +96,66 @@ int64_t World::numel(int p) const {
   return layout.flat_rows() * layout.cols();
 }
 
+// The elements of `box` of a row-major tensor of `shape` (box order, row-major), or the
+// reverse: `local` written into `global` at the box.
+static void for_box(const std::vector<int64_t>& shape, const dist::Box& box,
+                    const std::function<void(int64_t global_idx, int64_t local_idx)>& fn) {
+  if (dist::box_numel(box) == 0) return;
+  const size_t nd = shape.size();
+  std::vector<int64_t> idx(nd, 0);
+  for (int64_t local = 0; local < dist::box_numel(box); ++local) {
+    int64_t global = 0;
+    for (size_t d = 0; d < nd; ++d) global = global * shape[d] + box[d].begin + idx[d];
+    fn(global, local);
+    for (size_t d = nd; d-- > 0;) {
+      if (++idx[d] < box[d].count) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+static std::vector<double> box_of(const std::vector<double>& global, const std::vector<int64_t>& shape,
+                                  const dist::Box& box) {
+  std::vector<double> out(static_cast<size_t>(dist::box_numel(box)));
+  for_box(shape, box, [&](int64_t g, int64_t l) { out[static_cast<size_t>(l)] = global[static_cast<size_t>(g)]; });
+  return out;
+}
+
 RankTensors World::local(int rank) const {
   RankTensors t;
   for (int p = 0; p < static_cast<int>(model_.size()); ++p) {
-    const dist::RowBlock rows = table_.local_rows(p, rank);
-    const int64_t cols = table_.param(p).layout.cols();
+    const dist::Box& box = table_.box(p, rank);
+    const std::vector<int64_t>& shape = model_[static_cast<size_t>(p)].shape;
     const DType dtype = model_[static_cast<size_t>(p)].dtype;
-    t.param.emplace_back(rows_of(initial_param[static_cast<size_t>(p)], rows.begin, rows.count, cols), dtype);
-    t.momentum.emplace_back(rows_of(initial_momentum[static_cast<size_t>(p)], rows.begin, rows.count, cols), dtype);
-    t.grad.emplace_back(std::vector<double>(static_cast<size_t>(rows.count * cols), 0.0), dtype);
+    t.param.emplace_back(box_of(initial_param[static_cast<size_t>(p)], shape, box), dtype);
+    t.momentum.emplace_back(box_of(initial_momentum[static_cast<size_t>(p)], shape, box), dtype);
+    t.grad.emplace_back(std::vector<double>(static_cast<size_t>(dist::box_numel(box)), 0.0), dtype);
     t.has_grad.push_back(true);
   }
   return t;
 }
 
 void World::set_grads(int rank, int step, RankTensors& t) const {
-  for (int p = 0; p < static_cast<int>(model_.size()); ++p) {
-    const dist::RowBlock rows = table_.local_rows(p, rank);
-    const int64_t cols = table_.param(p).layout.cols();
+  for (int p = 0; p < static_cast<int>(model_.size()); ++p)
     t.grad[static_cast<size_t>(p)] =
-        HostTensor(rows_of(grads.at(static_cast<size_t>(step - 1))[static_cast<size_t>(p)], rows.begin, rows.count, cols),
+        HostTensor(box_of(grads.at(static_cast<size_t>(step - 1))[static_cast<size_t>(p)],
+                          model_[static_cast<size_t>(p)].shape, table_.box(p, rank)),
                    model_[static_cast<size_t>(p)].dtype);
-  }
 }
 
 std::vector<double> World::gather(int p, const std::vector<RankTensors>& ranks, bool momentum) const {
   std::vector<double> global(static_cast<size_t>(numel(p)), 0.0);
-  const int64_t cols = table_.param(p).layout.cols();
+  std::vector<int> written_by(global.size(), -1);
   for (int r = 0; r < world_size_; ++r) {
-    const dist::RowBlock rows = table_.local_rows(p, r);
     const std::vector<double> local = (momentum ? ranks[static_cast<size_t>(r)].momentum : ranks[static_cast<size_t>(r)].param)[static_cast<size_t>(p)].values();
-    const int whole_on = model_[static_cast<size_t>(p)].whole_on_rank;
-    if (whole_on >= 0) {
-      if (r == whole_on) std::copy(local.begin(), local.end(), global.begin());
-    } else if (model_[static_cast<size_t>(p)].sharded || r == 0) {
-      std::copy(local.begin(), local.end(), global.begin() + rows.begin * cols);
-    } else if (local != global) {
-      throw std::runtime_error("the replicas of parameter '" + model_[static_cast<size_t>(p)].name + "' on ranks 0 and " +
-                               std::to_string(r) + " differ");
-    }
+    for_box(model_[static_cast<size_t>(p)].shape, table_.box(p, r), [&](int64_t g, int64_t l) {
+      const size_t gi = static_cast<size_t>(g);
+      if (written_by[gi] >= 0 && global[gi] != local[static_cast<size_t>(l)])
+        throw std::runtime_error("the replicas of parameter '" + model_[static_cast<size_t>(p)].name + "' on ranks " +
+                                 std::to_string(written_by[gi]) + " and " + std::to_string(r) + " differ");
+      global[gi] = local[static_cast<size_t>(l)];
+      written_by[gi] = r;
+    });
   }
   return global;
 }

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@ struct ModelParam {
   int group = 0;
   int whole_on_rank = -1;  ///< ≥ 0: the weight-ownership layout (ParamSpec::whole_on_rank)
   bool transposed = false;  ///< stored (in, out), as HF Conv1D (dist::ParamLayout::transposed)
+  std::optional<dist::MeshPlacement> mesh;  ///< set: placed on a device mesh (`sharded` ignored)
 };
 
 /// Host memory of one tensor of `dtype`.
@@ -82,7 +84,7 @@ class World {
   /// [step][param] global gradients.
   std::vector<std::vector<std::vector<double>>> grads;
 
-  /// Rank r's local tensors before any step (its rows of the initial values).
+  /// Rank r's local tensors before any step (its box of the initial values).
   RankTensors local(int rank) const;
   /// Rank r's local gradients of step `step` (1-based) into `t`.
   void set_grads(int rank, int step, RankTensors& t) const;

@@ -234,12 +234,15 @@ void CpuOps::iterate_from_pieces(const std::vector<WirePiece>& pieces, const NsB
     C* it = static_cast<C*>(iterate.data);
     for (const WirePiece& piece : pieces) {
       check_batch_rows("CpuOps::iterate_from_pieces", batch, piece.matrix_idx, piece.row_begin, piece.row_count,
-                       piece.wire.numel);
-      C* dst = it + piece.matrix_idx * iterate.batch_stride + piece.row_begin * batch.cols;
+                       piece.wire.numel, piece.col_begin, piece.col_count);
+      const auto [c0, nc] = piece_cols(batch, piece.col_begin, piece.col_count);
+      C* dst = it + piece.matrix_idx * iterate.batch_stride + piece.row_begin * batch.cols + c0;
       dispatch_float(piece.wire.dtype, [&](auto wz) {
         using W = decltype(wz);
         const W* w = piece.wire.as<const W>();
-        for (int64_t i = 0; i < piece.wire.numel; ++i) dst[i] = closed ? C(0) : static_cast<C>(Elem<W>::load(w[i]));
+        for (int64_t r = 0; r < piece.row_count; ++r)
+          for (int64_t c = 0; c < nc; ++c)
+            dst[r * batch.cols + c] = closed ? C(0) : static_cast<C>(Elem<W>::load(w[r * nc + c]));
       });
     }
   });
@@ -251,12 +254,14 @@ void CpuOps::result_to_pieces(const NsView& result, const NsBatchDesc& batch, co
     const C* out = static_cast<const C*>(result.data);
     for (const WirePiece& piece : pieces) {
       check_batch_rows("CpuOps::result_to_pieces", batch, piece.matrix_idx, piece.row_begin, piece.row_count,
-                       piece.wire.numel);
-      const C* src = out + piece.matrix_idx * result.batch_stride + piece.row_begin * batch.cols;
+                       piece.wire.numel, piece.col_begin, piece.col_count);
+      const auto [c0, nc] = piece_cols(batch, piece.col_begin, piece.col_count);
+      const C* src = out + piece.matrix_idx * result.batch_stride + piece.row_begin * batch.cols + c0;
       dispatch_float(piece.wire.dtype, [&](auto wz) {
         using W = decltype(wz);
         W* w = piece.wire.as<W>();
-        for (int64_t i = 0; i < piece.wire.numel; ++i) w[i] = Elem<W>::store(src[i]);
+        for (int64_t r = 0; r < piece.row_count; ++r)
+          for (int64_t c = 0; c < nc; ++c) w[r * nc + c] = Elem<W>::store(src[r * batch.cols + c]);
       });
     }
   });
@@ -270,10 +275,13 @@ void CpuOps::apply_result(const NsView& result, const NsBatchDesc& batch, const 
     const R* out = static_cast<const R*>(result.data);
     for (const ApplyPiece& piece : pieces) {
       check_batch_rows("CpuOps::apply_result", batch, piece.matrix_idx, piece.row_begin, piece.row_count,
-                       piece.param.numel);
+                       piece.param.numel, piece.col_begin, piece.col_count);
       DMUON_CHECK(piece.flag_idx >= 0 && piece.flag_idx < result_flags.numel, "CpuOps::apply_result: flag index ",
                   piece.flag_idx, " out of range");
-      const R* src = out + piece.matrix_idx * result.batch_stride + piece.row_begin * batch.cols;
+      const auto [c0, nc] = piece_cols(batch, piece.col_begin, piece.col_count);
+      const R* src = out + piece.matrix_idx * result.batch_stride + piece.row_begin * batch.cols + c0;
+      // Element i of the block (row-major [row_count, nc]) in the result.
+      auto at = [&, nc = nc](int64_t i) { return src[(i / nc) * batch.cols + i % nc]; };
       bool bad = false;
       dispatch_float(piece.param.dtype, [&](auto pz) {
         using P = decltype(pz);
@@ -281,13 +289,13 @@ void CpuOps::apply_result(const NsView& result, const NsBatchDesc& batch, const 
         P* p = piece.param.as<P>();
         if (!piece.round_through_wire) {
           for (int64_t i = 0; i < piece.param.numel; ++i)
-            apply_element(p, i, round_to<P>(static_cast<C>(src[i])), piece.scale, piece.decay, bad);
+            apply_element(p, i, round_to<P>(static_cast<C>(at(i))), piece.scale, piece.decay, bad);
           return;
         }
         dispatch_float(piece.wire_dtype, [&](auto wz) {
           using W = decltype(wz);
           for (int64_t i = 0; i < piece.param.numel; ++i)
-            apply_element(p, i, round_to<P>(static_cast<C>(round_to<W>(src[i]))), piece.scale, piece.decay, bad);
+            apply_element(p, i, round_to<P>(static_cast<C>(round_to<W>(at(i)))), piece.scale, piece.decay, bad);
         });
       });
       if (bad) result_flags.as<int32_t>()[piece.flag_idx] = 1;

@@ -296,19 +296,21 @@ void CudaOps::iterate_from_pieces(const std::vector<WirePiece>& pieces, const Ns
   int64_t total = 0;
   for (size_t k : order) {
     const WirePiece& p = pieces[k];
-    check_batch_rows("CudaOps::iterate_from_pieces", batch, p.matrix_idx, p.row_begin, p.row_count, p.wire.numel);
+    check_batch_rows("CudaOps::iterate_from_pieces", batch, p.matrix_idx, p.row_begin, p.row_count, p.wire.numel,
+                     p.col_begin, p.col_count);
+    const auto [c0, nc] = piece_cols(batch, p.col_begin, p.col_count);
     DMUON_CHECK(p.wire.dtype == wire, "CudaOps::iterate_from_pieces: pieces of ", dtype_name(wire), " and ",
                 dtype_name(p.wire.dtype));
     const size_t m = static_cast<size_t>(p.matrix_idx);
     if (count[m] == 0) offset[m] = total;
     const int64_t chunks = cuda::num_chunks(p.wire.numel);
-    descs.push_back({p.wire.data, p.matrix_idx, p.row_begin, p.row_count, total});
+    descs.push_back({p.wire.data, p.matrix_idx, p.row_begin, p.row_count, total, c0, nc});
     count[m] += chunks;
     total += chunks;
   }
   OwnedBuffer partials = allocate(DType::kFloat32, std::max<int64_t>(1, total));
   OwnedBuffer scales = allocate(DType::kFloat32, batch.count);
-  cuda::sum_squares(wire, descs, batch.cols, partials.get().as<float>(), impl_->current);
+  cuda::sum_squares(wire, descs, partials.get().as<float>(), impl_->current);
   cuda::scales(partials.get().as<const float>(), offset, count, batch.schedule->eps, scales.get().as<float>(),
                impl_->current);
   cuda::pieces_to_iterate(wire, descs, scales.get().as<const float>(), it, skip_of(gate), impl_->current);
@@ -320,8 +322,10 @@ void CudaOps::result_to_pieces(const NsView& result, const NsBatchDesc& batch, c
   DeviceGuard guard(impl_->options.device);
   std::map<DType, std::vector<cuda::WireDesc>> by_wire;
   for (const WirePiece& p : pieces) {
-    check_batch_rows("CudaOps::result_to_pieces", batch, p.matrix_idx, p.row_begin, p.row_count, p.wire.numel);
-    by_wire[p.wire.dtype].push_back({p.wire.data, p.matrix_idx, p.row_begin, p.row_count, 0});
+    check_batch_rows("CudaOps::result_to_pieces", batch, p.matrix_idx, p.row_begin, p.row_count, p.wire.numel,
+                     p.col_begin, p.col_count);
+    const auto [c0, nc] = piece_cols(batch, p.col_begin, p.col_count);
+    by_wire[p.wire.dtype].push_back({p.wire.data, p.matrix_idx, p.row_begin, p.row_count, 0, c0, nc});
   }
   for (const auto& [wire, descs] : by_wire) cuda::result_to_pieces(wire, view_of(result, batch), descs, impl_->current);
 }
@@ -333,13 +337,16 @@ void CudaOps::apply_result(const NsView& result, const NsBatchDesc& batch, const
   std::map<std::pair<DType, DType>, std::vector<cuda::ApplyDesc>> groups;  // (param, rounding) → pieces
   for (const ApplyPiece& p : pieces) {
     require_supported(p.param.dtype);
-    check_batch_rows("CudaOps::apply_result", batch, p.matrix_idx, p.row_begin, p.row_count, p.param.numel);
+    check_batch_rows("CudaOps::apply_result", batch, p.matrix_idx, p.row_begin, p.row_count, p.param.numel,
+                     p.col_begin, p.col_count);
+    const auto [c0, nc] = piece_cols(batch, p.col_begin, p.col_count);
     DMUON_CHECK(p.flag_idx >= 0 && p.flag_idx < result_flags.numel, "CudaOps::apply_result: flag index ", p.flag_idx,
                 " out of range");
     // NOTE: float64 marks "no rounding through the wire" (it is never a CUDA wire dtype).
     const DType rounding = p.round_through_wire ? p.wire_dtype : DType::kFloat64;
     groups[{p.param.dtype, rounding}].push_back({p.param.data, nullptr, p.matrix_idx, p.row_begin, p.row_count,
-                                                 static_cast<float>(p.scale), static_cast<float>(p.decay), p.flag_idx});
+                                                 static_cast<float>(p.scale), static_cast<float>(p.decay), p.flag_idx,
+                                                 c0, nc});
   }
   for (const auto& [key, descs] : groups)
     cuda::apply_result(key.first, key.second, view_of(result, batch), descs, result_flags.as<int>(), skip_of(gate),

@@ -217,10 +217,9 @@ __global__ void prepare_kernel(const __grid_constant__ DescList<PrepareDesc> lis
 }
 
 template <typename W>
-__global__ void sum_squares_kernel(const __grid_constant__ DescList<WireDesc> list, int64_t cols,
-                                   float* __restrict__ partials) {
+__global__ void sum_squares_kernel(const __grid_constant__ DescList<WireDesc> list, float* __restrict__ partials) {
   const WireDesc& d = list.d[blockIdx.y];
-  const int64_t numel = d.row_count * cols;
+  const int64_t numel = d.row_count * d.col_count;
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * kPartialChunk;
   if (begin >= numel && blockIdx.x > 0) return;  // NOTE: uniform over the block
   const int64_t end = min(numel, begin + kPartialChunk);
@@ -274,9 +273,12 @@ __global__ void pieces_to_iterate_kernel(const __grid_constant__ DescList<WireDe
   const float scale = is_skipped(skip) ? 0.f : scales[d.matrix_idx];
   const W* wire = static_cast<const W*>(d.wire);
   T* dst = iterate + d.matrix_idx * stride;
+  // Block element (r, c): wire [r, c] of [row_count, col_count]; item (row_begin + r, col_begin + c).
   move_tile<kTranspose, false>(
-      d.row_count, cols, [&](int64_t r, int64_t c) { return load(wire, r * cols + c); },
-      [&](int64_t r, int64_t c, float v) { dst[iterate_at<kTranspose>(d.row_begin + r, c, ld)] = from_f<T>(v * scale); });
+      d.row_count, d.col_count, [&](int64_t r, int64_t c) { return load(wire, r * d.col_count + c); },
+      [&](int64_t r, int64_t c, float v) {
+        dst[iterate_at<kTranspose>(d.row_begin + r, d.col_begin + c, ld)] = from_f<T>(v * scale);
+      });
 }
 
 template <typename T, typename W, bool kTranspose>
@@ -286,8 +288,9 @@ __global__ void result_to_pieces_kernel(const T* __restrict__ result, int64_t ld
   const T* src = result + d.matrix_idx * stride;
   W* wire = static_cast<W*>(d.wire);
   move_tile<kTranspose, true>(
-      d.row_count, cols, [&](int64_t r, int64_t c) { return load(src, iterate_at<kTranspose>(d.row_begin + r, c, ld)); },
-      [&](int64_t r, int64_t c, float v) { wire[r * cols + c] = from_f<W>(v); });
+      d.row_count, d.col_count,
+      [&](int64_t r, int64_t c) { return load(src, iterate_at<kTranspose>(d.row_begin + r, d.col_begin + c, ld)); },
+      [&](int64_t r, int64_t c, float v) { wire[r * d.col_count + c] = from_f<W>(v); });
 }
 
 // p ← round(round(p·decay) + scale·O); a non-finite O is not applied (only the decay is).
@@ -312,9 +315,10 @@ __global__ void apply_result_kernel(const T* __restrict__ result, int64_t ld, in
   P* param = static_cast<P*>(d.param);
   bool bad = false;
   move_tile<kTranspose, true>(
-      d.row_count, cols, [&](int64_t r, int64_t c) { return load(src, iterate_at<kTranspose>(d.row_begin + r, c, ld)); },
+      d.row_count, d.col_count,
+      [&](int64_t r, int64_t c) { return load(src, iterate_at<kTranspose>(d.row_begin + r, d.col_begin + c, ld)); },
       [&](int64_t r, int64_t c, float o) {
-        apply_at(param, r * cols + c, round_to<P>(round_code(o, round)), d.scale, d.decay, bad);
+        apply_at(param, r * d.col_count + c, round_to<P>(round_code(o, round)), d.scale, d.decay, bad);
       });
   if (bad) atomicOr(flags + d.flag_idx, 1);
 }
@@ -386,14 +390,14 @@ void prepare(DType param, DType wire, const std::vector<PrepareDesc>& pieces, co
   });
 }
 
-void sum_squares(DType wire, const std::vector<WireDesc>& pieces, int64_t cols, float* partials, cudaStream_t stream) {
+void sum_squares(DType wire, const std::vector<WireDesc>& pieces, float* partials, cudaStream_t stream) {
   dispatch(wire, [&](auto wz) {
     using W = decltype(wz);
     for_each_launch(pieces, [&](const DescList<WireDesc>& list, size_t) {
       int64_t chunks = 1;
-      for (int k = 0; k < list.n; ++k) chunks = std::max(chunks, num_chunks(list.d[k].row_count * cols));
+      for (int k = 0; k < list.n; ++k) chunks = std::max(chunks, num_chunks(list.d[k].row_count * list.d[k].col_count));
       sum_squares_kernel<W><<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(list.n)), kThreads, 0,
-                              stream>>>(list, cols, partials);
+                              stream>>>(list, partials);
       DMUON_CHECK_CUDA(cudaGetLastError());
     });
   });
@@ -450,9 +454,9 @@ void pieces_to_iterate(DType wire, const std::vector<WireDesc>& pieces, const fl
     dispatch_half(it.dtype, [&](auto tz) {
       using T = decltype(tz);
       for_each_launch(pieces, [&](const DescList<WireDesc>& list, size_t) {
-        int64_t rows = 1;
-        for (int k = 0; k < list.n; ++k) rows = std::max(rows, list.d[k].row_count);
-        const dim3 grid = tile_grid(rows, it.cols, list.n), block(kTile, kTileRows);
+        int64_t rows = 1, cols = 1;
+        for (int k = 0; k < list.n; ++k) rows = std::max(rows, list.d[k].row_count), cols = std::max(cols, list.d[k].col_count);
+        const dim3 grid = tile_grid(rows, cols, list.n), block(kTile, kTileRows);
         T* out = static_cast<T*>(it.data);
         if (it.transposed())
           pieces_to_iterate_kernel<W, T, true><<<grid, block, 0, stream>>>(list, it.cols, scales_in, out, it.ld,
@@ -472,9 +476,9 @@ void result_to_pieces(DType wire, const IterateView& result, const std::vector<W
     dispatch(wire, [&](auto wz) {
       using W = decltype(wz);
       for_each_launch(pieces, [&](const DescList<WireDesc>& list, size_t) {
-        int64_t rows = 1;
-        for (int k = 0; k < list.n; ++k) rows = std::max(rows, list.d[k].row_count);
-        const dim3 grid = tile_grid(rows, result.cols, list.n), block(kTile, kTileRows);
+        int64_t rows = 1, cols = 1;
+        for (int k = 0; k < list.n; ++k) rows = std::max(rows, list.d[k].row_count), cols = std::max(cols, list.d[k].col_count);
+        const dim3 grid = tile_grid(rows, cols, list.n), block(kTile, kTileRows);
         const T* src = static_cast<const T*>(result.data);
         if (result.transposed())
           result_to_pieces_kernel<T, W, true><<<grid, block, 0, stream>>>(src, result.ld, result.stride, list,
@@ -496,9 +500,9 @@ void apply_result(DType param, DType round_wire, const IterateView& result, cons
     dispatch(param, [&](auto pz) {
       using P = decltype(pz);
       for_each_launch(pieces, [&](const DescList<ApplyDesc>& list, size_t) {
-        int64_t rows = 1;
-        for (int k = 0; k < list.n; ++k) rows = std::max(rows, list.d[k].row_count);
-        const dim3 grid = tile_grid(rows, result.cols, list.n), block(kTile, kTileRows);
+        int64_t rows = 1, cols = 1;
+        for (int k = 0; k < list.n; ++k) rows = std::max(rows, list.d[k].row_count), cols = std::max(cols, list.d[k].col_count);
+        const dim3 grid = tile_grid(rows, cols, list.n), block(kTile, kTileRows);
         const T* src = static_cast<const T*>(result.data);
         if (result.transposed())
           apply_result_kernel<T, P, true><<<grid, block, 0, stream>>>(src, result.ld, result.stride, list, result.cols,

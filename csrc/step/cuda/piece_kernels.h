@@ -28,7 +28,7 @@
 namespace dmuon::step::cuda {
 
 /// Pieces (or matrices) per launch: their descriptors travel in the kernel parameters.
-/// NOTE: 32 descriptors of at most 72 bytes stay inside the classic 4 KiB parameter limit.
+/// NOTE: 32 descriptors of at most 80 bytes stay inside the classic 4 KiB parameter limit.
 inline constexpr int kMaxPiecesPerLaunch = 32;
 /// Elements per partial sum (one block each); as matrix_list.cu's.
 inline constexpr int64_t kPartialChunk = 16384;
@@ -65,15 +65,17 @@ struct PrepareDesc {
 };
 void prepare(DType param, DType wire, const std::vector<PrepareDesc>& pieces, const int* skip, cudaStream_t stream);
 
-/// Rows [row_begin, row_begin + row_count) of matrix `matrix_idx` (cols columns) in a wire
-/// buffer, with the first of its num_chunks(row_count · cols) partials at partial_offset.
+/// Rows [row_begin, row_begin + row_count) × columns [col_begin, col_begin + col_count) of
+/// matrix `matrix_idx` ([row_count, col_count] row-major) in a wire buffer, with the first
+/// of its num_chunks(row_count · col_count) partials at partial_offset.
 struct WireDesc {
   void* wire = nullptr;
   int64_t matrix_idx = 0;
   int64_t row_begin = 0, row_count = 0;
   int64_t partial_offset = 0;
+  int64_t col_begin = 0, col_count = 0;
 };
-void sum_squares(DType wire, const std::vector<WireDesc>& pieces, int64_t cols, float* partials, cudaStream_t stream);
+void sum_squares(DType wire, const std::vector<WireDesc>& pieces, float* partials, cudaStream_t stream);
 
 /// scales[k] = 1 / max(√Σ partials[offset[k] .. offset[k] + count[k]), eps), for k < count.
 void scales(const float* partials, const std::vector<int64_t>& offset, const std::vector<int64_t>& count, double eps,
@@ -106,6 +108,9 @@ void pieces_to_iterate(DType wire, const std::vector<WireDesc>& pieces, const fl
 /// Wire pieces = result rows (the iterate layout of `result`).
 void result_to_pieces(DType wire, const IterateView& result, const std::vector<WireDesc>& pieces, cudaStream_t stream);
 
+/// A block rows × [col_begin, col_begin + col_count) of a matrix (apply_result; its
+/// parameter memory [row_count, col_count] contiguous), or row_count · cols wire elements
+/// (apply_wire).
 struct ApplyDesc {
   void* param = nullptr;
   const void* wire = nullptr;  ///< apply_wire only
@@ -113,6 +118,7 @@ struct ApplyDesc {
   int64_t row_begin = 0, row_count = 0;
   float scale = 0.f, decay = 1.f;
   int flag_idx = 0;
+  int64_t col_begin = 0, col_count = 0;  ///< apply_result only
 };
 /// p ← round(round(p·decay) + scale·O), O from the result rows (rounded to `round_wire`
 /// first when it is not DType::kFloat64, the "no rounding" marker), then to the parameter
