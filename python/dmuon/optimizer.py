@@ -139,6 +139,7 @@ class DMuon(torch.optim.Optimizer):
         self._signature: int | None = None
         self._verified_state: dict[int, tuple] = {}  # id(param) → ids of its state tensors checked
         self._group = None  # the Muon parameters' process group (None: one process)
+        self._placement_cache = None  # (ids of the Muon parameters, their placements, the group)
         initial = initial_groups(params, muon_filter)
         for r in initial.routes.values():
             self._param_names[id(r.param)] = r.name
@@ -370,8 +371,13 @@ class DMuon(torch.optim.Optimizer):
                                      "(its mesh shares it across ranks)")
             return [distributed.Placement(global_shape=tuple(p.shape), sharded=False, group=None)
                     for _, p in muon], None
-        placements = [distributed.placement_of(name, p, self._process_group) for name, (_, p) in zip(names, muon)]
-        return placements, distributed.common_group(names, placements)
+        # NOTE: the mesh layout gathers every rank's mesh coordinates (a collective): made
+        # once per set of Muon parameters.
+        key = tuple(id(p) for _, p in muon)
+        if self._placement_cache is None or self._placement_cache[0] != key:
+            placements, group = distributed.placements_of(names, [p for _, p in muon], self._process_group)
+            self._placement_cache = (key, placements, group)
+        return list(self._placement_cache[1]), self._placement_cache[2]
 
     def _check_replicas(self) -> None:
         """The parameters treated as replicas (not sharded, on a multi-rank group) must be equal
@@ -379,7 +385,7 @@ class DMuon(torch.optim.Optimizer):
         placements, group = self._placements()
         self._group = group
         replicas = [(self.param_name(p), distributed.local(p)) for (_, p), pl in zip(self._muon_params(), placements)
-                    if not pl.sharded and pl.group is not None]
+                    if not pl.sharded and pl.group is not None and not pl.on_mesh]
         rank_agreement.check_replicas_equal(group, [n for n, _ in replicas], [t for _, t in replicas])
 
     def _check_ranks_agree(self) -> None:
@@ -429,16 +435,30 @@ class DMuon(torch.optim.Optimizer):
         engine covers them: the weight-ownership mode, a fake world (its projection reads
         per-parameter owners and buckets), and parameters the engine's ops do not step
         (dmuon._C.engine.unsupported_reason: float64 on CUDA, unequal row blocks)."""
+        on_mesh = [(self.param_name(p), layout) for (_, p), layout in zip(muon, layouts) if layout.placed_on_mesh]
         if self._ownership is not None or (group is not None and distributed.transport(group) == "fake"):
+            if on_mesh:
+                raise ValueError(f"Muon parameter {on_mesh[0][0]!r} is placed {on_mesh[0][1].describe_placements()}: the "
+                                 "mesh layout steps through the step engine, which the weight-ownership mode and a "
+                                 "fake world do not use yet")
             return False
-        return all(not _C.engine.unsupported_reason(device_type, str(p.dtype).removeprefix("torch."), layout)
-                   for (_, p), layout in zip(muon, layouts))
+        reasons = [(self.param_name(p), layout, _C.engine.unsupported_reason(
+            device_type, str(p.dtype).removeprefix("torch."), layout)) for (_, p), layout in zip(muon, layouts)]
+        for name, layout, reason in reasons:
+            if reason and layout.placed_on_mesh:
+                raise ValueError(f"Muon parameter {name!r} is placed {layout.describe_placements()}, which only the "
+                                 f"step engine serves, but the engine cannot step it: {reason}")
+        return all(not reason for _, _, reason in reasons)
 
     def _layout(self, param: torch.Tensor, placement: distributed.Placement) -> Any:
         """The C++ runtime's view of one Muon parameter: shape, matrices, sharding."""
         view = self.matrix_view(param)
+        mesh = {}
+        if placement.on_mesh:
+            mesh = dict(mesh_shape=list(placement.mesh_shape), placements=list(placement.mesh_placements),
+                        rank_coords=[list(c) for c in placement.rank_coords])
         return _C.dist.ParamLayout(list(placement.global_shape), view.batch_dims, placement.sharded,
-                                   row_blocks=list(view.row_blocks), transposed=view.transposed)
+                                   row_blocks=list(view.row_blocks), transposed=view.transposed, **mesh)
 
     def _measured_costs(self, muon, layouts, group, device_type: str) -> list[tuple[int, int, int, float]]:
         """Measured NS times for the planner (empty: analytic model). Rank 0 of the group

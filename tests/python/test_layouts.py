@@ -1,0 +1,64 @@
+"""Issue 28: every DTensor layout composed with FSDP2 and HSDP gives the update of the
+pure-PyTorch float64 reference (dmuon.reference) on the same gradients, on Gloo CPU
+processes (tests/python/layouts_workers.py): FSDP2 × TP 2×2, HSDP × TP 2×1×2, EP × FSDP
+(a 4-expert MoE) beside dense FSDP2 weights in one DMuon, two pipeline stages with a
+DMuon each, a DCP checkpoint saved on a 2×2 mesh and resumed on a 1-D world of 2; and a
+Partial parameter refused by name."""
+
+import pytest
+
+import layouts_workers
+from dist_harness import run_distributed
+
+# NOTE: the float32 CPU Newton–Schulz against the float64 reference: every case here erred
+# at most 4.7e-6 of the update's norm (measured 2026-12-02, this machine), 2x inside the
+# issue's 1e-5; a wrong block, owner, replica or lr is off by O(1).
+TOLERANCE = 1e-5
+
+
+def _check(results: dict, world: int) -> None:
+    assert sorted(results) == list(range(world))
+    for rank, result in results.items():
+        assert result["runtime"] == "EngineRuntime", (rank, result["runtime"])
+        for name, ok in result["boxes"].items():
+            assert ok, (rank, name, "the local tensor is not the box the layout gives this rank")
+        for name, error in result["errors"].items():
+            assert error < TOLERANCE, (rank, name, error)
+
+
+@pytest.mark.parametrize("case", ["fsdp2_tp", "hsdp_tp", "ep_fsdp"])
+def test_layout_gives_the_reference_update(case):
+    results = run_distributed(layouts_workers.layout_matches_reference, 4, case)
+    _check(results, 4)
+    for rank, result in results.items():
+        # One transport over the whole mesh (the union of the groups for EP beside FSDP).
+        assert result["world"] == 4, (rank, result["world"])
+    # Replicas compute nothing twice: each matrix once over the world (the Block's 6, plus
+    # 4 experts).
+    expected = {"fsdp2_tp": 6, "hsdp_tp": 6, "ep_fsdp": 10}[case]
+    assert sum(r["orthogonalized"] for r in results.values()) == expected
+
+
+def test_partial_placement_is_refused_naming_the_parameter():
+    results = run_distributed(layouts_workers.partial_is_refused, 2)
+    for rank, message in results.items():
+        assert "'weight'" in message and "Partial" in message, (rank, message)
+
+
+@pytest.mark.slow
+def test_pipeline_stages_step_independently():
+    results = run_distributed(layouts_workers.pipeline_stages, 4)
+    _check(results, 4)
+    for rank, result in results.items():
+        stage = result["stage"]
+        # Each stage's DMuon runs over its own two ranks, never the world.
+        assert result["group_ranks"] == [2 * stage, 2 * stage + 1], (rank, result["group_ranks"])
+        assert result["world"] == 2
+
+
+@pytest.mark.slow
+def test_dcp_checkpoint_resumes_on_another_mesh(tmp_path):
+    path = str(tmp_path / "ckpt")
+    run_distributed(layouts_workers.checkpoint_save, 4, path, 2)
+    results = run_distributed(layouts_workers.checkpoint_resume, 2, path, 2, 1)
+    _check(results, 2)
