@@ -153,7 +153,9 @@ void StepEngine::make_plan() {
   std::vector<int> free_items;
   for (int i = 0; i < num_items; ++i)
     if (pinned[static_cast<size_t>(i)] < 0) free_items.push_back(i);
-  const plan::Problem problem = planning_problem(table_, free_items, wire_size, options_, ops_.device().kind);
+  // NOTE: nothing to plan when every item stays with its holders (experts of an EP split).
+  const plan::Problem problem =
+      free_items.empty() ? plan::Problem{} : planning_problem(table_, free_items, wire_size, options_, ops_.device().kind);
   // NOTE: LPT and round robin are deterministic; the MILP may stop at a wall-clock limit,
   // so its plan is made once and broadcast. A transport that moves nothing cannot
   // broadcast, so every rank solves (the fake world's ranks are one process each).

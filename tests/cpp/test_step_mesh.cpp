@@ -309,3 +309,26 @@ TEST(MeshEngine, DenseOnTheWorldAndExpertsOnEpGroups) {
 }
 
 }  // namespace
+
+namespace {
+
+// Only experts, each whole on one rank: nothing is left to plan, nothing travels forward.
+TEST(MeshEngine, ExpertsWholeOnTheirRanksNeedNoPlanner) {
+  ModelParam experts{"experts", {4, 3, 5}, 1, true, DType::kFloat32, 0};
+  experts.mesh = mesh({2, 2}, {shard(0), shard(0)});
+  const World world({experts}, 4, 1, 9);
+  const std::vector<GroupRule> rules = {dmuon::testing::gram_rule(0.02, 0.1, true, "original")};
+  EngineOptions options;
+  options.solver = dmuon::plan::SolverKind::kMilp;
+  const EngineRun run = dmuon::testing::run_engine(world, options, rules, 1);
+  for (size_t r = 0; r < run.errors.size(); ++r) ASSERT_EQ(run.errors[r], "") << "rank " << r;
+  EXPECT_EQ(run.owners[0], (std::vector<int>{0, 1, 2, 3}));
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(run.stats[static_cast<size_t>(r)].bytes_received, 0) << "rank " << r;
+  const auto ref = dmuon::testing::reference_muon(world, rules, 1);
+  const auto param = world.gather(0, run.tensors, false);
+  EXPECT_LE(dmuon::testing::relative_error(dmuon::testing::difference(param, world.initial_param[0]),
+                                           dmuon::testing::difference(ref.param[0], world.initial_param[0])),
+            1e-4);
+}
+
+}  // namespace
