@@ -644,6 +644,16 @@ class DMuon(torch.optim.Optimizer):
                     check_adamw_group(group, f"param group {g_idx} (AdamW): ")
             except ValueError as error:
                 return f"{error}; nothing was updated"
+        # NOTE: the engine reads a gradient's local tensor as the parameter's box: a DTensor
+        # gradient placed otherwise (e.g. Partial, or another shard dim of equal size) would
+        # be read as the wrong piece.
+        for _, p in self._muon_params():
+            g = p.grad
+            if isinstance(p, DTensor) and isinstance(g, DTensor) and (
+                    tuple(g.placements) != tuple(p.placements) or g.device_mesh != p.device_mesh):
+                return (f"the gradient of Muon parameter {self.param_name(p)!r} is placed {tuple(g.placements)} on "
+                        f"{g.device_mesh}, but the parameter {tuple(p.placements)} on {p.device_mesh} (redistribute "
+                        "it like the parameter); nothing was updated")
         return step_state_error(self.param_groups, self.state, self.param_name, distributed.local,
                                 skip=lambda p: ownership_of(p) is not None, verified=self._verified_state)
 

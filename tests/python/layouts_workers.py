@@ -206,6 +206,26 @@ def partial_is_refused(rank: int, world: int) -> str:
     return ""
 
 
+def misplaced_gradient_is_refused(rank: int, world: int) -> dict:
+    """A colwise (Shard(0)) TP weight given a Shard(1) gradient: the step is refused on
+    every rank, naming the parameter, with nothing written."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("layouts_misplaced",))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4, bias=False))
+    parallelize_module(model, mesh, {"0": ColwiseParallel()})
+    opt = dmuon.DMuon(model, muon_filter=_is_muon, **OPTIONS)
+    weight = model[0].weight
+    before = _full(weight)
+    weight.grad = distribute_tensor(torch.ones(4, 4), mesh, [Shard(1)])
+    try:
+        opt.step()
+    except RuntimeError as error:
+        return {"error": str(error), "unchanged": bool(torch.equal(_full(weight), before))}
+    return {"error": "", "unchanged": False}
+
+
 # ---------------------------------------------------------------- pipeline parallelism
 def _stage(stage: int) -> nn.Module:
     """Stage 0: two projections; stage 1: three of other shapes (stages differ)."""

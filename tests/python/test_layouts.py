@@ -45,6 +45,13 @@ def test_partial_placement_is_refused_naming_the_parameter():
         assert "'weight'" in message and "Partial" in message, (rank, message)
 
 
+def test_gradient_placed_unlike_its_parameter_is_refused():
+    results = run_distributed(layouts_workers.misplaced_gradient_is_refused, 2)
+    for rank, result in results.items():
+        assert "'0.weight'" in result["error"] and "Shard(dim=1)" in result["error"], (rank, result["error"])
+        assert result["unchanged"], rank
+
+
 @pytest.mark.slow
 def test_pipeline_stages_step_independently():
     results = run_distributed(layouts_workers.pipeline_stages, 4)
