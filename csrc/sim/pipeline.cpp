@@ -33,11 +33,11 @@ size_t Program::add_collective(std::string name, double seconds) {
   return collective_seconds.size() - 1;
 }
 
-Program bucket_pipeline_program(const StepTraffic& traffic, const Topology& topology, size_t depth,
+Program stage_pipeline_program(const StepTraffic& traffic, const Topology& topology, size_t depth,
                                 double agreement_seconds) {
-  DMUON_CHECK(traffic.forward.size() == traffic.back.size(), "bucket_pipeline_program: ", traffic.forward.size(),
+  DMUON_CHECK(traffic.forward.size() == traffic.back.size(), "stage_pipeline_program: ", traffic.forward.size(),
               " forwards, ", traffic.back.size(), " returns");
-  DMUON_CHECK(depth >= 1, "bucket_pipeline_program: depth must be >= 1, got ", depth);
+  DMUON_CHECK(depth >= 1, "stage_pipeline_program: depth must be >= 1, got ", depth);
   const size_t num_buckets = traffic.forward.size();
   Program program;
   // Collective ids of each bucket's forward and return (none when not issued).

@@ -1,8 +1,8 @@
-// dmuon/sim/pipeline.h — the step's bucket pipeline over every rank, with each wait for a
-// collective replaced by its modelled time.
+// dmuon/sim/pipeline.h — the step engine's stage pipeline over every rank, with each wait
+// for a collective replaced by its modelled time.
 //
-// A program is the runtime's sequence of operations, the same on every rank: compute
-// phases of buckets (their measured or predicted durations differ by rank), collectives
+// A program is the engine's sequence of operations, the same on every rank: compute
+// phases of stages (their measured or predicted durations differ by rank), collectives
 // issued and collectives waited for. The simulation runs it on all ranks at once:
 //   - compute advances the rank's stream by the phase's duration;
 //   - a rank's collectives run one at a time, in issue order (one communicator), each
@@ -24,7 +24,8 @@
 
 namespace dmuon::sim {
 
-/// The compute phases of one bucket on one rank (MuonRuntime's timeline).
+/// The compute phases of one stage on one rank (the engine's StageTimeline, step/stats.h;
+/// the engine packs its returns inside "ns": its return_pack is 0).
 enum class Phase { kPrepare = 0, kNs, kReturnPack, kApply };
 constexpr size_t kNumPhases = 4;
 
@@ -32,7 +33,7 @@ constexpr size_t kNumPhases = 4;
 /// "return_pack" | "apply" (unpacking the return + apply).
 const char* phase_name(Phase phase);
 
-/// Seconds of each phase of one bucket on one rank.
+/// Seconds of each phase of one stage (bucket) on one rank.
 struct BucketTimes {
   std::array<double, kNumPhases> seconds{};
   double& operator[](Phase phase) { return seconds[static_cast<size_t>(phase)]; }
@@ -60,13 +61,13 @@ struct Program {
   void wait(size_t collective) { ops.push_back({Kind::kWait, 0, Phase::kPrepare, collective}); }
 };
 
-/// MuonRuntime::step's program (dist_runtime.cpp): an agreement on the gradient checks,
-/// the forwards of buckets 0..depth issued, then for each bucket k: wait for its forward
-/// and run its NS, pack and issue its return, issue the next forward that keeps `depth`
-/// buckets of slack, and once k ≥ depth land bucket k − depth (wait for its return,
-/// apply); the last `depth` buckets land at the end, then the agreement on the results.
-/// The two agreements take `agreement_seconds` each (0: none).
-Program bucket_pipeline_program(const StepTraffic& traffic, const Topology& topology, size_t depth,
+/// The step engine's program (step/engine_step.cpp run_pipeline): an agreement on the
+/// gradient checks, the forwards of stages 0..depth issued (each after its prepare), then
+/// for each stage k: wait for its forward and run its NS, pack and issue its return, issue
+/// the next forward that keeps `depth` stages of slack, and once k ≥ depth land stage
+/// k − depth (wait for its return, apply); the last `depth` stages land at the end, then
+/// the agreement on the results. The two agreements take `agreement_seconds` each (0: none).
+Program stage_pipeline_program(const StepTraffic& traffic, const Topology& topology, size_t depth,
                                 double agreement_seconds);
 
 struct RankProjection {

@@ -2,6 +2,7 @@
 #include "sim/rank_prediction.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 
 #include "common/check.h"
@@ -92,22 +93,22 @@ PhaseFit fit(const std::vector<double>& all_x, const std::vector<double>& all_t)
   return out;
 }
 
-void check_timeline(const StepLayout& layout, int rank, const RankTimeline& timeline) {
-  DMUON_CHECK(rank >= 0 && rank < layout.world_size, "measured rank ", rank, " is outside a world of ",
-              layout.world_size);
-  DMUON_CHECK(timeline.size() == layout.buckets.size(), "the timeline of rank ", rank, " has ", timeline.size(),
-              " buckets, the step layout ", layout.buckets.size());
+// Every rank's work, from one of the two layouts.
+using WorkOf = std::function<RankWork(int rank)>;
+
+void check_timeline(int world_size, size_t num_units, const char* unit, int rank, const RankTimeline& timeline) {
+  DMUON_CHECK(rank >= 0 && rank < world_size, "measured rank ", rank, " is outside a world of ", world_size);
+  DMUON_CHECK(timeline.size() == num_units, "the timeline of rank ", rank, " has ", timeline.size(), " ", unit,
+              ", the step layout ", num_units);
 }
 
-}  // namespace
-
-Calibration calibrate(const StepLayout& layout, const std::vector<std::pair<int, RankTimeline>>& measured,
-                      const plan::CostFn& cost) {
+Calibration calibrate_work(int world_size, size_t num_units, const char* unit, const WorkOf& work_of,
+                           const std::vector<std::pair<int, RankTimeline>>& measured) {
   DMUON_CHECK(!measured.empty(), "calibrate: at least one measured rank is needed");
   std::array<std::vector<double>, kNumPhases> xs, ts;
   for (const auto& [rank, timeline] : measured) {
-    check_timeline(layout, rank, timeline);
-    const RankWork work = rank_work(layout, rank, cost);
+    check_timeline(world_size, num_units, unit, rank, timeline);
+    const RankWork work = work_of(rank);
     for (size_t b = 0; b < timeline.size(); ++b)
       for (size_t p = 0; p < kNumPhases; ++p) {
         xs[p].push_back(work[b][p]);
@@ -119,28 +120,72 @@ Calibration calibrate(const StepLayout& layout, const std::vector<std::pair<int,
   return out;
 }
 
-std::vector<RankTimeline> complete_timelines(const StepLayout& layout,
-                                             const std::vector<std::pair<int, RankTimeline>>& measured,
-                                             const plan::CostFn& cost) {
-  std::vector<RankTimeline> out(static_cast<size_t>(layout.world_size));
-  std::vector<bool> known(static_cast<size_t>(layout.world_size), false);
+std::vector<RankTimeline> complete_work(int world_size, size_t num_units, const char* unit, const WorkOf& work_of,
+                                        const std::vector<std::pair<int, RankTimeline>>& measured) {
+  std::vector<RankTimeline> out(static_cast<size_t>(world_size));
+  std::vector<bool> known(static_cast<size_t>(world_size), false);
   for (const auto& [rank, timeline] : measured) {
-    check_timeline(layout, rank, timeline);
+    check_timeline(world_size, num_units, unit, rank, timeline);
     DMUON_CHECK(!known[static_cast<size_t>(rank)], "rank ", rank, " is measured twice");
     out[static_cast<size_t>(rank)] = timeline;
     known[static_cast<size_t>(rank)] = true;
   }
   if (std::all_of(known.begin(), known.end(), [](bool k) { return k; })) return out;
-  const Calibration calibration = calibrate(layout, measured, cost);
-  for (int r = 0; r < layout.world_size; ++r) {
+  const Calibration calibration = calibrate_work(world_size, num_units, unit, work_of, measured);
+  for (int r = 0; r < world_size; ++r) {
     if (known[static_cast<size_t>(r)]) continue;
-    const RankWork work = rank_work(layout, r, cost);
+    const RankWork work = work_of(r);
     RankTimeline& timeline = out[static_cast<size_t>(r)];
     timeline.resize(work.size());
     for (size_t b = 0; b < work.size(); ++b)
       for (size_t p = 0; p < kNumPhases; ++p) timeline[b].seconds[p] = calibration.phases[p].at(work[b][p]);
   }
   return out;
+}
+
+}  // namespace
+
+RankWork rank_work(const StageLayout& layout, int rank, const plan::CostFn& cost) {
+  layout.validate();
+  DMUON_CHECK(rank >= 0 && rank < layout.world_size, "rank_work: rank ", rank, " is outside a world of ",
+              layout.world_size);
+  RankWork work(layout.num_stages());
+  for (size_t s = 0; s < layout.num_stages(); ++s) {
+    const RankStageWork& w = layout.work[s][static_cast<size_t>(rank)];
+    auto& out = work[s];
+    out.fill(0.0);
+    out[static_cast<size_t>(Phase::kPrepare)] = w.prepare_elements;
+    out[static_cast<size_t>(Phase::kApply)] = w.apply_elements;
+    for (const NsBatchShape& b : w.ns_batches)
+      if (b.count > 0) out[static_cast<size_t>(Phase::kNs)] += cost(b.rows, b.cols, b.count);
+  }
+  return work;
+}
+
+Calibration calibrate(const StepLayout& layout, const std::vector<std::pair<int, RankTimeline>>& measured,
+                      const plan::CostFn& cost) {
+  return calibrate_work(layout.world_size, layout.buckets.size(), "buckets",
+                        [&](int r) { return rank_work(layout, r, cost); }, measured);
+}
+
+std::vector<RankTimeline> complete_timelines(const StepLayout& layout,
+                                             const std::vector<std::pair<int, RankTimeline>>& measured,
+                                             const plan::CostFn& cost) {
+  return complete_work(layout.world_size, layout.buckets.size(), "buckets",
+                       [&](int r) { return rank_work(layout, r, cost); }, measured);
+}
+
+Calibration calibrate(const StageLayout& layout, const std::vector<std::pair<int, RankTimeline>>& measured,
+                      const plan::CostFn& cost) {
+  return calibrate_work(layout.world_size, layout.num_stages(), "stages",
+                        [&](int r) { return rank_work(layout, r, cost); }, measured);
+}
+
+std::vector<RankTimeline> complete_timelines(const StageLayout& layout,
+                                             const std::vector<std::pair<int, RankTimeline>>& measured,
+                                             const plan::CostFn& cost) {
+  return complete_work(layout.world_size, layout.num_stages(), "stages",
+                       [&](int r) { return rank_work(layout, r, cost); }, measured);
 }
 
 }  // namespace dmuon::sim

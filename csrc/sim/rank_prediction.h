@@ -22,6 +22,7 @@
 
 #include "plan/problem.h"
 #include "sim/pipeline.h"
+#include "sim/stage_layout.h"
 #include "sim/step_layout.h"
 
 namespace dmuon::sim {
@@ -31,6 +32,11 @@ using RankWork = std::vector<std::array<double, kNumPhases>>;
 
 /// The work of `rank` in every bucket of `layout`.
 RankWork rank_work(const StepLayout& layout, int rank, const plan::CostFn& cost);
+
+/// The work of `rank` in every stage of the engine's `layout`: prepare and apply its
+/// elements (RankStageWork), ns the cost model of its NS batches, return_pack none (the
+/// engine packs its returns inside the ns phase).
+RankWork rank_work(const StageLayout& layout, int rank, const plan::CostFn& cost);
 
 /// time = fixed_s + rate · work (both ≥ 0) where there is work, idle_s where there is none.
 struct PhaseFit {
@@ -51,6 +57,13 @@ Calibration calibrate(const StepLayout& layout, const std::vector<std::pair<int,
 
 /// Every rank's timeline: the measured ones as given, the others predicted by `calibrate`.
 std::vector<RankTimeline> complete_timelines(const StepLayout& layout,
+                                             const std::vector<std::pair<int, RankTimeline>>& measured,
+                                             const plan::CostFn& cost);
+
+/// The same two over the engine's stages (a timeline has one entry per stage).
+Calibration calibrate(const StageLayout& layout, const std::vector<std::pair<int, RankTimeline>>& measured,
+                      const plan::CostFn& cost);
+std::vector<RankTimeline> complete_timelines(const StageLayout& layout,
                                              const std::vector<std::pair<int, RankTimeline>>& measured,
                                              const plan::CostFn& cost);
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "sim/stage_layout.h"
 #include "sim/step_layout.h"
 #include "sim/topology.h"
 
@@ -36,5 +37,9 @@ struct StepTraffic {
 /// runtime's: a forward when the bucket holds an active sharded parameter, a return (owner
 /// mode) when it holds an active parameter.
 StepTraffic step_traffic(const StepLayout& layout, const Topology& topology);
+
+/// The traffic of the engine's stages on `topology` (world sizes must match): each
+/// stage's forward and return exchange as the engine issues them, split by link.
+StepTraffic step_traffic(const StageLayout& layout, const Topology& topology);
 
 }  // namespace dmuon::sim

@@ -124,6 +124,10 @@ class DeviceOps {
   /// Memory for `numel` elements, released (stream-ordered) when the handle dies.
   virtual OwnedBuffer allocate(DType dtype, int64_t numel) = 0;
   virtual void fill_zero(const Buffer& buffer) = 0;
+  /// Pseudo-random values of unit variance (uniform on ±√3), a function of `seed` and the
+  /// element index only: what a transport that moves no data (a fake world) leaves in the
+  /// updates an owner orthogonalizes (full rank, as real data; see dist/world_model.h).
+  virtual void fill_synthetic(const Buffer& buffer, uint64_t seed) = 0;
   /// dst ← src (same dtype and size).
   virtual void copy(const Buffer& src, const Buffer& dst) = 0;
 

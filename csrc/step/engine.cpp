@@ -180,17 +180,29 @@ StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
   issue_exchange(f, f.send.get().slice(0, to_others), send_counts, recv_counts, exchange,
                  "all_to_all of stage " + std::to_string(s) + "'s pieces to their owners (" + step_name(st.step_idx) +
                      ")",
-                 line.forward_sent_to, line.forward_received_from);
+                 line.forward_sent_to, line.forward_received_from,
+                 // NOTE: never 0 (0 asks for zeros); a seed per step and stage.
+                 (static_cast<uint64_t>(st.step_idx) << 32) + s + 1);
   return f;
 }
 
 void StepEngine::issue_exchange(Flight& f, const Buffer& send, const std::vector<int64_t>& send_counts,
                                 const std::vector<int64_t>& recv_counts, bool collective, const std::string& what,
-                                std::vector<int64_t>& sent_to, std::vector<int64_t>& received_from) {
+                                std::vector<int64_t>& sent_to, std::vector<int64_t>& received_from,
+                                uint64_t synthetic_seed) {
+  // NOTE: a transport that moves nothing leaves the receive buffer as it was. The model
+  // (dist/world_model.h) fills it: synthetic full-rank updates for an owner's NS (an
+  // assembled matrix of zeros would draw less power and time its GEMMs too short),
+  // zeros for returned results (the apply's time does not depend on values). Not real
+  // work: outside every phase, its time in model_fill_s (synchronized when profiling).
+  if (!transport_.moves_data() && !f.recv.get().empty()) {
+    const auto fill_start = Clock::now();
+    if (synthetic_seed != 0) ops_.fill_synthetic(f.recv.get(), synthetic_seed);
+    else ops_.fill_zero(f.recv.get());
+    if (options_.profile) ops_.synchronize();
+    stats_.model_fill_s += seconds_since(fill_start);
+  }
   const auto start = Clock::now();
-  // NOTE: a transport that moves nothing leaves the receive buffer as it was; zeros keep
-  // the owner's NS on defined data.
-  if (!transport_.moves_data()) ops_.fill_zero(f.recv.get());
   if (collective) f.pending = transport_.all_to_all(send, send_counts, f.recv.get(), recv_counts, what);
   const int64_t wire_size = dtype_size(wire_dtype_);
   for (int r = 0; r < world_; ++r) {
@@ -380,7 +392,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
   issue_exchange(back, back.send.get(), send_counts, recv_counts, exchange_back,
                  "all_to_all of stage " + std::to_string(s) + "'s results back from their owners (" +
                      step_name(st.step_idx) + ")",
-                 line.return_sent_to, line.return_received_from);
+                 line.return_sent_to, line.return_received_from, 0);
   return back;
 }
 

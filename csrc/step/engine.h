@@ -127,6 +127,8 @@ class StepEngine {
   /// Fingerprint of the plan (problem, owners, batches), agreed by every rank.
   uint64_t plan_hash() const { return plan_hash_; }
   double predicted_makespan_s() const { return predicted_makespan_s_; }
+  /// The planner's predicted NS seconds of every rank (a solved plan; else empty).
+  const std::vector<double>& predicted_rank_seconds() const { return predicted_rank_s_; }
   const EngineOptions& options() const { return options_; }
   int pipeline_depth() const { return depth_; }
   DType wire_dtype() const { return wire_dtype_; }
@@ -160,9 +162,12 @@ class StepEngine {
   Flight run_stage(size_t s, StepState& st, Flight& forward);
   void land(size_t s, StepState& st, Flight& back);
   // One exchange of a stage (the all_to_all when `collective`) and its bytes per peer.
+  // `synthetic_seed` ≠ 0: over a transport that moves nothing, the receive buffer gets
+  // synthetic values of that seed (updates an owner orthogonalizes), else zeros.
   void issue_exchange(Flight& f, const Buffer& send, const std::vector<int64_t>& send_counts,
                       const std::vector<int64_t>& recv_counts, bool collective, const std::string& what,
-                      std::vector<int64_t>& sent_to, std::vector<int64_t>& received_from);
+                      std::vector<int64_t>& sent_to, std::vector<int64_t>& received_from,
+                      uint64_t synthetic_seed);
   // The outcome of a step refused for the non-finite gradients of `flagged` (indices of
   // the parameters, then num_params + k for extra[k]).
   StepOutcome nonfinite_gradient(const std::vector<int>& flagged, std::vector<bool> active, int64_t step_idx,
@@ -181,6 +186,7 @@ class StepEngine {
   std::string plan_text_;
   uint64_t plan_hash_ = 0;
   double predicted_makespan_s_ = 0.0;
+  std::vector<double> predicted_rank_s_;
   std::vector<Stage> stages_;
   std::vector<ns::Algorithm> stage_algorithms_;  // the group algorithms stages_ were made for
   // NOTE: a batch's first runs tune its kernels and capture its graph (timings other

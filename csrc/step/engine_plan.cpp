@@ -159,11 +159,23 @@ void StepEngine::make_plan() {
   // NOTE: LPT and round robin are deterministic; the MILP may stop at a wall-clock limit,
   // so its plan is made once and broadcast. A transport that moves nothing cannot
   // broadcast, so every rank solves (the fake world's ranks are one process each).
-  const bool local = options_.solver != plan::SolverKind::kMilp || !transport_.moves_data();
+  const bool local = options_.solver != plan::SolverKind::kMilp || !transport_.moves_data() || options_.plan_locally;
   std::string text, error;
   try {
-    if ((local || rank_ == 0) && !free_items.empty())
+    if (local && options_.solver == plan::SolverKind::kMilp && !free_items.empty()) {
+      // NOTE: ranks that each solve alone must solve alike: no wall-clock limit in effect
+      // (1e7 s; the MILP turns it into a steady_clock deadline, so not infinity), only the
+      // node cap; memoized per process (a fake world's ranks, one process, solve once).
+      plan::MilpOptions milp = options_.milp;
+      milp.time_limit_s = 1e7;
+      static plan::PlanCache cache;  // NOTE: in memory; thread-safe
+      const plan::Plan solved = cache.get_or_solve(problem, options_.solver, milp);
+      DMUON_CHECK(solved.deterministic, "planning owners locally: the MILP stopped on its time limit (",
+                  solved.status, "), so ranks that each solve alone could disagree");
+      text = solved.serialize();
+    } else if ((local || rank_ == 0) && !free_items.empty()) {
       text = plan::solve(problem, options_.solver, options_.milp).serialize();
+    }
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -201,6 +213,7 @@ void StepEngine::make_plan() {
       }
     for (std::vector<int>& b : shape_batches(table_, pinned_of[static_cast<size_t>(r)])) batches.batches.push_back(std::move(b));
     owner_batches_.push_back(std::move(batches));
+    predicted_rank_s_.push_back(free_items.empty() ? 0.0 : solved.ranks[static_cast<size_t>(r)].compute_seconds);
   }
   plan_text_ = text;
   plan_hash_ = hash;

@@ -77,6 +77,10 @@ struct EngineOptions {
   /// (identical on every rank), else the analytic model of the ops' device.
   plan::SolverKind solver = plan::SolverKind::kMilp;
   plan::MilpOptions milp{};
+  /// Every rank solves the plan itself (deterministically: the MILP without its wall-clock
+  /// limit), never rank 0 alone and a broadcast; always so where the transport moves no
+  /// data (a fake world) and for the deterministic solvers (LPT, round robin).
+  bool plan_locally = false;
   std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries;
   double bandwidth_bytes_per_s = 50e9;
 

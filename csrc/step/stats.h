@@ -31,6 +31,9 @@ struct StepStats {
   double ns_s = 0;         ///< NS batches, with their iterate and result passes and own-row apply
   double apply_s = 0;      ///< applying rows returned by their owners
   double total_s = 0;
+  /// A transport that moves nothing (fake world): filling receive buffers by the model
+  /// (no real work; outside every phase).
+  double model_fill_s = 0;
   int64_t bytes_sent = 0, bytes_received = 0;  ///< to and from other ranks
   int64_t num_stages = 0, num_ns_batches = 0, num_orthogonalized = 0;
   int64_t pipeline_depth = 0;

@@ -626,7 +626,7 @@ void MuonRuntime::step(at::TensorList params, const std::vector<at::Tensor>& gra
 
   // The pipeline: the forwards of the next `depth` buckets in flight during NS of bucket k,
   // and the returns of the `depth` buckets before it; a bucket is applied once its return
-  // has had `depth` buckets' time to arrive. (sim::bucket_pipeline_program models this order.)
+  // has had `depth` buckets' time to arrive. (sim::stage_pipeline_program models this order.)
   // NOTE: why `depth` both ways: on GPUs every wait for a collective is a wait of the
   // compute stream, and a collective completes only when every rank reached it. Waiting for
   // the return of bucket k−1 before NS of bucket k+1 (or sending bucket k+2's momentum,

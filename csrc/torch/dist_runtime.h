@@ -67,7 +67,8 @@ struct StepStats {
   /// (matrices, rows, cols) of each NS batch of the one-GPU step, in launch order.
   std::vector<std::tuple<int64_t, int64_t, int64_t>> fused_batches;
   int64_t pipeline_depth = 0;  ///< buckets of pipeline slack of the bucketed path (DMUON_PIPELINE_DEPTH)
-  /// Parameters orthogonalized on this rank, in order (each once per step).
+  /// Orthogonalized on this rank, in order, each once per step: MuonRuntime's parameters;
+  /// the engine's matrices (items, EngineRuntime.item_params gives their parameters).
   std::vector<int64_t> orthogonalized;
   /// RuntimeOptions::record_timeline: device time of each bucket's compute phases, and of
   /// the fake world's synthetic receive data (not part of any phase: not real work).

@@ -11,6 +11,7 @@
 #include "sim/collective_cost.h"
 #include "sim/pipeline.h"
 #include "sim/rank_prediction.h"
+#include "sim/stage_layout.h"
 #include "sim/traffic.h"
 
 namespace py = pybind11;
@@ -41,6 +42,43 @@ struct StepProjection {
   sim::Calibration calibration;
   size_t num_collectives = 0;
 };
+
+template <typename Layout>
+std::vector<sim::RankTraffic> rank_traffic(const Layout& layout, const sim::Topology& topology) {
+  const sim::StepTraffic traffic = sim::step_traffic(layout, topology);
+  std::vector<sim::RankTraffic> out;
+  for (int r = 0; r < layout.world_size; ++r) out.push_back(traffic.total(r));
+  return out;
+}
+
+// The projection of `layout` (the engine's stages, or a bucket layout): measured
+// timelines, the other ranks predicted, every rank simulated through the pipeline.
+template <typename Layout>
+StepProjection project(const Layout& layout, const sim::Topology& topology,
+                       const std::map<int, std::vector<PhaseTuple>>& measured,
+                       const std::vector<std::tuple<int64_t, int64_t, int64_t, double>>& cost_entries,
+                       const std::string& device_type, size_t depth, int64_t agreement_bytes) {
+  std::vector<std::pair<int, sim::RankTimeline>> known;
+  for (const auto& [rank, tuples] : measured) known.emplace_back(rank, timeline_of(tuples));
+  const plan::CostFn cost = plan::runtime_cost_fn(cost_entries, device_type);
+  py::gil_scoped_release release;
+  StepProjection out;
+  out.calibration = sim::calibrate(layout, known, cost);
+  const std::vector<sim::RankTimeline> timelines = sim::complete_timelines(layout, known, cost);
+  const sim::StepTraffic traffic = sim::step_traffic(layout, topology);
+  const sim::Program program = sim::stage_pipeline_program(
+      traffic, topology, depth, sim::ring_seconds(sim::RingKind::kAllReduce, agreement_bytes, topology));
+  out.projection = sim::simulate(program, timelines);
+  out.num_collectives = program.collective_seconds.size();
+  out.measured.assign(static_cast<size_t>(layout.world_size), false);
+  for (const auto& [rank, timeline] : known) out.measured[static_cast<size_t>(rank)] = true;
+  for (const auto& timeline : timelines) {
+    std::vector<PhaseTuple> tuples;
+    for (const auto& t : timeline) tuples.push_back(t.seconds);
+    out.timelines.push_back(std::move(tuples));
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -90,6 +128,39 @@ void register_sim_bindings(py::module_& m) {
         return out;
       });
 
+  py::class_<sim::NsBatchShape>(s, "NsBatchShape")
+      .def_readonly("rows", &sim::NsBatchShape::rows)
+      .def_readonly("cols", &sim::NsBatchShape::cols)
+      .def_readonly("count", &sim::NsBatchShape::count);
+  py::class_<sim::RankStageWork>(s, "RankStageWork")
+      .def_readonly("prepare_elements", &sim::RankStageWork::prepare_elements)
+      .def_readonly("ns_batches", &sim::RankStageWork::ns_batches)
+      .def_readonly("apply_elements", &sim::RankStageWork::apply_elements);
+  py::class_<sim::StageLayout>(s, "StageLayout")
+      .def_readonly("world_size", &sim::StageLayout::world_size)
+      .def_property_readonly("num_stages", &sim::StageLayout::num_stages)
+      .def_property_readonly("forward_issued",
+                             [](const sim::StageLayout& l) {
+                               std::vector<bool> out;
+                               for (const auto& e : l.forward) out.push_back(e.issued);
+                               return out;
+                             })
+      .def_property_readonly("forward_bytes",
+                             [](const sim::StageLayout& l) {
+                               std::vector<std::vector<int64_t>> out;
+                               for (const auto& e : l.forward) out.push_back(e.bytes);
+                               return out;
+                             },
+                             "[stage][src * world + dst] bytes of each stage's forward exchange")
+      .def_property_readonly("return_bytes",
+                             [](const sim::StageLayout& l) {
+                               std::vector<std::vector<int64_t>> out;
+                               for (const auto& e : l.back) out.push_back(e.bytes);
+                               return out;
+                             },
+                             "[stage][src * world + dst] bytes of each stage's return exchange")
+      .def_readonly("work", &sim::StageLayout::work, "[stage][rank] RankStageWork");
+
   py::class_<sim::RankTraffic>(s, "RankTraffic")
       .def_readonly("send_intra", &sim::RankTraffic::send_intra)
       .def_readonly("send_inter", &sim::RankTraffic::send_inter)
@@ -97,15 +168,9 @@ void register_sim_bindings(py::module_& m) {
       .def_readonly("recv_inter", &sim::RankTraffic::recv_inter)
       .def_property_readonly("sent", &sim::RankTraffic::sent)
       .def_property_readonly("received", &sim::RankTraffic::received);
-  s.def(
-      "rank_traffic",
-      [](const sim::StepLayout& layout, const sim::Topology& topology) {
-        const sim::StepTraffic traffic = sim::step_traffic(layout, topology);
-        std::vector<sim::RankTraffic> out;
-        for (int r = 0; r < layout.world_size; ++r) out.push_back(traffic.total(r));
-        return out;
-      },
-      py::arg("layout"), py::arg("topology"), "every rank's bytes over the step, by link (its own piece excluded)");
+  s.def("rank_traffic", &rank_traffic<sim::StageLayout>, py::arg("layout"), py::arg("topology"),
+        "every rank's bytes over the step, by link (its own pieces excluded)");
+  s.def("rank_traffic", &rank_traffic<sim::StepLayout>, py::arg("layout"), py::arg("topology"));
   s.def(
       "ring_seconds",
       [](const std::string& kind, int64_t bytes, const sim::Topology& group) {
@@ -135,37 +200,13 @@ void register_sim_bindings(py::module_& m) {
           out[sim::phase_name(static_cast<sim::Phase>(k))] = p.calibration.phases[k];
         return out;
       });
-  s.def(
-      "project_step",
-      [](const sim::StepLayout& layout, const sim::Topology& topology,
-         const std::map<int, std::vector<PhaseTuple>>& measured,
-         const std::vector<std::tuple<int64_t, int64_t, int64_t, double>>& cost_entries, const std::string& device_type,
-         size_t depth, int64_t agreement_bytes) {
-        std::vector<std::pair<int, sim::RankTimeline>> known;
-        for (const auto& [rank, tuples] : measured) known.emplace_back(rank, timeline_of(tuples));
-        const plan::CostFn cost = plan::runtime_cost_fn(cost_entries, device_type);
-        py::gil_scoped_release release;
-        StepProjection out;
-        out.calibration = sim::calibrate(layout, known, cost);
-        const std::vector<sim::RankTimeline> timelines = sim::complete_timelines(layout, known, cost);
-        const sim::StepTraffic traffic = sim::step_traffic(layout, topology);
-        const sim::Program program = sim::bucket_pipeline_program(
-            traffic, topology, depth, sim::ring_seconds(sim::RingKind::kAllReduce, agreement_bytes, topology));
-        out.projection = sim::simulate(program, timelines);
-        out.num_collectives = program.collective_seconds.size();
-        out.measured.assign(static_cast<size_t>(layout.world_size), false);
-        for (const auto& [rank, timeline] : known) out.measured[static_cast<size_t>(rank)] = true;
-        for (const auto& timeline : timelines) {
-          std::vector<PhaseTuple> tuples;
-          for (const auto& t : timeline) tuples.push_back(t.seconds);
-          out.timelines.push_back(std::move(tuples));
-        }
-        return out;
-      },
-      py::arg("layout"), py::arg("topology"), py::arg("measured"), py::arg("cost_entries"), py::arg("device_type"),
-      py::arg("depth"), py::arg("agreement_bytes"),
-      "the step on every rank of `topology`: measured timelines {rank: [(prepare, ns, return_pack, apply) per "
-      "bucket]}, the other ranks predicted from them (sim/rank_prediction.h), simulated (sim/pipeline.h)");
+  s.def("project_step", &project<sim::StageLayout>, py::arg("layout"), py::arg("topology"), py::arg("measured"),
+        py::arg("cost_entries"), py::arg("device_type"), py::arg("depth"), py::arg("agreement_bytes"),
+        "the step on every rank of `topology`: measured timelines {rank: [(prepare, ns, return_pack, apply) per "
+        "stage]}, the other ranks predicted from them (sim/rank_prediction.h), simulated through the engine's "
+        "pipeline of depth `depth` (sim/pipeline.h)");
+  s.def("project_step", &project<sim::StepLayout>, py::arg("layout"), py::arg("topology"), py::arg("measured"),
+        py::arg("cost_entries"), py::arg("device_type"), py::arg("depth"), py::arg("agreement_bytes"));
 }
 
 }  // namespace dmuon::torch_adapter

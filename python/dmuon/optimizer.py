@@ -432,15 +432,14 @@ class DMuon(torch.optim.Optimizer):
                       device_type: str) -> bool:
         """Whether the step engine (dmuon._C.engine) runs the Muon step. NOTE: every mode
         but these, which keep the bucketed runtime (dmuon._C.dist.MuonRuntime) until the
-        engine covers them: the weight-ownership mode, a fake world (its projection reads
-        per-parameter owners and buckets), and parameters the engine's ops do not step
-        (dmuon._C.engine.unsupported_reason: float64 on CUDA, unequal row blocks)."""
+        engine covers them: the weight-ownership mode, and parameters the engine's ops do
+        not step (dmuon._C.engine.unsupported_reason: float64 on CUDA, unequal row blocks)."""
         on_mesh = [(self.param_name(p), layout) for (_, p), layout in zip(muon, layouts) if layout.placed_on_mesh]
-        if self._ownership is not None or (group is not None and distributed.transport(group) == "fake"):
+        if self._ownership is not None:
             if on_mesh:
                 raise ValueError(f"Muon parameter {on_mesh[0][0]!r} is placed {on_mesh[0][1].describe_placements()}: the "
-                                 "mesh layout steps through the step engine, which the weight-ownership mode and a "
-                                 "fake world do not use yet")
+                                 "mesh layout steps through the step engine, which the weight-ownership mode does "
+                                 "not use yet")
             return False
         reasons = [(self.param_name(p), layout, _C.engine.unsupported_reason(
             device_type, str(p.dtype).removeprefix("torch."), layout)) for (_, p), layout in zip(muon, layouts)]

@@ -139,6 +139,7 @@ class ForwardingOps : public step::DeviceOps {
   step::Device device() const override { return inner_.device(); }
   step::OwnedBuffer allocate(step::DType dtype, int64_t numel) override { return inner_.allocate(dtype, numel); }
   void fill_zero(const step::Buffer& b) override { inner_.fill_zero(b); }
+  void fill_synthetic(const step::Buffer& b, uint64_t seed) override { inner_.fill_synthetic(b, seed); }
   void copy(const step::Buffer& src, const step::Buffer& dst) override { inner_.copy(src, dst); }
   step::Partials check(const std::vector<step::CheckPiece>& pieces, const step::Buffer& flags) override {
     return inner_.check(pieces, flags);

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "error_of.h"
 #include "plan/cost_model.h"
 #include "sim/collective_cost.h"
 #include "sim/pipeline.h"
@@ -191,7 +192,7 @@ TEST(SimPipeline, TheProgramIsTheRuntimesOrder) {
   layout.owners = {0, 1, 0};
   layout.buckets = {Bucket{{0}, 0}, Bucket{{1}, 0}, Bucket{{2}, 0}};
   const auto traffic = dmuon::sim::step_traffic(layout, flat(2, 8));
-  const Program program = dmuon::sim::bucket_pipeline_program(traffic, flat(2, 8), 1, 0.0);
+  const Program program = dmuon::sim::stage_pipeline_program(traffic, flat(2, 8), 1, 0.0);
   EXPECT_EQ(describe(program),
             "P0 I(forward 0) P1 I(forward 1) "
             "W(forward 0) N0 R0 I(return 0) P2 I(forward 2) "
@@ -199,13 +200,13 @@ TEST(SimPipeline, TheProgramIsTheRuntimesOrder) {
             "W(forward 2) N2 R2 I(return 2) W(return 1) A1 "
             "W(return 2) A2");
   // With agreements, the step begins and ends with one.
-  const Program agreed = dmuon::sim::bucket_pipeline_program(traffic, flat(2, 8), 8, 1e-5);
+  const Program agreed = dmuon::sim::stage_pipeline_program(traffic, flat(2, 8), 8, 1e-5);
   EXPECT_EQ(agreed.collective_names.front(), "all_reduce of the gradient checks");
   EXPECT_EQ(agreed.collective_names.back(), "all_reduce of the finite check");
   EXPECT_EQ(agreed.ops.back().kind, Program::Kind::kWait);
   // Gather mode: no returns.
   layout.gather = true;
-  const Program gather = dmuon::sim::bucket_pipeline_program(dmuon::sim::step_traffic(layout, flat(2, 8)),
+  const Program gather = dmuon::sim::stage_pipeline_program(dmuon::sim::step_traffic(layout, flat(2, 8)),
                                                              flat(2, 8), 1, 0.0);
   EXPECT_EQ(describe(gather).find("return"), std::string::npos);
 }
@@ -222,11 +223,11 @@ TEST(SimPipeline, OwnersOverlapWithEnoughDepthAndChainWithout) {
   const Topology fast = Topology::two_level(4, 8, Link{1e12, 0.0}, Link{1e12, 0.0});
   const auto traffic = dmuon::sim::step_traffic(layout, fast);
   // depth 4: every forward in flight at once, the four NS run side by side.
-  const auto overlapped = dmuon::sim::simulate(dmuon::sim::bucket_pipeline_program(traffic, fast, 4, 0.0), t);
+  const auto overlapped = dmuon::sim::simulate(dmuon::sim::stage_pipeline_program(traffic, fast, 4, 0.0), t);
   EXPECT_NEAR(overlapped.step_s, 10.0, 1e-9);
   // depth 1: rank 0 waits in bucket 1's return for rank 1's NS before it issues bucket 2's
   // forward... the NS chain: 0 and 1 overlap, then 2 waits for the return of bucket 1.
-  const auto chained = dmuon::sim::simulate(dmuon::sim::bucket_pipeline_program(traffic, fast, 1, 0.0), t);
+  const auto chained = dmuon::sim::simulate(dmuon::sim::stage_pipeline_program(traffic, fast, 1, 0.0), t);
   EXPECT_GT(chained.step_s, 19.0);
 }
 
@@ -274,3 +275,64 @@ TEST(SimPrediction, UnmeasuredRanksFollowTheMeasuredRanksFit) {
 }
 
 }  // namespace
+
+namespace {
+
+using dmuon::sim::StageExchange;
+using dmuon::sim::StageLayout;
+
+// The engine's stages over two ranks on different nodes: stage 0 sends rank 0's 12 bytes
+// to owner 1 and returns them; stage 1 is rank 0's own whole item (nothing travels).
+StageLayout two_stage_layout() {
+  StageLayout layout;
+  layout.world_size = 2;
+  layout.forward = {StageExchange{true, {0, 12, 0, 0}}, StageExchange{false, {0, 0, 0, 0}}};
+  layout.back = {StageExchange{true, {0, 0, 12, 0}}, StageExchange{false, {0, 0, 0, 0}}};
+  layout.work.assign(2, std::vector<dmuon::sim::RankStageWork>(2));
+  layout.work[0][0].prepare_elements = 3;
+  layout.work[0][1].ns_batches = {{2, 3, 1}};
+  layout.work[0][0].apply_elements = 3;
+  layout.work[1][0].ns_batches = {{4, 4, 2}};
+  return layout;
+}
+
+}  // namespace
+
+TEST(SimStageLayout, TrafficAndWorkComeFromTheEnginesStages) {
+  const StageLayout layout = two_stage_layout();
+  const auto traffic = dmuon::sim::step_traffic(layout, flat(2, 1));
+  ASSERT_EQ(traffic.forward.size(), 2u);
+  EXPECT_EQ(traffic.forward[0].ranks[0].send_inter, 12);
+  EXPECT_EQ(traffic.forward[0].ranks[1].recv_inter, 12);
+  EXPECT_EQ(traffic.back[0].ranks[0].recv_inter, 12);
+  EXPECT_FALSE(traffic.forward[1].issued);
+  EXPECT_EQ(traffic.total(0).sent(), 12);
+  EXPECT_EQ(traffic.total(1).received(), 12);
+  const auto cost = dmuon::plan::AnalyticCostModel::cpu_default().as_cost_fn();
+  const auto work0 = dmuon::sim::rank_work(layout, 0, cost);
+  EXPECT_DOUBLE_EQ(work0[0][static_cast<size_t>(Phase::kPrepare)], 3);
+  EXPECT_DOUBLE_EQ(work0[0][static_cast<size_t>(Phase::kNs)], 0);
+  EXPECT_DOUBLE_EQ(work0[1][static_cast<size_t>(Phase::kNs)], cost(4, 4, 2));
+  EXPECT_DOUBLE_EQ(work0[0][static_cast<size_t>(Phase::kReturnPack)], 0);
+  // The pipeline over it at depth 1 (each exchange 2 s latency + 12 B / 10 B/s = 3.2 s):
+  // forward 0 runs 0.5 → 3.7 (after rank 0's prepare); rank 1's NS 3.7 → 4.7; return 0
+  // 4.7 → 7.9; rank 0 runs stage 1's NS (its own item) 3.7 → 7.7, waits for the return
+  // and applies it: 7.9 + 0.25.
+  std::vector<RankTimeline> t = {{times(0.5, 0, 0, 0.25), times(0, 4, 0, 0)}, {times(0, 1, 0, 0), times(0, 0, 0, 0)}};
+  const auto projection = dmuon::sim::simulate(dmuon::sim::stage_pipeline_program(traffic, flat(2, 1), 1, 0.0), t);
+  EXPECT_NEAR(projection.ranks[0].end_s, 8.15, 1e-9);
+  EXPECT_NEAR(projection.ranks[1].end_s, 7.9, 1e-9);
+}
+
+TEST(SimStageLayout, InconsistentLayoutsAreNamed) {
+  StageLayout layout = two_stage_layout();
+  layout.forward[0].bytes.pop_back();
+  EXPECT_NE(dmuon::testing::error_of([&] { layout.validate(); }).find("world²"), std::string::npos);
+  layout = two_stage_layout();
+  layout.forward[1].bytes[1] = 4;
+  EXPECT_NE(dmuon::testing::error_of([&] { layout.validate(); }).find("does not issue"), std::string::npos);
+  layout = two_stage_layout();
+  layout.work[1].pop_back();
+  EXPECT_NE(dmuon::testing::error_of([&] { layout.validate(); }).find("the work of 1 ranks"), std::string::npos);
+  EXPECT_THROW(dmuon::sim::step_traffic(two_stage_layout(), flat(3, 1)), dmuon::Error);
+}

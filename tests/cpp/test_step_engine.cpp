@@ -448,8 +448,9 @@ TEST(StepEngine, InvalidInputOnOneRankFailsEveryRank) {
 }
 
 // Rank r of a world of 4 whose collectives move nothing (torch's fake process group): the
-// plan is solved locally, receive buffers are zero-filled (the ops poison every
-// allocation, so NS on unwritten memory would raise), and the bytes are counted.
+// plan is solved locally, receive buffers are filled by the model (synthetic updates,
+// zero results; the ops poison every allocation, so NS on unwritten memory would raise),
+// and the bytes are counted.
 TEST(StepEngine, TransportThatMovesNothingRunsOneRanksRealWork) {
   const World world(awkward_model(DType::kFloat32), 4, 1, 11);
   dmuon::step::CpuOpsOptions cpu_options;

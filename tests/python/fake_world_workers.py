@@ -29,32 +29,51 @@ def rows_per_dim0_and_cols(shape: tuple) -> tuple[int, int]:
     return (shape[1], shape[2]) if len(shape) == 3 else (1, shape[1])
 
 
+def matrices_of(shapes: list, world: int) -> list[list[int]]:
+    """Every matrix (the engine's items, in order) as its rows on each rank: a 2-D shape is
+    one matrix split by torch.chunk; a 3-D stack is one matrix per index of dim 0, whole on
+    the rank whose chunk holds that index."""
+    out = []
+    for shape in shapes:
+        if len(shape) == 2:
+            out.append([chunk_rows(shape[0], r, world) for r in range(world)])
+            continue
+        holders = [r for r in range(world) for _ in range(chunk_rows(shape[0], r, world))]
+        out.extend([[shape[1] if r == holder else 0 for r in range(world)] for holder in holders])
+    return out
+
+
 def analytic_bytes(shapes: list, owners: list[int], rank: int, world: int, mode: str,
                    element_size: int = 4) -> tuple[int, int]:
-    """(sent, received) bytes of `rank` in one step, from the shards alone: owner mode sends
-    its rows of every matrix another rank owns and every other rank its rows of the results of
-    the matrices it owns; gather mode sends its rows to every other rank."""
+    """(sent, received) bytes of `rank` in one step, from the shards alone. `owners`: each
+    matrix's owner (owner mode). A rank that computes a matrix it does not hold whole
+    receives every other rank's rows of it (owner mode: the owner; gather mode: every rank);
+    in owner mode the owner sends every other rank its rows of the result."""
     sent = received = 0
-    for i, shape in enumerate(shapes):
-        per_row, cols = rows_per_dim0_and_cols(shape)
-        rows = [chunk_rows(shape[0], r, world) * per_row for r in range(world)]
-        if mode == "gather":
-            sent += rows[rank] * cols * (world - 1)
-            received += sum(rows[s] for s in range(world) if s != rank) * cols
-        elif owners[i] == rank:
-            others = sum(rows[s] for s in range(world) if s != rank) * cols
-            sent += others      # results back to every other rank
-            received += others  # their rows of the update
-        else:
-            sent += rows[rank] * cols
-            received += rows[rank] * cols
+    cols = [shape[-1] for shape in shapes for _ in range(1 if len(shape) == 2 else shape[0])]
+    for i, rows in enumerate(matrices_of(shapes, world)):
+        total = sum(rows)
+        computers = range(world) if mode == "gather" else [owners[i]]
+        for dst in computers:
+            if rows[dst] == total:
+                continue  # NOTE: held whole: read in place, nothing travels
+            for src in range(world):
+                if src != dst and rows[src]:
+                    sent += rows[src] * cols[i] if src == rank else 0
+                    received += rows[src] * cols[i] if dst == rank else 0
+        if mode == "owner":
+            for dst in range(world):
+                if dst != owners[i] and rows[dst]:
+                    sent += rows[dst] * cols[i] if owners[i] == rank else 0
+                    received += rows[dst] * cols[i] if dst == rank else 0
     return sent * element_size, received * element_size
 
 
 def fake_rank_step(rank: int, world: int, mode: str, shapes: list = SHAPES, nan_param: int | None = None) -> dict:
     """This process as `rank` of a fake world: its FSDP2-layout shards (Shard(0)), random
-    gradients, one DMuon step. Returns the runtime's owners, what it orthogonalized, the
-    bytes it counted and the predicted loads (or the error of a non-finite gradient)."""
+    gradients, one DMuon step. Returns the runtime's owner of every matrix, the matrices it
+    orthogonalized, the bytes it counted and the predicted loads (or the error of a
+    non-finite gradient)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from dmuon.bench.fake_world import fake_rank
@@ -77,12 +96,14 @@ def fake_rank_step(rank: int, world: int, mode: str, shapes: list = SHAPES, nan_
         runtime = opt.runtime
         stats = runtime.last_stats
         changed = [not torch.equal(b, p.to_local()) for b, p in zip(before, params) if b.numel()]
-        return {"transport": runtime.transport, "owners": list(runtime.owners),
+        return {"transport": runtime.transport, "owners": list(runtime.item_owners),
+                "item_params": list(runtime.item_params),
                 "orthogonalized": list(stats.orthogonalized), "bytes_sent": stats.bytes_sent,
                 "bytes_received": stats.bytes_received, "num_buckets": stats.num_buckets,
                 "bucket_times": stats.bucket_times, "predicted": list(runtime.predicted_rank_seconds),
+                "stage_stats": runtime.stage_stats,
                 "all_finite": all(bool(torch.isfinite(p.to_local()).all()) for p in params),
-                "all_changed": all(changed), "layout": runtime.step_layout}
+                "all_changed": all(changed), "layout": runtime.stage_layout}
 
 
 def _layouts(shapes: list) -> list:

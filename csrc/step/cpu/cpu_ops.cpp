@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "step/cpu/cpu_elements.h"
+#include "step/synthetic.h"
 
 namespace dmuon::step {
 namespace {
@@ -85,6 +86,15 @@ OwnedBuffer CpuOps::allocate(DType dtype, int64_t numel) {
 
 void CpuOps::fill_zero(const Buffer& buffer) {
   if (buffer.numel > 0) std::memset(buffer.data, 0, static_cast<size_t>(buffer.bytes()));
+}
+
+void CpuOps::fill_synthetic(const Buffer& buffer, uint64_t seed) {
+  dispatch_float(buffer.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    T* out = buffer.as<T>();
+    for (int64_t i = 0; i < buffer.numel; ++i)
+      out[i] = Elem<T>::template store<float>(synthetic_value(seed, static_cast<uint64_t>(i)));
+  });
 }
 
 void CpuOps::copy(const Buffer& src, const Buffer& dst) {

@@ -34,6 +34,7 @@ class CpuOps : public DeviceOps {
   Device device() const override { return Device{DeviceKind::kCpu, 0}; }
   OwnedBuffer allocate(DType dtype, int64_t numel) override;
   void fill_zero(const Buffer& buffer) override;
+  void fill_synthetic(const Buffer& buffer, uint64_t seed) override;
   void copy(const Buffer& src, const Buffer& dst) override;
 
   Partials check(const std::vector<CheckPiece>& pieces, const Buffer& flags) override;

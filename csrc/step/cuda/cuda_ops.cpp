@@ -144,6 +144,12 @@ void CudaOps::fill_zero(const Buffer& buffer) {
   DMUON_CHECK_CUDA(cudaMemsetAsync(buffer.data, 0, static_cast<size_t>(buffer.bytes()), impl_->current));
 }
 
+void CudaOps::fill_synthetic(const Buffer& buffer, uint64_t seed) {
+  if (buffer.numel == 0) return;
+  DeviceGuard guard(impl_->options.device);
+  cuda::fill_synthetic(buffer.dtype, buffer.data, buffer.numel, seed, impl_->current);
+}
+
 void CudaOps::copy(const Buffer& src, const Buffer& dst) {
   DMUON_CHECK(src.dtype == dst.dtype && src.numel == dst.numel, "CudaOps::copy: ", dtype_name(src.dtype), "[",
               src.numel, "] into ", dtype_name(dst.dtype), "[", dst.numel, "]");

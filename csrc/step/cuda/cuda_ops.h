@@ -47,6 +47,7 @@ class CudaOps : public DeviceOps {
   Device device() const override;
   OwnedBuffer allocate(DType dtype, int64_t numel) override;
   void fill_zero(const Buffer& buffer) override;
+  void fill_synthetic(const Buffer& buffer, uint64_t seed) override;
   void copy(const Buffer& src, const Buffer& dst) override;
 
   Partials check(const std::vector<CheckPiece>& pieces, const Buffer& flags) override;

@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "ns/cuda/cuda_check.h"
+#include "step/synthetic.h"
 
 namespace dmuon::step::cuda {
 namespace {
@@ -338,6 +339,13 @@ __global__ void apply_wire_kernel(const __grid_constant__ DescList<ApplyDesc> li
   if (bad) atomicOr(flags + d.flag_idx, 1);
 }
 
+template <typename T>
+__global__ void synthetic_kernel(T* __restrict__ data, int64_t numel, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < numel;
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    data[i] = from_f<T>(synthetic_value(seed, static_cast<uint64_t>(i)));
+}
+
 __global__ void any_nonzero_kernel(const int* __restrict__ flags, int64_t n, int* __restrict__ gate) {
   int any = 0;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) any |= flags[i] != 0 ? 1 : 0;
@@ -530,6 +538,15 @@ void apply_wire(DType param, DType wire, const std::vector<ApplyDesc>& pieces, i
         DMUON_CHECK_CUDA(cudaGetLastError());
       });
     });
+  });
+}
+
+void fill_synthetic(DType dtype, void* data, int64_t numel, uint64_t seed, cudaStream_t stream) {
+  if (numel == 0) return;
+  dispatch(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    synthetic_kernel<T><<<flat_blocks(numel), kThreads, 0, stream>>>(static_cast<T*>(data), numel, seed);
+    DMUON_CHECK_CUDA(cudaGetLastError());
   });
 }
 

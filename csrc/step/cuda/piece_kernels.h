@@ -132,4 +132,7 @@ void apply_wire(DType param, DType wire, const std::vector<ApplyDesc>& pieces, i
 /// gate[0] = 1 when any of flags[0, n) is non-zero, else 0.
 void any_nonzero(const int* flags, int64_t n, int* gate, cudaStream_t stream);
 
+/// data[i] ← synthetic_value(seed, i) (step/synthetic.h) in `dtype`, for i < numel.
+void fill_synthetic(DType dtype, void* data, int64_t numel, uint64_t seed, cudaStream_t stream);
+
 }  // namespace dmuon::step::cuda

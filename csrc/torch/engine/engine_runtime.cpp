@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "common/env.h"
 #include "engine/torch_ops.h"
+#include "step/stage_layout.h"
 #include "step_tensors.h"
 #include "optim/gated_step.h"
 #include "plan/solvers.h"
@@ -104,6 +105,8 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
   // NOTE: the per-stage timeline is device time only when the phases synchronize.
   e.profile = options_.profile || options_.record_timeline || env::kProfile.get();
   e.solver = plan::parse_solver(options_.solver);
+  e.milp = plan::MilpOptions::from_env();
+  e.plan_locally = options_.plan_source == "local";
   e.cost_entries = options_.cost_entries;
   engine_ = std::make_unique<step::StepEngine>(*transport_, *ops_, std::move(specs), e);
 
@@ -207,6 +210,16 @@ std::vector<int> EngineRuntime::item_params() const {
   return out;
 }
 
+std::vector<std::vector<int>> EngineRuntime::stage_items() const {
+  std::vector<std::vector<int>> out;
+  for (const step::Stage& stage : engine_->stages()) {
+    std::vector<int> items;
+    for (const step::NsBatch& batch : stage.batches) items.insert(items.end(), batch.items.begin(), batch.items.end());
+    out.push_back(std::move(items));
+  }
+  return out;
+}
+
 std::vector<std::vector<int>> EngineRuntime::stage_params() const {
   const step::ItemTable& table = engine_->items();
   std::vector<std::vector<int>> out;
@@ -236,19 +249,21 @@ void EngineRuntime::record_stats() {
   s.num_buckets = e.num_stages;
   s.num_orthogonalized = e.num_orthogonalized;
   s.pipeline_depth = e.pipeline_depth;
-  // The matrices this rank orthogonalized, as their parameters' indices, in stage order.
+  s.model_fill_s = e.model_fill_s;
+  // The matrices (items) this rank orthogonalized, in stage order.
   const int rank = transport_->rank();
   for (const step::Stage& stage : engine_->stages())
     for (const step::NsBatch& batch : stage.batches)
       if (batch.computed_by(rank))
         for (int item : batch.items) {
-          const int p = table.item(item).param_idx;
-          if (last_active_.empty() || static_cast<size_t>(p) >= last_active_.size() || last_active_[static_cast<size_t>(p)])
-            s.orthogonalized.push_back(p);
+          const size_t p = static_cast<size_t>(table.item(item).param_idx);
+          if (last_active_.empty() || p >= last_active_.size() || last_active_[p]) s.orthogonalized.push_back(item);
         }
   // NOTE: one process on a GPU is the fused one-GPU step (today's names for its figures).
   if (transport_->world_size() == 1 && ops_->device().kind == step::DeviceKind::kCuda) {
-    s.num_fused = static_cast<int64_t>(std::set<int64_t>(s.orthogonalized.begin(), s.orthogonalized.end()).size());
+    std::set<int> params;
+    for (int64_t item : s.orthogonalized) params.insert(table.item(static_cast<int>(item)).param_idx);
+    s.num_fused = static_cast<int64_t>(params.size());
     s.fused_batches = e.ns_batches;
     s.num_fused_streams = e.num_streams;
   }
@@ -261,19 +276,9 @@ void EngineRuntime::record_stats() {
   stats_ = std::move(s);
 }
 
-sim::StepLayout EngineRuntime::step_layout() const {
-  sim::StepLayout layout;
-  layout.gather = engine_->options().mode == step::Mode::kGather;
-  layout.world_size = transport_->world_size();
-  layout.layouts = layouts_;
-  layout.owners = param_owners_;
-  if (layout.gather) std::fill(layout.owners.begin(), layout.owners.end(), 0);
-  const auto stages = stage_params();
-  for (size_t s = 0; s < stages.size(); ++s)
-    layout.buckets.push_back({stages[s], engine_->stages()[s].wire_bytes});
-  layout.wire_element_size = step::dtype_size(engine_->wire_dtype());
-  layout.active = last_active_;
-  return layout;
+sim::StageLayout EngineRuntime::stage_layout() const {
+  return step::stage_layout(engine_->items(), engine_->stages(), engine_->options().mode,
+                            step::dtype_size(engine_->wire_dtype()), last_active_);
 }
 
 }  // namespace dmuon::torch_adapter

@@ -19,7 +19,7 @@
 #include "dist_runtime.h"
 #include "engine/c10d_transport.h"
 #include "group_options.h"
-#include "sim/step_layout.h"
+#include "sim/stage_layout.h"
 #include "step/engine.h"
 
 namespace dmuon::torch_adapter {
@@ -67,12 +67,17 @@ class EngineRuntime {
   std::vector<int> item_params() const;
   const std::string& plan_text() const { return engine_->plan_text(); }
   double predicted_makespan_s() const { return engine_->predicted_makespan_s(); }
+  /// The planner's predicted NS seconds of every rank (a solved plan; else empty).
+  const std::vector<double>& predicted_rank_seconds() const { return engine_->predicted_rank_seconds(); }
   /// The parameters of each stage of the last step (each once per stage, in order).
   std::vector<std::vector<int>> stage_params() const;
+  /// The items (matrices) of each stage of the last step, in NS-batch order.
+  std::vector<std::vector<int>> stage_items() const;
   const StepStats& last_stats() const { return stats_; }
   const step::StepStats& engine_stats() const { return engine_->last_stats(); }
-  /// The step's layout for the projection (owners per parameter, stages as buckets).
-  sim::StepLayout step_layout() const;
+  /// The last step's stages on every rank for the projection (step/stage_layout.h):
+  /// each stage's bytes per peer of its forward and return exchange, each rank's work.
+  sim::StageLayout stage_layout() const;
 
  private:
   void update_rules(const std::vector<MuonGroupOptions>& groups);

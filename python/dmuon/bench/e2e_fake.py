@@ -122,9 +122,11 @@ def _muon_projection(opt, topology: ClusterTopology, num_params: int) -> dict | 
     if runtime is None or runtime.world_size == 1 or not runtime.last_stats.bucket_times:
         return None
     s = runtime.last_stats
-    projection = _C.sim.project_step(runtime.step_layout, topology.group(runtime.world_size),
+    # NOTE: the engine's start-of-step agreement: [has gradient, gradient bad, momentum bad]
+    # per Muon parameter, the checked AdamW gradients and one "input invalid", int64 each.
+    projection = _C.sim.project_step(runtime.stage_layout, topology.group(runtime.world_size),
                                      {runtime.rank: s.bucket_times}, list(runtime.options.cost_entries),
-                                     runtime.options.device_type, s.pipeline_depth, 8 * 3 * num_params)
+                                     runtime.options.device_type, s.pipeline_depth, 8 * (3 * num_params + 1))
     compute = sum(sum(b) for b in s.bucket_times)
     return {"simulated_s": projection.step_s, "compute_s": compute, "fill_s": s.model_fill_s,
             "wait_s": projection.ranks[runtime.rank].wait_s, "bytes_sent": s.bytes_sent,

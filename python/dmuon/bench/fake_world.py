@@ -81,10 +81,12 @@ PROJECTION_MODEL = (
     "over its own NIC (other nodes); FSDP2's all-gathers, reduce-scatters and all-reduces the ring formula "
     "(S-1)/S x bytes (all-reduce twice that) over the slowest link the group spans. Collectives of a rank run "
     "one at a time in issue order and complete when the last rank has reached them. The optimizer step is the "
-    "bucket pipeline of MuonRuntime run on every rank with each rank's measured compute phases (ranks not run "
-    "predicted from the measured ones: fixed + rate x work per phase, NS work from the planner's cost model) and "
-    "each wait for a collective replaced by its modelled time; the rank's step is that pipeline plus its measured "
-    "time outside it (checks, host work). Compute and transfers are assumed not to slow each other.")
+    "step engine's stage pipeline (each stage every owner's next NS batch, its forward and return all_to_all with "
+    "the bytes every rank sends each peer, forwards issued pipeline_depth stages ahead and returns applied as many "
+    "behind) run on every rank with each rank's measured compute phases per stage (ranks not run predicted from "
+    "the measured ones: fixed + rate x work per phase, NS work from the planner's cost model) and each wait for a "
+    "collective replaced by its modelled time; the rank's step is that pipeline plus its measured time outside it "
+    "(checks, host work). Compute and transfers are assumed not to slow each other.")
 
 
 def add_fake_world_arguments(parser, *, rank_choice: bool) -> None:

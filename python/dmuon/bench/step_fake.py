@@ -5,11 +5,13 @@ For each chosen rank in turn this process becomes that rank of a fake world of D
 (torch's fake process group, re-initialized per rank), builds the rank's shards of the
 manifest's Muon matrices exactly as FSDP2 lays them out (DTensor Shard(0), torch.chunk rows,
 uneven and empty shards; HSDP: replicated over --hsdp replicas) with random gradients, and
-runs the real `DMuon.step`: the plan (every rank plans locally), momentum, packing, the
-owner's Newton–Schulz of exactly the batches the plan gives it, the return and apply. The
-runtime records each bucket's compute phases; the collectives cost nothing here, and the
-C++ projection (dmuon._C.sim) puts them back: every rank's pipeline with each wait replaced
-by its modelled time (fake_world.PROJECTION_MODEL). Gather mode (every rank gathers and
+runs the real `DMuon.step` on the step engine: the plan (every rank plans locally),
+momentum, packing, the owner's Newton–Schulz of exactly the batches the plan gives it, the
+return and apply. The engine records each stage's compute phases (synchronized); the
+collectives cost nothing here, and the C++ projection (dmuon._C.sim) puts them back: every
+rank's stage pipeline (the engine's stage layout: bytes per peer of every stage's exchanges)
+with each wait replaced by its modelled time (fake_world.PROJECTION_MODEL). The slowest
+rank's NS is reported next to the one-GPU NS of the same matrices (bench/local_ns.py). Gather mode (every rank gathers and
 orthogonalizes everything) and fused AdamW on the same shard run the same way.
 """
 
@@ -166,9 +168,10 @@ def run_rank(settings: _Settings, method: str, rank: int) -> dict:
                 bytes_sent=stats[-1]["bytes_sent"], bytes_received=stats[-1]["bytes_received"],
                 orthogonalized=stats[-1]["orthogonalized"], pipeline_depth=stats[-1]["pipeline_depth"],
                 group_rank=runtime.rank, group_size=runtime.world_size,
-                predicted_rank_seconds=list(runtime.predicted_rank_seconds), owners=list(runtime.owners),
-                buckets=[list(b) for b in runtime.buckets], cost_entries=list(runtime.options.cost_entries),
-                device_type=runtime.options.device_type, _layout=runtime.step_layout)
+                predicted_rank_seconds=list(runtime.predicted_rank_seconds), owners=list(runtime.item_owners),
+                item_params=list(runtime.item_params), stages=[list(s) for s in runtime.stage_items],
+                cost_entries=list(runtime.options.cost_entries), device_type=runtime.options.device_type,
+                _layout=runtime.stage_layout)
         del opt, params
     gc.collect()
     if device == "cuda":
@@ -183,11 +186,11 @@ def project_method(method: str, records: dict[int, dict], settings: _Settings, t
 
     first = next(iter(records.values()))
     for rank, r in records.items():
-        if (r["owners"], r["buckets"]) != (first["owners"], first["buckets"]):
-            raise RuntimeError(f"{method}: rank {rank} planned other owners or buckets than rank {first['rank']} "
+        if (r["owners"], r["stages"]) != (first["owners"], first["stages"]):
+            raise RuntimeError(f"{method}: rank {rank} planned other owners or stages than rank {first['rank']} "
                                "(every rank must decide the same; were the cost tables different?)")
     group_size = first["group_size"]
-    entry: dict = {"group_size": group_size, "num_buckets": len(first["buckets"]),
+    entry: dict = {"group_size": group_size, "num_stages": len(first["stages"]),
                    "pipeline_depth": first["pipeline_depth"]}
     per_rank = {}
     if group_size == 1:
@@ -201,7 +204,9 @@ def project_method(method: str, records: dict[int, dict], settings: _Settings, t
         measured = {}
         for r in records.values():
             measured.setdefault(r["group_rank"], r["bucket_times"])
-        num_flags = 3 * len(settings.shapes)  # NOTE: the gradient checks' all_reduce (int64 each)
+        # NOTE: the engine's start-of-step agreement (int64 each): [has gradient, gradient
+        # bad, momentum bad] per parameter and one "input invalid".
+        num_flags = 3 * len(settings.shapes) + 1
         projection = _C.sim.project_step(first["_layout"], group_topology, measured, first["cost_entries"],
                                          first["device_type"], first["pipeline_depth"], 8 * num_flags)
         traffic = _C.sim.rank_traffic(first["_layout"], group_topology)
@@ -306,8 +311,10 @@ def run_fake(args) -> int:
     owner_records = records.get("owner", {})
     if len(owner_records) == settings.shards:
         done = sorted(i for r in owner_records.values() for i in r["orthogonalized"])
-        if done != list(range(len(matrices))):
-            raise RuntimeError(f"owner mode: the ranks orthogonalized {done}, expected every matrix once")
+        num_items = len(next(iter(owner_records.values()))["item_params"])
+        if done != list(range(num_items)):
+            raise RuntimeError(f"owner mode: the ranks orthogonalized matrices {done}, expected each of the "
+                               f"{num_items} once")
 
     entries = {m: project_method(m, records[m], settings, topology) for m in methods}
     adamw = {rank: dict(projected_step_s=r["step_s"], measured_step_s=r["step_s"], peak_extra_bytes=r["peak_extra_bytes"],
@@ -330,8 +337,10 @@ def run_fake(args) -> int:
         from dmuon.bench.local_ns import local_ns_ms
 
         owner = methods_json["owner"]
-        mine = records["owner"][owner["rank"]]["orthogonalized"]
-        local = local_ns_ms([settings.shapes[i] for i in mine], device)
+        mine = records["owner"][owner["rank"]]
+        # NOTE: the rank's matrices (items: one per matrix of a stack), as it orthogonalized them.
+        local = local_ns_ms([tuple(settings.shapes[mine["item_params"][i]][-2:]) for i in mine["orthogonalized"]],
+                            device)
         owner.update(local_ns_ms=local, ns_vs_local=owner["ns_ms"] / local if local > 0 else None)
     record = {"world": world, "model": model_name, "hsdp": {"replicas": settings.replicas, "shards": settings.shards},
               "device": device, "environment": env, "wire_dtype": wire, "bucket_mb": args.bucket_mb,
