@@ -1,9 +1,13 @@
-// dmuon/step/device_ops.cpp — the argument check every DeviceOps shares.
+// dmuon/step/device_ops.cpp — the argument check every DeviceOps shares, and what the
+// device's ops support by default.
 #include "step/device_ops.h"
 
 #include "common/check.h"
+#include "step/route.h"
 
 namespace dmuon::step {
+
+bool DeviceOps::supports(DType dtype, std::string* why) const { return ops_support(device().kind, dtype, why); }
 
 void check_batch_rows(const char* what, const NsBatchDesc& batch, int64_t matrix_idx, int64_t row_begin,
                       int64_t row_count, int64_t numel, int64_t col_begin, int64_t col_count) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <utility>
+#include <string>
 #include <vector>
 
 #include "ns/schedule.h"
@@ -120,6 +121,9 @@ class DeviceOps {
  public:
   virtual ~DeviceOps() = default;
   virtual Device device() const = 0;
+  /// Whether these ops step parameters of `dtype` (else false and why): by default what
+  /// the device's torch-free ops do (step/route.h ops_support).
+  virtual bool supports(DType dtype, std::string* why) const;
 
   /// Memory for `numel` elements, released (stream-ordered) when the handle dies.
   virtual OwnedBuffer allocate(DType dtype, int64_t numel) = 0;

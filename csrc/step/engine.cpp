@@ -62,7 +62,7 @@ void StepEngine::validate(const std::vector<ParamTensors>& tensors, const std::v
     DMUON_CHECK(spec.group >= 0 && static_cast<size_t>(spec.group) < rules.size(), "parameter '", spec.name,
                 "': group index ", spec.group, " but ", rules.size(), " group rules");
     std::string why;
-    DMUON_CHECK(ops_support(device.kind, spec.dtype, &why), "parameter '", spec.name, "': ", why);
+    DMUON_CHECK(ops_.supports(spec.dtype, &why), "parameter '", spec.name, "': ", why);
     // NOTE: a rank that holds none of a parameter (an empty shard, a matrix whole on
     // another rank) may pass any empty view: there is nothing of it to read or write.
     auto check = [&](const Buffer& b, const char* what) {

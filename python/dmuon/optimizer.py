@@ -413,6 +413,10 @@ class DMuon(torch.optim.Optimizer):
                 raise ValueError(f"DMuon needs every Muon parameter on one device: {a!r} is on {first}, "
                                  f"{b!r} on {second}")
             placements, group = self._placements()
+            if group is None and not muon and self._ownership is not None:
+                # NOTE: every Muon matrix is owned: the engine only checks AdamW's gradients,
+                # agreed over the ownership mesh so that every rank refuses or steps alike.
+                group = self._ownership._groups.world
             layouts = [self._layout(p, pl) for (_, p), pl in zip(muon, placements)]
             device = next((local_p.device.type for _, p in muon for local_p in [distributed.local(p)]), "cpu")
             device_type = "cuda" if device == "cuda" else "cpu"
@@ -431,23 +435,11 @@ class DMuon(torch.optim.Optimizer):
     def _engine_route(self, muon: list[tuple[int, torch.Tensor]], layouts: list[Any], group: Any,
                       device_type: str) -> bool:
         """Whether the step engine (dmuon._C.engine) runs the Muon step. NOTE: every mode
-        but these, which keep the bucketed runtime (dmuon._C.dist.MuonRuntime) until the
-        engine covers them: the weight-ownership mode, and parameters the engine's ops do
-        not step (dmuon._C.engine.unsupported_reason: float64 on CUDA, unequal row blocks)."""
-        on_mesh = [(self.param_name(p), layout) for (_, p), layout in zip(muon, layouts) if layout.placed_on_mesh]
-        if self._ownership is not None:
-            if on_mesh:
-                raise ValueError(f"Muon parameter {on_mesh[0][0]!r} is placed {on_mesh[0][1].describe_placements()}: the "
-                                 "mesh layout steps through the step engine, which the weight-ownership mode does "
-                                 "not use yet")
-            return False
-        reasons = [(self.param_name(p), layout, _C.engine.unsupported_reason(
-            device_type, str(p.dtype).removeprefix("torch."), layout)) for (_, p), layout in zip(muon, layouts)]
-        for name, layout, reason in reasons:
-            if reason and layout.placed_on_mesh:
-                raise ValueError(f"Muon parameter {name!r} is placed {layout.describe_placements()}, which only the "
-                                 f"step engine serves, but the engine cannot step it: {reason}")
-        return all(not reason for _, _, reason in reasons)
+        but parameters the engine's ops do not step yet, which keep the bucketed runtime
+        (dmuon._C.dist.MuonRuntime): dmuon._C.engine.unsupported_reason (float64 on CUDA,
+        unequal row blocks)."""
+        return all(not _C.engine.unsupported_reason(device_type, str(p.dtype).removeprefix("torch."), layout)
+                   for (_, p), layout in zip(muon, layouts))
 
     def _layout(self, param: torch.Tensor, placement: distributed.Placement) -> Any:
         """The C++ runtime's view of one Muon parameter: shape, matrices, sharding."""
@@ -562,7 +554,41 @@ class DMuon(torch.optim.Optimizer):
 
     def _engine_step(self, runtime: Any, step_idx: int, loss: Any) -> Any:
         """One step through the step engine: every Muon parameter's check, momentum, NS and
-        apply, the AdamW gradients checked in the same pass and agreement; then AdamW."""
+        apply, the AdamW gradients checked in the same pass and agreement; then AdamW.
+        With weight ownership, the owned matrices' early work is finished (agreed) first and
+        committed only when the engine applied the rest (else discarded: nothing written)."""
+        # NOTE: the owned matrices' agreement is over the ownership runtime's groups; every
+        # rank takes the same branch from it, so none waits in the engine's collectives.
+        owned = self._finish_owned(step_idx)
+        if owned["corrupt"]:
+            self._discard_owned()
+            raise NonFiniteGradientError(
+                f"the momentum buffer of parameter {owned['corrupt'][0]!r} holds NaN or Inf at step {step_idx} "
+                "(corrupt optimizer state); nothing was updated")
+        if owned["bad"]:
+            self._discard_owned()
+            return self._refused(owned["bad"], step_idx, loss)
+        try:
+            applied = self._engine_step_rest(runtime, step_idx)
+        except BaseException:
+            self._discard_owned()
+            raise
+        if applied is not True:
+            self._discard_owned()
+            return self._refused(applied, step_idx, loss)
+        self._commit_owned(owned, step_idx)
+        for group in self.param_groups:
+            group["num_steps"] += 1
+            if not group["use_muon"]:
+                active = [p for p in group["params"] if p.grad is not None]
+                if active:
+                    self._adamw_group_step(group, active)
+        return loss
+
+    def _engine_step_rest(self, runtime: Any, step_idx: int) -> Any:
+        """The engine's step of every Muon parameter it holds (the owned ones excluded),
+        AdamW's gradients checked with it: True when applied, else the names of the
+        parameters whose gradients were not finite (nothing was written)."""
         muon = self._muon_params()
         muon_ids = {id(p) for _, p in muon}
         group_options, _ = self._muon_group_options()
@@ -591,17 +617,10 @@ class DMuon(torch.optim.Optimizer):
                                     [self.param_name(p) for p in others], extra)
         if not outcome["applied"]:
             bad = {id(muon[i][1]) for i in outcome["nonfinite_params"]} | {id(others[k]) for k in outcome["nonfinite_extra"]}
-            names = [self.param_name(p) for group in self.param_groups for p in group["params"] if id(p) in bad]
-            return self._refused(names, step_idx, loss)
+            return [self.param_name(p) for group in self.param_groups for p in group["params"] if id(p) in bad]
         for p, buffer in fresh:
             self.state[p]["momentum_buffer"] = buffer
-        for group in self.param_groups:
-            group["num_steps"] += 1
-            if not group["use_muon"]:
-                active = [p for p in group["params"] if p.grad is not None]
-                if active:
-                    self._adamw_group_step(group, active)
-        return loss
+        return True
 
     def _refused(self, names: list[str], step_idx: int, loss: Any) -> Any:
         """A step refused for the non-finite gradients of `names` (nothing was written):

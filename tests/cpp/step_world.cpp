@@ -65,7 +65,7 @@ std::vector<step::ParamTensors> RankTensors::views() const {
 static std::vector<step::ParamSpec> specs_of(const std::vector<ModelParam>& model) {
   std::vector<step::ParamSpec> specs;
   for (const ModelParam& m : model) {
-    specs.push_back({m.name, {m.shape, m.batch_dims, m.sharded, {}, m.transposed}, m.dtype, m.group, m.whole_on_rank});
+    specs.push_back({m.name, {m.shape, m.batch_dims, m.sharded, m.row_blocks, m.transposed}, m.dtype, m.group, m.whole_on_rank});
     specs.back().layout.mesh = m.mesh;
   }
   return specs;
@@ -177,7 +177,9 @@ ReferenceResult reference_muon(const World& world, const std::vector<step::Group
       const auto [first, count] = table.items_of(p);
       for (int item = first; item < first + count; ++item) {
         const step::Item& it = table.item(item);
-        const int64_t offset = it.matrix_idx * it.numel();
+        // NOTE: matrices of a parameter may differ in rows (row blocks of unequal sizes).
+        const int64_t offset =
+            table.param(p).layout.matrix_blocks()[static_cast<size_t>(it.matrix_idx)].begin * it.cols;
         ns::orthogonalize_cpu<double>(rule.schedule, u.data() + offset, 1, it.rows, it.cols);
         const double scale = rule.update_scale(it.rows, it.cols), decay = rule.decay();
         for (int64_t i = 0; i < it.numel(); ++i)

@@ -33,6 +33,7 @@ struct ModelParam {
   int whole_on_rank = -1;  ///< ≥ 0: the weight-ownership layout (ParamSpec::whole_on_rank)
   bool transposed = false;  ///< stored (in, out), as HF Conv1D (dist::ParamLayout::transposed)
   std::optional<dist::MeshPlacement> mesh;  ///< set: placed on a device mesh (`sharded` ignored)
+  std::vector<int64_t> row_blocks{};  ///< rows of each block orthogonalized alone (dist::ParamLayout::row_blocks)
 };
 
 /// Host memory of one tensor of `dtype`.

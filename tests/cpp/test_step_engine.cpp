@@ -203,6 +203,38 @@ TEST(StepEngine, Float64ParametersIterateInFloat64) {
   }
 }
 
+// Row blocks of unequal sizes (a fused qkv under grouped-query attention: q larger than k
+// and v): each block is an item of its own rows, orthogonalized alone, its pieces cut from
+// the rank's shard wherever the block boundaries fall (world 3: shard boundaries inside q
+// and inside v), sharded and replicated, in two groups.
+TEST(StepEngine, UnequalRowBlocksAreOrthogonalizedBlockByBlock) {
+  const std::vector<GroupRule> rules = awkward_rules();
+  std::vector<ModelParam> model = {
+      {"qkv", {14, 6}, 0, true, DType::kFloat32, 0},
+      {"qkv_replicated", {10, 4}, 0, false, DType::kFloat32, 0},
+      {"small_blocks", {5, 3}, 0, true, DType::kFloat32, 1},
+  };
+  model[0].row_blocks = {8, 3, 3};
+  model[1].row_blocks = {6, 2, 2};
+  model[2].row_blocks = {2, 1, 2};
+  for (int world_size : {1, 3}) {
+    for (Mode mode : {Mode::kOwner, Mode::kGather}) {
+      const World world(model, world_size, 2, 17);
+      EXPECT_EQ(world.table().num_items(), 9);
+      EXPECT_EQ(world.table().item(0).rows, 8);
+      EXPECT_EQ(world.table().item(1).rows, 3);
+      EngineOptions options;
+      options.mode = mode;
+      options.solver = dmuon::plan::SolverKind::kLpt;
+      options.stage_bytes = 256;
+      const EngineRun run = dmuon::testing::run_engine(world, options, rules, 2);
+      expect_no_errors(run);
+      // NOTE: as the awkward shapes': float32 NS and wire against the fp64 reference.
+      expect_matches_reference(world, run, rules, 2, 1e-4, 1e-6);
+    }
+  }
+}
+
 // bfloat16 and float16 parameters: momentum rounded to the parameter dtype (as torch's
 // lerp on such tensors), a 16-bit wire; the update agrees within the 16-bit rounding.
 TEST(StepEngine, HalfPrecisionParametersAndWires) {

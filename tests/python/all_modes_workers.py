@@ -37,7 +37,7 @@ class ProbeModel(nn.Module):
     def forward(self, targets: list[torch.Tensor]) -> torch.Tensor:
         loss = torch.zeros(())
         for layer, g in zip(self.layers, targets):
-            out = layer(torch.eye(layer.in_features))
+            out = layer(torch.eye(layer.in_features, dtype=g.dtype))
             loss = loss + (out * g.T).sum()
         return loss
 
@@ -47,7 +47,12 @@ def _targets(step: int) -> list[torch.Tensor]:
     return [torch.randn(*s, generator=gen) / s[1] ** 0.5 for s in SHAPES]
 
 
-def _reference_groups(model: nn.Module) -> list[dict]:
+# The float64 mode's last layer (16 × 24) as three row blocks of unequal sizes (a fused
+# qkv under grouped-query attention), cut by world 3's shards inside the first and last.
+ROW_BLOCKS = (8, 5, 3)
+
+
+def _reference_groups(model: nn.Module, row_blocks: bool = False) -> list[dict]:
     """DMuon's defaults (and OPTIONS) as ReferenceDMuon groups: weights Muon, bias AdamW."""
     muon = dict(use_muon=True, lr=OPTIONS["lr"], weight_decay=OPTIONS["weight_decay"], momentum=0.95, nesterov=True,
                 ns_algorithm=OPTIONS["ns_algorithm"], ns_coefficients=None, ns_steps=5, eps=1e-7,
@@ -55,6 +60,8 @@ def _reference_groups(model: nn.Module) -> list[dict]:
     adamw = dict(use_muon=False, lr=OPTIONS["lr"], weight_decay=OPTIONS["weight_decay"], betas=(0.9, 0.999), eps=1e-8)
     weights = [layer.weight for layer in model.layers]
     biases = [layer.bias for layer in model.layers if layer.bias is not None]
+    if row_blocks:
+        muon["row_blocks"] = [()] * (len(weights) - 1) + [ROW_BLOCKS]
     return [{**muon, "params": weights}, {**adamw, "params": biases}]
 
 
@@ -64,16 +71,22 @@ def _full(p: torch.Tensor) -> torch.Tensor:
 
 def mode_matches_reference(rank: int, world: int, mode: str) -> dict:
     """NUM_STEPS steps of DMuon in `mode` ("local", "fsdp2", "ddp", "hsdp", "gather",
-    "ownership") and of ReferenceDMuon on the same gradients; per parameter, the error of
-    DMuon's total update relative to the reference's, and which runtime stepped it."""
+    "ownership", "ownership_mixed": only the first two layers owned, the others replicas
+    stepped by the engine, "fsdp2_float64_blocks": FSDP2 of a float64 model whose last
+    layer is three row blocks of unequal sizes) and of ReferenceDMuon on the same gradients;
+    per parameter, the error of DMuon's total update relative to the reference's, and which
+    runtime stepped it."""
     torch.manual_seed(0)
     reference = ProbeModel()
+    float64 = mode == "fsdp2_float64_blocks"
+    if float64:
+        reference = reference.double()
     model = copy.deepcopy(reference)
     initial = [p.detach().clone() for p in reference.parameters()]
-    ref_opt = ReferenceDMuon(_reference_groups(reference))
+    ref_opt = ReferenceDMuon(_reference_groups(reference, row_blocks=float64))
     owned = None
     options = dict(OPTIONS)
-    if mode in ("fsdp2", "gather", "hsdp"):
+    if mode in ("fsdp2", "gather", "hsdp", "fsdp2_float64_blocks"):
         from torch.distributed.fsdp import fully_shard
 
         # NOTE: dimension names of this test's own: a pooled rank that an earlier task gave a
@@ -90,14 +103,22 @@ def mode_matches_reference(rank: int, world: int, mode: str) -> dict:
         wrapped = model
     elif mode == "ddp":
         wrapped = nn.parallel.DistributedDataParallel(model)
-    elif mode == "ownership":
-        owned = dmuon.own_matrices(model, bucket_size_mb=0.0005, replicate_others=True)
+    elif mode in ("ownership", "ownership_mixed"):
+        first_two = {f"layers.{k}.weight" for k in (0, 1)}
+        predicate = (lambda name, p: name in first_two) if mode == "ownership_mixed" else None
+        owned = dmuon.own_matrices(model, predicate=predicate, bucket_size_mb=0.0005, replicate_others=True)
         wrapped = model
     else:
         wrapped = model
     opt = dmuon.DMuon(model, **options)
+    if float64:
+        # NOTE: no user option makes unequal blocks (routing makes equal ones for fused
+        # attention); set the view the runtime is built from, as contract_workers does.
+        opt._views[id(model.layers[-1].weight)] = dmuon.MatrixView(row_blocks=ROW_BLOCKS)
     for step in range(NUM_STEPS):
         targets = _targets(step)
+        if float64:
+            targets = [t.double() for t in targets]
         for p in reference.parameters():
             p.grad = None
         reference(targets).backward()
@@ -115,6 +136,9 @@ def mode_matches_reference(rank: int, world: int, mode: str) -> dict:
     for name, p, q, q0 in zip(names, final, reference.parameters(), initial):
         want = q.detach() - q0
         errors[name] = float((p - q0 - want).norm() / want.norm())
-    runtime = "ownership" if owned is not None else type(opt.runtime).__name__
+    # NOTE: the Muon parameters the ownership mode does not own step on the engine too.
+    runtime = type(opt.runtime).__name__
     world_size = dist.get_world_size() if dist.is_initialized() else 1
-    return {"errors": errors, "runtime": runtime, "world": world_size}
+    num_owned = 0 if owned is None else len(owned.params)
+    return {"errors": errors, "runtime": runtime, "world": world_size, "num_owned": num_owned,
+            "num_engine_params": len(opt.runtime.owners)}

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "common/check.h"
+#include "engine/aten_float64_ops.h"
 #include "step/cpu/cpu_ops.h"
 
 namespace dmuon::torch_adapter {
@@ -48,10 +49,13 @@ class TorchCpuOps : public step::CpuOps {
 
 }  // namespace
 
+// NOTE: float64 parameters through ATen on every device (engine/aten_float64_ops.h): the
+// CUDA ops have no float64 passes, and the CPU runtime takes the same path so that the CPU
+// tests cover it.
 std::unique_ptr<step::DeviceOps> make_torch_ops(const step::Device& device, const TorchOpsOptions& options) {
-  if (device.kind == step::DeviceKind::kCpu) return std::make_unique<TorchCpuOps>();
+  if (device.kind == step::DeviceKind::kCpu) return with_aten_float64(std::make_unique<TorchCpuOps>());
 #ifdef DMUON_WITH_CUDA
-  return make_torch_cuda_ops(device.index, options.graph_cache_bytes);
+  return with_aten_float64(make_torch_cuda_ops(device.index, options.graph_cache_bytes));
 #else
   (void)options;
   DMUON_FAIL("this build of dmuon has no CUDA side of torch: no step ops for ", step::device_name(device));
@@ -60,7 +64,7 @@ std::unique_ptr<step::DeviceOps> make_torch_ops(const step::Device& device, cons
 
 OpsStreamScope::OpsStreamScope(step::DeviceOps& ops) {
 #ifdef DMUON_WITH_CUDA
-  if (ops.device().kind == step::DeviceKind::kCuda) exit_ = enter_cuda_ops_stream(ops);
+  if (ops.device().kind == step::DeviceKind::kCuda) exit_ = enter_cuda_ops_stream(device_ops_of(ops));
 #else
   (void)ops;
 #endif

@@ -1,0 +1,246 @@
+// dmuon/torch/engine/aten_float64_ops.cpp — the float64 work of the step through ATen,
+// everything else through the device's own ops (see the header).
+#include "engine/aten_float64_ops.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "common/check.h"
+#include "engine/c10d_transport.h"
+#include "orthogonalize.h"
+#include "step_tensors.h"
+
+namespace dmuon::torch_adapter {
+namespace {
+
+using step::Buffer;
+using step::DType;
+
+bool is_f64(const Buffer& b) { return b.dtype == DType::kFloat64; }
+
+// A [rows, cols] tensor viewing `buffer` (row-major, no copy).
+at::Tensor matrix_view(const Buffer& buffer, int64_t rows, int64_t cols) {
+  return tensor_view(buffer).view({rows, cols});
+}
+
+// The iterate or result of a float64 batch as a [count, rows, cols] tensor (these ops
+// make it row-major, never transposed).
+at::Tensor batch_view(const step::NsView& v, const step::NsBatchDesc& batch, const Buffer& like) {
+  DMUON_CHECK(v.dtype == DType::kFloat64 && !v.transposed && v.ld == batch.cols &&
+                  v.batch_stride == batch.rows * batch.cols,
+              "the float64 ops got an iterate they did not make");
+  const Buffer whole{v.data, DType::kFloat64, batch.count * batch.rows * batch.cols, like.device};
+  return tensor_view(whole).view({batch.count, batch.rows, batch.cols});
+}
+
+// `value` where the gate is open, `keep` where it is closed (no host read).
+at::Tensor gated(const Buffer& gate, const at::Tensor& keep, const at::Tensor& value) {
+  if (gate.empty()) return value;
+  return at::where(tensor_view(gate).ne(0), keep, value);
+}
+
+// The momentum rule on (g, m): the new momentum and U, in float64 (ATen's lerp, as the CPU ops).
+std::pair<at::Tensor, at::Tensor> momentum_and_update(const at::Tensor& g, const at::Tensor& m,
+                                                      const step::MomentumRule& rule, bool update) {
+  at::Tensor next = update ? at::lerp(m, g, 1.0 - rule.momentum) : m;
+  at::Tensor u = rule.nesterov ? at::lerp(g, next, rule.momentum) : next;
+  return {next, u};
+}
+
+// p ← p·decay + scale·O where O is finite (p·decay where not, and the result flag raised).
+void apply_rows(const Buffer& param, at::Tensor o, double scale, double decay, const Buffer& gate,
+                const Buffer& flags, int flag_idx) {
+  at::Tensor p = tensor_view(param).view(o.sizes());
+  const at::Tensor finite = at::isfinite(o);
+  at::Tensor next = decay != 1.0 ? p * decay : p.clone();
+  next.add_(at::where(finite, o, at::zeros_like(o)), scale);
+  p.copy_(gated(gate, p, next));
+  at::Tensor flag = tensor_view(flags).narrow(0, flag_idx, 1);
+  const at::Tensor bad = at::logical_not(finite).any().to(at::kInt).view({1});
+  flag.copy_(gated(gate, flag, at::maximum(flag, bad)));
+}
+
+class AtenFloat64Ops : public step::DeviceOps {
+ public:
+  explicit AtenFloat64Ops(std::unique_ptr<step::DeviceOps> inner) : inner_(std::move(inner)) {}
+  step::DeviceOps& inner() { return *inner_; }
+
+  bool supports(DType dtype, std::string* why) const override {
+    return dtype == DType::kFloat64 || inner_->supports(dtype, why);
+  }
+
+  step::Device device() const override { return inner_->device(); }
+  step::OwnedBuffer allocate(DType dtype, int64_t numel) override { return inner_->allocate(dtype, numel); }
+  void fill_zero(const Buffer& b) override { inner_->fill_zero(b); }
+  void fill_synthetic(const Buffer& b, uint64_t seed) override { inner_->fill_synthetic(b, seed); }
+  void copy(const Buffer& src, const Buffer& dst) override { inner_->copy(src, dst); }
+  step::OwnedBuffer make_gate(const Buffer& flags) override { return inner_->make_gate(flags); }
+  std::vector<int32_t> read_flags(const std::vector<Buffer>& buffers) override { return inner_->read_flags(buffers); }
+  void synchronize() override { inner_->synchronize(); }
+  int run_on_streams(const std::vector<int>& stream_of, const std::function<void(size_t)>& run) override {
+    return inner_->run_on_streams(stream_of, run);
+  }
+
+  // NOTE: the inner ops check float64 pieces (flags only); their U² partials are not
+  // summed there (the float64 iterate is normalized by the NS): the summed pieces keep
+  // their indices, those of float64 pieces pointing at no partials.
+  step::Partials check(const std::vector<step::CheckPiece>& pieces, const Buffer& flags) override {
+    std::vector<step::CheckPiece> inner = pieces;
+    std::vector<int> summed;  // per summed piece: its index among the inner ops' summed pieces, or −1
+    int next = 0;
+    for (step::CheckPiece& piece : inner) {
+      if (!piece.sum_update) continue;
+      if (is_f64(piece.grad)) {
+        piece.sum_update = false;
+        summed.push_back(-1);
+      } else {
+        summed.push_back(next++);
+      }
+    }
+    step::Partials got = inner_->check(inner, flags);
+    if (next == static_cast<int>(summed.size())) return got;
+    step::Partials out;
+    out.buffer = std::move(got.buffer);
+    for (int k : summed) {
+      out.offset.push_back(k < 0 ? 0 : got.offset[static_cast<size_t>(k)]);
+      out.count.push_back(k < 0 ? 0 : got.count[static_cast<size_t>(k)]);
+    }
+    return out;
+  }
+
+  void prepare_pieces(const std::vector<step::PreparePiece>& pieces, const Buffer& gate) override {
+    std::vector<step::PreparePiece> rest;
+    for (const step::PreparePiece& piece : pieces) {
+      if (!is_f64(piece.grad)) {
+        rest.push_back(piece);
+        continue;
+      }
+      const at::Tensor g = tensor_view(piece.grad), m = tensor_view(piece.momentum);
+      auto [next, u] = momentum_and_update(g, m, piece.rule, true);
+      if (!piece.wire.empty()) {
+        at::Tensor wire = tensor_view(piece.wire);
+        wire.copy_(gated(gate, wire, u.to(wire.scalar_type())));
+      }
+      m.copy_(gated(gate, m, next));
+    }
+    if (!rest.empty()) inner_->prepare_pieces(rest, gate);
+  }
+
+  int64_t ns_workspace_bytes(int64_t rows, int64_t cols, int64_t count, DType dtype,
+                             ns::Algorithm algorithm) const override {
+    if (dtype != DType::kFloat64) return inner_->ns_workspace_bytes(rows, cols, count, dtype, algorithm);
+    // NOTE: the iterate, the normalized copy, two m×n iterates and five m×m matrices
+    // (orthogonalize's ATen Gram workspace; the standard one is smaller), m ≤ n.
+    const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
+    return count * (4 * m * n + 5 * m * m) * 8;
+  }
+
+  void orthogonalize(const step::NsBatchDesc& batch, const std::function<void(const step::NsView&, bool)>& fill,
+                     const std::function<void(const step::NsView&)>& consume) override {
+    if (batch.param_dtype != DType::kFloat64) return inner_->orthogonalize(batch, fill, consume);
+    DMUON_CHECK(batch.schedule != nullptr, "AtenFloat64Ops::orthogonalize: a batch without a schedule");
+    const auto device = inner_->device();
+    const auto options = at::TensorOptions().dtype(at::kDouble).device(
+        device.kind == step::DeviceKind::kCuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index))
+                                               : at::Device(at::kCPU));
+    at::Tensor iterate = at::empty({batch.count, batch.rows, batch.cols}, options);
+    fill(view_of(iterate, batch), true);
+    // NOTE: normalized by its Frobenius norm (clamped at eps), made wide, iterated in float64.
+    at::Tensor result = torch_adapter::orthogonalize(iterate, *batch.schedule, "aten", "float64", false).contiguous();
+    consume(view_of(result, batch));
+  }
+
+  void prepare_to_iterate(const std::vector<step::LocalMatrix>& matrices, const step::Partials& partials,
+                          const step::NsBatchDesc& batch, const step::NsView& iterate, bool update_momentum,
+                          const Buffer& gate) override {
+    if (batch.param_dtype != DType::kFloat64)
+      return inner_->prepare_to_iterate(matrices, partials, batch, iterate, update_momentum, gate);
+    for (const step::LocalMatrix& matrix : matrices) {
+      at::Tensor dst = batch_view(iterate, batch, matrix.grad).select(0, matrix.matrix_idx);
+      const at::Tensor g = matrix_view(matrix.grad, batch.rows, batch.cols);
+      const at::Tensor m = matrix_view(matrix.momentum, batch.rows, batch.cols);
+      auto [next, u] = momentum_and_update(g, m, matrix.rule, update_momentum);
+      dst.copy_(gated(gate, at::zeros_like(u), u));
+      if (update_momentum) m.copy_(gated(gate, m, next));
+    }
+  }
+
+  void iterate_from_pieces(const std::vector<step::WirePiece>& pieces, const step::NsBatchDesc& batch,
+                           const step::NsView& iterate, const Buffer& gate) override {
+    if (batch.param_dtype != DType::kFloat64) return inner_->iterate_from_pieces(pieces, batch, iterate, gate);
+    for (const step::WirePiece& piece : pieces) {
+      step::check_batch_rows("AtenFloat64Ops::iterate_from_pieces", batch, piece.matrix_idx, piece.row_begin,
+                             piece.row_count, piece.wire.numel);
+      at::Tensor dst =
+          batch_view(iterate, batch, piece.wire).select(0, piece.matrix_idx).narrow(0, piece.row_begin, piece.row_count);
+      const at::Tensor rows = matrix_view(piece.wire, piece.row_count, batch.cols).to(at::kDouble);
+      dst.copy_(gated(gate, at::zeros_like(rows), rows));
+    }
+  }
+
+  void result_to_pieces(const step::NsView& result, const step::NsBatchDesc& batch,
+                        const std::vector<step::WirePiece>& pieces) override {
+    if (batch.param_dtype != DType::kFloat64) return inner_->result_to_pieces(result, batch, pieces);
+    for (const step::WirePiece& piece : pieces) {
+      step::check_batch_rows("AtenFloat64Ops::result_to_pieces", batch, piece.matrix_idx, piece.row_begin,
+                             piece.row_count, piece.wire.numel);
+      const at::Tensor rows =
+          batch_view(result, batch, piece.wire).select(0, piece.matrix_idx).narrow(0, piece.row_begin, piece.row_count);
+      matrix_view(piece.wire, piece.row_count, batch.cols).copy_(rows);
+    }
+  }
+
+  void apply_result(const step::NsView& result, const step::NsBatchDesc& batch,
+                    const std::vector<step::ApplyPiece>& pieces, const Buffer& gate,
+                    const Buffer& result_flags) override {
+    if (batch.param_dtype != DType::kFloat64) return inner_->apply_result(result, batch, pieces, gate, result_flags);
+    for (const step::ApplyPiece& piece : pieces) {
+      step::check_batch_rows("AtenFloat64Ops::apply_result", batch, piece.matrix_idx, piece.row_begin, piece.row_count,
+                             piece.param.numel);
+      at::Tensor o =
+          batch_view(result, batch, piece.param).select(0, piece.matrix_idx).narrow(0, piece.row_begin, piece.row_count);
+      // NOTE: the replicas apply what the wire brings them; so does the owner.
+      if (piece.round_through_wire) o = o.to(scalar_type(piece.wire_dtype)).to(at::kDouble);
+      apply_rows(piece.param, o, piece.scale, piece.decay, gate, result_flags, piece.flag_idx);
+    }
+  }
+
+  void apply_pieces(const std::vector<step::ApplyPiece>& pieces, const Buffer& gate,
+                    const Buffer& result_flags) override {
+    std::vector<step::ApplyPiece> rest;
+    for (const step::ApplyPiece& piece : pieces) {
+      if (!is_f64(piece.param)) {
+        rest.push_back(piece);
+        continue;
+      }
+      DMUON_CHECK(piece.wire.numel == piece.param.numel, "AtenFloat64Ops::apply_pieces: ", piece.wire.numel,
+                  " returned elements for ", piece.param.numel, " of the parameter");
+      apply_rows(piece.param, tensor_view(piece.wire).to(at::kDouble), piece.scale, piece.decay, gate, result_flags,
+                 piece.flag_idx);
+    }
+    if (!rest.empty()) inner_->apply_pieces(rest, gate, result_flags);
+  }
+
+ private:
+  static step::NsView view_of(const at::Tensor& t, const step::NsBatchDesc& batch) {
+    return step::NsView{t.data_ptr(), DType::kFloat64, batch.cols, batch.rows * batch.cols, false};
+  }
+
+  std::unique_ptr<step::DeviceOps> inner_;
+};
+
+}  // namespace
+
+std::unique_ptr<step::DeviceOps> with_aten_float64(std::unique_ptr<step::DeviceOps> inner) {
+  return std::make_unique<AtenFloat64Ops>(std::move(inner));
+}
+
+step::DeviceOps& device_ops_of(step::DeviceOps& ops) {
+  auto* wrapper = dynamic_cast<AtenFloat64Ops*>(&ops);
+  return wrapper != nullptr ? wrapper->inner() : ops;
+}
+
+}  // namespace dmuon::torch_adapter
