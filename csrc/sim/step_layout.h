@@ -1,8 +1,9 @@
 // dmuon/sim/step_layout.h — everything the bucket pipeline of one step is made of, for
 // every rank at once: the Muon parameters' layouts, their owners, the buckets and the wire.
 //
-// It is what MuonRuntime decided (every rank decides the same), so the traffic of every
-// rank and the work of every rank in every bucket follow from it without running them.
+// A bucket layout written by hand (the GoogleTests' small cases): parameters, owners and
+// buckets, from which the traffic and work of every rank follow by the rules of
+// traffic.h and rank_prediction.h. The step engine's own layout is sim/stage_layout.h.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,7 @@
 // dmuon/sim/traffic.h — the bytes every rank sends and receives in each collective of a
-// step's bucket pipeline, split by link (same node or not), exactly as MuonRuntime's
-// all_to_alls move them (their own piece, which stays on the rank, excluded).
+// step's pipeline, split by link (same node or not), exactly as the all_to_alls move them
+// (their own piece, which stays on the rank, excluded): from the engine's stage layout, or
+// from a bucket layout (sim/step_layout.h) written by hand.
 #pragma once
 
 #include <cstdint>

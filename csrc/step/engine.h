@@ -53,6 +53,9 @@ struct ParamTensors {
 struct CheckOnly {
   std::string name;
   Buffer grad;
+  /// Whether it has a gradient this step (`grad` may still be empty: an empty shard).
+  /// Several ranks agree on it as on a Muon parameter's: on some ranks only is an error.
+  bool has_grad = true;
 };
 
 /// What a step did (the caller raises or skips from it; errors are thrown instead).

@@ -94,6 +94,18 @@ std::vector<int> pinned_owners(const ItemTable& table) {
   return pinned;
 }
 
+// What else makes the ranks' exchanges the same: the options the stages and the
+// pipeline's order of collectives are made from. NOTE: a rank with another stage size or
+// depth would issue other all_to_alls than its peers: a hang, not an error.
+uint64_t with_step_options(uint64_t hash, const EngineOptions& options, DType wire, int depth) {
+  plan::Hasher hasher;
+  hasher.i64(static_cast<int64_t>(hash));
+  for (int64_t v : {static_cast<int64_t>(options.mode), static_cast<int64_t>(wire), options.stage_bytes,
+                    options.ns_batch_bytes, static_cast<int64_t>(depth)})
+    hasher.i64(v);
+  return hasher.digest();
+}
+
 }  // namespace
 
 // One all_reduce: no rank failed to make its plan and every rank holds the same hash.
@@ -126,7 +138,7 @@ void StepEngine::take_given_owners() {
     mine[static_cast<size_t>(owners_[static_cast<size_t>(i)])].push_back(i);
   }
   for (int r = 0; r < world_; ++r) owner_batches_.push_back({r, shape_batches(table_, mine[static_cast<size_t>(r)])});
-  plan_hash_ = given_fingerprint(table_, owners_, owner_batches_);
+  plan_hash_ = with_step_options(given_fingerprint(table_, owners_, owner_batches_), options_, wire_dtype_, depth_);
   plan_text_ = "owners given by the caller";
   if (world_ > 1) agree_plan(plan_hash_, "");
 }
@@ -146,6 +158,8 @@ void StepEngine::make_plan() {
     const int owner = options_.mode == Mode::kGather ? kEveryRank : 0;
     owners_.assign(static_cast<size_t>(num_items), owner);
     owner_batches_ = {{owner, shape_batches(table_, all)}};
+    plan_hash_ = with_step_options(given_fingerprint(table_, owners_, owner_batches_), options_, wire_dtype_, depth_);
+    if (world_ > 1) agree_plan(plan_hash_, "");
     return;
   }
   const int64_t wire_size = dtype_size(wire_dtype_);
@@ -193,7 +207,7 @@ void StepEngine::make_plan() {
     plan::Hasher hasher;
     hasher.i64(free_items.empty() ? 0 : static_cast<int64_t>(plan_fingerprint(solved)));
     for (int owner : pinned) hasher.i64(owner);
-    hash = hasher.digest();
+    hash = with_step_options(hasher.digest(), options_, wire_dtype_, depth_);
   }
   agree_plan(hash, error);
   // The solved items' owners and batches (problem indices → items), then each rank's

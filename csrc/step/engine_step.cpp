@@ -44,7 +44,7 @@ void StepEngine::check_rest(StepState& st, const std::vector<CheckOnly>& extra) 
   }
   // NOTE: a checked-only gradient stands in for its own momentum (bit 1 is ignored).
   for (size_t k = 0; k < extra.size(); ++k)
-    if (extra[k].grad.numel > 0)
+    if (extra[k].has_grad && extra[k].grad.numel > 0)
       pieces.push_back({extra[k].grad, extra[k].grad, {}, num_params + static_cast<int>(k), false});
   // partial_of holds positions among all pieces; make them indices among the summed ones.
   int next = 0;
@@ -59,7 +59,7 @@ void StepEngine::check_rest(StepState& st, const std::vector<CheckOnly>& extra) 
 // The pipeline: the forwards of the next `depth` stages in flight during stage k's NS, and
 // the returns of the `depth` stages before it; a stage is applied once its return has had
 // `depth` stages' time to arrive.
-// NOTE: why `depth` both ways (csrc/torch/dist_runtime.cpp, measured there): on GPUs every
+// NOTE: why `depth` both ways (measured on the bucketed runtime this engine replaced): on GPUs every
 // wait for a collective is a wait of the compute stream, and a collective completes only
 // when every rank reached it; with less slack each owner's NS chains to another owner's
 // (world 4, Qwen2.5-7B: a 327 ms step against 153 ms of NS on the slowest rank). The price
@@ -208,7 +208,7 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
 
   // Agreement on the host: this rank's flags (and its early work's), then, with several
   // ranks, one all_reduce of [has gradient] + [gradient bad] + [momentum bad] + [extra bad]
-  // + [input invalid].
+  // + [extra has gradient] + [input invalid].
   const int num_checked = st->num_checked;
   std::vector<int32_t> host(static_cast<size_t>(2 * num_checked), 0);
   if (invalid.empty()) {
@@ -226,6 +226,7 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
   for (int p = 0; p < num_params; ++p) local.push_back(host[static_cast<size_t>(2 * p)] != 0 ? 1 : 0);
   for (int p = 0; p < num_params; ++p) local.push_back(host[static_cast<size_t>(2 * p + 1)] != 0 ? 1 : 0);
   for (int k = num_params; k < num_checked; ++k) local.push_back(host[static_cast<size_t>(2 * k)] != 0 ? 1 : 0);
+  for (const CheckOnly& e : extra) local.push_back(e.has_grad ? 1 : 0);
   local.push_back(invalid.empty() ? 0 : 1);
   const std::vector<int64_t> agreed =
       world_ > 1 ? transport_.all_reduce(local, ReduceOp::kSum,
@@ -239,6 +240,11 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
     DMUON_CHECK(count == 0 || count == world_, "parameter '", table_.param(p).name, "' has a gradient on ", count,
                 " of ", world_, " ranks", at_step, "; every rank must have it or none");
     st->active_params[static_cast<size_t>(p)] = count == world_;
+  }
+  for (size_t k = 0; k < extra.size(); ++k) {
+    const int64_t count = agreed[static_cast<size_t>(3 * num_params + (num_checked - num_params)) + k];
+    DMUON_CHECK(count == 0 || count == world_, "parameter '", extra[k].name, "' (checked with the step) has a "
+                "gradient on ", count, " of ", world_, " ranks", at_step, "; every rank must have it or none");
   }
   std::vector<int> corrupt;
   for (int p = 0; p < num_params; ++p)

@@ -1,4 +1,5 @@
-// dmuon._C.dist: the owner-centric step runtime (MuonRuntime) and its option structs.
+// dmuon._C.dist: parameter layouts, the step runtime's options and statistics, and how
+// dmuon treats a process group (the runtime itself: dmuon._C.engine.EngineRuntime).
 #include <pybind11/stl.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/python.h>
@@ -8,7 +9,11 @@
 #include "bindings.h"
 #include "optional_tensors.h"
 #include "common/check.h"
-#include "dist_runtime.h"
+#include "dist/shard_layout.h"
+#include "dist/world_model.h"
+#include "group_options.h"
+#include "optim/update_rule.h"
+#include "runtime_options.h"
 #include "world_detect.h"
 
 namespace py = pybind11;
@@ -16,23 +21,7 @@ namespace py = pybind11;
 namespace dmuon::torch_adapter {
 namespace {
 
-// A MuonRuntime method over (params, grads, buffers, group_idx, groups, step_idx) as a
-// Python method: None gradients and buffers become undefined tensors, and the GIL is
-// released for the call.
-template <class Result>
-auto per_parameter_method(Result (MuonRuntime::*method)(at::TensorList, const std::vector<at::Tensor>&,
-                                                        const std::vector<at::Tensor>&, const std::vector<int64_t>&,
-                                                        const std::vector<MuonGroupOptions>&, int64_t)) {
-  return [method](MuonRuntime& runtime, std::vector<at::Tensor> params, std::vector<std::optional<at::Tensor>> grads,
-                  std::vector<std::optional<at::Tensor>> buffers, std::vector<int64_t> group_idx,
-                  std::vector<MuonGroupOptions> groups, int64_t step_idx) {
-    const std::vector<at::Tensor> defined_grads = or_undefined(grads), defined_buffers = or_undefined(buffers);
-    py::gil_scoped_release release;
-    return (runtime.*method)(params, defined_grads, defined_buffers, group_idx, groups, step_idx);
-  };
-}
-
-// Bucket phase times as (prepare, ns, return_pack, apply) tuples.
+// Stage phase times as (prepare, ns, return_pack, apply) tuples.
 std::vector<std::array<double, sim::kNumPhases>> phase_tuples(const std::vector<sim::BucketTimes>& times) {
   std::vector<std::array<double, sim::kNumPhases>> out;
   for (const auto& t : times) out.push_back(t.seconds);
@@ -62,7 +51,7 @@ dist::MeshPlacement mesh_placement(std::vector<int64_t> mesh_shape,
 }  // namespace
 
 void register_dist_bindings(py::module_& m) {
-  py::module_ d = m.def_submodule("dist", "owner-centric distributed Muon step");
+  py::module_ d = m.def_submodule("dist", "parameter layouts and the step runtime's options and statistics");
 
   py::class_<dist::ParamLayout>(d, "ParamLayout")
       .def(py::init([](std::vector<int64_t> global_shape, int64_t batch_dims, bool sharded,
@@ -169,46 +158,6 @@ void register_dist_bindings(py::module_& m) {
       .def_readonly("orthogonalized", &StepStats::orthogonalized)
       .def_property_readonly("bucket_times", [](const StepStats& s) { return phase_tuples(s.bucket_times); })
       .def_readonly("model_fill_s", &StepStats::model_fill_s);
-
-  py::class_<MuonRuntime>(d, "MuonRuntime")
-      .def(py::init<const std::string&, std::vector<std::string>, std::vector<dist::ParamLayout>,
-                    RuntimeOptions>(),
-           py::arg("group_name"), py::arg("names"), py::arg("layouts"), py::arg("options"),
-           // NOTE: the constructor broadcasts the plan. Holding the GIL while c10d's Gloo
-           // thread drops tensors that have Python objects (it needs the GIL to decref
-           // them, under its own work mutex) deadlocks: seen in CI at world 3, rank 0.
-           py::call_guard<py::gil_scoped_release>())
-      .def("step", per_parameter_method(&MuonRuntime::step), py::arg("params"), py::arg("grads"),
-           py::arg("momentum_buffers"), py::arg("group_idx"), py::arg("groups"), py::arg("step_idx"))
-      .def("all_reduce_flags", &MuonRuntime::all_reduce_flags, py::arg("local"), py::arg("op"),
-           py::arg("what"), py::arg("step_idx"), py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("rank", &MuonRuntime::rank)
-      .def_property_readonly("world_size", &MuonRuntime::world_size)
-      .def_property_readonly(
-          "execution",
-          [](const MuonRuntime& r) {
-            py::dict d;
-            d["pipeline_depth"] = r.pipeline_depth();
-            d["ns_batch_mb"] = r.ns_batch_bytes() >> 20, d["cuda_graphs"] = r.cuda_graphs();
-            d["profile"] = r.profile();
-            return d;
-          },
-          "The code-path switches as resolved when the runtime was made (options, else DMUON_*)")
-      .def_property_readonly("owners", &MuonRuntime::owners)
-      .def_property_readonly("plan_text", &MuonRuntime::plan_text)
-      .def_property_readonly("predicted_makespan_s", &MuonRuntime::predicted_makespan_s)
-      .def_property_readonly("num_buckets", [](const MuonRuntime& r) { return r.buckets().size(); })
-      .def_property_readonly("buckets", [](const MuonRuntime& r) {
-        std::vector<std::vector<int>> out;
-        for (const auto& b : r.buckets()) out.push_back(b.param_idx);
-        return out;
-      })
-      .def_property_readonly("last_stats", &MuonRuntime::last_stats)
-      .def_property_readonly("transport",
-                             [](const MuonRuntime& r) { return dist::transport_name(r.world_model().transport()); })
-      .def_property_readonly("options", &MuonRuntime::options)
-      .def_property_readonly("predicted_rank_seconds", &MuonRuntime::predicted_rank_seconds)
-      .def_property_readonly("step_layout", &MuonRuntime::step_layout);
 
   d.def(
       "transport_of",

@@ -2,8 +2,8 @@
 
 The Muon math (momentum, owner planning, communication, batched Newton–Schulz, lr
 adjustment, apply) runs in C++: the step engine (``dmuon._C.engine.EngineRuntime``) on one
-process, under DDP, FSDP2 and HSDP alike; the bucketed runtime (``dmuon._C.dist.MuonRuntime``)
-where the engine does not yet step (see ``DMuon._engine_route``). AdamW is torch's own
+process, under DDP, FSDP2, HSDP, a fake world and beside the weight-ownership mode's owned
+matrices alike. AdamW is torch's own
 implementation. This module routes parameters, validates options, keeps the state in ``self.state`` (so ``state_dict`` works as for any
 torch optimizer) and checks gradients for NaN/Inf with one host sync per step.
 """
@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim.adam import adam as _torch_adam
 
 from dmuon import distributed, rank_agreement
-from dmuon._ops import _C, ops
+from dmuon._ops import _C
 from dmuon.config import FLAT_OPTIONS, Execution, MuonMath, merge_flat
 from dmuon.group_options import (ADAMW_OPTION_NAMES, COUNTER_KEYS, as_adamw_group, check_adamw_group,
                                  check_muon_group, check_unknown_keys, group_signature_options)
@@ -423,23 +423,11 @@ class DMuon(torch.optim.Optimizer):
             costs = self._measured_costs(muon, layouts, group, device_type)
             options = _C.dist.RuntimeOptions(device_type=device_type, cost_entries=costs, **self._runtime_options)
             names = [self.param_name(p) for _, p in muon]
-            if self._engine_route(muon, layouts, group, device_type):
-                _, slot = self._muon_group_options()
-                dtypes = [str(p.dtype).removeprefix("torch.") for _, p in muon]
-                self._runtime = _C.engine.EngineRuntime(distributed.group_name(group), names, layouts, dtypes,
-                                                        [slot[g_idx] for g_idx, _ in muon], options)
-            else:
-                self._runtime = _C.dist.MuonRuntime(distributed.group_name(group), names, layouts, options)
+            _, slot = self._muon_group_options()
+            dtypes = [str(p.dtype).removeprefix("torch.") for _, p in muon]
+            self._runtime = _C.engine.EngineRuntime(distributed.group_name(group), names, layouts, dtypes,
+                                                    [slot[g_idx] for g_idx, _ in muon], options)
         return self._runtime
-
-    def _engine_route(self, muon: list[tuple[int, torch.Tensor]], layouts: list[Any], group: Any,
-                      device_type: str) -> bool:
-        """Whether the step engine (dmuon._C.engine) runs the Muon step. NOTE: every mode
-        but parameters the engine's ops do not step yet, which keep the bucketed runtime
-        (dmuon._C.dist.MuonRuntime): dmuon._C.engine.unsupported_reason (float64 on CUDA,
-        unequal row blocks)."""
-        return all(not _C.engine.unsupported_reason(device_type, str(p.dtype).removeprefix("torch."), layout)
-                   for (_, p), layout in zip(muon, layouts))
 
     def _layout(self, param: torch.Tensor, placement: distributed.Placement) -> Any:
         """The C++ runtime's view of one Muon parameter: shape, matrices, sharding."""
@@ -506,51 +494,7 @@ class DMuon(torch.optim.Optimizer):
         rank_agreement.agree_before_step(self._group, step_idx, self._structure_signature(),
                                          self._step_input_error(),
                                          lambda: rank_agreement.describe_groups(self.param_groups, self.param_name))
-        runtime = self._ensure_runtime()
-        if isinstance(runtime, _C.engine.EngineRuntime):
-            return self._engine_step(runtime, step_idx, loss)
-        # NOTE: owned matrices first: their reduction and Newton–Schulz ran during backward;
-        # finish() waits for them, and every exit below commits or discards their results.
-        owned = self._finish_owned(step_idx)
-
-        # Which parameters have gradients and which gradients are not finite, agreed by all
-        # ranks: one host sync for the local check and one small all_reduce.
-        every = [p for group in self.param_groups for p in group["params"] if ownership_of(p) is None]
-        has_grad = [int(p.grad is not None) for p in every]
-        # NOTE: momentum buffers are checked with the gradients (same sync): the runtime
-        # updates them in place, bucket by bucket, so they must be finite beforehand.
-        has_buffer = [int(p.grad is not None and "momentum_buffer" in self.state.get(p, {})) for p in every]
-        grad_bad, buffer_bad = self._check_gradients(every, has_grad, has_buffer)
-        agreed = runtime.all_reduce_flags(has_grad + grad_bad + buffer_bad, "sum",
-                                          "all_reduce of the gradient checks", step_idx)
-        world = runtime.world_size
-        n = len(every)
-        has_grad, bad, corrupt = agreed[:n], agreed[n:2 * n], agreed[2 * n:]
-        for p, count in zip(every, has_grad):
-            if count not in (0, world):
-                self._discard_owned()
-                raise RuntimeError(f"parameter {self.param_name(p)!r} has a gradient on {count} of {world} ranks "
-                                   f"at step {step_idx}; every rank must have it or none")
-        corrupt_names = [self.param_name(p) for p, c in zip(every, corrupt) if c] + owned["corrupt"]
-        if corrupt_names:
-            self._discard_owned()
-            raise NonFiniteGradientError(
-                f"the momentum buffer of parameter {corrupt_names[0]!r} holds NaN or Inf at step {step_idx} "
-                "(corrupt optimizer state); nothing was updated")
-        if any(bad) or owned["bad"]:
-            self._discard_owned()
-            return self._refused([self.param_name(p) for p, b in zip(every, bad) if b] + owned["bad"], step_idx, loss)
-        active = {id(p) for p, count in zip(every, has_grad) if count}
-
-        self._muon_step(runtime, active, step_idx)
-        self._commit_owned(owned, step_idx)
-        for group in self.param_groups:
-            group["num_steps"] += 1
-            if not group["use_muon"]:
-                params = [p for p in group["params"] if id(p) in active]
-                if params:
-                    self._adamw_group_step(group, params)
-        return loss
+        return self._engine_step(self._ensure_runtime(), step_idx, loss)
 
     def _engine_step(self, runtime: Any, step_idx: int, loss: Any) -> Any:
         """One step through the step engine: every Muon parameter's check, momentum, NS and
@@ -607,12 +551,12 @@ class DMuon(torch.optim.Optimizer):
                 fresh.append((p, buffer))
             grads.append(distributed.local(p.grad))
             buffers.append(distributed.local(buffer))
-        # NOTE: every rank passes the same list (an AdamW parameter without a gradient as an
-        # empty tensor), so that the engine's agreement has one size on every rank.
+        # NOTE: every rank passes the same list (an AdamW parameter without a gradient as
+        # None), so that the engine's agreement has one size on every rank; it agrees on the
+        # gradients' presence too (on some ranks only: an error on every rank naming it).
         others = [p for group in self.param_groups if not group["use_muon"] for p in group["params"]
                   if id(p) not in muon_ids]
-        empty = params[0].new_empty(0) if params else torch.empty(0)
-        extra = [distributed.local(p.grad) if p.grad is not None else empty for p in others]
+        extra = [distributed.local(p.grad) if p.grad is not None else None for p in others]
         outcome = self._engine_call(runtime, params, grads, buffers, group_options, step_idx,
                                     [self.param_name(p) for p in others], extra)
         if not outcome["applied"]:
@@ -686,51 +630,6 @@ class DMuon(torch.optim.Optimizer):
                     momentum=float(group["momentum"]), nesterov=bool(group["nesterov"]),
                     adjust_lr=group["adjust_lr"] or "none", schedule=self._group_schedule(g_idx, group)))
         return group_options, group_slot
-
-    def _runtime_args(self, muon: list[tuple[int, torch.Tensor]], takes_part: Callable[[torch.Tensor], bool],
-                      create_buffers: bool) -> tuple[list, list, list, list, list]:
-        """The runtime's arguments for the Muon parameters `muon`: local parameters, and for
-        those `takes_part` accepts their local gradients and momentum buffers (None for the
-        others). A missing buffer is created (zeros) when `create_buffers`, else passed as None."""
-        group_options, group_slot = self._muon_group_options()
-        params, grads, buffers, slots = [], [], [], []
-        for g_idx, p in muon:
-            params.append(distributed.local(p))
-            slots.append(group_slot[g_idx])
-            if not takes_part(p):
-                grads.append(None)
-                buffers.append(None)
-                continue
-            # NOTE: only creating a buffer adds a state entry (a check must change nothing).
-            state = self.state[p] if create_buffers else self.state.get(p, {})
-            if create_buffers and "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            grads.append(distributed.local(p.grad))
-            buffer = state.get("momentum_buffer")
-            buffers.append(None if buffer is None else distributed.local(buffer))
-        return params, grads, buffers, slots, group_options
-
-    def _check_gradients(self, every: list[torch.Tensor], has_grad: list[int],
-                         has_buffer: list[int]) -> tuple[list[int], list[int]]:
-        """Per parameter of `every`: whether its gradient and its momentum buffer hold NaN/Inf
-        (this rank's view; one host sync)."""
-        checked = [distributed.local(t) for p, b in zip(every, has_buffer) if p.grad is not None
-                   for t in ([p.grad, self.state[p]["momentum_buffer"]] if b else [p.grad])]
-        local_bad = iter(ops.nonfinite_mask(checked).tolist() if checked else [])
-        grad_bad, buffer_bad = [], []
-        for h, b in zip(has_grad, has_buffer):
-            grad_bad.append(int(next(local_bad)) if h else 0)
-            buffer_bad.append(int(next(local_bad)) if b else 0)
-        return grad_bad, buffer_bad
-
-    def _muon_step(self, runtime: Any, active: set[int], step_idx: int) -> None:
-        """Every Muon parameter through the C++ runtime in one call."""
-        muon = self._muon_params()
-        if not muon:
-            return
-        params, grads, buffers, slots, group_options = self._runtime_args(
-            muon, lambda p: id(p) in active, create_buffers=True)
-        runtime.step(params, grads, buffers, slots, group_options, step_idx)
 
     def _finish_owned(self, step_idx: int) -> dict[str, Any]:
         """Waits for the owned matrices' early work; their flags, agreed by every rank (the

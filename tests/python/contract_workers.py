@@ -127,3 +127,26 @@ def row_blocks_sharded_match_the_reference(rank: int, world: int) -> dict:
     errors = {n: float((params[n].full_tensor() - exact[n]).abs().max()) for n in params}
     return {"errors": errors, "qkv_blocks": views["attn.in_proj_weight"].row_blocks,
             "local_rows": {n: p.to_local().shape[0] for n, p in params.items()}}
+
+
+def adamw_gradient_on_some_ranks_only(rank: int, world: int) -> dict:
+    """Rank 0 alone has a gradient for an AdamW parameter (the embedding): the step raises
+    on every rank, naming it, and changes nothing (the engine agrees on the presence of
+    the gradients it only checks, as on the Muon parameters')."""
+    torch.manual_seed(7)
+    model = TinyDecoder()
+    optimizer = dmuon.DMuon(model, lr=0.02)
+    ids = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(0))
+    optimizer.zero_grad(set_to_none=True)
+    model(ids).logsumexp(-1).mean().backward()
+    if rank == 1:
+        model.embed_tokens.weight.grad = None
+    before = [p.detach().clone() for p in model.parameters()]
+    try:
+        optimizer.step()
+        error = ""
+    except RuntimeError as e:
+        error = str(e)
+    return {"error": error, "unchanged": all(torch.equal(p, b) for p, b in zip(model.parameters(), before)),
+            "adamw": not any(g["use_muon"] for g in optimizer.param_groups
+                             if any(p is model.embed_tokens.weight for p in g["params"]))}

@@ -133,10 +133,10 @@ def gloo_local_and_broadcast_plans(rank: int, world: int, solver: str) -> dict[s
         out = {}
         for source in ("broadcast", "local"):
             options = _C.dist.RuntimeOptions(solver=solver, plan_source=source, bucket_bytes=4096)
-            runtime = _C.dist.MuonRuntime(dist.group.WORLD.group_name, names, _layouts(shapes), options)
+            runtime = _C.engine.EngineRuntime(dist.group.WORLD.group_name, names, _layouts(shapes),
+                                              ["float32"] * len(shapes), [0] * len(shapes), options)
             text = [line for line in runtime.plan_text.splitlines() if not line.startswith("solve_seconds")]
-            out[source] = {"owners": list(runtime.owners), "buckets": [list(b) for b in runtime.buckets],
-                           "text": text}
+            out[source] = {"owners": list(runtime.item_owners), "text": text}
     finally:
         if previous is None:
             del os.environ["DMUON_PLAN_TIME_LIMIT"]
@@ -146,8 +146,8 @@ def gloo_local_and_broadcast_plans(rank: int, world: int, solver: str) -> dict[s
 
 
 def gloo_local_plans_that_differ(rank: int, world: int, differs: str) -> str:
-    """Rank 1 plans with another cost table ("costs") or other buckets ("buckets"): every
-    rank must fail by name (not hang, not exchange mismatched buffers)."""
+    """Rank 1 plans with another cost table ("costs") or other stages ("buckets": another
+    stage size): every rank must fail by name (not hang, not exchange mismatched buffers)."""
     import torch.distributed as dist
 
     from dmuon._ops import _C
@@ -161,8 +161,8 @@ def gloo_local_plans_that_differ(rank: int, world: int, differs: str) -> str:
         bucket_bytes = 512
     options = _C.dist.RuntimeOptions(solver="lpt", plan_source="local", cost_entries=costs, bucket_bytes=bucket_bytes)
     try:
-        _C.dist.MuonRuntime(dist.group.WORLD.group_name, [f"w{i}" for i in range(len(shapes))], _layouts(shapes),
-                            options)
+        _C.engine.EngineRuntime(dist.group.WORLD.group_name, [f"w{i}" for i in range(len(shapes))], _layouts(shapes),
+                                ["float32"] * len(shapes), [0] * len(shapes), options)
     except RuntimeError as error:
         return str(error)
     return "no error"

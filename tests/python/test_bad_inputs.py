@@ -152,4 +152,4 @@ def test_the_step_runtime_checks_its_options_itself(field, value, pattern):
 
     options = _C.dist.RuntimeOptions(**{field: value})
     with pytest.raises(RuntimeError, match=pattern):
-        _C.dist.MuonRuntime("", ["w"], [_C.dist.ParamLayout([4, 6], 0, False)], options)
+        _C.engine.EngineRuntime("", ["w"], [_C.dist.ParamLayout([4, 6], 0, False)], ["float32"], [0], options)

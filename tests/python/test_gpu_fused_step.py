@@ -1,15 +1,13 @@
 """The one-GPU step (the step engine's CUDA ops, csrc/step/cuda, marker gpu): whole
 matrices on one GPU go through check → momentum and normalization → batched Newton–Schulz
-→ apply behind one device-side gate. It must agree with the bucketed runtime
-(dmuon._C.dist.MuonRuntime, still used where the engine does not step) and the float64
-reference, be deterministic, split batches under a small workspace bound without changing
-the result beyond half-precision rounding, and keep the NaN/Inf policy.
+→ apply behind one device-side gate. It must agree with the float64 reference, step float64
+parameters in float64 (the ATen path, engine/aten_float64_ops.h), be deterministic, split
+batches under a small workspace bound without changing the result beyond half-precision
+rounding, and keep the NaN/Inf policy.
 
-Tolerances: both paths iterate in fp16 (Gram) / bf16 (standard) from the same momentum; they
-differ in how the Frobenius norm is summed, so one step's updates agree to ~1e-3 relative:
-the engine-vs-bucketed test allows twice that in fp16 and 8× that in bf16 (3 fewer mantissa
-bits). Runs that may tune other kernel configurations (other processes, streams, batch
+Tolerances: runs that may tune other kernel configurations (other processes, streams, batch
 splits) allow 2e-2. Momentum buffers: the engine's lerp in float32 against ATen's: 1e-6.
+Float64 parameters against the float64 reference: 1e-10 (the same arithmetic, other sums).
 """
 
 from __future__ import annotations
@@ -37,13 +35,10 @@ SHAPES = [(64, 96), (96, 64), (127, 301), (130, 66), (5, 7), (3, 40, 72), (256, 
 
 # One process: builds the model from a seed, runs 3 steps in two param groups (Gram with
 # Nesterov and decay; standard without Nesterov, adjusted lr), prints parameters' and
-# buffers' per-step deltas as JSON. argv[3] "bucketed": the bucketed runtime instead of the
-# step engine (what DMuon uses where the engine does not step).
+# buffers' per-step deltas as JSON.
 _RUN = textwrap.dedent("""
     import json, sys, torch, dmuon
     shapes = json.loads(sys.argv[1])
-    if len(sys.argv) > 3 and sys.argv[3] == "bucketed":
-        dmuon.DMuon._engine_route = lambda *args, **kwargs: False
     torch.manual_seed(0)
     params = [torch.nn.Parameter((torch.randn(*s) / s[-1] ** 0.5).cuda()) for s in shapes]
     half = len(params) // 2
@@ -77,18 +72,29 @@ def rel(a, b) -> float:
 
 
 @needs_gpu
-def test_fused_path_matches_the_bucketed_path():
-    fused = run_path({})
-    bucketed = run_path({}, path="bucketed")
-    # NOTE: _RUN's first half of the parameters is Gram NS (fp16 iterate), the rest standard (bf16).
-    tolerances = [2e-3 if i < len(SHAPES) // 2 else 8e-3 for i in range(len(SHAPES))]
-    for step, (df, db) in enumerate(zip(fused["deltas"], bucketed["deltas"])):
-        for i, (a, b) in enumerate(zip(df, db)):
-            assert rel(a, b) <= tolerances[i], (step, SHAPES[i], rel(a, b), tolerances[i])
-    for i, (a, b) in enumerate(zip(fused["buffers"], bucketed["buffers"])):
-        assert rel(a, b) <= 1e-6, (SHAPES[i], rel(a, b))
-    # The engine counts matrices (the stack's 3 each), the bucketed runtime parameters.
-    assert fused["orthogonalized"] == len(SHAPES) + 2 and bucketed["orthogonalized"] == len(SHAPES)
+def test_float64_parameters_step_in_float64():
+    # Every shape (a stack included) in float64 on the GPU: the engine's ATen float64 path
+    # against the float64 reference, three steps, two groups.
+    torch.manual_seed(0)
+    initial = [torch.randn(*s, dtype=torch.float64) / s[-1] ** 0.5 for s in SHAPES]
+    params = [torch.nn.Parameter(x.cuda()) for x in initial]
+    exact_p = [torch.nn.Parameter(x.clone()) for x in initial]
+    half = len(params) // 2
+    opt = dmuon.DMuon([dict(params=params[:half], weight_decay=0.1),
+                       dict(params=params[half:], ns_algorithm="standard", nesterov=False, adjust_lr="match_rms_adamw")],
+                      lr=0.02)
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    exact = ReferenceDMuon([dict(groups[0], params=exact_p[:half]), dict(groups[1], params=exact_p[half:])])
+    for _ in range(3):
+        for p, e in zip(params, exact_p):
+            g = torch.randn(p.shape, dtype=torch.float64)
+            p.grad, e.grad = g.cuda(), g.clone()
+        opt.step()
+        exact.step()
+    for i, (p, e, x) in enumerate(zip(params, exact_p, initial)):
+        d, d_exact = p.detach().cpu() - x, e.detach() - x
+        assert rel(d.flatten().tolist(), d_exact.flatten().tolist()) <= 1e-10, SHAPES[i]
+    assert opt.runtime.last_stats.num_orthogonalized == len(SHAPES) + 2
 
 
 @needs_gpu

@@ -1,6 +1,7 @@
 """What the ranks must agree on raises on every rank, with a name, instead of hanging or
 training wrongly: replicas that differ, param groups added on some ranks only, one rank's
-failed checks; and row-block matrices sharded across ranks step as in one process."""
+failed checks, an AdamW gradient on some ranks only; and row-block matrices sharded across
+ranks step as in one process."""
 
 from __future__ import annotations
 
@@ -29,6 +30,15 @@ def test_add_param_group_on_some_ranks_raises_on_every_rank_naming_the_group():
                "on rank(s) [1]" in out["error"], (rank, out["error"])
         assert "add_param_group" in out["error"]
         assert out["unchanged"]
+
+
+def test_an_adamw_gradient_on_some_ranks_only_raises_on_every_rank_naming_it():
+    results = run_distributed(contract_workers.adamw_gradient_on_some_ranks_only, 2)
+    for rank, out in results.items():
+        assert out["adamw"], rank
+        assert "parameter 'embed_tokens.weight' (checked with the step) has a gradient on 1 of 2 ranks at step 1; " \
+               "every rank must have it or none" in out["error"], (rank, out["error"])
+        assert out["unchanged"], rank
 
 
 def test_one_ranks_failed_check_raises_on_every_rank_before_any_write():

@@ -46,12 +46,13 @@ void register_engine_bindings(py::module_& m) {
           "step",
           [](EngineRuntime& runtime, std::vector<at::Tensor> params, std::vector<std::optional<at::Tensor>> grads,
              std::vector<std::optional<at::Tensor>> momentum, std::vector<MuonGroupOptions> groups, int64_t step_idx,
-             std::vector<std::string> extra_names, std::vector<at::Tensor> extra_grads) {
+             std::vector<std::string> extra_names, std::vector<std::optional<at::Tensor>> extra_grads) {
             const std::vector<at::Tensor> g = or_undefined(grads), b = or_undefined(momentum);
+            const std::vector<at::Tensor> e = or_undefined(extra_grads);
             EngineStepOutcome out;
             {
               py::gil_scoped_release release;
-              out = runtime.step(params, g, b, groups, step_idx, extra_names, extra_grads);
+              out = runtime.step(params, g, b, groups, step_idx, extra_names, e);
             }
             return py::dict(py::arg("applied") = out.applied, py::arg("nonfinite_params") = out.nonfinite_params,
                             py::arg("nonfinite_extra") = out.nonfinite_extra, py::arg("active") = out.active,

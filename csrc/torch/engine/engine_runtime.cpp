@@ -13,7 +13,6 @@
 #include "engine/torch_ops.h"
 #include "step/stage_layout.h"
 #include "step_tensors.h"
-#include "optim/gated_step.h"
 #include "plan/solvers.h"
 
 namespace dmuon::torch_adapter {
@@ -44,6 +43,18 @@ bool same_options(const MuonGroupOptions& a, const MuonGroupOptions& b) {
   return a.lr == b.lr && a.weight_decay == b.weight_decay && a.momentum == b.momentum && a.nesterov == b.nesterov &&
          a.adjust_lr == b.adjust_lr && x.algorithm == y.algorithm && same_steps && x.restart_after == y.restart_after &&
          x.eps == y.eps;
+}
+
+// The NS streams: `requested` when not 0, else `knob` (DMUON_FUSED_STREAMS); the error
+// names the one that is not between 1 and 8.
+int stream_count(int64_t requested, int64_t knob) {
+  if (requested != 0) {
+    DMUON_CHECK(requested >= 1 && requested <= 8, "fused_streams must be between 1 and 8 (0: DMUON_FUSED_STREAMS), got ",
+                requested);
+    return static_cast<int>(requested);
+  }
+  DMUON_CHECK(knob >= 1 && knob <= 8, "DMUON_FUSED_STREAMS must be between 1 and 8, got ", knob);
+  return static_cast<int>(knob);
 }
 
 // A tensor the engine may write in place: `t` itself when contiguous, else a contiguous
@@ -96,8 +107,8 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
   const int64_t depth = env::resolve(options_.pipeline_depth, env::kPipelineDepth);
   DMUON_CHECK(depth >= 0, "DMUON_PIPELINE_DEPTH must be >= 0 (0: twice the world size), got ", depth);
   e.pipeline_depth = static_cast<int>(depth);
-  e.num_streams = optim::gated_stream_count(options_.fused_streams,
-                                            options_.fused_streams != 0 ? 0 : env::get_int("DMUON_FUSED_STREAMS", 2));
+  e.num_streams = stream_count(options_.fused_streams,
+                               options_.fused_streams != 0 ? 0 : env::get_int("DMUON_FUSED_STREAMS", 2));
   const int64_t ns_batch_mb = env::resolve(options_.ns_batch_mb, env::kNsBatchMb);
   DMUON_CHECK(ns_batch_mb >= 1, "DMUON_NS_BATCH_MB must be at least 1, got ", ns_batch_mb);
   e.ns_batch_bytes = ns_batch_mb << 20;
@@ -173,6 +184,11 @@ EngineStepOutcome EngineRuntime::step(at::TensorList params, const std::vector<a
   }
   std::vector<step::CheckOnly> extra;
   for (size_t k = 0; k < extra_grads.size(); ++k) {
+    // NOTE: an undefined tensor: no gradient on this rank (agreed like a Muon parameter's).
+    if (!extra_grads[k].defined()) {
+      extra.push_back({extra_names[k], step::Buffer{nullptr, step::DType::kFloat32, 0, ops_->device()}, false});
+      continue;
+    }
     at::Tensor g = extra_grads[k].to(device).contiguous();
     if (g.scalar_type() != at::kFloat && g.scalar_type() != at::kDouble && g.scalar_type() != at::kBFloat16 &&
         g.scalar_type() != at::kHalf)

@@ -1,7 +1,7 @@
 // dmuon/torch/engine/engine_runtime.h — the torch adapter of the step engine: c10d behind
 // step::Transport (C10dTransport), c10's allocators behind the device ops, torch tensors
 // turned into descriptors every step, and the engine's statistics as the runtime's
-// StepStats (dist_runtime.h) that the benches and tests read.
+// StepStats (runtime_options.h) that the benches and tests read. DMuon's one step runtime.
 //
 // One runtime per set of Muon parameters (names, layouts, dtypes and group slots identical
 // on every rank); made collectively (the plan is made and agreed when it is made).
@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "dist/shard_layout.h"
-#include "dist_runtime.h"
 #include "engine/c10d_transport.h"
 #include "group_options.h"
+#include "runtime_options.h"
 #include "sim/stage_layout.h"
 #include "step/engine.h"
 
@@ -43,7 +43,8 @@ class EngineRuntime {
 
   /// One step: params[i], grads[i] (undefined: no gradient this step), momentum[i] (the
   /// optimizer state's buffer, zeros the caller has not stored yet on a first step) of the
-  /// local rows; `extra` gradients (AdamW's) are checked with the step and agreed with it.
+  /// local rows; `extra` gradients (AdamW's; undefined: none on this rank) are checked with
+  /// the step and agreed with it (a gradient on some ranks only is an error naming it).
   /// Throws dmuon::Error on every rank when the ranks disagree on which parameters have
   /// gradients, a momentum buffer holds NaN/Inf or an input is invalid (nothing changed),
   /// and after the rest was applied when an orthogonalized update was not finite.
