@@ -28,16 +28,17 @@ sim::StageLayout stage_layout(const ItemTable& table, const std::vector<Stage>& 
       for (int item : batch.items) {
         if (!active(item)) continue;
         ++count;
-        const int64_t cols = table.item(item).cols;
         // Forward: a piece goes to every other rank that computes the item without holding it whole.
         for (int c = 0; c < world; ++c) forward.issued = forward.issued || (batch.computed_by(c) && !table.whole_on(item, c));
         for (int src = 0; src < world; ++src) {
           const Piece& piece = table.piece(item, src);
           if (piece.empty()) continue;
-          const int64_t elements = piece.row_count * cols;
+          const int64_t elements = piece.numel();
           bool travels = batch.computed_by(src) && !table.whole_on(item, src);  // its own piece, read in place
           for (int dst = 0; dst < world; ++dst) {
-            if (dst == src || !batch.computed_by(dst) || table.whole_on(item, dst)) continue;
+            // NOTE: of replicas, only the block's source for `dst` sends it (ItemTable::source).
+            if (dst == src || !batch.computed_by(dst) || table.whole_on(item, dst) || table.source(item, src, dst) != src)
+              continue;
             forward.bytes[static_cast<size_t>(src * world + dst)] += elements * wire_size;
             travels = true;
           }
@@ -50,8 +51,8 @@ sim::StageLayout stage_layout(const ItemTable& table, const std::vector<Stage>& 
           const Piece& piece = table.piece(item, dst);
           if (dst == batch.owner || piece.empty()) continue;
           back.issued = true;
-          back.bytes[static_cast<size_t>(batch.owner * world + dst)] += piece.row_count * cols * wire_size;
-          work[static_cast<size_t>(dst)].apply_elements += static_cast<double>(piece.row_count * cols);
+          back.bytes[static_cast<size_t>(batch.owner * world + dst)] += piece.numel() * wire_size;
+          work[static_cast<size_t>(dst)].apply_elements += static_cast<double>(piece.numel());
         }
       }
       if (count == 0) continue;

@@ -5,7 +5,8 @@
 // The engine knows only its own rank's exchanges while it runs (StepStats' StageTimeline);
 // every rank derives the same items and stages, so every rank's traffic follows from them
 // by the engine's own rules (step/engine.cpp issue_forward, run_stage, land): a piece
-// travels to each other rank that computes its item and does not hold it whole; an owner
+// travels to each other rank that computes its item and does not hold it whole, from the
+// block's source (ItemTable::source: replicas send a block once); an owner
 // returns each other rank its rows of the result (mode owner); a rank applies the rows
 // other owners return; an owner's own whole items are read straight into its iterate.
 // tests/cpp/test_step_stage_layout.cpp checks it against the bytes the engine counted.

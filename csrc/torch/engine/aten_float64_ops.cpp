@@ -173,10 +173,13 @@ class AtenFloat64Ops : public step::DeviceOps {
     if (batch.param_dtype != DType::kFloat64) return inner_->iterate_from_pieces(pieces, batch, iterate, gate);
     for (const step::WirePiece& piece : pieces) {
       step::check_batch_rows("AtenFloat64Ops::iterate_from_pieces", batch, piece.matrix_idx, piece.row_begin,
-                             piece.row_count, piece.wire.numel);
-      at::Tensor dst =
-          batch_view(iterate, batch, piece.wire).select(0, piece.matrix_idx).narrow(0, piece.row_begin, piece.row_count);
-      const at::Tensor rows = matrix_view(piece.wire, piece.row_count, batch.cols).to(at::kDouble);
+                             piece.row_count, piece.wire.numel, piece.col_begin, piece.col_count);
+      const auto [col_begin, col_count] = step::piece_cols(batch, piece.col_begin, piece.col_count);
+      at::Tensor dst = batch_view(iterate, batch, piece.wire)
+                           .select(0, piece.matrix_idx)
+                           .narrow(0, piece.row_begin, piece.row_count)
+                           .narrow(1, col_begin, col_count);
+      const at::Tensor rows = matrix_view(piece.wire, piece.row_count, col_count).to(at::kDouble);
       dst.copy_(gated(gate, at::zeros_like(rows), rows));
     }
   }
@@ -186,10 +189,13 @@ class AtenFloat64Ops : public step::DeviceOps {
     if (batch.param_dtype != DType::kFloat64) return inner_->result_to_pieces(result, batch, pieces);
     for (const step::WirePiece& piece : pieces) {
       step::check_batch_rows("AtenFloat64Ops::result_to_pieces", batch, piece.matrix_idx, piece.row_begin,
-                             piece.row_count, piece.wire.numel);
-      const at::Tensor rows =
-          batch_view(result, batch, piece.wire).select(0, piece.matrix_idx).narrow(0, piece.row_begin, piece.row_count);
-      matrix_view(piece.wire, piece.row_count, batch.cols).copy_(rows);
+                             piece.row_count, piece.wire.numel, piece.col_begin, piece.col_count);
+      const auto [col_begin, col_count] = step::piece_cols(batch, piece.col_begin, piece.col_count);
+      const at::Tensor rows = batch_view(result, batch, piece.wire)
+                                  .select(0, piece.matrix_idx)
+                                  .narrow(0, piece.row_begin, piece.row_count)
+                                  .narrow(1, col_begin, col_count);
+      matrix_view(piece.wire, piece.row_count, col_count).copy_(rows);
     }
   }
 
@@ -199,9 +205,12 @@ class AtenFloat64Ops : public step::DeviceOps {
     if (batch.param_dtype != DType::kFloat64) return inner_->apply_result(result, batch, pieces, gate, result_flags);
     for (const step::ApplyPiece& piece : pieces) {
       step::check_batch_rows("AtenFloat64Ops::apply_result", batch, piece.matrix_idx, piece.row_begin, piece.row_count,
-                             piece.param.numel);
-      at::Tensor o =
-          batch_view(result, batch, piece.param).select(0, piece.matrix_idx).narrow(0, piece.row_begin, piece.row_count);
+                             piece.param.numel, piece.col_begin, piece.col_count);
+      const auto [col_begin, col_count] = step::piece_cols(batch, piece.col_begin, piece.col_count);
+      at::Tensor o = batch_view(result, batch, piece.param)
+                         .select(0, piece.matrix_idx)
+                         .narrow(0, piece.row_begin, piece.row_count)
+                         .narrow(1, col_begin, col_count);
       // NOTE: the replicas apply what the wire brings them; so does the owner.
       if (piece.round_through_wire) o = o.to(scalar_type(piece.wire_dtype)).to(at::kDouble);
       apply_rows(piece.param, o, piece.scale, piece.decay, gate, result_flags, piece.flag_idx);
