@@ -94,3 +94,104 @@ def test_fake_world_is_refused_where_a_real_process_group_is_initialized():
     for rank, error in errors.items():
         assert "--fake-world needs a process without an initialized process group, but one is initialized " \
                f"(backend 'gloo', rank {rank} of 2)" in error, error
+
+
+# --fake-mesh: torchtitan's names (colwise q/k/v/up, rowwise o/down, one matrix TP does not
+# split), uneven rows (k: 18) and an empty piece (v: 3 rows on 2 x 2).
+_MESH_MANIFEST = {"name": "tiny-tp", "matrices": [
+    {"name": "layers.{i}.self_attn.q_proj", "rows": 48, "cols": 48, "count": 2},
+    {"name": "layers.0.self_attn.k_proj", "rows": 18, "cols": 48},
+    {"name": "layers.0.self_attn.v_proj", "rows": 3, "cols": 48},
+    {"name": "layers.0.self_attn.o_proj", "rows": 48, "cols": 40},
+    {"name": "layers.0.mlp.up_proj", "rows": 72, "cols": 48},
+    {"name": "layers.0.mlp.down_proj", "rows": 48, "cols": 72},
+    {"name": "layers.0.mlp.router_proj", "rows": 40, "cols": 48},
+]}
+_MESH_SHAPES = [(48, 48), (48, 48), (18, 48), (3, 48), (48, 40), (72, 48), (48, 72), (40, 48)]
+_MESH_STYLES = ["colwise"] * 4 + ["rowwise", "colwise", "rowwise", "replicate"]
+
+
+def _span(size: int, index: int, parts: int) -> tuple[int, int]:
+    """(begin, count) of torch.chunk's piece `index`."""
+    step = -(-size // parts)
+    begin = min(index * step, size)
+    return begin, min(begin + step, size) - begin
+
+
+def _mesh_box(shape, style: str, d: int, t: int, dp: int, tp: int) -> tuple:
+    """((row begin, rows), (col begin, cols)) of mesh coordinates (d, t), written from the
+    placements: colwise rows = DP-chunk d of TP-chunk t; rowwise rows by DP, columns by TP;
+    replicate rows by DP only."""
+    rows, cols = shape
+    if style == "colwise":
+        outer_begin, outer = _span(rows, t, tp)
+        begin, count = _span(outer, d, dp)
+        return (outer_begin + begin, count), (0, cols)
+    if style == "rowwise":
+        return _span(rows, d, dp), _span(cols, t, tp)
+    return _span(rows, d, dp), (0, cols)
+
+
+def _mesh_bytes(rank: int, dp: int, tp: int, mode: str, owners: list[int]) -> tuple[int, int]:
+    """(sent, received) bytes of `rank`, float32 on the wire: a rank that computes a matrix it
+    does not hold whole receives every block it lacks once, from the block's lowest holder;
+    in owner mode the owner returns every other rank its block of the result."""
+    world = dp * tp
+    sent = received = 0
+    for i, (shape, style) in enumerate(zip(_MESH_SHAPES, _MESH_STYLES)):
+        boxes = [_mesh_box(shape, style, r // tp, r % tp, dp, tp) for r in range(world)]
+        numel = [b[0][1] * b[1][1] for b in boxes]
+        lowest = [min(s for s in range(world) if boxes[s] == boxes[r]) for r in range(world)]
+        computers = range(world) if mode == "gather" else [owners[i]]
+        for dst in computers:
+            if numel[dst] == shape[0] * shape[1]:
+                continue
+            for src in range(world):
+                if src != dst and numel[src] and boxes[src] != boxes[dst] and lowest[src] == src:
+                    sent += numel[src] if src == rank else 0
+                    received += numel[src] if dst == rank else 0
+        if mode == "owner":
+            for dst in range(world):
+                if dst != owners[i] and numel[dst]:
+                    sent += numel[dst] if owners[i] == rank else 0
+                    received += numel[dst] if dst == rank else 0
+    return 4 * sent, 4 * received
+
+
+def test_a_fake_mesh_of_fsdp_by_tp_projects_the_mesh_layouts_bytes(tmp_path, capsys):
+    manifest = tmp_path / "tiny_tp.json"
+    manifest.write_text(json.dumps(_MESH_MANIFEST))
+    out = tmp_path / "mesh.json"
+    assert main(["bench", "step", "--manifest", str(manifest), "--device", "cpu", "--steps", "1", "--warmup", "1",
+                 "--bucket-mb", "0.01", "--json", str(out), "--fake-mesh", "2x2", "--gpus-per-node", "2"]) == 0
+    record = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    assert "dmuon bench step --fake-mesh 2x2 (world 4: FSDP2 2 x TP 2)" in printed
+    assert "5 colwise (_StridedShard(0), Shard(0)), 2 rowwise (Shard(0), Shard(1)), 1 replicate" in printed
+    assert record["world"] == 4 and record["fake_mesh"]["styles"] == _MESH_STYLES
+    slowest = record["planner_prediction"]["slowest_rank"]
+    assert record["ranks_run"] == sorted({0, slowest}, key=lambda r: (r != 0, r))
+    for mode in ("owner", "gather"):
+        method = record["methods"][mode]
+        # DMuon's group is the union of the mesh, the whole fake world; the ranks not run are predicted.
+        assert method["group_size"] == 4 and method["simulated_step_s"] > 0 and method["projected_step_ms"] > 0
+        assert sorted(method["predicted_ranks"]) == sorted(set(range(4)) - set(record["ranks_run"]))
+        owners = [method["item_owners"][method["item_params"].index(p)] for p in range(len(_MESH_SHAPES))]
+        if mode == "owner":
+            assert all(0 <= o < 4 for o in owners)
+        for rank in record["ranks_run"]:
+            entry = method["per_rank"][str(rank)]
+            assert (entry["send_bytes"], entry["recv_bytes"]) == _mesh_bytes(rank, 2, 2, mode, owners), (mode, rank)
+            assert entry["send_intra"] + entry["send_inter"] == entry["send_bytes"] > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--fake-mesh", "2x1"], r"--fake-mesh 2x1: DP must be >= 1 and TP >= 2"),
+    (["--fake-mesh", "8"], r"--fake-mesh must be DPxTP with two positive integers \(e.g. 8x8\), got '8'"),
+    (["--fake-mesh", "2x2", "--fake-world", "8"], r"--fake-world 8 disagrees with --fake-mesh 2x2 \(a world of 4\)"),
+    (["--fake-mesh", "2x2", "--hsdp", "2"], "--fake-mesh places FSDP2 x TP; it cannot be combined with --hsdp"),
+    (["--fake-mesh", "2x2", "--rank", "4"], r"--rank 4 is outside the fake world of 4"),
+])
+def test_bad_fake_mesh_arguments_name_the_argument(argv, message):
+    with pytest.raises(ValueError, match=message):
+        main(["bench", "step", "--device", "cpu", "--model", "qwen2.5-0.5b", *argv])

@@ -103,6 +103,11 @@ def add_fake_world_arguments(parser, *, rank_choice: bool) -> None:
                                 "slowest; 'all' = every rank in turn (the projection then uses no prediction)")
     else:
         parser.add_argument("--rank", type=int, default=None, help="with --fake-world: the rank to run (default 0)")
+    if rank_choice:
+        parser.add_argument("--fake-mesh", default=None, metavar="DPxTP",
+                            help="a fake world of DP x TP ranks on a 2-D mesh (FSDP2 Shard(0) on DP; TP as torchtitan "
+                                 "places it: colwise q/k/v/gate/up Shard(0), rowwise o/down Shard(1), FSDP2's strided "
+                                 "shard over the colwise TP shard); --fake-world may be left out (it is DP x TP)")
     parser.add_argument("--hsdp", type=int, default=1, metavar="R",
                         help="with --fake-world: HSDP, R replicas of D/R-way sharding (a 2-D mesh replicate x shard; "
                              "1: plain FSDP)")
@@ -133,6 +138,21 @@ def check_world(world: int, hsdp: int) -> tuple[int, int]:
     if not isinstance(hsdp, int) or hsdp < 1 or world % hsdp:
         raise ValueError(f"--hsdp must be a positive divisor of --fake-world {world}, got {hsdp!r}")
     return hsdp, world // hsdp
+
+
+def parse_fake_mesh(text: str, world: int | None) -> tuple[int, int]:
+    """(DP, TP) of --fake-mesh "DPxTP"; with --fake-world given it must be DP x TP."""
+    parts = str(text).lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"--fake-mesh must be DPxTP with two positive integers (e.g. 8x8), got {text!r}")
+    dp, tp = (int(p) for p in parts)
+    if dp < 1 or tp < 2:
+        raise ValueError(f"--fake-mesh {text}: DP must be >= 1 and TP >= 2 (TP 1 is plain FSDP2: use --fake-world "
+                         f"{dp} instead), got DP {dp}, TP {tp}")
+    if world is not None and world != dp * tp:
+        raise ValueError(f"--fake-world {world} disagrees with --fake-mesh {text} (a world of {dp * tp}); give one "
+                         "of them")
+    return dp, tp
 
 
 def check_rank(rank: int, world: int) -> None:

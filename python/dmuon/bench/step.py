@@ -371,7 +371,7 @@ def run(args: argparse.Namespace) -> int:
 
     from dmuon.cli_usage import input_checks
 
-    if args.fake_world is not None:
+    if args.fake_world is not None or args.fake_mesh is not None:
         from dmuon.bench.step_fake import run_fake
 
         return run_fake(args)

@@ -4,7 +4,8 @@ this one device, and the step projected onto a cluster.
 For each chosen rank in turn this process becomes that rank of a fake world of D ranks
 (torch's fake process group, re-initialized per rank), builds the rank's shards of the
 manifest's Muon matrices exactly as FSDP2 lays them out (DTensor Shard(0), torch.chunk rows,
-uneven and empty shards; HSDP: replicated over --hsdp replicas) with random gradients, and
+uneven and empty shards; HSDP: replicated over --hsdp replicas; --fake-mesh DPxTP: FSDP2 x TP
+as torchtitan places it, bench/fake_mesh.py) with random gradients, and
 runs the real `DMuon.step` on the step engine: the plan (every rank plans locally),
 momentum, packing, the owner's Newton–Schulz of exactly the batches the plan gives it, the
 return and apply. The engine records each stage's compute phases (synchronized); the
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -27,7 +29,8 @@ import torch
 
 from dmuon.bench.environment import environment_line
 from dmuon.bench.fake_world import (PROJECTION_MODEL, ClusterTopology, check_fits, check_rank, check_world,
-                                    fake_rank, require_no_process_group, topology_from_args)
+                                    fake_rank, parse_fake_mesh, require_no_process_group, topology_from_args)
+from dmuon.bench import fake_mesh as fake_mesh_rules
 from dmuon.bench.memory import memory_in_use, peak, reset_peak
 
 # NOTE: fp32 parameter, gradient and two AdamW moments per element: the largest state of
@@ -61,9 +64,14 @@ def _local_numel(shapes: list, shard: int, shards: int) -> int:
 class _Settings:
     """What every rank run of one invocation shares."""
 
-    def __init__(self, args, device: str, world: int, shapes: list, names: list) -> None:
+    def __init__(self, args, device: str, world: int, shapes: list, names: list,
+                 fake_mesh: tuple[int, int] | None = None) -> None:
         self.device, self.world, self.shapes, self.names = device, world, shapes, names
         self.replicas, self.shards = check_world(world, args.hsdp)
+        # The fake mesh (DP x TP): every matrix's TP style; DMuon's group is the whole world.
+        self.fake_mesh = fake_mesh
+        self.styles = [fake_mesh_rules.tp_style(n, s) for n, s in zip(names, shapes)] if fake_mesh else []
+        self.group_size = world if fake_mesh else self.shards
         self.steps, self.warmup = args.steps, args.warmup
         self.options = dict(bucket_mb=args.bucket_mb, planner=args.planner, wire_dtype=args.wire_dtype)
         self.memory_budget_gb = args.memory_budget_gb
@@ -72,6 +80,8 @@ class _Settings:
     def mesh(self):
         from torch.distributed.device_mesh import init_device_mesh
 
+        if self.fake_mesh:
+            return init_device_mesh(self.device, self.fake_mesh, mesh_dim_names=("dp", "tp"))
         if self.replicas > 1:
             return init_device_mesh(self.device, (self.replicas, self.shards), mesh_dim_names=("replicate", "shard"))
         return init_device_mesh(self.device, (self.world,))
@@ -81,10 +91,47 @@ class _Settings:
 
         return [Replicate(), Shard(0)] if self.replicas > 1 else [Shard(0)]
 
+    def local_shapes(self, rank: int) -> list[tuple]:
+        """Every matrix's local shape on `rank` of the fake mesh."""
+        dp, tp = self.fake_mesh
+        return [fake_mesh_rules.local_shape(shape, style, rank // tp, rank % tp, dp, tp)
+                for shape, style in zip(self.shapes, self.styles)]
+
+    def tensors(self, mesh, rank: int, seed: int) -> list:
+        """The rank's DTensors (random local values, its own generator per rank and seed)."""
+        from dmuon.bench.step import _sharded_tensors
+
+        if not self.fake_mesh:
+            return _sharded_tensors(self.shapes, mesh, rank % self.shards, self.shards, seed, self.device,
+                                    self.placements())
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        gen = torch.Generator(device=self.device).manual_seed(seed * 1000 + rank)
+        tensors = []
+        for name, shape, style, local in zip(self.names, self.shapes, self.styles, self.local_shapes(rank)):
+            placements = fake_mesh_rules.placements(style, self.fake_mesh[1])
+            # NOTE: torch's own rule for the local shape (private, torch 2.11) checks ours.
+            expected, _ = compute_local_shape_and_global_offset(shape, mesh, placements)
+            if tuple(expected) != tuple(local):
+                raise RuntimeError(f"--fake-mesh: {name} {shape} {fake_mesh_rules.describe(style)} has local shape "
+                                   f"{tuple(expected)} on rank {rank} by torch, {tuple(local)} by bench/fake_mesh.py")
+            t = torch.randn(local, generator=gen, device=self.device) / shape[-1] ** 0.5
+            tensors.append(DTensor.from_local(t, mesh, placements, run_check=False, shape=torch.Size(shape),
+                                              stride=torch.empty(shape, device="meta").stride()))
+        return tensors
+
+    def what(self) -> str:
+        if self.fake_mesh:
+            return f"--fake-mesh {self.fake_mesh[0]}x{self.fake_mesh[1]}"
+        return f"--fake-world {self.world}" + (f" --hsdp {self.replicas}" if self.replicas > 1 else "")
+
     def check_memory(self, rank: int) -> None:
-        numel = _local_numel(self.shapes, rank % self.shards, self.shards)
-        check_fits(f"--model {self.model} at --fake-world {self.world}"
-                   + (f" --hsdp {self.replicas}" if self.replicas > 1 else "")
+        if self.fake_mesh:
+            numel = sum(math.prod(s) for s in self.local_shapes(rank))
+        else:
+            numel = _local_numel(self.shapes, rank % self.shards, self.shards)
+        check_fits(f"--model {self.model} at {self.what()}"
                    + f" (rank {rank}: {numel} float32 elements of shards, {_BYTES_PER_ELEMENT} bytes each for the "
                    "parameter, its gradient and AdamW's two moments)", numel * _BYTES_PER_ELEMENT, self.device,
                    self.memory_budget_gb)
@@ -106,17 +153,12 @@ def run_rank(settings: _Settings, method: str, rank: int) -> dict:
     """One rank's `method` ("owner" | "gather" | "adamw") at the fake world size: medians of
     the timed steps, its counted bytes, the orthogonalized parameters, its peak memory."""
     import dmuon
-    from dmuon.bench.step import _sharded_tensors
 
     device = settings.device
     with fake_rank(rank, settings.world):
         mesh = settings.mesh()
-        shard = rank % settings.shards
-        placements = settings.placements()
-        params = [torch.nn.Parameter(t) for t in _sharded_tensors(settings.shapes, mesh, shard, settings.shards, 0,
-                                                                   device, placements)]
-        for p, g in zip(params, _sharded_tensors(settings.shapes, mesh, shard, settings.shards, 1, device,
-                                                 placements)):
+        params = [torch.nn.Parameter(t) for t in settings.tensors(mesh, rank, 0)]
+        for p, g in zip(params, settings.tensors(mesh, rank, 1)):
             p.grad = g
         before = memory_in_use(device)
         if method == "adamw":
@@ -159,6 +201,9 @@ def run_rank(settings: _Settings, method: str, rank: int) -> dict:
             runtime = opt.runtime
             if runtime.transport != "fake" and runtime.world_size > 1:
                 raise RuntimeError(f"bench step --fake-world: the runtime's group is {runtime.transport!r}, not fake")
+            if runtime.world_size != settings.group_size:
+                raise RuntimeError(f"bench step {settings.what()}: DMuon's group has {runtime.world_size} ranks, "
+                                   f"expected {settings.group_size}")
             timeline = _median_timeline([s["timeline"] for s in stats]) if stats[0]["timeline"] else []
             # NOTE: NS from the timeline (device time); the runtime's ns_s is host time on GPUs.
             ns_s = sum(b[1] for b in timeline) if timeline else statistics.median(s["ns_s"] for s in stats)
@@ -191,7 +236,8 @@ def project_method(method: str, records: dict[int, dict], settings: _Settings, t
                                "(every rank must decide the same; were the cost tables different?)")
     group_size = first["group_size"]
     entry: dict = {"group_size": group_size, "num_stages": len(first["stages"]),
-                   "pipeline_depth": first["pipeline_depth"]}
+                   "pipeline_depth": first["pipeline_depth"], "item_owners": first["owners"],
+                   "item_params": first["item_params"]}
     per_rank = {}
     if group_size == 1:
         for rank, r in records.items():
@@ -199,7 +245,8 @@ def project_method(method: str, records: dict[int, dict], settings: _Settings, t
         projection = None
         traffic = None
     else:
-        # NOTE: the group is the (HSDP: shard) group of replica 0; replicas run alike.
+        # NOTE: the group is the (HSDP: shard) group of replica 0, replicas running alike;
+        # under --fake-mesh the whole world (the union of the DP x TP mesh).
         group_topology = topology.group(group_size, first_global_rank=0, stride=1)
         measured = {}
         for r in records.values():
@@ -264,7 +311,12 @@ def run_fake(args) -> int:
         if args.world is not None or args.worlds is not None:
             raise ValueError("--fake-world runs one process; it cannot be combined with --world or --worlds")
         _check_counts(args)
-        world = args.fake_world
+        fake_mesh = None
+        if args.fake_mesh is not None:
+            if args.hsdp != 1:
+                raise ValueError("--fake-mesh places FSDP2 x TP; it cannot be combined with --hsdp")
+            fake_mesh = parse_fake_mesh(args.fake_mesh, args.fake_world)
+        world = args.fake_world if fake_mesh is None else fake_mesh[0] * fake_mesh[1]
         check_world(world, args.hsdp)
         if args.rank is not None:
             check_rank(args.rank, world)
@@ -275,14 +327,22 @@ def run_fake(args) -> int:
         model_name, matrices = _matrices(args)
     shapes = [(m.batch, m.rows, m.cols) if m.batch > 1 else (m.rows, m.cols) for m in matrices]
     names = [m.name for m in matrices]
-    settings = _Settings(args, device, world, shapes, names)
+    settings = _Settings(args, device, world, shapes, names, fake_mesh)
     env = environment_line(device)
     wire = args.wire_dtype if args.wire_dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     num_params = sum(m.rows * m.cols * m.batch for m in matrices)
-    hsdp = f" (HSDP {settings.replicas} x {settings.shards})" if settings.replicas > 1 else ""
-    print(f"dmuon bench step --fake-world {world}{hsdp} | {env}")
-    print(f"model {model_name}: {len(matrices)} Muon matrices, {num_params / 1e6:.1f} M parameters, float32, sharded "
-          f"on dim 0 | wire {wire} | buckets of {args.bucket_mb:g} MiB | planner {args.planner} | median of "
+    if fake_mesh:
+        counts = {s: settings.styles.count(s) for s in fake_mesh_rules.STYLES}
+        print(f"dmuon bench step --fake-mesh {fake_mesh[0]}x{fake_mesh[1]} (world {world}: FSDP2 {fake_mesh[0]} x "
+              f"TP {fake_mesh[1]}) | {env}")
+        layout = "on the (dp, tp) mesh: " + ", ".join(f"{counts[s]} {s} {fake_mesh_rules.describe(s)}"
+                                                      for s in fake_mesh_rules.STYLES if counts[s])
+    else:
+        hsdp = f" (HSDP {settings.replicas} x {settings.shards})" if settings.replicas > 1 else ""
+        print(f"dmuon bench step --fake-world {world}{hsdp} | {env}")
+        layout = "sharded on dim 0"
+    print(f"model {model_name}: {len(matrices)} Muon matrices, {num_params / 1e6:.1f} M parameters, float32, {layout}"
+          f" | wire {wire} | buckets of {args.bucket_mb:g} MiB | planner {args.planner} | median of "
           f"{args.steps} steps after {args.warmup} warm-up, each rank in turn on one {device} device", flush=True)
 
     # The ranks to run: given, all (replica 0 under HSDP: replicas run alike), or rank 0 and
@@ -292,7 +352,7 @@ def run_fake(args) -> int:
     if args.rank is not None:
         ranks = [args.rank]
     elif args.ranks == "all":
-        ranks = list(range(settings.shards))
+        ranks = list(range(settings.group_size))
     else:
         ranks = [0]
     settings.check_memory(ranks[0])
@@ -309,7 +369,7 @@ def run_fake(args) -> int:
 
     # Orthogonalized exactly once, by the owner (every rank ran: a full check).
     owner_records = records.get("owner", {})
-    if len(owner_records) == settings.shards:
+    if len(owner_records) == settings.group_size:
         done = sorted(i for r in owner_records.values() for i in r["orthogonalized"])
         num_items = len(next(iter(owner_records.values()))["item_params"])
         if done != list(range(num_items)):
@@ -342,7 +402,12 @@ def run_fake(args) -> int:
         local = local_ns_ms([tuple(settings.shapes[mine["item_params"][i]][-2:]) for i in mine["orthogonalized"]],
                             device)
         owner.update(local_ns_ms=local, ns_vs_local=owner["ns_ms"] / local if local > 0 else None)
+    mesh_record = None
+    if fake_mesh:
+        mesh_record = {"dp": fake_mesh[0], "tp": fake_mesh[1], "styles": settings.styles,
+                       "placements": {s: fake_mesh_rules.describe(s) for s in fake_mesh_rules.STYLES}}
     record = {"world": world, "model": model_name, "hsdp": {"replicas": settings.replicas, "shards": settings.shards},
+              "fake_mesh": mesh_record,
               "device": device, "environment": env, "wire_dtype": wire, "bucket_mb": args.bucket_mb,
               "planner": args.planner, "steps": args.steps, "warmup": args.warmup, "ranks_run": ranks,
               "topology": topology.describe(), "projection_model": PROJECTION_MODEL, "methods": methods_json,
