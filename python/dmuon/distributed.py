@@ -175,8 +175,8 @@ def placements_of(names: list[str], params: list[torch.Tensor], process_group: A
         placements = [placement_of(name, p, process_group) for name, p in zip(names, params)]
         return placements, common_group(names, placements)
     # NOTE: a fake world keeps the row layout where it serves (HSDP: the shard group, each
-    # replica set its own exchange): its harness runs the bucketed runtime, which has no
-    # mesh layout.
+    # replica set its own exchange); elsewhere it takes the mesh layout below, every rank's
+    # coordinates derived locally.
     try:
         placements = [placement_of(name, p, process_group) for name, p in zip(names, params)]
         group = common_group(names, placements)
