@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "common/check.h"
+#include "engine/torch_ops.h"
 #include "flag_reduce.h"
 #include "owner_planning.h"
 #include "plan/layer_spread.h"
@@ -114,7 +115,14 @@ OwnershipRuntime::OwnershipRuntime(const std::string& shard_group, const std::st
   transport_ = std::make_unique<OwnershipAgreement>(
       std::vector<FlagGroup>{{shard_group_, "shard group"}, {replicate_group_, "replicas"}}, rank_, grid_.world(),
       device(), [this](const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) { wait_work(work, what); });
-  ops_ = make_step_ops(options_.device_type, side_stream_);
+  // NOTE: the device ops' own float64 (CPU): the engine's commit runs on the caller's
+  // thread, where torch's current stream is not the side stream (TorchOpsOptions).
+  TorchOpsOptions ops_options;
+  ops_options.stream = side_stream_;
+  ops_options.aten_float64 = false;
+  ops_ = make_torch_ops(side_stream_ ? step::Device{step::DeviceKind::kCuda, side_stream_->device_index()}
+                                     : step::Device{},
+                        ops_options);
   worker_ = std::thread([this] { worker_loop(); });
 }
 

@@ -1,13 +1,7 @@
-// dmuon/torch/step_tensors.cpp — tensors → descriptors, and the ops of a device.
+// dmuon/torch/step_tensors.cpp — tensors → descriptors.
 #include "step_tensors.h"
 
-#include <ATen/Parallel.h>
-
 #include "common/check.h"
-#include "step/cpu/cpu_ops.h"
-#if defined(DMUON_WITH_CUDA) && defined(DMUON_WITH_STEP_CUDA)
-#include "cuda/step_cuda_ops.h"
-#endif
 
 namespace dmuon::torch_adapter {
 
@@ -42,34 +36,18 @@ step::DType parse_step_dtype(const std::string& name, const std::string& what) {
 }
 
 step::Buffer to_buffer(const at::Tensor& tensor, const std::string& what) {
-  if (!tensor.defined() || tensor.numel() == 0) return {};
-  DMUON_CHECK(tensor.is_contiguous(), what, " must be contiguous");
+  if (!tensor.defined()) return {};
   step::Buffer b;
-  b.data = tensor.data_ptr();
   b.dtype = step_dtype(tensor.scalar_type(), what);
   b.numel = tensor.numel();
   b.device = tensor.is_cuda() ? step::Device{step::DeviceKind::kCuda, tensor.get_device()} : step::Device{};
+  // NOTE: an empty view keeps its dtype and device: the engine checks an empty gradient's
+  // dtype against its parameter's (items_ready), and reads nothing of it.
+  if (b.numel == 0) return b;
   DMUON_CHECK(tensor.is_cuda() || tensor.is_cpu(), what, " is on ", tensor.device().str(), ", not the CPU or CUDA");
+  DMUON_CHECK(tensor.is_contiguous(), what, " must be contiguous");
+  b.data = tensor.data_ptr();
   return b;
-}
-
-std::unique_ptr<step::DeviceOps> make_step_ops(const std::string& device_type, const std::optional<c10::Stream>& stream) {
-  if (device_type == "cpu") {
-    step::CpuOpsOptions options;
-    // NOTE: a grain of one matrix: a batch's matrices are independent NS problems.
-    options.parallel_for = [](int64_t n, const std::function<void(int64_t, int64_t)>& body) {
-      at::parallel_for(0, n, 1, body);
-    };
-    return std::make_unique<step::CpuOps>(options);
-  }
-  DMUON_CHECK(device_type == "cuda", "device_type must be 'cpu' or 'cuda', got '", device_type, "'");
-#if defined(DMUON_WITH_CUDA) && defined(DMUON_WITH_STEP_CUDA)
-  DMUON_CHECK(stream.has_value(), "make_step_ops: the CUDA ops need a stream");
-  return make_cuda_step_ops(*stream);
-#else
-  (void)stream;
-  DMUON_FAIL("this build of dmuon has no CUDA step ops (built without CUDA)");
-#endif
 }
 
 }  // namespace dmuon::torch_adapter

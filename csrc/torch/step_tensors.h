@@ -1,15 +1,11 @@
-// dmuon/torch/step_tensors.h — torch tensors as the step engine's descriptors, and the
-// engine's device ops for a runtime's device (CPU, or CUDA on a stream of the caller's).
+// dmuon/torch/step_tensors.h — torch tensors as the step engine's descriptors (element
+// types, buffers). The engine's device ops: engine/torch_ops.h.
 #pragma once
 
 #include <ATen/ATen.h>
-#include <c10/core/Stream.h>
 
-#include <memory>
-#include <optional>
 #include <string>
 
-#include "step/device_ops.h"
 #include "step/types.h"
 
 namespace dmuon::torch_adapter {
@@ -22,12 +18,8 @@ at::ScalarType scalar_type(step::DType dtype);
 /// names `what`.
 step::DType parse_step_dtype(const std::string& name, const std::string& what);
 
-/// A view of a contiguous tensor (an undefined or storage-less one: an empty view).
+/// A view of a contiguous CPU or CUDA tensor; an empty one: an empty view of its dtype and
+/// device; an undefined one: an empty view. The errors name `what`.
 step::Buffer to_buffer(const at::Tensor& tensor, const std::string& what);
-
-/// The engine's ops for device_type "cpu" (at::parallel_for over a batch's matrices) or
-/// "cuda" (the current device; every pass enqueued on `stream`, memory from torch's
-/// caching allocator). Throws naming the device type when this build has no such ops.
-std::unique_ptr<step::DeviceOps> make_step_ops(const std::string& device_type, const std::optional<c10::Stream>& stream);
 
 }  // namespace dmuon::torch_adapter

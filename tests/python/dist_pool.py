@@ -9,8 +9,9 @@ Each task: each of its ranks makes a fresh default process group over the pool's
 (a prefix per task), runs fn(rank, world, *args), destroys every group (the default and
 the ones the task made), and puts back what the task may have changed in the process:
 environment, working directory, warnings filters, torch's global switches, the random
-generators (fresh seeds, as a new process has), the attributes of dmuon's Python modules
-and classes, and the modules imported from the tests' folder (re-imported by the next task).
+generators (fresh seeds, as a new process has), DTensor's caches of meshes (whose group
+names die with the task's groups), the attributes of dmuon's Python modules and classes,
+and the modules imported from the tests' folder (re-imported by the next task).
 A task that fails, hangs or loses a rank ends the pool: its processes are killed and the
 next task starts a new one, so that no failure reaches a later test.
 """
@@ -86,12 +87,42 @@ class _ProcessState:
                       lambda k, m=sys.modules[name]: delattr(m, k))
         for cls, attrs in self.class_attrs.items():
             _put_back(dict(vars(cls)), attrs, lambda k, v, c=cls: setattr(c, k, v), lambda k, c=cls: delattr(c, k))
+        _clear_dtensor_caches()
         # NOTE: a failed task's objects (process groups held by runtimes) may sit in cycles.
         gc.collect()
         # Fresh seeds, as a new process gets (torch seeds itself from the OS there too).
         torch.seed()
         self._random.seed()
         self._np.random.seed()
+
+
+def _clear_dtensor_caches() -> None:
+    """Empties DTensor's process-wide caches whose keys or values hold DeviceMeshes.
+
+    NOTE: why: a DeviceMesh compares and hashes by its ranks, layout, device type and dim
+    names, not by its groups; the next task's equal mesh (same shape and names) hits the
+    entries of this task's, and gets back specs whose mesh carries this task's group names
+    (c10d's registry forgot them when the groups were destroyed): "Could not resolve the
+    process group registered under the name 7". The C++ fast path's cache is the one
+    that serves DTensor ops; the Python ones hold meshes too (sharding propagation, its
+    tensor metadata, the redistribute planner, the mesh topology of the cost model)."""
+    import torch
+
+    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear_native is not None:
+        clear_native()
+    try:
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor import _collective_utils, _redistribute, _sharding_prop
+    except ImportError:  # NOTE: a torch without DTensor has none of these caches
+        return
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for cached in (propagator.propagate_op_sharding, getattr(_sharding_prop.ShardingPropagator,
+                                                             "_propagate_tensor_meta", None),
+                   getattr(_redistribute, "_gen_transform_infos", None),
+                   getattr(getattr(_collective_utils, "MeshTopoInfo", None), "build_from_mesh", None)):
+        if hasattr(cached, "cache_clear"):
+            cached.cache_clear()
 
 
 def _is_dmuon_python(name: str, module: Any) -> bool:

@@ -52,3 +52,19 @@ def fail_on_last_rank(rank: int, world: int) -> str:
 def hang(rank: int, world: int) -> str:
     time.sleep(60)
     return "woke up"
+
+
+def dtensor_op_on_a_2d_mesh(rank: int, world: int, extra_groups: int) -> float:
+    """A DTensor op on a 2×(world/2) mesh with fixed dim names, after `extra_groups` new
+    groups (they shift the names of the mesh's groups); the sum of the op's full result."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    for _ in range(extra_groups):
+        dist.new_group(list(range(world)))
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("pool_dp", "pool_tp"))
+    t = distribute_tensor(torch.arange(16.0).reshape(4, 4), mesh, [Shard(0), Shard(1)])
+    # NOTE: the product's spec (its mesh included) comes from DTensor's sharding propagation
+    # cache; an equal mesh of an earlier task (DeviceMesh compares by ranks and dim names,
+    # not by groups) would carry that task's group names, unresolvable now.
+    return (t * 2).full_tensor().sum().item()

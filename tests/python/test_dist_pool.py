@@ -36,6 +36,15 @@ def test_a_task_finds_nothing_an_earlier_task_left():
                      "seeded": False, "resolve_device": True, "own_groups": 0, "groups": 1}, (rank, r)
 
 
+def test_a_2d_mesh_of_an_earlier_task_leaves_no_group_names_behind():
+    # NOTE: the earlier task's extra groups give its mesh other group names than the next
+    # task's equal mesh gets; a cache of the earlier mesh reaching the next task fails there
+    # with "Could not resolve the process group registered under the name …".
+    first = run_distributed(pool_workers.dtensor_op_on_a_2d_mesh, 4, 3)
+    second = run_distributed(pool_workers.dtensor_op_on_a_2d_mesh, 4, 0)
+    assert first == second == {rank: 240.0 for rank in range(4)}
+
+
 @pytest.mark.slow
 def test_a_failed_task_ends_the_pool_and_the_next_task_gets_new_processes():
     before = run_distributed(pool_workers.identity, 2)

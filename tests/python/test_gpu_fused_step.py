@@ -221,7 +221,7 @@ def step_refused(opt, policy: str) -> None:
 @pytest.mark.parametrize("policy", ["raise", "skip"])
 def test_fused_check_changes_nothing_on_a_bad_gradient(policy):
     # NOTE: the fused path checks gradients and buffers in its own first pass; a NaN must
-    # leave parameters and momentum buffers bitwise untouched, as in the bucketed path.
+    # leave parameters and momentum buffers bitwise untouched, as a distributed step does.
     torch.manual_seed(4)
     params = [torch.nn.Parameter(torch.randn(64, 96, device="cuda")), torch.nn.Parameter(torch.randn(96, 64, device="cuda"))]
     opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.1, nonfinite=policy)
@@ -257,7 +257,7 @@ def test_fused_check_names_a_corrupt_momentum_buffer():
     assert torch.equal(params[0].detach(), before)
 
 
-# ---------------------------------------------------------------- the gated step
+# ---------------------------------------------------------------- the device-side gate
 # One process checks every gradient (AdamW's too) and runs the update behind a device-side
 # gate, with one host wait at the end of the step (the step engine, one process).
 
@@ -277,7 +277,7 @@ def gated_model(seed: int, nonfinite: str = "raise"):
 @needs_gpu
 @pytest.mark.parametrize("policy", ["raise", "skip"])
 @pytest.mark.parametrize("where", ["fused gradient", "adamw gradient", "momentum buffer"])
-def test_gated_step_changes_nothing_when_anything_is_bad(policy, where):
+def test_the_device_gate_changes_nothing_when_anything_is_bad(policy, where):
     mats, vec, opt = gated_model(7, policy)
     state = lambda: [t.detach().clone() for t in (*mats, vec, *(opt.state[p]["momentum_buffer"] for p in mats),  # noqa: E731
                                                   opt.state[vec]["exp_avg"])]
@@ -308,8 +308,8 @@ def test_gated_step_changes_nothing_when_anything_is_bad(policy, where):
 
 
 @needs_gpu
-def test_gated_step_reports_a_non_finite_result_and_applies_none_of_it():
-    # As test_fused_step_reports_a_non_finite_result_and_applies_none_of_it, on the gated path:
+def test_the_device_gate_reports_a_non_finite_result_beside_adamw_and_applies_none_of_it():
+    # As test_fused_step_reports_a_non_finite_result_and_applies_none_of_it, with an AdamW vector:
     # coefficients that only scale overflow fp16 (every result entry Inf; no decay).
     mats, vec, opt = gated_model(8)
     opt.param_groups[0]["weight_decay"] = 0.0

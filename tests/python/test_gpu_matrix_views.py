@@ -1,8 +1,8 @@
 """Matrix views on one CUDA GPU (marker gpu; skipped without a GPU): transposed HF Conv1D
 weights and MultiheadAttention's q, k, v row blocks through the fused single-GPU step (its
-transposed batches use (cols, rows) for the lr adjustment), row blocks of different rows
-through the bucketed path, against the float64 reference within half precision (the bound of
-test_gpu_optimizer.py)."""
+transposed batches use (cols, rows) for the lr adjustment), row blocks of different rows as
+items of their own rows (the engine's ItemTable), against the float64 reference within half
+precision (the bound of test_gpu_optimizer.py)."""
 
 from __future__ import annotations
 

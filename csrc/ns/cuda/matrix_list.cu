@@ -87,7 +87,7 @@ __device__ __forceinline__ float4 update4_at(const float* grad, float* momentum,
                      update_of(g.w, m.w, rule));
 }
 
-// The step's gate (fused_local_step.h): a non-zero *skip (device memory, written by earlier
+// The step's gate (step/device_ops.h: DeviceOps::make_gate): a non-zero *skip (device memory, written by earlier
 // kernels of the stream) turns a pass into a no-op: no momentum or parameter is written and
 // the iterate gets zeros. Null: never skipped.
 __device__ __forceinline__ bool is_skipped(const int* skip) { return skip != nullptr && *skip != 0; }

@@ -22,12 +22,6 @@ at::ScalarType parse_dtype(const std::string& name, const std::string& param) {
   return scalar_type(parse_step_dtype(name, "parameter '" + param + "'"));
 }
 
-step::Buffer buffer_of(const at::Tensor& t) {
-  step::Device device;
-  if (t.is_cuda()) device = {step::DeviceKind::kCuda, t.device().index()};
-  return step::Buffer{t.numel() ? t.data_ptr() : nullptr, step_dtype(t.scalar_type(), "a step tensor"), t.numel(), device};
-}
-
 step::Device runtime_device(const std::string& device_type) {
   DMUON_CHECK(device_type == "cpu" || device_type == "cuda", "device_type must be 'cpu' or 'cuda', got '",
               device_type, "'");
@@ -169,7 +163,7 @@ EngineStepOutcome EngineRuntime::step(at::TensorList params, const std::vector<a
     const at::Tensor& p = params[i];
     DMUON_CHECK(p.scalar_type() == dtypes_[i] && p.device() == device, "parameter '", name, "' is ",
                 p.scalar_type(), " on ", p.device(), "; the runtime was made for ", dtypes_[i], " on ", device);
-    tensors[i].param = buffer_of(writable(p, write_back));
+    tensors[i].param = to_buffer(writable(p, write_back), "parameter '" + name + "'");
     if (!grads[i].defined()) continue;
     DMUON_CHECK(momentum[i].defined(), "parameter '", name, "' has a gradient but no momentum buffer");
     DMUON_CHECK(momentum[i].scalar_type() == dtypes_[i] && momentum[i].device() == device &&
@@ -178,8 +172,8 @@ EngineStepOutcome EngineRuntime::step(at::TensorList params, const std::vector<a
                 momentum[i].numel(), "] on ", momentum[i].device(), "; expected ", dtypes_[i], " [", p.numel(),
                 "] on ", device);
     keep.push_back(grads[i].to(device, dtypes_[i]).contiguous());
-    tensors[i].grad = buffer_of(keep.back());
-    tensors[i].momentum = buffer_of(writable(momentum[i], write_back));
+    tensors[i].grad = to_buffer(keep.back(), "the gradient of parameter '" + name + "'");
+    tensors[i].momentum = to_buffer(writable(momentum[i], write_back), "the momentum buffer of parameter '" + name + "'");
     tensors[i].has_grad = true;
   }
   std::vector<step::CheckOnly> extra;
@@ -194,7 +188,7 @@ EngineStepOutcome EngineRuntime::step(at::TensorList params, const std::vector<a
         g.scalar_type() != at::kHalf)
       g = g.to(at::kFloat);
     keep.push_back(g);
-    extra.push_back({extra_names[k], buffer_of(g)});
+    extra.push_back({extra_names[k], to_buffer(g, "the gradient of '" + extra_names[k] + "'")});
   }
   for (const auto& [_, copy] : write_back) keep.push_back(copy);
 

@@ -15,7 +15,8 @@ namespace dmuon::torch_adapter {
 
 #ifdef DMUON_WITH_CUDA
 // engine/cuda/torch_cuda_ops.cpp
-std::unique_ptr<step::DeviceOps> make_torch_cuda_ops(int device, int64_t graph_cache_bytes);
+std::unique_ptr<step::DeviceOps> make_torch_cuda_ops(int device, int64_t graph_cache_bytes,
+                                                     const std::optional<c10::Stream>& stream);
 std::function<void()> enter_cuda_ops_stream(step::DeviceOps& ops);
 #endif
 
@@ -53,13 +54,17 @@ class TorchCpuOps : public step::CpuOps {
 // CUDA ops have no float64 passes, and the CPU runtime takes the same path so that the CPU
 // tests cover it.
 std::unique_ptr<step::DeviceOps> make_torch_ops(const step::Device& device, const TorchOpsOptions& options) {
-  if (device.kind == step::DeviceKind::kCpu) return with_aten_float64(std::make_unique<TorchCpuOps>());
+  std::unique_ptr<step::DeviceOps> ops;
+  if (device.kind == step::DeviceKind::kCpu) {
+    ops = std::make_unique<TorchCpuOps>();
+  } else {
 #ifdef DMUON_WITH_CUDA
-  return with_aten_float64(make_torch_cuda_ops(device.index, options.graph_cache_bytes));
+    ops = make_torch_cuda_ops(device.index, options.graph_cache_bytes, options.stream);
 #else
-  (void)options;
-  DMUON_FAIL("this build of dmuon has no CUDA side of torch: no step ops for ", step::device_name(device));
+    DMUON_FAIL("this build of dmuon has no CUDA side of torch: no step ops for ", step::device_name(device));
 #endif
+  }
+  return options.aten_float64 ? with_aten_float64(std::move(ops)) : std::move(ops);
 }
 
 OpsStreamScope::OpsStreamScope(step::DeviceOps& ops) {

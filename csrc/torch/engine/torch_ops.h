@@ -1,12 +1,16 @@
 // dmuon/torch/engine/torch_ops.h — the step engine's DeviceOps as the torch adapter makes
-// them: memory from c10's allocators (CPU: c10's CPU allocator; CUDA: the caching
-// allocator, on the ops' stream), the CUDA ops on torch's current stream, NS batches of
-// the CPU ops over ATen's thread pool.
+// them (the one factory of both runtimes): memory from c10's allocators (CPU: c10's CPU
+// allocator; CUDA: the caching allocator, on the ops' stream), the CUDA ops on torch's
+// current stream or on a stream of the caller's, NS batches of the CPU ops over ATen's
+// thread pool.
 #pragma once
+
+#include <c10/core/Stream.h>
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "step/device_ops.h"
 
@@ -14,11 +18,17 @@ namespace dmuon::torch_adapter {
 
 struct TorchOpsOptions {
   int64_t graph_cache_bytes = int64_t{8192} << 20;  ///< CUDA: DMUON_GRAPH_CACHE_MB
+  /// CUDA: the stream every pass is enqueued on (a stream of `device`); none: torch's
+  /// current stream of the device at the make_torch_ops call.
+  std::optional<c10::Stream> stream;
+  /// float64 parameters through ATen (engine/aten_float64_ops.h). NOTE: its passes go to
+  /// torch's current stream, so a runtime that steps off the ops' stream (the ownership
+  /// runtime's commit on the caller's thread) keeps the device ops' own float64 (CPU only).
+  bool aten_float64 = true;
 };
 
 /// DeviceOps of `device` (CPU, or a CUDA device when this build has torch's CUDA side;
-/// else throws naming the device). CUDA: the ops enqueue on torch's current stream of the
-/// device at this call.
+/// else throws naming the device).
 std::unique_ptr<step::DeviceOps> make_torch_ops(const step::Device& device, const TorchOpsOptions& options = {});
 
 /// While alive, torch's current stream of the ops' device is the ops' stream, ordered

@@ -1,5 +1,5 @@
 // dmuon/torch/engine/cuda/torch_cuda_ops.cpp — the CUDA step ops on torch's current
-// stream, their memory from torch's caching allocator.
+// stream (or a stream of the caller's), their memory from torch's caching allocator.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "common/check.h"
 #include "step/cuda/allocator.h"
@@ -39,11 +40,15 @@ CachingAllocator& caching_allocator() {
 
 }  // namespace
 
-std::unique_ptr<step::DeviceOps> make_torch_cuda_ops(int device, int64_t graph_cache_bytes) {
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+std::unique_ptr<step::DeviceOps> make_torch_cuda_ops(int device, int64_t graph_cache_bytes,
+                                                     const std::optional<c10::Stream>& stream) {
+  const auto index = static_cast<c10::DeviceIndex>(device);
+  DMUON_CHECK(!stream || (stream->device_type() == at::kCUDA && stream->device_index() == index),
+              "the CUDA step ops of cuda:", device, " were given a stream of ", stream->device().str());
+  c10::cuda::CUDAGuard guard(index);
   step::CudaOpsOptions options;
   options.device = device;
-  options.stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  options.stream = (stream ? c10::cuda::CUDAStream(*stream) : c10::cuda::getCurrentCUDAStream(index)).stream();
   options.allocator = &caching_allocator();
   options.graph_cache_bytes = graph_cache_bytes;
   return std::make_unique<step::CudaOps>(options);
