@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "step_expect.h"
 #include "step_world.h"
 
 namespace {
@@ -25,6 +26,7 @@ using dmuon::step::GroupRule;
 using dmuon::step::Mode;
 using dmuon::step::StepOutcome;
 using dmuon::testing::EngineRun;
+using dmuon::testing::expect_matches_reference;
 using dmuon::testing::ModelParam;
 using dmuon::testing::World;
 
@@ -60,30 +62,6 @@ std::vector<GroupRule> half_rules() {
 std::vector<GroupRule> awkward_rules() {
   return {dmuon::testing::gram_rule(0.02, 0.1, true, "original"),
           dmuon::testing::standard_rule(0.05, 0.0, false, "match_rms_adamw")};
-}
-
-// Each parameter's total update (relative Frobenius error against the reference's) and
-// its momentum buffer. A wrong row, sign, scale, owner or step is off by O(1).
-void expect_matches_reference(const World& world, const EngineRun& run, const std::vector<GroupRule>& rules,
-                              int num_steps, double update_tolerance, double momentum_tolerance) {
-  const auto ref = dmuon::testing::reference_muon(world, rules, num_steps);
-  for (int p = 0; p < static_cast<int>(world.model().size()); ++p) {
-    const std::string& name = world.model()[static_cast<size_t>(p)].name;
-    std::vector<double> param, momentum;
-    try {
-      param = world.gather(p, run.tensors, false);
-      momentum = world.gather(p, run.tensors, true);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << e.what();
-      continue;
-    }
-    const auto& initial = world.initial_param[static_cast<size_t>(p)];
-    const double update_error = dmuon::testing::relative_error(dmuon::testing::difference(param, initial),
-                                                               dmuon::testing::difference(ref.param[static_cast<size_t>(p)], initial));
-    EXPECT_LE(update_error, update_tolerance) << "parameter " << name;
-    EXPECT_LE(dmuon::testing::relative_error(momentum, ref.momentum[static_cast<size_t>(p)]), momentum_tolerance)
-        << "momentum of " << name;
-  }
 }
 
 void expect_no_errors(const EngineRun& run) {

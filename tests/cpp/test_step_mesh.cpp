@@ -12,6 +12,7 @@
 
 #include "common/check.h"
 #include "dist/placement.h"
+#include "step_expect.h"
 #include "step_world.h"
 
 namespace {
@@ -214,25 +215,7 @@ TEST_P(MeshEngine, MatchesFp64MuonAndSendsReplicasOnce) {
   for (size_t r = 0; r < run.errors.size(); ++r) ASSERT_EQ(run.errors[r], "") << "rank " << r;
 
   // Parity (replicas bit-identical: gather() throws where two holders differ).
-  const auto ref = dmuon::testing::reference_muon(world, rules, kSteps);
-  for (int p = 0; p < static_cast<int>(world.model().size()); ++p) {
-    const std::string& name = world.model()[static_cast<size_t>(p)].name;
-    std::vector<double> param, momentum;
-    try {
-      param = world.gather(p, run.tensors, false);
-      momentum = world.gather(p, run.tensors, true);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << e.what();
-      continue;
-    }
-    const auto& initial = world.initial_param[static_cast<size_t>(p)];
-    EXPECT_LE(dmuon::testing::relative_error(dmuon::testing::difference(param, initial),
-                                             dmuon::testing::difference(ref.param[static_cast<size_t>(p)], initial)),
-              1e-4)
-        << "parameter " << name;
-    EXPECT_LE(dmuon::testing::relative_error(momentum, ref.momentum[static_cast<size_t>(p)]), 1e-6)
-        << "momentum of " << name;
-  }
+  dmuon::testing::expect_matches_reference(world, run, rules, kSteps, 1e-4, 1e-6);
 
   const auto& table = world.table();
   const std::vector<int>& owners = run.owners[0];

@@ -1,0 +1,41 @@
+// dmuon/tests/cpp/step_expect.h — the engine tests' shared assertion: each parameter's total
+// update and momentum against the fp64 Muon reference of the same world.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "step_world.h"
+
+namespace dmuon::testing {
+
+// Each parameter's total update (relative Frobenius error against the reference's) and
+// its momentum buffer. A wrong row, sign, scale, owner or step is off by O(1). Replicas must
+// be bit-identical: World::gather() throws where two holders differ.
+inline void expect_matches_reference(const World& world, const EngineRun& run,
+                                     const std::vector<step::GroupRule>& rules, int num_steps,
+                                     double update_tolerance, double momentum_tolerance) {
+  const auto ref = reference_muon(world, rules, num_steps);
+  for (int p = 0; p < static_cast<int>(world.model().size()); ++p) {
+    const std::string& name = world.model()[static_cast<size_t>(p)].name;
+    std::vector<double> param, momentum;
+    try {
+      param = world.gather(p, run.tensors, false);
+      momentum = world.gather(p, run.tensors, true);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+      continue;
+    }
+    const auto& initial = world.initial_param[static_cast<size_t>(p)];
+    EXPECT_LE(relative_error(difference(param, initial), difference(ref.param[static_cast<size_t>(p)], initial)),
+              update_tolerance)
+        << "parameter " << name;
+    EXPECT_LE(relative_error(momentum, ref.momentum[static_cast<size_t>(p)]), momentum_tolerance)
+        << "momentum of " << name;
+  }
+}
+
+}  // namespace dmuon::testing
