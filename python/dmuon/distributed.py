@@ -174,18 +174,6 @@ def placements_of(names: list[str], params: list[torch.Tensor], process_group: A
     if _row_layout_serves(params):
         placements = [placement_of(name, p, process_group) for name, p in zip(names, params)]
         return placements, common_group(names, placements)
-    # NOTE: a fake world keeps the row layout where it serves (HSDP: the shard group, each
-    # replica set its own exchange), so that `bench --fake-world --hsdp` projects one shard
-    # group and the replicas repeat it; every other mesh (e.g. `bench step --fake-mesh`,
-    # FSDP2 x TP) takes the mesh layout below on the union group, the fake world's group,
-    # as a real group does (the engine fills the pieces other ranks would send synthetically).
-    try:
-        placements = [placement_of(name, p, process_group) for name, p in zip(names, params)]
-        group = common_group(names, placements)
-        if group is not None and transport(group) == "fake":
-            return placements, group
-    except ValueError:
-        pass
     views = [mesh_view(name, p) if isinstance(p, DTensor) else None for name, p in zip(names, params)]
     group = _union_group(names, params, views, process_group)
     size = dist.get_world_size(group)

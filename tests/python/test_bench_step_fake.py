@@ -63,10 +63,18 @@ def test_the_default_runs_rank_zero_and_the_rank_the_planner_predicts_slowest(tm
     assert ns_fit["rate"] >= 0 and ns_fit["fixed_s"] >= 0 and ns_fit["rate"] + ns_fit["fixed_s"] > 0
 
 
-def test_hsdp_runs_the_shard_group_of_replica_zero(tmp_path):
+def test_hsdp_plans_over_the_whole_world_and_replicas_send_once(tmp_path):
+    # HSDP takes the mesh layout on the whole world, as a real 2-D mesh does: owners may lie in
+    # either replica, and a replica that owns nothing sends nothing (the lowest holder sends).
     record = _run(tmp_path, "--fake-world", "8", "--hsdp", "2", "--ranks", "all", "--mode", "owner")
-    assert record["hsdp"] == {"replicas": 2, "shards": 4} and record["ranks_run"] == [0, 1, 2, 3]
-    assert record["methods"]["owner"]["group_size"] == 4
+    assert record["hsdp"] == {"replicas": 2, "shards": 4} and record["ranks_run"] == list(range(8))
+    owner = record["methods"]["owner"]
+    assert owner["group_size"] == 8
+    owners = set(owner["item_owners"])
+    assert owners <= set(range(8)) and any(r >= 4 for r in owners), owner["item_owners"]
+    for rank in range(4, 8):
+        if rank not in owners:
+            assert owner["per_rank"][str(rank)]["send_bytes"] == 0, rank
 
 
 @pytest.mark.parametrize("argv, error, message", [

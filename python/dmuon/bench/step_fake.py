@@ -71,7 +71,9 @@ class _Settings:
         # The fake mesh (DP x TP): every matrix's TP style; DMuon's group is the whole world.
         self.fake_mesh = fake_mesh
         self.styles = [fake_mesh_rules.tp_style(n, s) for n, s in zip(names, shapes)] if fake_mesh else []
-        self.group_size = world if fake_mesh else self.shards
+        # NOTE: HSDP too: a 2-D (replicate, shard) mesh takes the mesh layout on the whole
+        # world, replicas sending once, as a real HSDP job does (dmuon/distributed.py).
+        self.group_size = world if (fake_mesh or self.replicas > 1) else self.shards
         self.steps, self.warmup = args.steps, args.warmup
         self.options = dict(bucket_mb=args.bucket_mb, planner=args.planner, wire_dtype=args.wire_dtype)
         self.memory_budget_gb = args.memory_budget_gb
@@ -245,8 +247,8 @@ def project_method(method: str, records: dict[int, dict], settings: _Settings, t
         projection = None
         traffic = None
     else:
-        # NOTE: the group is the (HSDP: shard) group of replica 0, replicas running alike;
-        # under --fake-mesh the whole world (the union of the DP x TP mesh).
+        # NOTE: the group is the whole world under --fake-mesh and --hsdp (the union of the
+        # mesh), else the one FSDP2 shard group.
         group_topology = topology.group(group_size, first_global_rank=0, stride=1)
         measured = {}
         for r in records.values():
@@ -345,7 +347,7 @@ def run_fake(args) -> int:
           f" | wire {wire} | buckets of {args.bucket_mb:g} MiB | planner {args.planner} | median of "
           f"{args.steps} steps after {args.warmup} warm-up, each rank in turn on one {device} device", flush=True)
 
-    # The ranks to run: given, all (replica 0 under HSDP: replicas run alike), or rank 0 and
+    # The ranks to run: given, all (the whole world, HSDP replicas included), or rank 0 and
     # the rank the planner predicts slowest (known once rank 0 has planned).
     records: dict[str, dict[int, dict]] = {m: {} for m in [*methods, "adamw"]}
     plan_method = "owner" if "owner" in methods else methods[0]
