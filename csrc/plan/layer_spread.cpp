@@ -300,6 +300,9 @@ void spread_layers(const Problem& problem, const std::vector<int>& layer_of, Pla
   const int L = static_cast<int>(in.layer_id.size());
   const int num_shapes = static_cast<int>(problem.shapes.size());
   if (L == 0) return;  // no layered matrix: nothing to spread
+  // NOTE: with homes, units of a class are not interchangeable (moving one off its home
+  // adds its receive time), so the loads would change: the plan is kept as it is.
+  if (problem.has_homes()) return;
 
   // Classes by decreasing bytes (ties: class order).
   std::vector<ClassState> classes(static_cast<size_t>(num_shapes));

@@ -26,7 +26,8 @@ namespace dmuon::plan {
 /// Reassigns same-class matrices between owners so that the matrices of one layer land on
 /// different ranks as much as possible. `layer_of[i]` is the layer of matrix i, or −1 for
 /// none: such matrices fill whatever capacity the layered ones leave, on their old owner
-/// where it has room (a plan with no layered matrix is returned unchanged).
+/// where it has room (a plan with no layered matrix, or of a problem with homes, is
+/// returned unchanged).
 ///
 /// Objective, over every (layer, rank) pair: Σ (wire bytes the rank publishes for the
 /// layer)², then Σ (its matrices of the layer)²; squares push every layer toward an even

@@ -37,7 +37,9 @@ Assignment solve_lpt(const Problem& problem) {
       for (int r = 0; r < D; ++r) {
         if (cap > 0 && memory[static_cast<size_t>(r)] + shape.memory_bytes > cap) continue;
         const int64_t n = counts[static_cast<size_t>(r)][static_cast<size_t>(s)];
-        const double after = load[static_cast<size_t>(r)] + splitter.cost(n + 1) - splitter.cost(n);
+        // NOTE: while a rank holds fewer units than it is home to, one more receives nothing.
+        const double saved = n < shape.homes_on(r) ? shape.recv_seconds : 0.0;
+        const double after = load[static_cast<size_t>(r)] + splitter.cost(n + 1) - splitter.cost(n) - saved;
         if (after < best_load) {
           best_load = after;
           best_rank = r;

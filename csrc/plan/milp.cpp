@@ -6,6 +6,10 @@
 //   load_r ≥ load_{r+1}                                    (symmetry breaking)
 //   Σ_{s,b} b·memory_s·x[r,s,b] ≤ cap                      (optional memory cap)
 // Stage 1 minimizes L; stage 2 minimizes Σ_r load_r with L ≤ L*·(1 + tolerance).
+// With homes (units a rank already holds whole, issue 27): on a rank home to h[r,s] units
+// of shape s, batches cost compute only and a continuous m[r,s] ≥ Σ_b b·x[r,s,b] − h[r,s]
+// counts the units it receives, each adding recv_s to load_r; ranks then differ, so the
+// symmetry rows are left out.
 //
 // NOTE (determinism): CBC runs single-threaded with a node cap per stage, so a plan that
 // stops on optimality or on the node cap depends only on its inputs. The wall-clock
@@ -93,8 +97,11 @@ std::vector<int64_t> candidate_sizes(const Problem& problem, int s, double upper
   const ShapeClass& shape = problem.shapes[static_cast<size_t>(s)];
   // NOTE: a batch heavier than the LPT makespan can never be in a better plan.
   int64_t usable = 1;
-  while (usable < shape.max_batch() && problem.batch_load(s, usable + 1) <= upper_bound * (1 + 1e-9))
-    ++usable;
+  // NOTE: a batch at home receives nothing, so with homes only its compute counts here.
+  auto batch_cost = [&](int64_t b) {
+    return shape.has_homes() ? shape.batch_seconds[static_cast<size_t>(b - 1)] : problem.batch_load(s, b);
+  };
+  while (usable < shape.max_batch() && batch_cost(usable + 1) <= upper_bound * (1 + 1e-9)) ++usable;
   std::set<int64_t> sizes;
   if (usable <= kFullRange) {
     for (int64_t b = 1; b <= usable; ++b) sizes.insert(b);
@@ -118,10 +125,10 @@ struct Model {
   struct Column {
     int rank;
     int shape;
-    int64_t size;
-    double load;  // batch load / scale
+    int64_t size;  // 0: the continuous m[r,s] (units received off their homes)
+    double load;   // batch load (or receive seconds per unit of m) / scale
   };
-  std::vector<Column> columns;  // x columns; L is the last column
+  std::vector<Column> columns;  // x and m columns; L is the last column
   int num_rows = 0;
   std::vector<int> starts;
   std::vector<int> rows;
@@ -136,41 +143,64 @@ Model build_model(const Problem& problem, const std::vector<std::vector<int64_t>
   const int D = problem.world_size();
   const int S = static_cast<int>(problem.shapes.size());
   const bool capped = problem.options.memory_cap_bytes > 0;
+  const bool homes = problem.has_homes();
   constexpr double kInf = 1e30;
   Model model;
   model.scale = scale;
-  // Rows: counts [0,S), loads [S,S+D), symmetry [S+D, S+2D-1), memory [S+2D-1, S+3D-1).
-  const int load_row = S, sym_row = S + D, mem_row = S + 2 * D - 1;
-  model.num_rows = mem_row + (capped ? D : 0);
+  // Rows: counts [0,S), loads [S,S+D), symmetry [S+D, S+2D-1) (none with homes), memory
+  // (D rows when capped), then one home row per (r, s) with h[r,s] > 0.
+  const int load_row = S, sym_row = S + D, mem_row = homes ? S + D : S + 2 * D - 1;
+  const int home_row0 = mem_row + (capped ? D : 0);
+  std::vector<std::vector<int>> home_row(static_cast<size_t>(D), std::vector<int>(static_cast<size_t>(S), -1));
+  model.num_rows = home_row0;
+  for (int r = 0; r < D; ++r)
+    for (int s = 0; s < S; ++s)
+      if (problem.shapes[static_cast<size_t>(s)].homes_on(r) > 0) home_row[static_cast<size_t>(r)][static_cast<size_t>(s)] = model.num_rows++;
   for (int s = 0; s < S; ++s) {
     const double count = static_cast<double>(problem.shapes[static_cast<size_t>(s)].count());
     model.row_lower.push_back(count);
     model.row_upper.push_back(count);
   }
   for (int r = 0; r < D; ++r) model.row_lower.push_back(-kInf), model.row_upper.push_back(0.0);
-  for (int r = 0; r + 1 < D; ++r) model.row_lower.push_back(0.0), model.row_upper.push_back(kInf);
+  if (!homes)
+    for (int r = 0; r + 1 < D; ++r) model.row_lower.push_back(0.0), model.row_upper.push_back(kInf);
   if (capped)
     for (int r = 0; r < D; ++r)
       model.row_lower.push_back(-kInf),
           model.row_upper.push_back(static_cast<double>(problem.options.memory_cap_bytes));
+  for (int r = 0; r < D; ++r)
+    for (int s = 0; s < S; ++s)
+      if (home_row[static_cast<size_t>(r)][static_cast<size_t>(s)] >= 0)
+        model.row_lower.push_back(-kInf),
+            model.row_upper.push_back(static_cast<double>(problem.shapes[static_cast<size_t>(s)].homes_on(r)));
   // Columns x[r,s,b], row indices ascending.
   for (int r = 0; r < D; ++r) {
     for (int s = 0; s < S; ++s) {
+      const ShapeClass& shape = problem.shapes[static_cast<size_t>(s)];
+      const int hrow = home_row[static_cast<size_t>(r)][static_cast<size_t>(s)];
+      auto add = [&](int row, double value) {
+        model.rows.push_back(row);
+        model.values.push_back(value);
+      };
       for (int64_t b : sizes[static_cast<size_t>(s)]) {
-        const double load = problem.batch_load(s, b) / scale;
+        // NOTE: on a home rank the receive term moves to m[r,s].
+        const double load = (hrow >= 0 ? shape.batch_seconds[static_cast<size_t>(b - 1)] : problem.batch_load(s, b)) / scale;
         model.columns.push_back({r, s, b, load});
         model.starts.push_back(static_cast<int>(model.rows.size()));
-        auto add = [&](int row, double value) {
-          model.rows.push_back(row);
-          model.values.push_back(value);
-        };
         add(s, static_cast<double>(b));
         add(load_row + r, load);
-        if (r > 0) add(sym_row + r - 1, -load);
-        if (r + 1 < D) add(sym_row + r, load);
-        if (capped)
-          add(mem_row + r,
-              static_cast<double>(b * problem.shapes[static_cast<size_t>(s)].memory_bytes));
+        if (!homes && r > 0) add(sym_row + r - 1, -load);
+        if (!homes && r + 1 < D) add(sym_row + r, load);
+        if (capped) add(mem_row + r, static_cast<double>(b * shape.memory_bytes));
+        if (hrow >= 0) add(hrow, static_cast<double>(b));
+      }
+      // m[r,s]: receive seconds per unit in load_r, −1 in the home row.
+      if (hrow >= 0) {
+        const double load = shape.recv_seconds / scale;
+        model.columns.push_back({r, s, 0, load});
+        model.starts.push_back(static_cast<int>(model.rows.size()));
+        add(load_row + r, load);
+        add(hrow, -1.0);
       }
     }
   }
@@ -188,20 +218,26 @@ Model build_model(const Problem& problem, const std::vector<std::vector<int64_t>
 std::vector<double> start_values(const Problem& problem, const Model& model, const Assignment& a) {
   const int D = problem.world_size();
   std::vector<double> load(static_cast<size_t>(D), 0.0);
-  for (int r = 0; r < D; ++r)
-    for (size_t s = 0; s < problem.shapes.size(); ++s)
-      for (int64_t b : a[static_cast<size_t>(r)][s]) load[static_cast<size_t>(r)] += problem.batch_load(static_cast<int>(s), b);
+  for (int r = 0; r < D; ++r) load[static_cast<size_t>(r)] = assignment_rank_load(problem, r, a[static_cast<size_t>(r)]);
   std::vector<int> by_load(static_cast<size_t>(D));
   std::iota(by_load.begin(), by_load.end(), 0);
-  std::stable_sort(by_load.begin(), by_load.end(),
-                   [&](int x, int y) { return load[static_cast<size_t>(x)] > load[static_cast<size_t>(y)]; });
+  // NOTE: with homes ranks are not interchangeable (and there are no symmetry rows).
+  if (!problem.has_homes())
+    std::stable_sort(by_load.begin(), by_load.end(),
+                     [&](int x, int y) { return load[static_cast<size_t>(x)] > load[static_cast<size_t>(y)]; });
   std::vector<double> values(model.columns.size() + 1, 0.0);
   for (size_t c = 0; c < model.columns.size(); ++c) {
     const Model::Column& col = model.columns[c];
     const auto& batch_sizes = a[static_cast<size_t>(by_load[static_cast<size_t>(col.rank)])][static_cast<size_t>(col.shape)];
-    values[c] = static_cast<double>(std::count(batch_sizes.begin(), batch_sizes.end(), col.size));
+    if (col.size == 0) {
+      int64_t units = 0;
+      for (int64_t b : batch_sizes) units += b;
+      values[c] = static_cast<double>(std::max<int64_t>(0, units - problem.shapes[static_cast<size_t>(col.shape)].homes_on(col.rank)));
+    } else {
+      values[c] = static_cast<double>(std::count(batch_sizes.begin(), batch_sizes.end(), col.size));
+    }
   }
-  values.back() = load[static_cast<size_t>(by_load[0])] / model.scale;
+  values.back() = *std::max_element(load.begin(), load.end()) / model.scale;
   return values;
 }
 
@@ -213,6 +249,7 @@ Assignment read_solution(const Problem& problem, const Model& model, const doubl
   std::vector<int64_t> placed(S, 0);
   for (size_t c = 0; c < model.columns.size(); ++c) {
     const Model::Column& col = model.columns[c];
+    if (col.size == 0) continue;  // m[r,s] follows from the counts
     const int64_t num = std::llround(x[c]);
     if (num < 0 || std::fabs(x[c] - static_cast<double>(num)) > 1e-4) return {};
     for (int64_t i = 0; i < num; ++i) a[static_cast<size_t>(col.rank)][static_cast<size_t>(col.shape)].push_back(col.size);
@@ -253,8 +290,8 @@ StageResult run_stage(const Problem& problem, const Model& model, bool stage2, d
   std::vector<double> objective(static_cast<size_t>(num_cols), 0.0);
   for (size_t c = 0; c < model.columns.size(); ++c) {
     const Model::Column& col = model.columns[c];
-    col_upper[c] = std::floor(static_cast<double>(problem.shapes[static_cast<size_t>(col.shape)].count()) /
-                              static_cast<double>(col.size));
+    const double count = static_cast<double>(problem.shapes[static_cast<size_t>(col.shape)].count());
+    col_upper[c] = col.size == 0 ? count : std::floor(count / static_cast<double>(col.size));
     if (stage2) objective[c] = col.load;
   }
   col_lower.back() = l_lower / model.scale;
@@ -266,7 +303,8 @@ StageResult run_stage(const Problem& problem, const Model& model, bool stage2, d
   lp.loadProblem(num_cols, model.num_rows, model.starts.data(), model.rows.data(), model.values.data(),
                  col_lower.data(), col_upper.data(), objective.data(), model.row_lower.data(),
                  model.row_upper.data());
-  for (int c = 0; c + 1 < num_cols; ++c) lp.setInteger(c);
+  for (int c = 0; c + 1 < num_cols; ++c)
+    if (model.columns[static_cast<size_t>(c)].size > 0) lp.setInteger(c);
   lp.messageHandler()->setLogLevel(0);
   CbcModel cbc(lp);
   cbc.setLogLevel(0);

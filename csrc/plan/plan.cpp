@@ -34,6 +34,7 @@ Plan finalize(const Problem& problem, std::vector<std::vector<Batch>> rank_batch
       DMUON_CHECK(units >= 1 && units <= s.max_batch(), "plan batch on rank ", r, " has ", units,
                   " units of shape ", s.rows, "x", s.cols, " (allowed 1..", s.max_batch(), ")");
       std::sort(batch.matrix_idx.begin(), batch.matrix_idx.end());
+      int64_t received = 0;
       for (int idx : batch.matrix_idx) {
         DMUON_CHECK(idx >= 0 && idx < static_cast<int>(problem.matrices.size()),
                     "plan names matrix index ", idx, " out of range");
@@ -43,13 +44,16 @@ Plan finalize(const Problem& problem, std::vector<std::vector<Batch>> rank_batch
         DMUON_CHECK(plan.owner[static_cast<size_t>(idx)] == -1, "plan owns matrix '", m.name,
                     "' twice");
         plan.owner[static_cast<size_t>(idx)] = r;
-        rank.recv_bytes += static_cast<int64_t>(
-            std::llround(static_cast<double>(m.wire_bytes) * (D - 1) / D));
+        // NOTE: a matrix owned at its home receives nothing.
+        if (m.home != r) {
+          rank.recv_bytes += static_cast<int64_t>(std::llround(static_cast<double>(m.wire_bytes) * (D - 1) / D));
+          ++received;
+        }
         rank.memory_bytes += m.memory_bytes;
       }
       batch.num_matrices = units * s.stack;
       batch.compute_seconds = s.batch_seconds[static_cast<size_t>(units - 1)];
-      batch.recv_seconds = static_cast<double>(units) * s.recv_seconds;
+      batch.recv_seconds = static_cast<double>(received) * s.recv_seconds;
       rank.compute_seconds += batch.compute_seconds;
       rank.recv_seconds += batch.recv_seconds;
     }
@@ -120,9 +124,12 @@ double lower_bound(const Problem& problem) {
   double least_total = 0.0;
   int64_t num_units = 0;
   for (int s = 0; s < S; ++s) {
+    const ShapeClass& shape = problem.shapes[static_cast<size_t>(s)];
     splitters.emplace_back(problem, s);
-    least_total += splitters.back().cost(problem.shapes[static_cast<size_t>(s)].count());
-    num_units += problem.shapes[static_cast<size_t>(s)].count();
+    // NOTE: units with a home may be owned there and receive nothing.
+    least_total += splitters.back().cost(shape.count()) -
+                   static_cast<double>(shape.num_homed()) * shape.recv_seconds;
+    num_units += shape.count();
   }
   double bound = least_total / D;
 
@@ -130,8 +137,15 @@ double lower_bound(const Problem& problem) {
   // at least the cheapest (batched) (k+1)-subset of them. k = 0 is the largest single job.
   std::vector<int> by_load(static_cast<size_t>(S));
   for (int s = 0; s < S; ++s) by_load[static_cast<size_t>(s)] = s;
+  // NOTE: with homes, a subset of n units of a class costs at least its split less the
+  // receive time of min(n, homed units) (they might all sit at home).
+  auto least_load = [&](int s, int64_t n) {
+    const ShapeClass& shape = problem.shapes[static_cast<size_t>(s)];
+    return splitters[static_cast<size_t>(s)].cost(n) -
+           static_cast<double>(std::min(n, shape.num_homed())) * shape.recv_seconds;
+  };
   std::stable_sort(by_load.begin(), by_load.end(), [&](int a, int b) {
-    return problem.batch_load(a, 1) > problem.batch_load(b, 1);
+    return least_load(a, 1) > least_load(b, 1);
   });
   // NOTE: k is capped because for many units per rank the total-work term dominates and
   // the subset DP costs O(S·k²) per k.
@@ -149,7 +163,7 @@ double lower_bound(const Problem& problem) {
       for (int64_t j = 1; j <= k + 1; ++j)
         for (int64_t n = 1; n <= std::min(avail, j); ++n)
           next[static_cast<size_t>(j)] = std::min(next[static_cast<size_t>(j)],
-                                                  best[static_cast<size_t>(j - n)] + splitters[static_cast<size_t>(s)].cost(n));
+                                                  best[static_cast<size_t>(j - n)] + least_load(s, n));
       best = std::move(next);
     }
     bound = std::max(bound, best[static_cast<size_t>(k + 1)]);
@@ -165,23 +179,46 @@ Plan assemble_plan(const Problem& problem, const Assignment& assignment, const s
   DMUON_CHECK(static_cast<int>(assignment.size()) == D, "assignment has ", assignment.size(),
               " ranks, expected ", D);
   std::vector<std::vector<Batch>> rank_batches(static_cast<size_t>(D));
-  std::vector<size_t> next_unit(num_shapes, 0);
-  for (int r = 0; r < D; ++r) {
+  for (int r = 0; r < D; ++r)
     DMUON_CHECK(assignment[static_cast<size_t>(r)].size() == num_shapes, "assignment of rank ", r,
                 " has ", assignment[static_cast<size_t>(r)].size(), " shapes, expected ", num_shapes);
-    for (size_t s = 0; s < num_shapes; ++s) {
+  for (size_t s = 0; s < num_shapes; ++s) {
+    const ShapeClass& shape = problem.shapes[s];
+    // Units per rank; more than the class has is an error.
+    std::vector<int64_t> wanted(static_cast<size_t>(D), 0);
+    int64_t total = 0;
+    for (int r = 0; r < D; ++r)
+      for (int64_t size : assignment[static_cast<size_t>(r)][s]) {
+        total += size;
+        DMUON_CHECK(size >= 1 && total <= shape.count(), "assignment places more units of shape ",
+                    shape.rows, "x", shape.cols, " than exist (", shape.count(), ")");
+        wanted[static_cast<size_t>(r)] += size;
+      }
+    // Which units: each rank first takes its home units (ascending index), then the units
+    // left over fill the ranks in ascending order. Without homes: input order, rank by rank.
+    std::vector<std::vector<int>> units(static_cast<size_t>(D));
+    std::vector<int> rest;
+    for (int idx : shape.matrix_idx) {
+      const int home = problem.matrices[static_cast<size_t>(idx)].home;
+      if (home >= 0 && static_cast<int64_t>(units[static_cast<size_t>(home)].size()) < wanted[static_cast<size_t>(home)])
+        units[static_cast<size_t>(home)].push_back(idx);
+      else
+        rest.push_back(idx);
+    }
+    size_t next = 0;
+    for (int r = 0; r < D; ++r) {
+      std::vector<int>& mine = units[static_cast<size_t>(r)];
+      while (static_cast<int64_t>(mine.size()) < wanted[static_cast<size_t>(r)]) mine.push_back(rest[next++]);
+      std::sort(mine.begin(), mine.end());
+      // Batches largest first, each of consecutive units.
       std::vector<int64_t> sizes = assignment[static_cast<size_t>(r)][s];
       std::sort(sizes.rbegin(), sizes.rend());
-      const ShapeClass& shape = problem.shapes[s];
+      size_t begin = 0;
       for (int64_t size : sizes) {
-        DMUON_CHECK(size >= 1 && next_unit[s] + static_cast<size_t>(size) <= shape.matrix_idx.size(),
-                    "assignment places more units of shape ", shape.rows, "x", shape.cols,
-                    " than exist (", shape.count(), ")");
         Batch batch;
         batch.shape_idx = static_cast<int>(s);
-        batch.matrix_idx.assign(shape.matrix_idx.begin() + static_cast<long>(next_unit[s]),
-                                shape.matrix_idx.begin() + static_cast<long>(next_unit[s] + size));
-        next_unit[s] += static_cast<size_t>(size);
+        batch.matrix_idx.assign(mine.begin() + static_cast<long>(begin), mine.begin() + static_cast<long>(begin + size));
+        begin += static_cast<size_t>(size);
         rank_batches[static_cast<size_t>(r)].push_back(std::move(batch));
       }
     }
@@ -189,14 +226,23 @@ Plan assemble_plan(const Problem& problem, const Assignment& assignment, const s
   return finalize(problem, std::move(rank_batches), solver);
 }
 
+double assignment_rank_load(const Problem& problem, int rank, const std::vector<std::vector<int64_t>>& batches) {
+  double load = 0.0;
+  for (size_t s = 0; s < batches.size(); ++s) {
+    int64_t units = 0;
+    for (int64_t size : batches[s]) {
+      load += problem.batch_load(static_cast<int>(s), size);
+      units += size;
+    }
+    load -= problem.home_saving(static_cast<int>(s), rank, units);
+  }
+  return load;
+}
+
 double assignment_makespan(const Problem& problem, const Assignment& assignment) {
   double makespan = 0.0;
-  for (const auto& rank : assignment) {
-    double load = 0.0;
-    for (size_t s = 0; s < rank.size(); ++s)
-      for (int64_t size : rank[s]) load += problem.batch_load(static_cast<int>(s), size);
-    makespan = std::max(makespan, load);
-  }
+  for (size_t r = 0; r < assignment.size(); ++r)
+    makespan = std::max(makespan, assignment_rank_load(problem, static_cast<int>(r), assignment[r]));
   return makespan;
 }
 

@@ -16,7 +16,7 @@ struct Batch {
   std::vector<int> matrix_idx;   ///< indices into Problem::matrices, ascending
   int64_t num_matrices = 0;      ///< units × stack size: the launch's batch dimension
   double compute_seconds = 0.0;  ///< t(shape, num_matrices)
-  double recv_seconds = 0.0;     ///< receive time of these units' bytes
+  double recv_seconds = 0.0;     ///< receive time of these units' bytes (none for units at home)
 };
 
 /// One rank's share of the optimizer step.
@@ -25,7 +25,7 @@ struct RankPlan {
   double compute_seconds = 0.0;
   double recv_seconds = 0.0;
   double load_seconds = 0.0;   ///< compute + receive: the planner's objective
-  int64_t recv_bytes = 0;      ///< (D-1)/D of the owned matrices' wire bytes
+  int64_t recv_bytes = 0;      ///< (D-1)/D of the wire bytes of owned matrices not at home
   int64_t memory_bytes = 0;    ///< owned matrices' memory (full + NS workspace)
 };
 
@@ -73,10 +73,14 @@ class BatchSplitter {
 ///    least the cheapest batched (k+1)-subset of them (k = 0: the largest single job).
 double lower_bound(const Problem& problem);
 
-/// Turns batch sizes into concrete batches: per shape, units in input order go to ranks
-/// in ascending order, each rank's batches largest first. Validates every count.
+/// Turns batch sizes into concrete batches: per shape, every rank first takes units whose
+/// home it is (ascending index), then the rest in input order fill ranks in ascending
+/// order; each rank's batches largest first. Validates every count.
 Plan assemble_plan(const Problem& problem, const Assignment& assignment,
                    const std::string& solver);
+
+/// Load of one rank's batch sizes ([shape_idx] → sizes), its home units received free.
+double assignment_rank_load(const Problem& problem, int rank, const std::vector<std::vector<int64_t>>& batches);
 
 /// Makespan of an assignment without building a plan.
 double assignment_makespan(const Problem& problem, const Assignment& assignment);

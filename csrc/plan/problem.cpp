@@ -27,6 +27,23 @@ int64_t default_memory_bytes(int64_t rows, int64_t cols) {
   return 4 * rows * cols + 2 * (rows * cols + 3 * k * k);
 }
 
+int64_t ShapeClass::num_homed() const {
+  int64_t total = 0;
+  for (int64_t n : home_count) total += n;
+  return total;
+}
+
+double Problem::home_saving(int shape_idx, int rank, int64_t num_units) const {
+  const ShapeClass& s = shapes[static_cast<size_t>(shape_idx)];
+  return static_cast<double>(std::min(num_units, s.homes_on(rank))) * s.recv_seconds;
+}
+
+bool Problem::has_homes() const {
+  for (const ShapeClass& s : shapes)
+    if (s.has_homes()) return true;
+  return false;
+}
+
 double Problem::batch_load(int shape_idx, int64_t num_units) const {
   const ShapeClass& s = shapes[static_cast<size_t>(shape_idx)];
   return s.batch_seconds[static_cast<size_t>(num_units - 1)] +
@@ -55,6 +72,8 @@ Problem build_problem(std::vector<MatrixSpec> matrices, const ProblemOptions& op
     DMUON_CHECK(m.batch >= 1, "matrix ", describe(m), ": batch must be at least 1, got ", m.batch);
     DMUON_CHECK(m.wire_bytes >= 0 && m.memory_bytes >= 0, "matrix ", describe(m),
                 ": wire_bytes and memory_bytes must be >= 0");
+    DMUON_CHECK(m.home >= -1 && m.home < options.world_size, "matrix ", describe(m), ": home must be a rank in [0, ",
+                options.world_size, ") or -1 (none), got ", m.home);
     if (m.wire_bytes == 0) m.wire_bytes = m.rows * m.cols * m.batch * kWireBytesPerElement;
     if (m.memory_bytes == 0) m.memory_bytes = m.batch * default_memory_bytes(m.rows, m.cols);
     DMUON_CHECK(options.memory_cap_bytes == 0 || m.memory_bytes <= options.memory_cap_bytes,
@@ -81,7 +100,12 @@ Problem build_problem(std::vector<MatrixSpec> matrices, const ProblemOptions& op
       s.memory_bytes = m.memory_bytes;
       problem.shapes.push_back(s);
     }
-    problem.shapes[static_cast<size_t>(it->second)].matrix_idx.push_back(static_cast<int>(i));
+    ShapeClass& s = problem.shapes[static_cast<size_t>(it->second)];
+    s.matrix_idx.push_back(static_cast<int>(i));
+    if (m.home >= 0) {
+      if (s.home_count.empty()) s.home_count.assign(static_cast<size_t>(options.world_size), 0);
+      ++s.home_count[static_cast<size_t>(m.home)];
+    }
   }
 
   // Cost table per class: b = 1 .. the largest batch allowed by count, max_batch and cap.
@@ -104,14 +128,15 @@ Problem build_problem(std::vector<MatrixSpec> matrices, const ProblemOptions& op
 
   // Hash of every input that can change a plan.
   Hasher hasher;
-  hasher.str("dmuon-plan-problem-v1");
+  hasher.str("dmuon-plan-problem-v2");  // NOTE: v2 hashes homes
   hasher.i64(options.world_size);
   hasher.f64(options.bandwidth_bytes_per_s);
   hasher.i64(options.memory_cap_bytes);
   hasher.i64(options.max_batch);
   for (const MatrixSpec& m : matrices) {
     hasher.str(m.name);
-    for (int64_t v : {m.rows, m.cols, m.batch, m.wire_bytes, m.memory_bytes}) hasher.i64(v);
+    for (int64_t v : {m.rows, m.cols, m.batch, m.wire_bytes, m.memory_bytes, static_cast<int64_t>(m.home)})
+      hasher.i64(v);
   }
   for (const ShapeClass& s : problem.shapes)
     for (double t : s.batch_seconds) hasher.f64(t);

@@ -33,7 +33,8 @@ Assignment solve_round_robin(const Problem& problem);
 
 /// Longest processing time first, batching-aware: units in decreasing order of their
 /// single-unit load, each onto the rank whose load after adding it (with the marginal,
-/// batched cost) is smallest; ties go to the lowest rank. Respects memory caps.
+/// batched cost, less the receive time while the rank still has home units of the class)
+/// is smallest; ties go to the lowest rank. Respects memory caps.
 Assignment solve_lpt(const Problem& problem);
 
 /// Outcome of the MILP (without CBC: the LPT assignment with status "cbc_unavailable").

@@ -12,13 +12,14 @@
 namespace dmuon::step {
 namespace {
 
-// The planning problem: one matrix per item of `items` (MoE experts are planned one by one).
-plan::Problem planning_problem(const ItemTable& table, const std::vector<int>& items, int64_t wire_size,
+// The planning problem: one matrix per item (MoE experts are planned one by one), each
+// with its home (home_ranks()).
+plan::Problem planning_problem(const ItemTable& table, const std::vector<int>& homes, int64_t wire_size,
                                const EngineOptions& options, DeviceKind device) {
   std::vector<plan::MatrixSpec> matrices;
-  for (int i : items) {
+  for (int i = 0; i < table.num_items(); ++i) {
     const Item& it = table.item(i);
-    matrices.push_back({table.item_name(i), it.rows, it.cols, 1, it.numel() * wire_size, 0});
+    matrices.push_back({table.item_name(i), it.rows, it.cols, 1, it.numel() * wire_size, 0, homes[static_cast<size_t>(i)]});
   }
   plan::ProblemOptions problem_options;
   problem_options.world_size = table.world_size();
@@ -73,25 +74,24 @@ uint64_t given_fingerprint(const ItemTable& table, const std::vector<int>& owner
   return hasher.digest();
 }
 
-// Items placed on a mesh that some ranks, not all, hold whole (experts of an EP group,
-// a matrix replicated over part of the mesh) are owned where they are: nothing travels
-// forward. Each goes to one of its whole holders in turn (round robin per holder set), so
-// replicas share the work. −1: the planner chooses.
-// NOTE: the planner does not see this load; issue 27's receive-bytes locality term is
-// meant to let the planner make this choice itself.
-std::vector<int> pinned_owners(const ItemTable& table) {
-  std::vector<int> pinned(static_cast<size_t>(table.num_items()), -1);
-  std::map<std::vector<int>, int64_t> turn;  // holder set → items pinned to it so far
+// The home of every item that some ranks, not all, hold whole (an expert under FSDP2's
+// Shard(0) on the expert dim or of an EP group, a matrix replicated over part of a mesh):
+// owned there, nothing travels forward, so the planner counts no receive time there
+// (plan::MatrixSpec::home). Items with several whole holders take them in turn (round
+// robin per holder set), so replicas share the work. −1: no home (held whole by every
+// rank or by none). NOTE: the same on every rank: it depends on the table only.
+std::vector<int> home_ranks(const ItemTable& table) {
+  std::vector<int> home(static_cast<size_t>(table.num_items()), -1);
+  std::map<std::vector<int>, int64_t> turn;  // holder set → items homed on it so far
   for (int i = 0; i < table.num_items(); ++i) {
-    if (!table.param(table.item(i).param_idx).layout.mesh) continue;
     std::vector<int> holders;
     for (int r = 0; r < table.world_size(); ++r)
       if (table.whole_on(i, r)) holders.push_back(r);
     if (holders.empty() || static_cast<int>(holders.size()) == table.world_size()) continue;
     const int64_t k = turn[holders]++;
-    pinned[static_cast<size_t>(i)] = holders[static_cast<size_t>(k % static_cast<int64_t>(holders.size()))];
+    home[static_cast<size_t>(i)] = holders[static_cast<size_t>(k % static_cast<int64_t>(holders.size()))];
   }
-  return pinned;
+  return home;
 }
 
 // What else makes the ranks' exchanges the same: the options the stages and the
@@ -163,20 +163,16 @@ void StepEngine::make_plan() {
     return;
   }
   const int64_t wire_size = dtype_size(wire_dtype_);
-  const std::vector<int> pinned = pinned_owners(table_);
-  std::vector<int> free_items;
-  for (int i = 0; i < num_items; ++i)
-    if (pinned[static_cast<size_t>(i)] < 0) free_items.push_back(i);
-  // NOTE: nothing to plan when every item stays with its holders (experts of an EP split).
-  const plan::Problem problem =
-      free_items.empty() ? plan::Problem{} : planning_problem(table_, free_items, wire_size, options_, ops_.device().kind);
+  // NOTE: every item is planned; one whole on some ranks has its home there, and the
+  // planner keeps it there unless moving it balances the loads better (issue 27).
+  const plan::Problem problem = planning_problem(table_, home_ranks(table_), wire_size, options_, ops_.device().kind);
   // NOTE: LPT and round robin are deterministic; the MILP may stop at a wall-clock limit,
   // so its plan is made once and broadcast. A transport that moves nothing cannot
   // broadcast, so every rank solves (the fake world's ranks are one process each).
   const bool local = options_.solver != plan::SolverKind::kMilp || !transport_.moves_data() || options_.plan_locally;
   std::string text, error;
   try {
-    if (local && options_.solver == plan::SolverKind::kMilp && !free_items.empty()) {
+    if (local && options_.solver == plan::SolverKind::kMilp) {
       // NOTE: ranks that each solve alone must solve alike: no wall-clock limit in effect
       // (1e7 s; the MILP turns it into a steady_clock deadline, so not infinity), only the
       // node cap; memoized per process (a fake world's ranks, one process, solve once).
@@ -187,47 +183,31 @@ void StepEngine::make_plan() {
       DMUON_CHECK(solved.deterministic, "planning owners locally: the MILP stopped on its time limit (",
                   solved.status, "), so ranks that each solve alone could disagree");
       text = solved.serialize();
-    } else if ((local || rank_ == 0) && !free_items.empty()) {
+    } else if (local || rank_ == 0) {
       text = plan::solve(problem, options_.solver, options_.milp).serialize();
     }
   } catch (const std::exception& e) {
     error = e.what();
   }
-  if (!local && !free_items.empty()) text = transport_.broadcast(text, "broadcast of the owner plan");
+  if (!local) text = transport_.broadcast(text, "broadcast of the owner plan");
   plan::Plan solved;
-  if (error.empty() && !free_items.empty()) {
+  if (error.empty()) {
     try {
       solved = plan::deserialize_plan(problem, text);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
-  uint64_t hash = 0;
-  if (error.empty()) {
-    plan::Hasher hasher;
-    hasher.i64(free_items.empty() ? 0 : static_cast<int64_t>(plan_fingerprint(solved)));
-    for (int owner : pinned) hasher.i64(owner);
-    hash = with_step_options(hasher.digest(), options_, wire_dtype_, depth_);
-  }
+  // NOTE: the problem hash (inside the fingerprint) covers every item's home.
+  const uint64_t hash = error.empty() ? with_step_options(plan_fingerprint(solved), options_, wire_dtype_, depth_) : 0;
   agree_plan(hash, error);
-  // The solved items' owners and batches (problem indices → items), then each rank's
-  // pinned items in same-shape batches.
-  owners_ = pinned;
-  std::vector<std::vector<int>> pinned_of(static_cast<size_t>(world_));
-  for (int i = 0; i < num_items; ++i)
-    if (pinned[static_cast<size_t>(i)] >= 0) pinned_of[static_cast<size_t>(pinned[static_cast<size_t>(i)])].push_back(i);
-  for (size_t k = 0; k < free_items.size(); ++k) owners_[static_cast<size_t>(free_items[k])] = solved.owner[k];
+  // Owners and batches: the plan's matrices are the items, in order.
+  owners_ = solved.owner;
   for (int r = 0; r < world_; ++r) {
     OwnerBatches batches{r, {}};
-    if (!free_items.empty())
-      for (const plan::Batch& b : solved.ranks[static_cast<size_t>(r)].batches) {
-        std::vector<int> items;
-        for (int idx : b.matrix_idx) items.push_back(free_items[static_cast<size_t>(idx)]);
-        batches.batches.push_back(std::move(items));
-      }
-    for (std::vector<int>& b : shape_batches(table_, pinned_of[static_cast<size_t>(r)])) batches.batches.push_back(std::move(b));
+    for (const plan::Batch& b : solved.ranks[static_cast<size_t>(r)].batches) batches.batches.push_back(b.matrix_idx);
     owner_batches_.push_back(std::move(batches));
-    predicted_rank_s_.push_back(free_items.empty() ? 0.0 : solved.ranks[static_cast<size_t>(r)].compute_seconds);
+    predicted_rank_s_.push_back(solved.ranks[static_cast<size_t>(r)].compute_seconds);
   }
   plan_text_ = text;
   plan_hash_ = hash;

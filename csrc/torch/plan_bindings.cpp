@@ -20,17 +20,18 @@ void register_plan_bindings(py::module_& m) {
   // Inputs.
   py::class_<MatrixSpec>(p, "MatrixSpec")
       .def(py::init([](std::string name, int64_t rows, int64_t cols, int64_t batch, int64_t wire_bytes,
-                       int64_t memory_bytes) {
-             return MatrixSpec{std::move(name), rows, cols, batch, wire_bytes, memory_bytes};
+                       int64_t memory_bytes, int home) {
+             return MatrixSpec{std::move(name), rows, cols, batch, wire_bytes, memory_bytes, home};
            }),
            py::arg("name"), py::arg("rows"), py::arg("cols"), py::arg("batch") = 1,
-           py::arg("wire_bytes") = 0, py::arg("memory_bytes") = 0)
+           py::arg("wire_bytes") = 0, py::arg("memory_bytes") = 0, py::arg("home") = -1)
       .def_readwrite("name", &MatrixSpec::name)
       .def_readwrite("rows", &MatrixSpec::rows)
       .def_readwrite("cols", &MatrixSpec::cols)
       .def_readwrite("batch", &MatrixSpec::batch)
       .def_readwrite("wire_bytes", &MatrixSpec::wire_bytes)
       .def_readwrite("memory_bytes", &MatrixSpec::memory_bytes)
+      .def_readwrite("home", &MatrixSpec::home)
       .def("__repr__", [](const MatrixSpec& s) {
         return "MatrixSpec('" + s.name + "', " + std::to_string(s.rows) + ", " + std::to_string(s.cols) +
                ", batch=" + std::to_string(s.batch) + ")";
@@ -89,7 +90,8 @@ void register_plan_bindings(py::module_& m) {
       .def_readonly("memory_bytes", &ShapeClass::memory_bytes)
       .def_readonly("matrix_idx", &ShapeClass::matrix_idx)
       .def_readonly("recv_seconds", &ShapeClass::recv_seconds)
-      .def_readonly("batch_seconds", &ShapeClass::batch_seconds);
+      .def_readonly("batch_seconds", &ShapeClass::batch_seconds)
+      .def_readonly("home_count", &ShapeClass::home_count);
   py::class_<Problem>(p, "Problem")
       .def_readonly("matrices", &Problem::matrices)
       .def_readonly("shapes", &Problem::shapes)

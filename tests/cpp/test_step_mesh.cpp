@@ -225,13 +225,10 @@ TEST_P(MeshEngine, MatchesFp64MuonAndSendsReplicasOnce) {
     EXPECT_EQ(total, int64_t{kSteps} * c.world * table.num_items());
     return;
   }
-  // Owner mode: every matrix once; a matrix some ranks hold whole is owned by one of them.
+  // Owner mode: every matrix once. NOTE: a matrix some ranks hold whole has its home
+  // there, but the planner may move it when that balances (issue 27); the bytes below
+  // count whatever it chose.
   EXPECT_EQ(total, int64_t{kSteps} * table.num_items());
-  for (int i = 0; i < table.num_items(); ++i) {
-    const int holder = table.first_whole_holder(i);
-    if (holder >= 0 && table.param(table.item(i).param_idx).layout.mesh)
-      EXPECT_TRUE(table.whole_on(i, owners[static_cast<size_t>(i)])) << table.item_name(i) << " left its holders";
-  }
   // Bytes: each block the owner lacks arrives once (its lowest holder sends it), and every
   // holder but the owner receives its block back: float32 wire, every rank's last step.
   int64_t expected = 0;
@@ -259,17 +256,22 @@ INSTANTIATE_TEST_SUITE_P(Mesh, MeshEngine,
 
 // Two groups in one engine: dense weights over the world (FSDP, 1-D mesh of 4) and
 // experts on EP groups {0, 1} and {2, 3} (each rank sees its own 1-D EP mesh; ranks 0 and
-// 2 hold the same experts): planned over the union, experts stay where they are whole.
+// 2 hold the same experts): planned over the union; with receiving made expensive (a slow
+// link), experts stay where they are whole.
 TEST(MeshEngine, DenseOnTheWorldAndExpertsOnEpGroups) {
   MeshPlacement ep{{2}, {shard(0)}, {{0}, {1}, {0}, {1}}};
-  ModelParam experts{"experts", {4, 3, 5}, 1, true, DType::kFloat32, 0};
+  // NOTE: an expert (30 elements) costs more to move than the dense weight (20) costs its
+  // owner to receive, so no rank gains by taking an expert off its holders.
+  ModelParam experts{"experts", {4, 6, 5}, 1, true, DType::kFloat32, 0};
   experts.mesh = ep;
-  ModelParam dense{"dense", {6, 5}, 0, true, DType::kFloat32, 0};
+  ModelParam dense{"dense", {4, 5}, 0, true, DType::kFloat32, 0};
   dense.mesh = mesh({4}, {shard(0)});
   const World world({dense, experts}, 4, 1, 5);
   const std::vector<GroupRule> rules = {dmuon::testing::gram_rule(0.02, 0.1, true, "original")};
   EngineOptions options;
   options.solver = dmuon::plan::SolverKind::kLpt;
+  // NOTE: 1 kB/s: receive times (~0.1 s) outweigh any NS, so the planner balances bytes.
+  options.bandwidth_bytes_per_s = 1e3;
   const EngineRun run = dmuon::testing::run_engine(world, options, rules, 1);
   for (size_t r = 0; r < run.errors.size(); ++r) ASSERT_EQ(run.errors[r], "") << "rank " << r;
   const auto ref = dmuon::testing::reference_muon(world, rules, 1);
@@ -295,7 +297,8 @@ TEST(MeshEngine, DenseOnTheWorldAndExpertsOnEpGroups) {
 
 namespace {
 
-// Only experts, each whole on one rank: nothing is left to plan, nothing travels forward.
+// Only experts, each whole on one rank: balanced where they lie, so the planner keeps them
+// at home and nothing travels forward.
 TEST(MeshEngine, ExpertsWholeOnTheirRanksNeedNoPlanner) {
   ModelParam experts{"experts", {4, 3, 5}, 1, true, DType::kFloat32, 0};
   experts.mesh = mesh({2, 2}, {shard(0), shard(0)});

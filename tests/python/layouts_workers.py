@@ -131,7 +131,7 @@ def _boxes_hold_locals(opt: Any) -> dict[str, bool]:
 def _result(model, opt, reference, initial) -> dict:
     return {"errors": _errors(model, reference, initial), "boxes": _boxes_hold_locals(opt),
             "runtime": type(opt.runtime).__name__, "world": opt.runtime.world_size,
-            "orthogonalized": int(opt.runtime.last_stats.num_orthogonalized)}
+            "orthogonalized": int(opt.runtime.last_stats.num_orthogonalized), "owners": list(opt.runtime.owners)}
 
 
 def _dense_case(case: str):
@@ -160,6 +160,8 @@ def layout_matches_reference(rank: int, world: int, case: str, num_steps: int = 
     error of DMuon's total update relative to the reference's, and the layout check."""
     if case == "ep_fsdp":
         model, reference = _ep_case()
+    elif case == "fsdp2_experts":
+        model, reference = _fsdp2_experts_case()
     else:
         model, reference = _dense_case(case)
     initial = {n: _full(p) for n, p in reference.named_parameters()}
@@ -170,10 +172,25 @@ def layout_matches_reference(rank: int, world: int, case: str, num_steps: int = 
 
 
 class MoeModel(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, num_experts: int = 4) -> None:
         super().__init__()
         self.dense = Block()
-        self.experts = Experts()
+        self.experts = Experts(num_experts)
+
+
+def _fsdp2_experts_case():
+    """Issue 27: one FSDP2 over a 1-D world (3 ranks) on a dense block and a 5-expert stack:
+    Shard(0) on the expert dim cuts it as torch.chunk does (2, 2, 1 experts), so every expert
+    is whole on one rank, its home; the planner plans the experts one by one with the dense
+    weights, and keeps or moves each."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    reference = MoeModel(num_experts=5)
+    model = copy.deepcopy(reference)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("layouts_experts",))
+    fully_shard(model, mesh=mesh)
+    return model, reference
 
 
 def _ep_case():

@@ -1,7 +1,8 @@
 """Issue 28: every DTensor layout composed with FSDP2 and HSDP gives the update of the
 pure-PyTorch float64 reference (dmuon.reference) on the same gradients, on Gloo CPU
 processes (tests/python/layouts_workers.py): FSDP2 × TP 2×2, HSDP × TP 2×1×2, EP × FSDP
-(a 4-expert MoE) beside dense FSDP2 weights in one DMuon, two pipeline stages with a
+(a 4-expert MoE) beside dense FSDP2 weights in one DMuon, a 5-expert stack under FSDP2 at
+world 3 planned expert by expert (issue 27), two pipeline stages with a
 DMuon each, a DCP checkpoint saved on a 2×2 mesh and resumed on a 1-D world of 2; and a
 Partial parameter refused by name."""
 
@@ -37,6 +38,15 @@ def test_layout_gives_the_reference_update(case):
     # 4 experts).
     expected = {"fsdp2_tp": 6, "hsdp_tp": 6, "ep_fsdp": 10}[case]
     assert sum(r["orthogonalized"] for r in results.values()) == expected
+
+
+def test_fsdp2_expert_stack_split_over_three_ranks():
+    # Issue 27: 5 experts under FSDP2's Shard(0) at world 3 (2, 2, 1 per rank, an uneven
+    # split) beside a dense block: every expert planned as its own matrix, each once.
+    results = run_distributed(layouts_workers.layout_matches_reference, 3, "fsdp2_experts")
+    _check(results, 3)
+    assert sum(r["orthogonalized"] for r in results.values()) == 6 + 5
+    assert len({tuple(r["owners"]) for r in results.values()}) == 1  # one plan on every rank
 
 
 def test_partial_placement_is_refused_naming_the_parameter():

@@ -13,6 +13,8 @@ from dmuon.__main__ import main
 from dmuon.plan import make_problem, manifest_from_config, shipped_models, solve
 
 _SHIPPED = ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b"]
+# A Hugging Face config.json with 128 experts (Qwen3-30B-A3B's values), planned separately.
+_MOE = "qwen3-30b-a3b"
 
 
 def _plan_json(capsys, *args: str) -> dict:
@@ -21,7 +23,7 @@ def _plan_json(capsys, *args: str) -> dict:
 
 
 def test_shipped_manifests_are_listed():
-    assert sorted(_SHIPPED) == shipped_models()
+    assert sorted(_SHIPPED + [_MOE]) == shipped_models()
 
 
 @pytest.mark.parametrize("model", _SHIPPED)
@@ -96,9 +98,9 @@ def test_cli_on_moe_config_json(tmp_path, capsys):
     assert len(manifest.matrices) == 4 * 4 + 2 * 3 + 2 * (1 + 3 + 3)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    report = _plan_json(capsys, "--manifest", str(path), "--world", "4", "--per-rank")
+    report = _plan_json(capsys, "--manifest", str(path), "--world", "4", "--per-rank", "--experts", "stack")
     batches = [b for r in report["plans"]["milp"]["ranks"] for b in r["batches"]]
-    # An expert stack is owned whole: its batch counts all 8 experts.
+    # With --experts stack a stack is owned whole: its batch counts all 8 experts.
     assert any(b["shape"] == "128x256" and b["num_matrices"] % 8 == 0 for b in batches)
     # Mixtral style keys.
     mixtral = manifest_from_config({"hidden_size": 64, "intermediate_size": 96, "num_local_experts": 4,
@@ -112,7 +114,7 @@ def test_json_manifest_with_counts_and_more_ranks_than_matrices(tmp_path, capsys
         {"name": "block{i}.w", "rows": 64, "cols": 256, "count": 2},
         {"name": "experts", "rows": 32, "cols": 64, "batch": 4},
     ]}))
-    report = _plan_json(capsys, "--manifest", str(path), "--world", "16", "--per-rank")
+    report = _plan_json(capsys, "--manifest", str(path), "--world", "16", "--per-rank", "--experts", "stack")
     assert report["model"] == "tiny" and report["num_matrices"] == 3
     for plan in report["plans"].values():
         owners = [r for r in plan["ranks"] if r["batches"]]
@@ -189,7 +191,8 @@ def test_profiled_costs_are_cached_on_disk(tmp_path, capsys):
         {"name": "e", "rows": 16, "cols": 32, "batch": 4},
     ]}))
     cache = tmp_path / "costs.txt"
-    args = ["--manifest", str(manifest), "--world", "2", "--profile", "--profile-runs", "3", "--cost-cache", str(cache)]
+    args = ["--manifest", str(manifest), "--world", "2", "--experts", "stack", "--profile", "--profile-runs", "3",
+            "--cost-cache", str(cache)]
     first = _plan_json(capsys, *args)
     assert first["cost_model"]["kind"] == "measured"
     lines = cache.read_text().splitlines()
@@ -274,3 +277,56 @@ def test_python_api_spread_layers_keeps_loads_and_round_trips():
     assert list(spread_layers(problem, plan, [-1] * len(names)).owner) == list(plan.owner)
     with pytest.raises(RuntimeError, match="layer_of has 3 entries"):
         spread_layers(problem, plan, [0, 1, 2])
+
+
+def test_moe_config_experts_split_into_matrices(capsys):
+    # 48 layers × (q, k, v, o, router + 3 stacks of 128 experts).
+    # NOTE: the split plan is checked on the manifest: the CLI's layer spreading of 18672
+    # matrices without homes takes minutes at small D.
+    from dmuon.plan import load_model, split_experts
+
+    stack = _plan_json(capsys, "--model", _MOE, "--world", "8", "--experts", "stack", "--solvers", "lpt")
+    split = split_experts(load_model(_MOE))
+    assert stack["num_matrices"] == 48 * 8 and len(split.matrices) == 48 * (5 + 3 * 128)
+    names = {m.name for m in split.matrices}
+    assert "layers.3.mlp.experts.127.down_proj" in names and "layers.3.mlp.experts.down_proj" not in names
+    assert all(m.home == -1 and m.batch == 1 for m in split.matrices)  # no world: no homes
+
+
+@pytest.mark.parametrize("world", [64, 256])
+@pytest.mark.parametrize("cost", ["gpu", "cpu"])
+def test_moe_experts_balance_within_ten_percent(capsys, world, cost):
+    # Issue 27: planned as stacks the slowest rank carries 1.27x (D = 64) / 1.69x (D = 256)
+    # the mean load; planned expert by expert, with FSDP2 Shard(0) homes, within 1.10.
+    extra = ["--cpu"] if cost == "cpu" else []
+    report = _plan_json(capsys, "--model", _MOE, "--world", str(world), "--locality", "--solvers", "lpt", *extra)
+    lpt = report["plans"]["lpt"]
+    assert report["num_homed"] == 48 * 3 * 128
+    assert lpt["imbalance"] <= 1.10, lpt["imbalance"]
+    # Experts the planner keeps at home receive nothing: the least-loaded receive totals
+    # are below what receiving every owned matrix would cost.
+    assert 0 < lpt["at_home"] <= report["num_homed"]
+    stack = _plan_json(capsys, "--model", _MOE, "--world", str(world), "--experts", "stack", "--solvers", "lpt", *extra)
+    assert stack["plans"]["lpt"]["imbalance"] > 1.15  # the issue's starting point
+
+
+def test_locality_needs_split_experts(capsys):
+    assert main(["plan", "--model", _MOE, "--world", "4", "--experts", "stack", "--locality"]) == 2
+    assert "--locality needs --experts split" in capsys.readouterr().err
+
+
+def test_split_experts_homes_follow_torch_chunk():
+    from dmuon.plan import Manifest, Matrix, split_experts
+
+    # 5 experts over 3 ranks: torch.chunk gives 2, 2, 1.
+    manifest = Manifest(name="m", matrices=(Matrix(name="l.experts.w", rows=4, cols=6, batch=5),))
+    split = split_experts(manifest, world=3)
+    import torch
+
+    chunks = torch.arange(5).chunk(3)
+    want = [rank for rank, chunk in enumerate(chunks) for _ in chunk]
+    assert [m.home for m in split.matrices] == want
+    assert [m.name for m in split.matrices] == [f"l.experts.{e}.w" for e in range(5)]
+    assert all(m.home == -1 for m in split_experts(manifest).matrices)
+    problem = make_problem(split.matrices, world_size=3)
+    assert [m.home for m in problem.matrices] == want

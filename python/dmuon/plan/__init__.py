@@ -28,6 +28,7 @@ from dmuon.plan.manifest import (
     load_model,
     manifest_from_config,
     shipped_models,
+    split_experts,
 )
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "native",
     "shipped_models",
     "solve",
+    "split_experts",
     "spread_layers",
 ]
 
@@ -72,7 +74,7 @@ def make_problem(
     specs = []
     for m in matrices:
         if isinstance(m, Matrix):
-            specs.append(plan.MatrixSpec(m.name, m.rows, m.cols, m.batch))
+            specs.append(plan.MatrixSpec(m.name, m.rows, m.cols, m.batch, home=m.home))
         else:
             specs.append(plan.MatrixSpec(*m))
     options = plan.ProblemOptions(

@@ -23,6 +23,12 @@ def register(subparsers) -> None:
     source.add_argument("--model", help=f"shipped manifest: {', '.join(manifests.shipped_models())}")
     source.add_argument("--manifest", help="JSON manifest or Hugging Face config.json")
     parser.add_argument("--world", type=int, required=True, help="number of ranks D")
+    parser.add_argument("--experts", choices=("split", "stack"), default="split",
+                        help="plan MoE expert stacks one matrix per expert (as the step engine does) or "
+                             "each stack as one unit")
+    parser.add_argument("--locality", action="store_true",
+                        help="with --experts split: model FSDP2 Shard(0) over the expert dim at world D "
+                             "(torch.chunk): an expert owned on the rank holding it receives nothing")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--per-rank", action="store_true", help="show each rank's matrices")
     parser.add_argument("--spread", action="store_true",
@@ -58,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
         manifest = manifests.load_model(args.model) if args.model else manifests.load_manifest(args.manifest)
         if args.world < 1:
             raise ValueError(f"--world must be at least 1, got {args.world}")
+        if args.locality and args.experts != "split":
+            raise ValueError("--locality needs --experts split (a whole stack is on no single rank)")
+        if args.experts == "split":
+            manifest = manifests.split_experts(manifest, world=args.world if args.locality else None)
         plan = native()
         base = plan.AnalyticCostModel.cpu_default() if args.cpu else plan.AnalyticCostModel.gpu_default()
         cost = plan.AnalyticCostModel(
@@ -156,6 +166,9 @@ def _report(manifest, problem, cost_info, args, plans, spread, layer_of) -> dict
         "bandwidth_bytes_per_s": problem.options.bandwidth_bytes_per_s,
         "memory_cap_bytes": problem.options.memory_cap_bytes,
         "spread": args.spread,
+        "experts": args.experts,
+        "locality": args.locality,
+        "num_homed": sum(1 for m in problem.matrices if m.home >= 0),
         "plans": {},
     }
     for name, p in plans.items():
@@ -164,6 +177,7 @@ def _report(manifest, problem, cost_info, args, plans, spread, layer_of) -> dict
             "lower_bound_s": p.lower_bound,
             "gap": p.gap,
             "imbalance": p.imbalance,
+            "at_home": sum(1 for i, m in enumerate(problem.matrices) if m.home >= 0 and p.owner[i] == m.home),
             "solve_s": p.solve_seconds,
             "status": p.status,
             "solver_bound_s": p.solver_bound,
@@ -222,6 +236,7 @@ def _print_table(report: dict, per_rank: bool) -> None:
             f"{p['imbalance']:>9.3f} {min(recv) / 1e6:>8.1f}/{max(recv) / 1e6:<8.1f} "
             f"{p['solve_s'] * 1e3:>9.1f} {_bound(p):>12}  {p['status']}"
         )
+    _print_balance(report)
     _print_spread(report)
     if not per_rank:
         return
@@ -231,6 +246,15 @@ def _print_table(report: dict, per_rank: bool) -> None:
             parts = [f"{b['shape']}x{b['num_matrices']}[{', '.join(b['matrices'])}]" for b in rank["batches"]]
             print(f"  rank {rank['rank']:>3} {rank['load_s'] * 1e3:9.4f} ms {rank['recv_bytes'] / 1e6:9.1f} MB  "
                   f"{'; '.join(parts) or '(nothing)'}")
+
+
+def _print_balance(report: dict) -> None:
+    """Slowest rank / mean load per solver, and how many homed matrices stayed home."""
+    homes = f", {report['num_homed']} matrices with a home (Shard(0) on the expert dim)" if report["locality"] else ""
+    print(f"\nexperts: {report['experts']}{homes}")
+    for name, p in report["plans"].items():
+        kept = f", at home {p['at_home']}/{report['num_homed']}" if report["locality"] else ""
+        print(f"  {name:<12} slowest rank / mean load = {p['imbalance']:.3f}{kept}")
 
 
 def _print_spread(report: dict) -> None:

@@ -3,8 +3,12 @@
 A manifest is JSON: ``{"name": str, "matrices": [{"name": str, "rows": int, "cols": int,
 "count": int = 1, "batch": int = 1}, ...]}``. ``count`` repeats a matrix (e.g. once per
 layer; a ``{i}`` in its name is replaced by the index), ``batch`` makes it a 3-D stack
-(MoE experts) owned as a whole. Shapes are PyTorch ``Linear.weight`` shapes (out × in).
-Embeddings and the output head are not Muon matrices (they go to AdamW).
+(MoE experts). Shapes are PyTorch ``Linear.weight`` shapes (out × in). Embeddings and the
+output head are not Muon matrices (they go to AdamW).
+
+Stacks are planned whole, or (``split_experts``) one matrix per expert, as the step
+engine does; ``split_experts(..., world=D)`` also gives each expert its home under
+FSDP2's Shard(0) on the expert dim (issue 27).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class Matrix:
     rows: int
     cols: int
     batch: int = 1
+    home: int = -1  # rank that already holds it whole (-1: none)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +76,30 @@ def shipped_models() -> list[str]:
     return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
 
 
+def split_experts(manifest: Manifest, *, world: int | None = None) -> Manifest:
+    """Each 3-D stack as one matrix per expert (``layers.3.mlp.experts.gate_proj`` with 128
+    experts → ``layers.3.mlp.experts.0.gate_proj`` … ``.127.gate_proj``).
+
+    ``world``: model FSDP2's Shard(0) over the expert dim on ``world`` ranks, which follows
+    ``torch.chunk``: chunks of ceil(E / world) experts, expert e whole on rank
+    e // ceil(E / world) (ranks past the last chunk hold none), so that rank is its home.
+    """
+    if world is not None and world < 1:
+        raise ValueError(f"world must be at least 1, got {world}")
+    out: list[Matrix] = []
+    for m in manifest.matrices:
+        if m.batch == 1:
+            out.append(m)
+            continue
+        head, dot, tail = m.name.rpartition(".")
+        chunk = -(-m.batch // world) if world is not None else 0
+        for e in range(m.batch):
+            name = f"{head}.{e}.{tail}" if dot else f"{m.name}.{e}"
+            home = e // chunk if world is not None and world > 1 else -1
+            out.append(Matrix(name=name, rows=m.rows, cols=m.cols, home=home))
+    return Manifest(name=manifest.name, matrices=tuple(out))
+
+
 def load_model(name: str) -> Manifest:
     """A shipped manifest by name (case-insensitive)."""
     models = shipped_models()
@@ -79,14 +108,15 @@ def load_model(name: str) -> Manifest:
         raise ValueError(f"--model {name!r} is not a shipped manifest; choose one of {', '.join(models)}")
     path = resources.files("dmuon.plan") / _MANIFEST_DIR / f"{match[0]}.json"
     with resources.as_file(path) as file:
-        return load_manifest(file)
+        return load_manifest(file, name=match[0])
 
 
-def load_manifest(path: str | Path) -> Manifest:
-    """A JSON manifest, or a Hugging Face config.json (recognized by its hidden_size)."""
+def load_manifest(path: str | Path, *, name: str | None = None) -> Manifest:
+    """A JSON manifest, or a Hugging Face config.json (recognized by its hidden_size);
+    ``name`` for a config (default: its folder's name)."""
     data = read_json(path)
     if isinstance(data, dict) and "hidden_size" in data:
-        return manifest_from_config(data, name=Path(path).parent.name or Path(path).stem, source=str(path))
+        return manifest_from_config(data, name=name or Path(path).parent.name or Path(path).stem, source=str(path))
     return _parse_manifest(data, source=str(path))
 
 
