@@ -28,6 +28,7 @@ from dmuon.ownership import ownership_of
 from dmuon.param_groups import initial_groups
 from dmuon.routing import MatrixView, default_batch_dims, route_params
 from dmuon.routing_summary import RoutingSummary, announce, entries_of
+from dmuon.split_options import SPLIT_DEFAULTS, split_key, split_view
 from dmuon.state_checks import adamw_state_dtype, check_state_dict, step_state_error
 
 _MUON_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -123,8 +124,9 @@ class DMuon(torch.optim.Optimizer):
         self._cost_model = execution.cost_model
         self._cost_cache = execution.cost_cache
         self._runtime = None
+        self._runtime_split: tuple | None = None  # split_key the runtime was built with
         self._schedules: dict[int, tuple[tuple, Any]] = {}  # group index → (its _schedule_key, NsSchedule)
-        self._muon_defaults = dict(lr=lr, weight_decay=weight_decay, **math.as_dict())
+        self._muon_defaults = dict(lr=lr, weight_decay=weight_decay, **math.as_dict(), **SPLIT_DEFAULTS)
         self._adamw_defaults = dict(
             lr=lr if adamw_lr is None else adamw_lr,
             weight_decay=weight_decay if adamw_weight_decay is None else adamw_weight_decay,
@@ -161,8 +163,28 @@ class DMuon(torch.optim.Optimizer):
         return {key: view.batch_dims for key, view in self._views.items()}
 
     def matrix_view(self, param: torch.Tensor) -> MatrixView:
-        """How Muon sees `param` as matrices (stack, row blocks, transposition)."""
-        return self._views.get(id(param)) or MatrixView(batch_dims=default_batch_dims(param))
+        """How Muon sees `param` as matrices (stack, row blocks, transposition), its group's
+        split (split_rows, split_heads) applied; ValueError naming it when the split does not fit."""
+        view = self._views.get(id(param)) or MatrixView(batch_dims=default_batch_dims(param))
+        for g_idx, group in enumerate(self.param_groups):
+            if group["use_muon"] and any(p is param for p in group["params"]):
+                return split_view(view, param, group, self.param_name(param), f"param group {g_idx}: ")
+        return view
+
+    def _split_error(self) -> str:
+        """Why a Muon group's split does not fit one of its parameters ("" if every one fits)."""
+        for g_idx, group in enumerate(self.param_groups):
+            if not group["use_muon"] or (group.get("split_rows") is None and group.get("split_heads") is None):
+                continue
+            for p in group["params"]:
+                if ownership_of(p) is not None:
+                    return (f"param group {g_idx}: split_rows/split_heads for parameter {self.param_name(p)!r}, which "
+                            "own_matrices owns: the weight-ownership mode does not split matrices")
+                try:
+                    self.matrix_view(p)
+                except ValueError as error:
+                    return str(error)
+        return ""
 
     def routing_summary(self) -> RoutingSummary:
         """Parameters and elements per side, every decision with its reason, the AdamW matrices
@@ -216,6 +238,8 @@ class DMuon(torch.optim.Optimizer):
         where = f"param group {group_idx}{'' if use_muon else ' (AdamW)'}: "
         if use_muon:
             check_muon_group(group, where)
+            for name, param in zip(names, tensors):
+                split_view(self._views[id(param)], param, group, name, where)
             self._group_schedule(group_idx, group)  # NOTE: built once, here (see _group_schedule)
         else:
             check_adamw_group(group, where)
@@ -340,6 +364,8 @@ class DMuon(torch.optim.Optimizer):
                 group = self.param_groups[g_idx] = as_adamw_group(group, f"param group {g_idx} (AdamW): ")
             else:
                 group.setdefault("ns_restarts", None)  # NOTE: checkpoints saved before it existed
+                for key, value in SPLIT_DEFAULTS.items():
+                    group.setdefault(key, value)
                 self._group_schedule(g_idx, group)
             for key in COUNTER_KEYS:
                 group.setdefault(key, 0)
@@ -401,8 +427,12 @@ class DMuon(torch.optim.Optimizer):
         distributed.check_same_parameters_on_all_ranks(group, signature)
 
     def _ensure_runtime(self) -> Any:
-        """The C++ step runtime for the current Muon parameters (built collectively)."""
+        """The C++ step runtime for the current Muon parameters (built collectively); built
+        again when a group's split changed (the user or a loaded checkpoint set it)."""
+        if self._runtime is not None and self._runtime_split != split_key(self.param_groups):
+            self._runtime = None
         if self._runtime is None:
+            self._runtime_split = split_key(self.param_groups)
             muon = self._muon_params()
             # NOTE: one runtime drives one device (its collectives, flags and fused batches).
             devices = {}
@@ -606,6 +636,9 @@ class DMuon(torch.optim.Optimizer):
                     check_adamw_group(group, f"param group {g_idx} (AdamW): ")
             except ValueError as error:
                 return f"{error}; nothing was updated"
+        split_error = self._split_error()
+        if split_error:
+            return f"{split_error}; nothing was updated"
         # NOTE: the engine reads a gradient's local tensor as the parameter's box: a DTensor
         # gradient placed otherwise (e.g. Partial, or another shard dim of equal size) would
         # be read as the wrong piece.

@@ -114,11 +114,27 @@ def matrix_blocks(t: torch.Tensor, batch_dims: int, row_blocks) -> list[torch.Te
     return list(as_matrices(t, batch_dims))
 
 
+def split_row_blocks(group: dict[str, Any], p: torch.Tensor, row_blocks=()) -> tuple[int, ...]:
+    """The row blocks a group's split orthogonalization (issue 29) gives `p`: split_rows as
+    given, split_heads as equal blocks of dim 0; else `row_blocks`. Plain checks, no routing."""
+    if group.get("split_rows") is not None:
+        sizes = tuple(int(s) for s in group["split_rows"])
+        assert sum(sizes) == p.shape[0], f"split_rows {sizes} does not sum to {p.shape[0]} rows"
+        return sizes
+    if group.get("split_heads") is not None:
+        heads = int(group["split_heads"])
+        assert p.shape[0] % heads == 0, f"{p.shape[0]} rows do not split into {heads} heads"
+        return (p.shape[0] // heads,) * heads
+    return tuple(row_blocks)
+
+
 class ReferenceDMuon:
     """Pure-PyTorch DMuon. `groups`: dicts like DMuon.param_groups (all options filled),
     plus optional per-parameter lists: "batch_dims" (default: 1 for 3-D, else 0),
     "row_blocks" (rows of each block orthogonalized on its own; default none) and
-    "transposed" (the matrix is stored (in, out): the lr adjustment takes (cols, rows))."""
+    "transposed" (the matrix is stored (in, out): the lr adjustment takes (cols, rows)). A
+    group's "split_rows" / "split_heads" (split orthogonalization) replace the row blocks: each
+    block is orthogonalized and lr-adjusted on its own, in place in the parameter's rows."""
 
     def __init__(self, groups: list[dict[str, Any]], ns_dtype: torch.dtype = torch.float64) -> None:
         self.groups = groups
@@ -135,7 +151,7 @@ class ReferenceDMuon:
                 if p.grad is None:
                     continue
                 if group["use_muon"]:
-                    self._muon(group, p, bdims, blocks, flipped)
+                    self._muon(group, p, bdims, split_row_blocks(group, p, blocks), flipped)
                 else:
                     self._adamw(group, p)
 
