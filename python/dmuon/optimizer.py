@@ -181,7 +181,9 @@ class DMuon(torch.optim.Optimizer):
                     return (f"param group {g_idx}: split_rows/split_heads for parameter {self.param_name(p)!r}, which "
                             "own_matrices owns: the weight-ownership mode does not split matrices")
                 try:
-                    self.matrix_view(p)
+                    # NOTE: the group is known here: no search of the groups per parameter.
+                    view = self._views.get(id(p)) or MatrixView(batch_dims=default_batch_dims(p))
+                    split_view(view, p, group, self.param_name(p), f"param group {g_idx}: ")
                 except ValueError as error:
                     return str(error)
         return ""

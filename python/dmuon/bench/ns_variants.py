@@ -12,7 +12,9 @@ checkpoints of fused models do and split them back:
   split_heads    q, k, v separate, each split per head (split_heads = its heads)
 split_qkv and split_gate_up run the same Newton–Schulz work as default (same block shapes):
 their difference to it is the cost of splitting. split_heads runs smaller matrices (other
-math). Runs on CUDA (CUDA-event medians) or, without a GPU, on the CPU (wall-clock medians;
+math). Every variant's parameters, gradients and momentum are alive together (they are timed
+in turns): about 12 bytes per parameter per variant, ~65 GB for four Qwen2.5-1.5B variants;
+time larger models with fewer variants per run. Runs on CUDA (CUDA-event medians) or, without a GPU, on the CPU (wall-clock medians;
 for a smoke run with --model tiny).
 """
 
