@@ -60,9 +60,6 @@ def test_the_split_changes_the_update():
     for name in ("qkv_proj.weight", "q_proj.weight", "gate_up_proj.weight"):
         a, b = (w.whole(dict(m.named_parameters())[name]) for m in (split, whole))
         assert np.abs(a - b).max() > 1e-3, name
-    for name in ("o_proj.weight", "down_proj.weight"):
-        a, b = (w.whole(dict(m.named_parameters())[name]) for m in (split, whole))
-        assert np.abs(a - b).max() < 1e-2, name
 
 
 def test_default_is_whole_matrices():
