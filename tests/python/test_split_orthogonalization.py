@@ -92,7 +92,8 @@ def _bad(groups_edit, match):
 
 def test_bad_options_name_the_parameter_and_option():
     _bad(lambda g, m: g[0].update(split_rows=[12, 6, 5]),
-         r"param group 0: split_rows=\[12, 6, 5\] for parameter 'qkv_proj.weight' .*sum to 23 rows, the parameter has 24")
+         r"param group 0: split_rows=\[12, 6, 5\] for parameter 'qkv_proj.weight' "
+         r".*sum to 23 rows, the parameter has 24")
     _bad(lambda g, m: g[1].update(split_heads=5), r"split_heads=5 for parameter 'q_proj.weight'.*not divisible into 5")
     _bad(lambda g, m: g[0].update(split_rows=[12, 0, 12]), r"param group 0: split_rows must be .*positive")
     _bad(lambda g, m: g[0].update(split_rows=12), r"param group 0: split_rows must be None or a sequence")

@@ -14,8 +14,8 @@ split_qkv and split_gate_up run the same Newton–Schulz work as default (same b
 their difference to it is the cost of splitting. split_heads runs smaller matrices (other
 math). Every variant's parameters, gradients and momentum are alive together (they are timed
 in turns): about 12 bytes per parameter per variant, ~65 GB for four Qwen2.5-1.5B variants;
-time larger models with fewer variants per run. Runs on CUDA (CUDA-event medians) or, without a GPU, on the CPU (wall-clock medians;
-for a smoke run with --model tiny).
+time larger models with fewer variants per run. Runs on CUDA (CUDA-event medians) or,
+without a GPU, on the CPU (wall-clock medians; for a smoke run with --model tiny).
 """
 
 from __future__ import annotations
