@@ -16,7 +16,7 @@ NS_ALGORITHMS = ("gram", "standard")
 ADJUST_LR = (None, "original", "match_rms_adamw", "spectral")
 # The math of a Muon group (the fields of dmuon.MuonMath, under the same names).
 MATH_KEYS = ("momentum", "nesterov", "ns_algorithm", "ns_coefficients", "ns_steps", "ns_restarts", "eps", "adjust_lr")
-# Split orthogonalization (dmuon.split_options): row blocks per parameter of the group.
+# Split orthogonalization (dmuon.split_options): row or column blocks per parameter of the group.
 SPLIT_KEYS = tuple(SPLIT_DEFAULTS)
 MUON_KEYS = ("lr", "weight_decay", *MATH_KEYS, *SPLIT_KEYS)
 # NOTE: a user gives an AdamW group `betas`; DMuon's group also carries `momentum` = betas[0]
@@ -129,8 +129,7 @@ def check_unknown_keys(group: dict[str, Any], group_idx: int, use_muon: bool) ->
         kind = "Muon" if use_muon else "AdamW"
         hint = " (AdamW's momentum is betas[0])" if not use_muon and "momentum" in unknown else ""
         if use_muon and "split_cols" in unknown:
-            hint = (" (column blocks, e.g. o_proj per head, are not supported: split_rows and split_heads "
-                    "cut rows)")
+            hint = " (column blocks, e.g. o_proj per head: split_heads=n with split_dim=1)"
         raise ValueError(f"param group {group_idx} ({kind}) has unknown option(s) {unknown}; allowed: "
                          f"{sorted(allowed - {'params'})}{hint}")
 

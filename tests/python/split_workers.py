@@ -1,6 +1,7 @@
 """Workers and model of the split-orthogonalization tests (tests/python/
 test_split_orthogonalization.py): a tiny decoder block with a fused q, k, v (GQA), per-head q,
-a fused gate/up, trained on one process or under Gloo (FSDP2, DDP) against the reference."""
+per-head o (column blocks), a fused gate/up, trained on one process or under Gloo (FSDP2,
+DDP) against the reference."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from dmuon.reference import ReferenceDMuon
 QKV_ROWS = (12, 6, 6)
 HEADS = 4
 INTER = 20
+# o_proj is [12, 36]: 4 column blocks (heads) of 9 columns, each a 12x9 matrix.
+O_HEADS = 4
 
 
 class SplitBlock(nn.Module):
@@ -46,11 +49,12 @@ def split_groups(model: nn.Module, **options) -> list[dict]:
     named = dict(model.named_parameters())
     strip = lambda n: n.removeprefix("module.")  # noqa: E731
     pick = lambda leaf: [(n, p) for n, p in named.items() if strip(n).startswith(leaf)]  # noqa: E731
-    split = {"qkv_proj", "q_proj", "gate_up_proj"}
+    split = {"qkv_proj", "q_proj", "gate_up_proj", "o_proj"}
     rest = [(n, p) for n, p in named.items() if strip(n).split(".")[0] not in split]
     return [{"params": pick("qkv_proj"), "use_muon": True, "split_rows": list(QKV_ROWS), **options},
             {"params": pick("q_proj"), "use_muon": True, "split_heads": HEADS, **options},
             {"params": pick("gate_up_proj"), "use_muon": True, "split_rows": [INTER, INTER], **options},
+            {"params": pick("o_proj"), "use_muon": True, "split_heads": O_HEADS, "split_dim": 1, **options},
             {"params": rest}]
 
 

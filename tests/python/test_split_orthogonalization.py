@@ -1,4 +1,5 @@
-"""Split orthogonalization (issue 29): groups with split_rows / split_heads against the
+"""Split orthogonalization (issue 29): groups with split_rows / split_heads (rows) and
+split_heads with split_dim=1 (o_proj's column blocks) against the
 plain-loop reference (dmuon.reference: split, NS each block, scale per block, join) on one
 process and over Gloo (FSDP2 world 2 and 3, where Shard(0) chunks cut blocks; DDP world 2),
 the options' errors, and the state (whole momentum per parameter) through state_dict and DCP."""
@@ -47,8 +48,9 @@ def test_one_process_matches_the_plain_loop_reference(adjust_lr):
     assert max(errors.values()) < TOLERANCE, errors
     assert optimizer.matrix_view(model.qkv_proj.weight).row_blocks == w.QKV_ROWS
     assert optimizer.matrix_view(model.q_proj.weight).row_blocks == (3, 3, 3, 3)
-    # One NS item per block: 3 + 4 + 2 for the split groups, o_proj and down_proj whole.
-    assert len(optimizer.runtime.item_params) == 3 + w.HEADS + 2 + 2
+    assert optimizer.matrix_view(model.o_proj.weight).col_blocks == w.O_HEADS
+    # One NS item per block: 3 + 4 + 2 + 4 for the split groups, down_proj whole.
+    assert len(optimizer.runtime.item_params) == 3 + w.HEADS + 2 + w.O_HEADS + 1
 
 
 def test_the_split_changes_the_update():
@@ -57,7 +59,7 @@ def test_the_split_changes_the_update():
         return [{k: v for k, v in g.items() if not k.startswith("split_")} for g in w.split_groups(m)]
     split, _, _ = _train_one_process(w.split_groups)
     whole, _, _ = _train_one_process(unsplit)
-    for name in ("qkv_proj.weight", "q_proj.weight", "gate_up_proj.weight"):
+    for name in ("qkv_proj.weight", "q_proj.weight", "gate_up_proj.weight", "o_proj.weight"):
         a, b = (w.whole(dict(m.named_parameters())[name]) for m in (split, whole))
         assert np.abs(a - b).max() > 1e-3, name
 
@@ -99,7 +101,13 @@ def test_bad_options_name_the_parameter_and_option():
     _bad(lambda g, m: g[0].update(split_rows=12), r"param group 0: split_rows must be None or a sequence")
     _bad(lambda g, m: g[1].update(split_heads=2.0), r"param group 1: split_heads must be None or a positive integer")
     _bad(lambda g, m: g[1].update(split_rows=[6, 6]), r"split_rows and split_heads are both set")
-    _bad(lambda g, m: g[1].update(split_cols=4), r"unknown option.*split_cols.*column blocks.*not supported")
+    _bad(lambda g, m: g[1].update(split_cols=4), r"unknown option.*split_cols.*split_heads=n with split_dim=1")
+    _bad(lambda g, m: g[3].update(split_dim=2), r"param group 3: split_dim must be None, 0 \(rows\) or 1")
+    _bad(lambda g, m: g[3].update(split_heads=None, split_rows=[18, 18]),
+         r"param group 3: split_dim=1 \(column blocks\) takes split_heads=n")
+    _bad(lambda g, m: g[3].update(split_heads=None), r"param group 3: split_dim=1 \(column blocks\) needs split_heads")
+    _bad(lambda g, m: g[3].update(split_heads=5),
+         r"split_heads=5, split_dim=1 for parameter 'o_proj.weight'.*36 columns are not divisible into 5")
 
 
 def test_splits_that_do_not_fit_the_view_are_refused():
@@ -126,6 +134,32 @@ def test_a_bad_split_set_after_construction_refuses_the_step():
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
+def test_a_refused_step_leaves_column_blocks_and_their_momentum():
+    """A non-finite gradient refuses the step: the staged copies are not written back."""
+    torch.manual_seed(0)
+    model = w.SplitBlock()
+    optimizer = dmuon.DMuon(w.split_groups(model), lr=0.05, nonfinite="skip")
+    w.loss_step(model, optimizer, 0)
+    weight = model.o_proj.weight
+    before = weight.detach().clone(), optimizer.state[weight]["momentum_buffer"].clone()
+    optimizer.zero_grad(set_to_none=True)
+    model(w.batch(1)).pow(2).mean().backward()
+    model.down_proj.weight.grad[0, 0] = float("nan")
+    optimizer.step()
+    assert torch.equal(weight, before[0]) and torch.equal(optimizer.state[weight]["momentum_buffer"], before[1])
+    assert optimizer.param_groups[3]["num_skipped_steps"] == 1
+
+
+def test_column_blocks_refuse_other_views():
+    mha = nn.MultiheadAttention(8, 2, bias=False)
+    with pytest.raises(ValueError, match=r"split_dim=1 for parameter 'attn.in_proj_weight'.*row blocks \[8, 8, 8\]"):
+        dmuon.DMuon([{"params": [("attn.in_proj_weight", mha.in_proj_weight)], "use_muon": True, "split_heads": 2,
+                      "split_dim": 1}])
+    conv = nn.Parameter(torch.randn(8, 4, 3, 3))
+    with pytest.raises(ValueError, match=r"split_dim=1 for parameter 'conv.weight'.*2-D weight"):
+        dmuon.DMuon([{"params": [("conv.weight", conv)], "use_muon": True, "split_heads": 2, "split_dim": 1}])
+
+
 def test_state_dict_round_trip_keeps_whole_momentum():
     torch.manual_seed(0)
     model = w.SplitBlock()
@@ -133,6 +167,7 @@ def test_state_dict_round_trip_keeps_whole_momentum():
     for step in range(2):
         w.loss_step(model, optimizer, step)
     assert optimizer.state[model.qkv_proj.weight]["momentum_buffer"].shape == model.qkv_proj.weight.shape
+    assert optimizer.state[model.o_proj.weight]["momentum_buffer"].shape == model.o_proj.weight.shape
     saved = copy.deepcopy(optimizer.state_dict())
     twin = copy.deepcopy(model)
     twin_opt = dmuon.DMuon(w.split_groups(twin, ns_algorithm="standard", lr=0.5), lr=0.5)
