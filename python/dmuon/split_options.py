@@ -149,14 +149,13 @@ def _col_view(view: MatrixView, param: torch.Tensor, heads: int, what: str) -> M
 def stage_cols(t: torch.Tensor, heads: int) -> torch.Tensor:
     """A [rows, heads·d] tensor as a contiguous [heads, rows, d] copy (block j = columns
     [j·d, (j+1)·d))."""
-    rows, cols = t.shape
-    return t.view(rows, heads, cols // heads).permute(1, 0, 2).contiguous()
+    # NOTE: unflatten of one dim is a view whatever the strides.
+    return t.unflatten(1, (heads, t.shape[1] // heads)).permute(1, 0, 2).contiguous()
 
 
 def unstage_cols(staged: torch.Tensor, t: torch.Tensor) -> None:
     """t ← the [rows, heads·d] tensor whose staged copy is `staged` (in place)."""
-    heads, rows, d = staged.shape
-    t.view(rows, heads, d).copy_(staged.permute(1, 0, 2))
+    t.unflatten(1, tuple(staged.shape[::2])).copy_(staged.permute(1, 0, 2))
 
 
 def staged_shape(shape: tuple[int, ...], heads: int) -> list[int]:

@@ -138,6 +138,29 @@ TEST(StepItems, RowBlocksCutByShardsGivePiecesOfBlocks) {
   }
 }
 
+TEST(StepItems, StagedColumnBlocksArePiecesOfAStackShardedOnItsRows) {
+  // o_proj [7, 3·2] per head, as dmuon.split_options stages it: [3 heads, 7 rows, 2], dim 1
+  // chunked over a 1-D mesh of 3 ranks as the weight's dim 0 (torch.chunk: 3, 3, 1 rows).
+  dmuon::dist::ParamLayout layout{{3, 7, 2}, 1, true};
+  layout.mesh = dmuon::dist::MeshPlacement{{3}, {{dmuon::dist::PlacementKind::kShard, 1, 1}}, {{0}, {1}, {2}}};
+  const ItemTable staged({{"o_proj", layout, DType::kFloat32, 0}}, 3);
+  ASSERT_EQ(staged.num_items(), 3);
+  const int64_t begin[] = {0, 3, 6}, count[] = {3, 3, 1};
+  for (int head = 0; head < 3; ++head) {
+    EXPECT_EQ(staged.item(head).rows, 7);
+    EXPECT_EQ(staged.item(head).cols, 2);
+    for (int rank = 0; rank < 3; ++rank) {
+      const auto& piece = staged.piece(head, rank);
+      EXPECT_EQ(piece.row_begin, begin[rank]) << head << " on " << rank;
+      EXPECT_EQ(piece.row_count, count[rank]) << head << " on " << rank;
+      // Head-major staging: head j's rows of the chunk follow heads 0..j−1's, contiguous.
+      EXPECT_EQ(piece.local_offset, head * count[rank] * 2) << head << " on " << rank;
+      EXPECT_EQ(piece.col_count, 2);
+    }
+  }
+  EXPECT_EQ(staged.local_numel(0, 2), 3 * 1 * 2);
+}
+
 TEST(StepItems, BadSpecsAreNamed) {
   EXPECT_TRUE(contains(error_of([] { ItemTable({{"vec", {{5}, 0, true}, DType::kFloat32, 0}}, 2); }), "vec"));
   EXPECT_TRUE(contains(error_of([] { ItemTable({{"x", {{2, 2}, 0, true}, DType::kInt32, 0}}, 2); }),

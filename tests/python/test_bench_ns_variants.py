@@ -18,6 +18,8 @@ def _blocks(groups) -> Counter:
         for rows, cols in shapes:
             if options.get("split_rows"):
                 out.update((r, cols) for r in options["split_rows"])
+            elif options.get("split_heads") and options.get("split_dim") == 1:
+                out[(rows, cols // options["split_heads"])] += options["split_heads"]
             elif options.get("split_heads"):
                 out[(rows // options["split_heads"], cols)] += options["split_heads"]
             else:
@@ -36,6 +38,7 @@ def test_variants_hold_the_same_parameters_and_split_back_to_the_default_blocks(
     assert _blocks(ns_variants.split_gate_up(dims)) == _blocks(default)
     h, _, layers, heads, kv = dims
     assert _blocks(ns_variants.split_heads(dims))[(h // heads, h)] == layers * (heads + 2 * kv)
+    assert _blocks(ns_variants.split_heads_o(dims))[(h, h // heads)] == layers * heads
 
 
 def test_unknown_variant_is_named():
@@ -46,9 +49,10 @@ def test_unknown_variant_is_named():
 
 def test_cpu_table_times_every_variant(capsys, monkeypatch):
     monkeypatch.setattr(ns_variants.torch.cuda, "is_available", lambda: False)
-    args = argparse.Namespace(model=["tiny"], variants="split_qkv,split_gate_up,split_heads", warmup=1, iters=1)
+    args = argparse.Namespace(model=["tiny"], variants="split_qkv,split_gate_up,split_heads,split_heads_o", warmup=1,
+                              iters=1)
     ns_variants.run_variants(args, ns.design_dims)
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0] in ns_variants.VARIANTS]
-    assert [r[0] for r in rows] == ["default", "split_qkv", "split_gate_up", "split_heads"]
+    assert [r[0] for r in rows] == ["default", "split_qkv", "split_gate_up", "split_heads", "split_heads_o"]
     assert all(float(r[2]) > 0 for r in rows)

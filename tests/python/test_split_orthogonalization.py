@@ -160,6 +160,18 @@ def test_column_blocks_refuse_other_views():
         dmuon.DMuon([{"params": [("conv.weight", conv)], "use_muon": True, "split_heads": 2, "split_dim": 1}])
 
 
+def test_column_blocks_on_a_mesh_of_several_dims_are_refused():
+    from dmuon.distributed import Placement
+
+    torch.manual_seed(0)
+    model = w.SplitBlock()
+    optimizer = dmuon.DMuon(w.split_groups(model), lr=0.05)
+    tp = Placement(global_shape=(12, 36), sharded=True, group=None, mesh_shape=(2, 2),
+                   mesh_placements=(("shard", 0, 1), ("shard", 1, 1)), rank_coords=((0, 0), (0, 1), (1, 0), (1, 1)))
+    with pytest.raises(ValueError, match=r"split_heads=4, split_dim=1 for parameter 'o_proj.weight': .*2-D mesh"):
+        optimizer._layout(model.o_proj.weight, tp)
+
+
 def test_state_dict_round_trip_keeps_whole_momentum():
     torch.manual_seed(0)
     model = w.SplitBlock()

@@ -10,6 +10,8 @@ checkpoints of fused models do and split them back:
   split_qkv      one fused [q + k + v, h] per layer, split_rows = (q, k, v)
   split_gate_up  one fused [2·i, h] per layer, split_rows = (i, i)
   split_heads    q, k, v separate, each split per head (split_heads = its heads)
+  split_heads_o  split_heads, and o split per head too (its column blocks: split_dim=1;
+                 staged copies each step, dmuon.split_options)
 split_qkv and split_gate_up run the same Newton–Schulz work as default (same block shapes):
 their difference to it is the cost of splitting. split_heads runs smaller matrices (other
 math). Every variant's parameters, gradients and momentum are alive together (they are timed
@@ -68,8 +70,17 @@ def split_heads(dims) -> Groups:
             (rest * layers, {})]
 
 
+def split_heads_o(dims) -> Groups:
+    h, i, layers, heads, kv = dims
+    d = h // heads
+    rest = _mlp(dims, False) + [(h, i)]
+    return [([(h, h)] * layers, {"split_heads": heads}), ([(kv * d, h)] * (2 * layers), {"split_heads": kv}),
+            ([(h, h)] * layers, {"split_heads": heads, "split_dim": 1}), (rest * layers, {})]
+
+
 VARIANTS: dict[str, Callable[[tuple], Groups]] = {
     "default": default, "split_qkv": split_qkv, "split_gate_up": split_gate_up, "split_heads": split_heads,
+    "split_heads_o": split_heads_o,
 }
 
 
