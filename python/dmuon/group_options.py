@@ -10,11 +10,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from dmuon.split_options import SPLIT_DEFAULTS, check_split_options
+
 NS_ALGORITHMS = ("gram", "standard")
 ADJUST_LR = (None, "original", "match_rms_adamw", "spectral")
 # The math of a Muon group (the fields of dmuon.MuonMath, under the same names).
 MATH_KEYS = ("momentum", "nesterov", "ns_algorithm", "ns_coefficients", "ns_steps", "ns_restarts", "eps", "adjust_lr")
-MUON_KEYS = ("lr", "weight_decay", *MATH_KEYS)
+# Split orthogonalization (dmuon.split_options): row or column blocks per parameter of the group.
+SPLIT_KEYS = tuple(SPLIT_DEFAULTS)
+MUON_KEYS = ("lr", "weight_decay", *MATH_KEYS, *SPLIT_KEYS)
 # NOTE: a user gives an AdamW group `betas`; DMuon's group also carries `momentum` = betas[0]
 # (AdamWGroup) for the schedulers that cycle it.
 ADAMW_KEYS = ("lr", "weight_decay", "betas", "eps")
@@ -44,6 +48,7 @@ def check_muon_group(group: dict[str, Any], where: str, names: dict[str, str] | 
     for key in ("lr", "weight_decay"):
         _check_nonnegative(where, names.get(key, key), group[key])
     check_muon_math(group, where, names)
+    check_split_options(group, where)
 
 
 def check_muon_math(group: dict[str, Any], where: str, names: dict[str, str] | None = None) -> None:
@@ -123,6 +128,8 @@ def check_unknown_keys(group: dict[str, Any], group_idx: int, use_muon: bool) ->
     if unknown:
         kind = "Muon" if use_muon else "AdamW"
         hint = " (AdamW's momentum is betas[0])" if not use_muon and "momentum" in unknown else ""
+        if use_muon and "split_cols" in unknown:
+            hint = " (column blocks, e.g. o_proj per head: split_heads=n with split_dim=1)"
         raise ValueError(f"param group {group_idx} ({kind}) has unknown option(s) {unknown}; allowed: "
                          f"{sorted(allowed - {'params'})}{hint}")
 

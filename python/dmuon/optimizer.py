@@ -28,6 +28,7 @@ from dmuon.ownership import ownership_of
 from dmuon.param_groups import initial_groups
 from dmuon.routing import MatrixView, default_batch_dims, route_params
 from dmuon.routing_summary import RoutingSummary, announce, entries_of
+from dmuon.split_options import SPLIT_DEFAULTS, col_heads, split_key, split_view, stage_cols, staged_shape, unstage_cols
 from dmuon.state_checks import adamw_state_dtype, check_state_dict, step_state_error
 
 _MUON_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -123,8 +124,9 @@ class DMuon(torch.optim.Optimizer):
         self._cost_model = execution.cost_model
         self._cost_cache = execution.cost_cache
         self._runtime = None
+        self._runtime_split: tuple | None = None  # split_key the runtime was built with
         self._schedules: dict[int, tuple[tuple, Any]] = {}  # group index → (its _schedule_key, NsSchedule)
-        self._muon_defaults = dict(lr=lr, weight_decay=weight_decay, **math.as_dict())
+        self._muon_defaults = dict(lr=lr, weight_decay=weight_decay, **math.as_dict(), **SPLIT_DEFAULTS)
         self._adamw_defaults = dict(
             lr=lr if adamw_lr is None else adamw_lr,
             weight_decay=weight_decay if adamw_weight_decay is None else adamw_weight_decay,
@@ -161,8 +163,30 @@ class DMuon(torch.optim.Optimizer):
         return {key: view.batch_dims for key, view in self._views.items()}
 
     def matrix_view(self, param: torch.Tensor) -> MatrixView:
-        """How Muon sees `param` as matrices (stack, row blocks, transposition)."""
-        return self._views.get(id(param)) or MatrixView(batch_dims=default_batch_dims(param))
+        """How Muon sees `param` as matrices (stack, row blocks, transposition), its group's
+        split (split_rows, split_heads, split_dim) applied; ValueError naming it when the split does not fit."""
+        view = self._views.get(id(param)) or MatrixView(batch_dims=default_batch_dims(param))
+        for g_idx, group in enumerate(self.param_groups):
+            if group["use_muon"] and any(p is param for p in group["params"]):
+                return split_view(view, param, group, self.param_name(param), f"param group {g_idx}: ")
+        return view
+
+    def _split_error(self) -> str:
+        """Why a Muon group's split does not fit one of its parameters ("" if every one fits)."""
+        for g_idx, group in enumerate(self.param_groups):
+            if not group["use_muon"] or (group.get("split_rows") is None and group.get("split_heads") is None):
+                continue
+            for p in group["params"]:
+                if ownership_of(p) is not None:
+                    return (f"param group {g_idx}: split_rows/split_heads for parameter {self.param_name(p)!r}, which "
+                            "own_matrices owns: the weight-ownership mode does not split matrices")
+                try:
+                    # NOTE: the group is known here: no search of the groups per parameter.
+                    view = self._views.get(id(p)) or MatrixView(batch_dims=default_batch_dims(p))
+                    split_view(view, p, group, self.param_name(p), f"param group {g_idx}: ")
+                except ValueError as error:
+                    return str(error)
+        return ""
 
     def routing_summary(self) -> RoutingSummary:
         """Parameters and elements per side, every decision with its reason, the AdamW matrices
@@ -216,6 +240,8 @@ class DMuon(torch.optim.Optimizer):
         where = f"param group {group_idx}{'' if use_muon else ' (AdamW)'}: "
         if use_muon:
             check_muon_group(group, where)
+            for name, param in zip(names, tensors):
+                split_view(self._views[id(param)], param, group, name, where)
             self._group_schedule(group_idx, group)  # NOTE: built once, here (see _group_schedule)
         else:
             check_adamw_group(group, where)
@@ -340,6 +366,8 @@ class DMuon(torch.optim.Optimizer):
                 group = self.param_groups[g_idx] = as_adamw_group(group, f"param group {g_idx} (AdamW): ")
             else:
                 group.setdefault("ns_restarts", None)  # NOTE: checkpoints saved before it existed
+                for key, value in SPLIT_DEFAULTS.items():
+                    group.setdefault(key, value)
                 self._group_schedule(g_idx, group)
             for key in COUNTER_KEYS:
                 group.setdefault(key, 0)
@@ -401,8 +429,12 @@ class DMuon(torch.optim.Optimizer):
         distributed.check_same_parameters_on_all_ranks(group, signature)
 
     def _ensure_runtime(self) -> Any:
-        """The C++ step runtime for the current Muon parameters (built collectively)."""
+        """The C++ step runtime for the current Muon parameters (built collectively); built
+        again when a group's split changed (the user or a loaded checkpoint set it)."""
+        if self._runtime is not None and self._runtime_split != split_key(self.param_groups):
+            self._runtime = None
         if self._runtime is None:
+            self._runtime_split = split_key(self.param_groups)
             muon = self._muon_params()
             # NOTE: one runtime drives one device (its collectives, flags and fused batches).
             devices = {}
@@ -432,12 +464,31 @@ class DMuon(torch.optim.Optimizer):
     def _layout(self, param: torch.Tensor, placement: distributed.Placement) -> Any:
         """The C++ runtime's view of one Muon parameter: shape, matrices, sharding."""
         view = self.matrix_view(param)
+        if view.col_blocks > 1:
+            return self._staged_layout(param, placement, view)
         mesh = {}
         if placement.on_mesh:
             mesh = dict(mesh_shape=list(placement.mesh_shape), placements=list(placement.mesh_placements),
                         rank_coords=[list(c) for c in placement.rank_coords])
         return _C.dist.ParamLayout(list(placement.global_shape), view.batch_dims, placement.sharded,
                                    row_blocks=list(view.row_blocks), transposed=view.transposed, **mesh)
+
+    def _staged_layout(self, param: torch.Tensor, placement: distributed.Placement, view: MatrixView) -> Any:
+        """The layout of a column-split parameter's staged copy [heads, rows, d] (split_options.
+        stage_cols): a stack of `heads` matrices, its dim 1 sharded as the parameter's dim 0."""
+        heads = view.col_blocks
+        shape = staged_shape(placement.global_shape, heads)
+        if placement.on_mesh:
+            raise ValueError(f"split_heads={heads}, split_dim=1 for parameter {self.param_name(param)!r}: it is placed "
+                             f"on a {len(placement.mesh_shape)}-D mesh {placement.mesh_placements}; column blocks take "
+                             "a parameter sharded on dim 0 (FSDP2) or replicated")
+        mesh = {}
+        if placement.sharded:
+            # NOTE: Shard(0) of [rows, heads·d] is torch.chunk of the rows: the staged copy's
+            # dim 1 chunked alike over the same group (coordinate = group rank).
+            world = dist.get_world_size(placement.group)
+            mesh = dict(mesh_shape=[world], placements=[("shard", 1, 1)], rank_coords=[[r] for r in range(world)])
+        return _C.dist.ParamLayout(shape, 1, placement.sharded, **mesh)
 
     def _measured_costs(self, muon, layouts, group, device_type: str) -> list[tuple[int, int, int, float]]:
         """Measured NS times for the planner (empty: analytic model). Rank 0 of the group
@@ -536,12 +587,15 @@ class DMuon(torch.optim.Optimizer):
         muon = self._muon_params()
         muon_ids = {id(p) for _, p in muon}
         group_options, _ = self._muon_group_options()
-        params, grads, buffers, fresh = [], [], [], []
-        for _, p in muon:
+        params, grads, buffers, fresh, staged = [], [], [], [], []
+        for g_idx, p in muon:
+            heads = col_heads(self.param_groups[g_idx])
             params.append(distributed.local(p))
             if p.grad is None:
                 grads.append(None)
                 buffers.append(None)
+                if heads > 1:
+                    params[-1] = stage_cols(params[-1], heads)
                 continue
             # NOTE: a buffer enters the state only once a step applied it (a refused step
             # leaves the state as it was).
@@ -551,6 +605,11 @@ class DMuon(torch.optim.Optimizer):
                 fresh.append((p, buffer))
             grads.append(distributed.local(p.grad))
             buffers.append(distributed.local(buffer))
+            if heads > 1:
+                # Column blocks: the engine steps staged [heads, rows, d] copies (split_options).
+                staged.append((params[-1], buffers[-1], stage_cols(params[-1], heads), stage_cols(buffers[-1], heads)))
+                params[-1], buffers[-1] = staged[-1][2], staged[-1][3]
+                grads[-1] = stage_cols(grads[-1], heads)
         # NOTE: every rank passes the same list (an AdamW parameter without a gradient as
         # None), so that the engine's agreement has one size on every rank; it agrees on the
         # gradients' presence too (on some ranks only: an error on every rank naming it).
@@ -562,6 +621,9 @@ class DMuon(torch.optim.Optimizer):
         if not outcome["applied"]:
             bad = {id(muon[i][1]) for i in outcome["nonfinite_params"]} | {id(others[k]) for k in outcome["nonfinite_extra"]}
             return [self.param_name(p) for group in self.param_groups for p in group["params"] if id(p) in bad]
+        for param, buffer, staged_param, staged_buffer in staged:
+            unstage_cols(staged_param, param)
+            unstage_cols(staged_buffer, buffer)
         for p, buffer in fresh:
             self.state[p]["momentum_buffer"] = buffer
         return True
@@ -606,6 +668,9 @@ class DMuon(torch.optim.Optimizer):
                     check_adamw_group(group, f"param group {g_idx} (AdamW): ")
             except ValueError as error:
                 return f"{error}; nothing was updated"
+        split_error = self._split_error()
+        if split_error:
+            return f"{split_error}; nothing was updated"
         # NOTE: the engine reads a gradient's local tensor as the parameter's box: a DTensor
         # gradient placed otherwise (e.g. Partial, or another shard dim of equal size) would
         # be read as the wrong piece.

@@ -106,19 +106,48 @@ def as_matrices(t: torch.Tensor, batch_dims: int) -> torch.Tensor:
     return t.reshape(1, t.shape[0], -1)
 
 
-def matrix_blocks(t: torch.Tensor, batch_dims: int, row_blocks) -> list[torch.Tensor]:
+def matrix_blocks(t: torch.Tensor, batch_dims: int, row_blocks, col_blocks: int = 0) -> list[torch.Tensor]:
     """The matrices Muon orthogonalizes, as views of `t` (contiguous): the stack's or the one
-    matrix's, or the row blocks of dim 0 when given."""
+    matrix's, or the row blocks of dim 0 when given, or `col_blocks` > 1 equal blocks of the
+    columns of a 2-D `t` (strided views)."""
+    if col_blocks > 1:
+        return list(t.split(t.shape[1] // col_blocks, dim=1))
     if row_blocks:
         return list(t.reshape(t.shape[0], -1).split(list(row_blocks), dim=0))
     return list(as_matrices(t, batch_dims))
+
+
+def split_row_blocks(group: dict[str, Any], p: torch.Tensor, row_blocks=()) -> tuple[int, ...]:
+    """The row blocks a group's split orthogonalization (issue 29) gives `p`: split_rows as
+    given, split_heads as equal blocks of dim 0; else `row_blocks`. Plain checks, no routing."""
+    if group.get("split_rows") is not None:
+        sizes = tuple(int(s) for s in group["split_rows"])
+        assert sum(sizes) == p.shape[0], f"split_rows {sizes} does not sum to {p.shape[0]} rows"
+        return sizes
+    if group.get("split_heads") is not None:
+        heads = int(group["split_heads"])
+        assert p.shape[0] % heads == 0, f"{p.shape[0]} rows do not split into {heads} heads"
+        return (p.shape[0] // heads,) * heads
+    return tuple(row_blocks)
+
+
+def split_col_blocks(group: dict[str, Any], p: torch.Tensor) -> int:
+    """The equal column blocks of split_heads=n with split_dim=1 (0: none). Plain checks."""
+    if group.get("split_dim") != 1 or group.get("split_heads") is None:
+        return 0
+    heads = int(group["split_heads"])
+    assert p.dim() == 2 and p.shape[1] % heads == 0, f"{tuple(p.shape)} does not split into {heads} column heads"
+    return heads
 
 
 class ReferenceDMuon:
     """Pure-PyTorch DMuon. `groups`: dicts like DMuon.param_groups (all options filled),
     plus optional per-parameter lists: "batch_dims" (default: 1 for 3-D, else 0),
     "row_blocks" (rows of each block orthogonalized on its own; default none) and
-    "transposed" (the matrix is stored (in, out): the lr adjustment takes (cols, rows))."""
+    "transposed" (the matrix is stored (in, out): the lr adjustment takes (cols, rows)). A
+    group's "split_rows" / "split_heads" (split orthogonalization) replace the row blocks: each
+    block is orthogonalized and lr-adjusted on its own, in place in the parameter's rows; with
+    "split_dim": 1, split_heads cuts equal blocks of columns instead."""
 
     def __init__(self, groups: list[dict[str, Any]], ns_dtype: torch.dtype = torch.float64) -> None:
         self.groups = groups
@@ -135,12 +164,13 @@ class ReferenceDMuon:
                 if p.grad is None:
                     continue
                 if group["use_muon"]:
-                    self._muon(group, p, bdims, blocks, flipped)
+                    cols = split_col_blocks(group, p)
+                    self._muon(group, p, bdims, () if cols else split_row_blocks(group, p, blocks), flipped, cols)
                 else:
                     self._adamw(group, p)
 
     def _muon(self, group: dict[str, Any], p: torch.Tensor, batch_dims: int, row_blocks=(),
-              transposed: bool = False) -> None:
+              transposed: bool = False, col_blocks: int = 0) -> None:
         state = self.state.setdefault(id(p), {})
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p)
@@ -156,8 +186,8 @@ class ReferenceDMuon:
         lr = group["lr"]
         p.mul_(1 - lr * group["weight_decay"])
         assert p.is_contiguous(), "the reference updates its parameters through views of their matrices"
-        targets = matrix_blocks(p, batch_dims, row_blocks)
-        for G, target in zip(matrix_blocks(update, batch_dims, row_blocks), targets):
+        targets = matrix_blocks(p, batch_dims, row_blocks, col_blocks)
+        for G, target in zip(matrix_blocks(update, batch_dims, row_blocks, col_blocks), targets):
             # NOTE: a transposed matrix is orthogonalized as the model uses it, Gᵀ.
             M = G.T if transposed else G
             if algorithm == "gram":

@@ -53,6 +53,7 @@ class MatrixView:
     batch_dims: int = 0          # 1: [E, m, n] stack of matrices; 0: one matrix (trailing dims flattened)
     row_blocks: tuple[int, ...] = ()  # rows of each block of dim 0 orthogonalized on its own (fused q, k, v)
     transposed: bool = False     # stored (in, out), as HF Conv1D: the lr adjustment uses (cols, rows)
+    col_blocks: int = 0          # > 1: that many equal column blocks, each its own matrix (o_proj per head)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

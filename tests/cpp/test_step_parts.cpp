@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "error_of.h"
@@ -74,6 +75,90 @@ TEST(StepItems, AStackShardedWithinExpertsGivesPiecesWithOffsets) {
   EXPECT_EQ(table.local_rows(0, 2).count, 0);
   EXPECT_EQ(table.piece(1, 1).row_count, 3);
   EXPECT_EQ(table.piece(1, 1).local_offset, 0);
+}
+
+// Split orthogonalization (issue 29): every row block is an item of its own; a rank's piece
+// of a block is the block's rows inside the rank's Shard(0) chunk, so a chunk may hold the
+// end of one block and the start of the next (two pieces at offsets of one local tensor).
+dmuon::dist::ParamLayout row_block_layout(std::vector<int64_t> shape, bool sharded, std::vector<int64_t> blocks) {
+  dmuon::dist::ParamLayout layout;
+  layout.global_shape = std::move(shape);
+  layout.sharded = sharded;
+  layout.row_blocks = std::move(blocks);
+  return layout;
+}
+
+TEST(StepItems, RowBlocksCutByShardsGivePiecesOfBlocks) {
+  // Fused q, k, v of 12 + 6 + 6 rows × 5, torch.chunk over 3 ranks: rows [0,8) [8,16) [16,24).
+  const ItemTable qkv({{"qkv", row_block_layout({24, 5}, true, {12, 6, 6}), DType::kFloat32, 0}}, 3);
+  ASSERT_EQ(qkv.num_items(), 3);
+  EXPECT_EQ(qkv.item(0).rows, 12);
+  EXPECT_EQ(qkv.item(1).rows, 6);
+  EXPECT_EQ(qkv.item(2).cols, 5);
+  struct Expected { int item, rank; int64_t row_begin, row_count, local_offset; };
+  const std::vector<Expected> expected = {
+      {0, 0, 0, 8, 0},  {0, 1, 8, 4, 0},    // q: rows 0–7 on rank 0, 8–11 at the start of rank 1's chunk
+      {1, 1, 0, 4, 20}, {1, 2, 4, 2, 0},    // k: rank 1 after its 4 q rows (4·5 elements), then rank 2
+      {2, 2, 0, 6, 10},                      // v: rank 2 after its 2 k rows
+  };
+  for (const Expected& e : expected) {
+    const auto& piece = qkv.piece(e.item, e.rank);
+    EXPECT_EQ(piece.row_begin, e.row_begin) << e.item << " on " << e.rank;
+    EXPECT_EQ(piece.row_count, e.row_count) << e.item << " on " << e.rank;
+    EXPECT_EQ(piece.local_offset, e.local_offset) << e.item << " on " << e.rank;
+    EXPECT_EQ(piece.col_count, 5);
+  }
+  EXPECT_TRUE(qkv.piece(0, 2).empty());
+  EXPECT_TRUE(qkv.piece(1, 0).empty());
+  EXPECT_TRUE(qkv.piece(2, 0).empty() && qkv.piece(2, 1).empty());
+  EXPECT_TRUE(qkv.whole_on(2, 2));  // v lies inside rank 2's chunk
+  EXPECT_EQ(qkv.first_whole_holder(0), -1);
+
+  // Gate/up 5 + 5 rows × 3 over 4 ranks (uneven: chunks 3, 3, 3, 1): rank 1 holds the end of
+  // gate and the first row of up; rank 3 the last row of up.
+  const ItemTable gate_up({{"gate_up", row_block_layout({10, 3}, true, {5, 5}), DType::kFloat32, 0}}, 4);
+  EXPECT_EQ(gate_up.piece(0, 1).row_begin, 3);
+  EXPECT_EQ(gate_up.piece(0, 1).row_count, 2);
+  EXPECT_EQ(gate_up.piece(1, 1).row_begin, 0);
+  EXPECT_EQ(gate_up.piece(1, 1).row_count, 1);
+  EXPECT_EQ(gate_up.piece(1, 1).local_offset, 2 * 3);
+  EXPECT_EQ(gate_up.piece(1, 3).row_begin, 4);
+  EXPECT_EQ(gate_up.piece(1, 3).local_offset, 0);
+  EXPECT_TRUE(gate_up.piece(0, 3).empty());
+
+  // Per-head blocks of a replicated q (3 heads of 2 rows, world 2): whole blocks on every
+  // rank, each a replica set whose lowest holder sends.
+  const ItemTable heads({{"q", row_block_layout({6, 4}, false, {2, 2, 2}), DType::kFloat32, 0}}, 2);
+  ASSERT_EQ(heads.num_items(), 3);
+  for (int item = 0; item < 3; ++item) {
+    EXPECT_TRUE(heads.whole_on(item, 0) && heads.whole_on(item, 1));
+    EXPECT_EQ(heads.piece(item, 1).local_offset, item * 2 * 4);
+    EXPECT_TRUE(heads.replicated_on(item, 1));
+    EXPECT_EQ(heads.source(item, 1, 0), 0);
+  }
+}
+
+TEST(StepItems, StagedColumnBlocksArePiecesOfAStackShardedOnItsRows) {
+  // o_proj [7, 3·2] per head, as dmuon.split_options stages it: [3 heads, 7 rows, 2], dim 1
+  // chunked over a 1-D mesh of 3 ranks as the weight's dim 0 (torch.chunk: 3, 3, 1 rows).
+  dmuon::dist::ParamLayout layout{{3, 7, 2}, 1, true};
+  layout.mesh = dmuon::dist::MeshPlacement{{3}, {{dmuon::dist::PlacementKind::kShard, 1, 1}}, {{0}, {1}, {2}}};
+  const ItemTable staged({{"o_proj", layout, DType::kFloat32, 0}}, 3);
+  ASSERT_EQ(staged.num_items(), 3);
+  const int64_t begin[] = {0, 3, 6}, count[] = {3, 3, 1};
+  for (int head = 0; head < 3; ++head) {
+    EXPECT_EQ(staged.item(head).rows, 7);
+    EXPECT_EQ(staged.item(head).cols, 2);
+    for (int rank = 0; rank < 3; ++rank) {
+      const auto& piece = staged.piece(head, rank);
+      EXPECT_EQ(piece.row_begin, begin[rank]) << head << " on " << rank;
+      EXPECT_EQ(piece.row_count, count[rank]) << head << " on " << rank;
+      // Head-major staging: head j's rows of the chunk follow heads 0..j−1's, contiguous.
+      EXPECT_EQ(piece.local_offset, head * count[rank] * 2) << head << " on " << rank;
+      EXPECT_EQ(piece.col_count, 2);
+    }
+  }
+  EXPECT_EQ(staged.local_numel(0, 2), 3 * 1 * 2);
 }
 
 TEST(StepItems, BadSpecsAreNamed) {

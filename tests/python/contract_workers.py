@@ -109,14 +109,16 @@ def row_blocks_sharded_match_the_reference(rank: int, world: int) -> dict:
                "attn.fused_gqa": torch.randn(16, 6, generator=gen) / 6 ** 0.5}
     blocks = {"attn.in_proj_weight": (5, 5, 5), "attn.fused_gqa": (8, 4, 4)}
     params = {n: nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)])) for n, t in initial.items()}
-    optimizer = dmuon.DMuon([{"params": list(params.items()), "use_muon": True}], lr=0.05, weight_decay=0.1,
-                            adjust_lr="original", ns_algorithm="standard")
+    # NOTE: the fused GQA's unequal blocks come from the split_rows group option (issue 29).
+    optimizer = dmuon.DMuon([{"params": [("attn.in_proj_weight", params["attn.in_proj_weight"])], "use_muon": True},
+                             {"params": [("attn.fused_gqa", params["attn.fused_gqa"])], "use_muon": True,
+                              "split_rows": [8, 4, 4]}],
+                            lr=0.05, weight_decay=0.1, adjust_lr="original", ns_algorithm="standard")
     views = {n: optimizer.matrix_view(p) for n, p in params.items()}
-    # NOTE: no user option makes unequal blocks yet; set the view the runtime will be built from.
-    optimizer._views[id(params["attn.fused_gqa"])] = dmuon.MatrixView(row_blocks=(8, 4, 4))
     exact = {n: nn.Parameter(t.clone()) for n, t in initial.items()}
-    reference = ReferenceDMuon([{**{k: v for k, v in optimizer.param_groups[0].items() if k != "params"},
-                                 "params": list(exact.values()), "row_blocks": [blocks[n] for n in exact]}])
+    options = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+    reference = ReferenceDMuon([{**options, "params": list(exact.values()),
+                                 "row_blocks": [blocks[n] for n in exact]}])
     for step in range(3):
         for n, p in params.items():
             g = torch.randn(initial[n].shape, generator=torch.Generator().manual_seed(10 * step + len(n)))
@@ -126,6 +128,7 @@ def row_blocks_sharded_match_the_reference(rank: int, world: int) -> dict:
         reference.step()
     errors = {n: float((params[n].full_tensor() - exact[n]).abs().max()) for n in params}
     return {"errors": errors, "qkv_blocks": views["attn.in_proj_weight"].row_blocks,
+            "gqa_blocks": views["attn.fused_gqa"].row_blocks,
             "local_rows": {n: p.to_local().shape[0] for n, p in params.items()}}
 
 

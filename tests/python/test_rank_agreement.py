@@ -52,6 +52,7 @@ def test_row_blocks_sharded_across_ranks_match_the_reference():
     results = run_distributed(contract_workers.row_blocks_sharded_match_the_reference, 2)
     for rank, out in results.items():
         assert out["qkv_blocks"] == (5, 5, 5)
+        assert out["gqa_blocks"] == (8, 4, 4)
         # Rank 0 holds rows 0–7 of the fused q, k, v: a block boundary runs through its shard.
         assert out["local_rows"]["attn.in_proj_weight"] == (8 if rank == 0 else 7)
         for name, error in out["errors"].items():

@@ -28,7 +28,15 @@ _DESIGN_MODELS = {
     "qwen2.5-1.5b": (1536, 8960, 28, 12, 2),
     "qwen2.5-7b": (3584, 18944, 28, 28, 4),
     "llama-3.1-8b": (4096, 14336, 32, 32, 8),
+    "tiny": (64, 160, 2, 4, 2),  # NOTE: for smoke runs (CPU) of --variants
 }
+
+
+def design_dims(name: str) -> tuple:
+    """(hidden, intermediate, layers, heads, kv heads) of a model of _DESIGN_MODELS."""
+    if name.lower() not in _DESIGN_MODELS:
+        raise ValueError(f"--model {name!r} has no decoder dimensions here; choose one of {', '.join(_DESIGN_MODELS)}")
+    return _DESIGN_MODELS[name.lower()]
 
 
 def model_shapes(name: str) -> list[tuple[int, int, int]]:
@@ -333,6 +341,15 @@ def run(args) -> None:
     from dmuon._ops import _C, ops
     from dmuon.cli_usage import input_checks
 
+    if args.variants:
+        from dmuon.bench.ns_variants import parse_variants, run_variants
+
+        with input_checks():
+            parse_variants(args.variants)
+            for model in args.model:
+                design_dims(model)
+        run_variants(args, design_dims)
+        return
     with input_checks():
         for model in args.model:
             model_shapes(model)
@@ -517,4 +534,8 @@ def register(subparsers) -> None:
                         help="also time the orthogonalize op alone per backend (cuda, cuda_dense)")
     parser.add_argument("--sym-shapes", nargs="*", default=["3584x18944", "4096x14336", "896x4864"],
                         help="m x k shapes of the X·Xᵀ kernel comparison")
+    parser.add_argument("--variants", default="",
+                        help="comma list of group-option variants to time against 'default' in turns "
+                             "(dmuon.bench.ns_variants.VARIANTS: default, split_qkv, split_gate_up, split_heads); "
+                             "times only those (on the CPU where no GPU is visible)")
     parser.set_defaults(func=run)
