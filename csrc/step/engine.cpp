@@ -79,7 +79,35 @@ void StepEngine::validate(const std::vector<ParamTensors>& tensors, const std::v
       check(t.grad, "gradient");
       check(t.momentum, "momentum buffer");
     }
+    if (rules[static_cast<size_t>(spec.group)].normuon.enabled) validate_normuon(p, t);
   }
+}
+
+// NOTE: NorMuon's row normalization needs whole rows of O and its Frobenius rescale the
+// whole matrix, with every row's v. This build runs it where the rank that orthogonalizes
+// a matrix is the only one holding it (one process): then v, sharded like the momentum's
+// rows, is all on that rank. Sharded and replicated matrices need v's rows at the owner
+// and back (a float32 side exchange of [rows] per matrix) and are refused by name.
+void StepEngine::validate_normuon(int param_idx, const ParamTensors& t) const {
+  const ParamSpec& spec = table_.param(param_idx);
+  const auto [first, count] = table_.items_of(param_idx);
+  for (int i = first; i < first + count; ++i) {
+    int holders = 0;
+    for (int d = 0; d < world_; ++d) holders += table_.piece(i, d).empty() ? 0 : 1;
+    const int owner = owners_[static_cast<size_t>(i)];
+    DMUON_CHECK(world_ == 1 || (holders == 1 && owner != kEveryRank && table_.whole_on(i, owner)),
+                "parameter '", spec.name, "': normuon=True runs only where one rank holds the whole matrix and "
+                "orthogonalizes it (one process); here ", holders, " of ", world_, " ranks hold parts of it");
+  }
+  const int64_t numel = table_.local_numel(param_idx, rank_);
+  const int64_t cols = table_.local_cols(param_idx, rank_).count;
+  const int64_t rows = numel == 0 ? 0 : numel / cols;
+  DMUON_CHECK(!t.has_grad || (t.row_state.dtype == DType::kFloat32 && t.row_state.numel == rows &&
+                              (rows == 0 || (t.row_state.data != nullptr && t.row_state.device == ops_.device()))),
+              "parameter '", spec.name, "' on rank ", rank_, ": its NorMuon state (normuon_v) holds ",
+              t.row_state.numel, " elements of ", dtype_name(t.row_state.dtype), " on ",
+              device_name(t.row_state.device), "; expected float32 [", rows, "] (one per local row) on ",
+              device_name(ops_.device()));
 }
 
 StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
@@ -309,7 +337,11 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
   for (const NsBatch* b : order)
     warm = warm && warm_batches_.count({b->group, static_cast<int>(b->dtype), b->rows, b->cols,
                                         static_cast<int64_t>(b->items.size())}) > 0;
-  const std::vector<int> stream_of = warm ? stream_assignment(order, rules) : std::vector<int>(order.size(), 0);
+  std::vector<int> stream_of = warm ? stream_assignment(order, rules) : std::vector<int>(order.size(), 0);
+  // NOTE: NorMuon's pass may be the adapter's (ATen on the ops' stream, engine/aten_float64_ops.cpp):
+  // its batches stay on the ops' stream, where that pass is ordered after their NS.
+  for (size_t k = 0; k < order.size(); ++k)
+    if (rules[static_cast<size_t>(order[k]->group)].normuon.enabled) stream_of[k] = 0;
   const Buffer gate = st.gate.get();
   const Buffer flags = st.result_flags.get();
   const int num_streams = ops_.run_on_streams(stream_of, [&](size_t k) {
@@ -321,6 +353,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
     std::vector<LocalMatrix> local_update, local_read;
     std::vector<WirePiece> pieces, returns;
     std::vector<ApplyPiece> own;
+    std::vector<NormuonMatrix> normuon;
     for (size_t j = 0; j < batch.items.size(); ++j) {
       const int item = batch.items[j];
       const Item& it = table_.item(item);
@@ -331,6 +364,10 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
         LocalMatrix m{piece_view(t.grad, me), piece_view(t.momentum, me),
                       {rule.momentum, rule.nesterov}, st.partial_of[static_cast<size_t>(item)], idx};
         (st.momentum_done[static_cast<size_t>(item)] ? local_read : local_update).push_back(m);
+        // NorMuon's v of this matrix: its rows sit where its momentum's rows do.
+        if (rule.normuon.enabled)
+          normuon.push_back({t.row_state.slice(me.local_offset / it.cols, it.rows, "NorMuon state of a matrix"), idx,
+                             it.param_idx});
       } else {
         // One piece per block: this rank's own from its send buffer, every other from its source.
         for (int src = 0; src < world_; ++src) {
@@ -369,6 +406,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
           if (!pieces.empty()) ops_.iterate_from_pieces(pieces, desc, iterate, gate);
         },
         [&](const NsView& result) {
+          if (!normuon.empty()) ops_.normuon(result, desc, normuon, rule.normuon, gate, flags);
           if (!returns.empty()) ops_.result_to_pieces(result, desc, returns);
           if (!own.empty()) ops_.apply_result(result, desc, own, gate, flags);
         });

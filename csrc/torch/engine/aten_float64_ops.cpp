@@ -217,6 +217,52 @@ class AtenFloat64Ops : public step::DeviceOps {
     }
   }
 
+  // NorMuon (optim/normuon.h) with ATen on any result layout (16-bit, transposed, padded
+  // ld: the CUDA ops'; float64: these ops'): sums in float64, v float32, nothing written
+  // where the gate is closed or O is not finite (the flag is raised then). NOTE: the CUDA
+  // ops have no NorMuon kernel; this is the correct-first path for them (a few small ATen
+  // launches per matrix on the ops' stream), the CPU ops keep their own.
+  void normuon(const step::NsView& result, const step::NsBatchDesc& batch,
+               const std::vector<step::NormuonMatrix>& matrices, const optim::NormuonRule& rule, const Buffer& gate,
+               const Buffer& result_flags) override {
+    if (batch.param_dtype != DType::kFloat64 && inner_->device().kind == step::DeviceKind::kCpu)
+      return inner_->normuon(result, batch, matrices, rule, gate, result_flags);
+    at::Tensor flags = tensor_view(result_flags);
+    for (const step::NormuonMatrix& m : matrices) {
+      DMUON_CHECK(m.matrix_idx >= 0 && m.matrix_idx < batch.count && m.v.dtype == DType::kFloat32 &&
+                      m.v.numel == batch.rows && m.flag_idx >= 0 && m.flag_idx < result_flags.numel,
+                  "normuon: matrix ", m.matrix_idx, " of ", batch.count, " with ", m.v.numel, " state entries for ",
+                  batch.rows, " rows");
+      // [rows, cols] view of matrix k of the result, whatever its storage order.
+      const int64_t span = result.transposed ? (batch.cols - 1) * result.ld + batch.rows
+                                             : (batch.rows - 1) * result.ld + batch.cols;
+      const Buffer storage{static_cast<char*>(result.data) +
+                               m.matrix_idx * result.batch_stride * step::dtype_size(result.dtype),
+                           result.dtype, span, m.v.device};
+      at::Tensor o = result.transposed
+                         ? tensor_view(storage).as_strided({batch.rows, batch.cols}, {1, result.ld})
+                         : tensor_view(storage).as_strided({batch.rows, batch.cols}, {result.ld, 1});
+      at::Tensor v = tensor_view(m.v);
+      const at::Tensor od = o.to(at::kDouble);
+      const at::Tensor row_sq = (od * od).sum(1);
+      const at::Tensor norm_sq = row_sq.sum();
+      at::Tensor ok = at::isfinite(norm_sq);
+      const at::Tensor v_next =
+          (v.to(at::kDouble) * rule.beta2 + row_sq * ((1.0 - rule.beta2) / static_cast<double>(batch.cols)))
+              .to(at::kFloat);
+      const at::Tensor d = v_next.to(at::kDouble).sqrt() + rule.eps;
+      const at::Tensor hat_sq = (row_sq / (d * d)).sum();
+      const at::Tensor keep = at::where(hat_sq > 0, (norm_sq / hat_sq).sqrt(), at::ones_like(hat_sq));
+      const at::Tensor o_next = (od * (keep / d).unsqueeze(1)).to(o.scalar_type());
+      const at::Tensor open = gate.empty() ? at::ones_like(ok) : tensor_view(gate).eq(0).reshape({});
+      flags.narrow(0, m.flag_idx, 1).copy_(at::maximum(flags.narrow(0, m.flag_idx, 1),
+                                                       (open & ~ok).to(flags.scalar_type()).reshape({1})));
+      ok = ok & open;
+      v.copy_(at::where(ok, v_next, v));
+      o.copy_(at::where(ok, o_next, o));
+    }
+  }
+
   void apply_pieces(const std::vector<step::ApplyPiece>& pieces, const Buffer& gate,
                     const Buffer& result_flags) override {
     std::vector<step::ApplyPiece> rest;
