@@ -68,7 +68,7 @@ void reference_step(const Mat& m, std::vector<double>& p, std::vector<double>& b
 
 TEST(StepNormuon, OneProcessMatchesFp64Reference) {
   const std::vector<Mat> mats = {{{6, 10}, 0}, {{12, 5}, 0}, {{3, 4, 7}, 1}};
-  step::GroupRule rule = testing::gram_rule(0.02, 0.1, true, "match_rms_adamw");
+  step::GroupRule rule = dmuon::testing::gram_rule(0.02, 0.1, true, "match_rms_adamw");
   rule.normuon = optim::NormuonRule{true, 0.9, 1e-8};
   std::mt19937 gen(11);
   std::normal_distribution<double> normal;
@@ -111,14 +111,13 @@ TEST(StepNormuon, OneProcessMatchesFp64Reference) {
   // NorMuon's per-row factors amplify it little (v is an average of O²).
   for (size_t i = 0; i < mats.size(); ++i) {
     std::vector<double> got(p[i].begin(), p[i].end()), gv(v[i].begin(), v[i].end());
-    std::vector<double> update_got(got.size()), update_ref(got.size());
-    EXPECT_LT(testing::relative_error(got, rp[i]), 1e-4) << specs[i].name;
-    EXPECT_LT(testing::relative_error(gv, rv[i]), 2e-3) << specs[i].name << " v";
+    EXPECT_LT(dmuon::testing::relative_error(got, rp[i]), 1e-4) << specs[i].name;
+    EXPECT_LT(dmuon::testing::relative_error(gv, rv[i]), 2e-3) << specs[i].name << " v";
   }
 }
 
 TEST(StepNormuon, ShardedMatrixRefusedByName) {
-  step::GroupRule rule = testing::gram_rule(0.02, 0.0);
+  step::GroupRule rule = dmuon::testing::gram_rule(0.02, 0.0);
   rule.normuon.enabled = true;
   step::LoopbackWorld world(2);
   const std::vector<std::string> errors = world.run([&](int rank) {

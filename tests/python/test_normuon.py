@@ -109,3 +109,14 @@ def test_bad_normuon_option_in_a_group_named_at_step():
         p.grad = torch.randn_like(p)
     with pytest.raises(Exception, match="normuon_beta2"):
         opt.step()
+
+
+@pytest.mark.parametrize("wrapper, world", [("fsdp2", 2), ("ddp", 2), ("fsdp2", 3)])
+def test_normuon_on_several_ranks_refused_by_name(wrapper, world):
+    """This build runs NorMuon in one process; a matrix several ranks hold (FSDP2 shards,
+    DDP replicas) is refused on every rank, naming it, with nothing updated."""
+    from clip_workers import normuon_sharded_refused
+    from dist_harness import run_distributed
+
+    for rank, message in run_distributed(normuon_sharded_refused, world, wrapper).items():
+        assert "normuon=True" in message and "'0.weight'" in message, (rank, message)

@@ -21,6 +21,8 @@ from collections import OrderedDict
 
 import torch
 
+from dmuon.bench.variants import variant_options
+
 # DESIGN.md §6 decoder shapes, used when the planner's manifests are not importable:
 # (hidden, intermediate, layers, heads, kv heads).
 _DESIGN_MODELS = {
@@ -336,6 +338,7 @@ def run(args) -> None:
     with input_checks():
         for model in args.model:
             model_shapes(model)
+    variant_options(args.variants)
     if not torch.cuda.is_available():
         raise SystemExit("bench ns needs a CUDA GPU")
     torch.manual_seed(0)
@@ -387,11 +390,11 @@ def run(args) -> None:
         def dmuon_name(bucket_mb, streams=0):
             return f"dmuon.DMuon.step (bucket {bucket_mb:g} MiB)" + (f", {streams} streams" if streams else "")
 
-        def dmuon_step(bucket_mb, streams=0):
+        def dmuon_step(bucket_mb, streams=0, variant=None):
             def make():
                 # NOTE: one GPU: the plan is trivial, so the analytic cost model (no profiling).
                 opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, bucket_size_mb=bucket_mb,
-                                  cost_model="analytic")
+                                  cost_model="analytic", **(variant or {}))
                 opt._runtime_options["fused_streams"] = streams  # NOTE: 0: DMUON_FUSED_STREAMS
                 opt._ensure_runtime()
                 last_dmuon["opt"] = opt
@@ -444,6 +447,12 @@ def run(args) -> None:
             measure(dmuon_name(args.bucket_mb[-1], streams), dmuon_step(args.bucket_mb[-1], streams=streams),
                     executed_dmuon, warm=warmup)
             report_path()
+        # Option variants (bench/variants.py) at the first bucket size, after the default.
+        for name, options in variant_options(args.variants):
+            if options:
+                measure(f"{dmuon_name(args.bucket_mb[0])}, variant {name}",
+                        dmuon_step(args.bucket_mb[0], variant=options), executed_dmuon, warm=warmup)
+                report_path()
         if args.profile:
             profile_step(dmuon_step(args.bucket_mb[-1])(), warmup)
             report_path()
@@ -513,6 +522,9 @@ def register(subparsers) -> None:
     parser.add_argument("--skip-baselines", action="store_true",
                         help="leave out torch.optim.Muon and the plain batched NS (fused AdamW stays): "
                              "for scans of dmuon settings; the 'vs Muon' column reads nan")
+    parser.add_argument("--variants", nargs="*", default=[],
+                        help="also time DMuon.step with these named option sets (dmuon/bench/variants.py, e.g. "
+                             "normuon) against the default in the same run")
     parser.add_argument("--ns-only", action="store_true",
                         help="also time the orthogonalize op alone per backend (cuda, cuda_dense)")
     parser.add_argument("--sym-shapes", nargs="*", default=["3584x18944", "4096x14336", "896x4864"],
