@@ -83,22 +83,13 @@ void StepEngine::validate(const std::vector<ParamTensors>& tensors, const std::v
   }
 }
 
-// NOTE: NorMuon's row normalization needs whole rows of O and its Frobenius rescale the
-// whole matrix, with every row's v. This build runs it where the rank that orthogonalizes
-// a matrix is the only one holding it (one process): then v, sharded like the momentum's
-// rows, is all on that rank. Sharded and replicated matrices need v's rows at the owner
-// and back (a float32 side exchange of [rows] per matrix) and are refused by name.
+// NOTE: NorMuon needs every row's v on the rank that computes a matrix
+// (engine_normuon.cpp moves it there and back); gather mode (every rank computes every
+// matrix) would need every v everywhere and is refused by name.
 void StepEngine::validate_normuon(int param_idx, const ParamTensors& t) const {
   const ParamSpec& spec = table_.param(param_idx);
-  const auto [first, count] = table_.items_of(param_idx);
-  for (int i = first; i < first + count; ++i) {
-    int holders = 0;
-    for (int d = 0; d < world_; ++d) holders += table_.piece(i, d).empty() ? 0 : 1;
-    const int owner = owners_[static_cast<size_t>(i)];
-    DMUON_CHECK(world_ == 1 || (holders == 1 && owner != kEveryRank && table_.whole_on(i, owner)),
-                "parameter '", spec.name, "': normuon=True runs only where one rank holds the whole matrix and "
-                "orthogonalizes it (one process); here ", holders, " of ", world_, " ranks hold parts of it");
-  }
+  DMUON_CHECK(world_ == 1 || options_.mode == Mode::kOwner, "parameter '", spec.name,
+              "': normuon=True is not supported in gather mode (every rank orthogonalizing every matrix)");
   const int64_t numel = table_.local_numel(param_idx, rank_);
   const int64_t cols = table_.local_cols(param_idx, rank_).count;
   const int64_t rows = numel == 0 ? 0 : numel / cols;
@@ -364,10 +355,6 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
         LocalMatrix m{piece_view(t.grad, me), piece_view(t.momentum, me),
                       {rule.momentum, rule.nesterov}, st.partial_of[static_cast<size_t>(item)], idx};
         (st.momentum_done[static_cast<size_t>(item)] ? local_read : local_update).push_back(m);
-        // NorMuon's v of this matrix: its rows sit where its momentum's rows do.
-        if (rule.normuon.enabled)
-          normuon.push_back({t.row_state.slice(me.local_offset / it.cols, it.rows, "NorMuon state of a matrix"), idx,
-                             it.param_idx});
       } else {
         // One piece per block: this rank's own from its send buffer, every other from its source.
         for (int src = 0; src < world_; ++src) {
@@ -379,6 +366,9 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
           pieces.push_back({wire, idx, p.row_begin, p.row_count, p.col_begin, p.col_count});
         }
       }
+      // NorMuon's whole v of this matrix (engine_normuon.cpp).
+      if (rule.normuon.enabled && !st.normuon_v[static_cast<size_t>(item)].empty())
+        normuon.push_back({st.normuon_v[static_cast<size_t>(item)], idx, it.param_idx});
       if (owner_mode)
         for (int d = 0; d < world_; ++d) {
           const Piece& p = table_.piece(item, d);

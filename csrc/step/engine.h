@@ -164,6 +164,11 @@ class StepEngine {
   void validate(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
                 const std::vector<CheckOnly>& extra) const;
   void validate_normuon(int param_idx, const ParamTensors& t) const;
+  // NorMuon's v around the pipeline (engine_normuon.cpp).
+  bool normuon_active(const StepState& st, int item) const;
+  bool sole_holder(int item, int rank) const;
+  void normuon_gather(StepState& st);
+  void normuon_return(StepState& st);
   bool computes(int item, int rank) const;
   double item_scale(const GroupRule& rule, int item) const;
   Flight issue_forward(size_t s, StepState& st);

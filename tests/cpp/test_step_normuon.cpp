@@ -1,10 +1,12 @@
 // NorMuon through the step engine (CPU ops, one process): two steps of a plain matrix, a
 // tall one and a 3-D stack against an fp64 Muon + NorMuon written here from the rule
-// (optim/normuon.h); the state v updated in place; a sharded matrix refused by name.
+// (optim/normuon.h); the state v updated in place; sharded and replicated matrices at
+// worlds 2 and 3 (v rows moved to the owner and back) against one process.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -116,22 +118,79 @@ TEST(StepNormuon, OneProcessMatchesFp64Reference) {
   }
 }
 
-TEST(StepNormuon, ShardedMatrixRefusedByName) {
-  step::GroupRule rule = dmuon::testing::gram_rule(0.02, 0.0);
-  rule.normuon.enabled = true;
-  step::LoopbackWorld world(2);
-  const std::vector<std::string> errors = world.run([&](int rank) {
-    step::CpuOps ops;
-    step::StepEngine engine(world.transport(rank), ops, {spec_of("sharded_w", Mat{{8, 6}, 0}, true)},
-                            step::EngineOptions{});
-    std::vector<float> p(24, 0.5f), g(24, 1.0f), b(24, 0.0f), v(4, 0.0f);
-    step::ParamTensors t{view(p), view(g), view(b), true};
-    t.row_state = view(v);
-    engine.step({t}, {rule}, 1);
-  });
-  for (const std::string& e : errors) {
-    EXPECT_NE(e.find("sharded_w"), std::string::npos) << e;
-    EXPECT_NE(e.find("normuon"), std::string::npos) << e;
+// Two steps at world 1, then at world 2 and 3 with one matrix sharded by rows (uneven at
+// 3) and one replicated: every rank's parameter rows and v rows are the one-process ones.
+// NOTE: the CPU wire is float32 and the owner's iterate sums the same values: the worlds
+// agree to float32 rounding of the norm's summation order (1e-6 relative).
+TEST(StepNormuon, ShardedAndReplicatedMatchOneProcess) {
+  step::GroupRule rule = dmuon::testing::gram_rule(0.02, 0.05, true, "match_rms_adamw");
+  rule.normuon = optim::NormuonRule{true, 0.9, 1e-8};
+  const std::vector<Mat> mats = {{{8, 6}, 0}, {{5, 9}, 0}};
+  const std::vector<bool> sharded = {true, false};
+  std::mt19937 gen(5);
+  std::normal_distribution<double> normal;
+  std::vector<std::vector<float>> p0, g1, g2;
+  for (const Mat& m : mats) {
+    const int64_t numel = m.shape[0] * m.shape[1];
+    p0.emplace_back(numel);
+    g1.emplace_back(numel);
+    g2.emplace_back(numel);
+    for (auto* v : {&p0.back(), &g1.back(), &g2.back()})
+      for (auto& x : *v) x = static_cast<float>(normal(gen));
+  }
+  // Run at `world`: rank r holds torch.chunk rows of the sharded matrix, all of the other.
+  auto run = [&](int world) {
+    std::vector<std::vector<std::vector<float>>> p(world), v(world);  // [rank][param]
+    std::vector<std::vector<int64_t>> row0(world);
+    step::LoopbackWorld loop(world);
+    const auto errors = loop.run([&](int rank) {
+      std::vector<step::ParamSpec> specs;
+      for (size_t i = 0; i < mats.size(); ++i) specs.push_back(spec_of("w" + std::to_string(i), mats[i], sharded[i]));
+      step::CpuOps ops;
+      step::StepEngine engine(loop.transport(rank), ops, specs, step::EngineOptions{});
+      std::vector<std::vector<float>> buf(mats.size()), g(mats.size());
+      p[rank].resize(mats.size());
+      v[rank].resize(mats.size());
+      row0[rank].resize(mats.size());
+      for (size_t i = 0; i < mats.size(); ++i) {
+        const dist::RowBlock rows = engine.items().local_rows(static_cast<int>(i), rank);
+        const int64_t cols = mats[i].shape[1];
+        row0[rank][i] = rows.begin;
+        p[rank][i].assign(p0[i].begin() + rows.begin * cols, p0[i].begin() + (rows.begin + rows.count) * cols);
+        buf[i].assign(p[rank][i].size(), 0.0f);
+        v[rank][i].assign(rows.count, 0.0f);
+      }
+      for (int s = 1; s <= 2; ++s) {
+        std::vector<step::ParamTensors> tensors;
+        for (size_t i = 0; i < mats.size(); ++i) {
+          const int64_t cols = mats[i].shape[1];
+          const std::vector<float>& src = s == 1 ? g1[i] : g2[i];
+          g[i].assign(src.begin() + row0[rank][i] * cols, src.begin() + row0[rank][i] * cols + p[rank][i].size());
+          step::ParamTensors t{view(p[rank][i]), view(g[i]), view(buf[i]), true};
+          t.row_state = view(v[rank][i]);
+          tensors.push_back(t);
+        }
+        const step::StepOutcome out = engine.step(tensors, {rule}, s);
+        DMUON_CHECK(out.applied(), out.message);
+      }
+    });
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
+    return std::make_tuple(p, v, row0);
+  };
+  const auto [p1, v1, r1] = run(1);
+  for (int world : {2, 3}) {
+    const auto [pw, vw, rw] = run(world);
+    for (int rank = 0; rank < world; ++rank)
+      for (size_t i = 0; i < mats.size(); ++i) {
+        const int64_t cols = mats[i].shape[1], r0 = rw[rank][i];
+        for (size_t k = 0; k < pw[rank][i].size(); ++k)
+          EXPECT_NEAR(pw[rank][i][k], p1[0][i][r0 * cols + k], 1e-6 * (1.0 + std::fabs(p1[0][i][r0 * cols + k])))
+              << "world " << world << " rank " << rank << " w" << i << " element " << k;
+        for (size_t k = 0; k < vw[rank][i].size(); ++k)
+          EXPECT_NEAR(vw[rank][i][k], v1[0][i][r0 + k], 1e-6 * std::fabs(v1[0][i][r0 + k]) + 1e-12)
+              << "world " << world << " rank " << rank << " w" << i << " v row " << k;
+        EXPECT_FALSE(vw[rank][i].empty() && pw[rank][i].size() > 0);
+      }
   }
 }
 

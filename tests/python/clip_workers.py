@@ -1,4 +1,4 @@
-"""Workers of test_qk_clip.py and test_normuon.py's distributed cases (spawned Gloo ranks)."""
+"""Workers of test_qk_clip.py and of test_normuon.py's gather-mode refusal (spawned Gloo ranks)."""
 
 from __future__ import annotations
 
@@ -57,15 +57,16 @@ def sharded_clip_matches_reference(rank: int, world: int, wrapper: str, num_kv_h
                              .abs().max())}
 
 
-def normuon_sharded_refused(rank: int, world: int, wrapper: str) -> str:
-    """NorMuon on a matrix several ranks hold: every rank's error names the parameter."""
+def normuon_gather_refused(rank: int, world: int, wrapper: str) -> str:
+    """NorMuon in gather mode (every rank computing every matrix): every rank's error names
+    the parameter."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 12, bias=False), nn.Linear(12, 8, bias=False))
     if wrapper == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
         fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
-    opt = dmuon.DMuon(model, lr=0.02, normuon=True)
+    opt = dmuon.DMuon(model, lr=0.02, normuon=True, mode="gather")
     for p in model.parameters():
         p.grad = torch.ones_like(p)
     try:
