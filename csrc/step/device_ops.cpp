@@ -9,6 +9,12 @@ namespace dmuon::step {
 
 bool DeviceOps::supports(DType dtype, std::string* why) const { return ops_support(device().kind, dtype, why); }
 
+void DeviceOps::normuon(const NsView& /*result*/, const NsBatchDesc& /*batch*/,
+                        const std::vector<NormuonMatrix>& /*matrices*/, const optim::NormuonRule& /*rule*/,
+                        const Buffer& /*gate*/, const Buffer& /*result_flags*/) {
+  DMUON_FAIL("normuon=True is not supported by the step engine's ops on ", device_name(device()));
+}
+
 void check_batch_rows(const char* what, const NsBatchDesc& batch, int64_t matrix_idx, int64_t row_begin,
                       int64_t row_count, int64_t numel, int64_t col_begin, int64_t col_count) {
   const auto [c0, nc] = piece_cols(batch, col_begin, col_count);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ns/schedule.h"
+#include "optim/normuon.h"
 #include "step/types.h"
 
 namespace dmuon::step {
@@ -106,6 +107,13 @@ struct ApplyPiece {
   int64_t col_begin = 0, col_count = -1;
 };
 
+/// NorMuon's state of matrix `matrix_idx` of an NS batch: v, float32 [rows] (all of them).
+struct NormuonMatrix {
+  Buffer v;
+  int64_t matrix_idx = 0;
+  int flag_idx = 0;  ///< result_flags[flag_idx] ← 1 when O is not finite (v is then left as it was)
+};
+
 /// The columns [begin, begin + count) of a piece in `batch` (col_count < 0: all of them).
 inline std::pair<int64_t, int64_t> piece_cols(const NsBatchDesc& batch, int64_t col_begin, int64_t col_count) {
   return col_count < 0 ? std::pair<int64_t, int64_t>{0, batch.cols} : std::pair<int64_t, int64_t>{col_begin, col_count};
@@ -164,6 +172,12 @@ class DeviceOps {
   /// Inside consume(): this rank's rows applied straight from the result.
   virtual void apply_result(const NsView& result, const NsBatchDesc& batch, const std::vector<ApplyPiece>& pieces,
                             const Buffer& gate, const Buffer& result_flags) = 0;
+  /// Inside consume(), before the result is returned or applied: NorMuon's row
+  /// normalization of each listed matrix of the result, in place, and its v updated
+  /// (optim/normuon.h); a matrix whose O is not finite keeps v and raises its flag. By
+  /// default: not supported (throws naming the device).
+  virtual void normuon(const NsView& result, const NsBatchDesc& batch, const std::vector<NormuonMatrix>& matrices,
+                       const optim::NormuonRule& rule, const Buffer& gate, const Buffer& result_flags);
   /// Rows returned by their owner, applied from the wire.
   virtual void apply_pieces(const std::vector<ApplyPiece>& pieces, const Buffer& gate,
                             const Buffer& result_flags) = 0;

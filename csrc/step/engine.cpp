@@ -79,7 +79,26 @@ void StepEngine::validate(const std::vector<ParamTensors>& tensors, const std::v
       check(t.grad, "gradient");
       check(t.momentum, "momentum buffer");
     }
+    if (rules[static_cast<size_t>(spec.group)].normuon.enabled) validate_normuon(p, t);
   }
+}
+
+// NOTE: NorMuon needs every row's v on the rank that computes a matrix
+// (engine_normuon.cpp moves it there and back); gather mode (every rank computes every
+// matrix) would need every v everywhere and is refused by name.
+void StepEngine::validate_normuon(int param_idx, const ParamTensors& t) const {
+  const ParamSpec& spec = table_.param(param_idx);
+  DMUON_CHECK(world_ == 1 || options_.mode == Mode::kOwner, "parameter '", spec.name,
+              "': normuon=True is not supported in gather mode (every rank orthogonalizing every matrix)");
+  const int64_t numel = table_.local_numel(param_idx, rank_);
+  const int64_t cols = table_.local_cols(param_idx, rank_).count;
+  const int64_t rows = numel == 0 ? 0 : numel / cols;
+  DMUON_CHECK(!t.has_grad || (t.row_state.dtype == DType::kFloat32 && t.row_state.numel == rows &&
+                              (rows == 0 || (t.row_state.data != nullptr && t.row_state.device == ops_.device()))),
+              "parameter '", spec.name, "' on rank ", rank_, ": its NorMuon state (normuon_v) holds ",
+              t.row_state.numel, " elements of ", dtype_name(t.row_state.dtype), " on ",
+              device_name(t.row_state.device), "; expected float32 [", rows, "] (one per local row) on ",
+              device_name(ops_.device()));
 }
 
 StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
@@ -309,7 +328,11 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
   for (const NsBatch* b : order)
     warm = warm && warm_batches_.count({b->group, static_cast<int>(b->dtype), b->rows, b->cols,
                                         static_cast<int64_t>(b->items.size())}) > 0;
-  const std::vector<int> stream_of = warm ? stream_assignment(order, rules) : std::vector<int>(order.size(), 0);
+  std::vector<int> stream_of = warm ? stream_assignment(order, rules) : std::vector<int>(order.size(), 0);
+  // NOTE: NorMuon's pass may be the adapter's (ATen on the ops' stream, engine/aten_float64_ops.cpp):
+  // its batches stay on the ops' stream, where that pass is ordered after their NS.
+  for (size_t k = 0; k < order.size(); ++k)
+    if (rules[static_cast<size_t>(order[k]->group)].normuon.enabled) stream_of[k] = 0;
   const Buffer gate = st.gate.get();
   const Buffer flags = st.result_flags.get();
   const int num_streams = ops_.run_on_streams(stream_of, [&](size_t k) {
@@ -321,6 +344,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
     std::vector<LocalMatrix> local_update, local_read;
     std::vector<WirePiece> pieces, returns;
     std::vector<ApplyPiece> own;
+    std::vector<NormuonMatrix> normuon;
     for (size_t j = 0; j < batch.items.size(); ++j) {
       const int item = batch.items[j];
       const Item& it = table_.item(item);
@@ -342,6 +366,9 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
           pieces.push_back({wire, idx, p.row_begin, p.row_count, p.col_begin, p.col_count});
         }
       }
+      // NorMuon's whole v of this matrix (engine_normuon.cpp).
+      if (rule.normuon.enabled && !st.normuon_v[static_cast<size_t>(item)].empty())
+        normuon.push_back({st.normuon_v[static_cast<size_t>(item)], idx, it.param_idx});
       if (owner_mode)
         for (int d = 0; d < world_; ++d) {
           const Piece& p = table_.piece(item, d);
@@ -369,6 +396,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
           if (!pieces.empty()) ops_.iterate_from_pieces(pieces, desc, iterate, gate);
         },
         [&](const NsView& result) {
+          if (!normuon.empty()) ops_.normuon(result, desc, normuon, rule.normuon, gate, flags);
           if (!returns.empty()) ops_.result_to_pieces(result, desc, returns);
           if (!own.empty()) ops_.apply_result(result, desc, own, gate, flags);
         });

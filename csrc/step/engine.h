@@ -45,6 +45,10 @@ namespace dmuon::step {
 struct ParamTensors {
   Buffer param, grad, momentum;
   bool has_grad = false;  ///< false: no gradient this step (grad and momentum unused)
+  /// NorMuon's second moment v (groups with normuon only, else empty): float32, one entry
+  /// per local row of every local matrix ([local matrices · local rows], the momentum's
+  /// rows), on the ops' device.
+  Buffer row_state;
 };
 
 /// A gradient the step only checks (e.g. an AdamW parameter's, same device): NaN/Inf in it
@@ -159,6 +163,12 @@ class StepEngine {
   void make_stages_for(const std::vector<GroupRule>& rules);
   void validate(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
                 const std::vector<CheckOnly>& extra) const;
+  void validate_normuon(int param_idx, const ParamTensors& t) const;
+  // NorMuon's v around the pipeline (engine_normuon.cpp).
+  bool normuon_active(const StepState& st, int item) const;
+  bool sole_holder(int item, int rank) const;
+  void normuon_gather(StepState& st);
+  void normuon_return(StepState& st);
   bool computes(int item, int rank) const;
   double item_scale(const GroupRule& rule, int item) const;
   Flight issue_forward(size_t s, StepState& st);

@@ -17,6 +17,11 @@ void StepEngine::begin_step(const std::vector<GroupRule>& rules, int64_t step_id
               step_name(early_ ? early_->step_idx : agreed_->step_idx),
               " is still open (finish and commit it, or discard it)");
   for (const GroupRule& rule : rules) rule.validate();
+  // NOTE: early results are held as NS left them; NorMuon's transform (and its state) is
+  // not wired into early work yet.
+  for (size_t g = 0; g < rules.size(); ++g)
+    DMUON_CHECK(!rules[g].normuon.enabled, "normuon=True (Muon group ", g,
+                ") is not supported with early work (the weight-ownership mode)");
   for (int p = 0; p < table_.num_params(); ++p)
     DMUON_CHECK(table_.param(p).group >= 0 && static_cast<size_t>(table_.param(p).group) < rules.size(),
                 "parameter '", table_.param(p).name, "': group index ", table_.param(p).group, " but ", rules.size(),

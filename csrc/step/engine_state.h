@@ -49,6 +49,12 @@ struct StepEngine::StepState {
   Partials partials;
   OwnedBuffer gate;                 // the one-process gated step only (empty view otherwise)
   OwnedBuffer result_flags;         // int32 [num_params]
+  // NorMuon (engine_normuon.cpp): [item] the whole v the owner computes with (empty: not
+  // NorMuon or not computed here), its offset in normuon_full (−1: in row_state itself).
+  std::vector<Buffer> normuon_v;
+  std::vector<int64_t> normuon_at;
+  OwnedBuffer normuon_full;
+  bool normuon_exchanged = false;  // the gather's all_to_all ran: the return's runs too
 };
 
 // One exchange of a stage: its buffers, where each piece lies in them, its collective.

@@ -75,6 +75,7 @@ void StepEngine::run_pipeline(StepState& st) {
                     &line.return_received_from})
       v->assign(static_cast<size_t>(world_), 0);
   }
+  normuon_gather(st);
   const size_t depth = static_cast<size_t>(depth_);
   std::vector<Flight> forward(num_stages), back(num_stages);
   size_t num_issued = 0;
@@ -88,6 +89,7 @@ void StepEngine::run_pipeline(StepState& st) {
     if (k >= depth) land(k - depth, st, back[k - depth]);
   }
   for (size_t j = num_stages > depth ? num_stages - depth : 0; j < num_stages; ++j) land(j, st, back[j]);
+  normuon_return(st);
 }
 
 // The end of a written step: one host read of the result flags; several ranks agree on the

@@ -33,6 +33,7 @@ void GroupRule::validate() const {
               weight_decay);
   DMUON_CHECK(momentum >= 0.0 && momentum < 1.0, "momentum must be in [0, 1), got ", momentum);
   schedule.validate();
+  if (normuon.enabled) normuon.validate();
 }
 
 Mode parse_mode(const std::string& name) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ns/schedule.h"
+#include "optim/normuon.h"
 #include "optim/update_rule.h"
 #include "plan/solvers.h"
 #include "step/types.h"
@@ -25,6 +26,9 @@ struct GroupRule {
   bool nesterov = true;
   optim::AdjustLr adjust_lr = optim::AdjustLr::kNone;
   ns::Schedule schedule;
+  /// NorMuon's row normalization of O (optim/normuon.h); off by default. Its state v is
+  /// ParamTensors::row_state.
+  optim::NormuonRule normuon;
 
   /// A validated rule; the schedule from ns_algorithm, flattened (a, b, c) coefficients
   /// per step and the 1-based restart iterations. Errors name the option.

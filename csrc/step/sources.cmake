@@ -14,5 +14,6 @@ target_sources(dmuon_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/engine_plan.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine_step.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine_early.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/engine_normuon.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cpu/cpu_ops.cpp
 )

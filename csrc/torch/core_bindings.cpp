@@ -12,6 +12,7 @@
 #include "common/env.h"
 #include "ns/ns_bound.h"
 #include "ns/schedule.h"
+#include "optim/qk_clip.h"
 
 namespace py = pybind11;
 
@@ -144,6 +145,17 @@ void register_core_bindings(py::module_& m) {
       "The floor of the fused step with each product of step_products(batches, …) at its measured dense "
       "GEMM time (dense_seconds, in that order; symmetric products at half of it), add_identity and the "
       "memory passes at bytes_per_second (ns/ns_bound.h)");
+  m.def(
+      "qk_clip_factors",
+      [](const std::vector<double>& max_logits, int64_t num_kv_heads, double tau) {
+        const optim::QkClipFactors f = optim::qk_clip_factors(max_logits, num_kv_heads, tau);
+        return std::make_tuple(f.q, f.k);
+      },
+      py::arg("max_logits"), py::arg("num_kv_heads"), py::arg("tau"),
+      "MuonClip's (q factors per q head, k factors per kv head) of one layer (optim/qk_clip.h)");
+  m.def("qk_clip_row_factors", &optim::qk_clip_row_factors, py::arg("head_factors"), py::arg("head_dim"),
+        py::arg("row_begin"), py::arg("row_count"),
+        "One factor per row of rows [row_begin, row_begin + row_count) of a [heads·head_dim, cols] weight");
 }
 
 }  // namespace dmuon::torch_adapter

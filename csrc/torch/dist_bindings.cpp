@@ -131,12 +131,16 @@ void register_dist_bindings(py::module_& m) {
 
   py::class_<MuonGroupOptions>(d, "GroupOptions")
       .def(py::init([](double lr, double weight_decay, double momentum, bool nesterov, std::string adjust_lr,
-                       ns::Schedule schedule) {
+                       ns::Schedule schedule, bool normuon, double normuon_beta2, double normuon_eps) {
              optim::parse_adjust_lr(adjust_lr);  // NOTE: the error names adjust_lr here, not mid-step
-             return MuonGroupOptions{lr, weight_decay, momentum, nesterov, std::move(adjust_lr), std::move(schedule)};
+             const optim::NormuonRule rule{normuon, normuon_beta2, normuon_eps};
+             if (normuon) rule.validate();  // names normuon_beta2 / normuon_eps
+             return MuonGroupOptions{lr, weight_decay, momentum, nesterov, std::move(adjust_lr), std::move(schedule),
+                                     rule};
            }),
            py::arg("lr"), py::arg("weight_decay"), py::arg("momentum"), py::arg("nesterov"),
-           py::arg("adjust_lr"), py::arg("schedule"))
+           py::arg("adjust_lr"), py::arg("schedule"), py::arg("normuon") = false, py::arg("normuon_beta2") = 0.95,
+           py::arg("normuon_eps") = 1e-8)
       .def_readonly("schedule", &MuonGroupOptions::schedule);
 
   py::class_<StepStats>(d, "StepStats")

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ns/schedule.h"
+#include "optim/normuon.h"
 #include "optim/update_rule.h"
 #include "step/options.h"
 
@@ -21,6 +22,8 @@ struct MuonGroupOptions {
   bool nesterov = true;
   std::string adjust_lr = "none";
   ns::Schedule schedule;
+  /// NorMuon (optim/normuon.h); off by default.
+  optim::NormuonRule normuon;
 
   /// Factor of the orthogonalized update of an m×n matrix in p ← p·decay() + scale·O.
   double update_scale(int64_t rows, int64_t cols) const {
@@ -39,6 +42,7 @@ inline step::GroupRule group_rule(const MuonGroupOptions& g) {
   rule.nesterov = g.nesterov;
   rule.adjust_lr = optim::parse_adjust_lr(g.adjust_lr);
   rule.schedule = g.schedule;
+  rule.normuon = g.normuon;
   rule.validate();
   return rule;
 }

@@ -84,7 +84,10 @@ class MuonMath(_Options):
     ``ns_restarts``: the 1-based Gram iterations after which the iteration restarts (None:
     the algorithm's default, after 2 for "gram"; "standard" has none); ``eps``: the
     normalization floor; ``adjust_lr``: None (ratio 1), "original" (√max(1, m/n)),
-    "match_rms_adamw" (0.2·√max(m, n)) or "spectral" (√(m/n))."""
+    "match_rms_adamw" (0.2·√max(m, n)) or "spectral" (√(m/n)). ``normuon``: NorMuon's row
+    normalization of the orthogonalized update (Li et al., 2025: a per-row second moment
+    with ``normuon_beta2``, rows divided by √v + ``normuon_eps``, the norm kept; one float32
+    state vector per matrix row, ``normuon_v``); off by default."""
 
     momentum: float = 0.95
     nesterov: bool = True
@@ -94,6 +97,9 @@ class MuonMath(_Options):
     ns_restarts: tuple[int, ...] | None = None
     eps: float = 1e-7
     adjust_lr: str | None = "match_rms_adamw"
+    normuon: bool = False
+    normuon_beta2: float = 0.95
+    normuon_eps: float = 1e-8
 
     def __post_init__(self) -> None:
         options = self.as_dict()
@@ -192,7 +198,8 @@ class Ownership(_Options):
 # Every flat keyword of DMuon that sets a dataclass field: name → (argument, field).
 FLAT_OPTIONS: dict[str, tuple[str, str]] = {
     **{name: ("math", name) for name in ("momentum", "nesterov", "ns_algorithm", "ns_steps", "ns_coefficients",
-                                         "ns_restarts", "eps", "adjust_lr")},
+                                         "ns_restarts", "eps", "adjust_lr", "normuon", "normuon_beta2",
+                                         "normuon_eps")},
     **{name: ("execution", name) for name in ("mode", "bucket_size_mb", "wire_dtype", "planner", "cost_model",
                                               "cost_cache", "nonfinite")},
 }

@@ -15,7 +15,11 @@ from dmuon.split_options import SPLIT_DEFAULTS, check_split_options
 NS_ALGORITHMS = ("gram", "standard")
 ADJUST_LR = (None, "original", "match_rms_adamw", "spectral")
 # The math of a Muon group (the fields of dmuon.MuonMath, under the same names).
-MATH_KEYS = ("momentum", "nesterov", "ns_algorithm", "ns_coefficients", "ns_steps", "ns_restarts", "eps", "adjust_lr")
+MATH_KEYS = ("momentum", "nesterov", "ns_algorithm", "ns_coefficients", "ns_steps", "ns_restarts", "eps", "adjust_lr",
+             "normuon", "normuon_beta2", "normuon_eps")
+# NOTE: defaults of the keys added after checkpoints were written (a group saved without
+# them reads these).
+MATH_DEFAULTS = {"normuon": False, "normuon_beta2": 0.95, "normuon_eps": 1e-8}
 # Split orthogonalization (dmuon.split_options): row or column blocks per parameter of the group.
 SPLIT_KEYS = tuple(SPLIT_DEFAULTS)
 MUON_KEYS = ("lr", "weight_decay", *MATH_KEYS, *SPLIT_KEYS)
@@ -75,6 +79,20 @@ def check_muon_math(group: dict[str, Any], where: str, names: dict[str, str] | N
         raise ValueError(f"{where}{name('momentum')} must be a number in [0, 1), got {group['momentum']!r}")
     if not isinstance(group["nesterov"], bool):
         raise ValueError(f"{where}{name('nesterov')} must be True or False, got {group['nesterov']!r}")
+    check_normuon(group, where, name)
+
+
+def check_normuon(group: dict[str, Any], where: str, name: Any = lambda key: key) -> None:
+    """NorMuon's options (Li et al., 2025): a bool switch, beta2 in [0, 1), eps > 0."""
+    enabled = group.get("normuon", MATH_DEFAULTS["normuon"])
+    if not isinstance(enabled, bool):
+        raise ValueError(f"{where}{name('normuon')} must be True or False, got {enabled!r}")
+    beta2 = group.get("normuon_beta2", MATH_DEFAULTS["normuon_beta2"])
+    if not (_is_number(beta2) and 0.0 <= beta2 < 1.0):
+        raise ValueError(f"{where}{name('normuon_beta2')} must be a number in [0, 1), got {beta2!r}")
+    eps = group.get("normuon_eps", MATH_DEFAULTS["normuon_eps"])
+    if not (_is_number(eps) and eps > 0):
+        raise ValueError(f"{where}{name('normuon_eps')} must be a finite number > 0, got {eps!r}")
 
 
 def _coefficients(value: Any, steps: int, what: str) -> list[tuple[float, float, float]]:

@@ -24,7 +24,9 @@ from dmuon._ops import _C
 from dmuon.config import FLAT_OPTIONS, Execution, MuonMath, merge_flat
 from dmuon.group_options import (ADAMW_OPTION_NAMES, COUNTER_KEYS, as_adamw_group, check_adamw_group,
                                  check_muon_group, check_unknown_keys, group_signature_options)
+from dmuon.normuon import normuon_state_like
 from dmuon.ownership import ownership_of
+from dmuon.qk_clip import QKClip
 from dmuon.param_groups import initial_groups
 from dmuon.routing import MatrixView, default_batch_dims, route_params
 from dmuon.routing_summary import RoutingSummary, announce, entries_of
@@ -105,6 +107,7 @@ class DMuon(torch.optim.Optimizer):
         adamw_weight_decay: float | None = None,
         muon_filter: Callable[[str, nn.Parameter], bool] | None = None,
         process_group: Any = None,
+        qk_clip: QKClip | None = None,
         **flat: Any,
     ) -> None:
         unknown = sorted(set(flat) - set(FLAT_OPTIONS))
@@ -112,6 +115,10 @@ class DMuon(torch.optim.Optimizer):
             raise TypeError(f"DMuon got unexpected keyword argument(s) {unknown}; options are lr, weight_decay, "
                             f"math, execution, adamw_*, muon_filter, process_group and {sorted(FLAT_OPTIONS)}")
         math, execution = merge_flat(math, execution, flat)
+        if qk_clip is not None and not isinstance(qk_clip, QKClip):
+            raise TypeError(f"qk_clip must be a dmuon.QKClip or None, got {type(qk_clip).__name__}")
+        # MuonClip's QK-clip, run after every applied step (dmuon/qk_clip.py).
+        self.qk_clip = qk_clip
         if isinstance(process_group, str) and process_group != rank_agreement.LOCAL:
             raise ValueError(f"process_group must be None (the default group), a ProcessGroup or "
                              f"{rank_agreement.LOCAL!r} (every rank trains its own model), got {process_group!r}")
@@ -545,7 +552,21 @@ class DMuon(torch.optim.Optimizer):
         rank_agreement.agree_before_step(self._group, step_idx, self._structure_signature(),
                                          self._step_input_error(),
                                          lambda: rank_agreement.describe_groups(self.param_groups, self.param_name))
-        return self._engine_step(self._ensure_runtime(), step_idx, loss)
+        skipped = self.param_groups[0]["num_skipped_steps"]
+        try:
+            out = self._engine_step(self._ensure_runtime(), step_idx, loss)
+        except BaseException:
+            if self.qk_clip is not None:
+                self.qk_clip.reset()
+            raise
+        if self.qk_clip is not None:
+            # NOTE: every rank takes the same branch (the step's outcome is agreed), so the
+            # clip's all_reduce is collective; a skipped step forgets its maxima.
+            if self.param_groups[0]["num_skipped_steps"] == skipped:
+                self.qk_clip.apply()
+            else:
+                self.qk_clip.reset()
+        return out
 
     def _engine_step(self, runtime: Any, step_idx: int, loss: Any) -> Any:
         """One step through the step engine: every Muon parameter's check, momentum, NS and
@@ -588,15 +609,25 @@ class DMuon(torch.optim.Optimizer):
         muon_ids = {id(p) for _, p in muon}
         group_options, _ = self._muon_group_options()
         params, grads, buffers, fresh, staged = [], [], [], [], []
+        row_states, fresh_v = [], []
+        normuon_ids = {id(p) for group in self.param_groups if group["use_muon"] and group.get("normuon", False)
+                       for p in group["params"]}
         for g_idx, p in muon:
             heads = col_heads(self.param_groups[g_idx])
             params.append(distributed.local(p))
             if p.grad is None:
                 grads.append(None)
                 buffers.append(None)
+                row_states.append(None)
                 if heads > 1:
                     params[-1] = stage_cols(params[-1], heads)
                 continue
+            # NorMuon's v: one float32 per row of every matrix (rows as the parameter stores them).
+            v = self.state.get(p, {}).get("normuon_v") if id(p) in normuon_ids else None
+            if id(p) in normuon_ids and v is None:
+                v = normuon_state_like(p, self._views[id(p)].batch_dims)
+                fresh_v.append((p, v))
+            row_states.append(distributed.local(v) if v is not None else None)
             # NOTE: a buffer enters the state only once a step applied it (a refused step
             # leaves the state as it was).
             buffer = self.state.get(p, {}).get("momentum_buffer")
@@ -617,7 +648,7 @@ class DMuon(torch.optim.Optimizer):
                   if id(p) not in muon_ids]
         extra = [distributed.local(p.grad) if p.grad is not None else None for p in others]
         outcome = self._engine_call(runtime, params, grads, buffers, group_options, step_idx,
-                                    [self.param_name(p) for p in others], extra)
+                                    [self.param_name(p) for p in others], extra, row_states)
         if not outcome["applied"]:
             bad = {id(muon[i][1]) for i in outcome["nonfinite_params"]} | {id(others[k]) for k in outcome["nonfinite_extra"]}
             return [self.param_name(p) for group in self.param_groups for p in group["params"] if id(p) in bad]
@@ -626,6 +657,8 @@ class DMuon(torch.optim.Optimizer):
             unstage_cols(staged_buffer, buffer)
         for p, buffer in fresh:
             self.state[p]["momentum_buffer"] = buffer
+        for p, v in fresh_v:
+            self.state[p]["normuon_v"] = v
         return True
 
     def _refused(self, names: list[str], step_idx: int, loss: Any) -> Any:
@@ -693,7 +726,10 @@ class DMuon(torch.optim.Optimizer):
                 group_options.append(_C.dist.GroupOptions(
                     lr=float(group["lr"]), weight_decay=float(group["weight_decay"]),
                     momentum=float(group["momentum"]), nesterov=bool(group["nesterov"]),
-                    adjust_lr=group["adjust_lr"] or "none", schedule=self._group_schedule(g_idx, group)))
+                    adjust_lr=group["adjust_lr"] or "none", schedule=self._group_schedule(g_idx, group),
+                    normuon=bool(group.get("normuon", False)),
+                    normuon_beta2=float(group.get("normuon_beta2", 0.95)),
+                    normuon_eps=float(group.get("normuon_eps", 1e-8))))
         return group_options, group_slot
 
     def _finish_owned(self, step_idx: int) -> dict[str, Any]:

@@ -99,6 +99,26 @@ def adjusted_lr_ratio(adjust_lr: str | None, rows: int, cols: int) -> float:
     raise ValueError(f"unknown adjust_lr {adjust_lr!r}")
 
 
+def normuon_update(O: torch.Tensor, v: torch.Tensor, beta2: float, eps: float) -> torch.Tensor:
+    """NorMuon (Li et al., 2025) on one orthogonalized update O [rows, cols] as stored in the
+    parameter, with its per-row second moment v (float32 [rows], updated in place):
+    v_i ← β₂·v_i + (1 − β₂)·mean_j O_ij², Ô_i = O_i / (√v_i + ε), then Ô scaled to ‖O‖_F.
+    Sums in float64, one row at a time."""
+    rows, cols = O.shape
+    O = O.to(torch.float64)
+    row_sq = [float((O[i] * O[i]).sum()) for i in range(rows)]
+    norm_sq = sum(row_sq)
+    divisor = []
+    for i in range(rows):
+        v[i] = beta2 * float(v[i]) + (1.0 - beta2) * row_sq[i] / cols  # rounded to v's float32
+        divisor.append(math.sqrt(float(v[i])) + eps)
+    hat_sq = sum(row_sq[i] / divisor[i] ** 2 for i in range(rows))
+    if hat_sq == 0.0:
+        return O
+    keep = math.sqrt(norm_sq / hat_sq)
+    return torch.stack([O[i] * (keep / divisor[i]) for i in range(rows)])
+
+
 def as_matrices(t: torch.Tensor, batch_dims: int) -> torch.Tensor:
     """[B, m, n]: a stack for batch_dims=1, else one matrix with trailing dims flattened."""
     if batch_dims == 1:
@@ -174,6 +194,9 @@ class ReferenceDMuon:
         state = self.state.setdefault(id(p), {})
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p)
+        normuon = group.get("normuon", False)
+        if normuon and "normuon_v" not in state:
+            state["normuon_v"] = torch.zeros(p.shape[:1 + batch_dims], dtype=torch.float32, device=p.device)
         buf, grad, mu = state["momentum_buffer"], p.grad, group["momentum"]
         buf.lerp_(grad, 1 - mu)                                    # buf ← μ·buf + (1−μ)·G
         update = grad.lerp(buf, mu) if group["nesterov"] else buf  # (1−μ)·G + μ·buf
@@ -187,7 +210,14 @@ class ReferenceDMuon:
         p.mul_(1 - lr * group["weight_decay"])
         assert p.is_contiguous(), "the reference updates its parameters through views of their matrices"
         targets = matrix_blocks(p, batch_dims, row_blocks, col_blocks)
-        for G, target in zip(matrix_blocks(update, batch_dims, row_blocks, col_blocks), targets):
+        # NorMuon's v of each matrix (rows as stored): views of the state, like the targets'.
+        # (Column blocks with NorMuon are refused by DMuon: their rows are not the state's.)
+        v_rows: list[Any] = [None] * len(targets)
+        if normuon:
+            assert col_blocks <= 1, "NorMuon with column blocks (split_dim=1) is not defined here"
+            flat_v = state["normuon_v"].reshape(-1)
+            v_rows = list(flat_v.split(list(row_blocks))) if row_blocks else list(flat_v.reshape(len(targets), -1))
+        for G, target, v in zip(matrix_blocks(update, batch_dims, row_blocks, col_blocks), targets, v_rows):
             # NOTE: a transposed matrix is orthogonalized as the model uses it, Gᵀ.
             M = G.T if transposed else G
             if algorithm == "gram":
@@ -201,6 +231,8 @@ class ReferenceDMuon:
             # transposed view, and torch's add_ of a strided bf16 operand rounds differently at
             # bf16 rounding boundaries (18 of 576 elements of a 48x12 bf16 weight, one ulp).
             O = (O.T if transposed else O).contiguous()
+            if normuon:
+                O = normuon_update(O, v.reshape(-1), group["normuon_beta2"], group["normuon_eps"])
             target.add_(O.to(p.dtype), alpha=-lr * adjusted_lr_ratio(group["adjust_lr"], rows, cols))
 
     def _adamw(self, group: dict[str, Any], p: torch.Tensor) -> None:
@@ -219,3 +251,22 @@ class ReferenceDMuon:
         m_hat = state["exp_avg"] / (1 - beta1**t)
         v_hat = state["exp_avg_sq"] / (1 - beta2**t)
         p.sub_(lr * m_hat / (v_hat.sqrt() + eps))
+
+
+def qk_clip_reference(w_q: torch.Tensor, w_k: torch.Tensor, max_logits, tau: float, num_heads: int,
+                      num_kv_heads: int, head_dim: int) -> None:
+    """MuonClip's QK-clip (Kimi Team, 2025) in place, one head at a time: γ_h = min(1, τ/S_h);
+    multi-head: W_q's and W_k's rows of head h × √γ_h; GQA (num_kv_heads < num_heads): W_q's
+    rows of head h × γ_h, W_k untouched (its heads are shared)."""
+    with torch.no_grad():
+        for h in range(num_heads):
+            s = float(max_logits[h])
+            if s <= tau:
+                continue
+            gamma = tau / s
+            rows = slice(h * head_dim, (h + 1) * head_dim)
+            if num_kv_heads == num_heads:
+                w_q[rows] *= math.sqrt(gamma)
+                w_k[rows] *= math.sqrt(gamma)
+            else:
+                w_q[rows] *= gamma

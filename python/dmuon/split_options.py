@@ -70,6 +70,11 @@ def check_split_options(group: dict[str, Any], where: str) -> None:
     if dim == 1 and heads is None:
         raise ValueError(f"{where}split_dim=1 (column blocks) needs split_heads=n, the number of column blocks "
                          "(e.g. o_proj's number of attention heads)")
+    # NOTE: NorMuon's state is one value per row of the parameter; a column block's rows are
+    # the parameter's rows again, once per block, so their v would not be the state's.
+    if dim == 1 and group.get("normuon"):
+        raise ValueError(f"{where}split_dim=1 (column blocks) cannot be combined with normuon=True (NorMuon's "
+                         "per-row state is per parameter row; split rows, or leave this group unsplit)")
     if rows is not None and heads is not None:
         raise ValueError(f"{where}split_rows and split_heads are both set ({rows!r}, {heads!r}); set one "
                          "(for per-head blocks of a fused q, k, v, split_heads = the total number of heads)")

@@ -18,7 +18,7 @@ import torch
 
 from dmuon.group_options import check_adamw_group, check_muon_group
 
-MUON_STATE_KEYS = ("momentum_buffer",)
+MUON_STATE_KEYS = ("momentum_buffer", "normuon_v")
 ADAMW_STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
 
 
@@ -38,6 +38,14 @@ def _tensor_error(what: str, value: Any, param: torch.Tensor) -> str:
         return f"{what} is a {type(value).__name__}, not a tensor"
     if not value.is_floating_point():
         return f"{what} has dtype {value.dtype}, not a floating-point dtype"
+    if what == "normuon_v":
+        # NOTE: NorMuon's v has the parameter's leading dims (dmuon/normuon.py); the engine
+        # checks its size against the matrices it steps.
+        if value.dtype != torch.float32 or not 1 <= value.dim() <= 2 or \
+                tuple(value.shape) != tuple(param.shape[:value.dim()]):
+            return (f"normuon_v is {value.dtype} of shape {_shape(value)}, expected float32 of the parameter's "
+                    f"leading dims {_shape(param)[:1]} (or [E, rows] for a stack)")
+        return ""
     if tuple(value.shape) != tuple(param.shape):
         return f"{what} has shape {_shape(value)} but the parameter has shape {_shape(param)}"
     return ""
@@ -157,6 +165,8 @@ def _placement_error(entry: dict[str, Any], param: torch.Tensor, use_muon: bool,
         expected = param.dtype if use_muon else adamw_state_dtype(param)
         if value.device != local_param.device:
             return f"{key} is on {value.device} but the parameter on {local_param.device}"
+        if key == "normuon_v":
+            continue  # float32 of the leading dims: _tensor_error checked it
         if value.dtype != expected:
             return f"{key} has dtype {value.dtype}, expected {expected}"
         if tuple(value.shape) != tuple(local_param.shape):

@@ -178,6 +178,10 @@ class ForwardingOps : public step::DeviceOps {
                     const step::Buffer& flags) override {
     inner_.apply_pieces(pieces, gate, flags);
   }
+  void normuon(const step::NsView& r, const step::NsBatchDesc& batch, const std::vector<step::NormuonMatrix>& m,
+               const optim::NormuonRule& rule, const step::Buffer& gate, const step::Buffer& flags) override {
+    inner_.normuon(r, batch, m, rule, gate, flags);
+  }
   std::vector<int32_t> read_flags(const std::vector<step::Buffer>& buffers) override {
     return inner_.read_flags(buffers);
   }

@@ -70,12 +70,14 @@ def _state(model, opt, full: bool):
     return get_state_dict(model, opt, options=options)
 
 
-def save_then_continue(rank: int, world: int, wrapper: str, path: str, full: bool = False) -> dict:
-    """3 steps, checkpoint, 3 more steps: the uninterrupted trajectory."""
+def save_then_continue(rank: int, world: int, wrapper: str, path: str, full: bool = False,
+                       extra: dict | None = None) -> dict:
+    """3 steps, checkpoint, 3 more steps: the uninterrupted trajectory. `extra`: more DMuon
+    options (e.g. normuon=True; the load takes them from the checkpoint)."""
     import torch.distributed.checkpoint as dcp
 
     model = wrap(make_model(), wrapper, world)
-    opt = dmuon.DMuon(model, lr=0.02, weight_decay=0.1)
+    opt = dmuon.DMuon(model, lr=0.02, weight_decay=0.1, **(extra or {}))
     train(model, opt, 0, 3)
     msd, osd = _state(model, opt, full)
     if full:
@@ -87,14 +89,18 @@ def save_then_continue(rank: int, world: int, wrapper: str, path: str, full: boo
     return snapshot(model, opt)
 
 
-def load_then_continue(rank: int, world: int, wrapper: str, path: str, full: bool = False) -> dict:
-    """A fresh model and optimizer, the checkpoint loaded, 3 more steps."""
+def load_then_continue(rank: int, world: int, wrapper: str, path: str, full: bool = False,
+                       extra: dict | None = None) -> dict:
+    """A fresh model and optimizer, the checkpoint loaded, 3 more steps. `extra`: options the
+    optimizer is made with. NOTE: DCP loads the state keys the fresh optimizer's state dict
+    has (torch initializes it by a zero step), so an option that adds state (normuon) must be
+    given, as a training script would; lr and weight decay come from the checkpoint."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     model = wrap(make_model(), wrapper, world)
-    opt = dmuon.DMuon(model, lr=0.5, weight_decay=0.0)  # options come back from the checkpoint
+    opt = dmuon.DMuon(model, lr=0.5, weight_decay=0.0, **(extra or {}))  # options come back from the checkpoint
     if full:
         state = torch.load(path, weights_only=False)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"],

@@ -179,7 +179,8 @@ def _loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
 
-def wrapped_training_matches_single_process(rank: int, world: int, wrapper: str, num_steps: int = 3) -> dict:
+def wrapped_training_matches_single_process(rank: int, world: int, wrapper: str, num_steps: int = 3,
+                                            extra: dict | None = None) -> dict:
     """FSDP2 fully_shard or DDP training vs single-process DMuon on the whole batch.
     NOTE: FSDP2 on Gloo was reported to sum gradients instead of averaging them; with
     torch 2.11 its gradients are means (measured), so no correction is applied and this
@@ -200,7 +201,7 @@ def wrapped_training_matches_single_process(rank: int, world: int, wrapper: str,
     reference = TinyTransformer().to(device=device, dtype=dtype)
     model = copy.deepcopy(reference)
     initial = [p.detach().clone() for p in reference.parameters()]
-    options = dict(lr=0.01, weight_decay=0.05, **_exact_options())
+    options = dict(lr=0.01, weight_decay=0.05, **_exact_options(), **(extra or {}))
     ref_opt = _single_process_dmuon(reference, **options)
     if wrapper == "fsdp2":
         from torch.distributed.fsdp import fully_shard
@@ -218,7 +219,14 @@ def wrapped_training_matches_single_process(rank: int, world: int, wrapper: str,
     train_beside_reference(rank, world, reference, ref_opt, opt, lambda mine: _loss(wrapped, mine).backward(),
                            num_steps, per_rank=2)
     errors, update_errors = errors_against_reference(model, reference, initial)
-    return {"errors": errors, "update_errors": update_errors, "owners": opt.runtime.owners}
+    return {"errors": errors, "update_errors": update_errors, "owners": opt.runtime.owners,
+            "state_errors": {name: _rel(_whole(opt.state[p][key]), ref_opt.state[q][key])
+                             for (name, p), q in zip(model.named_parameters(), reference.parameters())
+                             for key in opt.state.get(p, {}) if key == "normuon_v"}}
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
 
 
 def train_beside_reference(rank: int, world: int, reference: nn.Module, ref_opt, opt, backward,

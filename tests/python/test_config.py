@@ -43,7 +43,8 @@ BAD_FIELDS = [
     (MuonMath, "ns_algorithm", "cubic"), (MuonMath, "ns_steps", 0), (MuonMath, "ns_steps", 2.5),
     (MuonMath, "ns_coefficients", [(1.0, 2.0)]), (MuonMath, "ns_coefficients", [(1.0, 2.0, float("nan"))]),
     (MuonMath, "ns_restarts", (3, 2)), (MuonMath, "ns_restarts", (9,)), (MuonMath, "eps", 0.0),
-    (MuonMath, "adjust_lr", "rms"),
+    (MuonMath, "adjust_lr", "rms"), (MuonMath, "normuon", 1), (MuonMath, "normuon_beta2", 1.0),
+    (MuonMath, "normuon_eps", 0.0),
     (Execution, "mode", "scatter"), (Execution, "bucket_size_mb", -1), (Execution, "bucket_size_mb", float("inf")),
     (Execution, "wire_dtype", "int8"), (Execution, "planner", "magic"), (Execution, "cost_model", "measured"),
     (Execution, "cost_cache", 3), (Execution, "nonfinite", "ignore"), (Execution, "profile", "yes"),
@@ -110,7 +111,8 @@ def test_flat_keywords_and_dataclasses_give_the_same_update():
 
 def test_every_flat_keyword_maps_onto_its_field():
     for name, (arg, field) in FLAT_OPTIONS.items():
-        value = FLAT.get(name, (1, 3) if name == "ns_restarts" else None)
+        value = FLAT.get(name, {"ns_restarts": (1, 3), "normuon": True, "normuon_beta2": 0.9,
+                                "normuon_eps": 1e-6}.get(name))
         opt = dmuon.DMuon(make_model(), **{name: value})
         expected = getattr(getattr(opt, arg).replace(**{field: value}), field)
         assert getattr(getattr(opt, arg), field) == expected, name

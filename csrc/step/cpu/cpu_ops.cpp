@@ -336,6 +336,26 @@ void CpuOps::apply_pieces(const std::vector<ApplyPiece>& pieces, const Buffer& g
   }
 }
 
+void CpuOps::normuon(const NsView& result, const NsBatchDesc& batch, const std::vector<NormuonMatrix>& matrices,
+                     const optim::NormuonRule& rule, const Buffer& gate, const Buffer& result_flags) {
+  if (gate_closed(gate)) return;
+  dispatch_compute(result.dtype, [&](auto rz) {
+    using R = decltype(rz);
+    R* out = static_cast<R*>(result.data);
+    const optim::MatrixRef ref{batch.rows, batch.cols, result.ld, result.transposed};
+    for (const NormuonMatrix& m : matrices) {
+      DMUON_CHECK(m.matrix_idx >= 0 && m.matrix_idx < batch.count, "CpuOps::normuon: matrix ", m.matrix_idx,
+                  " of a batch of ", batch.count);
+      DMUON_CHECK(m.v.dtype == DType::kFloat32 && m.v.numel == batch.rows, "CpuOps::normuon: v holds ", m.v.numel,
+                  " elements of ", dtype_name(m.v.dtype), " for ", batch.rows, " rows of float32");
+      DMUON_CHECK(m.flag_idx >= 0 && m.flag_idx < result_flags.numel, "CpuOps::normuon: flag index ", m.flag_idx,
+                  " out of range");
+      if (!optim::normuon_matrix<R>(out + m.matrix_idx * result.batch_stride, ref, m.v.as<float>(), rule))
+        result_flags.as<int32_t>()[m.flag_idx] = 1;
+    }
+  });
+}
+
 std::vector<int32_t> CpuOps::read_flags(const std::vector<Buffer>& buffers) {
   std::vector<int32_t> out;
   for (const Buffer& b : buffers) {

@@ -217,6 +217,63 @@ class AtenFloat64Ops : public step::DeviceOps {
     }
   }
 
+  // NorMuon (optim/normuon.h) with ATen on any result layout (16-bit, transposed, padded
+  // ld: the CUDA ops'; float64: these ops'): sums in float64, v float32, nothing written
+  // where the gate is closed or O is not finite (the flag is raised then). NOTE: the CUDA
+  // ops have no NorMuon kernel; this is the correct-first path for them (a few small ATen
+  // launches per matrix on the ops' stream), the CPU ops keep their own.
+  void normuon(const step::NsView& result, const step::NsBatchDesc& batch,
+               const std::vector<step::NormuonMatrix>& matrices, const optim::NormuonRule& rule, const Buffer& gate,
+               const Buffer& result_flags) override {
+    if (batch.param_dtype != DType::kFloat64 && inner_->device().kind == step::DeviceKind::kCpu)
+      return inner_->normuon(result, batch, matrices, rule, gate, result_flags);
+    if (matrices.empty()) return;
+    // The batch's listed matrices at once ([k, rows, cols] views of the result, whatever
+    // its storage order; their v stacked): a fixed number of launches per NS batch.
+    at::Tensor flags = tensor_view(result_flags);
+    std::vector<int64_t> index;
+    std::vector<at::Tensor> vs;
+    for (const step::NormuonMatrix& m : matrices) {
+      DMUON_CHECK(m.matrix_idx >= 0 && m.matrix_idx < batch.count && m.v.dtype == DType::kFloat32 &&
+                      m.v.numel == batch.rows && m.flag_idx >= 0 && m.flag_idx < result_flags.numel,
+                  "normuon: matrix ", m.matrix_idx, " of ", batch.count, " with ", m.v.numel, " state entries for ",
+                  batch.rows, " rows");
+      index.push_back(m.matrix_idx);
+      vs.push_back(tensor_view(m.v));
+    }
+    const int64_t span = (batch.count - 1) * result.batch_stride +
+                         (result.transposed ? (batch.cols - 1) * result.ld + batch.rows
+                                            : (batch.rows - 1) * result.ld + batch.cols);
+    const Buffer storage{result.data, result.dtype, span, matrices.front().v.device};
+    const at::Tensor all =
+        result.transposed
+            ? tensor_view(storage).as_strided({batch.count, batch.rows, batch.cols}, {result.batch_stride, 1, result.ld})
+            : tensor_view(storage).as_strided({batch.count, batch.rows, batch.cols}, {result.batch_stride, result.ld, 1});
+    const at::Tensor idx = at::tensor(index, at::TensorOptions().dtype(at::kLong)).to(all.device());
+    const at::Tensor od = all.index_select(0, idx).to(at::kDouble);  // [k, rows, cols]
+    const at::Tensor v = at::stack(vs);                              // [k, rows] float32
+    const at::Tensor row_sq = (od * od).sum(2);                      // [k, rows]
+    const at::Tensor norm_sq = row_sq.sum(1);                        // [k]
+    at::Tensor ok = at::isfinite(norm_sq);
+    const at::Tensor v_next =
+        (v.to(at::kDouble) * rule.beta2 + row_sq * ((1.0 - rule.beta2) / static_cast<double>(batch.cols)))
+            .to(at::kFloat);
+    const at::Tensor d = v_next.to(at::kDouble).sqrt() + rule.eps;
+    const at::Tensor hat_sq = (row_sq / (d * d)).sum(1);
+    const at::Tensor keep = at::where(hat_sq > 0, (norm_sq / hat_sq).sqrt(), at::ones_like(hat_sq));
+    const at::Tensor o_next = (od * (keep.unsqueeze(1) / d).unsqueeze(2)).to(all.scalar_type());
+    const at::Tensor open = gate.empty() ? at::ones_like(ok) : tensor_view(gate).eq(0).reshape({}).expand_as(ok);
+    const at::Tensor bad = (open & ~ok).to(flags.scalar_type());
+    ok = ok & open;
+    const at::Tensor v_out = at::where(ok.unsqueeze(1), v_next, v);
+    all.index_copy_(0, idx, at::where(ok.view({-1, 1, 1}), o_next, all.index_select(0, idx)));
+    for (size_t j = 0; j < matrices.size(); ++j) {
+      vs[j].copy_(v_out.select(0, static_cast<int64_t>(j)));
+      at::Tensor flag = flags.narrow(0, matrices[j].flag_idx, 1);
+      flag.copy_(at::maximum(flag, bad.narrow(0, static_cast<int64_t>(j), 1)));
+    }
+  }
+
   void apply_pieces(const std::vector<step::ApplyPiece>& pieces, const Buffer& gate,
                     const Buffer& result_flags) override {
     std::vector<step::ApplyPiece> rest;

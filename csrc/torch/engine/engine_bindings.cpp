@@ -46,20 +46,23 @@ void register_engine_bindings(py::module_& m) {
           "step",
           [](EngineRuntime& runtime, std::vector<at::Tensor> params, std::vector<std::optional<at::Tensor>> grads,
              std::vector<std::optional<at::Tensor>> momentum, std::vector<MuonGroupOptions> groups, int64_t step_idx,
-             std::vector<std::string> extra_names, std::vector<std::optional<at::Tensor>> extra_grads) {
+             std::vector<std::string> extra_names, std::vector<std::optional<at::Tensor>> extra_grads,
+             std::vector<std::optional<at::Tensor>> row_states) {
             const std::vector<at::Tensor> g = or_undefined(grads), b = or_undefined(momentum);
-            const std::vector<at::Tensor> e = or_undefined(extra_grads);
+            const std::vector<at::Tensor> e = or_undefined(extra_grads), v = or_undefined(row_states);
             EngineStepOutcome out;
             {
               py::gil_scoped_release release;
-              out = runtime.step(params, g, b, groups, step_idx, extra_names, e);
+              out = runtime.step(params, g, b, groups, step_idx, extra_names, e, v);
             }
             return py::dict(py::arg("applied") = out.applied, py::arg("nonfinite_params") = out.nonfinite_params,
                             py::arg("nonfinite_extra") = out.nonfinite_extra, py::arg("active") = out.active,
                             py::arg("message") = out.message);
           },
           py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"), py::arg("groups"), py::arg("step_idx"),
-          py::arg("extra_names"), py::arg("extra_grads"))
+          py::arg("extra_names"), py::arg("extra_grads"),
+          // NorMuon's v per parameter (None: the group has no NorMuon or no gradient).
+          py::arg("row_states") = std::vector<std::optional<at::Tensor>>{})
       .def_property_readonly("rank", &EngineRuntime::rank)
       .def_property_readonly("world_size", &EngineRuntime::world_size)
       .def_property_readonly("owners", &EngineRuntime::owners)

@@ -36,7 +36,7 @@ bool same_options(const MuonGroupOptions& a, const MuonGroupOptions& b) {
     same_steps = x.steps[k].a == y.steps[k].a && x.steps[k].b == y.steps[k].b && x.steps[k].c == y.steps[k].c;
   return a.lr == b.lr && a.weight_decay == b.weight_decay && a.momentum == b.momentum && a.nesterov == b.nesterov &&
          a.adjust_lr == b.adjust_lr && x.algorithm == y.algorithm && same_steps && x.restart_after == y.restart_after &&
-         x.eps == y.eps;
+         x.eps == y.eps && a.normuon == b.normuon;
 }
 
 // The NS streams: `requested` when not 0, else `knob` (DMUON_FUSED_STREAMS); the error
@@ -138,7 +138,8 @@ EngineStepOutcome EngineRuntime::step(at::TensorList params, const std::vector<a
                                       const std::vector<at::Tensor>& momentum,
                                       const std::vector<MuonGroupOptions>& groups, int64_t step_idx,
                                       const std::vector<std::string>& extra_names,
-                                      const std::vector<at::Tensor>& extra_grads) {
+                                      const std::vector<at::Tensor>& extra_grads,
+                                      const std::vector<at::Tensor>& row_state) {
   const step::ItemTable& table = engine_->items();
   const size_t n = static_cast<size_t>(table.num_params());
   DMUON_CHECK(params.size() == n && grads.size() == n && momentum.size() == n, "EngineRuntime::step: ",
@@ -175,6 +176,13 @@ EngineStepOutcome EngineRuntime::step(at::TensorList params, const std::vector<a
     tensors[i].grad = to_buffer(keep.back(), "the gradient of parameter '" + name + "'");
     tensors[i].momentum = to_buffer(writable(momentum[i], write_back), "the momentum buffer of parameter '" + name + "'");
     tensors[i].has_grad = true;
+    // NOTE: NorMuon's v (float32, one per local row) is written in place; the engine checks its size.
+    if (i < row_state.size() && row_state[i].defined()) {
+      DMUON_CHECK(row_state[i].scalar_type() == at::kFloat && row_state[i].device() == device,
+                  "the NorMuon state (normuon_v) of parameter '", name, "' is ", row_state[i].scalar_type(), " on ",
+                  row_state[i].device(), "; expected float32 on ", device);
+      tensors[i].row_state = to_buffer(writable(row_state[i], write_back), "the NorMuon state of parameter '" + name + "'");
+    }
   }
   std::vector<step::CheckOnly> extra;
   for (size_t k = 0; k < extra_grads.size(); ++k) {

@@ -51,7 +51,8 @@ class EngineRuntime {
   EngineStepOutcome step(at::TensorList params, const std::vector<at::Tensor>& grads,
                          const std::vector<at::Tensor>& momentum, const std::vector<MuonGroupOptions>& groups,
                          int64_t step_idx, const std::vector<std::string>& extra_names,
-                         const std::vector<at::Tensor>& extra_grads);
+                         const std::vector<at::Tensor>& extra_grads,
+                         const std::vector<at::Tensor>& row_state = {});
 
   int rank() const { return transport_->rank(); }
   int world_size() const { return transport_->world_size(); }

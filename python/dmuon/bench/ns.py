@@ -21,6 +21,7 @@ from collections import OrderedDict
 
 import torch
 
+
 # DESIGN.md §6 decoder shapes, used when the planner's manifests are not importable:
 # (hidden, intermediate, layers, heads, kv heads).
 _DESIGN_MODELS = {
@@ -536,6 +537,7 @@ def register(subparsers) -> None:
                         help="m x k shapes of the X·Xᵀ kernel comparison")
     parser.add_argument("--variants", default="",
                         help="comma list of group-option variants to time against 'default' in turns "
-                             "(dmuon.bench.ns_variants.VARIANTS: default, split_qkv, split_gate_up, split_heads); "
+                             "(dmuon.bench.ns_variants.VARIANTS: default, split_qkv, split_gate_up, split_heads, split_heads_o, "
+                             "normuon); "
                              "times only those (on the CPU where no GPU is visible)")
     parser.set_defaults(func=run)

@@ -12,6 +12,8 @@ checkpoints of fused models do and split them back:
   split_heads    q, k, v separate, each split per head (split_heads = its heads)
   split_heads_o  split_heads, and o split per head too (its column blocks: split_dim=1;
                  staged copies each step, dmuon.split_options)
+  normuon        default's matrices with NorMuon (Li et al., 2025): a row second moment per
+                 matrix, rows normalized after NS (its state exchanged with the owners)
 split_qkv and split_gate_up run the same Newton–Schulz work as default (same block shapes):
 their difference to it is the cost of splitting. split_heads runs smaller matrices (other
 math). Every variant's parameters, gradients and momentum are alive together (they are timed
@@ -78,9 +80,13 @@ def split_heads_o(dims) -> Groups:
             ([(h, h)] * layers, {"split_heads": heads, "split_dim": 1}), (rest * layers, {})]
 
 
+def normuon(dims) -> Groups:
+    return [(shapes, {**options, "normuon": True}) for shapes, options in default(dims)]
+
+
 VARIANTS: dict[str, Callable[[tuple], Groups]] = {
     "default": default, "split_qkv": split_qkv, "split_gate_up": split_gate_up, "split_heads": split_heads,
-    "split_heads_o": split_heads_o,
+    "split_heads_o": split_heads_o, "normuon": normuon,
 }
 
 
