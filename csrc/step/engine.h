@@ -153,6 +153,16 @@ class StepEngine {
   void check_rest(StepState& st, const std::vector<CheckOnly>& extra);
   void run_pipeline(StepState& st);
   void commit_early(StepState& st, Early& early);
+  // Early stages (items that travel): issued in stage order once complete, NS one stage
+  // later or in finish(), returns and apply in commit(); drained by discard().
+  void local_items_ready(const std::vector<int>& work, const std::vector<ParamTensors>& tensors);
+  void advance_stages(const std::vector<ParamTensors>& tensors);
+  void issue_early_stage(size_t s, const std::vector<ParamTensors>& tensors);
+  void run_early_ns(size_t s);
+  void finish_early_stages();
+  void commit_early_stages(StepState& st, Early& early);
+  void drain_early();
+  void start_stats();
   void agree_results(StepState& st);
   StepOutcome step_gated(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
                          int64_t step_idx, const std::vector<CheckOnly>& extra);
