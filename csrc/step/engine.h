@@ -91,8 +91,8 @@ class StepEngine {
   StepOutcome step(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules, int64_t step_idx,
                    const std::vector<CheckOnly>& extra = {});
 
-  // ---- Early work and the two-phase step (the weight-ownership mode; issue 27's
-  // buckets received inside backward are meant to reuse it).
+  // ---- Early work and the two-phase step (the weight-ownership mode's local items; the
+  // sharded step begun inside backward, issue 27: stages of items that travel).
   /// Opens a step whose items may be made ready before step(): `rules` give their momentum
   /// and NS (step_idx names it in errors until finish() names it); throws when a step is
   /// already open.
@@ -101,9 +101,13 @@ class StepEngine {
   /// check, momentum (into a staging copy; the buffer is not written) and Newton–Schulz
   /// run now, batched with the same-shape items of this call; the results are held until
   /// the step is committed. Items this rank neither computes nor holds need no work.
+  /// Items that travel (sharded, replicated) are marked: each stage whose items are all
+  /// marked issues its forward exchange, in stage order, and its NS runs when the next
+  /// stage is issued (or in finish()); returns and apply wait for commit(). Every rank must
+  /// mark the same items before finish() (the collectives' order).
   /// `tensors` as step()'s; only the grad and momentum of these items are read, and they
   /// must stay alive and unchanged until the step is committed or discarded. Throws
-  /// naming a bad id, an id made ready twice, or an item not whole on its owner.
+  /// naming a bad id or an id made ready twice.
   void items_ready(const std::vector<int>& items, const std::vector<ParamTensors>& tensors);
   /// Whether a step is open (begun, or finished and not yet committed or discarded).
   bool step_open() const { return early_ != nullptr || agreed_ != nullptr; }

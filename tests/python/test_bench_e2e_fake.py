@@ -88,3 +88,13 @@ def test_bad_arguments_name_the_argument(argv, message):
 def test_the_weight_ownership_mode_is_refused_by_name(tmp_path):
     with pytest.raises(RuntimeError, match="weight-ownership mode .* cannot run over torch's fake"):
         main([*_TINY, "--fake-world", "2", "--optimizers", "dmuon-ownership"])
+
+
+def test_backward_step_projection_hides_the_waits_of_every_stage_but_the_last():
+    from dmuon.bench.e2e_fake import backward_step_left
+
+    # 4 stages: 3 leave inside backward, 3/4 of the 4 ms of waits hide.
+    assert backward_step_left(0.010, 0.004, 4) == pytest.approx(0.007)
+    # One stage leaves at step(): nothing hides; waits never make the step negative.
+    assert backward_step_left(0.010, 0.004, 1) == 0.010
+    assert backward_step_left(0.001, 0.004, 2) == 0.0
