@@ -5,6 +5,7 @@
 #include <chrono>
 #include <map>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 #include "common/check.h"
@@ -313,7 +314,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
   const Buffer gate = st.gate.get();
   const Buffer flags = st.result_flags.get();
   // Held own rows (st.hold), per batch: written by its result pass, applied by commit().
-  std::vector<std::vector<std::pair<OwnedBuffer, ApplyPiece>>> held(order.size());
+  std::vector<std::vector<std::tuple<OwnedBuffer, ApplyPiece, int>>> held(order.size());
   const int num_streams = ops_.run_on_streams(stream_of, [&](size_t k) {
     const NsBatch& batch = *order[k];
     const GroupRule& rule = rules[static_cast<size_t>(batch.group)];
@@ -384,7 +385,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
             OwnedBuffer h = ops_.allocate(a.round_through_wire ? a.wire_dtype : result.dtype, a.param.numel);
             rows_of.push_back({h.get(), a.matrix_idx, a.row_begin, a.row_count, a.col_begin, a.col_count});
             a.wire = h.get();
-            held[k].emplace_back(std::move(h), a);
+            held[k].emplace_back(std::move(h), a, batch.items[static_cast<size_t>(a.matrix_idx)]);
           }
           ops_.result_to_pieces(result, desc, rows_of);
         });
@@ -406,9 +407,10 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
   line.ns_s += ns_s;
 
   for (auto& batch_held : held)
-    for (auto& [h, a] : batch_held) {
+    for (auto& [h, a, item] : batch_held) {
       back.own_held.push_back(std::move(h));
       back.own_apply.push_back(a);
+      back.own_items.push_back(item);
     }
   if (st.hold) {
     back.send_counts = send_counts;

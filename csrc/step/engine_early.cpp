@@ -75,8 +75,11 @@ void StepEngine::items_ready(const std::vector<int>& items, const std::vector<Pa
                   " of ", dtype_name(spec.dtype), " on ", device_name(ops_.device()));
     if (!travels) work.push_back(item);
   }
+  if (early.given.empty()) early.given.resize(static_cast<size_t>(table_.num_params()));
   for (int item : items) {
     early.marked[static_cast<size_t>(item)] = true;
+    const size_t p = static_cast<size_t>(table_.item(item).param_idx);
+    early.given[p] = tensors[p];
     if (world_ == 1 || table_.param(table_.item(item).param_idx).whole_on_rank >= 0)
       early.ready[static_cast<size_t>(item)] = true;
   }
@@ -217,7 +220,7 @@ void StepEngine::advance_stages(const std::vector<ParamTensors>& tensors) {
 
 // Stage s's check (into the early flags), momentum into staged copies, U into its send
 // buffer, and its forward exchange.
-void StepEngine::issue_early_stage(size_t s, const std::vector<ParamTensors>& tensors) {
+void StepEngine::issue_early_stage(size_t s, const std::vector<ParamTensors>& /*tensors: Early::given instead*/) {
   Early& early = *early_;
   if (!early.st) {
     early.st = new_state(table_.num_items(), table_.num_params(), 0);
@@ -243,7 +246,7 @@ void StepEngine::issue_early_stage(size_t s, const std::vector<ParamTensors>& te
       // NOTE: the caller's momentum is never written before the agreement: a copy of the
       // parameter's local momentum takes this step's (commit() copies it back).
       if (early.staged_param[p].get().empty()) {
-        const ParamTensors& t = tensors[p];
+        const ParamTensors& t = early.given[p];
         early.staged_param[p] = ops_.allocate(t.momentum.dtype, t.momentum.numel);
         ops_.copy(t.momentum, early.staged_param[p].get());
         st.tensors_kept[p] = {t.param, t.grad, early.staged_param[p].get(), true};
@@ -305,7 +308,13 @@ void StepEngine::commit_early_stages(StepState& st, Early& early) {
     Flight& back = early.back[s];
     // NOTE: own rows were described on items_ready's tensors; they apply to finish()'s
     // (the same memory where the caller passes the same tensors), at the same offset.
-    for (ApplyPiece& a : back.own_apply) {
+    for (size_t k = 0; k < back.own_apply.size(); ++k) {
+      ApplyPiece& a = back.own_apply[k];
+      // NOTE: lr and weight decay are finish()'s (a scheduler may change them after backward).
+      const int item = back.own_items[k];
+      const GroupRule& rule = (*st.rules)[static_cast<size_t>(table_.item(item).group)];
+      a.scale = item_scale(rule, item);
+      a.decay = rule.decay();
       const Buffer& was = es_tensors_at_issue[static_cast<size_t>(a.flag_idx)].param;
       const Buffer& now = (*st.tensors)[static_cast<size_t>(a.flag_idx)].param;
       const int64_t offset = (static_cast<const char*>(a.param.data) - static_cast<const char*>(was.data)) /

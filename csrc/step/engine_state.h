@@ -67,6 +67,7 @@ struct StepEngine::Flight {
   bool collective = false;
   std::vector<OwnedBuffer> own_held;
   std::vector<ApplyPiece> own_apply;
+  std::vector<int> own_items;  // [k] the item of own_apply[k]
 };
 
 // The early work of an open step (begin_step → commit or discard): nothing here is the
@@ -84,6 +85,9 @@ struct StepEngine::Early {
   // every item in it is marked ready, stages strictly in order; its NS runs one stage
   // later (or in finish()), its return and apply wait for commit().
   std::vector<bool> marked;           // [item] the caller made it ready
+  // NOTE: the descriptors of a marked item's parameter as that call gave them: a stage
+  // leaves on a later call, whose tensors need not describe the earlier parameters.
+  std::vector<ParamTensors> given;    // [param]
   size_t next_stage = 0;              // stages [0, next_stage) have their forward issued
   size_t ns_done = 0;                 // stages [0, ns_done) have run their NS (results held)
   std::unique_ptr<StepState> st;      // their state: tensors with staged momentum, gate, active

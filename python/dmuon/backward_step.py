@@ -81,7 +81,9 @@ class BackwardStep:
 
         def post_backward(*args: Any) -> Any:
             out = original(*args)
-            if group.reduce_grads:
+            # NOTE: HSDP under set_requires_all_reduce(False) reduce-scatters only: not final.
+            final = group.reduce_grads and (not getattr(group, "_is_hsdp", False) or group.all_reduce_grads)
+            if final:
                 # NOTE: on GPUs the sharded gradients are final once the post-reduce stream is.
                 event = getattr(group, "_post_reduce_event", None)
                 if event is not None:

@@ -53,6 +53,7 @@ struct Drive {
   bool discard_after_finish = false;
   bool discard_before_finish = false;
   EngineOptions options{};
+  bool sparse_views = false;  // each items_ready call describes only its items' parameters
 };
 
 struct EarlyRun {
@@ -93,7 +94,18 @@ EarlyRun drive(const World& world, const std::vector<GroupRule>& rules, int num_
       }
       if (!how.ready_calls.empty()) {
         engine.begin_step(rules, s);
-        for (const std::vector<int>& ids : how.ready_calls) engine.items_ready(ids, t.views());
+        for (const std::vector<int>& ids : how.ready_calls) {
+          std::vector<dmuon::step::ParamTensors> views = t.views();
+          if (how.sparse_views) {
+            std::vector<dmuon::step::ParamTensors> only(views.size());
+            for (int id : ids) {
+              const size_t p = static_cast<size_t>(world.table().item(id).param_idx);
+              only[p] = views[p];
+            }
+            views = only;
+          }
+          engine.items_ready(ids, views);
+        }
       }
       if (how.discard_before_finish) {
         engine.discard();
@@ -502,13 +514,15 @@ TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
       ASSERT_GT(expected.stats[0].num_stages, 3) << "world " << world_size;
       // Backward order one item or three at a time; some left to step(); forward order
       // (stage k+1 complete before stage k waits for it); two-phase.
-      std::vector<Drive> drives(5);
+      std::vector<Drive> drives(6);
       drives[0].ready_calls = reverse_calls(n, 1, 0);
       drives[1].ready_calls = reverse_calls(n, 3, 0);
       drives[2].ready_calls = reverse_calls(n, 2, 3);
       for (int i = 0; i < n; ++i) drives[3].ready_calls.push_back({i});
       drives[4].ready_calls = reverse_calls(n, 2, 0);
       drives[4].two_phase = true;
+      drives[5].ready_calls = reverse_calls(n, 2, 0);
+      drives[5].sparse_views = true;
       for (size_t d = 0; d < drives.size(); ++d) {
         drives[d].options = many_stages(mode);
         const EarlyRun run = drive(world, owned_rules(), kSteps, drives[d]);
@@ -592,6 +606,39 @@ TEST(EarlyExchange, DiscardAfterStagesLeftWritesNothingAndTheNextStepIsWhole) {
     engine.begin_step(owned_rules(), 1);
     for (const std::vector<int>& ids : how.ready_calls) engine.items_ready(ids, t.views());
     EXPECT_TRUE(engine.step(t.views(), owned_rules(), 1).applied());
+  });
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(bytes_of(tensors), bytes_of(expected.tensors));
+}
+
+}  // namespace
+
+namespace {
+
+// lr and weight decay are finish()'s even for stages that left early (a scheduler may
+// change them between backward and step()): as the one-shot step with finish()'s rules.
+TEST(EarlyExchange, LrAndDecayAreFinishsForStagesThatLeftEarly) {
+  constexpr int kWorld = 3;
+  const World world(travelling_model(kWorld), kWorld, 1, 94);
+  const int n = world.table().num_items();
+  const std::vector<GroupRule> at_begin = owned_rules();
+  const std::vector<GroupRule> at_step = {dmuon::testing::gram_rule(0.11, 0.2, true, "original"),
+                                          dmuon::testing::standard_rule(0.07, 0.3, false, "match_rms_adamw")};
+  Drive one_shot;
+  one_shot.options = many_stages(dmuon::step::Mode::kOwner);
+  const EarlyRun expected = drive(world, at_step, 1, one_shot);
+  expect_no_errors(expected);
+  std::vector<RankTensors> tensors = initial_of(world);
+  dmuon::step::LoopbackWorld loopback(kWorld);
+  const auto errors = loopback.run([&](int r) {
+    dmuon::step::CpuOps cpu;
+    StepEngine engine(loopback.transport(r), cpu, world.specs(), one_shot.options);
+    RankTensors& t = tensors[static_cast<size_t>(r)];
+    world.set_grads(r, 1, t);
+    engine.begin_step(at_begin, 1);
+    for (const std::vector<int>& ids : reverse_calls(n, 2, 0)) engine.items_ready(ids, t.views());
+    EXPECT_TRUE(engine.step(t.views(), at_step, 1).applied());
+    EXPECT_GT(engine.last_stats().early_stages, 0);
   });
   for (const std::string& e : errors) EXPECT_EQ(e, "");
   EXPECT_EQ(bytes_of(tensors), bytes_of(expected.tensors));
