@@ -93,7 +93,8 @@ class BackwardStep:
 
         group.post_backward = post_backward
 
-    def _ddp_hook(self, state: Any, bucket: Any) -> Any:
+    # NOTE: no annotations: DDP checks them against dist.GradBucket and Future.
+    def _ddp_hook(self, state, bucket):
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
         # Earlier buckets' all-reduces completed before this one's (one process group, in order).
         self.flush_ddp(wait=True)

@@ -28,7 +28,8 @@ def _wrap(model: nn.Module, mode: str, world: int) -> nn.Module:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model
-    return nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+    # NOTE: tiny buckets: several, so that buckets are handed over inside backward.
+    return nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True, bucket_cap_mb=1e-4)
 
 
 def _backward(wrapped: nn.Module, mode: str, step: int, micro: int, poison: bool = False) -> None:

@@ -26,8 +26,11 @@ def test_backward_step_matches_the_post_backward_step(mode, world, micro):
         assert result["attached"] == ["ddp" if mode == "ddp" else "fsdp2"], result
         for name, error in result["errors"].items():
             assert error < TOLERANCE, (mode, rank, name, error)
-        # (early stages, stages, early NS matrices, NS matrices) per step.
-        assert result["early"][0][0] == 0, result["early"]
+        # (early stages, stages, early NS matrices, NS matrices) per step. FSDP2's first step
+        # runs after backward (the runtime is made at step()); DDP hands its last buckets over
+        # at step(), the first step's included.
+        if mode != "ddp":
+            assert result["early"][0][0] == 0, result["early"]
         for early_stages, stages, _, _ in result["early"][1:]:
             assert 0 < early_stages <= stages, result["early"]
 
