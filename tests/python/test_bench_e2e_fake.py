@@ -55,7 +55,9 @@ def test_one_rank_of_a_fake_world_counts_fsdp2s_collectives_and_projects_each_op
     assert set(optimizers) == {"dmuon", "gather", "adamw"}
     for name, o in optimizers.items():
         assert o["fwd_bwd_projected_ms"] >= o["fwd_bwd_ms"] > 0, name
-        assert o["projected_step_ms"] == pytest.approx(o["fwd_bwd_projected_ms"] + o["opt_projected_ms"]), name
+        # NOTE: world 4: the step begun inside backward is modelled (auto: on), hiding waits.
+        assert o["opt_left_after_backward_ms"] <= o["opt_projected_ms"], name
+        assert o["projected_step_ms"] == pytest.approx(o["fwd_bwd_projected_ms"] + o["opt_left_after_backward_ms"]), name
     # DMuon's exchange was simulated from this rank's pipeline; AdamW's step has none.
     assert optimizers["dmuon"]["muon"]["simulated_s"] > 0 and optimizers["dmuon"]["muon"]["bytes_sent"] > 0
     assert optimizers["adamw"]["opt_projected_ms"] == optimizers["adamw"]["opt_ms"]
