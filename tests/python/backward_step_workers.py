@@ -48,7 +48,7 @@ def _backward(wrapped: nn.Module, mode: str, step: int, micro: int, poison: bool
         wrapped(targets).backward()
 
 
-def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int) -> dict:
+def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int, clip: bool = False) -> dict:
     """NUM_STEPS steps with backward_step on and off; per weight, ‖Δon − Δoff‖ / ‖Δoff‖,
     and the begun step's statistics of the last step."""
     torch.manual_seed(0)
@@ -68,6 +68,8 @@ def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int)
         for on in (True, False):
             opts[on].zero_grad()
             _backward(wrapped[on], mode, step, micro)
+            if clip:  # NOTE: scales the gradients in place after they were handed over
+                torch.nn.utils.clip_grad_norm_(models[on].parameters(), 0.05)
             opts[on].step()
         stats = opts[True].runtime.last_stats
         early.append((stats.early_stages, stats.num_buckets, stats.early_orthogonalized, stats.num_orthogonalized))

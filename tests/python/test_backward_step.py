@@ -42,3 +42,12 @@ def test_nan_in_a_late_layer_raises_on_every_rank_and_writes_nothing(mode):
         assert result["early_open"], (rank, result)
         assert "non-finite gradient" in result["error"] and "layers.3.weight" in result["error"], (rank, result)
         assert result["unchanged"], (rank, result)
+
+
+def test_gradients_clipped_after_backward_are_stepped_as_clipped():
+    # NOTE: clip_grad_norm_ scales FSDP2's DTensor gradients in place without moving their
+    # version counters; step() sees the values changed and redoes the step on them.
+    results = run_distributed(backward_step_workers.backward_matches_post_backward, 2, "fsdp2", 1, True)
+    for rank, result in results.items():
+        for name, error in result["errors"].items():
+            assert error < TOLERANCE, (rank, name, error)
