@@ -5,6 +5,7 @@
 #include <chrono>
 #include <map>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 #include "common/check.h"
@@ -335,6 +336,8 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
     if (rules[static_cast<size_t>(order[k]->group)].normuon.enabled) stream_of[k] = 0;
   const Buffer gate = st.gate.get();
   const Buffer flags = st.result_flags.get();
+  // Held own rows (st.hold), per batch: written by its result pass, applied by commit().
+  std::vector<std::vector<std::tuple<OwnedBuffer, ApplyPiece, int>>> held(order.size());
   const int num_streams = ops_.run_on_streams(stream_of, [&](size_t k) {
     const NsBatch& batch = *order[k];
     const GroupRule& rule = rules[static_cast<size_t>(batch.group)];
@@ -398,7 +401,21 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
         [&](const NsView& result) {
           if (!normuon.empty()) ops_.normuon(result, desc, normuon, rule.normuon, gate, flags);
           if (!returns.empty()) ops_.result_to_pieces(result, desc, returns);
-          if (!own.empty()) ops_.apply_result(result, desc, own, gate, flags);
+          if (own.empty()) return;
+          if (!st.hold) {
+            ops_.apply_result(result, desc, own, gate, flags);
+            return;
+          }
+          // NOTE: held in the element type apply_result would read (the result's, or the
+          // wire's for rows replicas also hold), so that the later apply is bit for bit its.
+          std::vector<WirePiece> rows_of;
+          for (ApplyPiece a : own) {
+            OwnedBuffer h = ops_.allocate(a.round_through_wire ? a.wire_dtype : result.dtype, a.param.numel);
+            rows_of.push_back({h.get(), a.matrix_idx, a.row_begin, a.row_count, a.col_begin, a.col_count});
+            a.wire = h.get();
+            held[k].emplace_back(std::move(h), a, batch.items[static_cast<size_t>(a.matrix_idx)]);
+          }
+          ops_.result_to_pieces(result, desc, rows_of);
         });
     for (int item : batch.items) st.momentum_done[static_cast<size_t>(item)] = true;
   });
@@ -417,6 +434,18 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
   stats_.ns_s += ns_s;
   line.ns_s += ns_s;
 
+  for (auto& batch_held : held)
+    for (auto& [h, a, item] : batch_held) {
+      back.own_held.push_back(std::move(h));
+      back.own_apply.push_back(a);
+      back.own_items.push_back(item);
+    }
+  if (st.hold) {
+    back.send_counts = send_counts;
+    back.recv_counts = recv_counts;
+    back.collective = exchange_back;
+    return back;
+  }
   issue_exchange(back, back.send.get(), send_counts, recv_counts, exchange_back,
                  "all_to_all of stage " + std::to_string(s) + "'s results back from their owners (" +
                      step_name(st.step_idx) + ")",

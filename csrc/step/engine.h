@@ -95,8 +95,8 @@ class StepEngine {
   StepOutcome step(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules, int64_t step_idx,
                    const std::vector<CheckOnly>& extra = {});
 
-  // ---- Early work and the two-phase step (the weight-ownership mode; issue 27's
-  // buckets received inside backward are meant to reuse it).
+  // ---- Early work and the two-phase step (the weight-ownership mode's local items; the
+  // sharded step begun inside backward, issue 27: stages of items that travel).
   /// Opens a step whose items may be made ready before step(): `rules` give their momentum
   /// and NS (step_idx names it in errors until finish() names it); throws when a step is
   /// already open.
@@ -105,9 +105,13 @@ class StepEngine {
   /// check, momentum (into a staging copy; the buffer is not written) and Newton–Schulz
   /// run now, batched with the same-shape items of this call; the results are held until
   /// the step is committed. Items this rank neither computes nor holds need no work.
+  /// Items that travel (sharded, replicated) are marked: each stage whose items are all
+  /// marked issues its forward exchange, in stage order, and its NS runs when the next
+  /// stage is issued (or in finish()); returns and apply wait for commit(). Every rank must
+  /// mark the same items before finish() (the collectives' order).
   /// `tensors` as step()'s; only the grad and momentum of these items are read, and they
   /// must stay alive and unchanged until the step is committed or discarded. Throws
-  /// naming a bad id, an id made ready twice, or an item not whole on its owner.
+  /// naming a bad id or an id made ready twice.
   void items_ready(const std::vector<int>& items, const std::vector<ParamTensors>& tensors);
   /// Whether a step is open (begun, or finished and not yet committed or discarded).
   bool step_open() const { return early_ != nullptr || agreed_ != nullptr; }
@@ -157,6 +161,16 @@ class StepEngine {
   void check_rest(StepState& st, const std::vector<CheckOnly>& extra);
   void run_pipeline(StepState& st);
   void commit_early(StepState& st, Early& early);
+  // Early stages (items that travel): issued in stage order once complete, NS one stage
+  // later or in finish(), returns and apply in commit(); drained by discard().
+  void local_items_ready(const std::vector<int>& work, const std::vector<ParamTensors>& tensors);
+  void advance_stages(const std::vector<ParamTensors>& tensors);
+  void issue_early_stage(size_t s, const std::vector<ParamTensors>& tensors);
+  void run_early_ns(size_t s);
+  void finish_early_stages();
+  void commit_early_stages(StepState& st, Early& early);
+  void drain_early();
+  void start_stats();
   void agree_results(StepState& st);
   StepOutcome step_gated(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
                          int64_t step_idx, const std::vector<CheckOnly>& extra);

@@ -35,6 +35,14 @@ void StepEngine::begin_step(const std::vector<GroupRule>& rules, int64_t step_id
   early->ready.assign(n, false);
   early->staged.resize(n);
   early->result.resize(n);
+  early->marked.assign(n, false);
+  // NOTE: the stages are fixed now (by the rules' algorithms), so that the stages
+  // exchanged early are the ones finish() and commit() continue.
+  make_stages_for(rules);
+  early->forward.resize(stages_.size());
+  early->back.resize(stages_.size());
+  early->partials.resize(stages_.size());
+  start_stats();
   early_ = std::move(early);
 }
 
@@ -56,24 +64,37 @@ void StepEngine::items_ready(const std::vector<int>& items, const std::vector<Pa
                 "StepEngine::items_ready: ", name, " was made ready twice", at_step);
     in_call[static_cast<size_t>(item)] = true;
     const Item& it = table_.item(item);
-    // NOTE: such items never travel, so what is ready early changes no rank's collectives.
-    DMUON_CHECK(world_ == 1 || table_.param(it.param_idx).whole_on_rank >= 0, "StepEngine::items_ready: ", name,
-                " travels between ranks (its parameter is sharded or replicated); early work is for items whole on "
-                "their owner (shard-exchanged buckets inside backward are issue 27's)");
-    if (!computes(item, rank_)) continue;
+    // NOTE: an item that travels waits for its stage (advance_stages); one whole on its
+    // owner is worked on at once (it changes no rank's collectives).
+    const bool travels = world_ > 1 && table_.param(it.param_idx).whole_on_rank < 0;
+    if (!travels && !computes(item, rank_)) continue;
     const ParamTensors& t = tensors[static_cast<size_t>(it.param_idx)];
     const ParamSpec& spec = table_.param(it.param_idx);
     DMUON_CHECK(t.has_grad, "StepEngine::items_ready: ", name, " has no gradient on rank ", rank_, at_step);
     const int64_t numel = table_.local_numel(it.param_idx, rank_);
+    if (travels && numel == 0) continue;
     for (const auto& [b, what] : {std::make_pair(t.grad, "gradient"), std::make_pair(t.momentum, "momentum buffer")})
       DMUON_CHECK(b.dtype == spec.dtype && b.numel == numel && (numel == 0 || (b.data != nullptr && b.device == ops_.device())),
                   "StepEngine::items_ready: parameter '", spec.name, "' on rank ", rank_, ": its ", what, " holds ",
                   b.numel, " elements of ", dtype_name(b.dtype), " on ", device_name(b.device), ", expected ", numel,
                   " of ", dtype_name(spec.dtype), " on ", device_name(ops_.device()));
-    work.push_back(item);
+    if (!travels) work.push_back(item);
   }
-  for (int item : items) early.ready[static_cast<size_t>(item)] = true;
-  if (work.empty()) return;
+  if (early.given.empty()) early.given.resize(static_cast<size_t>(table_.num_params()));
+  for (int item : items) {
+    early.marked[static_cast<size_t>(item)] = true;
+    const size_t p = static_cast<size_t>(table_.item(item).param_idx);
+    early.given[p] = tensors[p];
+    if (world_ == 1 || table_.param(table_.item(item).param_idx).whole_on_rank >= 0)
+      early.ready[static_cast<size_t>(item)] = true;
+  }
+  if (!work.empty()) local_items_ready(work, tensors);
+  advance_stages(tensors);
+}
+
+// Items whole on this rank, which it computes: check, staged momentum and NS now.
+void StepEngine::local_items_ready(const std::vector<int>& work, const std::vector<ParamTensors>& tensors) {
+  Early& early = *early_;
 
   // Check and staging: momentum copied aside (the caller's buffer is never written before
   // the agreement), the check reads the gradient and that copy.
@@ -172,6 +193,165 @@ void StepEngine::commit_early(StepState& st, Early& early) {
   stats_.num_orthogonalized += early.num_items;
   stats_.num_ns_batches += early.num_batches;
   stats_.apply_s += seconds_since(start);
+}
+
+// ---- Early stages: items that travel (issue 27).
+
+// Issues the forward of every stage whose items are all marked, strictly in stage order
+// (the collective order every rank shares), and runs the NS of the stage before the
+// newest one issued (one stage of slack for its exchange).
+// NOTE: a stage is complete on a rank from what the caller marked there; every rank marks
+// the same items by the time finish() agrees (the hooks fire for the same parameters), so
+// every rank issues the same stages. A stage with an item never marked (a parameter
+// without a gradient this step) and every stage after it go through commit()'s pipeline.
+void StepEngine::advance_stages(const std::vector<ParamTensors>& tensors) {
+  Early& early = *early_;
+  if (world_ == 1) return;
+  while (early.next_stage < stages_.size()) {
+    const Stage& stage = stages_[early.next_stage];
+    bool complete = true;
+    for (const NsBatch& batch : stage.batches)
+      for (int item : batch.items) complete = complete && early.marked[static_cast<size_t>(item)];
+    if (!complete) break;
+    issue_early_stage(early.next_stage, tensors);
+    ++early.next_stage;
+  }
+  const auto start = Clock::now();
+  const int64_t before = stats_.num_orthogonalized;
+  while (early.ns_done + 1 < early.next_stage) run_early_ns(early.ns_done++);
+  early.ns_s += seconds_since(start);
+  early.ns_items += stats_.num_orthogonalized - before;
+}
+
+// Stage s's check (into the early flags), momentum into staged copies, U into its send
+// buffer, and its forward exchange.
+void StepEngine::issue_early_stage(size_t s, const std::vector<ParamTensors>& /*tensors: Early::given instead*/) {
+  Early& early = *early_;
+  if (!early.st) {
+    early.st = new_state(table_.num_items(), table_.num_params(), 0);
+    early.st->tensors_kept.resize(static_cast<size_t>(table_.num_params()));
+    early.st->tensors = &early.st->tensors_kept;
+    early.st->rules = &early.rules;
+    early.st->step_idx = early.step_idx;
+    early.st->hold = true;
+    early.staged_param.resize(static_cast<size_t>(table_.num_params()));
+  }
+  StepState& st = *early.st;
+  std::vector<CheckPiece> pieces;
+  int num_summed = 0;  // NOTE: partial_of indexes the summed pieces of this stage's check
+  for (const NsBatch& batch : stages_[s].batches)
+    for (int item : batch.items) {
+      if (early.ready[static_cast<size_t>(item)]) continue;  // whole on its owner: done at once
+      early.ready[static_cast<size_t>(item)] = true;
+      st.active[static_cast<size_t>(item)] = true;
+      const Item& it = table_.item(item);
+      const size_t p = static_cast<size_t>(it.param_idx);
+      const Piece& piece = table_.piece(item, rank_);
+      if (piece.empty()) continue;
+      // NOTE: the caller's momentum is never written before the agreement: a copy of the
+      // parameter's local momentum takes this step's (commit() copies it back).
+      if (early.staged_param[p].get().empty()) {
+        const ParamTensors& t = early.given[p];
+        early.staged_param[p] = ops_.allocate(t.momentum.dtype, t.momentum.numel);
+        ops_.copy(t.momentum, early.staged_param[p].get());
+        st.tensors_kept[p] = {t.param, t.grad, early.staged_param[p].get(), true};
+      }
+      const ParamTensors& t = st.tensors_kept[p];
+      const GroupRule& rule = early.rules[static_cast<size_t>(it.group)];
+      const bool sum = computes(item, rank_) && table_.whole_on(item, rank_);
+      if (sum) st.partial_of[static_cast<size_t>(item)] = num_summed++;
+      pieces.push_back({piece_view(t.grad, piece), piece_view(t.momentum, piece), {rule.momentum, rule.nesterov},
+                        it.param_idx, sum});
+    }
+  if (!pieces.empty()) early.partials[s] = ops_.check(pieces, early.flags.get());
+  // NOTE: a NaN so far closes the gate: pieces go out as zeros, and the agreement refuses
+  // the step on every rank.
+  st.gate = ops_.make_gate(early.flags.get());
+  early.forward[s] = issue_forward(s, st);
+}
+
+// Stage s's NS on this rank from its received pieces; results held (StepState::hold).
+void StepEngine::run_early_ns(size_t s) {
+  Early& early = *early_;
+  StepState& st = *early.st;
+  st.partials = std::move(early.partials[s]);
+  early.back[s] = run_stage(s, st, early.forward[s]);
+}
+
+// finish(): the NS of the stages issued early and not yet run (before the agreement, gated).
+void StepEngine::finish_early_stages() {
+  if (!early_) return;
+  Early& early = *early_;
+  while (early.ns_done < early.next_stage) run_early_ns(early.ns_done++);
+}
+
+// commit(): the early stages' staged momentum into the buffers, their returns issued in
+// stage order, then landed, and this rank's own rows applied.
+void StepEngine::commit_early_stages(StepState& st, Early& early) {
+  if (early.next_stage == 0) return;
+  const auto start = Clock::now();
+  for (int p = 0; p < table_.num_params(); ++p)
+    if (!early.staged_param[static_cast<size_t>(p)].get().empty())
+      ops_.copy(early.staged_param[static_cast<size_t>(p)].get(), (*st.tensors)[static_cast<size_t>(p)].momentum);
+  StepState& es = *early.st;
+  for (size_t s = 0; s < early.next_stage; ++s) {
+    Flight& back = early.back[s];
+    StageTimeline& line = stats_.stages[s];
+    issue_exchange(back, back.send.get(), back.send_counts, back.recv_counts, back.collective,
+                   "all_to_all of stage " + std::to_string(s) + "'s results back from their owners (" +
+                       step_name(st.step_idx) + ", exchanged early)",
+                   line.return_sent_to, line.return_received_from, 0);
+  }
+  // NOTE: the early state applies with this step's result flags and an open gate (the
+  // agreement passed); its tensors' params are the caller's.
+  es.result_flags = std::move(st.result_flags);
+  es.gate = OwnedBuffer{};
+  const std::vector<ParamTensors> es_tensors_at_issue = std::move(es.tensors_kept);
+  es.tensors_kept = *st.tensors;
+  es.rules = st.rules;
+  for (size_t s = 0; s < early.next_stage; ++s) {
+    Flight& back = early.back[s];
+    // NOTE: own rows were described on items_ready's tensors; they apply to finish()'s
+    // (the same memory where the caller passes the same tensors), at the same offset.
+    for (size_t k = 0; k < back.own_apply.size(); ++k) {
+      ApplyPiece& a = back.own_apply[k];
+      // NOTE: lr and weight decay are finish()'s (a scheduler may change them after backward).
+      const int item = back.own_items[k];
+      const GroupRule& rule = (*st.rules)[static_cast<size_t>(table_.item(item).group)];
+      a.scale = item_scale(rule, item);
+      a.decay = rule.decay();
+      const Buffer& was = es_tensors_at_issue[static_cast<size_t>(a.flag_idx)].param;
+      const Buffer& now = (*st.tensors)[static_cast<size_t>(a.flag_idx)].param;
+      const int64_t offset = (static_cast<const char*>(a.param.data) - static_cast<const char*>(was.data)) /
+                             dtype_size(a.param.dtype);
+      a.param = now.slice(offset, a.param.numel, "an early stage's own rows");
+    }
+    if (!back.own_apply.empty()) ops_.apply_pieces(back.own_apply, Buffer{}, es.result_flags.get());
+    land(s, es, back);
+  }
+  st.result_flags = std::move(es.result_flags);
+  stats_.apply_s += seconds_since(start);
+}
+
+// Drops the early stages: forwards still in flight are waited for (every rank issued them).
+void StepEngine::drain_early() {
+  if (!early_) return;
+  for (Flight& f : early_->forward)
+    if (f.pending) f.pending->wait();
+}
+
+// A fresh step's stats, with a timeline line per stage.
+void StepEngine::start_stats() {
+  stats_ = StepStats{};
+  stats_.pipeline_depth = depth_;
+  stats_.stages.resize(stages_.size());
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    StageTimeline& line = stats_.stages[s];
+    line.stage_idx = static_cast<int64_t>(s);
+    for (auto* v : {&line.forward_sent_to, &line.forward_received_from, &line.return_sent_to,
+                    &line.return_received_from})
+      v->assign(static_cast<size_t>(world_), 0);
+  }
 }
 
 }  // namespace dmuon::step

@@ -101,7 +101,7 @@ uint64_t with_step_options(uint64_t hash, const EngineOptions& options, DType wi
   plan::Hasher hasher;
   hasher.i64(static_cast<int64_t>(hash));
   for (int64_t v : {static_cast<int64_t>(options.mode), static_cast<int64_t>(wire), options.stage_bytes,
-                    options.ns_batch_bytes, static_cast<int64_t>(depth)})
+                    options.ns_batch_bytes, static_cast<int64_t>(depth), int64_t{options.backward_order ? 1 : 0}})
     hasher.i64(v);
   return hasher.digest();
 }
@@ -218,7 +218,7 @@ void StepEngine::make_stages_for(const std::vector<GroupRule>& rules) {
   std::vector<ns::Algorithm> algorithms;
   for (const GroupRule& rule : rules) algorithms.push_back(rule.schedule.algorithm);
   if (algorithms == stage_algorithms_ && (!stages_.empty() || table_.num_items() == 0)) return;
-  StageLimits limits{dtype_size(wire_dtype_), options_.stage_bytes, options_.ns_batch_bytes};
+  StageLimits limits{dtype_size(wire_dtype_), options_.stage_bytes, options_.ns_batch_bytes, options_.backward_order};
   stages_ = make_stages(table_, owner_batches_, algorithms, limits,
                         [&](int64_t rows, int64_t cols, int64_t count, DType dtype, ns::Algorithm algorithm) {
                           return ops_.ns_workspace_bytes(rows, cols, count, dtype, algorithm);

@@ -55,6 +55,9 @@ struct StepEngine::StepState {
   std::vector<int64_t> normuon_at;
   OwnedBuffer normuon_full;
   bool normuon_exchanged = false;  // the gather's all_to_all ran: the return's runs too
+  // NOTE: early stages (issue 27): run_stage keeps its results (own rows and the return
+  // buffer) instead of applying and returning them; commit() does both after the agreement.
+  bool hold = false;
 };
 
 // One exchange of a stage: its buffers, where each piece lies in them, its collective.
@@ -64,6 +67,13 @@ struct StepEngine::Flight {
   std::map<std::pair<int, int>, int64_t> send_at;  // (item, destination) → offset in send
   std::map<std::pair<int, int>, int64_t> recv_at;  // (item, source) → offset in recv
   std::map<int, int64_t> self_at;                  // item → offset of this rank's own piece in send
+  // A held return (StepState::hold): its layout, issued by commit(), and this rank's own
+  // rows of the stage's results with where they apply.
+  std::vector<int64_t> send_counts, recv_counts;
+  bool collective = false;
+  std::vector<OwnedBuffer> own_held;
+  std::vector<ApplyPiece> own_apply;
+  std::vector<int> own_items;  // [k] the item of own_apply[k]
 };
 
 // The early work of an open step (begin_step → commit or discard): nothing here is the
@@ -77,6 +87,21 @@ struct StepEngine::Early {
   std::vector<OwnedBuffer> held;      // one per early NS batch: its results, row-major per item
   std::vector<Buffer> result;         // [item] its O (rows×cols) inside `held`
   int64_t num_batches = 0, num_items = 0;
+  // Stages exchanged early (items that travel, issue 27): a stage's forward is issued once
+  // every item in it is marked ready, stages strictly in order; its NS runs one stage
+  // later (or in finish()), its return and apply wait for commit().
+  std::vector<bool> marked;           // [item] the caller made it ready
+  // NOTE: the descriptors of a marked item's parameter as that call gave them: a stage
+  // leaves on a later call, whose tensors need not describe the earlier parameters.
+  std::vector<ParamTensors> given;    // [param]
+  size_t next_stage = 0;              // stages [0, next_stage) have their forward issued
+  size_t ns_done = 0;                 // stages [0, ns_done) have run their NS (results held)
+  std::unique_ptr<StepState> st;      // their state: tensors with staged momentum, gate, active
+  std::vector<OwnedBuffer> staged_param;  // [param] a staged copy of its local momentum (or empty)
+  std::vector<Flight> forward, back;      // [stage]
+  std::vector<Partials> partials;         // [stage] its check's partial sums
+  double ns_s = 0;                    // NS seconds of early stages run inside items_ready
+  int64_t ns_items = 0;               // matrices orthogonalized there
 };
 
 }  // namespace dmuon::step

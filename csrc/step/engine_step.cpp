@@ -67,8 +67,10 @@ void StepEngine::check_rest(StepState& st, const std::vector<CheckOnly>& extra) 
 void StepEngine::run_pipeline(StepState& st) {
   const size_t num_stages = stages_.size();
   stats_.num_stages = static_cast<int64_t>(num_stages);
+  // NOTE: lines made by begin_step keep what the early stages recorded.
+  const bool fresh = stats_.stages.size() != num_stages;
   stats_.stages.resize(num_stages);
-  for (size_t s = 0; s < num_stages; ++s) {
+  for (size_t s = 0; s < num_stages && fresh; ++s) {
     StageTimeline& line = stats_.stages[s];
     line.stage_idx = static_cast<int64_t>(s);
     for (auto* v : {&line.forward_sent_to, &line.forward_received_from, &line.return_sent_to,
@@ -177,8 +179,17 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
       if (!agreed) early.reset();
     }
   } close{early_};
-  stats_ = StepStats{};
-  stats_.pipeline_depth = depth_;
+  // Early stages: the NS of those not yet run (gated; every rank issued the same ones).
+  finish_early_stages();
+  const bool early_stages = early_ && early_->next_stage > 0;
+  if (!early_stages) {
+    stats_ = StepStats{};
+    stats_.pipeline_depth = depth_;
+  } else {
+    stats_.early_stages = static_cast<int64_t>(early_->next_stage);
+    stats_.early_ns_s = early_->ns_s;
+    stats_.early_orthogonalized = early_->ns_items;
+  }
   const int num_params = table_.num_params();
   const std::string at_step = " at " + step_name(step_idx);
   std::unique_ptr<StepState> st = new_state(table_.num_items(), num_params, static_cast<int>(extra.size()));
@@ -193,6 +204,10 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
   std::string invalid;
   try {
     validate(tensors, rules, extra);
+    if (early_stages)
+      for (size_t g = 0; g < rules.size() && g < early_->rules.size(); ++g)
+        DMUON_CHECK(rules[g].schedule.algorithm == early_->rules[g].schedule.algorithm, "StepEngine::finish: group ", g,
+                    "'s NS algorithm differs from begin_step()'s, but stages were exchanged early", at_step);
     make_stages_for(rules);
     if (early_) {
       early_->step_idx = step_idx;
@@ -289,13 +304,17 @@ void StepEngine::commit() {
   std::unique_ptr<Early> early = std::move(early_);
   st->result_flags = ops_.allocate(DType::kInt32, std::max(1, table_.num_params()));
   ops_.fill_zero(st->result_flags.get());
-  if (early) commit_early(*st, *early);
+  if (early) {
+    commit_early(*st, *early);
+    commit_early_stages(*st, *early);
+  }
   early.reset();  // NOTE: staging and held results are written back; free them before the pipeline's buffers
   run_pipeline(*st);
   agree_results(*st);
 }
 
 void StepEngine::discard() {
+  drain_early();
   early_.reset();
   agreed_.reset();
 }

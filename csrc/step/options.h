@@ -77,6 +77,9 @@ struct EngineOptions {
   bool graphs = true;
   /// Synchronize the device between phases so that the phase times are real.
   bool profile = false;
+  /// Stages in backward order (StageLimits::backward_order): for a step begun inside
+  /// backward (issue 27), whose stages leave as backward completes them.
+  bool backward_order = false;
   /// Owner planner; costs measured (rows, cols, num_matrices, seconds) when given
   /// (identical on every rank), else the analytic model of the ops' device.
   plan::SolverKind solver = plan::SolverKind::kMilp;

@@ -2,6 +2,7 @@
 #include "step/stages.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <map>
 #include <tuple>
@@ -62,7 +63,8 @@ std::vector<Stage> make_stages(const ItemTable& table, const std::vector<OwnerBa
         if (run == runs.end()) run = runs.insert(runs.end(), {key, {}});
         run->second.push_back(idx);
       }
-      for (const auto& [key, members] : runs) {
+      for (auto& [key, members] : runs) {
+        if (limits.backward_order) std::sort(members.begin(), members.end(), std::greater<int>());
         const auto [group, dtype] = key;
         DMUON_CHECK(group >= 0 && static_cast<size_t>(group) < group_algorithms.size(), "parameter '",
                     table.param(table.item(members.front()).param_idx).name, "': group index ", group, " but ",
@@ -96,6 +98,10 @@ std::vector<Stage> make_stages(const ItemTable& table, const std::vector<OwnerBa
         }
       }
     }
+    // NOTE: stable: batches of one layer keep their plan order.
+    if (limits.backward_order)
+      std::stable_sort(list.begin(), list.end(),
+                       [](const NsBatch& a, const NsBatch& b) { return a.items.front() > b.items.front(); });
     per_owner.push_back(std::move(list));
   }
   for (int idx = 0; idx < table.num_items(); ++idx)

@@ -38,6 +38,10 @@ struct StepStats {
   int64_t num_stages = 0, num_ns_batches = 0, num_orthogonalized = 0;
   int64_t pipeline_depth = 0;
   int64_t num_streams = 0;  ///< most streams one stage's NS batches ran on
+  /// Stages exchanged early (begun inside backward, issue 27): how many, and the NS
+  /// seconds and matrices of theirs that ran inside items_ready (before finish()).
+  int64_t early_stages = 0, early_orthogonalized = 0;
+  double early_ns_s = 0;
   /// (matrices, rows, cols) of each NS batch this rank ran, in order.
   std::vector<std::tuple<int64_t, int64_t, int64_t>> ns_batches;
   std::vector<StageTimeline> stages;

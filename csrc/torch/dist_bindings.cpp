@@ -110,12 +110,12 @@ void register_dist_bindings(py::module_& m) {
                        std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries,
                        int64_t fused_streams, std::string plan_source, bool record_timeline,
                        std::optional<int64_t> pipeline_depth, std::optional<int64_t> ns_batch_mb,
-                       std::optional<bool> cuda_graphs) {
+                       std::optional<bool> cuda_graphs, bool backward_order) {
              return RuntimeOptions{std::move(mode),        bucket_bytes, std::move(wire_dtype),
                                    std::move(solver),      std::move(device_type), profile,
                                    std::move(cost_entries), fused_streams, std::move(plan_source),
                                    record_timeline,
-                                   pipeline_depth,         ns_batch_mb,  cuda_graphs};
+                                   pipeline_depth,         ns_batch_mb,  cuda_graphs, backward_order};
            }),
            py::arg("mode") = "owner", py::arg("bucket_bytes") = int64_t{64} << 20,
            py::arg("wire_dtype") = "auto", py::arg("solver") = "milp",
@@ -123,7 +123,9 @@ void register_dist_bindings(py::module_& m) {
            py::arg("cost_entries") = std::vector<std::tuple<int64_t, int64_t, int64_t, double>>{},
            py::arg("fused_streams") = int64_t{0}, py::arg("plan_source") = "auto",
            py::arg("record_timeline") = false, py::arg("pipeline_depth") = py::none(),
-           py::arg("ns_batch_mb") = py::none(), py::arg("cuda_graphs") = py::none())
+           py::arg("ns_batch_mb") = py::none(), py::arg("cuda_graphs") = py::none(),
+           py::arg("backward_order") = false)
+      .def_readonly("backward_order", &RuntimeOptions::backward_order)
       .def_readonly("plan_source", &RuntimeOptions::plan_source)
       .def_readonly("record_timeline", &RuntimeOptions::record_timeline)
       .def_readonly("cost_entries", &RuntimeOptions::cost_entries)
@@ -148,6 +150,9 @@ void register_dist_bindings(py::module_& m) {
       .def_readonly("pack_s", &StepStats::pack_s)
       .def_readonly("comm_wait_s", &StepStats::comm_wait_s)
       .def_readonly("ns_s", &StepStats::ns_s)
+      .def_readonly("early_stages", &StepStats::early_stages)
+      .def_readonly("early_orthogonalized", &StepStats::early_orthogonalized)
+      .def_readonly("early_ns_s", &StepStats::early_ns_s)
       .def_readonly("apply_s", &StepStats::apply_s)
       .def_readonly("total_s", &StepStats::total_s)
       .def_readonly("bytes_sent", &StepStats::bytes_sent)

@@ -38,6 +38,8 @@ struct RuntimeOptions {
   std::optional<int64_t> pipeline_depth;  ///< DMUON_PIPELINE_DEPTH (default 0: twice the world size)
   std::optional<int64_t> ns_batch_mb;     ///< DMUON_NS_BATCH_MB (default 2048): one fused batch's workspace
   std::optional<bool> cuda_graphs;        ///< DMUON_CUDA_GRAPHS (default on): NS replayed as CUDA graphs
+  /// Stages in backward order, for a step begun inside backward (EngineOptions::backward_order).
+  bool backward_order = false;
 };
 
 /// Where the time of the last step went (seconds) and what it moved (bytes, this rank).
@@ -56,6 +58,10 @@ struct StepStats {
   /// (prepare, ns, 0, apply), and of the fake world's model fills (no phase: not real work).
   std::vector<sim::BucketTimes> bucket_times;
   double model_fill_s = 0;
+  /// The step begun inside backward (issue 27): stages exchanged early, and the NS seconds
+  /// and matrices of theirs that ran before step() (inside backward's hooks).
+  int64_t early_stages = 0, early_orthogonalized = 0;
+  double early_ns_s = 0;
 };
 
 }  // namespace dmuon::torch_adapter

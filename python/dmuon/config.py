@@ -123,7 +123,9 @@ class Execution(_Options):
     variable if set, else the default in brackets): ``fused_streams`` (DMUON_FUSED_STREAMS [2]:
     CUDA streams one process spreads its NS batches over),
     ``pipeline_depth`` (DMUON_PIPELINE_DEPTH [0: twice the world size]), ``ns_batch_mb``
-    (DMUON_NS_BATCH_MB [2048]), ``cuda_graphs`` (DMUON_CUDA_GRAPHS [on])."""
+    (DMUON_NS_BATCH_MB [2048]), ``cuda_graphs`` (DMUON_CUDA_GRAPHS [on]).
+    ``backward_step``: start the sharded step from backward (dmuon.backward_step; None: on
+    where the step runs over several ranks, off in one process)."""
 
     mode: str = "owner"
     bucket_size_mb: float = 64.0
@@ -137,6 +139,7 @@ class Execution(_Options):
     pipeline_depth: int | None = None
     ns_batch_mb: int | None = None
     cuda_graphs: bool | None = None
+    backward_step: bool | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in (("mode", MODES), ("wire_dtype", WIRE_DTYPES), ("planner", PLANNERS),
@@ -149,6 +152,9 @@ class Execution(_Options):
         if not isinstance(self.profile, bool):
             _fail(Execution, "profile", "True or False", self.profile)
         _check_optional_bool(self, "cuda_graphs")
+        if self.backward_step is not None and not isinstance(self.backward_step, bool):
+            _fail(Execution, "backward_step", "True, False or None (on for several ranks, off for one)",
+                  self.backward_step)
         _check_optional_int(self, "fused_streams", 1, 8)
         _check_optional_int(self, "pipeline_depth", 0)
         _check_optional_int(self, "ns_batch_mb", 1)

@@ -19,6 +19,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.adam import adam as _torch_adam
 
+from dmuon.backward_step import BackwardStep
 from dmuon import distributed, rank_agreement
 from dmuon._ops import _C
 from dmuon.config import FLAT_OPTIONS, Execution, MuonMath, merge_flat
@@ -132,6 +133,9 @@ class DMuon(torch.optim.Optimizer):
         self._cost_cache = execution.cost_cache
         self._runtime = None
         self._runtime_split: tuple | None = None  # split_key the runtime was built with
+        # The step begun inside backward (dmuon.backward_step); resolved with the runtime.
+        self._backward = BackwardStep(self)
+        self._backward_step_on = False
         self._schedules: dict[int, tuple[tuple, Any]] = {}  # group index → (its _schedule_key, NsSchedule)
         self._muon_defaults = dict(lr=lr, weight_decay=weight_decay, **math.as_dict(), **SPLIT_DEFAULTS)
         self._adamw_defaults = dict(
@@ -161,6 +165,8 @@ class DMuon(torch.optim.Optimizer):
         self._check_replicas()
         self._ownership = self._find_ownership()
         self._configure_ownership()
+        if isinstance(params, nn.Module) and execution.backward_step is not False:
+            self._backward.attach(params)
         announce(self.routing_summary(), not dist.is_initialized() or dist.get_rank() == 0)
 
     # ----------------------------------------------------------------- construction
@@ -460,7 +466,22 @@ class DMuon(torch.optim.Optimizer):
             device = next((local_p.device.type for _, p in muon for local_p in [distributed.local(p)]), "cpu")
             device_type = "cuda" if device == "cuda" else "cpu"
             costs = self._measured_costs(muon, layouts, group, device_type)
-            options = _C.dist.RuntimeOptions(device_type=device_type, cost_entries=costs, **self._runtime_options)
+            # NOTE: None: on where the step spans several ranks (its exchanges can overlap
+            # backward), off in one process (measured default: docs/configuration.md).
+            world = 1 if group is None or not dist.is_initialized() else dist.get_world_size(group)
+            wanted = self.execution.backward_step
+            # NOTE: NorMuon's row state and column blocks' staged copies are made at step():
+            # the step of such groups cannot begin inside backward.
+            unable = [f"param_groups[{g_idx}] ({'normuon=True' if g.get('normuon') else 'split_dim=1'})"
+                      for g_idx, g in enumerate(self.param_groups)
+                      if g["use_muon"] and (g.get("normuon") or col_heads(g) > 1)]
+            if wanted and unable:
+                raise ValueError(f"Execution.backward_step=True cannot start the step inside backward for "
+                                 f"{unable[0]}; set backward_step=None or False")
+            self._backward_step_on = (bool(world > 1 if wanted is None else wanted) and bool(self._backward.attached)
+                                      and self._ownership is None and not unable)
+            options = _C.dist.RuntimeOptions(device_type=device_type, cost_entries=costs,
+                                             backward_order=self._backward_step_on, **self._runtime_options)
             names = [self.param_name(p) for _, p in muon]
             _, slot = self._muon_group_options()
             dtypes = [str(p.dtype).removeprefix("torch.") for _, p in muon]
@@ -568,6 +589,19 @@ class DMuon(torch.optim.Optimizer):
                 self.qk_clip.reset()
         return out
 
+    def attach_backward_step(self, model: nn.Module) -> None:
+        """Start the step from `model`'s backward (its FSDP2 groups, or `model` as DDP with
+        gradient_as_bucket_view=True): dmuon.backward_step. DMuon(module) attaches itself."""
+        if self._runtime is not None:
+            raise RuntimeError("attach_backward_step: call it before the first step() (the runtime's stages "
+                               "are ordered for backward when it is made)")
+        self._backward.attach(model)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        # NOTE: gradients of a begun step are going away: it is discarded, nothing written.
+        self._backward.discard()
+        super().zero_grad(set_to_none=set_to_none)
+
     def _engine_step(self, runtime: Any, step_idx: int, loss: Any) -> Any:
         """One step through the step engine: every Muon parameter's check, momentum, NS and
         apply, the AdamW gradients checked in the same pass and agreement; then AdamW.
@@ -612,7 +646,9 @@ class DMuon(torch.optim.Optimizer):
         row_states, fresh_v = [], []
         normuon_ids = {id(p) for group in self.param_groups if group["use_muon"] and group.get("normuon", False)
                        for p in group["params"]}
-        for g_idx, p in muon:
+        # Buffers made for a step begun inside backward (the engine holds them already).
+        begun = self._backward.take(self._group) if self._backward_step_on else {}
+        for i, (g_idx, p) in enumerate(muon):
             heads = col_heads(self.param_groups[g_idx])
             params.append(distributed.local(p))
             if p.grad is None:
@@ -632,7 +668,9 @@ class DMuon(torch.optim.Optimizer):
             # leaves the state as it was).
             buffer = self.state.get(p, {}).get("momentum_buffer")
             if buffer is None:
-                buffer = torch.zeros_like(p, memory_format=torch.preserve_format)
+                buffer = begun.get(i)
+                if buffer is None:
+                    buffer = torch.zeros_like(p, memory_format=torch.preserve_format)
                 fresh.append((p, buffer))
             grads.append(distributed.local(p.grad))
             buffers.append(distributed.local(buffer))

@@ -52,6 +52,8 @@ struct Drive {
   bool two_phase = false;
   bool discard_after_finish = false;
   bool discard_before_finish = false;
+  EngineOptions options{};
+  bool sparse_views = false;  // each items_ready call describes only its items' parameters
 };
 
 struct EarlyRun {
@@ -59,6 +61,7 @@ struct EarlyRun {
   std::vector<std::vector<StepOutcome>> outcomes;  // [rank][step]
   std::vector<RankTensors> tensors;
   std::vector<std::vector<int>> owners;
+  std::vector<dmuon::step::StepStats> stats;  // [rank] of the last step
 };
 
 EarlyRun drive(const World& world, const std::vector<GroupRule>& rules, int num_steps, const Drive& how,
@@ -67,15 +70,21 @@ EarlyRun drive(const World& world, const std::vector<GroupRule>& rules, int num_
   EarlyRun run;
   run.outcomes.resize(static_cast<size_t>(n));
   run.owners.resize(static_cast<size_t>(n));
+  run.stats.resize(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) run.tensors.push_back(world.local(r));
   dmuon::step::LoopbackWorld loopback(n);
   run.errors = loopback.run([&](int r) {
     dmuon::step::CpuOpsOptions cpu_options;
     cpu_options.poison_allocations = true;
     dmuon::step::CpuOps cpu(cpu_options);
-    StepEngine engine(loopback.transport(r), cpu, world.specs(), EngineOptions{});
+    StepEngine engine(loopback.transport(r), cpu, world.specs(), how.options);
     run.owners[static_cast<size_t>(r)] = engine.owners();
     RankTensors& t = run.tensors[static_cast<size_t>(r)];
+    struct KeepStats {
+      const StepEngine& engine;
+      dmuon::step::StepStats& out;
+      ~KeepStats() { out = engine.last_stats(); }
+    } keep{engine, run.stats[static_cast<size_t>(r)]};
     for (int s = 1; s <= num_steps; ++s) {
       world.set_grads(r, s, t);
       if (before_step) before_step(r, s, t);
@@ -85,7 +94,18 @@ EarlyRun drive(const World& world, const std::vector<GroupRule>& rules, int num_
       }
       if (!how.ready_calls.empty()) {
         engine.begin_step(rules, s);
-        for (const std::vector<int>& ids : how.ready_calls) engine.items_ready(ids, t.views());
+        for (const std::vector<int>& ids : how.ready_calls) {
+          std::vector<dmuon::step::ParamTensors> views = t.views();
+          if (how.sparse_views) {
+            std::vector<dmuon::step::ParamTensors> only(views.size());
+            for (int id : ids) {
+              const size_t p = static_cast<size_t>(world.table().item(id).param_idx);
+              only[p] = views[p];
+            }
+            views = only;
+          }
+          engine.items_ready(ids, views);
+        }
       }
       if (how.discard_before_finish) {
         engine.discard();
@@ -335,22 +355,7 @@ TEST(EarlyWork, BadIdsAndMisuseAreNamed) {
     expect(message([&] { engine.finish(wrong.views(), owned_rules(), 1); }), "parameter 'q' on rank 0: its gradient holds 3 elements");
     EXPECT_FALSE(engine.step_open());  // a failed finish closes the step
   });
-  // A parameter whose matrices travel (sharded over two ranks) has no early work.
   for (const std::string& e : errors) EXPECT_EQ(e, "");
-
-  std::vector<ModelParam> sharded = {{"s", {4, 4}, 0, true, DType::kFloat32, 0}};
-  const World two(sharded, 2, 1, 3);
-  dmuon::step::LoopbackWorld pair(2);
-  const auto travel = pair.run([&](int r) {
-    dmuon::step::CpuOps cpu;
-    EngineOptions options;
-    options.solver = dmuon::plan::SolverKind::kLpt;
-    StepEngine engine(pair.transport(r), cpu, two.specs(), options);
-    RankTensors t = two.local(r);
-    engine.begin_step(owned_rules(), 1);
-    engine.items_ready({0}, t.views());
-  });
-  for (const std::string& e : travel) EXPECT_NE(e.find("item 's' (id 0) travels between ranks"), std::string::npos) << e;
 }
 
 }  // namespace
@@ -444,6 +449,199 @@ TEST(WholeOnRank, NonOwnersPassAnyEmptyView) {
   });
   for (const std::string& e : errors) EXPECT_EQ(e, "");
   EXPECT_EQ(bytes_of(tensors), bytes_of(reference.tensors));
+}
+
+}  // namespace
+
+namespace {
+
+// ---------------------------------------------------------------- early exchange (issue 27)
+// Items that travel (sharded, replicated, 2-D pieces) made ready inside "backward": each
+// stage's forward leaves once its items are marked, its NS runs before finish(), returns
+// and apply in commit(). Bit for bit the one-shot step of the same plan on CPU ops.
+
+using dmuon::dist::DimPlacement;
+using dmuon::dist::MeshPlacement;
+using dmuon::dist::PlacementKind;
+
+MeshPlacement row_major_mesh(std::vector<int64_t> shape, std::vector<DimPlacement> placements) {
+  MeshPlacement mp{shape, std::move(placements), {}};
+  int64_t size = 1;
+  for (int64_t s : shape) size *= s;
+  for (int64_t r = 0; r < size; ++r) {
+    std::vector<int64_t> c(shape.size());
+    int64_t flat = r;
+    for (size_t d = shape.size(); d-- > 0;) c[d] = flat % shape[d], flat /= shape[d];
+    mp.rank_coords.push_back(c);
+  }
+  return mp;
+}
+
+// Sharded (even, uneven, empty shards), a stack, a replica (DDP), bfloat16, and a matrix
+// in 2-D pieces (rows × columns over the mesh).
+std::vector<ModelParam> travelling_model(int world) {
+  std::vector<ModelParam> model = {
+      {"a", {8, 8}, 0, true, DType::kFloat32, 0},        {"b", {8, 8}, 0, true, DType::kFloat32, 0},
+      {"uneven", {7, 6}, 0, true, DType::kFloat32, 0},   {"few_rows", {2, 5}, 0, true, DType::kFloat32, 0},
+      {"experts", {3, 4, 6}, 1, true, DType::kFloat32, 1}, {"replicated", {6, 9}, 0, false, DType::kFloat32, 0},
+      {"tall", {12, 5}, 0, true, DType::kFloat32, 1},    {"half", {6, 9}, 0, true, DType::kBFloat16, 0},
+      {"tiles", {8, 6}, 0, true, DType::kFloat32, 0},
+  };
+  const DimPlacement rows{PlacementKind::kShard, 0, 1}, cols{PlacementKind::kShard, 1, 1};
+  model.back().mesh = world == 4 ? row_major_mesh({2, 2}, {rows, cols}) : row_major_mesh({world}, {cols});
+  return model;
+}
+
+EngineOptions many_stages(dmuon::step::Mode mode) {
+  EngineOptions options;
+  options.mode = mode;
+  options.solver = dmuon::plan::SolverKind::kLpt;
+  options.stage_bytes = 512;  // NOTE: a few items per stage: many stages to exchange early
+  options.backward_order = mode == dmuon::step::Mode::kOwner;
+  return options;
+}
+
+TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
+  constexpr int kSteps = 2;
+  for (int world_size : {3, 4})
+    for (dmuon::step::Mode mode : {dmuon::step::Mode::kOwner, dmuon::step::Mode::kGather}) {
+      const World world(travelling_model(world_size), world_size, kSteps, 91);
+      const int n = world.table().num_items();
+      Drive one_shot;
+      one_shot.options = many_stages(mode);
+      const EarlyRun expected = drive(world, owned_rules(), kSteps, one_shot);
+      expect_no_errors(expected);
+      ASSERT_GT(expected.stats[0].num_stages, 3) << "world " << world_size;
+      // Backward order one item or three at a time; some left to step(); forward order
+      // (stage k+1 complete before stage k waits for it); two-phase.
+      std::vector<Drive> drives(6);
+      drives[0].ready_calls = reverse_calls(n, 1, 0);
+      drives[1].ready_calls = reverse_calls(n, 3, 0);
+      drives[2].ready_calls = reverse_calls(n, 2, 3);
+      for (int i = 0; i < n; ++i) drives[3].ready_calls.push_back({i});
+      drives[4].ready_calls = reverse_calls(n, 2, 0);
+      drives[4].two_phase = true;
+      drives[5].ready_calls = reverse_calls(n, 2, 0);
+      drives[5].sparse_views = true;
+      for (size_t d = 0; d < drives.size(); ++d) {
+        drives[d].options = many_stages(mode);
+        const EarlyRun run = drive(world, owned_rules(), kSteps, drives[d]);
+        expect_no_errors(run);
+        const std::string where = "world " + std::to_string(world_size) + ", mode " +
+                                  dmuon::step::mode_name(mode) + ", drive " + std::to_string(d);
+        EXPECT_EQ(bytes_of(run.tensors), bytes_of(expected.tensors)) << where;
+        for (int r = 0; r < world_size; ++r) {
+          const auto& stats = run.stats[static_cast<size_t>(r)];
+          // Every item ready early: every stage left early; some left to step(): not all.
+          if (d != 2) {
+            EXPECT_EQ(stats.early_stages, stats.num_stages) << where << ", rank " << r;
+          } else {
+            EXPECT_LT(stats.early_stages, stats.num_stages) << where << ", rank " << r;
+          }
+          EXPECT_EQ(stats.num_orthogonalized, expected.stats[static_cast<size_t>(r)].num_orthogonalized) << where;
+        }
+        // Owners ran NS inside items_ready (all but the last stage, whose NS waits for finish()).
+        int64_t early_ns = 0;
+        for (const auto& stats : run.stats) early_ns += stats.early_orthogonalized;
+        if (d != 2) {
+          EXPECT_GT(early_ns, 0) << where;
+        }
+      }
+    }
+}
+
+TEST(EarlyExchange, NanInALateLayerRefusesTheStepOnEveryRankWithNothingWritten) {
+  constexpr int kWorld = 3;
+  const World world(travelling_model(kWorld), kWorld, 1, 92);
+  const int n = world.table().num_items();
+  // The last item is made ready first (a late layer): its stage leaves at once.
+  const int late = world.table().item(n - 1).param_idx;
+  auto poison = [&](int rank, int, RankTensors& t) {
+    if (rank == 1 && t.grad[static_cast<size_t>(late)].numel() > 0)
+      t.grad[static_cast<size_t>(late)].set(0, std::numeric_limits<double>::quiet_NaN());
+  };
+  for (const bool two_phase : {false, true}) {
+    Drive how;
+    how.options = many_stages(dmuon::step::Mode::kOwner);
+    how.ready_calls = reverse_calls(n, 2, 0);
+    how.two_phase = two_phase;
+    const EarlyRun run = drive(world, owned_rules(), 1, how, poison);
+    expect_no_errors(run);
+    for (int r = 0; r < kWorld; ++r) {
+      const StepOutcome& o = run.outcomes[static_cast<size_t>(r)][0];
+      EXPECT_EQ(o.status, StepOutcome::Status::kNonFiniteGradient) << "rank " << r;
+      EXPECT_NE(o.message.find("parameter '" + world.model()[static_cast<size_t>(late)].name + "'"), std::string::npos)
+          << o.message;
+      EXPECT_GT(run.stats[static_cast<size_t>(r)].early_stages, 0);
+    }
+    EXPECT_EQ(bytes_of(run.tensors), bytes_of(initial_of(world)));
+  }
+}
+
+TEST(EarlyExchange, DiscardAfterStagesLeftWritesNothingAndTheNextStepIsWhole) {
+  constexpr int kWorld = 4;
+  const World world(travelling_model(kWorld), kWorld, 1, 93);
+  const int n = world.table().num_items();
+  Drive how;
+  how.options = many_stages(dmuon::step::Mode::kOwner);
+  how.ready_calls = reverse_calls(n, 2, 0);
+  how.discard_before_finish = true;
+  const EarlyRun discarded = drive(world, owned_rules(), 1, how);
+  expect_no_errors(discarded);
+  EXPECT_EQ(bytes_of(discarded.tensors), bytes_of(initial_of(world)));
+  // A discarded step, then the same step again from backward: as the one-shot step.
+  Drive one_shot;
+  one_shot.options = how.options;
+  const EarlyRun expected = drive(world, owned_rules(), 1, one_shot);
+  std::vector<RankTensors> tensors = initial_of(world);
+  dmuon::step::LoopbackWorld loopback(kWorld);
+  const auto errors = loopback.run([&](int r) {
+    dmuon::step::CpuOps cpu;
+    StepEngine engine(loopback.transport(r), cpu, world.specs(), how.options);
+    RankTensors& t = tensors[static_cast<size_t>(r)];
+    world.set_grads(r, 1, t);
+    engine.begin_step(owned_rules(), 1);
+    engine.items_ready({n - 1, n - 2, n - 3}, t.views());
+    engine.discard();
+    engine.begin_step(owned_rules(), 1);
+    for (const std::vector<int>& ids : how.ready_calls) engine.items_ready(ids, t.views());
+    EXPECT_TRUE(engine.step(t.views(), owned_rules(), 1).applied());
+  });
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(bytes_of(tensors), bytes_of(expected.tensors));
+}
+
+}  // namespace
+
+namespace {
+
+// lr and weight decay are finish()'s even for stages that left early (a scheduler may
+// change them between backward and step()): as the one-shot step with finish()'s rules.
+TEST(EarlyExchange, LrAndDecayAreFinishsForStagesThatLeftEarly) {
+  constexpr int kWorld = 3;
+  const World world(travelling_model(kWorld), kWorld, 1, 94);
+  const int n = world.table().num_items();
+  const std::vector<GroupRule> at_begin = owned_rules();
+  const std::vector<GroupRule> at_step = {dmuon::testing::gram_rule(0.11, 0.2, true, "original"),
+                                          dmuon::testing::standard_rule(0.07, 0.3, false, "match_rms_adamw")};
+  Drive one_shot;
+  one_shot.options = many_stages(dmuon::step::Mode::kOwner);
+  const EarlyRun expected = drive(world, at_step, 1, one_shot);
+  expect_no_errors(expected);
+  std::vector<RankTensors> tensors = initial_of(world);
+  dmuon::step::LoopbackWorld loopback(kWorld);
+  const auto errors = loopback.run([&](int r) {
+    dmuon::step::CpuOps cpu;
+    StepEngine engine(loopback.transport(r), cpu, world.specs(), one_shot.options);
+    RankTensors& t = tensors[static_cast<size_t>(r)];
+    world.set_grads(r, 1, t);
+    engine.begin_step(at_begin, 1);
+    for (const std::vector<int>& ids : reverse_calls(n, 2, 0)) engine.items_ready(ids, t.views());
+    EXPECT_TRUE(engine.step(t.views(), at_step, 1).applied());
+    EXPECT_GT(engine.last_stats().early_stages, 0);
+  });
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(bytes_of(tensors), bytes_of(expected.tensors));
 }
 
 }  // namespace

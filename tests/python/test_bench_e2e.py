@@ -234,3 +234,20 @@ def test_hugging_face_model_without_transformers_is_a_clear_error():
 def test_bad_arguments_name_the_argument(argv, message):
     with pytest.raises(ValueError, match=message):
         main([*_TINY_RUN, *argv])
+
+
+@pytest.mark.parametrize("switch", ["on", "off"])
+def test_backward_step_switch_reports_the_share_of_ns_inside_backward(tmp_path, capsys, switch):
+    out = tmp_path / "e2e.json"
+    assert main([*_TINY_RUN, "--world", "2", "--micro-batch", "1", "--optimizers", "dmuon",
+                 "--backward-step", switch, "--bucket-mb", "0.01", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    entry = json.loads(out.read_text())["slowest_rank"]["dmuon"]
+    assert entry["backward_step"] is (switch == "on")
+    if switch == "on":
+        # NOTE: every stage but the last leaves inside backward on the tiny model's many stages;
+        # the share is the lowest rank's, a fraction in (0, 1].
+        assert 0 < entry["hidden"] <= 1, entry
+        assert "matrices ran inside backward" in text
+    else:
+        assert entry["hidden"] is None, entry

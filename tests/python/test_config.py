@@ -50,7 +50,7 @@ BAD_FIELDS = [
     (Execution, "cost_cache", 3), (Execution, "nonfinite", "ignore"), (Execution, "profile", "yes"),
     (Execution, "fused_streams", 9),
     (Execution, "fused_streams", 0), (Execution, "pipeline_depth", -1), (Execution, "ns_batch_mb", 0),
-    (Execution, "cuda_graphs", "1"),
+    (Execution, "cuda_graphs", "1"), (Execution, "backward_step", "on"),
     (Ownership, "reshard_after_forward", None), (Ownership, "prefetch", -1), (Ownership, "bucket_size_mb", -2),
     (Ownership, "reduce_dtype", torch.int32), (Ownership, "param_dtype", torch.float64),
     (Ownership, "planner", "greedy"), (Ownership, "spread_layers", 1), (Ownership, "replicate_others", "no"),

@@ -63,6 +63,19 @@ void register_engine_bindings(py::module_& m) {
           py::arg("extra_names"), py::arg("extra_grads"),
           // NorMuon's v per parameter (None: the group has no NorMuon or no gradient).
           py::arg("row_states") = std::vector<std::optional<at::Tensor>>{})
+      .def("begin_step", &EngineRuntime::begin_step, py::arg("groups"), py::arg("step_idx"),
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "params_ready",
+          [](EngineRuntime& runtime, std::vector<int64_t> ready, std::vector<at::Tensor> params,
+             std::vector<std::optional<at::Tensor>> grads, std::vector<std::optional<at::Tensor>> momentum) {
+            const std::vector<at::Tensor> g = or_undefined(grads), b = or_undefined(momentum);
+            py::gil_scoped_release release;
+            runtime.params_ready(ready, params, g, b);
+          },
+          py::arg("ready"), py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"))
+      .def("discard", &EngineRuntime::discard, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("step_open", &EngineRuntime::step_open)
       .def_property_readonly("rank", &EngineRuntime::rank)
       .def_property_readonly("world_size", &EngineRuntime::world_size)
       .def_property_readonly("owners", &EngineRuntime::owners)

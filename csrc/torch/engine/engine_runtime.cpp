@@ -109,6 +109,7 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
   e.graphs = env::resolve(options_.cuda_graphs, env::kCudaGraphs);
   // NOTE: the per-stage timeline is device time only when the phases synchronize.
   e.profile = options_.profile || options_.record_timeline || env::kProfile.get();
+  e.backward_order = options_.backward_order;
   e.solver = plan::parse_solver(options_.solver);
   e.milp = plan::MilpOptions::from_env();
   e.plan_locally = options_.plan_source == "local";
@@ -202,6 +203,7 @@ EngineStepOutcome EngineRuntime::step(at::TensorList params, const std::vector<a
 
   auto finish = [&] {
     for (auto& [target, copy] : write_back) target.copy_(copy);
+    early_keep_.clear();
     record_stats();
   };
   step::StepOutcome outcome;
@@ -220,6 +222,55 @@ EngineStepOutcome EngineRuntime::step(at::TensorList params, const std::vector<a
   out.message = outcome.message;
   last_active_ = outcome.active;
   return out;
+}
+
+void EngineRuntime::begin_step(const std::vector<MuonGroupOptions>& groups, int64_t step_idx) {
+  update_rules(groups);
+  early_keep_.clear();
+  engine_->begin_step(rules_, step_idx);
+}
+
+void EngineRuntime::params_ready(const std::vector<int64_t>& ready, at::TensorList params,
+                                 const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& momentum) {
+  const step::ItemTable& table = engine_->items();
+  const size_t n = static_cast<size_t>(table.num_params());
+  DMUON_CHECK(params.size() == n && grads.size() == n && momentum.size() == n, "EngineRuntime::params_ready: ",
+              params.size(), " parameters, ", grads.size(), " gradients and ", momentum.size(),
+              " momentum buffers for ", n, " Muon parameters");
+  OpsStreamScope scope(*ops_);
+  const at::Device device = ops_->device().kind == step::DeviceKind::kCuda
+                                ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(ops_->device().index))
+                                : at::Device(at::kCPU);
+  std::vector<step::ParamTensors> tensors(n);
+  std::vector<int> items;
+  for (int64_t i : ready) {
+    DMUON_CHECK(i >= 0 && static_cast<size_t>(i) < n, "EngineRuntime::params_ready: parameter index ", i,
+                " outside [0, ", n, ")");
+    const size_t k = static_cast<size_t>(i);
+    const std::string& name = table.param(static_cast<int>(i)).name;
+    DMUON_CHECK(grads[k].defined() && momentum[k].defined(), "EngineRuntime::params_ready: parameter '", name,
+                "' has no gradient or no momentum buffer");
+    // NOTE: the engine writes the buffer itself at commit: a copy would be lost.
+    DMUON_CHECK(momentum[k].is_contiguous() && momentum[k].scalar_type() == dtypes_[k] && momentum[k].device() == device &&
+                    momentum[k].numel() == params[k].numel(),
+                "EngineRuntime::params_ready: the momentum buffer of parameter '", name, "' must be contiguous ",
+                dtypes_[k], " [", params[k].numel(), "] on ", device);
+    early_keep_.push_back(grads[k].to(device, dtypes_[k]).contiguous());
+    DMUON_CHECK(params[k].is_contiguous(), "EngineRuntime::params_ready: parameter '", name,
+                "' must be contiguous (its rows are applied in place at step())");
+    tensors[k].param = to_buffer(params[k], "parameter '" + name + "'");
+    tensors[k].grad = to_buffer(early_keep_.back(), "the gradient of parameter '" + name + "'");
+    tensors[k].momentum = to_buffer(momentum[k], "the momentum buffer of parameter '" + name + "'");
+    tensors[k].has_grad = true;
+    const auto [first, count] = table.items_of(static_cast<int>(i));
+    for (int item = first; item < first + count; ++item) items.push_back(item);
+  }
+  engine_->items_ready(items, tensors);
+}
+
+void EngineRuntime::discard() {
+  engine_->discard();
+  early_keep_.clear();
 }
 
 std::vector<int> EngineRuntime::item_params() const {
@@ -268,6 +319,9 @@ void EngineRuntime::record_stats() {
   s.num_orthogonalized = e.num_orthogonalized;
   s.pipeline_depth = e.pipeline_depth;
   s.model_fill_s = e.model_fill_s;
+  s.early_stages = e.early_stages;
+  s.early_orthogonalized = e.early_orthogonalized;
+  s.early_ns_s = e.early_ns_s;
   // The matrices (items) this rank orthogonalized, in stage order.
   const int rank = transport_->rank();
   for (const step::Stage& stage : engine_->stages())

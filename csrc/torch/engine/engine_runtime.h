@@ -54,6 +54,19 @@ class EngineRuntime {
                          const std::vector<at::Tensor>& extra_grads,
                          const std::vector<at::Tensor>& row_state = {});
 
+  // ---- The step begun inside backward (issue 27; docs/design/step_engine.md, "Early work").
+  /// Opens a step whose parameters may be made ready before step() (which completes it).
+  void begin_step(const std::vector<MuonGroupOptions>& groups, int64_t step_idx);
+  /// The matrices of parameters `ready` (indices) are final on this rank: their stages'
+  /// forward exchanges leave as soon as complete, in stage order. params/grads/momentum as
+  /// step()'s (only those of `ready` are read); the gradient and momentum tensors must stay
+  /// alive and unchanged until step() or discard(); momentum buffers must be contiguous.
+  void params_ready(const std::vector<int64_t>& ready, at::TensorList params, const std::vector<at::Tensor>& grads,
+                    const std::vector<at::Tensor>& momentum);
+  /// Closes a begun step with nothing written.
+  void discard();
+  bool step_open() const { return engine_->step_open(); }
+
   int rank() const { return transport_->rank(); }
   int world_size() const { return transport_->world_size(); }
   const dist::WorldModel& world_model() const { return transport_->world_model(); }
@@ -99,6 +112,7 @@ class EngineRuntime {
   std::vector<MuonGroupOptions> rule_source_;
   std::vector<step::GroupRule> rules_;
   std::vector<bool> last_active_;
+  std::vector<at::Tensor> early_keep_;  // converted gradients the begun step reads until step()/discard()
   StepStats stats_;
 };
 

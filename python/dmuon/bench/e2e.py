@@ -61,6 +61,10 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is killed")
+    parser.add_argument("--backward-step", choices=("auto", "on", "off"), default="auto",
+                        help="DMuon's step begun inside backward (Execution.backward_step; auto: on for world > 1)")
+    parser.add_argument("--bucket-mb", type=float, default=None,
+                        help="DMuon's Execution.bucket_size_mb (wire MiB per pipeline stage; default its default)")
     add_fake_world_arguments(parser, rank_choice=False)
     parser.set_defaults(func=run)
 
@@ -162,7 +166,9 @@ class _Run:
         self.torch_device = torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
         self.mesh = init_device_mesh(self.device, (world,))
         self.spec = model_spec(config["model"], config["seq"])
-        self.settings = Settings(device_type=self.device)
+        self.settings = Settings(device_type=self.device,
+                                 backward_step={"on": True, "off": False}.get(config.get("backward_step", "auto")),
+                                 bucket_size_mb=config.get("bucket_mb"))
         self.mp_policy = mixed_precision(self.device)
         self.param_counts: dict | None = None
         self.control = torch.distributed.new_group(backend="gloo")
@@ -255,6 +261,8 @@ class _Run:
             handle = getattr(opt, "_ownership", None)
             if handle is not None and self.device == "cpu":
                 state.setdefault("hidden", []).append(hidden_fraction(handle.timeline()))
+            elif getattr(opt, "_backward_step_on", False):
+                state.setdefault("hidden", []).append(early_ns_share(opt.runtime.last_stats))
             opt.zero_grad(set_to_none=True)
             if events:
                 events[2].record()
@@ -279,7 +287,8 @@ class _Run:
                       "fwd_bwd_s": statistics.median(t[1] for t in timed),
                       "opt_s": statistics.median(t[2] for t in timed),
                       "peak_bytes": peak(self.device), "loss": state["loss"],
-                      "hidden": statistics.median(state["hidden"][warmup:]) if state.get("hidden") else None}
+                      "hidden": statistics.median(state["hidden"][warmup:]) if state.get("hidden") else None,
+                      "backward_step": bool(getattr(state.get("opt"), "_backward_step_on", False))}
             if not math.isfinite(state["loss"]):
                 raise FloatingPointError(f"{name}: loss is {state['loss']} after {warmup + num_steps} steps")
         state.clear()
@@ -375,6 +384,13 @@ def hidden_fraction(events: list) -> float | None:
     return hidden / total if total > 0 else None
 
 
+def early_ns_share(stats) -> float | None:
+    """Share of this rank's Newton–Schulz matrices that ran inside backward's hooks (the
+    step begun from backward, dmuon.backward_step): its early stages', counted in matrices
+    (device-independent; seconds on GPUs would time enqueueing)."""
+    return stats.early_orthogonalized / stats.num_orthogonalized if stats.num_orthogonalized else None
+
+
 def _slowest(results: dict) -> dict:
     """Per optimizer, the slowest rank's medians and the largest peak."""
     names = list(results[0]["optimizers"])
@@ -385,6 +401,7 @@ def _slowest(results: dict) -> dict:
         merged[name]["loss"] = per_rank[0]["loss"]
         hidden = [e["hidden"] for e in per_rank if e.get("hidden") is not None]
         merged[name]["hidden"] = min(hidden) if hidden else None
+        merged[name]["backward_step"] = any(e.get("backward_step") for e in per_rank)
     return merged
 
 
@@ -401,8 +418,10 @@ def _print_table(merged: dict, context: dict) -> None:
               f"{tokens / e['step_s']:11,.0f} {e['peak_bytes'] / 1e9:8.2f} {e['loss']:7.3f} {versus}")
     for name, e in merged.items():
         if e.get("hidden") is not None:
-            print(f"{name}: {e['hidden'] * 100:.0f}% of the owners' Newton–Schulz time ran before backward ended "
-                  "(lowest rank, median step; from the runtime's timeline)")
+            what = ("matrices ran inside backward (step begun from backward; lowest rank, median step)"
+                    if e.get("backward_step") else
+                    "time ran before backward ended (lowest rank, median step; from the runtime's timeline)")
+            print(f"{name}: {e['hidden'] * 100:.0f}% of the owners' Newton–Schulz {what}")
     print("step: forward + backward + optimizer step + zero_grad, every rank synchronized (slowest rank's median); "
           "fwd+bwd and opt step: the same steps split by CUDA events (CPU: by the clock); vs AdamW: step time difference")
     print(flush=True)
@@ -460,7 +479,8 @@ def run(args: argparse.Namespace) -> int:
         require_transformers(args.model)  # NOTE: fail here, before any process starts
     config = dict(model=args.model, device=device, seq=args.seq, micro_batch=micro_batch,
                   max_micro_batch=args.max_micro_batch, optimizers=optimizers, steps=args.steps,
-                  warmup=args.warmup, seed=args.seed)
+                  warmup=args.warmup, seed=args.seed, backward_step=args.backward_step,
+                  bucket_mb=args.bucket_mb)
 
     env = environment_line(device)
     print(f"dmuon bench e2e | {env}", flush=True)

@@ -20,6 +20,17 @@ backward can hide behind compute:
     fwd+bwd projected = max(compute, Σ collectives − first − last) + first + last.
 The optimizer step is projected as in `bench step --fake-world` (DMuon's bucket pipeline
 over every rank, the other ranks predicted from this one); AdamW's step has no collectives.
+
+With --backward-step on (or auto at world > 1), the step begun inside backward
+(dmuon.backward_step) is modelled, not run: the fake rank's gradients are garbage until
+overwritten after backward, so its step runs after backward and the overlap is projected:
+    opt left after backward = opt projected − wait · (S − 1) / S
+with `wait` the simulated step's exchange waits on this rank and S its stages: every stage
+but the last leaves inside backward (its NS runs one stage later), so its exchange hides
+behind backward's compute. NOTE: the step's own compute is not hidden: on one device per
+rank the owners' NS inside backward delays backward as much as it shortens the step (the
+projection moves it, it does not remove it); the engine's exchanges also share the links
+with FSDP2's reduce-scatters, which this model does not charge.
 """
 
 from __future__ import annotations
@@ -130,7 +141,16 @@ def _muon_projection(opt, topology: ClusterTopology, num_params: int) -> dict | 
     compute = sum(sum(b) for b in s.bucket_times)
     return {"simulated_s": projection.step_s, "compute_s": compute, "fill_s": s.model_fill_s,
             "wait_s": projection.ranks[runtime.rank].wait_s, "bytes_sent": s.bytes_sent,
-            "bytes_received": s.bytes_received, "ns_s": sum(b[1] for b in s.bucket_times)}
+            "bytes_received": s.bytes_received, "ns_s": sum(b[1] for b in s.bucket_times),
+            "num_stages": len(s.bucket_times)}
+
+
+def backward_step_left(opt_projected_s: float, wait_s: float, num_stages: int) -> float:
+    """The optimizer time left after backward when the step begins inside it (module
+    docstring): the exchange waits of every stage but the last hide behind backward."""
+    if num_stages <= 1:
+        return opt_projected_s
+    return max(0.0, opt_projected_s - wait_s * (num_stages - 1) / num_stages)
 
 
 def _train(name: str, config: dict, mesh, topology: ClusterTopology) -> dict:
@@ -143,8 +163,10 @@ def _train(name: str, config: dict, mesh, topology: ClusterTopology) -> dict:
     torch_device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     spec = model_spec(config["model"], config["seq"])
     try:
+        # NOTE: backward_step off: gradients are garbage until overwritten after backward
+        # (the overlap is modelled, see the module docstring).
         model, opt, counts = build_sharded(spec, name, mesh, mixed_precision(device), torch_device,
-                                           Settings(device_type=device), config["seed"])
+                                           Settings(device_type=device, backward_step=False), config["seed"])
     except torch.cuda.OutOfMemoryError as error:
         raise RuntimeError(f"--model {config['model']} does not fit the device at --fake-world {config['world']}: "
                            f"building it and its shards ran out of memory ({error})") from None
@@ -219,7 +241,8 @@ def run_fake(args) -> int:
         if args.model in HF_CONFIGS:
             require_transformers(args.model)
     config = dict(model=args.model, device=device, seq=args.seq, micro_batch=micro_batch, steps=args.steps,
-                  warmup=args.warmup, seed=args.seed, world=world, rank=rank)
+                  warmup=args.warmup, seed=args.seed, world=world, rank=rank,
+                  backward_step_on={"on": True, "off": False}.get(getattr(args, "backward_step", "auto"), world > 1))
     env = environment_line(device)
     hsdp = f" (HSDP {replicas} x {shards})" if replicas > 1 else ""
     print(f"dmuon bench e2e --fake-world {world}{hsdp}, rank {rank} | {env}", flush=True)
@@ -253,9 +276,13 @@ def _report(results: dict, config: dict, topology: ClusterTopology, env: str, me
         if "muon" in r:
             m = r["muon"]
             opt_projected = max(0.0, r["opt_s"] - m["fill_s"] - m["compute_s"]) + m["simulated_s"]
+        opt_left = opt_projected
+        if "muon" in r and config.get("backward_step_on") and name != "dmuon-ownership":
+            opt_left = backward_step_left(opt_projected, r["muon"]["wait_s"], int(r["muon"]["num_stages"]))
         optimizers[name] = {"fwd_bwd_ms": r["fwd_bwd_s"] * 1e3, "fwd_bwd_projected_ms": f["projected_s"] * 1e3,
                             "opt_ms": r["opt_s"] * 1e3, "opt_projected_ms": opt_projected * 1e3,
-                            "projected_step_ms": (f["projected_s"] + opt_projected) * 1e3,
+                            "opt_left_after_backward_ms": opt_left * 1e3,
+                            "projected_step_ms": (f["projected_s"] + opt_left) * 1e3,
                             "muon": {k: v for k, v in r.get("muon", {}).items()}}
     counts = first["param_counts"]
     print(f"model {config['model']}: {counts['total'] / 1e9:.3f} B parameters ({counts['muon_matrices']} Muon "
@@ -275,6 +302,9 @@ def _report(results: dict, config: dict, topology: ClusterTopology, env: str, me
         versus = f"{(o['projected_step_ms'] - adamw) / adamw * 100:+8.2f}%" if adamw else f"{'-':>9}"
         print(f"{name:<10} {o['fwd_bwd_ms']:11.1f} {o['fwd_bwd_projected_ms']:10.1f} {o['opt_ms']:8.1f} "
               f"{o['opt_projected_ms']:10.1f} {o['projected_step_ms']:15.1f} {versus}")
+    if config.get("backward_step_on"):
+        print("backward step on (modelled): DMuon's opt projected minus the exchange waits of every stage but the "
+              "last (they leave inside backward); step projected uses that")
     print("fwd+bwd / opt ms: measured on the fake rank (collectives free); projected: "
           "max(compute, collectives - first - last) + first + last for FSDP2, DMuon's pipeline simulated; "
           "gradients were overwritten with random values after backward (a fake reduce-scatter leaves them undefined)")

@@ -24,6 +24,8 @@ class Settings:
     adamw_lr: float = 3e-4  # AdamW, and DMuon's AdamW parameters
     weight_decay: float = 0.1
     device_type: str = "cuda"
+    backward_step: bool | None = None  # DMuon's Execution.backward_step (None: on for world > 1)
+    bucket_size_mb: float | None = None  # DMuon's Execution.bucket_size_mb (None: its default)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,7 +40,10 @@ def _dmuon(mode: str) -> Callable[[nn.Module, Settings], torch.optim.Optimizer]:
     def build(model: nn.Module, s: Settings) -> torch.optim.Optimizer:
         import dmuon
 
-        return dmuon.DMuon(model, lr=s.lr, weight_decay=s.weight_decay, adamw_lr=s.adamw_lr, mode=mode)
+        return dmuon.DMuon(model, lr=s.lr, weight_decay=s.weight_decay, adamw_lr=s.adamw_lr,
+                           execution=dmuon.Execution(mode=mode, backward_step=s.backward_step,
+                                                     **({} if s.bucket_size_mb is None
+                                                        else {"bucket_size_mb": s.bucket_size_mb})))
 
     return build
 

@@ -1,0 +1,198 @@
+"""The sharded step started from backward (issue 27): hooks that hand a parameter's final
+gradient to the step engine as soon as its reduction is done, so that its stage's pieces
+travel to their owners, and owners orthogonalize, while backward continues.
+
+Contract (docs/configuration.md, ``Execution.backward_step``):
+
+- backward may start the step; ``optimizer.step()`` completes it (the engine's finish and
+  commit: one agreement, then momentum and weights written; nothing is written before).
+- Only a backward that reduces gradients starts it: FSDP2 under
+  ``set_requires_gradient_sync(False)`` and DDP under ``no_sync()`` reduce nothing, so
+  accumulation micro-batches start nothing and the last one (synced) does.
+- ``zero_grad()``, or a second synced backward before ``step()``, discards the begun step
+  (nothing written; every rank does the same, so collectives stay matched).
+- A gradient changed between backward and ``step()`` (``clip_grad_norm_``, a manual
+  scale): ``step()`` sees its tensor, storage or values' norm changed, discards the begun work
+  and runs the whole step after backward, on the gradients as they are then.
+- The first step of a runtime runs after backward (the runtime is made collectively at
+  the first ``step()``).
+
+Where the final gradient comes from:
+- FSDP2 / HSDP (``fully_shard``): after each FSDP parameter group's post-backward (its
+  reduce-scatter and, for HSDP, all-reduce), the sharded parameters' ``.grad``.
+  NOTE: a wrapper of the group's ``post_backward`` (FSDP2 calls it through the instance);
+  FSDP2 exposes no public hook after its reduce-scatter.
+- DDP with ``gradient_as_bucket_view=True``: a communication hook (the default all-reduce)
+  whose bucket, once its all-reduce completed, holds the parameters' final gradients; a
+  bucket is handed over from the next bucket's hook (the autograd thread), the last ones
+  from ``step()``. Without bucket views DDP copies gradients at the end of backward:
+  nothing is attached (the step runs after backward).
+All engine calls run on the autograd thread, in the same order on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from dmuon import distributed
+
+
+def _fingerprint(grad: torch.Tensor, local_grad: torch.Tensor) -> tuple:
+    """What tells a gradient changed since it was handed over: the tensor, its local
+    storage, and the local values' norm (a device scalar).
+    NOTE: measured on torch 2.11: clip_grad_norm_ on FSDP2's DTensor gradients scales them
+    in place without moving either version counter, so the values themselves are compared
+    (one norm per parameter, read once at step())."""
+    return grad, local_grad.data_ptr(), torch.linalg.vector_norm(local_grad.detach().float())
+
+
+class BackwardStep:
+    """The begun step of one DMuon optimizer (see the module docstring)."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self.opt = optimizer
+        self.handles: list[Any] = []
+        self.attached: list[str] = []  # what was attached ("fsdp2", "ddp")
+        self.ready: dict[int, tuple] = {}  # Muon index → _fingerprint of its gradient
+        self.fresh: dict[int, torch.Tensor] = {}  # Muon index → zeros buffer made for the begun step
+        self.pending: list[tuple[list[torch.Tensor], Any]] = []  # DDP buckets whose all-reduce is in flight
+        self._index: dict[int, int] | None = None
+
+    # ------------------------------------------------------------------ attaching
+    def attach(self, model: nn.Module) -> None:
+        """Hooks on `model`'s FSDP2 parameter groups, or on `model` when it is a DDP module."""
+        from torch.nn.parallel import DistributedDataParallel
+        if isinstance(model, DistributedDataParallel):
+            if not getattr(model, "gradient_as_bucket_view", False):
+                return  # NOTE: gradients final only at the end of backward (see the module docstring)
+            model.register_comm_hook(None, self._ddp_hook)
+            self.attached.append("ddp")
+            return
+        try:
+            from torch.distributed.fsdp import FSDPModule
+        except ImportError:  # pragma: no cover - torch without FSDP2
+            return
+        for module in model.modules():
+            if not isinstance(module, FSDPModule):
+                continue
+            group = module._get_fsdp_state()._fsdp_param_group
+            if group is None or "post_backward" in vars(group):
+                continue
+            self._wrap_post_backward(group)
+            if "fsdp2" not in self.attached:
+                self.attached.append("fsdp2")
+
+    def _wrap_post_backward(self, group: Any) -> None:
+        original = group.post_backward
+
+        def post_backward(*args: Any) -> Any:
+            out = original(*args)
+            # NOTE: HSDP under set_requires_all_reduce(False) reduce-scatters only: not final.
+            final = group.reduce_grads and (not getattr(group, "_is_hsdp", False) or group.all_reduce_grads)
+            if final:
+                # NOTE: on GPUs the sharded gradients are final once the post-reduce stream is.
+                event = getattr(group, "_post_reduce_event", None)
+                if event is not None:
+                    torch.cuda.current_stream().wait_event(event)
+                self.params_final([fp.sharded_param for fp in group.fsdp_params])
+            return out
+
+        group.post_backward = post_backward
+
+    # NOTE: no annotations: DDP checks them against dist.GradBucket and Future.
+    def _ddp_hook(self, state, bucket):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        # Earlier buckets' all-reduces completed before this one's (one process group, in order).
+        self.flush_ddp(wait=True)
+        fut = allreduce_hook(state, bucket)
+        self.pending.append((list(bucket.parameters()), fut))
+        return fut
+
+    def flush_ddp(self, wait: bool) -> None:
+        """Hands over the DDP buckets in flight (`wait`: after their all-reduce)."""
+        pending, self.pending = self.pending, []
+        for params, fut in pending:
+            if wait:
+                fut.wait()
+            self.params_final(params)
+
+    # ------------------------------------------------------------------ the begun step
+    def _muon_index(self) -> dict[int, int]:
+        if self._index is None:
+            self._index = {id(p): i for i, (_, p) in enumerate(self.opt._muon_params())}
+        return self._index
+
+    def params_final(self, params: list[torch.Tensor]) -> None:
+        """These parameters' gradients are final on this rank: their matrices to the engine."""
+        opt = self.opt
+        runtime = opt._runtime
+        if runtime is None or not opt._backward_step_on or opt._ownership is not None:
+            return
+        index = self._muon_index()
+        idxs = [index[id(p)] for p in params if id(p) in index and p.grad is not None]
+        if not idxs:
+            return
+        if any(i in self.ready for i in idxs):
+            self.discard()  # NOTE: a second synced backward before step(): start over
+        muon = opt._muon_params()
+        if not runtime.step_open:
+            group_options, _ = opt._muon_group_options()
+            runtime.begin_step(group_options, opt.param_groups[0]["num_steps"] + 1)
+        grads: list[Any] = [None] * len(muon)
+        buffers: list[Any] = [None] * len(muon)
+        for i in idxs:
+            p = muon[i][1]
+            buffer = opt.state.get(p, {}).get("momentum_buffer")
+            if buffer is None:
+                buffer = self.fresh.setdefault(i, torch.zeros_like(p, memory_format=torch.preserve_format))
+            local_grad = distributed.local(p.grad)
+            grads[i] = local_grad
+            buffers[i] = distributed.local(buffer)
+            self.ready[i] = _fingerprint(p.grad, local_grad)
+        runtime.params_ready(idxs, [distributed.local(p) for _, p in muon], grads, buffers)
+
+    def take(self, group: Any) -> dict[int, torch.Tensor]:
+        """At step(): the begun step's fresh momentum buffers when it can be completed; else
+        (a gradient changed since it was handed over, on any rank) the begun work is
+        discarded on every rank."""
+        self.flush_ddp(wait=True)
+        runtime = self.opt._runtime
+        if runtime is None or not runtime.step_open:
+            self._reset()
+            return {}
+        muon = self.opt._muon_params()
+        changed = False
+        then, now = [], []
+        for i, (grad, ptr, norm) in self.ready.items():
+            p = muon[i][1]
+            if p.grad is not grad or distributed.local(p.grad).data_ptr() != ptr:
+                changed = True
+                break
+            then.append(norm)
+            now.append(_fingerprint(p.grad, distributed.local(p.grad))[2])
+        if not changed and then:
+            changed = bool((torch.stack(then) != torch.stack(now)).any().item())
+        # NOTE: every rank must take the same branch (the engine's collectives differ).
+        if group is not None and runtime.world_size > 1:
+            flag = torch.tensor([1 if changed else 0], dtype=torch.int64)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group)
+            changed = bool(flag.item())
+        if changed:
+            self.discard()
+            return {}
+        fresh = self.fresh
+        self.ready, self.fresh = {}, {}
+        return fresh
+
+    def discard(self) -> None:
+        """Closes the begun step with nothing written."""
+        runtime = self.opt._runtime
+        if runtime is not None and runtime.step_open:
+            runtime.discard()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.ready, self.fresh = {}, {}

@@ -1,0 +1,111 @@
+"""Rank functions of test_backward_step.py: the step begun inside backward
+(Execution.backward_step=True) against the post-backward step (False) of the same model,
+plan and gradients, in FSDP2, HSDP and DDP, with and without gradient accumulation; and a
+NaN in a late layer's gradient."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+
+import dmuon
+from all_modes_workers import SHAPES, ProbeModel, _full, _targets
+
+NUM_STEPS = 3
+OPTIONS = dict(lr=0.02, weight_decay=0.1, ns_algorithm="gram", bucket_size_mb=0.0005)
+
+
+def _wrap(model: nn.Module, mode: str, world: int) -> nn.Module:
+    if mode in ("fsdp2", "hsdp"):
+        from torch.distributed.fsdp import fully_shard
+        # NOTE: dimension names of this test's own (see all_modes_workers: the mesh cache).
+        mesh = (init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("bstep_replicate", "bstep_shard"))
+                if mode == "hsdp" else init_device_mesh("cpu", (world,)))
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+    # NOTE: tiny buckets: several, so that buckets are handed over inside backward.
+    return nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True, bucket_cap_mb=1e-4)
+
+
+def _backward(wrapped: nn.Module, mode: str, step: int, micro: int, poison: bool = False) -> None:
+    """`micro` micro-batches (gradients summed; only the last one synced)."""
+    for k in range(micro):
+        last = k == micro - 1
+        targets = [t * (1.0 + 0.25 * k) for t in _targets(10 * step + k)]
+        if poison and last:
+            targets[-1][0, 0] = float("nan")
+        if mode == "ddp" and not last:
+            with wrapped.no_sync():
+                wrapped(targets).backward()
+            continue
+        if mode != "ddp":
+            wrapped.set_requires_gradient_sync(last)
+        wrapped(targets).backward()
+
+
+def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int, clip: bool = False) -> dict:
+    """NUM_STEPS steps with backward_step on and off; per weight, ‖Δon − Δoff‖ / ‖Δoff‖,
+    and the begun step's statistics of the last step."""
+    torch.manual_seed(0)
+    base = ProbeModel()
+    models = {on: copy.deepcopy(base) for on in (True, False)}
+    initial = {on: [_full(p) for p in m.parameters()] for on, m in models.items()}
+    wrapped = {on: _wrap(m, mode, world) for on, m in models.items()}
+    opts = {}
+    for on, m in models.items():
+        opts[on] = dmuon.DMuon(m, execution=dmuon.Execution(backward_step=on, **{
+            k: v for k, v in OPTIONS.items() if k == "bucket_size_mb"}),
+            **{k: v for k, v in OPTIONS.items() if k != "bucket_size_mb"})
+        if mode == "ddp":
+            opts[on].attach_backward_step(wrapped[on])
+    early = []
+    for step in range(NUM_STEPS):
+        for on in (True, False):
+            opts[on].zero_grad()
+            _backward(wrapped[on], mode, step, micro)
+            if clip:  # NOTE: scales the gradients in place after they were handed over
+                torch.nn.utils.clip_grad_norm_(models[on].parameters(), 0.05)
+            opts[on].step()
+        stats = opts[True].runtime.last_stats
+        early.append((stats.early_stages, stats.num_buckets, stats.early_orthogonalized, stats.num_orthogonalized))
+    errors = {}
+    for k, (p_on, p_off) in enumerate(zip(models[True].parameters(), models[False].parameters())):
+        d_on = _full(p_on) - initial[True][k]
+        d_off = _full(p_off) - initial[False][k]
+        errors[k] = float((d_on - d_off).norm() / d_off.norm().clamp_min(1e-30))
+    return dict(errors=errors, early=early, backward_on=opts[True]._backward_step_on,
+                attached=list(opts[True]._backward.attached), off=opts[False]._backward_step_on)
+
+
+def nan_in_late_layer(rank: int, world: int, mode: str) -> dict:
+    """A step, then one whose last layer's gradient holds a NaN: the error on this rank and
+    whether anything changed."""
+    torch.manual_seed(0)
+    model = ProbeModel()
+    wrapped = _wrap(model, mode, world)
+    opt = dmuon.DMuon(model, execution=dmuon.Execution(backward_step=True, bucket_size_mb=OPTIONS["bucket_size_mb"]),
+                      lr=OPTIONS["lr"], weight_decay=OPTIONS["weight_decay"], ns_algorithm="gram")
+    if mode == "ddp":
+        opt.attach_backward_step(wrapped)
+    opt.zero_grad()
+    _backward(wrapped, mode, 0, 1)
+    opt.step()
+    before = [_full(p) for p in model.parameters()]
+    buffers = [opt.state[p]["momentum_buffer"] for p in model.parameters() if "momentum_buffer" in opt.state[p]]
+    buffers_before = [_full(b) for b in buffers]
+    opt.zero_grad()
+    _backward(wrapped, mode, 1, 1, poison=True)
+    early_open = opt.runtime.step_open
+    error = ""
+    try:
+        opt.step()
+    except dmuon.NonFiniteGradientError as e:
+        error = str(e)
+    unchanged = all(torch.equal(a, _full(p)) for a, p in zip(before, model.parameters()))
+    unchanged = unchanged and all(torch.equal(a, _full(b)) for a, b in zip(buffers_before, buffers))
+    return dict(error=error, unchanged=unchanged, early_open=early_open, num_layers=len(SHAPES))
