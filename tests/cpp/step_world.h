@@ -199,4 +199,18 @@ step::GroupRule gram_rule(double lr, double weight_decay, bool nesterov = true, 
 /// A group rule with standard NS (Keller Jordan's quintic), 5 steps.
 step::GroupRule standard_rule(double lr, double weight_decay, bool nesterov = true, const char* adjust_lr = "none");
 
+/// A mesh of `shape` (placements per mesh dim) whose rank r sits at its row-major coordinates.
+inline dist::MeshPlacement row_major_mesh(std::vector<int64_t> shape, std::vector<dist::DimPlacement> placements) {
+  dist::MeshPlacement mp{shape, std::move(placements), {}};
+  int64_t size = 1;
+  for (int64_t s : shape) size *= s;
+  for (int64_t r = 0; r < size; ++r) {
+    std::vector<int64_t> c(shape.size());
+    int64_t flat = r;
+    for (size_t d = shape.size(); d-- > 0;) c[d] = flat % shape[d], flat /= shape[d];
+    mp.rank_coords.push_back(c);
+  }
+  return mp;
+}
+
 }  // namespace dmuon::testing

@@ -461,21 +461,7 @@ namespace {
 // and apply in commit(). Bit for bit the one-shot step of the same plan on CPU ops.
 
 using dmuon::dist::DimPlacement;
-using dmuon::dist::MeshPlacement;
 using dmuon::dist::PlacementKind;
-
-MeshPlacement row_major_mesh(std::vector<int64_t> shape, std::vector<DimPlacement> placements) {
-  MeshPlacement mp{shape, std::move(placements), {}};
-  int64_t size = 1;
-  for (int64_t s : shape) size *= s;
-  for (int64_t r = 0; r < size; ++r) {
-    std::vector<int64_t> c(shape.size());
-    int64_t flat = r;
-    for (size_t d = shape.size(); d-- > 0;) c[d] = flat % shape[d], flat /= shape[d];
-    mp.rank_coords.push_back(c);
-  }
-  return mp;
-}
 
 // Sharded (even, uneven, empty shards), a stack, a replica (DDP), bfloat16, and a matrix
 // in 2-D pieces (rows × columns over the mesh).
@@ -488,7 +474,7 @@ std::vector<ModelParam> travelling_model(int world) {
       {"tiles", {8, 6}, 0, true, DType::kFloat32, 0},
   };
   const DimPlacement rows{PlacementKind::kShard, 0, 1}, cols{PlacementKind::kShard, 1, 1};
-  model.back().mesh = world == 4 ? row_major_mesh({2, 2}, {rows, cols}) : row_major_mesh({world}, {cols});
+  model.back().mesh = world == 4 ? dmuon::testing::row_major_mesh({2, 2}, {rows, cols}) : dmuon::testing::row_major_mesh({world}, {cols});
   return model;
 }
 

@@ -36,16 +36,7 @@ DimPlacement strided(int64_t dim, int64_t split) { return {PlacementKind::kStrid
 
 // A mesh of `shape` whose rank r (row-major) sits at its row-major coordinates.
 MeshPlacement mesh(std::vector<int64_t> shape, std::vector<DimPlacement> placements) {
-  MeshPlacement mp{shape, std::move(placements), {}};
-  int64_t size = 1;
-  for (int64_t s : shape) size *= s;
-  for (int64_t r = 0; r < size; ++r) {
-    std::vector<int64_t> c(shape.size());
-    int64_t flat = r;
-    for (size_t d = shape.size(); d-- > 0;) c[d] = flat % shape[d], flat /= shape[d];
-    mp.rank_coords.push_back(c);
-  }
-  return mp;
+  return dmuon::testing::row_major_mesh(std::move(shape), std::move(placements));
 }
 
 // Dim 0's (begin, count) of every rank's box.
