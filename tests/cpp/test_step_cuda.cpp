@@ -478,7 +478,8 @@ TEST(StepCudaOps, NormuonMatchesTheCpuRule) {
               want[static_cast<size_t>(r * c.cols + col)] = layout_t[at(k, r, col)];
               have[static_cast<size_t>(r * c.cols + col)] = got[at(k, r, col)];
             }
-          std::vector<float> v(v_host.values().begin(), v_host.values().end());
+          const std::vector<double> v_values = v_host.values();
+          std::vector<float> v(v_values.begin(), v_values.end());
           if (k <= 1) {
             ASSERT_TRUE(dmuon::optim::normuon_matrix<double>(want.data(), {c.rows, c.cols, c.cols, false}, v.data(), rule));
             want = dmuon::testing::rounded(want, t);

@@ -143,22 +143,51 @@ __global__ void moments_kernel(const __grid_constant__ DescList<NormuonDesc> lis
 }
 
 // ---------------------------------------------------------------- scale
-// O_ij ← O_ij · factor_i over the storage rows of each marked matrix (padding untouched).
-template <typename T, bool kTranspose>
+// kVec elements from floats, stored with one 16-byte write when kVec · sizeof(T) is 16.
+template <typename T, int kVec>
+__device__ __forceinline__ void store_vec(T* p, const float (&in)[kVec]) {
+  if constexpr (kVec == 1) {
+    p[0] = from_f<T>(in[0]);
+  } else {
+    uint4 raw;
+    T* e = reinterpret_cast<T*>(&raw);
+    for (int i = 0; i < kVec; ++i) e[i] = from_f<T>(in[i]);
+    *reinterpret_cast<uint4*>(p) = raw;
+  }
+}
+
+// O_ij ← O_ij · factor_i over the storage rows of each marked matrix (padding untouched),
+// kVec elements per thread and step.
+template <typename T, bool kTranspose, int kVec>
 __global__ void scale_kernel(T* __restrict__ result, int64_t ld, int64_t stride, int64_t rows, int64_t cols,
                              const __grid_constant__ DescList<NormuonDesc> list, const float* __restrict__ factors,
                              const int* __restrict__ marked) {
   if (!marked[blockIdx.y]) return;
   const int64_t m = kTranspose ? cols : rows, n = kTranspose ? rows : cols;
+  const int64_t full = n / kVec * kVec;
   T* base = result + list.d[blockIdx.y].matrix_idx * stride;
   const float* f = factors + static_cast<int64_t>(blockIdx.y) * rows;
   for (int64_t s = blockIdx.x; s < m; s += gridDim.x) {
     T* row = base + s * ld;
-    for (int64_t c = threadIdx.x; c < n; c += kThreads) {
-      const float factor = kTranspose ? f[c] : f[s];
-      row[c] = from_f<T>(load(row, c) * factor);
+    for (int64_t c = static_cast<int64_t>(threadIdx.x) * kVec; c < full; c += int64_t{kThreads} * kVec) {
+      float x[kVec];
+      load_vec<T, kVec>(row + c, x);
+      for (int i = 0; i < kVec; ++i) x[i] *= kTranspose ? f[c + i] : f[s];
+      store_vec<T, kVec>(row + c, x);
     }
+    for (int64_t c = full + threadIdx.x; c < n; c += kThreads)
+      row[c] = from_f<T>(load(row, c) * (kTranspose ? f[c] : f[s]));
   }
+}
+
+template <typename T, bool kTranspose, int kVec>
+void scale(const IterateView& it, const DescList<NormuonDesc>& list, const float* factors, const int* marked,
+           cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(std::min(it.rows, it.cols), 1024)),
+                  static_cast<unsigned>(list.n));
+  scale_kernel<T, kTranspose, kVec><<<grid, kThreads, 0, stream>>>(static_cast<T*>(it.data), it.ld, it.stride,
+                                                                   it.rows, it.cols, list, factors, marked);
+  DMUON_CHECK_CUDA(cudaGetLastError());
 }
 
 template <typename T, int kVec>
@@ -195,7 +224,6 @@ void normuon(const IterateView& it, const std::vector<NormuonDesc>& matrices, do
   // NOTE: 16-byte loads need the result, its ld and its batch stride in 8-element steps
   // (the NS iterate's padded ld is); anything else takes the element-wise loads.
   const bool vec = reinterpret_cast<uintptr_t>(it.data) % 16 == 0 && it.ld % 8 == 0 && it.stride % 8 == 0;
-  const int64_t m = std::min(it.rows, it.cols);
   dispatch_half(it.dtype, [&](auto tz) {
     using T = decltype(tz);
     for_each_launch(matrices, [&](const DescList<NormuonDesc>& list, size_t first) {
@@ -207,15 +235,12 @@ void normuon(const IterateView& it, const std::vector<NormuonDesc>& matrices, do
       moments_kernel<<<static_cast<unsigned>(list.n), kThreads, 0, stream>>>(
           list, sums + at, factors + at, marked + first, it.rows, it.cols, beta2, eps, flags, skip);
       DMUON_CHECK_CUDA(cudaGetLastError());
-      const dim3 grid(static_cast<unsigned>(std::min<int64_t>(m, 1024)), static_cast<unsigned>(list.n));
-      T* data = static_cast<T*>(it.data);
       if (it.transposed())
-        scale_kernel<T, true><<<grid, kThreads, 0, stream>>>(data, it.ld, it.stride, it.rows, it.cols, list,
-                                                             factors + at, marked + first);
+        vec ? scale<T, true, 8>(it, list, factors + at, marked + first, stream)
+            : scale<T, true, 1>(it, list, factors + at, marked + first, stream);
       else
-        scale_kernel<T, false><<<grid, kThreads, 0, stream>>>(data, it.ld, it.stride, it.rows, it.cols, list,
-                                                              factors + at, marked + first);
-      DMUON_CHECK_CUDA(cudaGetLastError());
+        vec ? scale<T, false, 8>(it, list, factors + at, marked + first, stream)
+            : scale<T, false, 1>(it, list, factors + at, marked + first, stream);
     });
   });
 }
