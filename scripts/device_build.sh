@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build dmuon on a GPU machine (editable install into build/device) for the device scripts.
-# Sourced by scripts/device_check.sh and lab/device/multigpu_run.sh; needs OUT set.
+# Sourced by scripts/device_check.sh and scripts/multigpu_run.sh; needs OUT set.
 # Carry .cutlass (the unpacked nvidia-cutlass headers) so the sm_90a kernel is built.
 # EXPERIMENTAL_KERNELS=1: also its experimental instances (-DDMUON_EXPERIMENTAL_KERNELS=ON).
 # NOTE: the GPU machine's environment sets CC/CXX to /opt/gcc, a toolchain that links

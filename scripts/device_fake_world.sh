@@ -41,11 +41,11 @@ LOG="$OUT/run.log"
 HOST4="--gpus-per-node 4 --intra-gbps 2960"
 CLUSTER="--gpus-per-node 8 --intra-gbps 2960 --inter-gbps 388"
 
-# Stage runner (lab/device/stage_runner.sh). NOTE: 25 s of the budget stay for the comparison
+# Stage runner (scripts/stage_runner.sh). NOTE: 25 s of the budget stay for the comparison
 # and the summary; every stage's output goes to run.log.
 STAGES_TSV="$WORK/stages.tsv" STAGE_RESERVE=25 STAGE_MIN=20 STAGE_LOG=$LOG
 : > "$STAGES_TSV"
-source lab/device/stage_runner.sh
+source scripts/stage_runner.sh
 
 # One bench step: name (the JSON's key), extra environment (or -), then bench step arguments.
 step() {

@@ -329,11 +329,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
   for (const NsBatch* b : order)
     warm = warm && warm_batches_.count({b->group, static_cast<int>(b->dtype), b->rows, b->cols,
                                         static_cast<int64_t>(b->items.size())}) > 0;
-  std::vector<int> stream_of = warm ? stream_assignment(order, rules) : std::vector<int>(order.size(), 0);
-  // NOTE: NorMuon's pass may be the adapter's (ATen on the ops' stream, engine/aten_float64_ops.cpp):
-  // its batches stay on the ops' stream, where that pass is ordered after their NS.
-  for (size_t k = 0; k < order.size(); ++k)
-    if (rules[static_cast<size_t>(order[k]->group)].normuon.enabled) stream_of[k] = 0;
+  const std::vector<int> stream_of = warm ? stream_assignment(order, rules) : std::vector<int>(order.size(), 0);
   const Buffer gate = st.gate.get();
   const Buffer flags = st.result_flags.get();
   // Held own rows (st.hold), per batch: written by its result pass, applied by commit().

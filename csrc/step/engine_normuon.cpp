@@ -32,6 +32,32 @@ Buffer v_rows(const ParamTensors& t, const Piece& piece) {
   return t.row_state.slice(piece.local_offset / piece.col_count, piece.row_count, "NorMuon state rows of a piece");
 }
 
+// One float32 all_to_all of state rows: to[d] (in order) is what peer d receives from this
+// rank, from[s] the buffers peer s's rows land in (in the order s packs them). Over a
+// transport that moves nothing the targets are left as they are.
+void exchange_rows(DeviceOps& ops, Transport& transport, int rank, const std::vector<std::vector<Buffer>>& to,
+                   const std::vector<std::vector<Buffer>>& from, const std::string& what) {
+  const size_t world = to.size();
+  std::vector<int64_t> send_counts(world, 0), recv_counts(world, 0);
+  for (size_t d = 0; d < world; ++d) {
+    for (const Buffer& b : to[d]) send_counts[d] += b.numel;
+    for (const Buffer& b : from[d]) recv_counts[d] += b.numel;
+  }
+  DMUON_CHECK(send_counts[static_cast<size_t>(rank)] == 0 && recv_counts[static_cast<size_t>(rank)] == 0,
+              what, ": rows to or from this rank itself");
+  int64_t sent = 0, received = 0;
+  for (size_t d = 0; d < world; ++d) sent += send_counts[d], received += recv_counts[d];
+  OwnedBuffer send = ops.allocate(DType::kFloat32, sent), recv = ops.allocate(DType::kFloat32, received);
+  int64_t at = 0;
+  for (const std::vector<Buffer>& rows : to)
+    for (const Buffer& b : rows) ops.copy(b, send.get().slice(at, b.numel)), at += b.numel;
+  transport.all_to_all(send.get(), send_counts, recv.get(), recv_counts, what)->wait();
+  if (!transport.moves_data()) return;
+  at = 0;
+  for (const std::vector<Buffer>& rows : from)
+    for (const Buffer& b : rows) ops.copy(recv.get().slice(at, b.numel), b), at += b.numel;
+}
+
 }  // namespace
 
 bool StepEngine::normuon_active(const StepState& st, int item) const {
@@ -71,45 +97,27 @@ void StepEngine::normuon_gather(StepState& st) {
   st.normuon_full = ops_.allocate(DType::kFloat32, full);
   const Buffer whole = st.normuon_full.get();
 
-  // Send: this rank's v rows of every block it is the source of, per owner.
-  std::vector<int64_t> send_counts(static_cast<size_t>(world_), 0), recv_counts(static_cast<size_t>(world_), 0);
-  std::vector<std::pair<Buffer, int64_t>> sends;  // (rows, offset in the send buffer)
-  int64_t sent = 0;
+  // NOTE: zeros over a transport that moves nothing (a fake world), where no rows arrive.
+  if (!transport_.moves_data()) ops_.fill_zero(whole);
+  // Send: this rank's v rows of every block it is the source of, per owner; receive every
+  // other source's rows of the matrices this rank computes, into their place in `whole`.
+  std::vector<std::vector<Buffer>> to(static_cast<size_t>(world_)), from(static_cast<size_t>(world_));
   for (int d = 0; d < world_; ++d) {
     if (d == rank_) continue;
-    const int64_t begin = sent;
     for (int i = 0; i < num_items; ++i) {
       const Piece& me = table_.piece(i, rank_);
-      if (!normuon_active(st, i) || owners_[static_cast<size_t>(i)] != d || me.empty() || me.col_begin != 0 ||
-          table_.source(i, rank_, d) != rank_)
-        continue;
-      sends.push_back({v_rows(tensors[static_cast<size_t>(table_.item(i).param_idx)], me), sent});
-      sent += me.row_count;
-    }
-    send_counts[static_cast<size_t>(d)] = sent - begin;
-  }
-  // Receive: every other source's rows of the matrices this rank computes.
-  std::vector<std::pair<int64_t, std::pair<int64_t, int64_t>>> recvs;  // (offset in recv, (offset in whole, rows))
-  int64_t received = 0;
-  for (int src = 0; src < world_; ++src) {
-    if (src == rank_) continue;
-    const int64_t begin = received;
-    for (int i = 0; i < num_items; ++i) {
+      if (normuon_active(st, i) && owners_[static_cast<size_t>(i)] == d && !me.empty() && me.col_begin == 0 &&
+          table_.source(i, rank_, d) == rank_)
+        to[static_cast<size_t>(d)].push_back(v_rows(tensors[static_cast<size_t>(table_.item(i).param_idx)], me));
       const int64_t at = st.normuon_at[static_cast<size_t>(i)];
-      const Piece& p = table_.piece(i, src);
-      if (at < 0 || p.empty() || p.col_begin != 0 || table_.source(i, src, rank_) != src) continue;
-      recvs.push_back({received, {at + p.row_begin, p.row_count}});
-      received += p.row_count;
+      const Piece& p = table_.piece(i, d);
+      if (at >= 0 && !p.empty() && p.col_begin == 0 && table_.source(i, d, rank_) == d)
+        from[static_cast<size_t>(d)].push_back(whole.slice(at + p.row_begin, p.row_count));
     }
-    recv_counts[static_cast<size_t>(src)] = received - begin;
   }
-  OwnedBuffer send = ops_.allocate(DType::kFloat32, sent), recv = ops_.allocate(DType::kFloat32, received);
-  for (const auto& [rows, offset] : sends) ops_.copy(rows, send.get().slice(offset, rows.numel));
-  if (!transport_.moves_data()) ops_.fill_zero(recv.get());
-  transport_.all_to_all(send.get(), send_counts, recv.get(), recv_counts,
-                        "all_to_all of NorMuon's state rows to their owners (" + step_name(st.step_idx) + ")")
-      ->wait();
-  // The whole v of each matrix this rank computes: its own rows, then the received ones.
+  exchange_rows(ops_, transport_, rank_, to, from,
+                "all_to_all of NorMuon's state rows to their owners (" + step_name(st.step_idx) + ")");
+  // The whole v of each matrix this rank computes: its own rows besides the received ones.
   for (int i = 0; i < num_items; ++i) {
     const int64_t at = st.normuon_at[static_cast<size_t>(i)];
     if (at < 0) continue;
@@ -119,8 +127,6 @@ void StepEngine::normuon_gather(StepState& st) {
                 whole.slice(at + me.row_begin, me.row_count));
     st.normuon_v[static_cast<size_t>(i)] = whole.slice(at, table_.item(i).rows);
   }
-  for (const auto& [offset, target] : recvs)
-    ops_.copy(recv.get().slice(offset, target.second), whole.slice(target.first, target.second));
 }
 
 void StepEngine::normuon_return(StepState& st) {
@@ -128,44 +134,23 @@ void StepEngine::normuon_return(StepState& st) {
   if (!st.normuon_exchanged) return;  // NOTE: as normuon_gather decided, alike on every rank
   const std::vector<ParamTensors>& tensors = *st.tensors;
   const Buffer whole = st.normuon_full.get();
-  // Send: the new v rows of every holder of the matrices this rank computed.
-  std::vector<int64_t> send_counts(static_cast<size_t>(world_), 0), recv_counts(static_cast<size_t>(world_), 0);
-  std::vector<std::pair<Buffer, int64_t>> sends;
-  int64_t sent = 0;
+  // Send every holder the new v rows of the matrices this rank computed; receive this
+  // rank's rows of the matrices others computed, straight into its row_state.
+  std::vector<std::vector<Buffer>> to(static_cast<size_t>(world_)), from(static_cast<size_t>(world_));
   for (int d = 0; d < world_; ++d) {
     if (d == rank_) continue;
-    const int64_t begin = sent;
     for (int i = 0; i < num_items; ++i) {
       const int64_t at = st.normuon_at[static_cast<size_t>(i)];
       const Piece& p = table_.piece(i, d);
-      if (at < 0 || p.empty()) continue;
-      sends.push_back({whole.slice(at + p.row_begin, p.row_count), sent});
-      sent += p.row_count;
-    }
-    send_counts[static_cast<size_t>(d)] = sent - begin;
-  }
-  // Receive: this rank's rows of the matrices others computed.
-  std::vector<std::pair<int64_t, Buffer>> recvs;
-  int64_t received = 0;
-  for (int src = 0; src < world_; ++src) {
-    if (src == rank_) continue;
-    const int64_t begin = received;
-    for (int i = 0; i < num_items; ++i) {
+      if (at >= 0 && !p.empty()) to[static_cast<size_t>(d)].push_back(whole.slice(at + p.row_begin, p.row_count));
       const Piece& me = table_.piece(i, rank_);
-      if (!normuon_active(st, i) || owners_[static_cast<size_t>(i)] != src || me.empty()) continue;
-      recvs.push_back({received, v_rows(tensors[static_cast<size_t>(table_.item(i).param_idx)], me)});
-      received += me.row_count;
+      if (normuon_active(st, i) && owners_[static_cast<size_t>(i)] == d && !me.empty())
+        from[static_cast<size_t>(d)].push_back(v_rows(tensors[static_cast<size_t>(table_.item(i).param_idx)], me));
     }
-    recv_counts[static_cast<size_t>(src)] = received - begin;
   }
-  OwnedBuffer send = ops_.allocate(DType::kFloat32, sent), recv = ops_.allocate(DType::kFloat32, received);
-  for (const auto& [rows, offset] : sends) ops_.copy(rows, send.get().slice(offset, rows.numel));
-  transport_.all_to_all(send.get(), send_counts, recv.get(), recv_counts,
-                        "all_to_all of NorMuon's state rows back to their holders (" + step_name(st.step_idx) + ")")
-      ->wait();
-  // NOTE: over a transport that moves nothing the received rows are not real: keep v.
-  if (transport_.moves_data())
-    for (const auto& [offset, rows] : recvs) ops_.copy(recv.get().slice(offset, rows.numel), rows);
+  exchange_rows(ops_, transport_, rank_, to, from,
+                "all_to_all of NorMuon's state rows back to their holders (" + step_name(st.step_idx) + ")");
+  // This rank's own rows of the matrices it computed.
   for (int i = 0; i < num_items; ++i) {
     const int64_t at = st.normuon_at[static_cast<size_t>(i)];
     const Piece& me = table_.piece(i, rank_);

@@ -17,8 +17,8 @@ Usage::
 Distributed: the maxima are all-reduced (max) over ``process_group`` (default: the default
 group when one is initialized) before use, so ranks that saw other batches (data parallel)
 or other heads (tensor parallel: record ``-inf`` for heads not computed here) agree. A
-weight that is a DTensor sharded on dim 0 (FSDP2, TP column-wise) is scaled on each rank
-over the rows it holds; every rank computes the same factors.
+weight that is a DTensor sharded on dim 0 (FSDP2, TP column-wise, FSDP2 over TP) is scaled
+on each rank over the rows it holds; every rank computes the same factors.
 """
 
 from __future__ import annotations
@@ -180,28 +180,40 @@ class QKClip:
         return out
 
 
-def _local_rows(w: torch.Tensor, what: str) -> tuple[torch.Tensor, int]:
-    """The local tensor of `w` and the global index of its first row."""
+def _local_row_runs(w: torch.Tensor, what: str) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """The local tensor of `w` and the global rows it holds, as (first row, count) runs in
+    local order. NOTE: FSDP2 over TP places rows with ``_StridedShard`` (the TP chunk split
+    again over the data-parallel ranks), so the rows are found by distributing the row
+    indices as `w` is placed (each rank from its own copy: no communication)."""
     if not isinstance(w, DTensor):
-        return w, 0
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+        return w, [(0, w.shape[0])]
+    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
 
-    for d, placement in enumerate(w.placements):
-        if not (placement.is_replicate() or (type(placement) is Shard and placement.dim == 0)):
+    for placement in w.placements:
+        if not (placement.is_replicate() or (isinstance(placement, (Shard, _StridedShard)) and placement.dim == 0)):
             raise ValueError(f"QKClip: {what} is placed {tuple(w.placements)}; QK-clip scales rows of weights that "
-                             "are replicated or sharded on dim 0 (FSDP2, tensor-parallel column-wise)")
-    _, offset = compute_local_shape_and_global_offset(w.shape, w.device_mesh, w.placements)
-    return w.to_local(), int(offset[0]) if len(offset) else 0
+                             "are replicated or sharded on dim 0 (FSDP2, tensor-parallel column-wise, both)")
+    local = w.to_local()
+    ids = distribute_tensor(torch.arange(w.shape[0], dtype=torch.int64, device=local.device), w.device_mesh,
+                            list(w.placements), src_data_rank=None).to_local().tolist()
+    runs: list[tuple[int, int]] = []
+    for row in ids:
+        if runs and runs[-1][0] + runs[-1][1] == row:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((row, 1))
+    return local, runs
 
 
 def _scale_head_rows(w: torch.Tensor, head_factors: list[float], head_dim: int, what: str) -> None:
     """Rows of `w` this rank holds × their head's factor (in float32 for 16-bit weights)."""
     if all(f == 1.0 for f in head_factors):
         return
-    local, row_begin = _local_rows(w, what)
+    local, runs = _local_row_runs(w, what)
     if local.shape[0] == 0:
         return
-    factors = _C.qk_clip_row_factors(head_factors, head_dim, row_begin, local.shape[0])
+    factors = [f for begin, count in runs for f in _C.qk_clip_row_factors(head_factors, head_dim, begin, count)]
     f = torch.tensor(factors, dtype=torch.float32 if local.dtype != torch.float64 else torch.float64,
                      device=local.device).reshape(-1, *([1] * (local.dim() - 1)))
     if local.dtype in (torch.float32, torch.float64):

@@ -20,6 +20,7 @@
 #include "ns/cuda/cuda_check.h"
 #include "step/cpu/cpu_elements.h"
 #include "step/cuda/cuda_ops.h"
+#include "optim/normuon.h"
 #include "error_of.h"
 #include "step_world.h"
 
@@ -410,6 +411,90 @@ TEST(StepCudaOps, ApplyPiecesMatchTheCpuOpsAndHonourTheGate) {
       expect_close(dp1.values(), p1.values(), p, 1, what + " piece 1");
       EXPECT_EQ(gpu.read_flags({flags.view()}), host_flags) << what;
       EXPECT_EQ(host_flags, (std::vector<int32_t>{0, 1})) << what;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- NorMuon
+// The CUDA NorMuon pass on a 16-bit result in the iterate layout (padded or odd ld, both
+// orientations) against optim::normuon_matrix in double on the same rounded values: O
+// within 1 unit of the result dtype (the GPU multiplies in float, the rule in double), v
+// within 1e-5 relative (row sums in float of 16-bit values). Matrix 2 is not listed and
+// stays as it was; matrix 3 holds a NaN: it and its v stay, and its flag is raised; a
+// closed gate changes nothing.
+TEST(StepCudaOps, NormuonMatchesTheCpuRule) {
+  SKIP_WITHOUT_GPU();
+  CudaOps gpu;
+  const auto schedule = gram_schedule();
+  const dmuon::optim::NormuonRule rule{true, 0.9, 1e-8};
+  struct Case {
+    int64_t rows, cols, ld;  // ld 0: the NS iterate's padded ld
+  };
+  for (const Case& c : {Case{40, 72, 0}, Case{72, 40, 0}, Case{37, 101, 101}, Case{101, 37, 103}, Case{9, 9, 0}}) {
+    for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+      const int64_t m = std::min(c.rows, c.cols), n = std::max(c.rows, c.cols);
+      const int64_t ld = c.ld > 0 ? c.ld : dmuon::ns::cuda::padded_ld(n), numel = c.rows * c.cols;
+      const bool transposed = c.rows > c.cols;
+      const std::string what = std::to_string(c.rows) + "x" + std::to_string(c.cols) + " ld " + std::to_string(ld) +
+                               " " + dmuon::step::dtype_name(t);
+      const auto item = dmuon::testing::rounded(random_values(4 * numel, 0.05, 90), t);
+      std::vector<double> layout(static_cast<size_t>(4 * m * ld), 0.5);
+      auto at = [&](int64_t k, int64_t r, int64_t col) {
+        return static_cast<size_t>(k * m * ld + (transposed ? col * ld + r : r * ld + col));
+      };
+      for (int64_t k = 0; k < 4; ++k)
+        for (int64_t r = 0; r < c.rows; ++r)
+          for (int64_t col = 0; col < c.cols; ++col) layout[at(k, r, col)] = item[static_cast<size_t>(k * numel + r * c.cols + col)];
+      layout[at(3, c.rows / 2, 1)] = NAN;
+      const std::vector<double> v0 = random_values(c.rows, 1.0, 91);
+      std::vector<double> v_start(v0.size());
+      for (size_t i = 0; i < v0.size(); ++i) v_start[i] = 1e-4 * v0[i] * v0[i];
+      const HostTensor v_host(v_start, DType::kFloat32);
+      const dmuon::step::NsBatchDesc desc{c.rows, c.cols, 4, DType::kFloat32, &schedule, true};
+
+      for (bool closed : {true, false}) {
+        const DeviceCopy result(HostTensor(layout, t));
+        const DeviceCopy v0_dev(v_host), v1_dev(v_host), v3_dev(v_host);
+        DeviceCopy flags(DType::kInt32, 4), gate(DType::kInt32, 1);
+        gpu.fill_zero(flags.view());
+        if (!closed) gpu.fill_zero(gate.view());
+        const dmuon::step::NsView view{result.view().data, t, ld, m * ld, transposed};
+        gpu.normuon(view, desc, {{v0_dev.view(), 0, 0}, {v1_dev.view(), 1, 1}, {v3_dev.view(), 3, 3}}, rule,
+                    gate.view(), flags.view());
+        const std::vector<double> got = result.values();
+        const std::vector<int32_t> raised = gpu.read_flags({flags.view()});
+        if (closed) {
+          expect_close(got, HostTensor(layout, t).values(), t, 0, what + " behind a closed gate");
+          expect_close(v0_dev.values(), v_host.values(), DType::kFloat32, 0, what + " v behind a closed gate");
+          EXPECT_EQ(raised, (std::vector<int32_t>{0, 0, 0, 0})) << what;
+          continue;
+        }
+        EXPECT_EQ(raised, (std::vector<int32_t>{0, 0, 0, 1})) << what;
+        const std::vector<double> layout_t = HostTensor(layout, t).values();
+        for (int64_t k = 0; k < 4; ++k) {
+          std::vector<double> want(static_cast<size_t>(numel)), have(static_cast<size_t>(numel));
+          for (int64_t r = 0; r < c.rows; ++r)
+            for (int64_t col = 0; col < c.cols; ++col) {
+              want[static_cast<size_t>(r * c.cols + col)] = layout_t[at(k, r, col)];
+              have[static_cast<size_t>(r * c.cols + col)] = got[at(k, r, col)];
+            }
+          const std::vector<double> v_values = v_host.values();
+          std::vector<float> v(v_values.begin(), v_values.end());
+          if (k <= 1) {
+            ASSERT_TRUE(dmuon::optim::normuon_matrix<double>(want.data(), {c.rows, c.cols, c.cols, false}, v.data(), rule));
+            want = dmuon::testing::rounded(want, t);
+            expect_close((k == 0 ? v0_dev : v1_dev).values(), std::vector<double>(v.begin(), v.end()), DType::kFloat32,
+                         2e-5 / (2 * unit(DType::kFloat32)), what + " v of matrix " + std::to_string(k));
+          }
+          if (k == 3) expect_close(v3_dev.values(), v_host.values(), DType::kFloat32, 0, what + " v of the NaN matrix");
+          expect_close(have, want, t, 1, what + " matrix " + std::to_string(k));
+          // Padding untouched.
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = n; j < ld; ++j)
+              EXPECT_EQ(got[static_cast<size_t>(k * m * ld + i * ld + j)], layout_t[static_cast<size_t>(k * m * ld + i * ld + j)])
+                  << what << " padding of matrix " << k;
+        }
+      }
     }
   }
 }

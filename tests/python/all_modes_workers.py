@@ -35,9 +35,9 @@ class ProbeModel(nn.Module):
         self.layers = nn.ModuleList(nn.Linear(i, o, bias=(k == 0)) for k, (o, i) in enumerate(SHAPES))
 
     def forward(self, targets: list[torch.Tensor]) -> torch.Tensor:
-        loss = torch.zeros(())
+        loss = torch.zeros((), device=targets[0].device)
         for layer, g in zip(self.layers, targets):
-            out = layer(torch.eye(layer.in_features, dtype=g.dtype))
+            out = layer(torch.eye(layer.in_features, dtype=g.dtype, device=g.device))
             loss = loss + (out * g.T).sum()
         return loss
 

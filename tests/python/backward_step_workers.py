@@ -1,7 +1,8 @@
 """Rank functions of test_backward_step.py: the step begun inside backward
 (Execution.backward_step=True) against the post-backward step (False) of the same model,
 plan and gradients, in FSDP2, HSDP and DDP, with and without gradient accumulation; and a
-NaN in a late layer's gradient."""
+NaN in a late layer's gradient. On Gloo CPU processes (test_backward_step) and over NCCL,
+one GPU per rank (dist_workers.nccl_scenarios, test_multigpu)."""
 
 from __future__ import annotations
 
@@ -13,30 +14,34 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import dmuon
 from all_modes_workers import SHAPES, ProbeModel, _full, _targets
+from dist_workers import _device
 
 NUM_STEPS = 3
 OPTIONS = dict(lr=0.02, weight_decay=0.1, ns_algorithm="gram", bucket_size_mb=0.0005)
 
 
 def _wrap(model: nn.Module, mode: str, world: int) -> nn.Module:
+    device = _device()
+    model.to(device)
     if mode in ("fsdp2", "hsdp"):
         from torch.distributed.fsdp import fully_shard
         # NOTE: dimension names of this test's own (see all_modes_workers: the mesh cache).
-        mesh = (init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("bstep_replicate", "bstep_shard"))
-                if mode == "hsdp" else init_device_mesh("cpu", (world,)))
+        mesh = (init_device_mesh(device.type, (2, world // 2), mesh_dim_names=("bstep_replicate", "bstep_shard"))
+                if mode == "hsdp" else init_device_mesh(device.type, (world,)))
         for layer in model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model
     # NOTE: tiny buckets: several, so that buckets are handed over inside backward.
-    return nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True, bucket_cap_mb=1e-4)
+    return nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True, bucket_cap_mb=1e-4,
+                                               device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def _backward(wrapped: nn.Module, mode: str, step: int, micro: int, poison: bool = False) -> None:
     """`micro` micro-batches (gradients summed; only the last one synced)."""
     for k in range(micro):
         last = k == micro - 1
-        targets = [t * (1.0 + 0.25 * k) for t in _targets(10 * step + k)]
+        targets = [(t * (1.0 + 0.25 * k)).to(_device()) for t in _targets(10 * step + k)]
         if poison and last:
             targets[-1][0, 0] = float("nan")
         if mode == "ddp" and not last:
@@ -75,8 +80,8 @@ def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int,
         early.append((stats.early_stages, stats.num_buckets, stats.early_orthogonalized, stats.num_orthogonalized))
     errors = {}
     for k, (p_on, p_off) in enumerate(zip(models[True].parameters(), models[False].parameters())):
-        d_on = _full(p_on) - initial[True][k]
-        d_off = _full(p_off) - initial[False][k]
+        d_on = _full(p_on).cpu() - initial[True][k]
+        d_off = _full(p_off).cpu() - initial[False][k]
         errors[k] = float((d_on - d_off).norm() / d_off.norm().clamp_min(1e-30))
     return dict(errors=errors, early=early, backward_on=opts[True]._backward_step_on,
                 attached=list(opts[True]._backward.attached), off=opts[False]._backward_step_on)

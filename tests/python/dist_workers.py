@@ -395,6 +395,17 @@ def nccl_scenarios(world: int) -> list[tuple[str, Any, tuple]]:
     ]
     if world >= 4 and world % 2 == 0:
         scenarios.insert(2, ("hsdp", sharded_and_replicated_match_single_process, ("gram", 2, True)))
+    # The step begun inside backward against the post-backward step (backward_step_workers).
+    import backward_step_workers as bstep
+
+    scenarios += [
+        ("backward-step-fsdp2", bstep.backward_matches_post_backward, ("fsdp2", 1)),
+        ("backward-step-ddp", bstep.backward_matches_post_backward, ("ddp", 1)),
+        ("backward-step-accumulate", bstep.backward_matches_post_backward, ("fsdp2", 3)),
+        ("backward-step-nan", bstep.nan_in_late_layer, ("fsdp2",)),
+    ]
+    if world >= 4 and world % 2 == 0:
+        scenarios.append(("backward-step-hsdp", bstep.backward_matches_post_backward, ("hsdp", 1)))
     return scenarios
 
 

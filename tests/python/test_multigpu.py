@@ -2,7 +2,9 @@
 world size only where that many GPUs are visible): sharded (FSDP2's DTensor Shard(0) with
 uneven and empty shards, a 3-D expert stack, a conv weight), replicated, gather mode, HSDP,
 FSDP2 fully_shard and DDP training, the shared profiled plan, NaN/Inf agreement and
-mismatched parameter lists, against single-process DMuon on the same GPU.
+mismatched parameter lists, against single-process DMuon on the same GPU; and the step begun
+inside backward against the post-backward step (FSDP2, DDP, HSDP, 3 micro-batches, a NaN in
+the last layer).
 
 Tolerances: the CPU suite's 1e-5 wherever the inputs are the same (float32 on the wire, see
 dist_workers._exact_options). Two checks differ by construction, and say so:
@@ -148,6 +150,33 @@ def test_bfloat16_wire_and_half_precision_stay_close_to_single_process(world):
         assert result["wire_element_size"] == 2
         expected = sum(result["local_numels"]) * (world - 1) * 2
         assert result["gather_bytes_sent"] == expected, (rank, result["gather_bytes_sent"], expected)
+
+
+# ------------------------------------------------------------ the step begun inside backward
+# NOTE: the same plan, gradients and kernels on either side (DMUON_AUTOTUNE=0, float32 wire
+# where the scenario sets none): only the stages' composition differs, which on the GPU can
+# change an NS batch's size and so its kernel's rounding: bounded by the float16 NS, 1e-2.
+BACKWARD_STEP_TOLERANCE = 1e-2
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("case", ["fsdp2", "ddp", "accumulate", "hsdp"])
+def test_backward_step_over_nccl_matches_the_post_backward_step(world, case):
+    if case == "hsdp" and world < 4:
+        pytest.skip("HSDP needs a 2 × (world / 2) mesh")
+    for rank, result in _scenario(world, f"backward-step-{case}").items():
+        assert result["backward_on"] and not result["off"], (rank, result)
+        for name, error in result["errors"].items():
+            assert error < BACKWARD_STEP_TOLERANCE, (case, rank, name, error)
+        for early_stages, stages, _, _ in result["early"][1:]:
+            assert 0 < early_stages <= stages, result["early"]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_backward_step_nan_in_a_late_layer_over_nccl(world):
+    for rank, result in _scenario(world, "backward-step-nan").items():
+        assert result["early_open"] and result["unchanged"], (rank, result)
+        assert "non-finite gradient" in result["error"] and "layers.3.weight" in result["error"], (rank, result)
 
 
 # ------------------------------------------------------------ weight-ownership mode

@@ -14,7 +14,7 @@ from torch import nn
 import dmuon
 from dmuon.qk_clip import max_logits_per_head
 from dmuon.reference import qk_clip_reference
-from clip_workers import Attention, sharded_clip_matches_reference
+from clip_workers import Attention, sharded_clip_matches_reference, tp_clip_matches_reference
 from dist_harness import run_distributed
 
 
@@ -136,3 +136,12 @@ def test_clip_distributed_matches_reference(wrapper, world, num_kv_heads):
     for rank, r in results.items():
         assert r["q"] <= 1e-6 and r["k"] <= 1e-6, (rank, r)
         assert r["changed"] > 0.0
+
+
+@pytest.mark.parametrize("num_kv_heads", [2, 4])
+def test_clip_under_fsdp2_and_tensor_parallel_matches_reference(num_kv_heads):
+    results = run_distributed(tp_clip_matches_reference, 4, num_kv_heads)
+    for rank, r in results.items():
+        assert "_StridedShard(dim=0" in r["placements"], r  # FSDP2 over TP: the TP chunk split again
+        assert r["q"] <= 1e-6 and r["k"] <= 1e-6, (rank, r)
+        assert r["changed"] > 0.0, r

@@ -14,6 +14,7 @@
 #include "ns/cuda/cuda_check.h"
 #include "ns/cuda/matrix_list.h"
 #include "step/cuda/graph_cache.h"
+#include "step/cuda/normuon_kernels.h"
 #include "step/cuda/piece_kernels.h"
 #include "step/cuda/stream_set.h"
 #include "step/cuda/sym_self_check.h"
@@ -357,6 +358,27 @@ void CudaOps::apply_result(const NsView& result, const NsBatchDesc& batch, const
   for (const auto& [key, descs] : groups)
     cuda::apply_result(key.first, key.second, view_of(result, batch), descs, result_flags.as<int>(), skip_of(gate),
                        impl_->current);
+}
+
+void CudaOps::normuon(const NsView& result, const NsBatchDesc& batch, const std::vector<NormuonMatrix>& matrices,
+                      const optim::NormuonRule& rule, const Buffer& gate, const Buffer& result_flags) {
+  if (matrices.empty()) return;
+  DeviceGuard guard(impl_->options.device);
+  std::vector<cuda::NormuonDesc> descs;
+  for (const NormuonMatrix& m : matrices) {
+    DMUON_CHECK(m.matrix_idx >= 0 && m.matrix_idx < batch.count, "CudaOps::normuon: matrix ", m.matrix_idx,
+                " of a batch of ", batch.count);
+    DMUON_CHECK(m.v.dtype == DType::kFloat32 && m.v.numel == batch.rows, "CudaOps::normuon: v holds ", m.v.numel,
+                " elements of ", dtype_name(m.v.dtype), " for ", batch.rows, " rows of float32");
+    DMUON_CHECK(m.flag_idx >= 0 && m.flag_idx < result_flags.numel, "CudaOps::normuon: flag index ", m.flag_idx,
+                " out of range");
+    descs.push_back({m.v.as<float>(), m.matrix_idx, m.flag_idx});
+  }
+  // NOTE: stream-ordered scratch on the batch's stream, released after its last pass.
+  const int64_t bytes = cuda::normuon_scratch_bytes(static_cast<int64_t>(descs.size()), batch.rows);
+  OwnedBuffer scratch = allocate(DType::kInt32, (bytes + 3) / 4);
+  cuda::normuon(view_of(result, batch), descs, rule.beta2, rule.eps, scratch.get().data, result_flags.as<int>(),
+                skip_of(gate), impl_->current);
 }
 
 void CudaOps::apply_pieces(const std::vector<ApplyPiece>& pieces, const Buffer& gate, const Buffer& result_flags) {

@@ -1,54 +1,20 @@
 // dmuon/step/cuda/piece_kernels.cu — the fused row-piece passes of the CUDA step ops.
 #include "step/cuda/piece_kernels.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
 #include <type_traits>
 
 #include "common/check.h"
 #include "ns/cuda/cuda_check.h"
+#include "step/cuda/kernel_common.cuh"
 #include "step/synthetic.h"
 
 namespace dmuon::step::cuda {
 namespace {
 
-constexpr int kThreads = 256;
 // Tiles of the transposing passes: 32×32 elements, 32×8 threads (each thread 4 rows).
 constexpr int kTile = 32;
 constexpr int kTileRows = 8;
-
-// ---------------------------------------------------------------- elements
-__device__ __forceinline__ float load(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float load(const __half* p, int64_t i) { return __half2float(p[i]); }
-__device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-
-// Whether element i is finite, in its own precision (a large double is not an fp32 Inf).
-template <typename T>
-__device__ __forceinline__ bool finite_at(const T* p, int64_t i) {
-  return isfinite(load(p, i));
-}
-template <>
-__device__ __forceinline__ bool finite_at<double>(const double* p, int64_t i) {
-  return isfinite(p[i]);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_f(float v);
-template <>
-__device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-// v as a T tensor holds it.
-template <typename T>
-__device__ __forceinline__ float round_to(float v) {
-  const T t = from_f<T>(v);
-  return load(&t, 0);
-}
 
 // O rounded to a wire dtype code (kRound*), the replicas' view of an owner's result.
 enum RoundCode : int { kRoundNone = 0, kRoundBF16 = 1, kRoundF16 = 2 };
@@ -76,8 +42,6 @@ __device__ __forceinline__ float momentum_update(const P* grad, P* momentum, int
   return rule.nesterov ? round_to<P>(lerp(g, m, rule.nesterov_weight)) : m;
 }
 
-__device__ __forceinline__ bool is_skipped(const int* skip) { return skip != nullptr && *skip != 0; }
-
 // Sum over the block in a fixed order (warp trees, then warps in order): deterministic.
 __device__ float block_sum(float value) {
   __shared__ float warp_sums[kThreads / 32];  // [warps]
@@ -88,42 +52,6 @@ __device__ float block_sum(float value) {
   if (threadIdx.x == 0)
     for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
   return total;  // valid in thread 0
-}
-
-// Descriptors of one launch, in the kernel's parameters.
-template <typename D>
-struct DescList {
-  D d[kMaxPiecesPerLaunch];
-  int n = 0;
-};
-
-// fn(list, first) for every launch-sized part of `all`.
-template <typename D, typename Fn>
-void for_each_launch(const std::vector<D>& all, Fn&& fn) {
-  for (size_t first = 0; first < all.size(); first += kMaxPiecesPerLaunch) {
-    DescList<D> list;
-    list.n = static_cast<int>(std::min<size_t>(kMaxPiecesPerLaunch, all.size() - first));
-    for (int k = 0; k < list.n; ++k) list.d[k] = all[first + static_cast<size_t>(k)];
-    fn(list, first);
-  }
-}
-
-// fn(T{}) with T the CUDA element type of a float32 / bfloat16 / float16 dtype.
-template <typename Fn>
-void dispatch(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::kFloat32: fn(float{}); return;
-    case DType::kBFloat16: fn(__nv_bfloat16{}); return;
-    case DType::kFloat16: fn(__half{}); return;
-    default: break;
-  }
-  DMUON_FAIL("the CUDA step ops handle float32, bfloat16 and float16 elements, not ", dtype_name(dtype));
-}
-template <typename Fn>
-void dispatch_half(DType dtype, Fn&& fn) {
-  if (dtype == DType::kFloat16) return fn(__half{});
-  if (dtype == DType::kBFloat16) return fn(__nv_bfloat16{});
-  DMUON_FAIL("an NS iterate is float16 or bfloat16, not ", dtype_name(dtype));
 }
 
 unsigned flat_blocks(int64_t numel) {

@@ -4,6 +4,7 @@
 target_sources(dmuon_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/allocator.cpp
   ${CMAKE_CURRENT_LIST_DIR}/piece_kernels.cu
+  ${CMAKE_CURRENT_LIST_DIR}/normuon_kernels.cu
   ${CMAKE_CURRENT_LIST_DIR}/graph_cache.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stream_set.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sym_self_check.cpp

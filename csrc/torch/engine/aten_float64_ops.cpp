@@ -217,16 +217,14 @@ class AtenFloat64Ops : public step::DeviceOps {
     }
   }
 
-  // NorMuon (optim/normuon.h) with ATen on any result layout (16-bit, transposed, padded
-  // ld: the CUDA ops'; float64: these ops'): sums in float64, v float32, nothing written
-  // where the gate is closed or O is not finite (the flag is raised then). NOTE: the CUDA
-  // ops have no NorMuon kernel; this is the correct-first path for them (a few small ATen
-  // launches per matrix on the ops' stream), the CPU ops keep their own.
+  // NorMuon (optim/normuon.h) of float64 batches with ATen (their result is these ops'
+  // float64 iterate): sums in float64, v float32, nothing written where the gate is closed
+  // or O is not finite (the flag is raised then). Other batches go to the inner ops (the
+  // CPU rule, or the CUDA kernels on the batch's stream: step/cuda/normuon_kernels.h).
   void normuon(const step::NsView& result, const step::NsBatchDesc& batch,
                const std::vector<step::NormuonMatrix>& matrices, const optim::NormuonRule& rule, const Buffer& gate,
                const Buffer& result_flags) override {
-    if (batch.param_dtype != DType::kFloat64 && inner_->device().kind == step::DeviceKind::kCpu)
-      return inner_->normuon(result, batch, matrices, rule, gate, result_flags);
+    if (batch.param_dtype != DType::kFloat64) return inner_->normuon(result, batch, matrices, rule, gate, result_flags);
     if (matrices.empty()) return;
     // The batch's listed matrices at once ([k, rows, cols] views of the result, whatever
     // its storage order; their v stacked): a fixed number of launches per NS batch.

@@ -1,4 +1,4 @@
-"""`python -m dmuon.bench.summary DIR`: the short summary lab/device/multigpu_run.sh prints
+"""`python -m dmuon.bench.summary DIR`: the short summary scripts/multigpu_run.sh prints
 last — each stage's status and time (DIR/stages.tsv), the optimizer step per model and
 world size (DIR/step_*.json from `bench step --json`) and the end-to-end step
 (DIR/e2e_*.json from `bench e2e --json`). Missing or unreadable files are reported, not

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# Issue 8 in one device call: build dmuon, check it over NCCL, time the optimizer step at
-# every world size, time the end-to-end training step; a short summary table last.
+# The several-GPU run (issue 30) in one device call: build dmuon, check it over NCCL, time the
+# optimizer step at every world size, time the training step, check the fake-world
+# projection against what was measured in the same call; a short summary table last.
 # Usage (device tool; carry [".cutlass"] so the sm_90a kernel is built; kind nvidia-h200-x2,
 # -x4 or -x8 — the world sizes follow the GPUs present):
-#   bash lab/device/multigpu_run.sh [--stages test,step,e2e,e2e1] [--worlds 2,4,8]
+#   bash scripts/multigpu_run.sh [--stages test,step,e2e,e2e7b,project,e2e1] [--worlds 2,4,8]
 #        [--step-models qwen2.5-1.5b,qwen2.5-7b] [--e2e-model qwen2.5-1.5b]
-#        [--e2e-optimizers dmuon-ownership,dmuon,gather,adamw] [--e2e-micro-batch auto|N]
+#        [--e2e-optimizers dmuon,dmuon-ownership,adamw] [--e2e-micro-batch N|auto]
 #        [--budget SECONDS]
+# Stages: test (pytest -m multigpu: every mode, the step begun inside backward, NaN/Inf
+# agreement, mismatched parameters), step (bench step --worlds), e2e (bench e2e on every
+# GPU; dmuon's step begins inside backward at world > 1), e2e7b (Qwen2.5-7B at world 8,
+# where 8 GPUs are present), project (bench step / e2e --fake-world at the same worlds,
+# then python -m dmuon.bench.projection_check), e2e1 (one GPU).
 # --worlds 1 is the dry run on one GPU (NCCL with one rank: no transfers, every code path).
 # Every stage runs under `timeout`, clipped to what is left of the budget (default 540 s,
 # the build included), so one hang cannot eat the call; logs and JSON go to $OUT.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 OUT=${OUT:-/tmp/dmuon_out}
 mkdir -p "$OUT"
 START=$(date +%s)
@@ -20,12 +26,13 @@ START=$(date +%s)
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 # Arguments.
-STAGES=test,step,e2e
+STAGES=test,step,e2e,e2e7b,project
 WORLDS_WANTED=2,4,8
 STEP_MODELS=qwen2.5-1.5b,qwen2.5-7b
 E2E_MODEL=qwen2.5-1.5b
-E2E_OPTIMIZERS=dmuon-ownership,dmuon,gather,adamw
-E2E_MICRO_BATCH=auto
+E2E_OPTIMIZERS=dmuon,dmuon-ownership,adamw
+# NOTE: 1, as the fake-world projection runs (it searches no micro-batch): comparable.
+E2E_MICRO_BATCH=1
 BUDGET=540
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -42,10 +49,10 @@ while [ $# -gt 0 ]; do
 done
 wants() { [[ ",$STAGES," == *",$1,"* ]]; }
 
-# Stage runner (lab/device/stage_runner.sh). NOTE: 20 s of the budget are kept for the summary.
+# Stage runner (scripts/stage_runner.sh). NOTE: 20 s of the budget are kept for the summary.
 STAGES_TSV="$OUT/stages.tsv" STAGE_RESERVE=20 STAGE_MIN=30
 : > "$STAGES_TSV"
-source lab/device/stage_runner.sh
+source scripts/stage_runner.sh
 
 # Environment: GPUs, driver, interconnect, torch/CUDA/NCCL, transformers.
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
@@ -102,7 +109,35 @@ if wants e2e; then
              | tee '$OUT/e2e_$E2E_MODEL.log' | grep -v -E 'UserWarning|FutureWarning|DeprecationWarning|warnings.warn'; exit \${PIPESTATUS[0]}"
 fi
 
-# 4. (issue 7) The same training step on one GPU: weight-ownership vs owner mode vs AdamW.
+# 4. Qwen2.5-7B's training step at world 8 (only where 8 GPUs are present).
+if wants e2e7b && [ "$NUM_GPUS" -ge 8 ]; then
+  run_stage "bench e2e qwen2.5-7b, 8 GPUs" 300 \
+    bash -c "python3 -m dmuon bench e2e --model qwen2.5-7b --world 8 --seq 4096 --micro-batch 1 --steps 3 --warmup 2 \
+             --optimizers '$E2E_OPTIMIZERS' --json '$OUT/e2e_qwen2.5-7b.json' 2>&1 \
+             | tee '$OUT/e2e_qwen2.5-7b.log' | grep -v -E 'UserWarning|FutureWarning|DeprecationWarning|warnings.warn'; exit \${PIPESTATUS[0]}"
+fi
+
+# 5. The fake-world projection of the same steps on one GPU of this machine, then its error
+# against the figures measured above (dmuon.bench.projection_check pairs the JSON records).
+if wants project; then
+  for model in ${STEP_MODELS//,/ }; do
+    for world in ${WORLDS//,/ }; do
+      [ "$world" -gt 1 ] || continue
+      run_stage "fake step $model w$world" 150 \
+        bash -c "python3 -m dmuon bench step --model '$model' --fake-world '$world' --ranks slowest \
+                 --json '$OUT/fake_step_${model}_w${world}.json' > '$OUT/fake_step_${model}_w${world}.log' 2>&1"
+    done
+  done
+  if [ "$NUM_GPUS" -gt 1 ]; then
+    run_stage "fake e2e $E2E_MODEL w$NUM_GPUS" 200 \
+      bash -c "python3 -m dmuon bench e2e --model '$E2E_MODEL' --fake-world '$NUM_GPUS' --seq 4096 \
+               --micro-batch '$E2E_MICRO_BATCH' --optimizers dmuon,adamw \
+               --json '$OUT/fake_e2e_${E2E_MODEL}_w${NUM_GPUS}.json' > '$OUT/fake_e2e_${E2E_MODEL}.log' 2>&1"
+  fi
+  python3 -m dmuon.bench.projection_check "$OUT" | tee "$OUT/projection_check.txt"
+fi
+
+# 6. (issue 7) The same training step on one GPU: weight-ownership vs owner mode vs AdamW.
 if wants e2e1; then
   run_stage "bench e2e qwen2.5-0.5b, 1 GPU" 200 \
     bash -c "python3 -m dmuon bench e2e --model qwen2.5-0.5b --world 1 --seq 4096 --micro-batch auto \
