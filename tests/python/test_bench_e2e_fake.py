@@ -146,7 +146,7 @@ def test_the_step_begun_from_backward_runs_on_gradients_sanitized_before_dmuons_
     assert 0 < m["early_stages"] <= m["num_stages"]
     assert 0 < m["early_orthogonalized"] <= m["num_orthogonalized"] and m["early_ns_s"] > 0
     assert m["early_share"] == pytest.approx(m["early_orthogonalized"] / m["num_orthogonalized"])
-    assert m["early_forward_s"] > 0 and m["early_return_s"] > 0
+    assert m["early_forward_s"] > 0 and m["early_last_forward_s"] > 0 and m["early_return_s"] > 0
     assert dmuon["opt_left_after_backward_ms"] > 0
     assert "of the owners' Newton–Schulz matrices ran inside backward" in printed
     assert "run, not modelled" in printed
@@ -172,6 +172,8 @@ def test_what_is_left_at_step_adds_the_early_returns_to_the_late_pipeline():
     assert opt_left_after_backward(0.015, m) == pytest.approx(opt_projected(0.015, m)) == pytest.approx(0.018)
     # 3 of 4 stages left early: 1 ms of the fills ran inside backward; at step() 6 ms measured
     # = 2 ms fills + 3 ms of the last stage's compute + 1 ms outside; its pipeline 5 ms
-    # simulated; the early stages' returns 2 ms.
-    m.update(early_stages=3, early_fill_s=0.001, late_compute_s=0.003, late_simulated_s=0.005, early_return_s=0.002)
-    assert opt_left_after_backward(0.006, m) == pytest.approx(0.001 + 0.005 + 0.002)
+    # simulated; the third stage's forward (issued at the end of backward) 0.5 ms; the early
+    # stages' returns 2 ms.
+    m.update(early_stages=3, early_fill_s=0.001, late_compute_s=0.003, late_simulated_s=0.005,
+             early_last_forward_s=0.0005, early_return_s=0.002)
+    assert opt_left_after_backward(0.006, m) == pytest.approx(0.001 + 0.005 + 0.0005 + 0.002)

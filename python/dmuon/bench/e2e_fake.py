@@ -23,7 +23,8 @@ backward can hide behind compute:
     fwd+bwd projected = max(compute, Σ collectives − first − last + early forwards) + first + last
 with compute the measured forward + backward less the fake world's work in it (the
 gradient overwrite, DMuon's model fills), and `early forwards` DMuon's forward all_to_alls
-issued inside backward (they share the links; 0 when the step is not begun there).
+issued inside backward but the last (they share the links; 0 when the step is not begun
+there; the last one, issued as backward ends, is charged to the step).
 The optimizer step is projected as in `bench step --fake-world` (DMuon's stage pipeline
 over every rank, the other ranks predicted from this one); AdamW's step has no collectives.
 
@@ -32,8 +33,9 @@ With --backward-step on (or auto at world > 1) the step really begins from backw
 gradients are final leave inside backward, and their owners' NS runs there on this device,
 competing with backward for it as on a real rank: the measured forward + backward includes
 it. `opt left after backward` is what is left at step(), measured, with the waits of the
-collectives still ahead projected (fake_step_projection: the early stages' returns and the
-pipeline of the stages that did not leave early, with both agreements). The table's last
+collectives still ahead projected (fake_step_projection: the last early stage's forward,
+the early stages' returns and the pipeline of the stages that did not leave early, with
+both agreements). The table's last
 lines give the share of the NS matrices that ran inside backward (the engine's
 early_orthogonalized / num_orthogonalized, as `bench e2e` prints it for real worlds).
 NOTE: the fake rank records its stage timeline (the projection needs it), which
@@ -296,8 +298,9 @@ def _report(results: dict, config: dict, topology: ClusterTopology, env: str, me
                   f"{m['early_stages']:.0f} of {m['num_stages']:.0f} stages left early; median step)")
     if any(o["backward_step"] for o in optimizers.values()):
         print("backward step on (run, not modelled): fwd+bwd includes the NS begun inside backward; left after bwd: "
-              "measured at step() + the remaining collectives projected (early returns, the stages that did not "
-              "leave early); the early forwards share FSDP2's links in fwd+bwd projected")
+              "measured at step() + the collectives still ahead projected (the last early forward, the early "
+              "returns, the stages that did not leave early); the other early forwards share FSDP2's links in "
+              "fwd+bwd projected")
     print("fwd+bwd / opt ms: measured on the fake rank (collectives free); projected: "
           "max(compute, collectives - first - last + early forwards) + first + last for FSDP2 (compute without the "
           "gradient overwrite and model fills), DMuon's pipeline simulated; gradients were overwritten with random "

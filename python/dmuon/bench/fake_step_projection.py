@@ -9,15 +9,20 @@ last early stage's NS, the agreement, every early stage's return all_to_all (iss
 together in commit(), landed in order), the pipeline of the stages that did not leave
 early, and the agreement on the results. The projection of what is left:
 
-    opt left = max(0, opt − fill at step() − late compute) + late simulated + Σ early returns
+    opt left = max(0, opt − fill at step() − late compute) + late simulated
+               + last early forward + Σ early returns
 
 with `opt` the fake rank's measured step() (its collectives free), `fill at step()` the
 fake world's model fills there (no real work), `late compute` / `late simulated` the
 measured compute phases / the simulated pipeline (with both agreements) of the stages
-that did not leave early, and the early stages' returns modelled one after the other
-(an upper bound: the applies of landed stages overlap them a little). The early stages'
-forward all_to_alls are charged to backward (`early_forward_s`, on the links FSDP2's
-collectives use: bench.e2e_fake).
+that did not leave early, the forward of the last stage that left early (issued by the
+last hook, at the end of backward: its NS waits for it at step()), and the early stages'
+returns modelled one after the other (an upper bound: the applies of landed stages
+overlap them a little). The other early forwards are charged to backward
+(`early_forward_s`, on the links FSDP2's collectives use: bench.e2e_fake).
+NOTE: assumed, as in sim/pipeline.h: compute and transfers do not slow each other, and an
+early stage's NS inside backward does not wait for its forward (it left one stage before);
+the step()'s one-integer agreement on changed gradients (dmuon.backward_step) is left out.
 """
 
 from __future__ import annotations
@@ -63,7 +68,10 @@ def muon_projection(opt, topology: ClusterTopology, num_params: int) -> dict | N
            "early_share": early_ns_share(s) or 0.0}
     first = int(s.early_stages)
     exchanges = _C.sim.exchange_seconds(layout, topology.group(runtime.world_size))
-    out["early_forward_s"] = sum(f for f, _ in exchanges[:first])
+    # NOTE: the last stage to leave does so in the last hook, at the end of backward: its
+    # forward is not hidden behind backward (its NS at step() waits for it).
+    out["early_forward_s"] = sum(f for f, _ in exchanges[:max(0, first - 1)])
+    out["early_last_forward_s"] = exchanges[first - 1][0] if first else 0.0
     out["early_return_s"] = sum(r for _, r in exchanges[:first])
     if first == 0:
         out.update(late_simulated_s=simulated, late_compute_s=out["compute_s"])
@@ -85,4 +93,5 @@ def opt_left_after_backward(opt_s: float, m: dict) -> float:
     if not m["early_stages"]:
         return opt_projected(opt_s, m)
     fill_at_step = m["fill_s"] - m["early_fill_s"]
-    return max(0.0, opt_s - fill_at_step - m["late_compute_s"]) + m["late_simulated_s"] + m["early_return_s"]
+    return (max(0.0, opt_s - fill_at_step - m["late_compute_s"]) + m["late_simulated_s"] + m["early_last_forward_s"]
+            + m["early_return_s"])
