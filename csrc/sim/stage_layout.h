@@ -44,6 +44,9 @@ struct StageLayout {
   size_t num_stages() const { return forward.size(); }
   /// Throws dmuon::Error naming the field that is inconsistent.
   void validate() const;
+  /// Stages [first, num_stages()) alone: what runs at step() when the first stages were
+  /// exchanged inside backward (issue 27). Throws dmuon::Error when first > num_stages().
+  StageLayout from_stage(size_t first) const;
 };
 
 }  // namespace dmuon::sim

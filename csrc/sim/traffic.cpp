@@ -91,6 +91,18 @@ void StageLayout::validate() const {
   }
 }
 
+StageLayout StageLayout::from_stage(size_t first) const {
+  DMUON_CHECK(first <= num_stages(), "StageLayout.from_stage: first stage ", first, " is past the layout's ",
+              num_stages(), " stages");
+  StageLayout out;
+  out.world_size = world_size;
+  const auto at = static_cast<std::ptrdiff_t>(first);
+  out.forward.assign(forward.begin() + at, forward.end());
+  out.back.assign(back.begin() + at, back.end());
+  out.work.assign(work.begin() + at, work.end());
+  return out;
+}
+
 StepTraffic step_traffic(const StageLayout& layout, const Topology& topology) {
   layout.validate();
   DMUON_CHECK(topology.world_size() == layout.world_size, "step_traffic: the topology has ", topology.world_size(),

@@ -102,6 +102,7 @@ struct StepEngine::Early {
   std::vector<Partials> partials;         // [stage] its check's partial sums
   double ns_s = 0;                    // NS seconds of early stages run inside items_ready
   int64_t ns_items = 0;               // matrices orthogonalized there
+  double local_ns_s = 0;              // seconds of local_items_ready (items whole on this rank)
 };
 
 }  // namespace dmuon::step

@@ -187,8 +187,14 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
     stats_.pipeline_depth = depth_;
   } else {
     stats_.early_stages = static_cast<int64_t>(early_->next_stage);
-    stats_.early_ns_s = early_->ns_s;
-    stats_.early_orthogonalized = early_->ns_items;
+    // NOTE: every fill so far ran inside items_ready (start_stats at begin_step).
+    stats_.early_fill_s = stats_.model_fill_s;
+  }
+  // The work begun before step(): early stages' NS and the items whole on this rank (their
+  // NS ran in items_ready; commit_early counts them in num_orthogonalized).
+  if (early_) {
+    stats_.early_ns_s = early_->ns_s + early_->local_ns_s;
+    stats_.early_orthogonalized = early_->ns_items + early_->num_items;
   }
   const int num_params = table_.num_params();
   const std::string at_step = " at " + step_name(step_idx);

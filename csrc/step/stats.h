@@ -38,10 +38,13 @@ struct StepStats {
   int64_t num_stages = 0, num_ns_batches = 0, num_orthogonalized = 0;
   int64_t pipeline_depth = 0;
   int64_t num_streams = 0;  ///< most streams one stage's NS batches ran on
-  /// Stages exchanged early (begun inside backward, issue 27): how many, and the NS
-  /// seconds and matrices of theirs that ran inside items_ready (before finish()).
+  /// Work begun inside backward (issue 27): the stages exchanged early; the NS seconds and
+  /// matrices that ran inside items_ready (before finish()): the early stages' and those of
+  /// items whole on this rank (all of them at world 1); the model fills among model_fill_s
+  /// that ran there.
   int64_t early_stages = 0, early_orthogonalized = 0;
   double early_ns_s = 0;
+  double early_fill_s = 0;
   /// (matrices, rows, cols) of each NS batch this rank ran, in order.
   std::vector<std::tuple<int64_t, int64_t, int64_t>> ns_batches;
   std::vector<StageTimeline> stages;

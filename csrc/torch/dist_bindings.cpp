@@ -153,6 +153,7 @@ void register_dist_bindings(py::module_& m) {
       .def_readonly("early_stages", &StepStats::early_stages)
       .def_readonly("early_orthogonalized", &StepStats::early_orthogonalized)
       .def_readonly("early_ns_s", &StepStats::early_ns_s)
+      .def_readonly("early_fill_s", &StepStats::early_fill_s)
       .def_readonly("apply_s", &StepStats::apply_s)
       .def_readonly("total_s", &StepStats::total_s)
       .def_readonly("bytes_sent", &StepStats::bytes_sent)

@@ -159,7 +159,9 @@ void register_sim_bindings(py::module_& m) {
                                return out;
                              },
                              "[stage][src * world + dst] bytes of each stage's return exchange")
-      .def_readonly("work", &sim::StageLayout::work, "[stage][rank] RankStageWork");
+      .def_readonly("work", &sim::StageLayout::work, "[stage][rank] RankStageWork")
+      .def("from_stage", &sim::StageLayout::from_stage, py::arg("first"),
+           "stages [first, num_stages) alone (what runs at step() after `first` stages left inside backward)");
 
   py::class_<sim::RankTraffic>(s, "RankTraffic")
       .def_readonly("send_intra", &sim::RankTraffic::send_intra)
@@ -171,6 +173,18 @@ void register_sim_bindings(py::module_& m) {
   s.def("rank_traffic", &rank_traffic<sim::StageLayout>, py::arg("layout"), py::arg("topology"),
         "every rank's bytes over the step, by link (its own pieces excluded)");
   s.def("rank_traffic", &rank_traffic<sim::StepLayout>, py::arg("layout"), py::arg("topology"));
+  s.def(
+      "exchange_seconds",
+      [](const sim::StageLayout& layout, const sim::Topology& topology) {
+        const sim::StepTraffic traffic = sim::step_traffic(layout, topology);
+        std::vector<std::pair<double, double>> out;
+        for (size_t k = 0; k < traffic.forward.size(); ++k)
+          out.emplace_back(sim::all_to_all_seconds(traffic.forward[k], topology),
+                           sim::all_to_all_seconds(traffic.back[k], topology));
+        return out;
+      },
+      py::arg("layout"), py::arg("topology"),
+      "modelled seconds of each stage's (forward, return) all_to_all on `topology` (0 when not issued)");
   s.def(
       "ring_seconds",
       [](const std::string& kind, int64_t bytes, const sim::Topology& group) {

@@ -21,7 +21,9 @@ Where the final gradient comes from:
 - FSDP2 / HSDP (``fully_shard``): after each FSDP parameter group's post-backward (its
   reduce-scatter and, for HSDP, all-reduce), the sharded parameters' ``.grad``.
   NOTE: a wrapper of the group's ``post_backward`` (FSDP2 calls it through the instance);
-  FSDP2 exposes no public hook after its reduce-scatter.
+  FSDP2 exposes no public hook after its reduce-scatter. A wrapper installed there before
+  DMuon attaches (e.g. the fake-world benchmark's, dmuon.bench.fake_grads) runs inside
+  DMuon's, before the gradients are handed over.
 - DDP with ``gradient_as_bucket_view=True``: a communication hook (the default all-reduce)
   whose bucket, once its all-reduce completed, holds the parameters' final gradients; a
   bucket is handed over from the next bucket's hook (the autograd thread), the last ones
@@ -79,7 +81,9 @@ class BackwardStep:
             if not isinstance(module, FSDPModule):
                 continue
             group = module._get_fsdp_state()._fsdp_param_group
-            if group is None or "post_backward" in vars(group):
+            # NOTE: a group wrapped by dmuon already (another DMuon on this model) is left as
+            # it is; a wrapper of someone else's is wrapped in turn (it runs first).
+            if group is None or getattr(vars(group).get("post_backward"), "_dmuon_backward_step", False):
                 continue
             self._wrap_post_backward(group)
             if "fsdp2" not in self.attached:
@@ -100,6 +104,7 @@ class BackwardStep:
                 self.params_final([fp.sharded_param for fp in group.fsdp_params])
             return out
 
+        post_backward._dmuon_backward_step = True
         group.post_backward = post_backward
 
     # NOTE: no annotations: DDP checks them against dist.GradBucket and Future.

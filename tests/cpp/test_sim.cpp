@@ -324,6 +324,24 @@ TEST(SimStageLayout, TrafficAndWorkComeFromTheEnginesStages) {
   EXPECT_NEAR(projection.ranks[1].end_s, 7.9, 1e-9);
 }
 
+TEST(SimStageLayout, FromStageKeepsTheLaterStagesAlone) {
+  const StageLayout layout = two_stage_layout();
+  // What runs at step() once stage 0 left inside backward: stage 1 (rank 0's own item).
+  const StageLayout tail = layout.from_stage(1);
+  ASSERT_EQ(tail.num_stages(), 1u);
+  EXPECT_EQ(tail.world_size, 2);
+  EXPECT_FALSE(tail.forward[0].issued);
+  EXPECT_EQ(tail.work[0][0].ns_batches.size(), 1u);
+  EXPECT_EQ(tail.work[0][0].ns_batches[0].rows, 4);
+  const auto traffic = dmuon::sim::step_traffic(tail, flat(2, 1));
+  std::vector<RankTimeline> t = {{times(0, 4, 0, 0)}, {times(0, 0, 0, 0)}};
+  const auto projection = dmuon::sim::simulate(dmuon::sim::stage_pipeline_program(traffic, flat(2, 1), 1, 0.0), t);
+  EXPECT_NEAR(projection.step_s, 4.0, 1e-9);
+  EXPECT_EQ(layout.from_stage(2).num_stages(), 0u);
+  EXPECT_NE(dmuon::testing::error_of([&] { (void)layout.from_stage(3); }).find("first stage 3 is past the layout's 2"),
+            std::string::npos);
+}
+
 TEST(SimStageLayout, InconsistentLayoutsAreNamed) {
   StageLayout layout = two_stage_layout();
   layout.forward[0].bytes.pop_back();

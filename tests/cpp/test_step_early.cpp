@@ -251,6 +251,21 @@ TEST(EarlyWork, ResultsEqualTheOneShotStepBitForBit) {
         for (const StepOutcome& o : rank)
           EXPECT_TRUE(o.applied() || o.status == StepOutcome::Status::kAgreed) << o.message;
       EXPECT_EQ(bytes_of(early.tensors), bytes_of(one_shot.tensors)) << "world " << world_size << ", drive " << d;
+      // Items whole on a rank are orthogonalized inside items_ready: the stats count them as
+      // early work (at world 1 that is all the step's NS).
+      int64_t early_ns = 0, all_ns = 0;
+      for (const auto& stats : early.stats) {
+        early_ns += stats.early_orthogonalized;
+        all_ns += stats.num_orthogonalized;
+        if (d == 0 || d == 2) EXPECT_EQ(stats.early_orthogonalized, stats.num_orthogonalized) << "drive " << d;
+        if (stats.early_orthogonalized == 0) EXPECT_EQ(stats.early_ns_s, 0.0) << "drive " << d;
+      }
+      if (d == 3) {
+        EXPECT_EQ(early_ns, 0) << "world " << world_size;
+      } else {
+        EXPECT_GT(early_ns, 0) << "world " << world_size << ", drive " << d;
+      }
+      if (d == 1) EXPECT_LT(early_ns, all_ns) << "world " << world_size;
     }
   }
 }

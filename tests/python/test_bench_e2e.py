@@ -251,3 +251,14 @@ def test_backward_step_switch_reports_the_share_of_ns_inside_backward(tmp_path, 
         assert "matrices ran inside backward" in text
     else:
         assert entry["hidden"] is None, entry
+
+
+def test_at_world_1_the_step_begun_from_backward_runs_every_ns_inside_it(tmp_path, capsys):
+    out = tmp_path / "e2e.json"
+    assert main([*_TINY_RUN, "--world", "1", "--micro-batch", "1", "--optimizers", "dmuon",
+                 "--backward-step", "on", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    entry = json.loads(out.read_text())["slowest_rank"]["dmuon"]
+    # NOTE: one rank holds every matrix whole: each one's NS runs in its group's hook.
+    assert entry["backward_step"] is True and entry["hidden"] == pytest.approx(1.0), entry
+    assert "world 1: the NS begun from backward runs on this device inside backward" in text

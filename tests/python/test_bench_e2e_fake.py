@@ -54,10 +54,15 @@ def test_one_rank_of_a_fake_world_counts_fsdp2s_collectives_and_projects_each_op
     optimizers = record["optimizers"]
     assert set(optimizers) == {"dmuon", "gather", "adamw"}
     for name, o in optimizers.items():
-        assert o["fwd_bwd_projected_ms"] >= o["fwd_bwd_ms"] > 0, name
-        # NOTE: world 4: the step begun inside backward is modelled (auto: on), hiding waits.
-        assert o["opt_left_after_backward_ms"] <= o["opt_projected_ms"], name
+        # NOTE: forward + backward without the fake world's own work (the gradient overwrite).
+        assert o["fwd_bwd_ms"] >= o["fwd_bwd_compute_ms"] > 0 and o["sanitize_ms"] > 0, name
+        assert o["fwd_bwd_projected_ms"] >= o["fwd_bwd_compute_ms"], name
+        assert o["sanitized_groups"] == len(blocks) + 1, name
         assert o["projected_step_ms"] == pytest.approx(o["fwd_bwd_projected_ms"] + o["opt_left_after_backward_ms"]), name
+    # NOTE: world 4, auto: DMuon's step is begun from backward (AdamW has none).
+    assert optimizers["dmuon"]["backward_step"] and optimizers["gather"]["backward_step"]
+    assert not optimizers["adamw"]["backward_step"]
+    assert optimizers["adamw"]["opt_left_after_backward_ms"] == optimizers["adamw"]["opt_ms"]
     # DMuon's exchange was simulated from this rank's pipeline; AdamW's step has none.
     assert optimizers["dmuon"]["muon"]["simulated_s"] > 0 and optimizers["dmuon"]["muon"]["bytes_sent"] > 0
     assert optimizers["adamw"]["opt_projected_ms"] == optimizers["adamw"]["opt_ms"]
@@ -92,11 +97,83 @@ def test_the_weight_ownership_mode_is_refused_by_name(tmp_path):
         main([*_TINY, "--fake-world", "2", "--optimizers", "dmuon-ownership"])
 
 
-def test_backward_step_projection_hides_the_waits_of_every_stage_but_the_last():
-    from dmuon.bench.e2e_fake import backward_step_left
+def _spy_on_the_hooks(monkeypatch) -> list:
+    """Events in order: ("sanitized", ids) from the bench's overwrite, ("final", ids, sane)
+    when DMuon's backward-step hook reads a group (sane: every gradient it reads finite and
+    of the overwrite's size)."""
+    from dmuon import distributed
+    from dmuon.backward_step import BackwardStep
+    from dmuon.bench import fake_grads
 
-    # 4 stages: 3 leave inside backward, 3/4 of the 4 ms of waits hide.
-    assert backward_step_left(0.010, 0.004, 4) == pytest.approx(0.007)
-    # One stage leaves at step(): nothing hides; waits never make the step negative.
-    assert backward_step_left(0.010, 0.004, 1) == 0.010
-    assert backward_step_left(0.001, 0.004, 2) == 0.0
+    events = []
+    sanitize, params_final = fake_grads.sanitize_gradients, BackwardStep.params_final
+
+    def spy_sanitize(params, generator):
+        params = list(params)
+        sanitize(params, generator)
+        events.append(("sanitized", [id(p) for p in params if p.grad is not None]))
+
+    def spy_final(self, params):
+        grads = [distributed.local(p.grad) for p in params if p.grad is not None]
+        sane = all(bool(g.isfinite().all()) and float(g.abs().max()) < 50 * fake_grads.SANITIZED_GRAD_STD
+                   for g in grads if g.numel())
+        events.append(("final", [id(p) for p in params if p.grad is not None], sane))
+        return params_final(self, params)
+
+    monkeypatch.setattr(fake_grads, "sanitize_gradients", spy_sanitize)
+    monkeypatch.setattr(BackwardStep, "params_final", spy_final)
+    return events
+
+
+def test_the_step_begun_from_backward_runs_on_gradients_sanitized_before_dmuons_hook(tmp_path, capsys, monkeypatch):
+    events = _spy_on_the_hooks(monkeypatch)
+    out = tmp_path / "on.json"
+    assert main([*_TINY, "--fake-world", "4", "--optimizers", "dmuon", "--backward-step", "on", "--bucket-mb", "0.01",
+                 "--warmup", "1", "--steps", "2", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    blocks, _ = _tiny_units()
+    finals = [k for k, e in enumerate(events) if e[0] == "final"]
+    # Every group's hook, in every backward (warm-up, timed, counting: 4), read gradients
+    # the overwrite had just written: the event before it sanitized the same parameters.
+    assert len(finals) == 4 * (len(blocks) + 1)
+    for k in finals:
+        assert events[k - 1] == ("sanitized", events[k][1]) and events[k][2], events[k - 1: k + 1]
+    dmuon = json.loads(out.read_text())["optimizers"]["dmuon"]
+    m = dmuon["muon"]
+    assert dmuon["backward_step"] and m["num_stages"] > 2
+    # Stages really left inside backward, and this owner's NS ran there (all but the last
+    # stage's, which runs at step(); rank 0 may own nothing in it).
+    assert 0 < m["early_stages"] <= m["num_stages"]
+    assert 0 < m["early_orthogonalized"] <= m["num_orthogonalized"] and m["early_ns_s"] > 0
+    assert m["early_share"] == pytest.approx(m["early_orthogonalized"] / m["num_orthogonalized"])
+    assert m["early_forward_s"] > 0 and m["early_last_forward_s"] > 0 and m["early_return_s"] > 0
+    assert dmuon["opt_left_after_backward_ms"] > 0
+    assert "of the owners' Newton–Schulz matrices ran inside backward" in printed
+    assert "run, not modelled" in printed
+
+
+def test_with_the_backward_step_off_nothing_leaves_early_and_the_whole_step_is_left(tmp_path, monkeypatch):
+    events = _spy_on_the_hooks(monkeypatch)
+    out = tmp_path / "off.json"
+    assert main([*_TINY, "--fake-world", "4", "--optimizers", "dmuon", "--backward-step", "off", "--bucket-mb", "0.01",
+                 "--json", str(out)]) == 0
+    dmuon = json.loads(out.read_text())["optimizers"]["dmuon"]
+    m = dmuon["muon"]
+    assert not dmuon["backward_step"] and not any(e[0] == "final" for e in events)
+    assert m["early_stages"] == 0 and m["early_orthogonalized"] == 0 and m["early_forward_s"] == 0
+    assert dmuon["opt_left_after_backward_ms"] == pytest.approx(dmuon["opt_projected_ms"])
+
+
+def test_what_is_left_at_step_adds_the_early_returns_to_the_late_pipeline():
+    from dmuon.bench.fake_step_projection import opt_left_after_backward, opt_projected
+
+    m = {"fill_s": 0.003, "compute_s": 0.010, "simulated_s": 0.016, "early_stages": 0}
+    # Nothing left early: the whole step (2 ms outside the pipeline + its 16 ms simulated).
+    assert opt_left_after_backward(0.015, m) == pytest.approx(opt_projected(0.015, m)) == pytest.approx(0.018)
+    # 3 of 4 stages left early: 1 ms of the fills ran inside backward; at step() 6 ms measured
+    # = 2 ms fills + 3 ms of the last stage's compute + 1 ms outside; its pipeline 5 ms
+    # simulated; the third stage's forward (issued at the end of backward) 0.5 ms; the early
+    # stages' returns 2 ms.
+    m.update(early_stages=3, early_fill_s=0.001, late_compute_s=0.003, late_simulated_s=0.005,
+             early_last_forward_s=0.0005, early_return_s=0.002)
+    assert opt_left_after_backward(0.006, m) == pytest.approx(0.001 + 0.005 + 0.0005 + 0.002)

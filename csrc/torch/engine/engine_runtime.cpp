@@ -322,6 +322,7 @@ void EngineRuntime::record_stats() {
   s.early_stages = e.early_stages;
   s.early_orthogonalized = e.early_orthogonalized;
   s.early_ns_s = e.early_ns_s;
+  s.early_fill_s = e.early_fill_s;
   // The matrices (items) this rank orthogonalized, in stage order.
   const int rank = transport_->rank();
   for (const step::Stage& stage : engine_->stages())

@@ -125,10 +125,12 @@ def mixed_precision(device: str):
     return MixedPrecisionPolicy()
 
 
-def build_sharded(spec, name: str, mesh, mp_policy, torch_device: torch.device, settings, seed: int):
+def build_sharded(spec, name: str, mesh, mp_policy, torch_device: torch.device, settings, seed: int,
+                  before_optimizer=None):
     """A fresh model from `seed`, prepared by the optimizer entry `name`, sharded by FSDP2 on
     `mesh` (each decoder layer, then the root), with its optimizer; and the parameter counts
-    (the model's Muon matrices checked against its config first)."""
+    (the model's Muon matrices checked against its config first). `before_optimizer(model)`,
+    if given, runs on the sharded model before the optimizer is built."""
     from torch.distributed.fsdp import fully_shard
 
     from dmuon.bench.e2e_models import check_muon_shapes
@@ -148,6 +150,8 @@ def build_sharded(spec, name: str, mesh, mp_policy, torch_device: torch.device, 
     for block in spec.blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, **extra)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy, **extra)
+    if before_optimizer is not None:
+        before_optimizer(model)
     return model, entry.build(model, settings), counts
 
 
@@ -422,6 +426,10 @@ def _print_table(merged: dict, context: dict) -> None:
                     if e.get("backward_step") else
                     "time ran before backward ended (lowest rank, median step; from the runtime's timeline)")
             print(f"{name}: {e['hidden'] * 100:.0f}% of the owners' Newton–Schulz {what}")
+            if e.get("backward_step") and context["world"] == 1:
+                # NOTE: one rank holds every matrix whole: no exchange to hide.
+                print(f"{name}: world 1: the NS begun from backward runs on this device inside backward "
+                      "(fwd+bwd grows by about what the opt step loses; nothing is exchanged)")
     print("step: forward + backward + optimizer step + zero_grad, every rank synchronized (slowest rank's median); "
           "fwd+bwd and opt step: the same steps split by CUDA events (CPU: by the clock); vs AdamW: step time difference")
     print(flush=True)

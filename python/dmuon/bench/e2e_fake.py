@@ -7,9 +7,12 @@ and the optimizer step run for real, FSDP2's and DMuon's collectives move nothin
 
 NOTE: values in a fake run are garbage: the fake all-gather copies this rank's shard into
 every rank's slot, and the fake reduce-scatter leaves the gradient shards uninitialized.
-The benchmark (not the library) therefore overwrites every gradient with small random
-values after backward, outside the timed parts, so that the optimizers' NaN/Inf checks
-pass and their step runs as on real gradients; the loss is not checked.
+The benchmark (not the library) therefore overwrites each FSDP2 group's gradients with
+small random values inside its post-backward, right after its reduction and before any
+optimizer hook reads them (bench.fake_grads), so that the optimizers' NaN/Inf checks pass
+and their step, begun from backward or not, runs as on real gradients; the loss is not
+checked. The time of that overwrite is measured apart (one pass over every gradient after
+a step) and taken out of forward + backward.
 
 FSDP2's own collectives (the same for every optimizer) are counted in one extra untimed
 step by a dispatch mode that sees every c10d collective with its buffers and group, and
@@ -17,20 +20,27 @@ projected with the same model as the optimizer's exchange (fake_world.PROJECTION
 FSDP2 prefetches the next unit's all-gather and reduces the previous unit's gradients
 while a unit computes, so every collective but the first all-gather and the last one of
 backward can hide behind compute:
-    fwd+bwd projected = max(compute, Σ collectives − first − last) + first + last.
-The optimizer step is projected as in `bench step --fake-world` (DMuon's bucket pipeline
+    fwd+bwd projected = max(compute, Σ collectives − first − last + early forwards) + first + last
+with compute the measured forward + backward less the fake world's work in it (the
+gradient overwrite, DMuon's model fills), and `early forwards` DMuon's forward all_to_alls
+issued inside backward but the last (they share the links; 0 when the step is not begun
+there; the last one, issued as backward ends, is charged to the step).
+The optimizer step is projected as in `bench step --fake-world` (DMuon's stage pipeline
 over every rank, the other ranks predicted from this one); AdamW's step has no collectives.
 
-With --backward-step on (or auto at world > 1), the step begun inside backward
-(dmuon.backward_step) is modelled, not run: the fake rank's gradients are garbage until
-overwritten after backward, so its step runs after backward and the overlap is projected:
-    opt left after backward = opt projected − wait · (S − 1) / S
-with `wait` the simulated step's exchange waits on this rank and S its stages: every stage
-but the last leaves inside backward (its NS runs one stage later), so its exchange hides
-behind backward's compute. NOTE: the step's own compute is not hidden: on one device per
-rank the owners' NS inside backward delays backward as much as it shortens the step (the
-projection moves it, it does not remove it); the engine's exchanges also share the links
-with FSDP2's reduce-scatters, which this model does not charge.
+With --backward-step on (or auto at world > 1) the step really begins from backward
+(dmuon.backward_step): each group's gradients reach DMuon's hook sane, the stages whose
+gradients are final leave inside backward, and their owners' NS runs there on this device,
+competing with backward for it as on a real rank: the measured forward + backward includes
+it. `opt left after backward` is what is left at step(), measured, with the waits of the
+collectives still ahead projected (fake_step_projection: the last early stage's forward,
+the early stages' returns and the pipeline of the stages that did not leave early, with
+both agreements). The table's last
+lines give the share of the NS matrices that ran inside backward (the engine's
+early_orthogonalized / num_orthogonalized, as `bench e2e` prints it for real worlds).
+NOTE: the fake rank records its stage timeline (the projection needs it), which
+synchronizes the device between the engine's phases, inside backward too: a real rank
+(no timeline) does not; the NS inside backward is therefore charged a little high.
 """
 
 from __future__ import annotations
@@ -56,8 +66,6 @@ _KINDS = {
     "reduce_scatter_tensor_coalesced_": "reduce_scatter",
     "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
 }
-# NOTE: gradients are replaced by N(0, σ²) with σ of the order of a real gradient's entries.
-_SANITIZED_GRAD_STD = 1e-3
 
 
 def _tensor_bytes(value) -> int:
@@ -96,8 +104,9 @@ class CollectiveCounter(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def fsdp_projection(collectives: list, compute_s: float, topology: ClusterTopology) -> dict:
-    """FSDP2's counted collectives projected onto `topology`, with forward + backward."""
+def fsdp_projection(collectives: list, compute_s: float, topology: ClusterTopology, engine_s: float = 0.0) -> dict:
+    """FSDP2's counted collectives projected onto `topology`, with forward + backward;
+    `engine_s`: seconds of DMuon's exchanges issued inside backward (the same links)."""
     from dmuon._ops import _C
 
     seconds = [_C.sim.ring_seconds(kind, nbytes, topology.of_ranks(ranks)) for kind, nbytes, ranks in collectives]
@@ -113,60 +122,28 @@ def fsdp_projection(collectives: list, compute_s: float, topology: ClusterTopolo
     for k in by_kind.values():
         k["group_sizes"] = sorted(k["group_sizes"])
     return {"collectives_s": total, "exposed_ends_s": ends,
-            "projected_s": max(compute_s, total - ends) + ends, "by_kind": by_kind}
-
-
-def _sanitize_gradients(model: torch.nn.Module, generator: torch.Generator) -> None:
-    """The fake reduce-scatter's uninitialized gradient shards replaced by small random values."""
-    from dmuon.distributed import local
-
-    for p in model.parameters():
-        if p.grad is not None:
-            local(p.grad).normal_(0.0, _SANITIZED_GRAD_STD, generator=generator)
-
-
-def _muon_projection(opt, topology: ClusterTopology, num_params: int) -> dict | None:
-    """DMuon's optimizer step projected from this rank's last step (others predicted)."""
-    from dmuon._ops import _C
-
-    runtime = getattr(opt, "_runtime", None)
-    if runtime is None or runtime.world_size == 1 or not runtime.last_stats.bucket_times:
-        return None
-    s = runtime.last_stats
-    # NOTE: the engine's start-of-step agreement: [has gradient, gradient bad, momentum bad]
-    # per Muon parameter, the checked AdamW gradients and one "input invalid", int64 each.
-    projection = _C.sim.project_step(runtime.stage_layout, topology.group(runtime.world_size),
-                                     {runtime.rank: s.bucket_times}, list(runtime.options.cost_entries),
-                                     runtime.options.device_type, s.pipeline_depth, 8 * (3 * num_params + 1))
-    compute = sum(sum(b) for b in s.bucket_times)
-    return {"simulated_s": projection.step_s, "compute_s": compute, "fill_s": s.model_fill_s,
-            "wait_s": projection.ranks[runtime.rank].wait_s, "bytes_sent": s.bytes_sent,
-            "bytes_received": s.bytes_received, "ns_s": sum(b[1] for b in s.bucket_times),
-            "num_stages": len(s.bucket_times)}
-
-
-def backward_step_left(opt_projected_s: float, wait_s: float, num_stages: int) -> float:
-    """The optimizer time left after backward when the step begins inside it (module
-    docstring): the exchange waits of every stage but the last hide behind backward."""
-    if num_stages <= 1:
-        return opt_projected_s
-    return max(0.0, opt_projected_s - wait_s * (num_stages - 1) / num_stages)
+            "projected_s": max(compute_s, total - ends + engine_s) + ends, "by_kind": by_kind}
 
 
 def _train(name: str, config: dict, mesh, topology: ClusterTopology) -> dict:
-    """Time `name`'s steps on this fake rank; one more, untimed, counts FSDP2's collectives."""
+    """Time `name`'s steps on this fake rank; one more, untimed, counts FSDP2's collectives
+    and times the gradient overwrite alone."""
     from dmuon.bench.e2e import build_sharded, mixed_precision
     from dmuon.bench.e2e_models import model_spec
     from dmuon.bench.e2e_optimizers import Settings
+    from dmuon.bench.fake_grads import PostBackwardSanitizer, sanitize_gradients
+    from dmuon.bench.fake_step_projection import muon_projection
 
     device = config["device"]
     torch_device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     spec = model_spec(config["model"], config["seq"])
+    # NOTE: installed before the optimizer is built: it runs before DMuon's backward hooks.
+    sanitizer = PostBackwardSanitizer(torch.Generator(device=torch_device).manual_seed(config["seed"] + 17))
     try:
-        # NOTE: backward_step off: gradients are garbage until overwritten after backward
-        # (the overlap is modelled, see the module docstring).
         model, opt, counts = build_sharded(spec, name, mesh, mixed_precision(device), torch_device,
-                                           Settings(device_type=device, backward_step=False), config["seed"])
+                                           Settings(device_type=device, backward_step=config["backward_step_on"],
+                                                    bucket_size_mb=config.get("bucket_mb")),
+                                           config["seed"], before_optimizer=sanitizer.install)
     except torch.cuda.OutOfMemoryError as error:
         raise RuntimeError(f"--model {config['model']} does not fit the device at --fake-world {config['world']}: "
                            f"building it and its shards ran out of memory ({error})") from None
@@ -175,16 +152,16 @@ def _train(name: str, config: dict, mesh, topology: ClusterTopology) -> dict:
     gen = torch.Generator(device=torch_device).manual_seed(config["seed"] * 1000 + config["rank"])
     tokens = torch.randint(0, spec.vocab_size, (config["micro_batch"], config["seq"]), generator=gen,
                            device=torch_device)
-    grad_gen = torch.Generator(device=torch_device).manual_seed(config["seed"] + 17)
 
     def sync():
         if device == "cuda":
             torch.cuda.synchronize()
 
-    times, muon = [], []
+    times, muon, sanitize = [], [], []
     counter = CollectiveCounter()
     for i in range(config["warmup"] + config["steps"] + 1):
         counting = i == config["warmup"] + config["steps"]  # NOTE: the last step, untimed
+        sanitizer.clear_log()
         sync()
         start = time.perf_counter()
         if counting:
@@ -194,20 +171,27 @@ def _train(name: str, config: dict, mesh, topology: ClusterTopology) -> dict:
             spec.loss(model, tokens).backward()
         sync()
         mid = time.perf_counter()
-        _sanitize_gradients(model, grad_gen)
-        sync()
-        before_opt = time.perf_counter()
         opt.step()
         sync()
         end = time.perf_counter()
+        if counting:
+            # The overwrite's own time: one pass over every gradient (values unused now).
+            for _ in range(3):
+                sync()
+                t0 = time.perf_counter()
+                sanitize_gradients(model.parameters(), sanitizer.generator)
+                sync()
+                sanitize.append(time.perf_counter() - t0)
         opt.zero_grad(set_to_none=True)
         if i >= config["warmup"] and not counting:
-            times.append((mid - start, end - before_opt))
-            projected = _muon_projection(opt, topology, counts["muon_matrices"])
+            times.append((mid - start, end - mid))
+            projected = muon_projection(opt, topology, counts["muon_matrices"])
             if projected is not None:
                 muon.append(projected)
     result = {"fwd_bwd_s": statistics.median(t[0] for t in times), "opt_s": statistics.median(t[1] for t in times),
-              "collectives": counter.collectives, "other_c10d_ops": counter.other, "param_counts": counts}
+              "sanitize_s": statistics.median(sanitize), "sanitized_groups": sanitizer.groups,
+              "collectives": counter.collectives, "other_c10d_ops": counter.other, "param_counts": counts,
+              "backward_step": bool(getattr(opt, "_backward_step_on", False))}
     if muon:
         result["muon"] = {k: statistics.median(m[k] for m in muon) for k in muon[0]}
     del model, opt
@@ -242,6 +226,7 @@ def run_fake(args) -> int:
             require_transformers(args.model)
     config = dict(model=args.model, device=device, seq=args.seq, micro_batch=micro_batch, steps=args.steps,
                   warmup=args.warmup, seed=args.seed, world=world, rank=rank,
+                  bucket_mb=getattr(args, "bucket_mb", None),
                   backward_step_on={"on": True, "off": False}.get(getattr(args, "backward_step", "auto"), world > 1))
     env = environment_line(device)
     hsdp = f" (HSDP {replicas} x {shards})" if replicas > 1 else ""
@@ -267,23 +252,25 @@ def run_fake(args) -> int:
 
 def _report(results: dict, config: dict, topology: ClusterTopology, env: str, mesh_shape: tuple) -> dict:
     """The table (printed) and the JSON record."""
+    from dmuon.bench.fake_step_projection import opt_left_after_backward, opt_projected
+
     first = next(iter(results.values()))
     fsdp = fsdp_projection(first["collectives"], first["fwd_bwd_s"], topology)
     optimizers = {}
     for name, r in results.items():
-        f = fsdp_projection(r["collectives"], r["fwd_bwd_s"], topology)
-        opt_projected = r["opt_s"]
-        if "muon" in r:
-            m = r["muon"]
-            opt_projected = max(0.0, r["opt_s"] - m["fill_s"] - m["compute_s"]) + m["simulated_s"]
-        opt_left = opt_projected
-        if "muon" in r and config.get("backward_step_on") and name != "dmuon-ownership":
-            opt_left = backward_step_left(opt_projected, r["muon"]["wait_s"], int(r["muon"]["num_stages"]))
-        optimizers[name] = {"fwd_bwd_ms": r["fwd_bwd_s"] * 1e3, "fwd_bwd_projected_ms": f["projected_s"] * 1e3,
-                            "opt_ms": r["opt_s"] * 1e3, "opt_projected_ms": opt_projected * 1e3,
-                            "opt_left_after_backward_ms": opt_left * 1e3,
-                            "projected_step_ms": (f["projected_s"] + opt_left) * 1e3,
-                            "muon": {k: v for k, v in r.get("muon", {}).items()}}
+        m = r.get("muon")
+        # NOTE: the fake world's work inside backward is not a real rank's.
+        compute = max(0.0, r["fwd_bwd_s"] - r["sanitize_s"] - (m["early_fill_s"] if m else 0.0))
+        f = fsdp_projection(r["collectives"], compute, topology, m["early_forward_s"] if m else 0.0)
+        whole = opt_projected(r["opt_s"], m) if m else r["opt_s"]
+        left = opt_left_after_backward(r["opt_s"], m) if m else r["opt_s"]
+        optimizers[name] = {"fwd_bwd_ms": r["fwd_bwd_s"] * 1e3, "fwd_bwd_compute_ms": compute * 1e3,
+                            "fwd_bwd_projected_ms": f["projected_s"] * 1e3, "sanitize_ms": r["sanitize_s"] * 1e3,
+                            "opt_ms": r["opt_s"] * 1e3, "opt_projected_ms": whole * 1e3,
+                            "opt_left_after_backward_ms": left * 1e3,
+                            "projected_step_ms": (f["projected_s"] + left) * 1e3,
+                            "backward_step": r["backward_step"], "sanitized_groups": r["sanitized_groups"],
+                            "muon": dict(m or {})}
     counts = first["param_counts"]
     print(f"model {config['model']}: {counts['total'] / 1e9:.3f} B parameters ({counts['muon_matrices']} Muon "
           f"matrices) | FSDP2 per decoder layer + root | micro-batch {config['micro_batch']} x seq {config['seq']} | "
@@ -294,20 +281,30 @@ def _report(results: dict, config: dict, topology: ClusterTopology, env: str, me
         for kind, k in fsdp["by_kind"].items()) + f" = {fsdp['collectives_s'] * 1e3:.1f} ms on {t['gpus_per_node']}-GPU "
           f"nodes ({t['intra_GBps']:.0f} GB/s inside, {t['inter_GBps']:.1f} GB/s between)")
     header = (f"{'optimizer':<10} {'fwd+bwd ms':>11} {'projected':>10} {'opt ms':>8} {'projected':>10} "
-              f"{'step projected':>15} {'vs AdamW':>9}")
+              f"{'left after bwd':>15} {'step projected':>15} {'vs AdamW':>9}")
     print(header)
     print("-" * len(header))
     adamw = optimizers.get("adamw", {}).get("projected_step_ms")
     for name, o in optimizers.items():
         versus = f"{(o['projected_step_ms'] - adamw) / adamw * 100:+8.2f}%" if adamw else f"{'-':>9}"
         print(f"{name:<10} {o['fwd_bwd_ms']:11.1f} {o['fwd_bwd_projected_ms']:10.1f} {o['opt_ms']:8.1f} "
-              f"{o['opt_projected_ms']:10.1f} {o['projected_step_ms']:15.1f} {versus}")
-    if config.get("backward_step_on"):
-        print("backward step on (modelled): DMuon's opt projected minus the exchange waits of every stage but the "
-              "last (they leave inside backward); step projected uses that")
+              f"{o['opt_projected_ms']:10.1f} {o['opt_left_after_backward_ms']:15.1f} {o['projected_step_ms']:15.1f} "
+              f"{versus}")
+    for name, o in optimizers.items():
+        m = o["muon"]
+        if o["backward_step"] and m:
+            print(f"{name}: {m['early_share'] * 100:.0f}% of the owners' Newton–Schulz matrices ran inside backward "
+                  f"({m['early_orthogonalized']:.0f} of {m['num_orthogonalized']:.0f}, {m['early_ns_s'] * 1e3:.1f} ms; "
+                  f"{m['early_stages']:.0f} of {m['num_stages']:.0f} stages left early; median step)")
+    if any(o["backward_step"] for o in optimizers.values()):
+        print("backward step on (run, not modelled): fwd+bwd includes the NS begun inside backward; left after bwd: "
+              "measured at step() + the collectives still ahead projected (the last early forward, the early "
+              "returns, the stages that did not leave early); the other early forwards share FSDP2's links in "
+              "fwd+bwd projected")
     print("fwd+bwd / opt ms: measured on the fake rank (collectives free); projected: "
-          "max(compute, collectives - first - last) + first + last for FSDP2, DMuon's pipeline simulated; "
-          "gradients were overwritten with random values after backward (a fake reduce-scatter leaves them undefined)")
+          "max(compute, collectives - first - last + early forwards) + first + last for FSDP2 (compute without the "
+          "gradient overwrite and model fills), DMuon's pipeline simulated; gradients were overwritten with random "
+          "values inside each FSDP2 group's post-backward (a fake reduce-scatter leaves them undefined)")
     print(flush=True)
     return {"world": config["world"], "rank": config["rank"], "model": config["model"],
             "mesh": {"replicas": mesh_shape[0], "shards": mesh_shape[1]}, "environment": env, "config": config,
