@@ -32,11 +32,24 @@ std::string device_name(const Device& device) {
 }
 
 Buffer Buffer::slice(int64_t offset, int64_t count, const char* what) const {
+  DMUON_CHECK(!strided(), what, ": a slice of a strided view (rows of ", row_len, " elements, ", ld, " apart)");
   DMUON_CHECK(offset >= 0 && count >= 0 && offset + count <= numel, what, ": elements [", offset, ", ",
               offset + count, ") of a buffer of ", numel);
   Buffer out = *this;
   out.data = count == 0 ? nullptr : static_cast<char*>(data) + offset * dtype_size(dtype);
   out.numel = count;
+  return out;
+}
+
+Buffer Buffer::rows(int64_t offset, int64_t num_rows, int64_t row_len_, int64_t ld_, const char* what) const {
+  DMUON_CHECK(num_rows >= 0 && row_len_ >= 0 && ld_ >= row_len_, what, ": ", num_rows, " rows of ", row_len_,
+              " elements, ", ld_, " apart");
+  if (num_rows <= 1 || ld_ == row_len_ || row_len_ == 0) return slice(offset, num_rows * row_len_, what);
+  const int64_t extent = (num_rows - 1) * ld_ + row_len_;
+  Buffer out = slice(offset, extent, what);
+  out.numel = num_rows * row_len_;
+  out.row_len = row_len_;
+  out.ld = ld_;
   return out;
 }
 
