@@ -31,7 +31,7 @@ from dmuon.qk_clip import QKClip
 from dmuon.param_groups import initial_groups
 from dmuon.routing import MatrixView, default_batch_dims, route_params
 from dmuon.routing_summary import RoutingSummary, announce, entries_of
-from dmuon.split_options import SPLIT_DEFAULTS, col_heads, split_key, split_view
+from dmuon.split_options import SPLIT_DEFAULTS, split_key, split_view
 from dmuon.state_checks import adamw_state_dtype, check_state_dict, step_state_error
 
 _MUON_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -470,11 +470,10 @@ class DMuon(torch.optim.Optimizer):
             # backward), off in one process (measured default: docs/configuration.md).
             world = 1 if group is None or not dist.is_initialized() else dist.get_world_size(group)
             wanted = self.execution.backward_step
-            # NOTE: NorMuon's row state and column blocks' staged copies are made at step():
-            # the step of such groups cannot begin inside backward.
-            unable = [f"param_groups[{g_idx}] ({'normuon=True' if g.get('normuon') else 'split_dim=1'})"
-                      for g_idx, g in enumerate(self.param_groups)
-                      if g["use_muon"] and (g.get("normuon") or col_heads(g) > 1)]
+            # NOTE: NorMuon's row state is made at step(): the step of such groups cannot
+            # begin inside backward (column blocks can: they are pieces of the tensors).
+            unable = [f"param_groups[{g_idx}] (normuon=True)" for g_idx, g in enumerate(self.param_groups)
+                      if g["use_muon"] and g.get("normuon")]
             if wanted and unable:
                 raise ValueError(f"Execution.backward_step=True cannot start the step inside backward for "
                                  f"{unable[0]}; set backward_step=None or False")

@@ -81,11 +81,6 @@ def splits_cols(group: dict[str, Any]) -> bool:
     return group.get("split_dim") == 1
 
 
-def col_heads(group: dict[str, Any]) -> int:
-    """The column blocks a group's split gives each of its parameters (0: none)."""
-    return int(group["split_heads"]) if splits_cols(group) and group["split_heads"] > 1 else 0
-
-
 def split_blocks(group: dict[str, Any], dim0: int) -> tuple[int, ...] | None:
     """The row blocks a group's split gives a parameter of `dim0` rows (None: no split, or a
     column split). Assumes check_split_options passed; the sum/divisibility checks are
