@@ -41,15 +41,14 @@ Buffer Buffer::slice(int64_t offset, int64_t count, const char* what) const {
   return out;
 }
 
-Buffer Buffer::rows(int64_t offset, int64_t num_rows, int64_t row_len_, int64_t ld_, const char* what) const {
-  DMUON_CHECK(num_rows >= 0 && row_len_ >= 0 && ld_ >= row_len_, what, ": ", num_rows, " rows of ", row_len_,
-              " elements, ", ld_, " apart");
-  if (num_rows <= 1 || ld_ == row_len_ || row_len_ == 0) return slice(offset, num_rows * row_len_, what);
-  const int64_t extent = (num_rows - 1) * ld_ + row_len_;
-  Buffer out = slice(offset, extent, what);
-  out.numel = num_rows * row_len_;
-  out.row_len = row_len_;
-  out.ld = ld_;
+Buffer Buffer::rows(int64_t offset, int64_t num_rows, int64_t length, int64_t stride, const char* what) const {
+  DMUON_CHECK(num_rows >= 0 && length >= 0 && stride >= length, what, ": ", num_rows, " rows of ", length,
+              " elements, ", stride, " apart");
+  if (num_rows <= 1 || stride == length || length == 0) return slice(offset, num_rows * length, what);
+  Buffer out = slice(offset, (num_rows - 1) * stride + length, what);
+  out.numel = num_rows * length;
+  out.row_len = length;
+  out.ld = stride;
   return out;
 }
 

@@ -52,10 +52,11 @@ struct Buffer {
   /// Elements [offset, offset + count) of this contiguous view; throws naming `what` when
   /// out of range or the view is strided.
   Buffer slice(int64_t offset, int64_t count, const char* what = "Buffer::slice") const;
-  /// `rows` rows of `row_len` elements, `ld` apart, from element `offset` of this
-  /// contiguous view (contiguous itself when ld == row_len or rows <= 1); throws naming
+  /// `num_rows` rows of `length` elements, `stride` apart, from element `offset` of this
+  /// contiguous view (contiguous itself when stride == length or num_rows <= 1); throws naming
   /// `what` when they do not lie in it.
-  Buffer rows(int64_t offset, int64_t rows, int64_t row_len, int64_t ld, const char* what = "Buffer::rows") const;
+  Buffer rows(int64_t offset, int64_t num_rows, int64_t length, int64_t stride,
+              const char* what = "Buffer::rows") const;
   template <typename T>
   T* as() const { return static_cast<T*>(data); }
 };
