@@ -28,6 +28,14 @@ void ParamLayout::validate(const char* what) const {
               ": a Muon parameter needs at least ", 2 + batch_dims, " dims, got ",
               global_shape.size());
   for (int64_t d : global_shape) DMUON_CHECK(d >= 0, what, ": negative dimension ", d);
+  DMUON_CHECK(col_blocks >= 0, what, ": col_blocks must be >= 0, got ", col_blocks);
+  if (splits_cols()) {
+    DMUON_CHECK(batch_dims == 0 && global_shape.size() == 2 && row_blocks.empty(), what, ": ", col_blocks,
+                " column blocks need one 2-D matrix without row blocks (batch_dims 0), got a ", global_shape.size(),
+                "-D shape with batch_dims ", batch_dims, " and ", row_blocks.size(), " row blocks");
+    DMUON_CHECK(global_shape[1] % col_blocks == 0, what, ": ", global_shape[1], " columns are not divisible into ",
+                col_blocks, " column blocks");
+  }
   if (row_blocks.empty()) return;
   DMUON_CHECK(batch_dims == 0, what, ": row blocks need batch_dims 0 (one matrix cut into blocks), got ",
               batch_dims);
@@ -52,6 +60,7 @@ int64_t ParamLayout::cols() const {
 
 int64_t ParamLayout::num_matrices() const {
   if (batch_dims == 1) return global_shape[0];
+  if (splits_cols()) return col_blocks;
   return row_blocks.empty() ? 1 : static_cast<int64_t>(row_blocks.size());
 }
 
@@ -60,9 +69,13 @@ int64_t ParamLayout::matrix_rows() const {
   return row_blocks.empty() ? global_shape[0] : row_blocks.front();
 }
 
+int64_t ParamLayout::matrix_cols() const { return splits_cols() ? cols() / col_blocks : cols(); }
+
 std::vector<RowBlock> ParamLayout::matrix_blocks() const {
   std::vector<RowBlock> blocks;
-  if (batch_dims == 1) {
+  if (splits_cols()) {
+    blocks.assign(static_cast<size_t>(col_blocks), {0, global_shape[0]});
+  } else if (batch_dims == 1) {
     for (int64_t e = 0; e < global_shape[0]; ++e) blocks.push_back({e * global_shape[1], global_shape[1]});
   } else if (row_blocks.empty()) {
     blocks.push_back({0, global_shape[0]});

@@ -5,7 +5,10 @@
 //   a stack (batch_dims = 1):      [d0·d1, d2·…] = E × [m, n] rows_per_dim0 = d1
 //   row blocks (batch_dims = 0):   [d0, d1·…] cut into blocks of rows (e.g. a fused q, k, v
 //                                  projection), each block orthogonalized as its own matrix
-// The matrices Muon orthogonalizes are contiguous ranges of flat rows (matrix_blocks()).
+//   column blocks (batch_dims = 0, 2-D): [d0, k·d] cut into k equal blocks of d columns
+//                                  (o_proj per head), each a d0×d matrix of its own
+// The matrices Muon orthogonalizes are ranges of flat rows (matrix_blocks()), all the
+// columns of each but for column blocks (every block spans every row).
 // Sharded on dim 0 (DTensor Shard(0), FSDP2), rank r holds a contiguous block of dim 0 —
 // torch.chunk's split, trailing ranks possibly empty — hence a contiguous block of flat
 // rows. Replicated, every rank holds every row. Placed on a device mesh (`mesh`: any
@@ -46,6 +49,10 @@ struct ParamLayout {
   /// Each matrix is stored transposed, (in, out) (HF Conv1D): the lr adjustment takes the
   /// matrix as (cols, rows). Newton–Schulz needs no change: orth(Xᵀ) = orth(X)ᵀ.
   bool transposed = false;
+  /// batch_dims = 0, no row blocks, 2-D only: the number of equal column blocks, block j
+  /// the columns [j·d, (j+1)·d) with d = cols / col_blocks, each orthogonalized (and
+  /// lr-adjusted) as a rows×d matrix of its own (0 or 1: none).
+  int64_t col_blocks = 0;
   /// Set: the placement on a device mesh gives every rank's box (rank_boxes()); `sharded`
   /// then only says whether any mesh dim shards it.
   std::optional<MeshPlacement> mesh;
@@ -55,15 +62,19 @@ struct ParamLayout {
   int64_t rows_per_dim0() const;
   int64_t flat_rows() const;
   int64_t cols() const;
-  int64_t num_matrices() const;   ///< E for a stack, the number of row blocks, else 1
+  int64_t num_matrices() const;   ///< E for a stack, the number of row or column blocks, else 1
   int64_t matrix_rows() const;    ///< rows of the first matrix (of every matrix when uniform())
-  /// Flat rows of every matrix Muon orthogonalizes, in order.
+  int64_t matrix_cols() const;    ///< columns of every matrix (cols() / col_blocks for column blocks)
+  bool splits_cols() const { return col_blocks > 1; }
+  /// Flat rows of every matrix Muon orthogonalizes, in order (all rows, once per column
+  /// block, for column blocks).
   std::vector<RowBlock> matrix_blocks() const;
   /// Whether every matrix has the same rows (a stack, one matrix, equal row blocks).
   bool uniform() const;
   /// (rows, cols) of a matrix of `rows` flat rows as the model uses it (the lr adjustment's m, n).
   std::pair<int64_t, int64_t> update_shape(int64_t rows) const {
-    return transposed ? std::pair<int64_t, int64_t>{cols(), rows} : std::pair<int64_t, int64_t>{rows, cols()};
+    return transposed ? std::pair<int64_t, int64_t>{matrix_cols(), rows}
+                      : std::pair<int64_t, int64_t>{rows, matrix_cols()};
   }
   int64_t numel() const { return flat_rows() * cols(); }
   /// Flat rows each rank holds (sharded: its chunk; replicated: all rows). Throws for a

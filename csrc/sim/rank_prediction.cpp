@@ -27,7 +27,7 @@ RankWork rank_work(const StepLayout& layout, int rank, const plan::CostFn& cost)
       w[static_cast<size_t>(Phase::kPrepare)] += local;
       w[static_cast<size_t>(Phase::kApply)] += local;
       if (!layout.computes(idx, rank)) continue;
-      batches[{l.matrix_rows(), l.cols()}] += l.num_matrices();
+      batches[{l.matrix_rows(), l.matrix_cols()}] += l.num_matrices();
       if (!layout.gather)
         for (const auto& block : blocks)
           w[static_cast<size_t>(Phase::kReturnPack)] += static_cast<double>(block.count * l.cols());

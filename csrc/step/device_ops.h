@@ -132,6 +132,11 @@ class DeviceOps {
   /// Whether these ops step parameters of `dtype` (else false and why): by default what
   /// the device's torch-free ops do (step/route.h ops_support).
   virtual bool supports(DType dtype, std::string* why) const;
+  /// Whether the passes over local tensors of `dtype` (check, prepare_pieces,
+  /// prepare_to_iterate, apply_result, apply_pieces, copy) take strided views
+  /// (step/types.h Buffer: pieces of column blocks); the engine refuses column blocks
+  /// where they do not.
+  virtual bool strided_pieces(DType /*dtype*/) const { return false; }
 
   /// Memory for `numel` elements, released (stream-ordered) when the handle dies.
   virtual OwnedBuffer allocate(DType dtype, int64_t numel) = 0;

@@ -29,6 +29,16 @@ StepEngine::StepEngine(Transport& transport, DeviceOps& ops, std::vector<ParamSp
   DMUON_CHECK(rank_ >= 0 && rank_ < world_, "StepEngine: rank ", rank_, " outside a world of ", world_);
   wire_dtype_ = resolve_wire_dtype(options_.wire_dtype, ops_.device().kind);
   depth_ = options_.depth_for(world_);
+  // NOTE: decided from every rank's pieces, so that every rank refuses alike.
+  for (int p = 0; p < table_.num_params(); ++p) {
+    const ParamSpec& spec = table_.param(p);
+    if (ops_.strided_pieces(spec.dtype)) continue;
+    for (int r = 0; r < world_; ++r)
+      DMUON_CHECK(!table_.strided_on(p, r), "parameter '", spec.name, "': its ", spec.layout.col_blocks,
+                  " column blocks are strided pieces of its local tensors, which the ", device_name(ops_.device()),
+                  " step ops do not read for ", dtype_name(spec.dtype),
+                  " parameters yet; leave its group unsplit (split_dim=None)");
+  }
   make_plan();
 }
 
@@ -89,6 +99,9 @@ void StepEngine::validate(const std::vector<ParamTensors>& tensors, const std::v
 // matrix) would need every v everywhere and is refused by name.
 void StepEngine::validate_normuon(int param_idx, const ParamTensors& t) const {
   const ParamSpec& spec = table_.param(param_idx);
+  // NOTE: v holds one value per parameter row; every column block holds every row again.
+  DMUON_CHECK(!spec.layout.splits_cols(), "parameter '", spec.name, "': normuon=True with ", spec.layout.col_blocks,
+              " column blocks is not supported (NorMuon's state is one value per parameter row)");
   DMUON_CHECK(world_ == 1 || options_.mode == Mode::kOwner, "parameter '", spec.name,
               "': normuon=True is not supported in gather mode (every rank orthogonalizing every matrix)");
   const int64_t numel = table_.local_numel(param_idx, rank_);

@@ -331,7 +331,9 @@ void StepEngine::commit_early_stages(StepState& st, Early& early) {
       const Buffer& now = (*st.tensors)[static_cast<size_t>(a.flag_idx)].param;
       const int64_t offset = (static_cast<const char*>(a.param.data) - static_cast<const char*>(was.data)) /
                              dtype_size(a.param.dtype);
-      a.param = now.slice(offset, a.param.numel, "an early stage's own rows");
+      a.param = a.param.strided() ? now.rows(offset, a.param.numel / a.param.row_len, a.param.row_len, a.param.ld,
+                                             "an early stage's own rows")
+                                  : now.slice(offset, a.param.numel, "an early stage's own rows");
     }
     if (!back.own_apply.empty()) ops_.apply_pieces(back.own_apply, Buffer{}, es.result_flags.get());
     land(s, es, back);

@@ -21,9 +21,10 @@ inline double seconds_since(Clock::time_point start) {
 }
 
 /// The block `piece` in a rank's local tensor of an item's parameter ([row_count,
-/// col_count], contiguous).
+/// col_count], contiguous, or its rows piece.ld apart: a strided view).
 inline Buffer piece_view(const Buffer& local, const Piece& piece) {
-  return local.slice(piece.local_offset, piece.numel(), "piece of a local tensor");
+  if (!piece.strided()) return local.slice(piece.local_offset, piece.numel(), "piece of a local tensor");
+  return local.rows(piece.local_offset, piece.row_count, piece.col_count, piece.ld, "piece of a local tensor");
 }
 /// NOTE: the form of row pieces, kept for callers that pass the item's columns (a piece
 /// knows its own).

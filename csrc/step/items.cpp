@@ -69,7 +69,7 @@ ItemTable::ItemTable(std::vector<ParamSpec> params, int world_size)
     boxes_.push_back(boxes);
 
     const int first = static_cast<int>(items_.size());
-    const int64_t m = spec.layout.matrix_rows(), n = spec.layout.cols();
+    const int64_t m = spec.layout.matrix_rows(), n = spec.layout.matrix_cols();
     if (m > 0 && n > 0) {
       const std::vector<dist::RowBlock> blocks = spec.layout.matrix_blocks();
       for (int64_t e = 0; e < spec.layout.num_matrices(); ++e) {
@@ -85,6 +85,12 @@ ItemTable::ItemTable(std::vector<ParamSpec> params, int world_size)
               if (e >= box[0].begin && e < box[0].begin + box[0].count)
                 piece = {box[1].begin, box[1].count, (e - box[0].begin) * box[1].count * v.local_cols, v.col_begin,
                          v.local_cols};
+            } else if (spec.layout.splits_cols()) {
+              // Column block e: the box's rows × its columns inside [e·n, (e+1)·n), rows
+              // v.local_cols apart in the local tensor.
+              const int64_t lo = std::max(v.col_begin, e * n);
+              const int64_t hi = std::min(v.col_begin + v.local_cols, (e + 1) * n);
+              if (hi > lo) piece = {box[0].begin, box[0].count, lo - v.col_begin, lo - e * n, hi - lo, v.local_cols};
             } else {
               // A matrix (or a row block of one): the box's rows inside it.
               const int64_t lo = std::max(box[0].begin, blocks[static_cast<size_t>(e)].begin);
@@ -158,6 +164,13 @@ dist::RowBlock ItemTable::local_cols(int param_idx, int rank) const {
   return {v.col_begin, v.local_cols};
 }
 
+bool ItemTable::strided_on(int param_idx, int rank) const {
+  const auto [first, count] = items_of(param_idx);
+  for (int i = first; i < first + count; ++i)
+    if (piece(i, rank).strided()) return true;
+  return false;
+}
+
 int64_t ItemTable::local_numel(int param_idx, int rank) const {
   return dist::box_numel(boxes_.at(static_cast<size_t>(param_idx)).at(static_cast<size_t>(rank)));
 }
@@ -165,6 +178,7 @@ int64_t ItemTable::local_numel(int param_idx, int rank) const {
 std::string ItemTable::item_name(int item_idx) const {
   const Item& it = item(item_idx);
   const ParamSpec& spec = param(it.param_idx);
+  if (spec.layout.splits_cols()) return spec.name + "[:, " + std::to_string(it.matrix_idx) + "]";
   if (spec.layout.batch_dims == 0) return spec.name;
   return spec.name + "[" + std::to_string(it.matrix_idx) + "]";
 }

@@ -2,13 +2,17 @@
 // every rank.
 //
 // An item is one matrix: a 2-D parameter (or one with trailing dims flattened, e.g. a 4-D
-// conv weight [out, in·kh·kw]), or one matrix of a 3-D stack (MoE experts: one item per
-// matrix). It is planned, exchanged and orthogonalized as a whole by one owner.
+// conv weight [out, in·kh·kw]), one matrix of a 3-D stack (MoE experts: one item per
+// matrix), one row block or one column block of a split parameter (issue 29: a column
+// block j of a [rows, k·d] weight is the rows×d item at column j·d). It is planned,
+// exchanged and orthogonalized as a whole by one owner.
 // A piece is what one rank holds of an item: a block, rows [row_begin, row_begin +
 // row_count) × columns [col_begin, col_begin + col_count) of it (a row range is a block of
 // all columns: FSDP2's Shard(0) chunk, all rows when replicated, possibly none; a mesh
-// placement may split columns too, dist/placement.h), stored contiguously ([row_count,
-// col_count], row-major) at an element offset of that rank's local tensors. Ranks that
+// placement may split columns too, dist/placement.h), stored ([row_count, col_count],
+// row-major) at an element offset of that rank's local tensors, its rows contiguous but
+// for a column block's, which lie `ld` elements apart (the local tensor's row length:
+// strided views, step/types.h). The wire carries every piece contiguous. Ranks that
 // hold the same block of an item are its replica set: the lowest of them sends the block
 // to a rank that needs it (source()), and every holder receives the result. Every rank
 // derives the same table from the same parameter specs and world size. A parameter
@@ -49,15 +53,18 @@ struct Item {
   int64_t numel() const { return rows * cols; }
 };
 
-/// What one rank holds of an item: a block of it (row_count × col_count, contiguous).
+/// What one rank holds of an item: a block of it (row_count × col_count).
 struct Piece {
   int64_t row_begin = 0;     ///< first row, within the item
   int64_t row_count = 0;     ///< rows held (0: none)
   int64_t local_offset = 0;  ///< element offset into the rank's local tensors of the parameter
   int64_t col_begin = 0;     ///< first column, within the item
   int64_t col_count = 0;     ///< columns held (the item's cols for a row range; 0: none)
+  int64_t ld = 0;            ///< elements between its rows in the local tensors (0: col_count, contiguous)
   bool empty() const { return row_count == 0 || col_count == 0; }
   int64_t numel() const { return row_count * col_count; }
+  /// Whether its rows lie apart in the local tensors (a column block's piece of several rows).
+  bool strided() const { return row_count > 1 && ld > col_count; }
   bool same_block(const Piece& o) const {
     return row_begin == o.row_begin && row_count == o.row_count && col_begin == o.col_begin && col_count == o.col_count;
   }
@@ -103,9 +110,12 @@ class ItemTable {
   const dist::Box& box(int param_idx, int rank) const {
     return boxes_.at(static_cast<size_t>(param_idx)).at(static_cast<size_t>(rank));
   }
+  /// Whether any piece of a parameter's items on `rank` is strided (column blocks).
+  bool strided_on(int param_idx, int rank) const;
   /// Elements of a parameter's local tensors on `rank`.
   int64_t local_numel(int param_idx, int rank) const;
-  /// "name" for a plain matrix, "name[e]" for matrix e of a stack (errors, plans).
+  /// "name" for a plain matrix, "name[e]" for matrix e of a stack, "name[:, j]" for column
+  /// block j (errors, plans).
   std::string item_name(int item_idx) const;
 
  private:

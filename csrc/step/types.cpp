@@ -32,11 +32,23 @@ std::string device_name(const Device& device) {
 }
 
 Buffer Buffer::slice(int64_t offset, int64_t count, const char* what) const {
+  DMUON_CHECK(!strided(), what, ": a slice of a strided view (rows of ", row_len, " elements, ", ld, " apart)");
   DMUON_CHECK(offset >= 0 && count >= 0 && offset + count <= numel, what, ": elements [", offset, ", ",
               offset + count, ") of a buffer of ", numel);
   Buffer out = *this;
   out.data = count == 0 ? nullptr : static_cast<char*>(data) + offset * dtype_size(dtype);
   out.numel = count;
+  return out;
+}
+
+Buffer Buffer::rows(int64_t offset, int64_t num_rows, int64_t length, int64_t stride, const char* what) const {
+  DMUON_CHECK(num_rows >= 0 && length >= 0 && stride >= length, what, ": ", num_rows, " rows of ", length,
+              " elements, ", stride, " apart");
+  if (num_rows <= 1 || stride == length || length == 0) return slice(offset, num_rows * length, what);
+  Buffer out = slice(offset, (num_rows - 1) * stride + length, what);
+  out.numel = num_rows * length;
+  out.row_len = length;
+  out.ld = stride;
   return out;
 }
 

@@ -32,18 +32,31 @@ struct Device {
 /// "cpu" or "cuda:<index>".
 std::string device_name(const Device& device);
 
-/// A view of `numel` contiguous elements of `dtype` at `data` on `device`. Empty views may
-/// hold a null pointer.
+/// A view of `numel` contiguous elements of `dtype` at `data` on `device`, or, strided
+/// (ld > row_len > 0), of `numel` elements in rows of `row_len`, consecutive rows `ld`
+/// elements apart (element i at data + (i / row_len)·ld + i % row_len): a piece of a
+/// column block in a rank's local tensor (step/items.h). Only the ops that say so
+/// (DeviceOps::strided_pieces) take strided views. Empty views may hold a null pointer.
 struct Buffer {
   void* data = nullptr;
   DType dtype = DType::kFloat32;
   int64_t numel = 0;
   Device device{};
+  int64_t row_len = 0, ld = 0;  ///< strided views only (else 0)
 
   bool empty() const { return numel == 0; }
+  bool strided() const { return row_len > 0 && ld > row_len; }
+  /// Elements from data to element i (i itself for a contiguous view).
+  int64_t offset_of(int64_t i) const { return strided() ? (i / row_len) * ld + i % row_len : i; }
   int64_t bytes() const { return numel * dtype_size(dtype); }
-  /// Elements [offset, offset + count) of this view; throws naming `what` when out of range.
+  /// Elements [offset, offset + count) of this contiguous view; throws naming `what` when
+  /// out of range or the view is strided.
   Buffer slice(int64_t offset, int64_t count, const char* what = "Buffer::slice") const;
+  /// `num_rows` rows of `length` elements, `stride` apart, from element `offset` of this
+  /// contiguous view (contiguous itself when stride == length or num_rows <= 1); throws naming
+  /// `what` when they do not lie in it.
+  Buffer rows(int64_t offset, int64_t num_rows, int64_t length, int64_t stride,
+              const char* what = "Buffer::rows") const;
   template <typename T>
   T* as() const { return static_cast<T*>(data); }
 };

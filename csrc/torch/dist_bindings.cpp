@@ -57,9 +57,9 @@ void register_dist_bindings(py::module_& m) {
       .def(py::init([](std::vector<int64_t> global_shape, int64_t batch_dims, bool sharded,
                        std::vector<int64_t> row_blocks, bool transposed, std::vector<int64_t> mesh_shape,
                        std::vector<std::tuple<std::string, int64_t, int64_t>> placements,
-                       std::vector<std::vector<int64_t>> rank_coords) {
+                       std::vector<std::vector<int64_t>> rank_coords, int64_t col_blocks) {
              dist::ParamLayout layout{std::move(global_shape), batch_dims, sharded, std::move(row_blocks),
-                                      transposed};
+                                      transposed, col_blocks};
              if (!mesh_shape.empty() || !placements.empty() || !rank_coords.empty())
                layout.mesh = mesh_placement(std::move(mesh_shape), placements, std::move(rank_coords));
              return layout;
@@ -68,7 +68,8 @@ void register_dist_bindings(py::module_& m) {
            py::arg("row_blocks") = std::vector<int64_t>{}, py::arg("transposed") = false,
            py::arg("mesh_shape") = std::vector<int64_t>{},
            py::arg("placements") = std::vector<std::tuple<std::string, int64_t, int64_t>>{},
-           py::arg("rank_coords") = std::vector<std::vector<int64_t>>{},
+           py::arg("rank_coords") = std::vector<std::vector<int64_t>>{}, py::arg("col_blocks") = int64_t{0},
+           "col_blocks: equal column blocks, each orthogonalized as a matrix of its own (0: none); "
            "placements: per mesh dim ('replicate' | 'shard' | 'strided_shard', tensor dim, split factor); "
            "rank_coords: per rank of the group its mesh coordinates ([] outside the mesh)")
       .def_property_readonly("placed_on_mesh", [](const dist::ParamLayout& l) { return l.mesh.has_value(); })
@@ -87,6 +88,8 @@ void register_dist_bindings(py::module_& m) {
       .def_readonly("sharded", &dist::ParamLayout::sharded)
       .def_readonly("row_blocks", &dist::ParamLayout::row_blocks)
       .def_readonly("transposed", &dist::ParamLayout::transposed)
+      .def_readonly("col_blocks", &dist::ParamLayout::col_blocks)
+      .def_property_readonly("matrix_cols", &dist::ParamLayout::matrix_cols)
       .def_property_readonly("matrix_rows", &dist::ParamLayout::matrix_rows)
       .def_property_readonly("cols", &dist::ParamLayout::cols)
       .def_property_readonly("num_matrices", &dist::ParamLayout::num_matrices)

@@ -52,7 +52,7 @@ plan::Problem build_owner_problem(const OwnerPlanInput& input) {
     int64_t rows = layout.matrix_rows();
     for (const dist::RowBlock& block : layout.matrix_blocks()) rows = std::max(rows, block.count);
     matrices.push_back({input.names[i], std::max<int64_t>(1, rows),
-                        std::max<int64_t>(1, layout.cols()), std::max<int64_t>(1, layout.num_matrices()),
+                        std::max<int64_t>(1, layout.matrix_cols()), std::max<int64_t>(1, layout.num_matrices()),
                         std::max<int64_t>(1, input.wire_bytes[i]), 0});
   }
   plan::ProblemOptions problem_options;

@@ -31,7 +31,7 @@ from dmuon.qk_clip import QKClip
 from dmuon.param_groups import initial_groups
 from dmuon.routing import MatrixView, default_batch_dims, route_params
 from dmuon.routing_summary import RoutingSummary, announce, entries_of
-from dmuon.split_options import SPLIT_DEFAULTS, col_heads, split_key, split_view, stage_cols, staged_shape, unstage_cols
+from dmuon.split_options import SPLIT_DEFAULTS, split_key, split_view
 from dmuon.state_checks import adamw_state_dtype, check_state_dict, step_state_error
 
 _MUON_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -470,11 +470,10 @@ class DMuon(torch.optim.Optimizer):
             # backward), off in one process (measured default: docs/configuration.md).
             world = 1 if group is None or not dist.is_initialized() else dist.get_world_size(group)
             wanted = self.execution.backward_step
-            # NOTE: NorMuon's row state and column blocks' staged copies are made at step():
-            # the step of such groups cannot begin inside backward.
-            unable = [f"param_groups[{g_idx}] ({'normuon=True' if g.get('normuon') else 'split_dim=1'})"
-                      for g_idx, g in enumerate(self.param_groups)
-                      if g["use_muon"] and (g.get("normuon") or col_heads(g) > 1)]
+            # NOTE: NorMuon's row state is made at step(): the step of such groups cannot
+            # begin inside backward (column blocks can: they are pieces of the tensors).
+            unable = [f"param_groups[{g_idx}] (normuon=True)" for g_idx, g in enumerate(self.param_groups)
+                      if g["use_muon"] and g.get("normuon")]
             if wanted and unable:
                 raise ValueError(f"Execution.backward_step=True cannot start the step inside backward for "
                                  f"{unable[0]}; set backward_step=None or False")
@@ -490,33 +489,22 @@ class DMuon(torch.optim.Optimizer):
         return self._runtime
 
     def _layout(self, param: torch.Tensor, placement: distributed.Placement) -> Any:
-        """The C++ runtime's view of one Muon parameter: shape, matrices, sharding."""
+        """The C++ runtime's view of one Muon parameter: shape, matrices (row or column
+        blocks of a split), sharding."""
         view = self.matrix_view(param)
-        if view.col_blocks > 1:
-            return self._staged_layout(param, placement, view)
+        if view.col_blocks > 1 and placement.on_mesh:
+            # NOTE: the ItemTable cuts column blocks out of any box (a TP rank's columns
+            # too), but only Shard(0) rows and replicas are tested end to end.
+            raise ValueError(f"split_heads={view.col_blocks}, split_dim=1 for parameter {self.param_name(param)!r}: it "
+                             f"is placed on a {len(placement.mesh_shape)}-D mesh {placement.mesh_placements}; column "
+                             "blocks take a parameter sharded on dim 0 (FSDP2) or replicated")
         mesh = {}
         if placement.on_mesh:
             mesh = dict(mesh_shape=list(placement.mesh_shape), placements=list(placement.mesh_placements),
                         rank_coords=[list(c) for c in placement.rank_coords])
         return _C.dist.ParamLayout(list(placement.global_shape), view.batch_dims, placement.sharded,
-                                   row_blocks=list(view.row_blocks), transposed=view.transposed, **mesh)
-
-    def _staged_layout(self, param: torch.Tensor, placement: distributed.Placement, view: MatrixView) -> Any:
-        """The layout of a column-split parameter's staged copy [heads, rows, d] (split_options.
-        stage_cols): a stack of `heads` matrices, its dim 1 sharded as the parameter's dim 0."""
-        heads = view.col_blocks
-        shape = staged_shape(placement.global_shape, heads)
-        if placement.on_mesh:
-            raise ValueError(f"split_heads={heads}, split_dim=1 for parameter {self.param_name(param)!r}: it is placed "
-                             f"on a {len(placement.mesh_shape)}-D mesh {placement.mesh_placements}; column blocks take "
-                             "a parameter sharded on dim 0 (FSDP2) or replicated")
-        mesh = {}
-        if placement.sharded:
-            # NOTE: Shard(0) of [rows, heads·d] is torch.chunk of the rows: the staged copy's
-            # dim 1 chunked alike over the same group (coordinate = group rank).
-            world = dist.get_world_size(placement.group)
-            mesh = dict(mesh_shape=[world], placements=[("shard", 1, 1)], rank_coords=[[r] for r in range(world)])
-        return _C.dist.ParamLayout(shape, 1, placement.sharded, **mesh)
+                                   row_blocks=list(view.row_blocks), transposed=view.transposed,
+                                   col_blocks=view.col_blocks, **mesh)
 
     def _measured_costs(self, muon, layouts, group, device_type: str) -> list[tuple[int, int, int, float]]:
         """Measured NS times for the planner (empty: analytic model). Rank 0 of the group
@@ -529,7 +517,7 @@ class DMuon(torch.optim.Optimizer):
 
         counts: dict[tuple[int, int], int] = {}
         for layout in layouts:
-            rows, cols, num = layout.matrix_rows, layout.cols, layout.num_matrices
+            rows, cols, num = layout.matrix_rows, layout.matrix_cols, layout.num_matrices
             if rows and cols and num:
                 counts[(rows, cols)] = counts.get((rows, cols), 0) + num
         points = [(rows, cols, b) for (rows, cols), count in counts.items() for b in batch_sizes(count)]
@@ -642,21 +630,18 @@ class DMuon(torch.optim.Optimizer):
         muon = self._muon_params()
         muon_ids = {id(p) for _, p in muon}
         group_options, _ = self._muon_group_options()
-        params, grads, buffers, fresh, staged = [], [], [], [], []
+        params, grads, buffers, fresh = [], [], [], []
         row_states, fresh_v = [], []
         normuon_ids = {id(p) for group in self.param_groups if group["use_muon"] and group.get("normuon", False)
                        for p in group["params"]}
         # Buffers made for a step begun inside backward (the engine holds them already).
         begun = self._backward.take(self._group) if self._backward_step_on else {}
         for i, (g_idx, p) in enumerate(muon):
-            heads = col_heads(self.param_groups[g_idx])
             params.append(distributed.local(p))
             if p.grad is None:
                 grads.append(None)
                 buffers.append(None)
                 row_states.append(None)
-                if heads > 1:
-                    params[-1] = stage_cols(params[-1], heads)
                 continue
             # NorMuon's v: one float32 per row of every matrix (rows as the parameter stores them).
             v = self.state.get(p, {}).get("normuon_v") if id(p) in normuon_ids else None
@@ -674,11 +659,6 @@ class DMuon(torch.optim.Optimizer):
                 fresh.append((p, buffer))
             grads.append(distributed.local(p.grad))
             buffers.append(distributed.local(buffer))
-            if heads > 1:
-                # Column blocks: the engine steps staged [heads, rows, d] copies (split_options).
-                staged.append((params[-1], buffers[-1], stage_cols(params[-1], heads), stage_cols(buffers[-1], heads)))
-                params[-1], buffers[-1] = staged[-1][2], staged[-1][3]
-                grads[-1] = stage_cols(grads[-1], heads)
         # NOTE: every rank passes the same list (an AdamW parameter without a gradient as
         # None), so that the engine's agreement has one size on every rank; it agrees on the
         # gradients' presence too (on some ranks only: an error on every rank naming it).
@@ -690,9 +670,6 @@ class DMuon(torch.optim.Optimizer):
         if not outcome["applied"]:
             bad = {id(muon[i][1]) for i in outcome["nonfinite_params"]} | {id(others[k]) for k in outcome["nonfinite_extra"]}
             return [self.param_name(p) for group in self.param_groups for p in group["params"] if id(p) in bad]
-        for param, buffer, staged_param, staged_buffer in staged:
-            unstage_cols(staged_param, param)
-            unstage_cols(staged_buffer, buffer)
         for p, buffer in fresh:
             self.state[p]["momentum_buffer"] = buffer
         for p, v in fresh_v:

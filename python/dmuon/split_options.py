@@ -19,14 +19,10 @@ and of a matrix stored transposed (HF ``Conv1D``, whose dim 0 is the input); col
 of a parameter that has row blocks, of one with more than 2 dims, or of a DTensor on a mesh
 of several dims (FSDP2 × TP).
 
-How column blocks run (stage_cols): a rank's share of a column block is not contiguous in
-its Shard(0) rows, and the engine's passes read contiguous pieces. So the step passes the
-engine a staged copy of the parameter, its gradient and its momentum, [heads, rows, d]
-(head-major: block j's rows are contiguous), described as a stack of `heads` matrices
-sharded on its dim 1 (the rows: FSDP2's chunks are unchanged), and copies the parameter and
-the momentum back after an applied step. NOTE: this costs about 5 extra reads and writes
-of the parameter's elements per step (3 copies in, 2 out) and 3 staged copies of memory,
-for the column-split parameters only; strided pieces in the engine would remove it.
+How column blocks run: each block is an item of the C++ step engine (dist::ParamLayout::
+col_blocks, step/items.h): a rank's piece of block j is its rows × columns [j·d, (j+1)·d)
+of its local tensor, read and written in place as a strided view (rows `cols` elements
+apart) and exchanged as a contiguous slice, so nothing is copied for the split.
 """
 
 from __future__ import annotations
@@ -83,11 +79,6 @@ def check_split_options(group: dict[str, Any], where: str) -> None:
 def splits_cols(group: dict[str, Any]) -> bool:
     """Whether the group's split cuts columns (split_dim=1)."""
     return group.get("split_dim") == 1
-
-
-def col_heads(group: dict[str, Any]) -> int:
-    """The column blocks a group's split gives each of its parameters (0: none)."""
-    return int(group["split_heads"]) if splits_cols(group) and group["split_heads"] > 1 else 0
 
 
 def split_blocks(group: dict[str, Any], dim0: int) -> tuple[int, ...] | None:
@@ -148,24 +139,6 @@ def _col_view(view: MatrixView, param: torch.Tensor, heads: int, what: str) -> M
     if cols % heads:
         raise ValueError(f"{what}: {cols} columns are not divisible into {heads} heads")
     return MatrixView(batch_dims=0, col_blocks=heads if heads > 1 else 0, transposed=False)
-
-
-# Staging of column blocks (see the module's docstring).
-def stage_cols(t: torch.Tensor, heads: int) -> torch.Tensor:
-    """A [rows, heads·d] tensor as a contiguous [heads, rows, d] copy (block j = columns
-    [j·d, (j+1)·d))."""
-    # NOTE: unflatten of one dim is a view whatever the strides.
-    return t.unflatten(1, (heads, t.shape[1] // heads)).permute(1, 0, 2).contiguous()
-
-
-def unstage_cols(staged: torch.Tensor, t: torch.Tensor) -> None:
-    """t ← the [rows, heads·d] tensor whose staged copy is `staged` (in place)."""
-    t.unflatten(1, tuple(staged.shape[::2])).copy_(staged.permute(1, 0, 2))
-
-
-def staged_shape(shape: tuple[int, ...], heads: int) -> list[int]:
-    """The global shape [heads, rows, d] of a staged [rows, heads·d] parameter."""
-    return [heads, int(shape[0]), int(shape[1]) // heads]
 
 
 def split_key(param_groups: list[dict[str, Any]]) -> tuple:

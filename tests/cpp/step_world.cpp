@@ -67,6 +67,7 @@ static std::vector<step::ParamSpec> specs_of(const std::vector<ModelParam>& mode
   for (const ModelParam& m : model) {
     specs.push_back({m.name, {m.shape, m.batch_dims, m.sharded, m.row_blocks, m.transposed}, m.dtype, m.group, m.whole_on_rank});
     specs.back().layout.mesh = m.mesh;
+    specs.back().layout.col_blocks = m.col_blocks;
   }
   return specs;
 }
@@ -175,15 +176,21 @@ ReferenceResult reference_muon(const World& world, const std::vector<step::Group
         u[i] = rule.nesterov ? lerp(g[i], m[i], rule.momentum) : m[i];
       }
       const auto [first, count] = table.items_of(p);
+      const dist::ParamLayout& layout = table.param(p).layout;
       for (int item = first; item < first + count; ++item) {
         const step::Item& it = table.item(item);
-        // NOTE: matrices of a parameter may differ in rows (row blocks of unequal sizes).
-        const int64_t offset =
-            table.param(p).layout.matrix_blocks()[static_cast<size_t>(it.matrix_idx)].begin * it.cols;
-        ns::orthogonalize_cpu<double>(rule.schedule, u.data() + offset, 1, it.rows, it.cols);
+        // Element i (row-major in the item) of the flat parameter. NOTE: matrices of a
+        // parameter may differ in rows (row blocks of unequal sizes); column block j is
+        // the columns [j·cols, (j+1)·cols) of every row.
+        auto at = [&](int64_t i) -> size_t {
+          if (layout.splits_cols()) return static_cast<size_t>((i / it.cols) * layout.cols() + it.matrix_idx * it.cols + i % it.cols);
+          return static_cast<size_t>(layout.matrix_blocks()[static_cast<size_t>(it.matrix_idx)].begin * it.cols + i);
+        };
+        std::vector<double> x(static_cast<size_t>(it.numel()));
+        for (int64_t i = 0; i < it.numel(); ++i) x[static_cast<size_t>(i)] = u[at(i)];
+        ns::orthogonalize_cpu<double>(rule.schedule, x.data(), 1, it.rows, it.cols);
         const double scale = rule.update_scale(it.rows, it.cols), decay = rule.decay();
-        for (int64_t i = 0; i < it.numel(); ++i)
-          w[static_cast<size_t>(offset + i)] = w[static_cast<size_t>(offset + i)] * decay + scale * u[static_cast<size_t>(offset + i)];
+        for (int64_t i = 0; i < it.numel(); ++i) w[at(i)] = w[at(i)] * decay + scale * x[static_cast<size_t>(i)];
       }
     }
   }

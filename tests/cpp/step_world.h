@@ -18,6 +18,7 @@
 #include "step/cpu/cpu_elements.h"
 #include "step/cpu/cpu_ops.h"
 #include "step/engine.h"
+#include "step/forwarding_ops.h"
 #include "step/loopback_transport.h"
 
 namespace dmuon::testing {
@@ -34,6 +35,7 @@ struct ModelParam {
   bool transposed = false;  ///< stored (in, out), as HF Conv1D (dist::ParamLayout::transposed)
   std::optional<dist::MeshPlacement> mesh;  ///< set: placed on a device mesh (`sharded` ignored)
   std::vector<int64_t> row_blocks{};  ///< rows of each block orthogonalized alone (dist::ParamLayout::row_blocks)
+  int64_t col_blocks = 0;  ///< equal column blocks orthogonalized alone (dist::ParamLayout::col_blocks)
 };
 
 /// Host memory of one tensor of `dtype`.
@@ -134,65 +136,7 @@ EngineRun run_engine(const World& world, const step::EngineOptions& options, con
                      int num_steps, const RunHooks& hooks = {});
 
 /// A forwarding DeviceOps: tests override the passes they watch or break.
-class ForwardingOps : public step::DeviceOps {
- public:
-  explicit ForwardingOps(step::DeviceOps& inner) : inner_(inner) {}
-  step::Device device() const override { return inner_.device(); }
-  step::OwnedBuffer allocate(step::DType dtype, int64_t numel) override { return inner_.allocate(dtype, numel); }
-  void fill_zero(const step::Buffer& b) override { inner_.fill_zero(b); }
-  void fill_synthetic(const step::Buffer& b, uint64_t seed) override { inner_.fill_synthetic(b, seed); }
-  void copy(const step::Buffer& src, const step::Buffer& dst) override { inner_.copy(src, dst); }
-  step::Partials check(const std::vector<step::CheckPiece>& pieces, const step::Buffer& flags) override {
-    return inner_.check(pieces, flags);
-  }
-  step::OwnedBuffer make_gate(const step::Buffer& flags) override { return inner_.make_gate(flags); }
-  void prepare_pieces(const std::vector<step::PreparePiece>& pieces, const step::Buffer& gate) override {
-    inner_.prepare_pieces(pieces, gate);
-  }
-  int64_t ns_workspace_bytes(int64_t rows, int64_t cols, int64_t count, step::DType dtype,
-                             ns::Algorithm algorithm) const override {
-    return inner_.ns_workspace_bytes(rows, cols, count, dtype, algorithm);
-  }
-  void orthogonalize(const step::NsBatchDesc& batch, const std::function<void(const step::NsView&, bool)>& fill,
-                     const std::function<void(const step::NsView&)>& consume) override {
-    inner_.orthogonalize(batch, fill, consume);
-  }
-  void prepare_to_iterate(const std::vector<step::LocalMatrix>& m, const step::Partials& partials,
-                          const step::NsBatchDesc& batch, const step::NsView& it, bool update,
-                          const step::Buffer& gate) override {
-    inner_.prepare_to_iterate(m, partials, batch, it, update, gate);
-  }
-  void iterate_from_pieces(const std::vector<step::WirePiece>& pieces, const step::NsBatchDesc& batch,
-                           const step::NsView& it, const step::Buffer& gate) override {
-    inner_.iterate_from_pieces(pieces, batch, it, gate);
-  }
-  void result_to_pieces(const step::NsView& r, const step::NsBatchDesc& batch,
-                        const std::vector<step::WirePiece>& pieces) override {
-    inner_.result_to_pieces(r, batch, pieces);
-  }
-  void apply_result(const step::NsView& r, const step::NsBatchDesc& batch, const std::vector<step::ApplyPiece>& pieces,
-                    const step::Buffer& gate, const step::Buffer& flags) override {
-    inner_.apply_result(r, batch, pieces, gate, flags);
-  }
-  void apply_pieces(const std::vector<step::ApplyPiece>& pieces, const step::Buffer& gate,
-                    const step::Buffer& flags) override {
-    inner_.apply_pieces(pieces, gate, flags);
-  }
-  void normuon(const step::NsView& r, const step::NsBatchDesc& batch, const std::vector<step::NormuonMatrix>& m,
-               const optim::NormuonRule& rule, const step::Buffer& gate, const step::Buffer& flags) override {
-    inner_.normuon(r, batch, m, rule, gate, flags);
-  }
-  std::vector<int32_t> read_flags(const std::vector<step::Buffer>& buffers) override {
-    return inner_.read_flags(buffers);
-  }
-  void synchronize() override { inner_.synchronize(); }
-  int run_on_streams(const std::vector<int>& stream_of, const std::function<void(size_t)>& run) override {
-    return inner_.run_on_streams(stream_of, run);
-  }
-
- protected:
-  step::DeviceOps& inner_;
-};
+using step::ForwardingOps;
 
 /// A group rule with Gram NS (Polar Express, restart after 2), 5 steps.
 step::GroupRule gram_rule(double lr, double weight_decay, bool nesterov = true, const char* adjust_lr = "none");

@@ -551,6 +551,37 @@ TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
     }
 }
 
+// Column blocks (o_proj per head, strided pieces of the local tensors), sharded and
+// replicated, next to a plain matrix: made ready early, bit for bit the one-shot step.
+TEST(EarlyExchange, ColumnBlocksExchangedEarlyMatchTheOneShotStepBitForBit) {
+  constexpr int kSteps = 2, kWorld = 3;
+  std::vector<ModelParam> model = {
+      {"o_proj", {7, 12}, 0, true, DType::kFloat32, 0},
+      {"o_replicated", {6, 9}, 0, false, DType::kFloat32, 1},
+      {"plain", {7, 4}, 0, true, DType::kFloat32, 0},
+  };
+  model[0].col_blocks = 3;
+  model[1].col_blocks = 3;
+  for (dmuon::step::Mode mode : {dmuon::step::Mode::kOwner, dmuon::step::Mode::kGather}) {
+    const World world(model, kWorld, kSteps, 94);
+    const int n = world.table().num_items();
+    Drive one_shot;
+    one_shot.options = many_stages(mode);
+    const EarlyRun expected = drive(world, owned_rules(), kSteps, one_shot);
+    expect_no_errors(expected);
+    for (const bool two_phase : {false, true}) {
+      Drive how;
+      how.options = many_stages(mode);
+      how.ready_calls = reverse_calls(n, 2, 0);
+      how.two_phase = two_phase;
+      const EarlyRun run = drive(world, owned_rules(), kSteps, how);
+      expect_no_errors(run);
+      EXPECT_EQ(bytes_of(run.tensors), bytes_of(expected.tensors)) << dmuon::step::mode_name(mode);
+      EXPECT_GT(run.stats[0].early_stages, 0);
+    }
+  }
+}
+
 TEST(EarlyExchange, NanInALateLayerRefusesTheStepOnEveryRankWithNothingWritten) {
   constexpr int kWorld = 3;
   const World world(travelling_model(kWorld), kWorld, 1, 92);

@@ -1,7 +1,7 @@
 // NorMuon through the step engine (CPU ops, one process): two steps of a plain matrix, a
 // tall one and a 3-D stack against an fp64 Muon + NorMuon written here from the rule
 // (optim/normuon.h); the state v updated in place; sharded and replicated matrices at
-// worlds 2 and 3 (v rows moved to the owner and back) against one process.
+// worlds 2 and 3 (v rows moved to the owner and back) against one process, bitwise.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -122,7 +122,7 @@ TEST(StepNormuon, OneProcessMatchesFp64Reference) {
 // 3) and one replicated: every rank's parameter rows and v rows are the one-process ones.
 // NOTE: the CPU wire is float32 and the owner's iterate sums the same values: the worlds
 // agree to float32 rounding of the norm's summation order (1e-6 relative).
-TEST(StepNormuon, ShardedAndReplicatedMatchOneProcess) {
+TEST(StepNormuon, ShardedAndReplicatedMatchOneProcessBitwise) {
   step::GroupRule rule = dmuon::testing::gram_rule(0.02, 0.05, true, "match_rms_adamw");
   rule.normuon = optim::NormuonRule{true, 0.9, 1e-8};
   const std::vector<Mat> mats = {{{8, 6}, 0}, {{5, 9}, 0}};
@@ -183,12 +183,15 @@ TEST(StepNormuon, ShardedAndReplicatedMatchOneProcess) {
     for (int rank = 0; rank < world; ++rank)
       for (size_t i = 0; i < mats.size(); ++i) {
         const int64_t cols = mats[i].shape[1], r0 = rw[rank][i];
+        // NOTE: bitwise: the owner holds the same fp32 U whatever the sharding (the wire is
+        // fp32 on the CPU), NS normalizes the whole matrix in double in one order, and v
+        // comes back unchanged; a cross-world difference of a training run comes from its
+        // gradients (FSDP2's mean over 3 ranks is not exact), not from the step.
         for (size_t k = 0; k < pw[rank][i].size(); ++k)
-          EXPECT_NEAR(pw[rank][i][k], p1[0][i][r0 * cols + k], 1e-6 * (1.0 + std::fabs(p1[0][i][r0 * cols + k])))
+          EXPECT_EQ(pw[rank][i][k], p1[0][i][r0 * cols + k])
               << "world " << world << " rank " << rank << " w" << i << " element " << k;
         for (size_t k = 0; k < vw[rank][i].size(); ++k)
-          EXPECT_NEAR(vw[rank][i][k], v1[0][i][r0 + k], 1e-6 * std::fabs(v1[0][i][r0 + k]) + 1e-12)
-              << "world " << world << " rank " << rank << " w" << i << " v row " << k;
+          EXPECT_EQ(vw[rank][i][k], v1[0][i][r0 + k]) << "world " << world << " rank " << rank << " w" << i << " v row " << k;
         EXPECT_FALSE(vw[rank][i].empty() && pw[rank][i].size() > 0);
       }
   }

@@ -138,9 +138,9 @@ TEST(StepItems, RowBlocksCutByShardsGivePiecesOfBlocks) {
   }
 }
 
-TEST(StepItems, StagedColumnBlocksArePiecesOfAStackShardedOnItsRows) {
-  // o_proj [7, 3·2] per head, as dmuon.split_options stages it: [3 heads, 7 rows, 2], dim 1
-  // chunked over a 1-D mesh of 3 ranks as the weight's dim 0 (torch.chunk: 3, 3, 1 rows).
+TEST(StepItems, StackShardedOnItsRowDimGivesRowPiecesOfEveryMatrix) {
+  // A stack [3, 7 rows, 2] whose dim 1 (every matrix's rows) is chunked over a 1-D mesh of
+  // 3 ranks (torch.chunk: 3, 3, 1 rows): each matrix is an item with a row piece per rank.
   dmuon::dist::ParamLayout layout{{3, 7, 2}, 1, true};
   layout.mesh = dmuon::dist::MeshPlacement{{3}, {{dmuon::dist::PlacementKind::kShard, 1, 1}}, {{0}, {1}, {2}}};
   const ItemTable staged({{"o_proj", layout, DType::kFloat32, 0}}, 3);

@@ -149,3 +149,30 @@ def checkpoint_round_trip(rank: int, world: int, path: str) -> dict:
     resumed = {n: whole(p) for n, p in loaded.named_parameters()}
     return {"straight": straight, "resumed": resumed, "groups": groups, "momentum_shapes": shapes,
             "param_shape": tuple(model.qkv_proj.weight.shape)}
+
+
+def backward_step_matches_post_backward(rank: int, world: int, wrapper: str) -> dict:
+    """3 steps with the step begun inside backward (column blocks included) and after it:
+    per parameter ‖Δon − Δoff‖ / ‖Δoff‖, and the stages each step left during backward."""
+    torch.manual_seed(0)
+    base = SplitBlock()
+    models, opts, initial = {}, {}, {}
+    for on in (True, False):
+        model = copy.deepcopy(base)
+        initial[on] = {n: whole(p) for n, p in model.named_parameters()}
+        models[on] = (wrap(model, "fsdp2", world) if wrapper == "fsdp2"
+                      else nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True, bucket_cap_mb=1e-4))
+        opts[on] = dmuon.DMuon(split_groups(models[on], ns_algorithm="standard"), lr=0.05, weight_decay=0.1,
+                               execution=dmuon.Execution(backward_step=on, bucket_size_mb=0.0005))
+        opts[on].attach_backward_step(models[on])
+    early = []
+    for step in range(3):
+        for on in (True, False):
+            loss_step(models[on], opts[on], step)
+        early.append(opts[True].runtime.last_stats.early_stages)
+    errors = {}
+    for (name, p_on), (_, p_off) in zip(models[True].named_parameters(), models[False].named_parameters()):
+        key = name.removeprefix("module.")
+        d_on, d_off = whole(p_on) - initial[True][key], whole(p_off) - initial[False][key]
+        errors[key] = float(np.linalg.norm(d_on - d_off) / max(np.linalg.norm(d_off), 1e-30))
+    return {"errors": errors, "early": early}

@@ -46,11 +46,13 @@ def fsdp2_world4_checkpoint(tmp_path_factory):
 def test_fsdp2_world4_checkpoint_resumes_anywhere(fsdp2_world4_checkpoint, world, wrapper):
     path, reference = fsdp2_world4_checkpoint
     resumed = run_distributed(checkpoint_workers.load_then_continue, world, wrapper, path)
-    # NOTE: at another world size the gradients' reduction and the owners' sums of ‖U‖² over
-    # the received row pieces run in other orders: the step engine's last bits then differ
-    # (1.47e-6 at world 3, measured 2026-12-02; the bucketed runtime, which summed whole
-    # assembled matrices: under 1e-6).
-    assert_every_rank_matches(resumed, reference, 0.0 if world == 4 else 3e-6)
+    # NOTE: the step itself is world-independent on the CPU (the same gradients give the
+    # same bits at worlds 1, 2 and 4: StepNormuon.ShardedAndReplicatedMatchOneProcessBitwise,
+    # and measured on this model 2026-12-02); the gradients are not: FSDP2's mean of 3
+    # ranks' gradients differs from one process's by 2–4e-8 relative, and FSDP2's LayerNorm
+    # and last layer by 3–9e-8 at any world, which Newton–Schulz amplifies to 1.47e-6 on the
+    # parameters at world 3 (6.3e-7 at world 1). World 2 averages like world 4: bitwise.
+    assert_every_rank_matches(resumed, reference, 0.0 if world in (4, 2) and wrapper == "fsdp2" else 3e-6)
 
 
 def test_ddp_checkpoint_resumes_under_fsdp2(tmp_path):

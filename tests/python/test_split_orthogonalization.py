@@ -215,3 +215,13 @@ def test_dcp_checkpoint_of_a_split_group_resumes_exactly(tmp_path):
         assert out["groups"][1][1] == w.HEADS and out["groups"][0][2] == 0.05
         for name, value in out["straight"].items():
             assert np.array_equal(value, out["resumed"][name]), (rank, name)
+
+
+@pytest.mark.parametrize("wrapper", ["fsdp2", "ddp"])
+def test_column_blocks_step_inside_backward_as_after_it(wrapper):
+    # NOTE: the same plan and per-block math on the CPU ops; only the stages' composition
+    # differs (backward order): test_backward_step's bound.
+    results = run_distributed(w.backward_step_matches_post_backward, 2, wrapper)
+    for rank, out in results.items():
+        assert max(out["errors"].values()) < 1e-6, (rank, out["errors"])
+        assert all(stages > 0 for stages in out["early"][1:]), (rank, out["early"])

@@ -27,8 +27,9 @@ C lerp(C self, C end, C weight) {
   return std::abs(weight) < C(0.5) ? self + weight * (end - self) : end - (end - self) * (C(1) - weight);
 }
 
-// Element i of a piece: the momentum after its lerp (written when `update`, else read as
-// already updated), and U, both rounded to the parameter dtype P.
+// Element i of a piece (i: its offset in the memory, Buffer::offset_of): the momentum
+// after its lerp (written when `update`, else read as already updated), and U, both
+// rounded to the parameter dtype P.
 template <typename P>
 typename Elem<P>::Compute momentum_update(const P* grad, P* momentum, int64_t i, const MomentumRule& rule,
                                           bool update) {
@@ -43,9 +44,12 @@ typename Elem<P>::Compute momentum_update(const P* grad, P* momentum, int64_t i,
   return rule.nesterov ? round_to<P>(lerp(g, m, static_cast<C>(rule.momentum))) : m;
 }
 
+// NOTE: views of the same piece (gradient, momentum, parameter) share their strides, so
+// one offset_of() serves both.
 void check_same(const Buffer& a, const Buffer& b, const char* what) {
-  DMUON_CHECK(a.dtype == b.dtype && a.numel == b.numel, what, ": ", dtype_name(a.dtype), "[", a.numel, "] vs ",
-              dtype_name(b.dtype), "[", b.numel, "]");
+  DMUON_CHECK(a.dtype == b.dtype && a.numel == b.numel && a.offset_of(a.numel - 1) == b.offset_of(b.numel - 1), what,
+              ": ", dtype_name(a.dtype), "[", a.numel, "] vs ", dtype_name(b.dtype), "[", b.numel,
+              "] (or different strides)");
 }
 
 // p ← round(round(p·decay) + scale·O) with O rounded to P first (torch's .to(param dtype),
@@ -98,8 +102,19 @@ void CpuOps::fill_synthetic(const Buffer& buffer, uint64_t seed) {
 }
 
 void CpuOps::copy(const Buffer& src, const Buffer& dst) {
-  check_same(src, dst, "CpuOps::copy");
-  if (src.numel > 0) std::memcpy(dst.data, src.data, static_cast<size_t>(src.bytes()));
+  DMUON_CHECK(src.dtype == dst.dtype && src.numel == dst.numel, "CpuOps::copy: ", dtype_name(src.dtype), "[",
+              src.numel, "] vs ", dtype_name(dst.dtype), "[", dst.numel, "]");
+  if (src.numel == 0) return;
+  if (!src.strided() && !dst.strided()) {
+    std::memcpy(dst.data, src.data, static_cast<size_t>(src.bytes()));
+    return;
+  }
+  // Strided views (pieces of column blocks): element by element.
+  const int64_t size = dtype_size(src.dtype);
+  const char* from = static_cast<const char*>(src.data);
+  char* to = static_cast<char*>(dst.data);
+  for (int64_t i = 0; i < src.numel; ++i)
+    std::memcpy(to + dst.offset_of(i) * size, from + src.offset_of(i) * size, static_cast<size_t>(size));
 }
 
 Partials CpuOps::check(const std::vector<CheckPiece>& pieces, const Buffer& flags) {
@@ -114,7 +129,8 @@ Partials CpuOps::check(const std::vector<CheckPiece>& pieces, const Buffer& flag
       const P* g = piece.grad.as<const P>();
       const P* m = piece.momentum.as<const P>();
       bool grad_ok = true, momentum_ok = true;
-      for (int64_t i = 0; i < piece.grad.numel; ++i) {
+      for (int64_t k = 0; k < piece.grad.numel; ++k) {
+        const int64_t i = piece.grad.offset_of(k);
         grad_ok = grad_ok && std::isfinite(Elem<P>::load(g[i]));
         momentum_ok = momentum_ok && std::isfinite(Elem<P>::load(m[i]));
       }
@@ -149,13 +165,14 @@ void CpuOps::prepare_pieces(const std::vector<PreparePiece>& pieces, const Buffe
       const P* g = piece.grad.as<const P>();
       P* m = piece.momentum.as<P>();
       if (piece.wire.empty()) {
-        for (int64_t i = 0; i < piece.grad.numel; ++i) momentum_update(g, m, i, piece.rule, true);
+        for (int64_t k = 0; k < piece.grad.numel; ++k) momentum_update(g, m, piece.grad.offset_of(k), piece.rule, true);
         return;
       }
       dispatch_float(piece.wire.dtype, [&](auto wz) {
         using W = decltype(wz);
         W* w = piece.wire.as<W>();
-        for (int64_t i = 0; i < piece.grad.numel; ++i) w[i] = Elem<W>::store(momentum_update(g, m, i, piece.rule, true));
+        for (int64_t k = 0; k < piece.grad.numel; ++k)
+          w[k] = Elem<W>::store(momentum_update(g, m, piece.grad.offset_of(k), piece.rule, true));
       });
     });
   }
@@ -230,7 +247,7 @@ void CpuOps::prepare_to_iterate(const std::vector<LocalMatrix>& matrices, const 
         const P* g = matrix.grad.as<const P>();
         P* m = matrix.momentum.as<P>();
         for (int64_t i = 0; i < stride; ++i)
-          dst[i] = static_cast<C>(momentum_update(g, m, i, matrix.rule, update_momentum));
+          dst[i] = static_cast<C>(momentum_update(g, m, matrix.grad.offset_of(i), matrix.rule, update_momentum));
       });
     }
   });
@@ -299,13 +316,15 @@ void CpuOps::apply_result(const NsView& result, const NsBatchDesc& batch, const 
         P* p = piece.param.as<P>();
         if (!piece.round_through_wire) {
           for (int64_t i = 0; i < piece.param.numel; ++i)
-            apply_element(p, i, round_to<P>(static_cast<C>(at(i))), piece.scale, piece.decay, bad);
+            apply_element(p, piece.param.offset_of(i), round_to<P>(static_cast<C>(at(i))), piece.scale, piece.decay,
+                          bad);
           return;
         }
         dispatch_float(piece.wire_dtype, [&](auto wz) {
           using W = decltype(wz);
           for (int64_t i = 0; i < piece.param.numel; ++i)
-            apply_element(p, i, round_to<P>(static_cast<C>(round_to<W>(at(i)))), piece.scale, piece.decay, bad);
+            apply_element(p, piece.param.offset_of(i), round_to<P>(static_cast<C>(round_to<W>(at(i)))), piece.scale,
+                          piece.decay, bad);
         });
       });
       if (bad) result_flags.as<int32_t>()[piece.flag_idx] = 1;
@@ -329,7 +348,8 @@ void CpuOps::apply_pieces(const std::vector<ApplyPiece>& pieces, const Buffer& g
         using W = decltype(wz);
         const W* w = piece.wire.as<const W>();
         for (int64_t i = 0; i < piece.param.numel; ++i)
-          apply_element(p, i, round_to<P>(static_cast<C>(Elem<W>::load(w[i]))), piece.scale, piece.decay, bad);
+          apply_element(p, piece.param.offset_of(i), round_to<P>(static_cast<C>(Elem<W>::load(w[i]))), piece.scale,
+                        piece.decay, bad);
       });
     });
     if (bad) result_flags.as<int32_t>()[piece.flag_idx] = 1;

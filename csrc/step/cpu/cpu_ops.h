@@ -32,6 +32,7 @@ class CpuOps : public DeviceOps {
   explicit CpuOps(CpuOpsOptions options = {});
 
   Device device() const override { return Device{DeviceKind::kCpu, 0}; }
+  bool strided_pieces(DType) const override { return true; }
   OwnedBuffer allocate(DType dtype, int64_t numel) override;
   void fill_zero(const Buffer& buffer) override;
   void fill_synthetic(const Buffer& buffer, uint64_t seed) override;

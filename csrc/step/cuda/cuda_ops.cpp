@@ -53,6 +53,17 @@ cuda::IterateView view_of(const NsView& v, const NsBatchDesc& batch) {
 
 const int* skip_of(const Buffer& gate) { return gate.empty() ? nullptr : gate.as<const int>(); }
 
+// (row length, stride) of a strided view for a descriptor; (0, 0) for a contiguous one.
+std::pair<int64_t, int64_t> strides_of(const Buffer& b) {
+  return b.strided() ? std::pair<int64_t, int64_t>{b.row_len, b.ld} : std::pair<int64_t, int64_t>{0, 0};
+}
+
+// The same layout, or one of the two contiguous (then read as rows of the other's length).
+void require_same_rows(const Buffer& a, const Buffer& b, const char* what) {
+  DMUON_CHECK(!a.strided() || !b.strided() || a.row_len == b.row_len, what, ": strided views of rows of ",
+              a.row_len, " and ", b.row_len, " elements");
+}
+
 }  // namespace
 
 DType cuda_iterate_dtype(ns::Algorithm algorithm) {
@@ -151,13 +162,28 @@ void CudaOps::fill_synthetic(const Buffer& buffer, uint64_t seed) {
   cuda::fill_synthetic(buffer.dtype, buffer.data, buffer.numel, seed, impl_->current);
 }
 
+bool CudaOps::strided_pieces(DType dtype) const { return ops_support(DeviceKind::kCuda, dtype, nullptr); }
+
 void CudaOps::copy(const Buffer& src, const Buffer& dst) {
   DMUON_CHECK(src.dtype == dst.dtype && src.numel == dst.numel, "CudaOps::copy: ", dtype_name(src.dtype), "[",
               src.numel, "] into ", dtype_name(dst.dtype), "[", dst.numel, "]");
   if (src.numel == 0) return;
   DeviceGuard guard(impl_->options.device);
-  DMUON_CHECK_CUDA(cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(src.bytes()), cudaMemcpyDeviceToDevice,
-                                   impl_->current));
+  if (!src.strided() && !dst.strided()) {
+    DMUON_CHECK_CUDA(cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(src.bytes()), cudaMemcpyDeviceToDevice,
+                                     impl_->current));
+    return;
+  }
+  // NOTE: rows of a column block (a strided view) on either side: one 2-D copy.
+  require_same_rows(src, dst, "CudaOps::copy");
+  const int64_t row_len = src.strided() ? src.row_len : dst.row_len;
+  DMUON_CHECK(src.numel % row_len == 0, "CudaOps::copy: ", src.numel, " elements are not rows of ", row_len);
+  const size_t elem = static_cast<size_t>(dtype_size(src.dtype));
+  const size_t spitch = static_cast<size_t>(src.strided() ? src.ld : row_len) * elem;
+  const size_t dpitch = static_cast<size_t>(dst.strided() ? dst.ld : row_len) * elem;
+  DMUON_CHECK_CUDA(cudaMemcpy2DAsync(dst.data, dpitch, src.data, spitch, static_cast<size_t>(row_len) * elem,
+                                     static_cast<size_t>(src.numel / row_len), cudaMemcpyDeviceToDevice,
+                                     impl_->current));
 }
 
 Partials CudaOps::check(const std::vector<CheckPiece>& pieces, const Buffer& flags) {
@@ -173,8 +199,11 @@ Partials CudaOps::check(const std::vector<CheckPiece>& pieces, const Buffer& fla
     DMUON_CHECK(piece.grad.dtype == piece.momentum.dtype && piece.grad.numel == piece.momentum.numel &&
                     piece.grad.dtype != DType::kInt32,
                 "CudaOps::check: gradient and momentum differ, or are not floating-point");
+    DMUON_CHECK(strides_of(piece.grad) == strides_of(piece.momentum),
+                "CudaOps::check: gradient and momentum laid out differently");
     cuda::CheckDesc d{piece.grad.data, piece.momentum.data, piece.grad.numel,
                       cuda::make_rule(piece.rule.momentum, piece.rule.nesterov), piece.flag_idx, -1};
+    std::tie(d.row_len, d.ld) = strides_of(piece.grad);
     if (piece.sum_update) {
       d.partial_offset = total;
       out.offset.push_back(total);
@@ -205,9 +234,12 @@ void CudaOps::prepare_pieces(const std::vector<PreparePiece>& pieces, const Buff
     DMUON_CHECK(piece.wire.empty() || piece.wire.numel == piece.grad.numel, "CudaOps::prepare_pieces: a wire of ",
                 piece.wire.numel, " elements for a piece of ", piece.grad.numel);
     const DType wire = piece.wire.empty() ? piece.grad.dtype : piece.wire.dtype;
-    groups[{piece.grad.dtype, wire}].push_back({piece.grad.data, piece.momentum.data,
-                                                 piece.wire.empty() ? nullptr : piece.wire.data, piece.grad.numel,
-                                                 cuda::make_rule(piece.rule.momentum, piece.rule.nesterov)});
+    DMUON_CHECK(strides_of(piece.grad) == strides_of(piece.momentum) && !piece.wire.strided(),
+                "CudaOps::prepare_pieces: gradient and momentum laid out differently, or a strided wire");
+    cuda::PrepareDesc d{piece.grad.data, piece.momentum.data, piece.wire.empty() ? nullptr : piece.wire.data,
+                        piece.grad.numel, cuda::make_rule(piece.rule.momentum, piece.rule.nesterov)};
+    std::tie(d.row_len, d.ld) = strides_of(piece.grad);
+    groups[{piece.grad.dtype, wire}].push_back(d);
   }
   for (const auto& [key, descs] : groups) cuda::prepare(key.first, key.second, descs, skip_of(gate), impl_->current);
 }
@@ -262,7 +294,10 @@ void CudaOps::prepare_to_iterate(const std::vector<LocalMatrix>& matrices, const
                 dtype_name(m.grad.dtype), " elements in a batch of ", batch.count, " ", batch.rows, "x", batch.cols);
     offset[static_cast<size_t>(m.matrix_idx)] = partials.offset[static_cast<size_t>(m.partial_idx)];
     count[static_cast<size_t>(m.matrix_idx)] = partials.count[static_cast<size_t>(m.partial_idx)];
-    in_order = in_order && m.matrix_idx == static_cast<int64_t>(k);
+    DMUON_CHECK(strides_of(m.grad) == strides_of(m.momentum) && (!m.grad.strided() || m.grad.row_len == batch.cols),
+                "CudaOps::prepare_to_iterate: matrix ", m.matrix_idx, " is strided in rows of ", m.grad.row_len,
+                " for ", batch.cols, " columns, or its momentum is laid out differently");
+    in_order = in_order && m.matrix_idx == static_cast<int64_t>(k) && !m.grad.strided();
   }
   OwnedBuffer scales = allocate(DType::kFloat32, batch.count);
   cuda::scales(partials.buffer.get().as<const float>(), offset, count, batch.schedule->eps, scales.get().as<float>(),
@@ -281,7 +316,8 @@ void CudaOps::prepare_to_iterate(const std::vector<LocalMatrix>& matrices, const
   }
   std::vector<cuda::LocalDesc> descs;
   for (const LocalMatrix& m : matrices)
-    descs.push_back({m.grad.data, m.momentum.data, m.matrix_idx, cuda::make_rule(m.rule.momentum, m.rule.nesterov)});
+    descs.push_back({m.grad.data, m.momentum.data, m.matrix_idx, cuda::make_rule(m.rule.momentum, m.rule.nesterov),
+                     m.grad.strided() ? m.grad.ld : 0});
   cuda::local_to_iterate(batch.param_dtype, descs, update_momentum, scales.get().as<float>(), it, skip_of(gate),
                          impl_->current);
   cuda::zero_padding(it, batch.count, impl_->current);
@@ -351,9 +387,12 @@ void CudaOps::apply_result(const NsView& result, const NsBatchDesc& batch, const
                 " out of range");
     // NOTE: float64 marks "no rounding through the wire" (it is never a CUDA wire dtype).
     const DType rounding = p.round_through_wire ? p.wire_dtype : DType::kFloat64;
-    groups[{p.param.dtype, rounding}].push_back({p.param.data, nullptr, p.matrix_idx, p.row_begin, p.row_count,
-                                                 static_cast<float>(p.scale), static_cast<float>(p.decay), p.flag_idx,
-                                                 c0, nc});
+    DMUON_CHECK(!p.param.strided() || p.param.row_len == nc, "CudaOps::apply_result: a parameter in rows of ",
+                p.param.row_len, " for ", nc, " columns");
+    cuda::ApplyDesc d{p.param.data, nullptr, p.matrix_idx, p.row_begin, p.row_count, static_cast<float>(p.scale),
+                      static_cast<float>(p.decay), p.flag_idx, c0, nc};
+    std::tie(d.row_len, d.ld) = strides_of(p.param);
+    groups[{p.param.dtype, rounding}].push_back(d);
   }
   for (const auto& [key, descs] : groups)
     cuda::apply_result(key.first, key.second, view_of(result, batch), descs, result_flags.as<int>(), skip_of(gate),
@@ -391,9 +430,11 @@ void CudaOps::apply_pieces(const std::vector<ApplyPiece>& pieces, const Buffer& 
     DMUON_CHECK(p.wire.numel == p.param.numel && p.flag_idx >= 0 && p.flag_idx < result_flags.numel,
                 "CudaOps::apply_pieces: ", p.wire.numel, " wire elements for ", p.param.numel,
                 " parameter elements (flag ", p.flag_idx, ")");
-    groups[{p.param.dtype, p.wire.dtype}].push_back({p.param.data, p.wire.data, 0, 0, p.param.numel,
-                                                     static_cast<float>(p.scale), static_cast<float>(p.decay),
-                                                     p.flag_idx});
+    DMUON_CHECK(!p.wire.strided(), "CudaOps::apply_pieces: a strided wire");
+    cuda::ApplyDesc d{p.param.data, p.wire.data, 0, 0, p.param.numel, static_cast<float>(p.scale),
+                      static_cast<float>(p.decay), p.flag_idx};
+    std::tie(d.row_len, d.ld) = strides_of(p.param);
+    groups[{p.param.dtype, p.wire.dtype}].push_back(d);
   }
   for (const auto& [key, descs] : groups)
     cuda::apply_wire(key.first, key.second, descs, 1, result_flags.as<int>(), skip_of(gate), impl_->current);

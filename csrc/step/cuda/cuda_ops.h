@@ -45,6 +45,8 @@ class CudaOps : public DeviceOps {
   std::vector<int64_t> graph_stats() const;
 
   Device device() const override;
+  /// Strided views (a column block's rows) of every dtype the CUDA step serves.
+  bool strided_pieces(DType dtype) const override;
   OwnedBuffer allocate(DType dtype, int64_t numel) override;
   void fill_zero(const Buffer& buffer) override;
   void fill_synthetic(const Buffer& buffer, uint64_t seed) override;

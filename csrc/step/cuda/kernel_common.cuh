@@ -54,6 +54,11 @@ __device__ __forceinline__ float round_to(float v) {
 // Whether the gate (device int, may be null) is closed: the writing passes write nothing.
 __device__ __forceinline__ bool is_skipped(const int* skip) { return skip != nullptr && *skip != 0; }
 
+// Element i of a view of rows of `row_len` elements, `ld` apart (contiguous when ld ≤ row_len).
+__device__ __forceinline__ int64_t strided_at(int64_t i, int64_t row_len, int64_t ld) {
+  return ld > row_len && row_len > 0 ? (i / row_len) * ld + i % row_len : i;
+}
+
 // Descriptors of one launch, in the kernel's parameters.
 template <typename D>
 struct DescList {

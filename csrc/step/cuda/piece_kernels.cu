@@ -112,7 +112,8 @@ __global__ void check_kernel(const __grid_constant__ DescList<CheckDesc> list, i
   const P* momentum = static_cast<const P*>(d.momentum);
   float acc = 0.f;
   bool grad_ok = true, momentum_ok = true;
-  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+  for (int64_t e = begin + threadIdx.x; e < end; e += kThreads) {
+    const int64_t i = strided_at(e, d.row_len, d.ld);
     grad_ok = grad_ok && finite_at(grad, i);
     momentum_ok = momentum_ok && finite_at(momentum, i);
     // NOTE: float64 is only ever checked (gradients checked with the step), never summed.
@@ -140,7 +141,7 @@ __global__ void prepare_kernel(const __grid_constant__ DescList<PrepareDesc> lis
   W* wire = static_cast<W*>(d.wire);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < d.numel;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const float u = momentum_update(grad, momentum, i, d.rule, true);
+    const float u = momentum_update(grad, momentum, strided_at(i, d.row_len, d.ld), d.rule, true);
     if (wire != nullptr) wire[i] = from_f<W>(u);
   }
 }
@@ -186,10 +187,11 @@ __global__ void local_to_iterate_kernel(const __grid_constant__ DescList<LocalDe
   const P* grad = static_cast<const P*>(d.grad);
   P* momentum = static_cast<P*>(d.momentum);
   T* dst = iterate + d.matrix_idx * stride;
+  const int64_t row_stride = d.ld > 0 ? d.ld : cols;
   move_tile<kTranspose, false>(
       rows, cols,
       [&](int64_t r, int64_t c) {
-        return skipped ? 0.f : momentum_update(grad, momentum, r * cols + c, d.rule, update_momentum);
+        return skipped ? 0.f : momentum_update(grad, momentum, r * row_stride + c, d.rule, update_momentum);
       },
       [&](int64_t r, int64_t c, float u) { dst[iterate_at<kTranspose>(r, c, ld)] = from_f<T>(u * scale); });
 }
@@ -242,12 +244,13 @@ __global__ void apply_result_kernel(const T* __restrict__ result, int64_t ld, in
   const ApplyDesc& d = list.d[blockIdx.z];
   const T* src = result + d.matrix_idx * stride;
   P* param = static_cast<P*>(d.param);
+  const int64_t row_stride = d.ld > d.col_count ? d.ld : d.col_count;
   bool bad = false;
   move_tile<kTranspose, true>(
       d.row_count, d.col_count,
       [&](int64_t r, int64_t c) { return load(src, iterate_at<kTranspose>(d.row_begin + r, d.col_begin + c, ld)); },
       [&](int64_t r, int64_t c, float o) {
-        apply_at(param, r * d.col_count + c, round_to<P>(round_code(o, round)), d.scale, d.decay, bad);
+        apply_at(param, r * row_stride + c, round_to<P>(round_code(o, round)), d.scale, d.decay, bad);
       });
   if (bad) atomicOr(flags + d.flag_idx, 1);
 }
@@ -263,7 +266,7 @@ __global__ void apply_wire_kernel(const __grid_constant__ DescList<ApplyDesc> li
   bool bad = false;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < numel;
        i += static_cast<int64_t>(gridDim.x) * kThreads)
-    apply_at(param, i, round_to<P>(load(wire, i)), d.scale, d.decay, bad);
+    apply_at(param, strided_at(i, d.row_len, d.ld), round_to<P>(load(wire, i)), d.scale, d.decay, bad);
   if (bad) atomicOr(flags + d.flag_idx, 1);
 }
 

@@ -15,7 +15,9 @@
 // rounded to the parameter dtype after its lerp, U rounded to it, O rounded to it before
 // the apply. Every writing pass honours `skip` (device int, may be null): non-zero at run
 // time writes nothing, and the iterate passes write zeros. Descriptors travel in the
-// kernels' parameters, kMaxPiecesPerLaunch per launch.
+// kernels' parameters, kMaxPiecesPerLaunch per launch. Parameter-side memory (gradient,
+// momentum, parameter) may be strided, a column block's rows in the local tensor: the
+// descriptors carry its row length and stride; wires and iterates are always contiguous.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -50,6 +52,7 @@ struct CheckDesc {
   Rule rule;
   int flag_idx = 0;
   int64_t partial_offset = -1;  ///< −1: no partials
+  int64_t row_len = 0, ld = 0;  ///< grad and momentum strided (step::Buffer::strided), else 0
 };
 /// flags[2·flag_idx] |= gradient non-finite, [2·flag_idx + 1] |= momentum non-finite;
 /// partials[partial_offset + chunk] = Σ U² over the chunk. `param` may also be float64 for
@@ -62,6 +65,7 @@ struct PrepareDesc {
   void* wire = nullptr;  ///< null: momentum only
   int64_t numel = 0;
   Rule rule;
+  int64_t row_len = 0, ld = 0;  ///< grad and momentum strided (the wire is contiguous), else 0
 };
 void prepare(DType param, DType wire, const std::vector<PrepareDesc>& pieces, const int* skip, cudaStream_t stream);
 
@@ -98,6 +102,7 @@ struct LocalDesc {
   void* momentum = nullptr;
   int64_t matrix_idx = 0;
   Rule rule;
+  int64_t ld = 0;  ///< grad and momentum rows this many elements apart (a column block); 0: cols
 };
 /// Iterate k = scales[k]·U of whole items (momentum updated first when update_momentum).
 void local_to_iterate(DType param, const std::vector<LocalDesc>& matrices, bool update_momentum, const float* scales,
@@ -119,6 +124,7 @@ struct ApplyDesc {
   float scale = 0.f, decay = 1.f;
   int flag_idx = 0;
   int64_t col_begin = 0, col_count = 0;  ///< apply_result only
+  int64_t row_len = 0, ld = 0;           ///< param strided (step::Buffer::strided), else 0
 };
 /// p ← round(round(p·decay) + scale·O), O from the result rows (rounded to `round_wire`
 /// first when it is not DType::kFloat64, the "no rounding" marker), then to the parameter

@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "engine/aten_float64_ops.h"
 #include "step/cpu/cpu_ops.h"
+#include "step/forwarding_ops.h"
 
 namespace dmuon::torch_adapter {
 
@@ -48,6 +49,27 @@ class TorchCpuOps : public step::CpuOps {
   }
 };
 
+// with_aten_float64's ops answering strided_pieces: the device's own ops' answer for every
+// dtype but float64, whose ATen passes read contiguous pieces only.
+class StridedAnswer : public step::ForwardingOps {
+ public:
+  explicit StridedAnswer(std::unique_ptr<step::DeviceOps> wrapped)
+      : ForwardingOps(*wrapped), wrapped_(std::move(wrapped)) {}
+  bool strided_pieces(step::DType dtype) const override {
+    return dtype != step::DType::kFloat64 && device_ops_of(*wrapped_).strided_pieces(dtype);
+  }
+  step::DeviceOps& wrapped() const { return *wrapped_; }
+
+ private:
+  std::unique_ptr<step::DeviceOps> wrapped_;
+};
+
+// The device's own ops under make_torch_ops' wrappers.
+[[maybe_unused]] step::DeviceOps& own_ops(step::DeviceOps& ops) {
+  auto* answer = dynamic_cast<StridedAnswer*>(&ops);
+  return device_ops_of(answer ? answer->wrapped() : ops);
+}
+
 }  // namespace
 
 // NOTE: float64 parameters through ATen on every device (engine/aten_float64_ops.h): the
@@ -64,12 +86,13 @@ std::unique_ptr<step::DeviceOps> make_torch_ops(const step::Device& device, cons
     DMUON_FAIL("this build of dmuon has no CUDA side of torch: no step ops for ", step::device_name(device));
 #endif
   }
-  return options.aten_float64 ? with_aten_float64(std::move(ops)) : std::move(ops);
+  if (!options.aten_float64) return ops;
+  return std::make_unique<StridedAnswer>(with_aten_float64(std::move(ops)));
 }
 
 OpsStreamScope::OpsStreamScope(step::DeviceOps& ops) {
 #ifdef DMUON_WITH_CUDA
-  if (ops.device().kind == step::DeviceKind::kCuda) exit_ = enter_cuda_ops_stream(device_ops_of(ops));
+  if (ops.device().kind == step::DeviceKind::kCuda) exit_ = enter_cuda_ops_stream(own_ops(ops));
 #else
   (void)ops;
 #endif

@@ -11,7 +11,7 @@ checkpoints of fused models do and split them back:
   split_gate_up  one fused [2·i, h] per layer, split_rows = (i, i)
   split_heads    q, k, v separate, each split per head (split_heads = its heads)
   split_heads_o  split_heads, and o split per head too (its column blocks: split_dim=1;
-                 staged copies each step, dmuon.split_options)
+                 strided pieces read in place, dmuon.split_options; CPU step ops only so far)
   normuon        default's matrices with NorMuon (Li et al., 2025): a row second moment per
                  matrix, rows normalized after NS (its state exchanged with the owners)
 split_qkv and split_gate_up run the same Newton–Schulz work as default (same block shapes):
