@@ -7,6 +7,7 @@
 #include "plan/cost_model.h"
 #include "plan/hash.h"
 #include "plan/planner.h"
+#include "plan/stage_windows.h"
 #include "step/engine.h"
 
 namespace dmuon::step {
@@ -170,6 +171,14 @@ void StepEngine::make_plan() {
   // so its plan is made once and broadcast. A transport that moves nothing cannot
   // broadcast, so every rank solves (the fake world's ranks are one process each).
   const bool local = options_.solver != plan::SolverKind::kMilp || !transport_.moves_data() || options_.plan_locally;
+  // NOTE: a step begun from backward issues stage s once backward is through it: each
+  // backward window of about one stage is spread over the owners (same loads, other
+  // same-shape matrices; plan/stage_windows.h), where the plan is made (rank 0 before the
+  // broadcast, or every rank alike: the spreading is deterministic).
+  const auto finished = [&](plan::Plan solved) {
+    if (options_.backward_order) plan::spread_backward_stages(problem, options_.stage_bytes, solved);
+    return solved.serialize();
+  };
   std::string text, error;
   try {
     if (local && options_.solver == plan::SolverKind::kMilp) {
@@ -182,9 +191,9 @@ void StepEngine::make_plan() {
       const plan::Plan solved = cache.get_or_solve(problem, options_.solver, milp);
       DMUON_CHECK(solved.deterministic, "planning owners locally: the MILP stopped on its time limit (",
                   solved.status, "), so ranks that each solve alone could disagree");
-      text = solved.serialize();
+      text = finished(solved);
     } else if (local || rank_ == 0) {
-      text = plan::solve(problem, options_.solver, options_.milp).serialize();
+      text = finished(plan::solve(problem, options_.solver, options_.milp));
     }
   } catch (const std::exception& e) {
     error = e.what();
