@@ -13,16 +13,19 @@
 //
 // The fix keeps the plan's loads and changes only which same-class matrices each owner
 // holds (spread_layers(), layer_spread.h): matrices in backward order are cut into windows,
-// window w of about one stage, and each window is spread over the owners. Once every
-// owner holds about one batch of window w, stage s is window s: it leaves when backward
-// is through that window, and its NS runs on every rank at once.
+// each window is spread over the owners, and the engine makes stage w of window w's
+// matrices (StageLimits::window_of): stage w leaves once backward is through window w, and
+// its NS runs on every rank at once.
 //
-// How stages map to windows: walking from the last matrix down, a window closes once it
-// holds at least world_size matrices and at least stage_bytes wire bytes (every rank's
-// share of a stage is stage_bytes / world_size, at least one matrix: a stage holds
-// max(world_size matrices, stage_bytes) when owners are busy). Window ids count from the
-// last matrix (window 0: the ones backward finishes first). The layer of a matrix is thus
-// its position, not its name: nothing is parsed, and every rank computes the same.
+// How stages map to windows: walking from the last matrix down, a window closes once its
+// wire bytes reach both stage_bytes and world_size times its largest matrix. NOTE: the
+// second bound is what lets a window split evenly: a Qwen2.5-1.5B window of only 8
+// matrices (3 MLP, 5 attention) at D = 8 leaves 3 ranks with 27.5 MB and 5 with at most
+// 4.7 MB whatever the owners; at ≥ D × 27.5 MB (about two layers) every rank can get
+// about the mean. Window ids count from the last matrix (window 0: the ones backward
+// finishes first). The layer of a matrix is thus its position, not its name: nothing is
+// parsed, and every rank computes the same. A stage's wire bytes stay below
+// max(stage_bytes, D × largest) + one matrix, as a stage of one batch per owner was.
 //
 // Typical use (the engine's plan, csrc/step/engine_plan.cpp):
 //   Plan plan = solve(problem, solver);
@@ -37,8 +40,8 @@
 
 namespace dmuon::plan {
 
-/// Window id of every matrix of `problem` (see the file header); stage_bytes ≤ 0: windows
-/// of world_size matrices. Deterministic; the same on every rank.
+/// Window id of every matrix of `problem` (see the file header); stage_bytes ≤ 0: bounded
+/// by world_size × the largest matrix alone. Deterministic; the same on every rank.
 std::vector<int> backward_stage_windows(const Problem& problem, int64_t stage_bytes);
 
 /// spread_layers(problem, backward_stage_windows(problem, stage_bytes), plan): the plan's

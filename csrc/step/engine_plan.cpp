@@ -179,6 +179,8 @@ void StepEngine::make_plan() {
     if (options_.backward_order) plan::spread_backward_stages(problem, options_.stage_bytes, solved);
     return solved.serialize();
   };
+  // NOTE: stage w is then window w (make_stages), so that it leaves once backward is through it.
+  if (options_.backward_order) stage_windows_ = plan::backward_stage_windows(problem, options_.stage_bytes);
   std::string text, error;
   try {
     if (local && options_.solver == plan::SolverKind::kMilp) {
@@ -227,7 +229,8 @@ void StepEngine::make_stages_for(const std::vector<GroupRule>& rules) {
   std::vector<ns::Algorithm> algorithms;
   for (const GroupRule& rule : rules) algorithms.push_back(rule.schedule.algorithm);
   if (algorithms == stage_algorithms_ && (!stages_.empty() || table_.num_items() == 0)) return;
-  StageLimits limits{dtype_size(wire_dtype_), options_.stage_bytes, options_.ns_batch_bytes, options_.backward_order};
+  StageLimits limits{dtype_size(wire_dtype_), options_.stage_bytes, options_.ns_batch_bytes, options_.backward_order,
+                     stage_windows_};
   stages_ = make_stages(table_, owner_batches_, algorithms, limits,
                         [&](int64_t rows, int64_t cols, int64_t count, DType dtype, ns::Algorithm algorithm) {
                           return ops_.ns_workspace_bytes(rows, cols, count, dtype, algorithm);

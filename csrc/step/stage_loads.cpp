@@ -4,12 +4,14 @@
 #include <algorithm>
 
 #include "common/check.h"
+#include "plan/stage_windows.h"
 #include "step/stages.h"
 
 namespace dmuon::step {
 
 std::vector<StageLoad> plan_stage_loads(const plan::Problem& problem, const plan::Plan& plan, int64_t stage_bytes,
-                                        int64_t wire_element_bytes, bool backward_order) {
+                                        int64_t wire_element_bytes, bool backward_order,
+                                        bool windowed) {
   const int D = problem.world_size();
   DMUON_CHECK(plan.problem_hash == problem.hash && plan.owner.size() == problem.matrices.size() &&
                   plan.ranks.size() == static_cast<size_t>(D),
@@ -46,7 +48,15 @@ std::vector<StageLoad> plan_stage_loads(const plan::Problem& problem, const plan
     }
     owners.push_back(std::move(batches));
   }
-  const StageLimits limits{wire_element_bytes, stage_bytes, 0, backward_order};
+  // NOTE: the engine's windows (engine_plan.cpp): over the planned matrices, one item each
+  // (stacks: every item of a unit in its window).
+  std::vector<int> window_of;
+  if (backward_order && windowed) {
+    const std::vector<int> windows = plan::backward_stage_windows(problem, stage_bytes);
+    for (int item = 0; item < table.num_items(); ++item)
+      window_of.push_back(windows[static_cast<size_t>(table.item(item).param_idx)]);
+  }
+  const StageLimits limits{wire_element_bytes, stage_bytes, 0, backward_order, window_of};
   const std::vector<Stage> stages =
       make_stages(table, owners, {ns::Algorithm::kStandard}, limits,
                   [](int64_t, int64_t, int64_t, DType, ns::Algorithm) { return int64_t{0}; });

@@ -218,7 +218,7 @@ void register_plan_bindings(py::module_& m) {
       .def_readonly("max_seconds", &step::StageLoad::max_seconds)
       .def_readonly("mean_seconds", &step::StageLoad::mean_seconds);
   p.def("plan_stage_loads", &step::plan_stage_loads, py::arg("problem"), py::arg("plan"), py::arg("stage_bytes"),
-        py::arg("wire_element_bytes") = 2, py::arg("backward_order") = true,
+        py::arg("wire_element_bytes") = 2, py::arg("backward_order") = true, py::arg("windowed") = true,
         "the engine's stages of plan and each rank's NS seconds in them (step/stage_loads.h)");
   p.def("milp_available", &milp_available);
   py::class_<PlanCache>(p, "PlanCache")

@@ -491,7 +491,12 @@ TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
   constexpr int kSteps = 2;
   for (int world_size : {3, 4})
     for (dmuon::step::Mode mode : {dmuon::step::Mode::kOwner, dmuon::step::Mode::kGather}) {
-      const World world(travelling_model(world_size), world_size, kSteps, 91);
+      // NOTE: same-shape layers after the mixed ones: the stages are backward windows of at
+      // least world × the largest item (plan/stage_windows.h), so these make several, and
+      // the spreading moves their owners.
+      std::vector<ModelParam> model = travelling_model(world_size);
+      for (int k = 0; k < 8; ++k) model.push_back({"layers." + std::to_string(k), {8, 8}});
+      const World world(model, world_size, kSteps, 91);
       const int n = world.table().num_items();
       Drive one_shot;
       one_shot.options = many_stages(mode);
