@@ -26,8 +26,10 @@ std::vector<int> backward_stage_windows(const Problem& problem, int64_t stage_by
   return window;
 }
 
+bool uses_backward_windows(const Problem& problem) { return problem.world_size() > 1 && !problem.has_homes(); }
+
 void spread_backward_stages(const Problem& problem, int64_t stage_bytes, Plan& plan) {
-  if (problem.world_size() <= 1) return;
+  if (!uses_backward_windows(problem)) return;
   spread_layers(problem, backward_stage_windows(problem, stage_bytes), plan);
 }
 

@@ -44,10 +44,17 @@ namespace dmuon::plan {
 /// by world_size × the largest matrix alone. Deterministic; the same on every rank.
 std::vector<int> backward_stage_windows(const Problem& problem, int64_t stage_bytes);
 
+/// Whether a step begun from backward spreads this problem's plan and makes its stages of
+/// the windows: several ranks and no homes. NOTE: with homes (MoE experts whole on a rank)
+/// the plan is kept, and a window of consecutive experts would sit on one or two homes;
+/// the stages stay every owner's s-th batch, whose experts (every rank homes some of every
+/// stack) come from the same layer.
+bool uses_backward_windows(const Problem& problem);
+
 /// spread_layers(problem, backward_stage_windows(problem, stage_bytes), plan): the plan's
 /// per-rank class counts, batches, loads and makespan bit for bit, each window's matrices
-/// on different owners. A plan of a problem with homes is returned unchanged (spread_layers'
-/// contract), as is a plan of one rank.
+/// on different owners. Unchanged where !uses_backward_windows(problem) (spread_layers keeps plans
+/// with homes as they are).
 void spread_backward_stages(const Problem& problem, int64_t stage_bytes, Plan& plan);
 
 }  // namespace dmuon::plan

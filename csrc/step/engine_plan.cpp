@@ -180,7 +180,8 @@ void StepEngine::make_plan() {
     return solved.serialize();
   };
   // NOTE: stage w is then window w (make_stages), so that it leaves once backward is through it.
-  if (options_.backward_order) stage_windows_ = plan::backward_stage_windows(problem, options_.stage_bytes);
+  if (options_.backward_order && plan::uses_backward_windows(problem))
+    stage_windows_ = plan::backward_stage_windows(problem, options_.stage_bytes);
   std::string text, error;
   try {
     if (local && options_.solver == plan::SolverKind::kMilp) {

@@ -51,7 +51,7 @@ std::vector<StageLoad> plan_stage_loads(const plan::Problem& problem, const plan
   // NOTE: the engine's windows (engine_plan.cpp): over the planned matrices, one item each
   // (stacks: every item of a unit in its window).
   std::vector<int> window_of;
-  if (backward_order && windowed) {
+  if (backward_order && windowed && plan::uses_backward_windows(problem)) {
     const std::vector<int> windows = plan::backward_stage_windows(problem, stage_bytes);
     for (int item = 0; item < table.num_items(); ++item)
       window_of.push_back(windows[static_cast<size_t>(table.item(item).param_idx)]);

@@ -99,11 +99,19 @@ TEST(PlanStageWindows, ProblemsWithHomesOrOneRankAreLeftAlone) {
   const std::string text = plan.serialize();
   spread_backward_stages(homed, 0, plan);
   EXPECT_EQ(plan.serialize(), text);
+  EXPECT_FALSE(uses_backward_windows(homed));
+  // Its stages stay every owner's s-th batch.
+  const auto windowed = step::plan_stage_loads(homed, plan, 0, 2, true, true);
+  const auto unwindowed = step::plan_stage_loads(homed, plan, 0, 2, true, false);
+  ASSERT_EQ(windowed.size(), unwindowed.size());
+  for (size_t s = 0; s < windowed.size(); ++s) EXPECT_EQ(windowed[s].rank_seconds, unwindowed[s].rank_seconds);
   const Problem one = decoder(3, 64, 16, 128, 1);
   Plan single = solve(one, SolverKind::kLpt);
   const std::string single_text = single.serialize();
   spread_backward_stages(one, 0, single);
   EXPECT_EQ(single.serialize(), single_text);
+  EXPECT_FALSE(uses_backward_windows(one));
+  EXPECT_TRUE(uses_backward_windows(decoder(3, 64, 16, 128, 2)));
 }
 
 // The engine's stages of a spread plan are the windows, in backward order, and the first
