@@ -159,14 +159,19 @@ std::vector<int64_t> place_greedy(const Occupancy& others, const ClassState& cls
 // costs above, by successive shortest paths (Dijkstra with potentials, one unit each).
 // NOTE: convex arc costs make unit-by-unit augmentation exact; the residual arcs are
 // implicit: forward l→r costs the next unit's rise, backward r→l refunds the last one.
-// O(units · (L + D)²); ties go to the lowest layer and rank, so it is deterministic.
+// NOTE: the layer nodes are eliminated: a path alternates ranks and layers, so Dijkstra
+// runs on the D ranks (plus source and sink) over two-hop arcs, a → b: the cheapest layer
+// to move one unit from rank a to rank b (refund on a, rise on b), and source → r: the
+// cheapest layer with matrices left to place on r. Rank potentials keep their reduced
+// costs ≥ 0 (each is a minimum of two reduced arcs of the full graph). After a unit, only
+// the rows and columns of the ranks on its path change. Per unit O(D² + |path|·L·D)
+// instead of O((L + D)²): backward windows make L large (hundreds on MoE models).
+// Ties go to the lowest layer and rank, so it is deterministic.
 std::vector<int64_t> solve_class(const Occupancy& others, const ClassState& cls) {
   const int D = others.num_ranks;
   const int L = static_cast<int>(cls.per_layer.size());
   const int64_t b = cls.wire_bytes;
-  const int src = 0, sink = L + D + 1, num_nodes = L + D + 2;
-  const auto layer_node = [](int l) { return 1 + l; };
-  const auto rank_node = [L](int r) { return 1 + L + r; };
+  const int src = D, sink = D + 1, num_nodes = D + 2;
   const Cost kInf{std::numeric_limits<int64_t>::max() / 4, 0};
   std::vector<int64_t> x(others.bytes.size(), 0), layer_used(static_cast<size_t>(L), 0),
       rank_used(static_cast<size_t>(D), 0);
@@ -178,12 +183,49 @@ std::vector<int64_t> solve_class(const Occupancy& others, const ClassState& cls)
   const auto remove_cost = [&](size_t cell) {
     return Cost{-(2 * (others.bytes[cell] + x[cell] * b) - b), -(2 * (others.count[cell] + x[cell]) - 1)};
   };
+  // Two-hop arcs and their layers (−1: no arc).
+  std::vector<Cost> move(static_cast<size_t>(D) * static_cast<size_t>(D), kInf), enter(static_cast<size_t>(D), kInf);
+  std::vector<int> move_layer(move.size(), -1), enter_layer(static_cast<size_t>(D), -1);
+  const auto at = [D](int a, int r) { return static_cast<size_t>(a) * static_cast<size_t>(D) + static_cast<size_t>(r); };
+  const auto update_move = [&](int a, int r) {
+    Cost best = kInf;
+    int layer = -1;
+    if (a != r)
+      for (int l = 0; l < L; ++l) {
+        if (x[others.at(l, a)] == 0) continue;
+        const Cost c = remove_cost(others.at(l, a)) + add_cost(others.at(l, r));
+        if (layer < 0 || c < best) {
+          best = c;
+          layer = l;
+        }
+      }
+    move[at(a, r)] = best;
+    move_layer[at(a, r)] = layer;
+  };
+  const auto update_enter = [&](int r) {
+    Cost best = kInf;
+    int layer = -1;
+    for (int l = 0; l < L; ++l) {
+      if (layer_used[static_cast<size_t>(l)] == cls.per_layer[static_cast<size_t>(l)]) continue;
+      const Cost c = add_cost(others.at(l, r));
+      if (layer < 0 || c < best) {
+        best = c;
+        layer = l;
+      }
+    }
+    enter[static_cast<size_t>(r)] = best;
+    enter_layer[static_cast<size_t>(r)] = layer;
+  };
+  for (int r = 0; r < D; ++r) update_enter(r);  // NOTE: no arc a → r before anything is placed
   const int64_t num_units = std::accumulate(cls.per_layer.begin(), cls.per_layer.end(), int64_t{0});
+  std::vector<Cost> dist(static_cast<size_t>(num_nodes));
+  std::vector<int> prev(static_cast<size_t>(num_nodes)), on_path(static_cast<size_t>(D));
+  std::vector<char> done(static_cast<size_t>(num_nodes));
   for (int64_t unit = 0; unit < num_units; ++unit) {
-    // Dijkstra on reduced costs (dense: the graph is small and complete bipartite).
-    std::vector<Cost> dist(static_cast<size_t>(num_nodes), kInf);
-    std::vector<int> prev(static_cast<size_t>(num_nodes), -1);
-    std::vector<char> done(static_cast<size_t>(num_nodes), 0);
+    // Dijkstra on reduced costs (dense: D + 2 nodes).
+    std::fill(dist.begin(), dist.end(), kInf);
+    std::fill(prev.begin(), prev.end(), -1);
+    std::fill(done.begin(), done.end(), 0);
     dist[src] = Cost{};
     const auto relax = [&](int u, int v, const Cost& cost) {
       const Cost d = dist[static_cast<size_t>(u)] + cost + potential[static_cast<size_t>(u)] -
@@ -199,19 +241,15 @@ std::vector<int64_t> solve_class(const Occupancy& others, const ClassState& cls)
         if (!done[static_cast<size_t>(v)] && dist[static_cast<size_t>(v)] < kInf &&
             (u < 0 || dist[static_cast<size_t>(v)] < dist[static_cast<size_t>(u)]))
           u = v;
-      if (u < 0) break;
+      if (u < 0 || u == sink) break;
       done[static_cast<size_t>(u)] = 1;
       if (u == src) {
-        for (int l = 0; l < L; ++l)
-          if (layer_used[static_cast<size_t>(l)] < cls.per_layer[static_cast<size_t>(l)])
-            relax(u, layer_node(l), Cost{});
-      } else if (u <= L) {
-        for (int r = 0; r < D; ++r) relax(u, rank_node(r), add_cost(others.at(u - 1, r)));
-      } else if (u < sink) {
-        const int r = u - 1 - L;
-        for (int l = 0; l < L; ++l)
-          if (x[others.at(l, r)] > 0) relax(u, layer_node(l), remove_cost(others.at(l, r)));
-        if (rank_used[static_cast<size_t>(r)] < cls.capacity[static_cast<size_t>(r)]) relax(u, sink, Cost{});
+        for (int r = 0; r < D; ++r)
+          if (enter_layer[static_cast<size_t>(r)] >= 0) relax(u, r, enter[static_cast<size_t>(r)]);
+      } else {
+        for (int r = 0; r < D; ++r)
+          if (move_layer[at(u, r)] >= 0) relax(u, r, move[at(u, r)]);
+        if (rank_used[static_cast<size_t>(u)] < cls.capacity[static_cast<size_t>(u)]) relax(u, sink, Cost{});
       }
     }
     DMUON_CHECK(dist[sink] < kInf, "layer spreading found no room for shape class ", cls.shape_idx,
@@ -221,18 +259,29 @@ std::vector<int64_t> solve_class(const Occupancy& others, const ClassState& cls)
       const Cost& d = dist[static_cast<size_t>(v)] < dist[sink] ? dist[static_cast<size_t>(v)] : dist[sink];
       potential[static_cast<size_t>(v)] = potential[static_cast<size_t>(v)] + d;
     }
-    // Augment one unit along the path.
-    for (int v = sink; v != src; v = prev[static_cast<size_t>(v)]) {
+    // Augment one unit along the path (the hops' layers as chosen above, before any change).
+    std::vector<std::pair<int, int>> hops;  // (rank, layer): the unit entering rank via layer
+    int last = prev[sink];
+    for (int v = last; v != src; v = prev[static_cast<size_t>(v)]) {
       const int u = prev[static_cast<size_t>(v)];
-      if (u == src)
-        ++layer_used[static_cast<size_t>(v - 1)];
-      else if (v == sink)
-        ++rank_used[static_cast<size_t>(u - 1 - L)];
-      else if (u <= L)
-        ++x[others.at(u - 1, v - 1 - L)];
-      else
-        --x[others.at(v - 1, u - 1 - L)];
+      hops.emplace_back(v, u == src ? enter_layer[static_cast<size_t>(v)] : move_layer[at(u, v)]);
     }
+    ++rank_used[static_cast<size_t>(last)];
+    for (size_t k = hops.size(); k-- > 0;) {
+      const auto [r, l] = hops[k];
+      ++x[others.at(l, r)];
+      if (k + 1 == hops.size())
+        ++layer_used[static_cast<size_t>(l)];
+      else
+        --x[others.at(l, hops[k + 1].first)];
+    }
+    // Arcs out of and into the path's ranks, and every entry arc (a layer may be used up).
+    std::fill(on_path.begin(), on_path.end(), 0);
+    for (const auto& hop : hops) on_path[static_cast<size_t>(hop.first)] = 1;
+    for (int a = 0; a < D; ++a)
+      for (int r = 0; r < D; ++r)
+        if (on_path[static_cast<size_t>(a)] || on_path[static_cast<size_t>(r)]) update_move(a, r);
+    for (int r = 0; r < D; ++r) update_enter(r);
   }
   return x;
 }

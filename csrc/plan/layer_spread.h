@@ -42,7 +42,10 @@ namespace dmuon::plan {
 /// layer → rank with convex costs), keeping a class's new placement only when strictly
 /// cheaper, until a round changes nothing. The input plan is kept when it is no worse.
 /// Deterministic and idempotent; milliseconds for hundreds of matrices (L = 80, D = 256:
-/// 0.3 s).
+/// 0.3 s). The exact rounds run on the ranks only (layer nodes eliminated, per matrix
+/// O(D² + path · L · D)): Qwen3-30B-A3B's 18 672 matrices at D = 8 take 0.1 s by layer
+/// (L = 48) and about 1 s by backward window (L ≈ 820, plan/stage_windows.h) on one
+/// CPU core, where the full graph (O((L + D)²) per matrix) took over a minute.
 ///
 /// Quality: a heuristic (with per-rank class counts fixed this is a 3-D assignment
 /// problem), but on the shipped manifests (Qwen2.5-0.5B/1.5B/7B, Llama-3.1-8B) with LPT

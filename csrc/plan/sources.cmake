@@ -9,6 +9,7 @@ target_sources(dmuon_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/milp.cpp
   ${CMAKE_CURRENT_LIST_DIR}/planner.cpp
   ${CMAKE_CURRENT_LIST_DIR}/layer_spread.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/stage_windows.cpp
 )
 # NOTE: without CBC (the GPU machines have none) milp.cpp falls back to LPT with a warning.
 if(DMUON_HAVE_CBC)

@@ -210,6 +210,9 @@ class StepEngine {
   DType wire_dtype_ = DType::kFloat32;
   std::vector<int> owners_;
   std::vector<OwnerBatches> owner_batches_;
+  /// [item] → backward window when the step may begin from backward and the plan was solved
+  /// (StageLimits::window_of); empty otherwise.
+  std::vector<int> stage_windows_;
   std::string plan_text_;
   uint64_t plan_hash_ = 0;
   double predicted_makespan_s_ = 0.0;

@@ -7,6 +7,7 @@
 #include "plan/cost_model.h"
 #include "plan/hash.h"
 #include "plan/planner.h"
+#include "plan/stage_windows.h"
 #include "step/engine.h"
 
 namespace dmuon::step {
@@ -170,6 +171,17 @@ void StepEngine::make_plan() {
   // so its plan is made once and broadcast. A transport that moves nothing cannot
   // broadcast, so every rank solves (the fake world's ranks are one process each).
   const bool local = options_.solver != plan::SolverKind::kMilp || !transport_.moves_data() || options_.plan_locally;
+  // NOTE: a step begun from backward issues stage s once backward is through it: each
+  // backward window of about one stage is spread over the owners (same loads, other
+  // same-shape matrices; plan/stage_windows.h), where the plan is made (rank 0 before the
+  // broadcast, or every rank alike: the spreading is deterministic).
+  const auto finished = [&](plan::Plan solved) {
+    if (options_.backward_order) plan::spread_backward_stages(problem, options_.stage_bytes, solved);
+    return solved.serialize();
+  };
+  // NOTE: stage w is then window w (make_stages), so that it leaves once backward is through it.
+  if (options_.backward_order && plan::uses_backward_windows(problem))
+    stage_windows_ = plan::backward_stage_windows(problem, options_.stage_bytes);
   std::string text, error;
   try {
     if (local && options_.solver == plan::SolverKind::kMilp) {
@@ -182,9 +194,9 @@ void StepEngine::make_plan() {
       const plan::Plan solved = cache.get_or_solve(problem, options_.solver, milp);
       DMUON_CHECK(solved.deterministic, "planning owners locally: the MILP stopped on its time limit (",
                   solved.status, "), so ranks that each solve alone could disagree");
-      text = solved.serialize();
+      text = finished(solved);
     } else if (local || rank_ == 0) {
-      text = plan::solve(problem, options_.solver, options_.milp).serialize();
+      text = finished(plan::solve(problem, options_.solver, options_.milp));
     }
   } catch (const std::exception& e) {
     error = e.what();
@@ -218,7 +230,8 @@ void StepEngine::make_stages_for(const std::vector<GroupRule>& rules) {
   std::vector<ns::Algorithm> algorithms;
   for (const GroupRule& rule : rules) algorithms.push_back(rule.schedule.algorithm);
   if (algorithms == stage_algorithms_ && (!stages_.empty() || table_.num_items() == 0)) return;
-  StageLimits limits{dtype_size(wire_dtype_), options_.stage_bytes, options_.ns_batch_bytes, options_.backward_order};
+  StageLimits limits{dtype_size(wire_dtype_), options_.stage_bytes, options_.ns_batch_bytes, options_.backward_order,
+                     stage_windows_};
   stages_ = make_stages(table_, owner_batches_, algorithms, limits,
                         [&](int64_t rows, int64_t cols, int64_t count, DType dtype, ns::Algorithm algorithm) {
                           return ops_.ns_workspace_bytes(rows, cols, count, dtype, algorithm);

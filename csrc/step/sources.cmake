@@ -5,6 +5,7 @@ target_sources(dmuon_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/types.cpp
   ${CMAKE_CURRENT_LIST_DIR}/items.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stages.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/stage_loads.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage_layout.cpp
   ${CMAKE_CURRENT_LIST_DIR}/options.cpp
   ${CMAKE_CURRENT_LIST_DIR}/device_ops.cpp

@@ -40,6 +40,14 @@ std::vector<Stage> make_stages(const ItemTable& table, const std::vector<OwnerBa
                                const NsBytesFn& ns_bytes) {
   const int world = table.world_size();
   const bool gather = owners.size() == 1 && owners[0].owner == kEveryRank;
+  const bool windowed = limits.backward_order && !limits.window_of.empty();
+  DMUON_CHECK(limits.window_of.empty() || static_cast<int>(limits.window_of.size()) == table.num_items(),
+              "make_stages: window_of has ", limits.window_of.size(), " entries for ", table.num_items(), " items");
+  int num_windows = 0;
+  for (int w : limits.window_of) {
+    DMUON_CHECK(w >= 0, "make_stages: window ids must be >= 0, got ", w);
+    num_windows = std::max(num_windows, w + 1);
+  }
   std::vector<bool> seen(static_cast<size_t>(table.num_items()), false);
   std::vector<std::vector<NsBatch>> per_owner;
   for (const OwnerBatches& owner : owners) {
@@ -82,8 +90,24 @@ std::vector<Stage> make_stages(const ItemTable& table, const std::vector<OwnerBa
         }
         // NOTE: no more than the run holds (split_near_equal's arithmetic must not overflow).
         capacity = std::min<int64_t>(capacity, static_cast<int64_t>(members.size()));
-        const std::vector<int64_t> ones(members.size(), 1);
-        for (const std::vector<int>& part : dist::split_near_equal(ones, capacity)) {
+        // Windowed: runs of one window each (members are in descending order), each split alone.
+        std::vector<std::vector<int>> parts;
+        for (size_t begin = 0; begin < members.size();) {
+          size_t end = begin + 1;
+          while (windowed && end < members.size() &&
+                 limits.window_of[static_cast<size_t>(members[end])] ==
+                     limits.window_of[static_cast<size_t>(members[begin])])
+            ++end;
+          if (!windowed) end = members.size();
+          const int64_t size = static_cast<int64_t>(end - begin);
+          const std::vector<int64_t> ones(static_cast<size_t>(size), 1);
+          for (std::vector<int> part : dist::split_near_equal(ones, std::min(capacity, size))) {
+            for (int& k : part) k += static_cast<int>(begin);
+            parts.push_back(std::move(part));
+          }
+          begin = end;
+        }
+        for (const std::vector<int>& part : parts) {
           NsBatch batch;
           batch.owner = owner.owner;
           batch.group = group;
@@ -118,6 +142,18 @@ std::vector<Stage> make_stages(const ItemTable& table, const std::vector<OwnerBa
     for (auto& list : per_owner)
       for (auto& batch : list) add(only, std::move(batch));
     if (!only.batches.empty()) stages.push_back(std::move(only));
+    return stages;
+  }
+  if (windowed) {
+    // Stage w: every owner's batches of window w, owners in order.
+    stages.resize(static_cast<size_t>(num_windows));
+    for (auto& list : per_owner)
+      for (auto& batch : list) {
+        const int w = limits.window_of[static_cast<size_t>(batch.items.front())];
+        add(stages[static_cast<size_t>(w)], std::move(batch));
+      }
+    stages.erase(std::remove_if(stages.begin(), stages.end(), [](const Stage& st) { return st.batches.empty(); }),
+                 stages.end());
     return stages;
   }
   size_t longest = 0;

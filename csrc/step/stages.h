@@ -57,6 +57,12 @@ struct StageLimits {
   /// (highest index) down, and run latest first, so that stage 0 holds the matrices
   /// backward finishes first (items follow parameter registration order).
   bool backward_order = false;
+  /// With backward_order: [item] → its backward window (plan/stage_windows.h, ids from
+  /// the last item's 0 up). NS batches then never cross a window, and stage w holds every
+  /// owner's batches of window w (possibly several of one owner, possibly none), so that
+  /// stage w leaves once backward is through window w. Empty: stage s holds every owner's
+  /// s-th NS batch.
+  std::vector<int> window_of;
 };
 
 /// The stages of a plan (see the file header). group_algorithms[g] is group g's NS

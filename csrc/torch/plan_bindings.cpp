@@ -8,6 +8,8 @@
 #include "bindings.h"
 #include "plan/layer_spread.h"
 #include "plan/planner.h"
+#include "plan/stage_windows.h"
+#include "step/stage_loads.h"
 
 namespace py = pybind11;
 
@@ -192,6 +194,32 @@ void register_plan_bindings(py::module_& m) {
       "a copy of plan with each layer's matrices spread over owners (layer_of[i]: layer id, -1: none); "
       "loads, batch sizes and makespan unchanged");
   p.def("layer_spread_stats", &layer_spread_stats, py::arg("problem"), py::arg("layer_of"), py::arg("plan"));
+
+  // Stage spreading (a step begun from backward): backward windows spread, their stages measured.
+  p.def("backward_stage_windows", &backward_stage_windows, py::arg("problem"), py::arg("stage_bytes"),
+        "window id of every matrix: consecutive matrices from the last down, each window >= world_size "
+        "matrices and >= stage_bytes wire bytes (plan/stage_windows.h)");
+  p.def(
+      "spread_backward_stages",
+      [](const Problem& problem, int64_t stage_bytes, Plan plan) {
+        py::gil_scoped_release release;
+        spread_backward_stages(problem, stage_bytes, plan);
+        return plan;
+      },
+      py::arg("problem"), py::arg("stage_bytes"), py::arg("plan"),
+      "a copy of plan with each backward window spread over owners, as the step engine plans a step "
+      "begun from backward; loads, batch sizes and makespan unchanged");
+  py::class_<step::StageLoad>(p, "StageLoad")
+      .def_readonly("first_matrix", &step::StageLoad::first_matrix)
+      .def_readonly("last_matrix", &step::StageLoad::last_matrix)
+      .def_readonly("num_matrices", &step::StageLoad::num_matrices)
+      .def_readonly("wire_bytes", &step::StageLoad::wire_bytes)
+      .def_readonly("rank_seconds", &step::StageLoad::rank_seconds)
+      .def_readonly("max_seconds", &step::StageLoad::max_seconds)
+      .def_readonly("mean_seconds", &step::StageLoad::mean_seconds);
+  p.def("plan_stage_loads", &step::plan_stage_loads, py::arg("problem"), py::arg("plan"), py::arg("stage_bytes"),
+        py::arg("wire_element_bytes") = 2, py::arg("backward_order") = true, py::arg("windowed") = true,
+        "the engine's stages of plan and each rank's NS seconds in them (step/stage_loads.h)");
   p.def("milp_available", &milp_available);
   py::class_<PlanCache>(p, "PlanCache")
       .def(py::init<std::string>(), py::arg("directory") = "")

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "step_world.h"
@@ -506,7 +508,12 @@ TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
   constexpr int kSteps = 2;
   for (int world_size : {3, 4})
     for (dmuon::step::Mode mode : {dmuon::step::Mode::kOwner, dmuon::step::Mode::kGather}) {
-      const World world(travelling_model(world_size), world_size, kSteps, 91);
+      // NOTE: same-shape layers after the mixed ones: the stages are backward windows of at
+      // least world × the largest item (plan/stage_windows.h), so these make several, and
+      // the spreading moves their owners.
+      std::vector<ModelParam> model = travelling_model(world_size);
+      for (int k = 0; k < 8; ++k) model.push_back({"layers." + std::to_string(k), {8, 8}});
+      const World world(model, world_size, kSteps, 91);
       const int n = world.table().num_items();
       Drive one_shot;
       one_shot.options = many_stages(mode);
@@ -580,6 +587,68 @@ TEST(EarlyExchange, ColumnBlocksExchangedEarlyMatchTheOneShotStepBitForBit) {
       EXPECT_GT(run.stats[0].early_stages, 0);
     }
   }
+}
+
+// The engine's plan with backward_order is the planner's, spread over backward windows:
+// the same owners on every rank, every rank's items per shape unchanged, the eight
+// same-shape layers' owners moved (LPT deals them in contiguous runs), and stages that
+// hold items of one window each, the highest first. NOTE: no stack (its experts, whole
+// on one rank each, are homes: such plans are kept).
+TEST(EarlyExchange, BackwardOrderSpreadsThePlanOverWindows) {
+  constexpr int kWorld = 3;
+  std::vector<ModelParam> model = {{"uneven", {7, 6}}, {"replicated", {6, 9}, 0, false}, {"tall", {12, 5}}};
+  for (int k = 0; k < 8; ++k) model.push_back({"layers." + std::to_string(k), {8, 8}});
+  const World world(model, kWorld, 1, 95);
+  std::vector<std::vector<int>> owners(2 * kWorld);
+  std::vector<std::vector<std::vector<int>>> stage_items(kWorld);
+  for (bool backward : {false, true}) {
+    dmuon::step::LoopbackWorld loopback(kWorld);
+    const auto errors = loopback.run([&](int r) {
+      dmuon::step::CpuOps cpu;
+      EngineOptions options = many_stages(dmuon::step::Mode::kOwner);
+      options.backward_order = backward;
+      StepEngine engine(loopback.transport(r), cpu, world.specs(), options);
+      owners[static_cast<size_t>((backward ? kWorld : 0) + r)] = engine.owners();
+      if (backward) {
+        engine.begin_step(owned_rules(), 1);  // NOTE: the stages are made for the step's rules
+        for (const auto& stage : engine.stages()) {
+          std::vector<int> items;
+          for (const auto& batch : stage.batches) items.insert(items.end(), batch.items.begin(), batch.items.end());
+          stage_items[static_cast<size_t>(r)].push_back(items);
+        }
+        engine.discard();
+      }
+    });
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
+  }
+  for (int r = 1; r < kWorld; ++r) {
+    EXPECT_EQ(owners[static_cast<size_t>(r)], owners[0]);
+    EXPECT_EQ(owners[static_cast<size_t>(kWorld + r)], owners[kWorld]);
+  }
+  const std::vector<int>& before = owners[0];
+  const std::vector<int>& after = owners[kWorld];
+  EXPECT_NE(before, after);
+  // Items per (rank, shape) unchanged.
+  const auto& table = world.table();
+  const auto counts = [&](const std::vector<int>& owner) {
+    std::map<std::tuple<int, int64_t, int64_t>, int> c;
+    for (int i = 0; i < table.num_items(); ++i)
+      ++c[{owner[static_cast<size_t>(i)], table.item(i).rows, table.item(i).cols}];
+    return c;
+  };
+  EXPECT_EQ(counts(before), counts(after));
+  // Stages: disjoint runs of consecutive items, the last items first.
+  int next = table.num_items() - 1;
+  for (const auto& items : stage_items[0]) {
+    ASSERT_FALSE(items.empty());
+    const int lo = *std::min_element(items.begin(), items.end());
+    const int hi = *std::max_element(items.begin(), items.end());
+    EXPECT_EQ(hi, next);
+    EXPECT_EQ(static_cast<int>(items.size()), hi - lo + 1);
+    next = lo - 1;
+  }
+  EXPECT_EQ(next, -1);
+  EXPECT_GT(stage_items[0].size(), 3u);
 }
 
 TEST(EarlyExchange, NanInALateLayerRefusesTheStepOnEveryRankWithNothingWritten) {

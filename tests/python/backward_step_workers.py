@@ -114,3 +114,51 @@ def nan_in_late_layer(rank: int, world: int, mode: str) -> dict:
     unchanged = all(torch.equal(a, _full(p)) for a, p in zip(before, model.parameters()))
     unchanged = unchanged and all(torch.equal(a, _full(b)) for a, b in zip(buffers_before, buffers))
     return dict(error=error, unchanged=unchanged, early_open=early_open, num_layers=len(SHAPES))
+
+
+# Same-shape layers (one shape class of six), so that stage spreading moves owners, and a
+# last layer of its own shape.
+SPREAD_SHAPES = [(8, 8)] * 6 + [(12, 5)]
+
+
+class LayersModel(nn.Module):
+    """ProbeModel's loss over `shapes` (no bias): each weight's gradient is its target."""
+
+    def __init__(self, shapes: list[tuple[int, int]]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(i, o, bias=False) for o, i in shapes)
+
+    def forward(self, targets: list[torch.Tensor]) -> torch.Tensor:
+        loss = torch.zeros(())
+        for layer, g in zip(self.layers, targets):
+            loss = loss + (layer(torch.eye(layer.in_features, dtype=g.dtype)) * g.T).sum()
+        return loss
+
+
+def spread_plan_matches_post_backward(rank: int, world: int) -> dict:
+    """FSDP2: NUM_STEPS steps begun from backward (stage-spread plan, stages = backward
+    windows) against the post-backward step (the planner's plan as solved) of the same
+    gradients; per weight ‖Δon − Δoff‖ / ‖Δoff‖, both runtimes' owners, early stages."""
+    torch.manual_seed(0)
+    base = LayersModel(SPREAD_SHAPES)
+    models = {on: copy.deepcopy(base) for on in (True, False)}
+    initial = {on: [_full(p) for p in m.parameters()] for on, m in models.items()}
+    wrapped = {on: _wrap(m, "fsdp2", world) for on, m in models.items()}
+    opts = {on: dmuon.DMuon(m, execution=dmuon.Execution(backward_step=on, planner="lpt", bucket_size_mb=0.0005),
+                            **{k: v for k, v in OPTIONS.items() if k != "bucket_size_mb"})
+            for on, m in models.items()}
+    early = []
+    for step in range(NUM_STEPS):
+        gen = torch.Generator().manual_seed(200 + step)
+        targets = [torch.randn(*s, generator=gen) / s[1] ** 0.5 for s in SPREAD_SHAPES]
+        for on in (True, False):
+            opts[on].zero_grad()
+            wrapped[on](targets).backward()
+            opts[on].step()
+        stats = opts[True].runtime.last_stats
+        early.append((stats.early_stages, stats.num_buckets))
+    errors = {}
+    for k, (p_on, p_off) in enumerate(zip(models[True].parameters(), models[False].parameters())):
+        d_on, d_off = _full(p_on) - initial[True][k], _full(p_off) - initial[False][k]
+        errors[k] = float((d_on - d_off).norm() / d_off.norm().clamp_min(1e-30))
+    return dict(errors=errors, early=early, owners={on: list(opts[on].runtime.item_owners) for on in (True, False)})

@@ -51,3 +51,21 @@ def test_gradients_clipped_after_backward_are_stepped_as_clipped():
     for rank, result in results.items():
         for name, error in result["errors"].items():
             assert error < TOLERANCE, (rank, name, error)
+
+
+def test_stage_spread_plan_matches_the_post_backward_step():
+    # Six same-shape layers at world 2: the planner gives rank 0 the first three and rank 1
+    # the last three; begun from backward, each backward window is spread over both ranks
+    # (same counts per rank), so owners differ while every update stays the post-backward
+    # step's within the bound.
+    results = run_distributed(backward_step_workers.spread_plan_matches_post_backward, 2)
+    for rank, result in results.items():
+        for name, error in result["errors"].items():
+            assert error < TOLERANCE, (rank, name, error)
+        on, off = result["owners"][True], result["owners"][False]
+        assert on != off, result["owners"]
+        assert sorted(on) == sorted(off), result["owners"]  # same matrices per rank
+        assert off[:6] == [0, 0, 0, 1, 1, 1], off
+        assert all(on[k] != on[k + 1] for k in (0, 2, 4)), on
+        for early_stages, stages in result["early"][1:]:
+            assert 0 < early_stages <= stages and stages > 1, result["early"]

@@ -330,3 +330,32 @@ def test_split_experts_homes_follow_torch_chunk():
     assert all(m.home == -1 for m in split_experts(manifest).matrices)
     problem = make_problem(split.matrices, world_size=3)
     assert [m.home for m in problem.matrices] == want
+
+
+def test_cli_reports_backward_stages(capsys):
+    # Qwen2.5-1.5B at D = 8, 64 MiB stages: before, every owner's first batch comes from
+    # another depth (the planner gives each rank contiguous runs), so the first stage
+    # leaves late; after, stage w is backward window w and leaves once backward is through it.
+    report = _plan_json(capsys, "--model", "qwen2.5-1.5b", "--world", "8", "--solvers", "lpt")
+    stages = report["backward_stages"]
+    assert stages["stage_bytes"] == 64 * 2**20 and stages["num_matrices"] == 28 * 7
+    before, after = stages["plans"]["lpt"]["before"], stages["plans"]["lpt"]["after"]
+    for summary in (before, after):
+        assert sum(s["num_matrices"] for s in summary["stages"]) == 28 * 7
+        assert all(s["max_s"] >= s["mean_s"] * (1 - 1e-12) > 0 for s in summary["stages"])
+    assert after["first_leaves_at"] < before["first_leaves_at"]
+    assert after["early_ns_share"] > before["early_ns_share"]
+    # In backward order: each stage's matrices come right after the previous stage's.
+    rows = after["stages"]
+    assert rows[0]["last_matrix"] == 28 * 7 - 1
+    assert all(b["last_matrix"] == a["first_matrix"] - 1 for a, b in zip(rows, rows[1:]))
+    assert after["worst_max_over_mean"] < before["worst_max_over_mean"]
+
+
+def test_cli_text_shows_backward_stages(capsys):
+    assert main(["plan", "--model", "qwen2.5-0.5b", "--world", "4", "--solvers", "lpt", "--stages"]) == 0
+    out = capsys.readouterr().out
+    assert "backward stages (step begun from backward, 64 MiB stages" in out
+    assert "lpt before: stage" in out and "lpt after: stage" in out
+    assert main(["plan", "--model", "qwen2.5-0.5b", "--world", "1", "--solvers", "lpt"]) == 0
+    assert "backward stages" not in capsys.readouterr().out

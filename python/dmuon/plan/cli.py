@@ -33,6 +33,10 @@ def register(subparsers) -> None:
     parser.add_argument("--per-rank", action="store_true", help="show each rank's matrices")
     parser.add_argument("--spread", action="store_true",
                         help="with --per-rank: show the plans after layer spreading (weight-ownership mode)")
+    parser.add_argument("--stage-mb", type=float, default=64.0,
+                        help="wire MiB per pipeline stage (Execution.bucket_size_mb) for the backward-stage report")
+    parser.add_argument("--stages", action="store_true",
+                        help="show every backward stage's NS seconds per rank (max and mean), before and after")
     parser.add_argument("--plot", metavar="FILE", help="draw every rank's load per solver (PNG)")
     parser.add_argument("--solvers", default=",".join(_SOLVERS), help="comma-separated subset of the solvers")
     parser.add_argument("--bandwidth-gbps", type=float, default=50.0, help="GB/s an owner receives at")
@@ -99,11 +103,15 @@ def run(args: argparse.Namespace) -> int:
         plans = {name: plan.solve(problem, name, milp_options) for name in solvers}
         layer_of = layer_ids(m.name for m in manifest.matrices)
         spread = {name: plan.spread_layers(problem, layer_of, p) for name, p in plans.items()}
+        if args.stage_mb < 0:
+            raise ValueError(f"--stage-mb must be >= 0, got {args.stage_mb}")
+        stages = _backward_stages(manifest, args, cost, milp_options, solvers)
     except (ValueError, OSError, RuntimeError) as error:
         print(f"python -m dmuon plan: error: {error}", file=sys.stderr)
         return 2
 
     report = _report(manifest, problem, cost_info, args, plans, spread, layer_of)
+    report["backward_stages"] = stages
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -128,6 +136,83 @@ def _measured_cost(manifest, args):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     table = profile_cost_table(points, device=device, num_runs=args.profile_runs, cache_path=args.cost_cache)
     return table, {"kind": "measured", "device": device, "num_points": len(table)}
+
+
+def _backward_stages(manifest, args, cost, milp_options, solvers) -> dict | None:
+    """The engine's stages of a step begun from backward, per solver: before (the plan as
+    solved, stage s = every owner's s-th NS batch) and after (backward windows spread, stage
+    w = window w: plan/stage_windows.h). Matrices in parameter order (the engine's items),
+    i.e. the manifest's stably sorted by layer; None at world 1 or with --experts stack."""
+    from dmuon.plan import layer_index, make_problem, native
+
+    if args.world < 2 or any(m.batch > 1 for m in manifest.matrices):
+        return None
+    plan = native()
+    ordered = sorted(manifest.matrices, key=lambda m: layer_index(m.name))
+    problem = make_problem(ordered, world_size=args.world, bandwidth_bytes_per_s=args.bandwidth_gbps * 1e9,
+                           memory_cap_bytes=int(args.memory_cap_gib * 2**30), max_batch=args.max_batch, cost=cost)
+    stage_bytes = int(args.stage_mb * 2**20)
+    n = len(ordered)
+    out = {"stage_bytes": stage_bytes, "num_matrices": n, "plans": {}}
+    for name in solvers:
+        solved = plan.solve(problem, name, milp_options)
+        spread = plan.spread_backward_stages(problem, stage_bytes, solved)
+        out["plans"][name] = {
+            "before": _stage_summary(plan.plan_stage_loads(problem, solved, stage_bytes, windowed=False), n),
+            "after": _stage_summary(plan.plan_stage_loads(problem, spread, stage_bytes, windowed=True), n),
+        }
+    return out
+
+
+def _stage_summary(stages, num_matrices: int) -> dict:
+    """Per stage max/mean NS seconds over ranks and where it leaves; and their totals.
+    ``leaves_at``: the share of backward done when the stage can leave (its lowest matrix);
+    ``early_ns_share``: the share of NS seconds in stages that leave before 90% of backward."""
+    rows = [{
+        "first_matrix": s.first_matrix,
+        "last_matrix": s.last_matrix,
+        "num_matrices": s.num_matrices,
+        "max_s": s.max_seconds,
+        "mean_s": s.mean_seconds,
+        "leaves_at": (num_matrices - s.first_matrix) / num_matrices,
+    } for s in stages]
+    ratios = sorted(r["max_s"] / r["mean_s"] for r in rows if r["mean_s"] > 0)
+    total = sum(r["mean_s"] for r in rows)
+    return {
+        "num_stages": len(rows),
+        "sum_max_over_sum_mean": sum(r["max_s"] for r in rows) / total if total > 0 else 0.0,
+        "worst_max_over_mean": ratios[-1] if ratios else 0.0,
+        "median_max_over_mean": ratios[len(ratios) // 2] if ratios else 0.0,
+        "first_leaves_at": rows[0]["leaves_at"] if rows else 0.0,
+        "early_ns_share": sum(r["mean_s"] for r in rows if r["leaves_at"] < 0.9) / total if total > 0 else 0.0,
+        "stages": rows,
+    }
+
+
+def _print_stages(stages: dict | None, per_stage: bool) -> None:
+    """Backward stages before -> after stage spreading, per solver."""
+    if stages is None:
+        return
+    print(f"\nbackward stages (step begun from backward, {stages['stage_bytes'] / 2**20:g} MiB stages, "
+          f"matrices in parameter order; before -> after stage spreading, same loads)")
+    print(f"{'solver':<12} {'stages':>8} {'sum max/sum mean':>17} {'worst max/mean':>15} {'median':>12} "
+          f"{'1st leaves at':>14} {'NS in stages leaving <90%':>26}")
+    for name, p in stages["plans"].items():
+        b, a = p["before"], p["after"]
+        print(f"{name:<12} {b['num_stages']:>3}->{a['num_stages']:<4} "
+              f"{b['sum_max_over_sum_mean']:>8.2f}->{a['sum_max_over_sum_mean']:<6.2f} "
+              f"{b['worst_max_over_mean']:>7.2f}->{a['worst_max_over_mean']:<6.2f} "
+              f"{b['median_max_over_mean']:>5.2f}->{a['median_max_over_mean']:<5.2f} "
+              f"{b['first_leaves_at']:>6.0%}->{a['first_leaves_at']:<6.0%} "
+              f"{b['early_ns_share']:>12.0%}->{a['early_ns_share']:<6.0%}")
+        if not per_stage:
+            continue
+        for tag, summary in (("before", b), ("after", a)):
+            print(f"  {name} {tag}: stage  matrices  leaves_at  max_ms  mean_ms  max/mean")
+            for k, row in enumerate(summary["stages"]):
+                ratio = row["max_s"] / row["mean_s"] if row["mean_s"] > 0 else 0.0
+                print(f"    {k:>5} {row['first_matrix']:>5}-{row['last_matrix']:<5} {row['leaves_at']:>7.0%} "
+                      f"{row['max_s'] * 1e3:>8.3f} {row['mean_s'] * 1e3:>8.3f} {ratio:>8.2f}")
 
 
 def _spread_stats(problem, layer_of, plan) -> dict:
@@ -166,6 +251,7 @@ def _report(manifest, problem, cost_info, args, plans, spread, layer_of) -> dict
         "bandwidth_bytes_per_s": problem.options.bandwidth_bytes_per_s,
         "memory_cap_bytes": problem.options.memory_cap_bytes,
         "spread": args.spread,
+        "show_stages": args.stages,
         "experts": args.experts,
         "locality": args.locality,
         "num_homed": sum(1 for m in problem.matrices if m.home >= 0),
@@ -238,6 +324,7 @@ def _print_table(report: dict, per_rank: bool) -> None:
         )
     _print_balance(report)
     _print_spread(report)
+    _print_stages(report["backward_stages"], per_stage=report["show_stages"])
     if not per_rank:
         return
     for name, p in report["plans"].items():

@@ -1,0 +1,149 @@
+// Backward windows and their spreading (plan/stage_windows.h) and the stages they make
+// (step/stage_loads.h): the window rule by hand, loads kept bit for bit, determinism and
+// idempotence, the round trip, homes left alone, and stages that are exactly the windows
+// and leave earlier than the planner's contiguous runs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "plan/layer_spread.h"
+#include "plan/planner.h"
+#include "plan/stage_windows.h"
+#include "step/stage_loads.h"
+
+namespace dmuon::plan {
+namespace {
+
+// A decoder's matrices in parameter order (layer by layer: q, k, v, o, gate, up, down).
+Problem decoder(int num_layers, int64_t h, int64_t kv, int64_t i, int world_size) {
+  const std::pair<const char*, std::pair<int64_t, int64_t>> kinds[] = {
+      {"q", {h, h}}, {"k", {kv, h}}, {"v", {kv, h}}, {"o", {h, h}}, {"gate", {i, h}}, {"up", {i, h}}, {"down", {h, i}}};
+  std::vector<MatrixSpec> matrices;
+  for (int l = 0; l < num_layers; ++l)
+    for (const auto& [name, shape] : kinds)
+      matrices.push_back({"layers." + std::to_string(l) + "." + name, shape.first, shape.second});
+  ProblemOptions options;
+  options.world_size = world_size;
+  return build_problem(matrices, options, AnalyticCostModel::gpu_default().as_cost_fn());
+}
+
+// Every rank's class counts, batch sizes and loads.
+void expect_same_loads(const Plan& before, const Plan& after) {
+  EXPECT_EQ(before.makespan, after.makespan);
+  ASSERT_EQ(before.ranks.size(), after.ranks.size());
+  for (size_t r = 0; r < before.ranks.size(); ++r) {
+    EXPECT_EQ(before.ranks[r].load_seconds, after.ranks[r].load_seconds);
+    EXPECT_EQ(before.ranks[r].compute_seconds, after.ranks[r].compute_seconds);
+    EXPECT_EQ(before.ranks[r].recv_bytes, after.ranks[r].recv_bytes);
+    ASSERT_EQ(before.ranks[r].batches.size(), after.ranks[r].batches.size());
+    for (size_t k = 0; k < before.ranks[r].batches.size(); ++k) {
+      EXPECT_EQ(before.ranks[r].batches[k].shape_idx, after.ranks[r].batches[k].shape_idx);
+      EXPECT_EQ(before.ranks[r].batches[k].matrix_idx.size(), after.ranks[r].batches[k].matrix_idx.size());
+      EXPECT_EQ(before.ranks[r].batches[k].compute_seconds, after.ranks[r].batches[k].compute_seconds);
+    }
+  }
+}
+
+// Hand-checked, D = 2, wire bytes 2·rows·cols: from the last matrix down a window closes at
+// ≥ stage_bytes and ≥ 2 × its largest.
+TEST(PlanStageWindows, WindowsCloseAtStageBytesAndWorldTimesLargest) {
+  // Bytes 2048 (32x32), 512 (16x16), 512, 2048, 512: from the last, 512, 2560, 3072 and
+  // 3584 stay below 2 × 2048 once d is in; with a, 5632: one window.
+  const std::vector<MatrixSpec> matrices = {{"a", 32, 32}, {"b", 16, 16}, {"c", 16, 16}, {"d", 32, 32}, {"e", 16, 16}};
+  ProblemOptions options;
+  options.world_size = 2;
+  const Problem two = build_problem(matrices, options, AnalyticCostModel::gpu_default().as_cost_fn());
+  EXPECT_EQ(backward_stage_windows(two, 0), (std::vector<int>{0, 0, 0, 0, 0}));
+  // Same-size matrices: windows of 2 (D × largest), or of stage_bytes when larger.
+  const std::vector<MatrixSpec> same(6, MatrixSpec{"w", 16, 16});
+  const Problem six = build_problem(same, options, AnalyticCostModel::gpu_default().as_cost_fn());
+  EXPECT_EQ(backward_stage_windows(six, 0), (std::vector<int>{2, 2, 1, 1, 0, 0}));
+  EXPECT_EQ(backward_stage_windows(six, 3 * 512), (std::vector<int>{1, 1, 1, 0, 0, 0}));
+  // A trailing partial window keeps its own id.
+  EXPECT_EQ(backward_stage_windows(six, 4 * 512), (std::vector<int>{1, 1, 0, 0, 0, 0}));
+}
+
+TEST(PlanStageWindows, SpreadKeepsLoadsDeterministicIdempotentAndRoundTrips) {
+  for (int D : {2, 3, 8})
+    for (SolverKind solver : {SolverKind::kRoundRobin, SolverKind::kLpt}) {
+      SCOPED_TRACE("D " + std::to_string(D) + " " + solver_name(solver));
+      const Problem problem = decoder(12, 512, 128, 1536, D);
+      const Plan before = solve(problem, solver);
+      Plan first = before, second = before;
+      spread_backward_stages(problem, int64_t{4} << 20, first);
+      spread_backward_stages(problem, int64_t{4} << 20, second);
+      expect_same_loads(before, first);
+      EXPECT_EQ(first.serialize(), second.serialize());
+      Plan again = first;
+      spread_backward_stages(problem, int64_t{4} << 20, again);
+      EXPECT_EQ(again.serialize(), first.serialize());
+      // Another rank rebuilds exactly this plan from the text (the engine's broadcast).
+      const Plan received = deserialize_plan(decoder(12, 512, 128, 1536, D), first.serialize());
+      EXPECT_EQ(received.owner, first.owner);
+      const std::vector<int> windows = backward_stage_windows(problem, int64_t{4} << 20);
+      EXPECT_LT(layer_spread_stats(problem, windows, first).max_bytes_per_owner,
+                layer_spread_stats(problem, windows, before).max_bytes_per_owner);
+    }
+}
+
+TEST(PlanStageWindows, ProblemsWithHomesOrOneRankAreLeftAlone) {
+  std::vector<MatrixSpec> matrices;
+  for (int e = 0; e < 8; ++e) matrices.push_back({"experts." + std::to_string(e), 64, 32, 1, 0, 0, e / 4});
+  ProblemOptions options;
+  options.world_size = 2;
+  const Problem homed = build_problem(matrices, options, AnalyticCostModel::gpu_default().as_cost_fn());
+  Plan plan = solve(homed, SolverKind::kLpt);
+  const std::string text = plan.serialize();
+  spread_backward_stages(homed, 0, plan);
+  EXPECT_EQ(plan.serialize(), text);
+  EXPECT_FALSE(uses_backward_windows(homed));
+  // Its stages stay every owner's s-th batch.
+  const auto windowed = step::plan_stage_loads(homed, plan, 0, 2, true, true);
+  const auto unwindowed = step::plan_stage_loads(homed, plan, 0, 2, true, false);
+  ASSERT_EQ(windowed.size(), unwindowed.size());
+  for (size_t s = 0; s < windowed.size(); ++s) EXPECT_EQ(windowed[s].rank_seconds, unwindowed[s].rank_seconds);
+  const Problem one = decoder(3, 64, 16, 128, 1);
+  Plan single = solve(one, SolverKind::kLpt);
+  const std::string single_text = single.serialize();
+  spread_backward_stages(one, 0, single);
+  EXPECT_EQ(single.serialize(), single_text);
+  EXPECT_FALSE(uses_backward_windows(one));
+  EXPECT_TRUE(uses_backward_windows(decoder(3, 64, 16, 128, 2)));
+}
+
+// The engine's stages of a spread plan are the windows, in backward order, and the first
+// leaves after fewer matrices of backward than the unspread plan's first stage.
+TEST(PlanStageWindows, StagesAreTheWindowsAndLeaveEarlier) {
+  const int64_t stage_bytes = int64_t{4} << 20;
+  for (int D : {4, 8}) {
+    SCOPED_TRACE("D " + std::to_string(D));
+    const Problem problem = decoder(16, 512, 128, 1536, D);
+    const int n = static_cast<int>(problem.matrices.size());
+    const Plan before = solve(problem, SolverKind::kLpt);
+    Plan after = before;
+    spread_backward_stages(problem, stage_bytes, after);
+    const std::vector<int> windows = backward_stage_windows(problem, stage_bytes);
+    const auto stages = step::plan_stage_loads(problem, after, stage_bytes, 2, true, true);
+    ASSERT_EQ(static_cast<int>(stages.size()), windows.front() + 1);
+    int64_t matrices = 0;
+    for (size_t w = 0; w < stages.size(); ++w) {
+      const step::StageLoad& stage = stages[w];
+      EXPECT_EQ(windows[static_cast<size_t>(stage.first_matrix)], static_cast<int>(w));
+      EXPECT_EQ(windows[static_cast<size_t>(stage.last_matrix)], static_cast<int>(w));
+      EXPECT_EQ(stage.num_matrices, std::count(windows.begin(), windows.end(), static_cast<int>(w)));
+      EXPECT_GE(stage.max_seconds, stage.mean_seconds * (1 - 1e-12));
+      matrices += stage.num_matrices;
+    }
+    EXPECT_EQ(matrices, n);
+    // Without windows (stage s: every owner's s-th batch) the unspread plan's first stage
+    // waits for a matrix further down.
+    const auto old_stages = step::plan_stage_loads(problem, before, stage_bytes, 2, true, false);
+    EXPECT_GT(stages.front().first_matrix, old_stages.front().first_matrix);
+  }
+}
+
+}  // namespace
+}  // namespace dmuon::plan
