@@ -9,9 +9,9 @@ namespace dmuon::step {
 
 bool DeviceOps::supports(DType dtype, std::string* why) const { return ops_support(device().kind, dtype, why); }
 
-void DeviceOps::normuon(const NsView& /*result*/, const NsBatchDesc& /*batch*/,
-                        const std::vector<NormuonMatrix>& /*matrices*/, const optim::NormuonRule& /*rule*/,
-                        const Buffer& /*gate*/, const Buffer& /*result_flags*/) {
+OwnedBuffer DeviceOps::normuon(NsView& /*result*/, const NsBatchDesc& /*batch*/,
+                               const std::vector<NormuonMatrix>& /*matrices*/, const optim::NormuonRule& /*rule*/,
+                               const Buffer& /*gate*/, const Buffer& /*result_flags*/) {
   DMUON_FAIL("normuon=True is not supported by the step engine's ops on ", device_name(device()));
 }
 

@@ -67,6 +67,11 @@ struct NsView {
   DType dtype = DType::kFloat32;
   int64_t ld = 0, batch_stride = 0;
   bool transposed = false;
+  /// Row factors its consumers apply as they read it (NorMuon on CUDA, DeviceOps::normuon):
+  /// item row i of matrix k reads as O_ki · row_scale[k·rows + i] where row_scaled[k] is
+  /// non-zero (device memory). Null: the result as it is.
+  const float* row_scale = nullptr;
+  const int* row_scaled = nullptr;
 };
 
 /// A whole item this rank holds, written into matrix `matrix_idx` of the iterate.
@@ -178,11 +183,14 @@ class DeviceOps {
   virtual void apply_result(const NsView& result, const NsBatchDesc& batch, const std::vector<ApplyPiece>& pieces,
                             const Buffer& gate, const Buffer& result_flags) = 0;
   /// Inside consume(), before the result is returned or applied: NorMuon's row
-  /// normalization of each listed matrix of the result, in place, and its v updated
-  /// (optim/normuon.h); a matrix whose O is not finite keeps v and raises its flag. By
-  /// default: not supported (throws naming the device).
-  virtual void normuon(const NsView& result, const NsBatchDesc& batch, const std::vector<NormuonMatrix>& matrices,
-                       const optim::NormuonRule& rule, const Buffer& gate, const Buffer& result_flags);
+  /// normalization of each listed matrix of the result, and its v updated
+  /// (optim/normuon.h); a matrix whose O is not finite keeps v and raises its flag. The ops
+  /// either scale the result in place or leave row factors on `result` (NsView::row_scale)
+  /// for result_to_pieces / apply_result to apply as they read; the returned memory holds
+  /// those factors: keep it until the consumers are enqueued. By default: not supported
+  /// (throws naming the device).
+  virtual OwnedBuffer normuon(NsView& result, const NsBatchDesc& batch, const std::vector<NormuonMatrix>& matrices,
+                              const optim::NormuonRule& rule, const Buffer& gate, const Buffer& result_flags);
   /// Rows returned by their owner, applied from the wire.
   virtual void apply_pieces(const std::vector<ApplyPiece>& pieces, const Buffer& gate,
                             const Buffer& result_flags) = 0;

@@ -407,8 +407,12 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
           if (!local_read.empty()) ops_.prepare_to_iterate(local_read, st.partials, desc, iterate, false, gate);
           if (!pieces.empty()) ops_.iterate_from_pieces(pieces, desc, iterate, gate);
         },
-        [&](const NsView& result) {
-          if (!normuon.empty()) ops_.normuon(result, desc, normuon, rule.normuon, gate, flags);
+        [&](const NsView& ns_result) {
+          // NOTE: NorMuon's row factors may ride on the view to its consumers (scale_memory
+          // holds them until they are enqueued below).
+          NsView result = ns_result;
+          const OwnedBuffer scale_memory =
+              normuon.empty() ? OwnedBuffer{} : ops_.normuon(result, desc, normuon, rule.normuon, gate, flags);
           if (!returns.empty()) ops_.result_to_pieces(result, desc, returns);
           if (own.empty()) return;
           if (!st.hold) {

@@ -59,9 +59,9 @@ class ForwardingOps : public DeviceOps {
                     const Buffer& flags) override {
     inner_.apply_pieces(pieces, gate, flags);
   }
-  void normuon(const NsView& r, const NsBatchDesc& batch, const std::vector<NormuonMatrix>& m,
-               const optim::NormuonRule& rule, const Buffer& gate, const Buffer& flags) override {
-    inner_.normuon(r, batch, m, rule, gate, flags);
+  OwnedBuffer normuon(NsView& r, const NsBatchDesc& batch, const std::vector<NormuonMatrix>& m,
+                      const optim::NormuonRule& rule, const Buffer& gate, const Buffer& flags) override {
+    return inner_.normuon(r, batch, m, rule, gate, flags);
   }
   std::vector<int32_t> read_flags(const std::vector<Buffer>& buffers) override {
     return inner_.read_flags(buffers);

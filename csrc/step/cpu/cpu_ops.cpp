@@ -276,6 +276,7 @@ void CpuOps::iterate_from_pieces(const std::vector<WirePiece>& pieces, const NsB
 }
 
 void CpuOps::result_to_pieces(const NsView& result, const NsBatchDesc& batch, const std::vector<WirePiece>& pieces) {
+  DMUON_CHECK(result.row_scale == nullptr, "CpuOps::result_to_pieces: a result with row factors of other ops");
   dispatch_compute(result.dtype, [&](auto rz) {
     using C = decltype(rz);
     const C* out = static_cast<const C*>(result.data);
@@ -296,6 +297,7 @@ void CpuOps::result_to_pieces(const NsView& result, const NsBatchDesc& batch, co
 
 void CpuOps::apply_result(const NsView& result, const NsBatchDesc& batch, const std::vector<ApplyPiece>& pieces,
                           const Buffer& gate, const Buffer& result_flags) {
+  DMUON_CHECK(result.row_scale == nullptr, "CpuOps::apply_result: a result with row factors of other ops");
   if (gate_closed(gate)) return;
   dispatch_compute(result.dtype, [&](auto rz) {
     using R = decltype(rz);
@@ -356,9 +358,9 @@ void CpuOps::apply_pieces(const std::vector<ApplyPiece>& pieces, const Buffer& g
   }
 }
 
-void CpuOps::normuon(const NsView& result, const NsBatchDesc& batch, const std::vector<NormuonMatrix>& matrices,
-                     const optim::NormuonRule& rule, const Buffer& gate, const Buffer& result_flags) {
-  if (gate_closed(gate)) return;
+OwnedBuffer CpuOps::normuon(NsView& result, const NsBatchDesc& batch, const std::vector<NormuonMatrix>& matrices,
+                            const optim::NormuonRule& rule, const Buffer& gate, const Buffer& result_flags) {
+  if (gate_closed(gate)) return {};
   dispatch_compute(result.dtype, [&](auto rz) {
     using R = decltype(rz);
     R* out = static_cast<R*>(result.data);
@@ -374,6 +376,7 @@ void CpuOps::normuon(const NsView& result, const NsBatchDesc& batch, const std::
         result_flags.as<int32_t>()[m.flag_idx] = 1;
     }
   });
+  return {};
 }
 
 std::vector<int32_t> CpuOps::read_flags(const std::vector<Buffer>& buffers) {

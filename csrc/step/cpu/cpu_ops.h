@@ -55,8 +55,9 @@ class CpuOps : public DeviceOps {
   void apply_result(const NsView& result, const NsBatchDesc& batch, const std::vector<ApplyPiece>& pieces,
                     const Buffer& gate, const Buffer& result_flags) override;
   void apply_pieces(const std::vector<ApplyPiece>& pieces, const Buffer& gate, const Buffer& result_flags) override;
-  void normuon(const NsView& result, const NsBatchDesc& batch, const std::vector<NormuonMatrix>& matrices,
-               const optim::NormuonRule& rule, const Buffer& gate, const Buffer& result_flags) override;
+  /// In place (nothing left for the consumers).
+  OwnedBuffer normuon(NsView& result, const NsBatchDesc& batch, const std::vector<NormuonMatrix>& matrices,
+                      const optim::NormuonRule& rule, const Buffer& gate, const Buffer& result_flags) override;
 
   std::vector<int32_t> read_flags(const std::vector<Buffer>& buffers) override;
   void synchronize() override {}

@@ -48,7 +48,7 @@ void require_supported(DType dtype) {
 }
 
 cuda::IterateView view_of(const NsView& v, const NsBatchDesc& batch) {
-  return {v.data, v.dtype, batch.rows, batch.cols, v.ld, v.batch_stride};
+  return {v.data, v.dtype, batch.rows, batch.cols, v.ld, v.batch_stride, v.row_scale, v.row_scaled};
 }
 
 const int* skip_of(const Buffer& gate) { return gate.empty() ? nullptr : gate.as<const int>(); }
@@ -399,9 +399,9 @@ void CudaOps::apply_result(const NsView& result, const NsBatchDesc& batch, const
                        impl_->current);
 }
 
-void CudaOps::normuon(const NsView& result, const NsBatchDesc& batch, const std::vector<NormuonMatrix>& matrices,
-                      const optim::NormuonRule& rule, const Buffer& gate, const Buffer& result_flags) {
-  if (matrices.empty()) return;
+OwnedBuffer CudaOps::normuon(NsView& result, const NsBatchDesc& batch, const std::vector<NormuonMatrix>& matrices,
+                             const optim::NormuonRule& rule, const Buffer& gate, const Buffer& result_flags) {
+  if (matrices.empty()) return {};
   DeviceGuard guard(impl_->options.device);
   std::vector<cuda::NormuonDesc> descs;
   for (const NormuonMatrix& m : matrices) {
@@ -413,11 +413,15 @@ void CudaOps::normuon(const NsView& result, const NsBatchDesc& batch, const std:
                 " out of range");
     descs.push_back({m.v.as<float>(), m.matrix_idx, m.flag_idx});
   }
-  // NOTE: stream-ordered scratch on the batch's stream, released after its last pass.
-  const int64_t bytes = cuda::normuon_scratch_bytes(static_cast<int64_t>(descs.size()), batch.rows);
+  // NOTE: stream-ordered scratch on the batch's stream; the caller keeps it until the
+  // result's consumers, which read the row factors in it, are enqueued.
+  const int64_t bytes = cuda::normuon_scratch_bytes(static_cast<int64_t>(descs.size()), batch.count, batch.rows);
   OwnedBuffer scratch = allocate(DType::kInt32, (bytes + 3) / 4);
-  cuda::normuon(view_of(result, batch), descs, rule.beta2, rule.eps, scratch.get().data, result_flags.as<int>(),
-                skip_of(gate), impl_->current);
+  const cuda::RowScale scale = cuda::normuon(view_of(result, batch), batch.count, descs, rule.beta2, rule.eps,
+                                             scratch.get().data, result_flags.as<int>(), skip_of(gate), impl_->current);
+  result.row_scale = scale.factors;
+  result.row_scaled = scale.scaled;
+  return scratch;
 }
 
 void CudaOps::apply_pieces(const std::vector<ApplyPiece>& pieces, const Buffer& gate, const Buffer& result_flags) {

@@ -68,8 +68,9 @@ class CudaOps : public DeviceOps {
   void result_to_pieces(const NsView& result, const NsBatchDesc& batch, const std::vector<WirePiece>& pieces) override;
   void apply_result(const NsView& result, const NsBatchDesc& batch, const std::vector<ApplyPiece>& pieces,
                     const Buffer& gate, const Buffer& result_flags) override;
-  void normuon(const NsView& result, const NsBatchDesc& batch, const std::vector<NormuonMatrix>& matrices,
-               const optim::NormuonRule& rule, const Buffer& gate, const Buffer& result_flags) override;
+  /// Leaves the row factors on `result` for its consumers (step/cuda/normuon_kernels.h).
+  OwnedBuffer normuon(NsView& result, const NsBatchDesc& batch, const std::vector<NormuonMatrix>& matrices,
+                      const optim::NormuonRule& rule, const Buffer& gate, const Buffer& result_flags) override;
   void apply_pieces(const std::vector<ApplyPiece>& pieces, const Buffer& gate, const Buffer& result_flags) override;
 
   std::vector<int32_t> read_flags(const std::vector<Buffer>& buffers) override;

@@ -1,4 +1,4 @@
-// dmuon/step/cuda/normuon_kernels.cu — NorMuon's three passes over an NS result (see
+// dmuon/step/cuda/normuon_kernels.cu — NorMuon's two passes over an NS result (see
 // normuon_kernels.h for the rule and its launches).
 #include "step/cuda/normuon_kernels.h"
 
@@ -112,7 +112,8 @@ __device__ __forceinline__ float next_moment(float v, float row_sq, int64_t cols
                             (1.0 - beta2) * (static_cast<double>(row_sq) / static_cast<double>(cols)));
 }
 
-// One block per matrix: ‖O‖², ‖Ô‖², the row factors keep/d_i and v, or the flag.
+// One block per matrix: ‖O‖², ‖Ô‖², the row factors keep/d_i (at the matrix's place in the
+// batch) and v, or the flag.
 __global__ void moments_kernel(const __grid_constant__ DescList<NormuonDesc> list, const float* __restrict__ sums,
                                float* __restrict__ factors, int* __restrict__ marked, int64_t rows, int64_t cols,
                                double beta2, double eps, int* __restrict__ flags, const int* __restrict__ skip) {
@@ -129,65 +130,17 @@ __global__ void moments_kernel(const __grid_constant__ DescList<NormuonDesc> lis
   const bool skipped = is_skipped(skip), finite = isfinite(norm_sq);
   // NOTE: O = 0 has ‖Ô‖ = 0: v moves, O stays (the factor would be 0/0), as the CPU rule.
   if (threadIdx.x == 0) {
-    marked[blockIdx.x] = !skipped && finite && hat_sq > 0.0;
+    marked[d.matrix_idx] = !skipped && finite && hat_sq > 0.0;
     if (!skipped && !finite) flags[d.flag_idx] = 1;
   }
   if (skipped || !finite) return;
   const double keep = hat_sq > 0.0 ? sqrt(norm_sq / hat_sq) : 1.0;
-  float* f = factors + static_cast<int64_t>(blockIdx.x) * rows;
+  float* f = factors + d.matrix_idx * rows;
   for (int64_t r = threadIdx.x; r < rows; r += kThreads) {
     const float v_next = next_moment(d.v[r], s[r], cols, beta2);
     f[r] = static_cast<float>(keep / (sqrt(static_cast<double>(v_next)) + eps));
     d.v[r] = v_next;
   }
-}
-
-// ---------------------------------------------------------------- scale
-// kVec elements from floats, stored with one 16-byte write when kVec · sizeof(T) is 16.
-template <typename T, int kVec>
-__device__ __forceinline__ void store_vec(T* p, const float (&in)[kVec]) {
-  if constexpr (kVec == 1) {
-    p[0] = from_f<T>(in[0]);
-  } else {
-    uint4 raw;
-    T* e = reinterpret_cast<T*>(&raw);
-    for (int i = 0; i < kVec; ++i) e[i] = from_f<T>(in[i]);
-    *reinterpret_cast<uint4*>(p) = raw;
-  }
-}
-
-// O_ij ← O_ij · factor_i over the storage rows of each marked matrix (padding untouched),
-// kVec elements per thread and step.
-template <typename T, bool kTranspose, int kVec>
-__global__ void scale_kernel(T* __restrict__ result, int64_t ld, int64_t stride, int64_t rows, int64_t cols,
-                             const __grid_constant__ DescList<NormuonDesc> list, const float* __restrict__ factors,
-                             const int* __restrict__ marked) {
-  if (!marked[blockIdx.y]) return;
-  const int64_t m = kTranspose ? cols : rows, n = kTranspose ? rows : cols;
-  const int64_t full = n / kVec * kVec;
-  T* base = result + list.d[blockIdx.y].matrix_idx * stride;
-  const float* f = factors + static_cast<int64_t>(blockIdx.y) * rows;
-  for (int64_t s = blockIdx.x; s < m; s += gridDim.x) {
-    T* row = base + s * ld;
-    for (int64_t c = static_cast<int64_t>(threadIdx.x) * kVec; c < full; c += int64_t{kThreads} * kVec) {
-      float x[kVec];
-      load_vec<T, kVec>(row + c, x);
-      for (int i = 0; i < kVec; ++i) x[i] *= kTranspose ? f[c + i] : f[s];
-      store_vec<T, kVec>(row + c, x);
-    }
-    for (int64_t c = full + threadIdx.x; c < n; c += kThreads)
-      row[c] = from_f<T>(load(row, c) * (kTranspose ? f[c] : f[s]));
-  }
-}
-
-template <typename T, bool kTranspose, int kVec>
-void scale(const IterateView& it, const DescList<NormuonDesc>& list, const float* factors, const int* marked,
-           cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(std::min(it.rows, it.cols), 1024)),
-                  static_cast<unsigned>(list.n));
-  scale_kernel<T, kTranspose, kVec><<<grid, kThreads, 0, stream>>>(static_cast<T*>(it.data), it.ld, it.stride,
-                                                                   it.rows, it.cols, list, factors, marked);
-  DMUON_CHECK_CUDA(cudaGetLastError());
 }
 
 template <typename T, int kVec>
@@ -208,41 +161,38 @@ void row_sums(const IterateView& it, const DescList<NormuonDesc>& list, float* s
 
 }  // namespace
 
-int64_t normuon_scratch_bytes(int64_t count, int64_t rows) {
-  return static_cast<int64_t>(sizeof(float)) * 2 * count * rows + static_cast<int64_t>(sizeof(int)) * count;
+int64_t normuon_scratch_bytes(int64_t listed, int64_t count, int64_t rows) {
+  return static_cast<int64_t>(sizeof(float)) * (listed + count) * rows + static_cast<int64_t>(sizeof(int)) * count;
 }
 
-void normuon(const IterateView& it, const std::vector<NormuonDesc>& matrices, double beta2, double eps,
-             void* scratch, int* flags, const int* skip, cudaStream_t stream) {
-  if (matrices.empty()) return;
-  DMUON_CHECK(it.rows >= 1 && it.cols >= 1 && scratch != nullptr, "normuon: a ", it.rows, "x", it.cols,
-              " result without scratch");
-  const int64_t count = static_cast<int64_t>(matrices.size());
+RowScale normuon(const IterateView& it, int64_t count, const std::vector<NormuonDesc>& matrices, double beta2,
+                 double eps, void* scratch, int* flags, const int* skip, cudaStream_t stream) {
+  DMUON_CHECK(it.rows >= 1 && it.cols >= 1 && count >= 1 && scratch != nullptr, "normuon: a batch of ", count, " ",
+              it.rows, "x", it.cols, " results without scratch");
+  const int64_t listed = static_cast<int64_t>(matrices.size());
   float* sums = static_cast<float*>(scratch);
-  float* factors = sums + count * it.rows;
-  int* marked = reinterpret_cast<int*>(factors + count * it.rows);
+  float* factors = sums + listed * it.rows;
+  int* scaled = reinterpret_cast<int*>(factors + count * it.rows);
+  DMUON_CHECK_CUDA(cudaMemsetAsync(scaled, 0, sizeof(int) * static_cast<size_t>(count), stream));
+  for (const NormuonDesc& d : matrices)
+    DMUON_CHECK(d.matrix_idx >= 0 && d.matrix_idx < count, "normuon: matrix ", d.matrix_idx, " of ", count);
   // NOTE: 16-byte loads need the result, its ld and its batch stride in 8-element steps
   // (the NS iterate's padded ld is); anything else takes the element-wise loads.
   const bool vec = reinterpret_cast<uintptr_t>(it.data) % 16 == 0 && it.ld % 8 == 0 && it.stride % 8 == 0;
   dispatch_half(it.dtype, [&](auto tz) {
     using T = decltype(tz);
     for_each_launch(matrices, [&](const DescList<NormuonDesc>& list, size_t first) {
-      const int64_t at = static_cast<int64_t>(first) * it.rows;
+      float* at = sums + static_cast<int64_t>(first) * it.rows;
       if (vec)
-        row_sums<T, 8>(it, list, sums + at, stream);
+        row_sums<T, 8>(it, list, at, stream);
       else
-        row_sums<T, 1>(it, list, sums + at, stream);
-      moments_kernel<<<static_cast<unsigned>(list.n), kThreads, 0, stream>>>(
-          list, sums + at, factors + at, marked + first, it.rows, it.cols, beta2, eps, flags, skip);
+        row_sums<T, 1>(it, list, at, stream);
+      moments_kernel<<<static_cast<unsigned>(list.n), kThreads, 0, stream>>>(list, at, factors, scaled, it.rows,
+                                                                             it.cols, beta2, eps, flags, skip);
       DMUON_CHECK_CUDA(cudaGetLastError());
-      if (it.transposed())
-        vec ? scale<T, true, 8>(it, list, factors + at, marked + first, stream)
-            : scale<T, true, 1>(it, list, factors + at, marked + first, stream);
-      else
-        vec ? scale<T, false, 8>(it, list, factors + at, marked + first, stream)
-            : scale<T, false, 1>(it, list, factors + at, marked + first, stream);
     });
   });
+  return {factors, scaled};
 }
 
 }  // namespace dmuon::step::cuda

@@ -212,15 +212,29 @@ __global__ void pieces_to_iterate_kernel(const __grid_constant__ DescList<WireDe
       });
 }
 
+// The row factors of one matrix of a result (IterateView::row_scale), or none.
+struct RowFactors {
+  const float* f = nullptr;  ///< [rows] of this matrix, null: none
+  __device__ __forceinline__ float of(int64_t row) const { return f != nullptr ? f[row] : 1.f; }
+};
+__device__ __forceinline__ RowFactors row_factors(const float* scale, const int* scaled, int64_t rows,
+                                                  int64_t matrix) {
+  return {scale != nullptr && scaled[matrix] != 0 ? scale + matrix * rows : nullptr};
+}
+
 template <typename T, typename W, bool kTranspose>
 __global__ void result_to_pieces_kernel(const T* __restrict__ result, int64_t ld, int64_t stride,
-                                        const __grid_constant__ DescList<WireDesc> list, int64_t cols) {
+                                        const __grid_constant__ DescList<WireDesc> list, int64_t rows,
+                                        const float* __restrict__ scale, const int* __restrict__ scaled) {
   const WireDesc& d = list.d[blockIdx.z];
   const T* src = result + d.matrix_idx * stride;
+  const RowFactors factors = row_factors(scale, scaled, rows, d.matrix_idx);
   W* wire = static_cast<W*>(d.wire);
   move_tile<kTranspose, true>(
       d.row_count, d.col_count,
-      [&](int64_t r, int64_t c) { return load(src, iterate_at<kTranspose>(d.row_begin + r, d.col_begin + c, ld)); },
+      [&](int64_t r, int64_t c) {
+        return load(src, iterate_at<kTranspose>(d.row_begin + r, d.col_begin + c, ld)) * factors.of(d.row_begin + r);
+      },
       [&](int64_t r, int64_t c, float v) { wire[r * d.col_count + c] = from_f<W>(v); });
 }
 
@@ -238,17 +252,21 @@ __device__ __forceinline__ void apply_at(P* param, int64_t i, float o, float sca
 
 template <typename T, typename P, bool kTranspose>
 __global__ void apply_result_kernel(const T* __restrict__ result, int64_t ld, int64_t stride,
-                                    const __grid_constant__ DescList<ApplyDesc> list, int64_t cols, int round,
+                                    const __grid_constant__ DescList<ApplyDesc> list, int64_t rows,
+                                    const float* __restrict__ scale, const int* __restrict__ scaled, int round,
                                     int* __restrict__ flags, const int* __restrict__ skip) {
   if (is_skipped(skip)) return;  // NOTE: the whole block returns, before any barrier
   const ApplyDesc& d = list.d[blockIdx.z];
   const T* src = result + d.matrix_idx * stride;
+  const RowFactors factors = row_factors(scale, scaled, rows, d.matrix_idx);
   P* param = static_cast<P*>(d.param);
   const int64_t row_stride = d.ld > d.col_count ? d.ld : d.col_count;
   bool bad = false;
   move_tile<kTranspose, true>(
       d.row_count, d.col_count,
-      [&](int64_t r, int64_t c) { return load(src, iterate_at<kTranspose>(d.row_begin + r, d.col_begin + c, ld)); },
+      [&](int64_t r, int64_t c) {
+        return load(src, iterate_at<kTranspose>(d.row_begin + r, d.col_begin + c, ld)) * factors.of(d.row_begin + r);
+      },
       [&](int64_t r, int64_t c, float o) {
         apply_at(param, r * row_stride + c, round_to<P>(round_code(o, round)), d.scale, d.decay, bad);
       });
@@ -420,11 +438,11 @@ void result_to_pieces(DType wire, const IterateView& result, const std::vector<W
         const dim3 grid = tile_grid(rows, cols, list.n), block(kTile, kTileRows);
         const T* src = static_cast<const T*>(result.data);
         if (result.transposed())
-          result_to_pieces_kernel<T, W, true><<<grid, block, 0, stream>>>(src, result.ld, result.stride, list,
-                                                                         result.cols);
+          result_to_pieces_kernel<T, W, true><<<grid, block, 0, stream>>>(
+              src, result.ld, result.stride, list, result.rows, result.row_scale, result.row_scaled);
         else
-          result_to_pieces_kernel<T, W, false><<<grid, block, 0, stream>>>(src, result.ld, result.stride, list,
-                                                                          result.cols);
+          result_to_pieces_kernel<T, W, false><<<grid, block, 0, stream>>>(
+              src, result.ld, result.stride, list, result.rows, result.row_scale, result.row_scaled);
         DMUON_CHECK_CUDA(cudaGetLastError());
       });
     });
@@ -444,11 +462,12 @@ void apply_result(DType param, DType round_wire, const IterateView& result, cons
         const dim3 grid = tile_grid(rows, cols, list.n), block(kTile, kTileRows);
         const T* src = static_cast<const T*>(result.data);
         if (result.transposed())
-          apply_result_kernel<T, P, true><<<grid, block, 0, stream>>>(src, result.ld, result.stride, list, result.cols,
-                                                                     round, flags, skip);
+          apply_result_kernel<T, P, true><<<grid, block, 0, stream>>>(
+              src, result.ld, result.stride, list, result.rows, result.row_scale, result.row_scaled, round, flags, skip);
         else
-          apply_result_kernel<T, P, false><<<grid, block, 0, stream>>>(src, result.ld, result.stride, list, result.cols,
-                                                                      round, flags, skip);
+          apply_result_kernel<T, P, false><<<grid, block, 0, stream>>>(
+              src, result.ld, result.stride, list, result.rows, result.row_scale, result.row_scaled, round, flags,
+              skip);
         DMUON_CHECK_CUDA(cudaGetLastError());
       });
     });

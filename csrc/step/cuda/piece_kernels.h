@@ -92,6 +92,9 @@ struct IterateView {
   DType dtype = DType::kFloat16;
   int64_t rows = 0, cols = 0;  ///< of the items
   int64_t ld = 0, stride = 0;
+  /// Results only: row factors applied as the result is read (step::NsView::row_scale).
+  const float* row_scale = nullptr;
+  const int* row_scaled = nullptr;
   bool transposed() const { return rows > cols; }
 };
 /// Zeros in the padding columns [max(rows, cols), ld) of every matrix of the iterate.

@@ -217,15 +217,15 @@ class AtenFloat64Ops : public step::DeviceOps {
     }
   }
 
-  // NorMuon (optim/normuon.h) of float64 batches with ATen (their result is these ops'
-  // float64 iterate): sums in float64, v float32, nothing written where the gate is closed
+  // NorMuon (optim/normuon.h) of float64 batches with ATen, in place (their result is these
+  // ops' float64 iterate): sums in float64, v float32, nothing written where the gate is closed
   // or O is not finite (the flag is raised then). Other batches go to the inner ops (the
   // CPU rule, or the CUDA kernels on the batch's stream: step/cuda/normuon_kernels.h).
-  void normuon(const step::NsView& result, const step::NsBatchDesc& batch,
-               const std::vector<step::NormuonMatrix>& matrices, const optim::NormuonRule& rule, const Buffer& gate,
-               const Buffer& result_flags) override {
+  step::OwnedBuffer normuon(step::NsView& result, const step::NsBatchDesc& batch,
+                            const std::vector<step::NormuonMatrix>& matrices, const optim::NormuonRule& rule,
+                            const Buffer& gate, const Buffer& result_flags) override {
     if (batch.param_dtype != DType::kFloat64) return inner_->normuon(result, batch, matrices, rule, gate, result_flags);
-    if (matrices.empty()) return;
+    if (matrices.empty()) return {};
     // The batch's listed matrices at once ([k, rows, cols] views of the result, whatever
     // its storage order; their v stacked): a fixed number of launches per NS batch.
     at::Tensor flags = tensor_view(result_flags);
@@ -270,6 +270,7 @@ class AtenFloat64Ops : public step::DeviceOps {
       at::Tensor flag = flags.narrow(0, matrices[j].flag_idx, 1);
       flag.copy_(at::maximum(flag, bad.narrow(0, static_cast<int64_t>(j), 1)));
     }
+    return {};
   }
 
   void apply_pieces(const std::vector<step::ApplyPiece>& pieces, const Buffer& gate,
