@@ -86,10 +86,71 @@ def test_hsdp_adds_the_replicas_all_reduce(tmp_path):
     (["--fake-world", "2", "--rank", "2"], r"--rank 2 is outside the fake world of 2 \(ranks 0..1\)"),
     (["--fake-world", "0"], "--fake-world must be >= 1"),
     (["--rank", "1"], "--rank needs --fake-world"),
+    (["--order", "turns"], r"--order needs --fake-world \(a real --world trains one optimizer after the other\)"),
+    (["--fake-world", "2", "--order", "random"], None),
 ])
-def test_bad_arguments_name_the_argument(argv, message):
+def test_bad_arguments_name_the_argument(argv, message, capsys):
+    if message is None:  # NOTE: refused by argparse, which names the argument and exits
+        with pytest.raises(SystemExit):
+            main([*_TINY, *argv])
+        assert "--order: invalid choice: 'random'" in capsys.readouterr().err
+        return
     with pytest.raises(ValueError, match=message):
         main([*_TINY, *argv])
+
+
+def _spy_on_the_steps(monkeypatch) -> list:
+    """("built", name) when an optimizer's model is built, ("step", name, timed, counting)
+    for each of its steps, in order."""
+    from dmuon.bench import e2e_fake
+
+    events = []
+    init, step = e2e_fake._FakeRankTrainer.__init__, e2e_fake._FakeRankTrainer.step
+
+    def spy_init(self, name, *args, **kwargs):
+        init(self, name, *args, **kwargs)
+        events.append(("built", name))
+
+    def spy_step(self, timed, counting=False):
+        events.append(("step", self.name, timed, counting))
+        return step(self, timed, counting)
+
+    monkeypatch.setattr(e2e_fake._FakeRankTrainer, "__init__", spy_init)
+    monkeypatch.setattr(e2e_fake._FakeRankTrainer, "step", spy_step)
+    return events
+
+
+def test_optimizers_train_in_turns_by_default_with_the_order_rotated_every_step(tmp_path, capsys, monkeypatch):
+    events = _spy_on_the_steps(monkeypatch)
+    out = tmp_path / "turns.json"
+    assert main([*_TINY, "--fake-world", "4", "--optimizers", "dmuon,adamw", "--warmup", "1", "--steps", "2",
+                 "--json", str(out)]) == 0
+    assert "optimizers in turns (one step each, order rotated)" in capsys.readouterr().out
+    # Both models alive before the first step; then one step of each per round, the first
+    # one moved to the back every round (warm-up untimed); then each counting step.
+    assert events == [("built", "dmuon"), ("built", "adamw"),
+                      ("step", "dmuon", False, False), ("step", "adamw", False, False),
+                      ("step", "adamw", True, False), ("step", "dmuon", True, False),
+                      ("step", "dmuon", True, False), ("step", "adamw", True, False),
+                      ("step", "dmuon", False, True), ("step", "adamw", False, True)]
+    record = json.loads(out.read_text())
+    assert record["config"]["order"] == "turns"
+    for name in ("dmuon", "adamw"):
+        o = record["optimizers"][name]
+        assert o["fwd_bwd_ms"] > 0 and o["opt_ms"] > 0 and o["sanitize_ms"] > 0, name
+
+
+def test_sequential_order_trains_one_optimizer_after_the_other(tmp_path, capsys, monkeypatch):
+    events = _spy_on_the_steps(monkeypatch)
+    out = tmp_path / "sequential.json"
+    assert main([*_TINY, "--fake-world", "4", "--optimizers", "dmuon,adamw", "--warmup", "1", "--steps", "1",
+                 "--order", "sequential", "--json", str(out)]) == 0
+    assert "one optimizer after the other" in capsys.readouterr().out
+    assert events == [("built", "dmuon"), ("step", "dmuon", False, False), ("step", "dmuon", True, False),
+                      ("step", "dmuon", False, True),
+                      ("built", "adamw"), ("step", "adamw", False, False), ("step", "adamw", True, False),
+                      ("step", "adamw", False, True)]
+    assert json.loads(out.read_text())["config"]["order"] == "sequential"
 
 
 def test_the_weight_ownership_mode_is_refused_by_name(tmp_path):

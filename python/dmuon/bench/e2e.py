@@ -65,6 +65,9 @@ def register(subparsers) -> None:
                         help="DMuon's step begun inside backward (Execution.backward_step; auto: on for world > 1)")
     parser.add_argument("--bucket-mb", type=float, default=None,
                         help="DMuon's Execution.bucket_size_mb (wire MiB per pipeline stage; default its default)")
+    parser.add_argument("--order", choices=("turns", "sequential"), default=None,
+                        help="with --fake-world: 'turns' (default) = every optimizer's model alive at once, one step "
+                             "of each in turn; 'sequential' = one optimizer after the other (one model in memory)")
     add_fake_world_arguments(parser, rank_choice=False)
     parser.set_defaults(func=run)
 
@@ -475,9 +478,11 @@ def run(args: argparse.Namespace) -> int:
 
         return run_fake(args)
     with input_checks():
-        for flag, value in (("--rank", args.rank), ("--hsdp", args.hsdp if args.hsdp != 1 else None)):
+        for flag, value, why in (("--rank", args.rank, "a real --world runs every rank"),
+                                 ("--hsdp", args.hsdp if args.hsdp != 1 else None, "a real --world runs every rank"),
+                                 ("--order", args.order, "a real --world trains one optimizer after the other")):
             if value is not None:
-                raise ValueError(f"{flag} needs --fake-world (a real --world runs every rank)")
+                raise ValueError(f"{flag} needs --fake-world ({why})")
         _check_args(args)
         device = resolve_device(args.device)
         world = resolve_world("auto" if args.world is None else args.world, device)

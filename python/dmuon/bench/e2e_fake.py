@@ -125,80 +125,134 @@ def fsdp_projection(collectives: list, compute_s: float, topology: ClusterTopolo
             "projected_s": max(compute_s, total - ends + engine_s) + ends, "by_kind": by_kind}
 
 
-def _train(name: str, config: dict, mesh, topology: ClusterTopology) -> dict:
-    """Time `name`'s steps on this fake rank; one more, untimed, counts FSDP2's collectives
-    and times the gradient overwrite alone."""
-    from dmuon.bench.e2e import build_sharded, mixed_precision
-    from dmuon.bench.e2e_models import model_spec
-    from dmuon.bench.e2e_optimizers import Settings
-    from dmuon.bench.fake_grads import PostBackwardSanitizer, sanitize_gradients
-    from dmuon.bench.fake_step_projection import muon_projection
+class _FakeRankTrainer:
+    """One optimizer's model on the fake rank: built once, then stepped on demand, so that
+    several optimizers can be trained in turns (`--order turns`)."""
 
-    device = config["device"]
-    torch_device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
-    spec = model_spec(config["model"], config["seq"])
-    # NOTE: installed before the optimizer is built: it runs before DMuon's backward hooks.
-    sanitizer = PostBackwardSanitizer(torch.Generator(device=torch_device).manual_seed(config["seed"] + 17))
-    try:
-        model, opt, counts = build_sharded(spec, name, mesh, mixed_precision(device), torch_device,
-                                           Settings(device_type=device, backward_step=config["backward_step_on"],
-                                                    bucket_size_mb=config.get("bucket_mb")),
-                                           config["seed"], before_optimizer=sanitizer.install)
-    except torch.cuda.OutOfMemoryError as error:
-        raise RuntimeError(f"--model {config['model']} does not fit the device at --fake-world {config['world']}: "
-                           f"building it and its shards ran out of memory ({error})") from None
-    if name != "adamw" and isinstance(getattr(opt, "_runtime_options", None), dict):
-        opt._runtime_options["record_timeline"] = True  # NOTE: as bench step --fake-world does
-    gen = torch.Generator(device=torch_device).manual_seed(config["seed"] * 1000 + config["rank"])
-    tokens = torch.randint(0, spec.vocab_size, (config["micro_batch"], config["seq"]), generator=gen,
-                           device=torch_device)
+    def __init__(self, name: str, config: dict, mesh, topology: ClusterTopology) -> None:
+        from dmuon.bench.e2e import build_sharded, mixed_precision
+        from dmuon.bench.e2e_models import model_spec
+        from dmuon.bench.e2e_optimizers import Settings
+        from dmuon.bench.fake_grads import PostBackwardSanitizer
 
-    def sync():
-        if device == "cuda":
+        self.name, self.config, self.topology = name, config, topology
+        self.device = config["device"]
+        torch_device = (torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda"
+                        else torch.device("cpu"))
+        self.spec = model_spec(config["model"], config["seq"])
+        # NOTE: installed before the optimizer is built: it runs before DMuon's backward hooks.
+        self.sanitizer = PostBackwardSanitizer(torch.Generator(device=torch_device).manual_seed(config["seed"] + 17))
+        try:
+            self.model, self.opt, self.counts = build_sharded(
+                self.spec, name, mesh, mixed_precision(self.device), torch_device,
+                Settings(device_type=self.device, backward_step=config["backward_step_on"],
+                         bucket_size_mb=config.get("bucket_mb")),
+                config["seed"], before_optimizer=self.sanitizer.install)
+        except torch.cuda.OutOfMemoryError as error:
+            together = (" with the other optimizers' models alive (--order turns; --order sequential holds one "
+                        "at a time)" if config["order"] == "turns" and len(config["optimizers"]) > 1 else "")
+            raise RuntimeError(f"--model {config['model']} does not fit the device at --fake-world "
+                               f"{config['world']}{together}: building {name}'s model and its shards ran out of "
+                               f"memory ({error})") from None
+        if name != "adamw" and isinstance(getattr(self.opt, "_runtime_options", None), dict):
+            self.opt._runtime_options["record_timeline"] = True  # NOTE: as bench step --fake-world does
+        gen = torch.Generator(device=torch_device).manual_seed(config["seed"] * 1000 + config["rank"])
+        self.tokens = torch.randint(0, self.spec.vocab_size, (config["micro_batch"], config["seq"]), generator=gen,
+                                    device=torch_device)
+        self.times: list[tuple[float, float]] = []
+        self.muon: list[dict] = []
+        self.sanitize: list[float] = []
+        self.counter = CollectiveCounter()
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
             torch.cuda.synchronize()
 
-    times, muon, sanitize = [], [], []
-    counter = CollectiveCounter()
-    for i in range(config["warmup"] + config["steps"] + 1):
-        counting = i == config["warmup"] + config["steps"]  # NOTE: the last step, untimed
-        sanitizer.clear_log()
-        sync()
+    def step(self, timed: bool, counting: bool = False) -> None:
+        """One training step: forward + backward, then the optimizer step, each timed;
+        `counting`: FSDP2's collectives counted and the gradient overwrite timed alone
+        (an untimed step)."""
+        from dmuon.bench.fake_grads import sanitize_gradients
+        from dmuon.bench.fake_step_projection import muon_projection
+
+        self.sanitizer.clear_log()
+        self._sync()
         start = time.perf_counter()
         if counting:
-            with counter:
-                spec.loss(model, tokens).backward()
+            with self.counter:
+                self.spec.loss(self.model, self.tokens).backward()
         else:
-            spec.loss(model, tokens).backward()
-        sync()
+            self.spec.loss(self.model, self.tokens).backward()
+        self._sync()
         mid = time.perf_counter()
-        opt.step()
-        sync()
+        self.opt.step()
+        self._sync()
         end = time.perf_counter()
         if counting:
             # The overwrite's own time: one pass over every gradient (values unused now).
             for _ in range(3):
-                sync()
+                self._sync()
                 t0 = time.perf_counter()
-                sanitize_gradients(model.parameters(), sanitizer.generator)
-                sync()
-                sanitize.append(time.perf_counter() - t0)
-        opt.zero_grad(set_to_none=True)
-        if i >= config["warmup"] and not counting:
-            times.append((mid - start, end - mid))
-            projected = muon_projection(opt, topology, counts["muon_matrices"])
+                sanitize_gradients(self.model.parameters(), self.sanitizer.generator)
+                self._sync()
+                self.sanitize.append(time.perf_counter() - t0)
+        self.opt.zero_grad(set_to_none=True)
+        if timed and not counting:
+            self.times.append((mid - start, end - mid))
+            projected = muon_projection(self.opt, self.topology, self.counts["muon_matrices"])
             if projected is not None:
-                muon.append(projected)
-    result = {"fwd_bwd_s": statistics.median(t[0] for t in times), "opt_s": statistics.median(t[1] for t in times),
-              "sanitize_s": statistics.median(sanitize), "sanitized_groups": sanitizer.groups,
-              "collectives": counter.collectives, "other_c10d_ops": counter.other, "param_counts": counts,
-              "backward_step": bool(getattr(opt, "_backward_step_on", False))}
-    if muon:
-        result["muon"] = {k: statistics.median(m[k] for m in muon) for k in muon[0]}
-    del model, opt
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return result
+                self.muon.append(projected)
+
+    def result(self) -> dict:
+        """Medians of the timed steps, FSDP2's collectives, the engine's stage figures."""
+        result = {"fwd_bwd_s": statistics.median(t[0] for t in self.times),
+                  "opt_s": statistics.median(t[1] for t in self.times),
+                  "sanitize_s": statistics.median(self.sanitize), "sanitized_groups": self.sanitizer.groups,
+                  "collectives": self.counter.collectives, "other_c10d_ops": self.counter.other,
+                  "param_counts": self.counts, "backward_step": bool(getattr(self.opt, "_backward_step_on", False))}
+        if self.muon:
+            result["muon"] = {k: statistics.median(m[k] for m in self.muon) for k in self.muon[0]}
+        return result
+
+    def close(self) -> None:
+        del self.model, self.opt, self.tokens
+        gc.collect()
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _train_sequential(config: dict, mesh, topology: ClusterTopology) -> dict:
+    """Each optimizer's warm-up, timed and counting steps, one optimizer after the other
+    (one model alive at a time)."""
+    results = {}
+    for name in config["optimizers"]:
+        trainer = _FakeRankTrainer(name, config, mesh, topology)
+        for i in range(config["warmup"] + config["steps"]):
+            trainer.step(timed=i >= config["warmup"])
+        trainer.step(timed=False, counting=True)
+        results[name] = trainer.result()
+        trainer.close()
+    return results
+
+
+def _train_in_turns(config: dict, mesh, topology: ClusterTopology) -> dict:
+    """Every optimizer's model alive at once, one step of each in turn, the order rotated
+    every step. NOTE: trained one after the other, the same forward + backward moved from
+    197 to 272 ms between the optimizers of one run on an H200 (BENCHMARKS.md, "The step
+    begun from backward, run on the fake rank"): the device's clocks drift over a run
+    (power limit), so a comparison within 1% needs both sides in the same stretch of it."""
+    trainers = [_FakeRankTrainer(name, config, mesh, topology) for name in config["optimizers"]]
+    for i in range(config["warmup"] + config["steps"]):
+        k = i % len(trainers)
+        for trainer in trainers[k:] + trainers[:k]:
+            trainer.step(timed=i >= config["warmup"])
+    results = {}
+    for trainer in trainers:
+        trainer.step(timed=False, counting=True)
+        results[trainer.name] = trainer.result()
+    for trainer in trainers:
+        trainer.close()
+    return results
 
 
 def run_fake(args) -> int:
@@ -226,20 +280,20 @@ def run_fake(args) -> int:
             require_transformers(args.model)
     config = dict(model=args.model, device=device, seq=args.seq, micro_batch=micro_batch, steps=args.steps,
                   warmup=args.warmup, seed=args.seed, world=world, rank=rank,
-                  bucket_mb=getattr(args, "bucket_mb", None),
+                  bucket_mb=getattr(args, "bucket_mb", None), optimizers=optimizers,
+                  order=getattr(args, "order", None) or "turns",
                   backward_step_on={"on": True, "off": False}.get(getattr(args, "backward_step", "auto"), world > 1))
     env = environment_line(device)
     hsdp = f" (HSDP {replicas} x {shards})" if replicas > 1 else ""
     print(f"dmuon bench e2e --fake-world {world}{hsdp}, rank {rank} | {env}", flush=True)
 
-    results = {}
     with fake_rank(rank, world):
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = (init_device_mesh(device, (replicas, shards), mesh_dim_names=("replicate", "shard")) if replicas > 1
                 else init_device_mesh(device, (world,)))
-        for name in optimizers:
-            results[name] = _train(name, config, mesh, topology)
+        train = _train_in_turns if config["order"] == "turns" else _train_sequential
+        results = train(config, mesh, topology)
 
     record = _report(results, config, topology, env, (replicas, shards))
     if args.json is not None:
@@ -274,7 +328,9 @@ def _report(results: dict, config: dict, topology: ClusterTopology, env: str, me
     counts = first["param_counts"]
     print(f"model {config['model']}: {counts['total'] / 1e9:.3f} B parameters ({counts['muon_matrices']} Muon "
           f"matrices) | FSDP2 per decoder layer + root | micro-batch {config['micro_batch']} x seq {config['seq']} | "
-          f"median of {config['steps']} steps after {config['warmup']} warm-up")
+          f"median of {config['steps']} steps after {config['warmup']} warm-up, "
+          + ("optimizers in turns (one step each, order rotated)" if config["order"] == "turns"
+             else "one optimizer after the other"))
     t = topology.describe()
     print(f"FSDP2 collectives per step: " + ", ".join(
         f"{k['count']} {kind} ({k['bytes'] / 1e9:.2f} GB, groups of {'/'.join(map(str, k['group_sizes']))})"
