@@ -131,7 +131,12 @@ class BackwardStep:
         return self._index
 
     def params_final(self, params: list[torch.Tensor]) -> None:
-        """These parameters' gradients are final on this rank: their matrices to the engine."""
+        """These parameters' gradients are final on this rank: their matrices to the engine.
+        NOTE: recorded as a host range for torch.profiler (`bench e2e --profile` sums them)."""
+        with torch.profiler.record_function("dmuon.backward_step.params_final"):
+            self._params_final(params)
+
+    def _params_final(self, params: list[torch.Tensor]) -> None:
         opt = self.opt
         runtime = opt._runtime
         if runtime is None or not opt._backward_step_on or opt._ownership is not None:
@@ -163,6 +168,10 @@ class BackwardStep:
         """At step(): the begun step's fresh momentum buffers when it can be completed; else
         (a gradient changed since it was handed over, on any rank) the begun work is
         discarded on every rank."""
+        with torch.profiler.record_function("dmuon.backward_step.take"):
+            return self._take(group)
+
+    def _take(self, group: Any) -> dict[int, torch.Tensor]:
         self.flush_ddp(wait=True)
         runtime = self.opt._runtime
         if runtime is None or not runtime.step_open:

@@ -242,3 +242,34 @@ def test_what_is_left_at_step_adds_the_early_returns_to_the_late_pipeline():
     m.update(early_stages=3, early_fill_s=0.001, late_compute_s=0.003, late_simulated_s=0.005,
              early_last_forward_s=0.0005, early_return_s=0.002)
     assert opt_left_after_backward(0.006, m) == pytest.approx(0.001 + 0.005 + 0.0005 + 0.002)
+
+
+def test_profile_summarizes_one_more_step_of_each_optimizer_per_phase(capsys):
+    # CPU: no device timeline; the hooks' host ranges (the step begun from backward: one
+    # params_final per FSDP2 group, the root's too, one take at step()) and the top host ops.
+    assert main([*_TINY, "--fake-world", "4", "--optimizers", "dmuon,adamw", "--backward-step", "on",
+                 "--profile"]) == 0
+    printed = capsys.readouterr().out
+    blocks, _ = _tiny_units()
+    dmuon = printed.split("profile of one dmuon step")[1].split("profile of one adamw step")[0]
+    adamw = printed.split("profile of one adamw step")[1]
+    fwd_bwd = dmuon.split(" bench.fwd_bwd: ")[1].split("\n")[0]
+    opt = dmuon.split(" bench.opt_step: ")[1].split("\n")[0]
+    assert "params_final " in fwd_bwd and f" in {len(blocks) + 1} calls" in fwd_bwd, fwd_bwd
+    assert "take " in opt and " in 1 calls" in opt, opt
+    assert "host waits: none" in fwd_bwd  # NOTE: the CPU has no device to wait for
+    assert "DMuon's hooks: none" in adamw.split(" bench.fwd_bwd: ")[1].split("\n")[0]
+    # The top operators are listed under each phase (self host time, calls).
+    assert "x  aten::" in dmuon and "x  aten::" in adamw
+
+
+def test_profile_summary_of_synthetic_phases():
+    from dmuon.bench.e2e_profile import PhaseProfile, format_phases
+
+    p = PhaseProfile("bench.fwd_bwd", 12.5, hook_ms={"dmuon.backward_step.params_final": 1.25},
+                     hook_calls={"dmuon.backward_step.params_final": 3}, syncs={"cudaStreamSynchronize": 2},
+                     timeline="  device timeline of the step: …", top=[("gemm", 4.0, 10)])
+    text = format_phases("dmuon", [p], on_gpu=True)
+    assert "bench.fwd_bwd: host range 12.50 ms; DMuon's hooks: params_final 1.25 ms in 3 calls; " \
+           "host waits: cudaStreamSynchronize x2" in text
+    assert "device timeline" in text and "    4.000 ms      10x  gemm" in text

@@ -68,6 +68,9 @@ def register(subparsers) -> None:
     parser.add_argument("--order", choices=("turns", "sequential"), default=None,
                         help="with --fake-world: 'turns' (default) = every optimizer's model alive at once, one step "
                              "of each in turn; 'sequential' = one optimizer after the other (one model in memory)")
+    parser.add_argument("--profile", action="store_true",
+                        help="with --fake-world: one more step of each optimizer under torch.profiler, summarized "
+                             "per phase (device idle gaps, DMuon's hooks, host waits, top operators)")
     add_fake_world_arguments(parser, rank_choice=False)
     parser.set_defaults(func=run)
 
@@ -480,7 +483,8 @@ def run(args: argparse.Namespace) -> int:
     with input_checks():
         for flag, value, why in (("--rank", args.rank, "a real --world runs every rank"),
                                  ("--hsdp", args.hsdp if args.hsdp != 1 else None, "a real --world runs every rank"),
-                                 ("--order", args.order, "a real --world trains one optimizer after the other")):
+                                 ("--order", args.order, "a real --world trains one optimizer after the other"),
+                                 ("--profile", args.profile or None, "it profiles the fake rank's step")):
             if value is not None:
                 raise ValueError(f"{flag} needs --fake-world ({why})")
         _check_args(args)

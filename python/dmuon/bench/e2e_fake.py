@@ -45,6 +45,7 @@ synchronizes the device between the engine's phases, inside backward too: a real
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import statistics
@@ -168,25 +169,28 @@ class _FakeRankTrainer:
         if self.device == "cuda":
             torch.cuda.synchronize()
 
-    def step(self, timed: bool, counting: bool = False) -> None:
+    def step(self, timed: bool, counting: bool = False, phase=lambda name: contextlib.nullcontext()) -> None:
         """One training step: forward + backward, then the optimizer step, each timed;
         `counting`: FSDP2's collectives counted and the gradient overwrite timed alone
-        (an untimed step)."""
+        (an untimed step); `phase(name)`: the context each phase runs in (the profiler's
+        host ranges, e2e_profile.PHASES)."""
         from dmuon.bench.fake_grads import sanitize_gradients
         from dmuon.bench.fake_step_projection import muon_projection
 
         self.sanitizer.clear_log()
         self._sync()
         start = time.perf_counter()
-        if counting:
-            with self.counter:
+        with phase("bench.fwd_bwd"):
+            if counting:
+                with self.counter:
+                    self.spec.loss(self.model, self.tokens).backward()
+            else:
                 self.spec.loss(self.model, self.tokens).backward()
-        else:
-            self.spec.loss(self.model, self.tokens).backward()
-        self._sync()
+            self._sync()
         mid = time.perf_counter()
-        self.opt.step()
-        self._sync()
+        with phase("bench.opt_step"):
+            self.opt.step()
+            self._sync()
         end = time.perf_counter()
         if counting:
             # The overwrite's own time: one pass over every gradient (values unused now).
@@ -221,6 +225,15 @@ class _FakeRankTrainer:
             torch.cuda.empty_cache()
 
 
+def _profile(trainer: _FakeRankTrainer) -> None:
+    """One more (untimed) step of `trainer` under torch.profiler; its summary printed."""
+    from dmuon.bench.e2e_profile import format_phases, profiled_step, summarize
+
+    on_gpu = trainer.device == "cuda"
+    prof = profiled_step(lambda phase: trainer.step(timed=False, phase=phase), on_gpu)
+    print(format_phases(trainer.name, summarize(prof, on_gpu), on_gpu), flush=True)
+
+
 def _train_sequential(config: dict, mesh, topology: ClusterTopology) -> dict:
     """Each optimizer's warm-up, timed and counting steps, one optimizer after the other
     (one model alive at a time)."""
@@ -229,6 +242,8 @@ def _train_sequential(config: dict, mesh, topology: ClusterTopology) -> dict:
         trainer = _FakeRankTrainer(name, config, mesh, topology)
         for i in range(config["warmup"] + config["steps"]):
             trainer.step(timed=i >= config["warmup"])
+        if config.get("profile"):
+            _profile(trainer)
         trainer.step(timed=False, counting=True)
         results[name] = trainer.result()
         trainer.close()
@@ -246,6 +261,9 @@ def _train_in_turns(config: dict, mesh, topology: ClusterTopology) -> dict:
         k = i % len(trainers)
         for trainer in trainers[k:] + trainers[:k]:
             trainer.step(timed=i >= config["warmup"])
+    if config.get("profile"):
+        for trainer in trainers:
+            _profile(trainer)
     results = {}
     for trainer in trainers:
         trainer.step(timed=False, counting=True)
@@ -281,7 +299,7 @@ def run_fake(args) -> int:
     config = dict(model=args.model, device=device, seq=args.seq, micro_batch=micro_batch, steps=args.steps,
                   warmup=args.warmup, seed=args.seed, world=world, rank=rank,
                   bucket_mb=getattr(args, "bucket_mb", None), optimizers=optimizers,
-                  order=getattr(args, "order", None) or "turns",
+                  order=getattr(args, "order", None) or "turns", profile=bool(getattr(args, "profile", False)),
                   backward_step_on={"on": True, "off": False}.get(getattr(args, "backward_step", "auto"), world > 1))
     env = environment_line(device)
     hsdp = f" (HSDP {replicas} x {shards})" if replicas > 1 else ""
