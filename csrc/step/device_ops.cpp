@@ -15,6 +15,15 @@ OwnedBuffer DeviceOps::normuon(NsView& /*result*/, const NsBatchDesc& /*batch*/,
   DMUON_FAIL("normuon=True is not supported by the step engine's ops on ", device_name(device()));
 }
 
+void check_normuon_matrix(const char* what, const NormuonMatrix& m, const NsBatchDesc& batch,
+                          const Buffer& result_flags) {
+  DMUON_CHECK(m.matrix_idx >= 0 && m.matrix_idx < batch.count, what, ": matrix ", m.matrix_idx, " of a batch of ",
+              batch.count);
+  DMUON_CHECK(m.v.dtype == DType::kFloat32 && m.v.numel == batch.rows, what, ": v holds ", m.v.numel, " elements of ",
+              dtype_name(m.v.dtype), " for ", batch.rows, " rows of float32");
+  DMUON_CHECK(m.flag_idx >= 0 && m.flag_idx < result_flags.numel, what, ": flag index ", m.flag_idx, " out of range");
+}
+
 void check_batch_rows(const char* what, const NsBatchDesc& batch, int64_t matrix_idx, int64_t row_begin,
                       int64_t row_count, int64_t numel, int64_t col_begin, int64_t col_count) {
   const auto [c0, nc] = piece_cols(batch, col_begin, col_count);

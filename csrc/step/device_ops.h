@@ -119,6 +119,11 @@ struct NormuonMatrix {
   int flag_idx = 0;  ///< result_flags[flag_idx] ← 1 when O is not finite (v is then left as it was)
 };
 
+/// Throws, naming `what` (the ops' normuon), unless `m` is a matrix of `batch` with a float32
+/// v of one value per item row and a flag in `result_flags`.
+void check_normuon_matrix(const char* what, const NormuonMatrix& m, const NsBatchDesc& batch,
+                          const Buffer& result_flags);
+
 /// The columns [begin, begin + count) of a piece in `batch` (col_count < 0: all of them).
 inline std::pair<int64_t, int64_t> piece_cols(const NsBatchDesc& batch, int64_t col_begin, int64_t col_count) {
   return col_count < 0 ? std::pair<int64_t, int64_t>{0, batch.cols} : std::pair<int64_t, int64_t>{col_begin, col_count};

@@ -366,12 +366,7 @@ OwnedBuffer CpuOps::normuon(NsView& result, const NsBatchDesc& batch, const std:
     R* out = static_cast<R*>(result.data);
     const optim::MatrixRef ref{batch.rows, batch.cols, result.ld, result.transposed};
     for (const NormuonMatrix& m : matrices) {
-      DMUON_CHECK(m.matrix_idx >= 0 && m.matrix_idx < batch.count, "CpuOps::normuon: matrix ", m.matrix_idx,
-                  " of a batch of ", batch.count);
-      DMUON_CHECK(m.v.dtype == DType::kFloat32 && m.v.numel == batch.rows, "CpuOps::normuon: v holds ", m.v.numel,
-                  " elements of ", dtype_name(m.v.dtype), " for ", batch.rows, " rows of float32");
-      DMUON_CHECK(m.flag_idx >= 0 && m.flag_idx < result_flags.numel, "CpuOps::normuon: flag index ", m.flag_idx,
-                  " out of range");
+      check_normuon_matrix("CpuOps::normuon", m, batch, result_flags);
       if (!optim::normuon_matrix<R>(out + m.matrix_idx * result.batch_stride, ref, m.v.as<float>(), rule))
         result_flags.as<int32_t>()[m.flag_idx] = 1;
     }

@@ -405,12 +405,7 @@ OwnedBuffer CudaOps::normuon(NsView& result, const NsBatchDesc& batch, const std
   DeviceGuard guard(impl_->options.device);
   std::vector<cuda::NormuonDesc> descs;
   for (const NormuonMatrix& m : matrices) {
-    DMUON_CHECK(m.matrix_idx >= 0 && m.matrix_idx < batch.count, "CudaOps::normuon: matrix ", m.matrix_idx,
-                " of a batch of ", batch.count);
-    DMUON_CHECK(m.v.dtype == DType::kFloat32 && m.v.numel == batch.rows, "CudaOps::normuon: v holds ", m.v.numel,
-                " elements of ", dtype_name(m.v.dtype), " for ", batch.rows, " rows of float32");
-    DMUON_CHECK(m.flag_idx >= 0 && m.flag_idx < result_flags.numel, "CudaOps::normuon: flag index ", m.flag_idx,
-                " out of range");
+    check_normuon_matrix("CudaOps::normuon", m, batch, result_flags);
     descs.push_back({m.v.as<float>(), m.matrix_idx, m.flag_idx});
   }
   // NOTE: stream-ordered scratch on the batch's stream; the caller keeps it until the
