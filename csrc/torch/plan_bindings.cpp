@@ -197,8 +197,8 @@ void register_plan_bindings(py::module_& m) {
 
   // Stage spreading (a step begun from backward): backward windows spread, their stages measured.
   p.def("backward_stage_windows", &backward_stage_windows, py::arg("problem"), py::arg("stage_bytes"),
-        "window id of every matrix: consecutive matrices from the last down, each window >= world_size "
-        "matrices and >= stage_bytes wire bytes (plan/stage_windows.h)");
+        "window id of every matrix: consecutive matrices from the last down, each window's wire bytes "
+        ">= stage_bytes and >= world_size x its largest matrix (plan/stage_windows.h)");
   p.def(
       "spread_backward_stages",
       [](const Problem& problem, int64_t stage_bytes, Plan plan) {
