@@ -19,11 +19,21 @@ Contract (docs/configuration.md, ``Execution.backward_step``):
 
 Where the final gradient comes from:
 - FSDP2 / HSDP (``fully_shard``): after each FSDP parameter group's post-backward (its
-  reduce-scatter and, for HSDP, all-reduce), the sharded parameters' ``.grad``.
+  reduce-scatter and, for HSDP, all-reduce), the sharded parameters' ``.grad``. A group is
+  handed over from the next group's post-backward (the last one from ``step()``), once the
+  compute stream has waited for its reduce-scatter.
   NOTE: a wrapper of the group's ``post_backward`` (FSDP2 calls it through the instance);
   FSDP2 exposes no public hook after its reduce-scatter. A wrapper installed there before
   DMuon attaches (e.g. the fake-world benchmark's, dmuon.bench.fake_grads) runs inside
   DMuon's, before the gradients are handed over.
+  NOTE: why one group later: the sharded gradients are written on FSDP2's reduce-scatter
+  stream (its post-reduce event), and the engine's work on them runs on the compute stream.
+  Waiting there for the group just reduced makes backward wait for every reduce-scatter
+  (torch 2.11's FSDP2 waits for one only at the next group's post-backward, so that the
+  reduce-scatter of layer L runs while layer L-1 computes). Handed over one group later,
+  that wait has already been done by FSDP2, and the wait on the post-reduce event adds
+  only the group's post-reduce copies (HSDP: its all-reduce, which FSDP2 itself waits for
+  only at the end of backward).
 - DDP with ``gradient_as_bucket_view=True``: a communication hook (the default all-reduce)
   whose bucket, once its all-reduce completed, holds the parameters' final gradients; a
   bucket is handed over from the next bucket's hook (the autograd thread), the last ones
@@ -61,6 +71,8 @@ class BackwardStep:
         self.ready: dict[int, tuple] = {}  # Muon index → _fingerprint of its gradient
         self.fresh: dict[int, torch.Tensor] = {}  # Muon index → zeros buffer made for the begun step
         self.pending: list[tuple[list[torch.Tensor], Any]] = []  # DDP buckets whose all-reduce is in flight
+        # FSDP2 groups reduced but not handed over yet: (sharded params, post-reduce event or None)
+        self.pending_fsdp: list[tuple[list[torch.Tensor], Any]] = []
         self._index: dict[int, int] | None = None
 
     # ------------------------------------------------------------------ attaching
@@ -97,11 +109,10 @@ class BackwardStep:
             # NOTE: HSDP under set_requires_all_reduce(False) reduce-scatters only: not final.
             final = group.reduce_grads and (not getattr(group, "_is_hsdp", False) or group.all_reduce_grads)
             if final:
-                # NOTE: on GPUs the sharded gradients are final once the post-reduce stream is.
-                event = getattr(group, "_post_reduce_event", None)
-                if event is not None:
-                    torch.cuda.current_stream().wait_event(event)
-                self.params_final([fp.sharded_param for fp in group.fsdp_params])
+                # NOTE: the group reduced before this one first (see the module docstring).
+                self.flush_fsdp()
+                self.pending_fsdp.append(([fp.sharded_param for fp in group.fsdp_params],
+                                          getattr(group, "_post_reduce_event", None)))
             return out
 
         post_backward._dmuon_backward_step = True
@@ -115,6 +126,15 @@ class BackwardStep:
         fut = allreduce_hook(state, bucket)
         self.pending.append((list(bucket.parameters()), fut))
         return fut
+
+    def flush_fsdp(self) -> None:
+        """Hands over the FSDP2 groups reduced and not handed over yet (on GPUs once the
+        compute stream has waited for their post-reduce event)."""
+        pending, self.pending_fsdp = self.pending_fsdp, []
+        for params, event in pending:
+            if event is not None:
+                torch.cuda.current_stream().wait_event(event)
+            self.params_final(params)
 
     def flush_ddp(self, wait: bool) -> None:
         """Hands over the DDP buckets in flight (`wait`: after their all-reduce)."""
@@ -172,6 +192,7 @@ class BackwardStep:
             return self._take(group)
 
     def _take(self, group: Any) -> dict[int, torch.Tensor]:
+        self.flush_fsdp()
         self.flush_ddp(wait=True)
         runtime = self.opt._runtime
         if runtime is None or not runtime.step_open:
@@ -210,3 +231,4 @@ class BackwardStep:
 
     def _reset(self) -> None:
         self.ready, self.fresh = {}, {}
+        self.pending_fsdp = []

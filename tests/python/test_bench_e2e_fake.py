@@ -194,11 +194,22 @@ def test_the_step_begun_from_backward_runs_on_gradients_sanitized_before_dmuons_
     printed = capsys.readouterr().out
     blocks, _ = _tiny_units()
     finals = [k for k, e in enumerate(events) if e[0] == "final"]
-    # Every group's hook, in every backward (warm-up, timed, counting: 4), read gradients
-    # the overwrite had just written: the event before it sanitized the same parameters.
+    # Every group, in every backward (warm-up, timed, counting: 4), was handed over on
+    # gradients the overwrite had written: the last sanitized event of its parameters comes
+    # before it, with no hand-over of them in between. A group is handed over one group
+    # later (dmuon.backward_step): from the hook of the group reduced next, right after that
+    # group's overwrite, or, the last group of a backward, at step(), after the one before.
     assert len(finals) == 4 * (len(blocks) + 1)
-    for k in finals:
-        assert events[k - 1] == ("sanitized", events[k][1]) and events[k][2], events[k - 1: k + 1]
+    for n, k in enumerate(finals):
+        ids = events[k][1]
+        j = max(i for i in range(k) if events[i] == ("sanitized", ids))
+        assert events[k][2] and not any(e[0] == "final" and e[1] == ids for e in events[j + 1:k]), events[j:k + 1]
+        last_of_backward = n % (len(blocks) + 1) == len(blocks)
+        before = events[k - 1]
+        if last_of_backward:
+            assert before[0] == "final" and before[1] != ids, events[k - 2:k + 1]
+        else:
+            assert before[0] == "sanitized" and before[1] != ids, events[k - 2:k + 1]
     dmuon = json.loads(out.read_text())["optimizers"]["dmuon"]
     m = dmuon["muon"]
     # NOTE: the step begun from backward makes its stages of backward windows
@@ -245,8 +256,9 @@ def test_what_is_left_at_step_adds_the_early_returns_to_the_late_pipeline():
 
 
 def test_profile_summarizes_one_more_step_of_each_optimizer_per_phase(capsys):
-    # CPU: no device timeline; the hooks' host ranges (the step begun from backward: one
-    # params_final per FSDP2 group, the root's too, one take at step()) and the top host ops.
+    # CPU: no device timeline; the hooks' host ranges and the top host ops. The step begun
+    # from backward hands each FSDP2 group over from the next group's hook: the blocks
+    # inside backward, the root (reduced last) from take() at step().
     assert main([*_TINY, "--fake-world", "4", "--optimizers", "dmuon,adamw", "--backward-step", "on",
                  "--profile"]) == 0
     printed = capsys.readouterr().out
@@ -255,8 +267,8 @@ def test_profile_summarizes_one_more_step_of_each_optimizer_per_phase(capsys):
     adamw = printed.split("profile of one adamw step")[1]
     fwd_bwd = dmuon.split(" bench.fwd_bwd: ")[1].split("\n")[0]
     opt = dmuon.split(" bench.opt_step: ")[1].split("\n")[0]
-    assert "params_final " in fwd_bwd and f" in {len(blocks) + 1} calls" in fwd_bwd, fwd_bwd
-    assert "take " in opt and " in 1 calls" in opt, opt
+    assert "params_final " in fwd_bwd and f" in {len(blocks)} calls" in fwd_bwd, fwd_bwd
+    assert "params_final " in opt and "take " in opt and opt.count(" in 1 calls") == 2, opt
     assert "host waits: none" in fwd_bwd  # NOTE: the CPU has no device to wait for
     assert "DMuon's hooks: none" in adamw.split(" bench.fwd_bwd: ")[1].split("\n")[0]
     # The top operators are listed under each phase (self host time, calls).
