@@ -108,7 +108,9 @@ class BackwardStep:
             out = original(*args)
             # NOTE: HSDP under set_requires_all_reduce(False) reduce-scatters only: not final.
             final = group.reduce_grads and (not getattr(group, "_is_hsdp", False) or group.all_reduce_grads)
-            if final:
+            # NOTE: nothing is queued (and no stream waits) while no hand-over reaches the
+            # engine: before the first step() and with the step kept after backward.
+            if final and self.hands_over():
                 # NOTE: the group reduced before this one first (see the module docstring).
                 self.flush_fsdp()
                 self.pending_fsdp.append(([fp.sharded_param for fp in group.fsdp_params],
@@ -156,10 +158,16 @@ class BackwardStep:
         with torch.profiler.record_function("dmuon.backward_step.params_final"):
             self._params_final(params)
 
+    def hands_over(self) -> bool:
+        """Whether final gradients go to the engine now: its runtime is made (at the first
+        step()), the step is begun from backward, and not in the weight-ownership mode."""
+        opt = self.opt
+        return opt._runtime is not None and opt._backward_step_on and opt._ownership is None
+
     def _params_final(self, params: list[torch.Tensor]) -> None:
         opt = self.opt
         runtime = opt._runtime
-        if runtime is None or not opt._backward_step_on or opt._ownership is not None:
+        if not self.hands_over():
             return
         index = self._muon_index()
         idxs = [index[id(p)] for p in params if id(p) in index and p.grad is not None]

@@ -239,24 +239,17 @@ def _train_sequential(config: dict, mesh, topology: ClusterTopology) -> dict:
     (one model alive at a time)."""
     results = {}
     for name in config["optimizers"]:
-        trainer = _FakeRankTrainer(name, config, mesh, topology)
-        for i in range(config["warmup"] + config["steps"]):
-            trainer.step(timed=i >= config["warmup"])
-        if config.get("profile"):
-            _profile(trainer)
-        trainer.step(timed=False, counting=True)
-        results[name] = trainer.result()
-        trainer.close()
+        results.update(_train_in_turns(config, mesh, topology, [name]))
     return results
 
 
-def _train_in_turns(config: dict, mesh, topology: ClusterTopology) -> dict:
-    """Every optimizer's model alive at once, one step of each in turn, the order rotated
-    every step. NOTE: trained one after the other, the same forward + backward moved from
+def _train_in_turns(config: dict, mesh, topology: ClusterTopology, names: list[str] | None = None) -> dict:
+    """Every optimizer's model (of `names`, default all) alive at once, one step of each in
+    turn, the order rotated every step. NOTE: trained one after the other, the same forward + backward moved from
     197 to 272 ms between the optimizers of one run on an H200 (BENCHMARKS.md, "The step
     begun from backward, run on the fake rank"): the device's clocks drift over a run
     (power limit), so a comparison within 1% needs both sides in the same stretch of it."""
-    trainers = [_FakeRankTrainer(name, config, mesh, topology) for name in config["optimizers"]]
+    trainers = [_FakeRankTrainer(name, config, mesh, topology) for name in names or config["optimizers"]]
     for i in range(config["warmup"] + config["steps"]):
         k = i % len(trainers)
         for trainer in trainers[k:] + trainers[:k]:
