@@ -1,5 +1,5 @@
 // dmuon/step/device_ops.cpp — the argument check every DeviceOps shares, and what the
-// device's ops support by default.
+// device's ops support by default (no NorMuon pass, no device-time marks).
 #include "step/device_ops.h"
 
 #include "common/check.h"
@@ -13,6 +13,16 @@ OwnedBuffer DeviceOps::normuon(NsView& /*result*/, const NsBatchDesc& /*batch*/,
                                const std::vector<NormuonMatrix>& /*matrices*/, const optim::NormuonRule& /*rule*/,
                                const Buffer& /*gate*/, const Buffer& /*result_flags*/) {
   DMUON_FAIL("normuon=True is not supported by the step engine's ops on ", device_name(device()));
+}
+
+int64_t DeviceOps::record_mark() {
+  DMUON_FAIL("device-time marks are not made by the step engine's ops on ", device_name(device()),
+             " (device_marks() is false: time them on the host)");
+}
+
+double DeviceOps::mark_seconds(int64_t /*from*/, int64_t /*to*/) {
+  DMUON_FAIL("device-time marks are not made by the step engine's ops on ", device_name(device()),
+             " (device_marks() is false: time them on the host)");
 }
 
 void check_normuon_matrix(const char* what, const NormuonMatrix& m, const NsBatchDesc& batch,

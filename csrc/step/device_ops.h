@@ -204,6 +204,15 @@ class DeviceOps {
   virtual std::vector<int32_t> read_flags(const std::vector<Buffer>& buffers) = 0;
   /// Waits for everything enqueued (profiling).
   virtual void synchronize() = 0;
+  /// Device-time marks (step/phase_clock.h, PhaseTiming::kDevice). Whether the ops make
+  /// them; by default not: their calls run at once, so host time is theirs (the CPU).
+  virtual bool device_marks() const { return false; }
+  /// A mark enqueued on the ops' stream: its id (valid until clear_marks()).
+  virtual int64_t record_mark();
+  /// Device seconds from mark `from` to mark `to`; waits for `to`.
+  virtual double mark_seconds(int64_t from, int64_t to);
+  /// Forgets every mark (their ids may be given again).
+  virtual void clear_marks() {}
   /// run(k) for every k in order, batch k's work on stream stream_of[k] (0: the ops'
   /// stream); every stream starts after what was enqueued before and the ops' stream waits
   /// for all of them before this returns. Returns the number of streams used.

@@ -24,7 +24,8 @@ StepEngine::StepEngine(Transport& transport, DeviceOps& ops, std::vector<ParamSp
       table_(std::move(params), transport.world_size()),
       options_(std::move(options)),
       rank_(transport.rank()),
-      world_(transport.world_size()) {
+      world_(transport.world_size()),
+      clock_(ops, options_.timing, [this](const PhaseTarget& t, double seconds) { add_phase_seconds(t, seconds); }) {
   options_.validate();
   DMUON_CHECK(rank_ >= 0 && rank_ < world_, "StepEngine: rank ", rank_, " outside a world of ", world_);
   wire_dtype_ = resolve_wire_dtype(options_.wire_dtype, ops_.device().kind);
@@ -180,7 +181,7 @@ StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
 
   // Momentum of every piece of this rank in the stage; U into its first wire region (the
   // others, in gather mode, are copies). Whole items this rank computes wait for the iterate.
-  const auto prepare_start = Clock::now();
+  const PhaseClock::Mark prepare_start = clock_.start();
   std::vector<PreparePiece> prepare;
   std::vector<std::pair<Buffer, Buffer>> copies;
   for (const NsBatch& batch : stage.batches)
@@ -205,10 +206,7 @@ StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
     }
   if (!prepare.empty()) ops_.prepare_pieces(prepare, st.gate.get());
   for (const auto& [from, to] : copies) ops_.copy(from, to);
-  if (options_.profile) ops_.synchronize();
-  const double prepare_s = seconds_since(prepare_start);
-  stats_.momentum_s += prepare_s;
-  line.prepare_s += prepare_s;
+  clock_.stop(prepare_start, {{PhaseField::kMomentum}, {PhaseField::kStagePrepare, s}});
 
   issue_exchange(f, f.send.get().slice(0, to_others), send_counts, recv_counts, exchange,
                  "all_to_all of stage " + std::to_string(s) + "'s pieces to their owners (" + step_name(st.step_idx) +
@@ -229,11 +227,10 @@ void StepEngine::issue_exchange(Flight& f, const Buffer& send, const std::vector
   // zeros for returned results (the apply's time does not depend on values). Not real
   // work: outside every phase, its time in model_fill_s (synchronized when profiling).
   if (!transport_.moves_data() && !f.recv.get().empty()) {
-    const auto fill_start = Clock::now();
+    const PhaseClock::Mark fill_start = clock_.start();
     if (synthetic_seed != 0) ops_.fill_synthetic(f.recv.get(), synthetic_seed);
     else ops_.fill_zero(f.recv.get());
-    if (options_.profile) ops_.synchronize();
-    stats_.model_fill_s += seconds_since(fill_start);
+    clock_.stop(fill_start, {{PhaseField::kModelFill}});
   }
   const auto start = Clock::now();
   if (collective) f.pending = transport_.all_to_all(send, send_counts, f.recv.get(), recv_counts, what);
@@ -280,7 +277,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
   stats_.comm_wait_s += waited;
   line.forward_wait_s += waited;
 
-  start = Clock::now();
+  const PhaseClock::Mark ns_start = clock_.start();
   // This rank's NS batches of the stage, restricted to the items with gradients.
   std::vector<NsBatch> mine;
   for (const NsBatch& batch : stage.batches) {
@@ -442,10 +439,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
   line.num_batches = static_cast<int64_t>(order.size());
   if (!order.empty()) stats_.num_streams = std::max<int64_t>(stats_.num_streams, num_streams);
   forward = Flight{};  // NOTE: the stage's forward buffers are read; free them before the next stage's
-  if (options_.profile) ops_.synchronize();
-  const double ns_s = seconds_since(start);
-  stats_.ns_s += ns_s;
-  line.ns_s += ns_s;
+  clock_.stop(ns_start, {{PhaseField::kNs}, {PhaseField::kStageNs, s}});
 
   for (auto& batch_held : held)
     for (auto& [h, a, item] : batch_held) {
@@ -475,7 +469,7 @@ void StepEngine::land(size_t s, StepState& st, Flight& back) {
   stats_.comm_wait_s += waited;
   line.return_wait_s += waited;
 
-  start = Clock::now();
+  const PhaseClock::Mark apply_start = clock_.start();
   std::vector<ApplyPiece> apply;
   for (const NsBatch& batch : stage.batches) {
     if (batch.owner == kEveryRank || batch.owner == rank_) continue;
@@ -493,10 +487,7 @@ void StepEngine::land(size_t s, StepState& st, Flight& back) {
   }
   if (!apply.empty()) ops_.apply_pieces(apply, st.gate.get(), st.result_flags.get());
   back = Flight{};
-  if (options_.profile) ops_.synchronize();
-  const double apply_s = seconds_since(start);
-  stats_.apply_s += apply_s;
-  line.apply_s += apply_s;
+  clock_.stop(apply_start, {{PhaseField::kApply}, {PhaseField::kStageApply, s}});
 }
 
 StepOutcome StepEngine::nonfinite_gradient(const std::vector<int>& flagged, std::vector<bool> active, int64_t step_idx,

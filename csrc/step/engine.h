@@ -34,6 +34,7 @@
 #include "step/device_ops.h"
 #include "step/items.h"
 #include "step/options.h"
+#include "step/phase_clock.h"
 #include "step/stages.h"
 #include "step/stats.h"
 #include "step/transport.h"
@@ -171,6 +172,8 @@ class StepEngine {
   void commit_early_stages(StepState& st, Early& early);
   void drain_early();
   void start_stats();
+  // Where clock_ adds a phase's seconds (stats_, the open step's early work).
+  void add_phase_seconds(const PhaseTarget& target, double seconds);
   void agree_results(StepState& st);
   StepOutcome step_gated(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
                          int64_t step_idx, const std::vector<CheckOnly>& extra);
@@ -224,6 +227,8 @@ class StepEngine {
   // stage has run before. Key: (group, dtype, rows, cols, count).
   std::set<std::tuple<int, int, int64_t, int64_t, int64_t>> warm_batches_;
   StepStats stats_;
+  // NOTE: made after stats_ (its add function writes there and into early_).
+  PhaseClock clock_;
   std::unique_ptr<Early> early_;       // the open step's early work (begin_step → commit/discard)
   std::unique_ptr<StepState> agreed_;  // finish() → commit()
 };

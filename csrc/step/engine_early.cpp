@@ -91,10 +91,9 @@ void StepEngine::items_ready(const std::vector<int>& items, const std::vector<Pa
   if (!work.empty()) {
     // NOTE: timed like the early stages' NS (synchronized when profiling), so that the
     // share of NS inside backward counts these too (at world 1 they are all of it).
-    const auto start = Clock::now();
+    const PhaseClock::Mark start = clock_.start();
     local_items_ready(work, tensors);
-    if (options_.profile) ops_.synchronize();
-    early.local_ns_s += seconds_since(start);
+    clock_.stop(start, {{PhaseField::kEarlyLocalNs}});
   }
   advance_stages(tensors);
 }
@@ -183,7 +182,7 @@ void StepEngine::local_items_ready(const std::vector<int>& work, const std::vect
 
 // The agreed step's early items: staged momentum into the buffers, held results applied.
 void StepEngine::commit_early(StepState& st, Early& early) {
-  const auto start = Clock::now();
+  const PhaseClock::Mark start = clock_.start();
   std::vector<ApplyPiece> apply;
   for (int item = 0; item < table_.num_items(); ++item) {
     if (early.staged[static_cast<size_t>(item)].get().empty() && early.result[static_cast<size_t>(item)].empty())
@@ -199,7 +198,7 @@ void StepEngine::commit_early(StepState& st, Early& early) {
   if (!apply.empty()) ops_.apply_pieces(apply, Buffer{}, st.result_flags.get());
   stats_.num_orthogonalized += early.num_items;
   stats_.num_ns_batches += early.num_batches;
-  stats_.apply_s += seconds_since(start);
+  clock_.stop(start, {{PhaseField::kApply}});
 }
 
 // ---- Early stages: items that travel (issue 27).
@@ -223,10 +222,10 @@ void StepEngine::advance_stages(const std::vector<ParamTensors>& tensors) {
     issue_early_stage(early.next_stage, tensors);
     ++early.next_stage;
   }
-  const auto start = Clock::now();
+  const PhaseClock::Mark start = clock_.start();
   const int64_t before = stats_.num_orthogonalized;
   while (early.ns_done + 1 < early.next_stage) run_early_ns(early.ns_done++);
-  early.ns_s += seconds_since(start);
+  clock_.stop(start, {{PhaseField::kEarlyNs}});
   early.ns_items += stats_.num_orthogonalized - before;
 }
 
@@ -296,7 +295,7 @@ void StepEngine::finish_early_stages() {
 // stage order, then landed, and this rank's own rows applied.
 void StepEngine::commit_early_stages(StepState& st, Early& early) {
   if (early.next_stage == 0) return;
-  const auto start = Clock::now();
+  const PhaseClock::Mark start = clock_.start();
   for (int p = 0; p < table_.num_params(); ++p)
     if (!early.staged_param[static_cast<size_t>(p)].get().empty())
       ops_.copy(early.staged_param[static_cast<size_t>(p)].get(), (*st.tensors)[static_cast<size_t>(p)].momentum);
@@ -339,7 +338,7 @@ void StepEngine::commit_early_stages(StepState& st, Early& early) {
     land(s, es, back);
   }
   st.result_flags = std::move(es.result_flags);
-  stats_.apply_s += seconds_since(start);
+  clock_.stop(start, {{PhaseField::kApply}});
 }
 
 // Drops the early stages: forwards still in flight are waited for (every rank issued them).
@@ -351,6 +350,7 @@ void StepEngine::drain_early() {
 
 // A fresh step's stats, with a timeline line per stage.
 void StepEngine::start_stats() {
+  clock_.drop();
   stats_ = StepStats{};
   stats_.pipeline_depth = depth_;
   stats_.stages.resize(stages_.size());
@@ -360,6 +360,33 @@ void StepEngine::start_stats() {
     for (auto* v : {&line.forward_sent_to, &line.forward_received_from, &line.return_sent_to,
                     &line.return_received_from})
       v->assign(static_cast<size_t>(world_), 0);
+  }
+}
+
+void StepEngine::add_phase_seconds(const PhaseTarget& target, double seconds) {
+  const auto stage_line = [&]() -> StageTimeline* {
+    return target.stage < stats_.stages.size() ? &stats_.stages[target.stage] : nullptr;
+  };
+  switch (target.field) {
+    case PhaseField::kMomentum: stats_.momentum_s += seconds; break;
+    case PhaseField::kModelFill: stats_.model_fill_s += seconds; break;
+    case PhaseField::kNs: stats_.ns_s += seconds; break;
+    case PhaseField::kApply: stats_.apply_s += seconds; break;
+    case PhaseField::kEarlyNs:
+      if (early_) early_->ns_s += seconds;
+      break;
+    case PhaseField::kEarlyLocalNs:
+      if (early_) early_->local_ns_s += seconds;
+      break;
+    case PhaseField::kStagePrepare:
+      if (StageTimeline* line = stage_line()) line->prepare_s += seconds;
+      break;
+    case PhaseField::kStageNs:
+      if (StageTimeline* line = stage_line()) line->ns_s += seconds;
+      break;
+    case PhaseField::kStageApply:
+      if (StageTimeline* line = stage_line()) line->apply_s += seconds;
+      break;
   }
 }
 

@@ -109,6 +109,8 @@ void StepEngine::agree_results(StepState& st) {
                                                  "all_reduce of the result flags (" + step_name(st.step_idx) + ")")[0];
     first_bad = agreed != 0 ? static_cast<int>(num_params - agreed) : -1;
   }
+  // NOTE: the device is past the step's last pass here (read_flags waited for it).
+  clock_.resolve();
   stats_.total_s = seconds_since(st.start);
   DMUON_CHECK(first_bad < 0, "dmuon ", step_name(st.step_idx), ": the orthogonalized update of parameter '",
               table_.param(first_bad).name,
@@ -130,6 +132,7 @@ StepOutcome StepEngine::step(const std::vector<ParamTensors>& tensors, const std
 // step's one host wait is at its end.
 StepOutcome StepEngine::step_gated(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
                                    int64_t step_idx, const std::vector<CheckOnly>& extra) {
+  clock_.drop();
   stats_ = StepStats{};
   stats_.pipeline_depth = depth_;
   const int num_params = table_.num_params();
@@ -181,6 +184,9 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
   } close{early_};
   // Early stages: the NS of those not yet run (gated; every rank issued the same ones).
   finish_early_stages();
+  // NOTE: the early work's device times are read before they are summed below (the
+  // agreement's read_flags waits for the device a little later anyway).
+  clock_.resolve();
   const bool early_stages = early_ && early_->next_stage > 0;
   if (!early_stages) {
     stats_ = StepStats{};

@@ -59,6 +59,15 @@ WireDType parse_wire_dtype(const std::string& name);
 /// auto: float32 on the CPU, bfloat16 on CUDA (16-bit halves the bytes moved).
 DType resolve_wire_dtype(WireDType wire, DeviceKind device);
 
+/// How the engine times its phases (step/phase_clock.h).
+enum class PhaseTiming {
+  kEnqueue,       ///< host time to enqueue them (no wait; on a GPU not the device's time)
+  kSynchronized,  ///< host time after waiting for the device at each phase's end (real,
+                  ///< but the phases, and the backward around early work, stop overlapping)
+  kDevice,        ///< device time between marks on the ops' stream, read when the step
+                  ///< ends (real without a host wait; CPU ops: host time, which is theirs)
+};
+
 /// How the engine runs; fixed when the engine is made.
 struct EngineOptions {
   Mode mode = Mode::kOwner;
@@ -75,8 +84,8 @@ struct EngineOptions {
   int64_t ns_batch_bytes = int64_t{2048} << 20;
   /// CUDA graphs of the NS iteration (replayed from a batch's third run on).
   bool graphs = true;
-  /// Synchronize the device between phases so that the phase times are real.
-  bool profile = false;
+  /// How the phases are timed (StepStats, the per-stage timeline): PhaseTiming.
+  PhaseTiming timing = PhaseTiming::kEnqueue;
   /// Stages in backward order (StageLimits::backward_order): for a step begun inside
   /// backward (issue 27), whose stages leave as backward completes them.
   bool backward_order = false;

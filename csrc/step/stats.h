@@ -2,9 +2,9 @@
 // per-stage timeline with the bytes exchanged with each peer, which the fake-world
 // projection of issue 31 turns into a step time at a given link bandwidth.
 //
-// Times are host wall clock of the engine's phases; on a GPU they are the time to enqueue
-// unless EngineOptions::profile synchronizes the device after each phase (which costs the
-// overlap it measures).
+// Times are as EngineOptions::timing takes them (step/phase_clock.h): by default the host
+// time to enqueue each phase (on a GPU not the device's time); synchronized after each
+// phase (real, at the cost of the overlap it measures); or device time between marks.
 #pragma once
 
 #include <cstdint>

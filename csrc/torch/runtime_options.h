@@ -31,7 +31,8 @@ struct RuntimeOptions {
   /// "broadcast" (rank 0 solves, the others receive it) | "local" (every rank solves it
   /// deterministically). Either way the ranks agree on its fingerprint.
   std::string plan_source = "auto";
-  /// Record each stage's compute phases, synchronized (StepStats::bucket_times), for the projection.
+  /// Record each stage's compute phases (StepStats::bucket_times) for the projection: device
+  /// time between marks (step::PhaseTiming::kDevice), or synchronized with `profile`.
   bool record_timeline = false;
   // Code-path switches (Python: dmuon.Execution). Unset: the DMUON_* variable named, read
   // when the runtime is made (common/env.h), else the default.

@@ -1,5 +1,5 @@
 # GoogleTest tests of the step engine (csrc/step): its parts, the loopback transport, and
-# the whole engine on the CPU ops against an fp64 Muon.
+# the whole engine on the CPU ops against an fp64 Muon, and its phase times.
 add_executable(dmuon_step_tests
   ${CMAKE_CURRENT_LIST_DIR}/step_world.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_step_parts.cpp
@@ -10,6 +10,7 @@ add_executable(dmuon_step_tests
   ${CMAKE_CURRENT_LIST_DIR}/test_step_stage_layout.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_step_normuon.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_step_col_blocks.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_phase_clock.cpp
 )
 target_include_directories(dmuon_step_tests PRIVATE ${CMAKE_CURRENT_LIST_DIR})
 target_link_libraries(dmuon_step_tests PRIVATE dmuon::core GTest::gtest GTest::gtest_main)

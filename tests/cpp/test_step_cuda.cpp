@@ -696,6 +696,51 @@ TEST(StepCudaEngine, MatchesFp64MuonAtWorldsOneAndTwo) {
   }
 }
 
+// Phases timed by device marks (step/phase_clock.h, what the fake-world benchmark records):
+// the same bytes as the untimed step, and every stage's prepare and NS positive device time.
+TEST(StepCudaEngine, DeviceTimedPhasesChangeNothingAndAreFilledIn) {
+  SKIP_WITHOUT_GPU();
+  const dmuon::testing::World world(gpu_model(DType::kFloat32), 2, 2, 77);
+  dmuon::step::EngineOptions options;
+  options.solver = dmuon::plan::SolverKind::kLpt;
+  options.stage_bytes = 64 << 10;
+  options.graphs = false;  // NOTE: two ranks on one GPU (see above)
+  const auto rules = gpu_rules(0.02);
+  const auto untimed = run_on_gpu(world, options, rules, 2);
+  options.timing = dmuon::step::PhaseTiming::kDevice;
+  const auto timed = run_on_gpu(world, options, rules, 2);
+  for (size_t r = 0; r < 2; ++r) {
+    ASSERT_EQ(timed.errors[r], "") << "rank " << r;
+    for (size_t p = 0; p < timed.tensors[r].param.size(); ++p)
+      EXPECT_EQ(timed.tensors[r].param[p].bytes(), untimed.tensors[r].param[p].bytes()) << "rank " << r << ", param " << p;
+    const auto& stats = timed.stats[r];
+    ASSERT_GT(stats.stages.size(), 1u);
+    double ns = 0;
+    for (const auto& line : stats.stages) {
+      EXPECT_GT(line.prepare_s, 0.0) << "rank " << r << ", stage " << line.stage_idx;
+      ns += line.ns_s;
+    }
+    EXPECT_GT(ns, 0.0) << "rank " << r;
+    EXPECT_NEAR(stats.ns_s, ns, 1e-9) << "rank " << r;
+  }
+}
+
+TEST(StepCudaOps, MarksTimeTheDeviceAndAreReusedAfterClear) {
+  SKIP_WITHOUT_GPU();
+  CudaOps gpu;
+  ASSERT_TRUE(gpu.device_marks());
+  auto buffer = gpu.allocate(DType::kFloat32, int64_t{1} << 26);
+  const int64_t a = gpu.record_mark();
+  for (int k = 0; k < 8; ++k) gpu.fill_synthetic(buffer.get(), 1 + k);
+  const int64_t b = gpu.record_mark();
+  const double seconds = gpu.mark_seconds(a, b);
+  EXPECT_GT(seconds, 0.0);
+  EXPECT_LT(seconds, 10.0);
+  EXPECT_NE(dmuon::testing::error_of([&] { gpu.mark_seconds(a, b + 1); }).find("mark"), std::string::npos);
+  gpu.clear_marks();
+  EXPECT_EQ(gpu.record_mark(), 0) << "ids are given again after clear_marks()";
+}
+
 // Column blocks (split_heads with split_dim=1: per-head o_proj) on the CUDA ops: each rank's
 // piece of a block is strided in its local tensor (check, prepare, the local iterate and
 // both applies read and write it in place); sharded unevenly, replicated, bfloat16, at

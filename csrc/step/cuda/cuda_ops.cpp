@@ -90,10 +90,13 @@ struct CudaOps::Impl {
   std::unique_ptr<cuda::StreamSet> streams;
   int32_t* pinned = nullptr;  // host copies of the flags
   size_t pinned_count = 0;
+  std::vector<cudaEvent_t> marks;  // device-time marks, reused after clear_marks()
+  size_t num_marks = 0;            // marks[0, num_marks) are recorded
 
   ~Impl() {
     graphs.reset();
     streams.reset();
+    for (cudaEvent_t e : marks) cudaEventDestroy(e);
     if (own_stream && main != nullptr) {
       cudaStreamSynchronize(main);
       cudaStreamDestroy(main);
@@ -468,6 +471,31 @@ void CudaOps::synchronize() {
   DeviceGuard guard(impl_->options.device);
   DMUON_CHECK_CUDA(cudaStreamSynchronize(impl_->current));
 }
+
+int64_t CudaOps::record_mark() {
+  DeviceGuard guard(impl_->options.device);
+  if (impl_->num_marks == impl_->marks.size()) {
+    cudaEvent_t event = nullptr;
+    DMUON_CHECK_CUDA(cudaEventCreate(&event));
+    impl_->marks.push_back(event);
+  }
+  DMUON_CHECK_CUDA(cudaEventRecord(impl_->marks[impl_->num_marks], impl_->current));
+  return static_cast<int64_t>(impl_->num_marks++);
+}
+
+double CudaOps::mark_seconds(int64_t from, int64_t to) {
+  DeviceGuard guard(impl_->options.device);
+  for (int64_t id : {from, to})
+    DMUON_CHECK(id >= 0 && static_cast<size_t>(id) < impl_->num_marks, "CudaOps::mark_seconds: mark ", id,
+                " was not recorded (", impl_->num_marks, " since clear_marks())");
+  DMUON_CHECK_CUDA(cudaEventSynchronize(impl_->marks[static_cast<size_t>(to)]));
+  float ms = 0.0f;
+  DMUON_CHECK_CUDA(cudaEventElapsedTime(&ms, impl_->marks[static_cast<size_t>(from)],
+                                        impl_->marks[static_cast<size_t>(to)]));
+  return static_cast<double>(ms) * 1e-3;
+}
+
+void CudaOps::clear_marks() { impl_->num_marks = 0; }
 
 int CudaOps::run_on_streams(const std::vector<int>& stream_of, const std::function<void(size_t)>& run) {
   DeviceGuard guard(impl_->options.device);

@@ -75,6 +75,11 @@ class CudaOps : public DeviceOps {
 
   std::vector<int32_t> read_flags(const std::vector<Buffer>& buffers) override;
   void synchronize() override;
+  /// CUDA events on the current stream (made once, reused).
+  bool device_marks() const override { return true; }
+  int64_t record_mark() override;
+  double mark_seconds(int64_t from, int64_t to) override;
+  void clear_marks() override;
   int run_on_streams(const std::vector<int>& stream_of, const std::function<void(size_t)>& run) override;
 
  private:

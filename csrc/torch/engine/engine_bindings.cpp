@@ -109,7 +109,8 @@ void register_engine_bindings(py::module_& m) {
             }
             return out;
           },
-          "the last step's stages on this rank: phase seconds (synchronized with profile) and bytes per peer")
+          "the last step's stages on this rank: phase seconds (synchronized with profile, device time with "
+          "record_timeline) and bytes per peer")
       .def_property_readonly(
           "execution",
           [](const EngineRuntime& r) {
@@ -117,7 +118,7 @@ void register_engine_bindings(py::module_& m) {
             py::dict d;
             d["fused_streams"] = e.num_streams, d["pipeline_depth"] = r.pipeline_depth();
             d["ns_batch_mb"] = e.ns_batch_bytes >> 20, d["cuda_graphs"] = e.graphs;
-            d["profile"] = r.options().profile || e.profile;
+            d["profile"] = e.timing == step::PhaseTiming::kSynchronized;
             return d;
           },
           "The code-path switches as resolved when the runtime was made (options, else DMUON_* variables)");

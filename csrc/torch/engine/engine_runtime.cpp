@@ -107,8 +107,11 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
   DMUON_CHECK(ns_batch_mb >= 1, "DMUON_NS_BATCH_MB must be at least 1, got ", ns_batch_mb);
   e.ns_batch_bytes = ns_batch_mb << 20;
   e.graphs = env::resolve(options_.cuda_graphs, env::kCudaGraphs);
-  // NOTE: the per-stage timeline is device time only when the phases synchronize.
-  e.profile = options_.profile || options_.record_timeline || env::kProfile.get();
+  // NOTE: profiling synchronizes every phase; a recorded timeline takes device time
+  // between marks instead, so that work begun inside backward does not stall it.
+  e.timing = options_.profile || env::kProfile.get() ? step::PhaseTiming::kSynchronized
+             : options_.record_timeline             ? step::PhaseTiming::kDevice
+                                                    : step::PhaseTiming::kEnqueue;
   e.backward_order = options_.backward_order;
   e.solver = plan::parse_solver(options_.solver);
   e.milp = plan::MilpOptions::from_env();

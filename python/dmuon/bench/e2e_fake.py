@@ -38,9 +38,12 @@ the early stages' returns and the pipeline of the stages that did not leave earl
 both agreements). The table's last
 lines give the share of the NS matrices that ran inside backward (the engine's
 early_orthogonalized / num_orthogonalized, as `bench e2e` prints it for real worlds).
-NOTE: the fake rank records its stage timeline (the projection needs it), which
-synchronizes the device between the engine's phases, inside backward too: a real rank
-(no timeline) does not; the NS inside backward is therefore charged a little high.
+NOTE: the fake rank records its stage timeline (the projection needs it) as device time
+between marks on the engine's stream (step/phase_clock.h), read at step(): nothing waits
+for the device inside backward, as on a real rank. It used to synchronize the device at
+every phase, which drains the queue backward's kernels were launched into (measured at
+fake 64 on 1.5B, 2026-12-04: within the runs' noise; the hooks' host time was the larger
+cost, BENCHMARKS.md "Host time of the step begun from backward").
 """
 
 from __future__ import annotations
