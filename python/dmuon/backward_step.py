@@ -52,13 +52,15 @@ from torch import nn
 from dmuon import distributed
 
 
-def _fingerprint(grad: torch.Tensor, local_grad: torch.Tensor) -> tuple:
-    """What tells a gradient changed since it was handed over: the tensor, its local
-    storage, and the local values' norm (a device scalar).
-    NOTE: measured on torch 2.11: clip_grad_norm_ on FSDP2's DTensor gradients scales them
-    in place without moving either version counter, so the values themselves are compared
-    (one norm per parameter, read once at step())."""
-    return grad, local_grad.data_ptr(), torch.linalg.vector_norm(local_grad.detach().float())
+def _norms(local_grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The float64 norm of each local gradient (device scalars; float64 takes every
+    gradient dtype without narrowing), in one multi-tensor pass.
+    NOTE: what tells a gradient changed since it was handed over, with the tensor and its
+    local storage: measured on torch 2.11, clip_grad_norm_ on FSDP2's DTensor gradients
+    scales them in place without moving either version counter, so the values themselves
+    are compared (read once at step()). One pass per call, not one norm per parameter: the
+    hooks run inside backward, where a host-bound loop waits for every launch."""
+    return list(torch._foreach_norm([g.detach() for g in local_grads], 2, dtype=torch.float64))
 
 
 class BackwardStep:
@@ -68,12 +70,16 @@ class BackwardStep:
         self.opt = optimizer
         self.handles: list[Any] = []
         self.attached: list[str] = []  # what was attached ("fsdp2", "ddp")
-        self.ready: dict[int, tuple] = {}  # Muon index → _fingerprint of its gradient
+        # Muon index → (gradient tensor, its local storage's address, its norm) when handed over
+        self.ready: dict[int, tuple] = {}
         self.fresh: dict[int, torch.Tensor] = {}  # Muon index → zeros buffer made for the begun step
         self.pending: list[tuple[list[torch.Tensor], Any]] = []  # DDP buckets whose all-reduce is in flight
         # FSDP2 groups reduced but not handed over yet: (sharded params, post-reduce event or None)
         self.pending_fsdp: list[tuple[list[torch.Tensor], Any]] = []
         self._index: dict[int, int] | None = None
+        # NOTE: the Muon parameters and their local tensors, read once per begun step (the
+        # groups cannot change inside backward).
+        self._muon: list[tuple[int, torch.Tensor]] | None = None
 
     # ------------------------------------------------------------------ attaching
     def attach(self, model: nn.Module) -> None:
@@ -175,22 +181,24 @@ class BackwardStep:
             return
         if any(i in self.ready for i in idxs):
             self.discard()  # NOTE: a second synced backward before step(): start over
-        muon = opt._muon_params()
         if not runtime.step_open:
             group_options, _ = opt._muon_group_options()
             runtime.begin_step(group_options, opt.param_groups[0]["num_steps"] + 1)
-        grads: list[Any] = [None] * len(muon)
-        buffers: list[Any] = [None] * len(muon)
+        if self._muon is None:
+            self._muon = opt._muon_params()
+        muon = self._muon
+        params, grads, buffers = [], [], []
         for i in idxs:
             p = muon[i][1]
             buffer = opt.state.get(p, {}).get("momentum_buffer")
             if buffer is None:
                 buffer = self.fresh.setdefault(i, torch.zeros_like(p, memory_format=torch.preserve_format))
-            local_grad = distributed.local(p.grad)
-            grads[i] = local_grad
-            buffers[i] = distributed.local(buffer)
-            self.ready[i] = _fingerprint(p.grad, local_grad)
-        runtime.params_ready(idxs, [distributed.local(p) for _, p in muon], grads, buffers)
+            params.append(distributed.local(p))
+            grads.append(distributed.local(p.grad))
+            buffers.append(distributed.local(buffer))
+        for i, local_grad, norm in zip(idxs, grads, _norms(grads)):
+            self.ready[i] = (muon[i][1].grad, local_grad.data_ptr(), norm)
+        runtime.params_ready(idxs, params, grads, buffers)
 
     def take(self, group: Any) -> dict[int, torch.Tensor]:
         """At step(): the begun step's fresh momentum buffers when it can be completed; else
@@ -206,18 +214,19 @@ class BackwardStep:
         if runtime is None or not runtime.step_open:
             self._reset()
             return {}
-        muon = self.opt._muon_params()
+        muon = self._muon if self._muon is not None else self.opt._muon_params()
         changed = False
         then, now = [], []
         for i, (grad, ptr, norm) in self.ready.items():
             p = muon[i][1]
-            if p.grad is not grad or distributed.local(p.grad).data_ptr() != ptr:
+            local_grad = distributed.local(p.grad) if p.grad is grad else None
+            if local_grad is None or local_grad.data_ptr() != ptr:
                 changed = True
                 break
             then.append(norm)
-            now.append(_fingerprint(p.grad, distributed.local(p.grad))[2])
+            now.append(local_grad)
         if not changed and then:
-            changed = bool((torch.stack(then) != torch.stack(now)).any().item())
+            changed = bool((torch.stack(then) != torch.stack(_norms(now))).any().item())
         # NOTE: every rank must take the same branch (the engine's collectives differ).
         if group is not None and runtime.world_size > 1:
             flag = torch.tensor([1 if changed else 0], dtype=torch.int64)
@@ -227,7 +236,7 @@ class BackwardStep:
             self.discard()
             return {}
         fresh = self.fresh
-        self.ready, self.fresh = {}, {}
+        self.ready, self.fresh, self._muon = {}, {}, None
         return fresh
 
     def discard(self) -> None:
@@ -240,3 +249,4 @@ class BackwardStep:
     def _reset(self) -> None:
         self.ready, self.fresh = {}, {}
         self.pending_fsdp = []
+        self._muon = None

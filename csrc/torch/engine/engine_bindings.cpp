@@ -68,10 +68,9 @@ void register_engine_bindings(py::module_& m) {
       .def(
           "params_ready",
           [](EngineRuntime& runtime, std::vector<int64_t> ready, std::vector<at::Tensor> params,
-             std::vector<std::optional<at::Tensor>> grads, std::vector<std::optional<at::Tensor>> momentum) {
-            const std::vector<at::Tensor> g = or_undefined(grads), b = or_undefined(momentum);
+             std::vector<at::Tensor> grads, std::vector<at::Tensor> momentum) {
             py::gil_scoped_release release;
-            runtime.params_ready(ready, params, g, b);
+            runtime.params_ready(ready, params, grads, momentum);
           },
           py::arg("ready"), py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"))
       .def("discard", &EngineRuntime::discard, py::call_guard<py::gil_scoped_release>())

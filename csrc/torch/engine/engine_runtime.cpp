@@ -237,33 +237,35 @@ void EngineRuntime::params_ready(const std::vector<int64_t>& ready, at::TensorLi
                                  const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& momentum) {
   const step::ItemTable& table = engine_->items();
   const size_t n = static_cast<size_t>(table.num_params());
-  DMUON_CHECK(params.size() == n && grads.size() == n && momentum.size() == n, "EngineRuntime::params_ready: ",
-              params.size(), " parameters, ", grads.size(), " gradients and ", momentum.size(),
-              " momentum buffers for ", n, " Muon parameters");
+  DMUON_CHECK(params.size() == ready.size() && grads.size() == ready.size() && momentum.size() == ready.size(),
+              "EngineRuntime::params_ready: ", params.size(), " parameters, ", grads.size(), " gradients and ",
+              momentum.size(), " momentum buffers for ", ready.size(), " ready parameter indices");
   OpsStreamScope scope(*ops_);
   const at::Device device = ops_->device().kind == step::DeviceKind::kCuda
                                 ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(ops_->device().index))
                                 : at::Device(at::kCPU);
   std::vector<step::ParamTensors> tensors(n);
   std::vector<int> items;
-  for (int64_t i : ready) {
+  for (size_t j = 0; j < ready.size(); ++j) {
+    const int64_t i = ready[j];
     DMUON_CHECK(i >= 0 && static_cast<size_t>(i) < n, "EngineRuntime::params_ready: parameter index ", i,
                 " outside [0, ", n, ")");
     const size_t k = static_cast<size_t>(i);
     const std::string& name = table.param(static_cast<int>(i)).name;
-    DMUON_CHECK(grads[k].defined() && momentum[k].defined(), "EngineRuntime::params_ready: parameter '", name,
+    DMUON_CHECK(!tensors[k].has_grad, "EngineRuntime::params_ready: parameter '", name, "' is listed twice");
+    DMUON_CHECK(grads[j].defined() && momentum[j].defined(), "EngineRuntime::params_ready: parameter '", name,
                 "' has no gradient or no momentum buffer");
     // NOTE: the engine writes the buffer itself at commit: a copy would be lost.
-    DMUON_CHECK(momentum[k].is_contiguous() && momentum[k].scalar_type() == dtypes_[k] && momentum[k].device() == device &&
-                    momentum[k].numel() == params[k].numel(),
+    DMUON_CHECK(momentum[j].is_contiguous() && momentum[j].scalar_type() == dtypes_[k] && momentum[j].device() == device &&
+                    momentum[j].numel() == params[j].numel(),
                 "EngineRuntime::params_ready: the momentum buffer of parameter '", name, "' must be contiguous ",
-                dtypes_[k], " [", params[k].numel(), "] on ", device);
-    early_keep_.push_back(grads[k].to(device, dtypes_[k]).contiguous());
-    DMUON_CHECK(params[k].is_contiguous(), "EngineRuntime::params_ready: parameter '", name,
+                dtypes_[k], " [", params[j].numel(), "] on ", device);
+    early_keep_.push_back(grads[j].to(device, dtypes_[k]).contiguous());
+    DMUON_CHECK(params[j].is_contiguous(), "EngineRuntime::params_ready: parameter '", name,
                 "' must be contiguous (its rows are applied in place at step())");
-    tensors[k].param = to_buffer(params[k], "parameter '" + name + "'");
+    tensors[k].param = to_buffer(params[j], "parameter '" + name + "'");
     tensors[k].grad = to_buffer(early_keep_.back(), "the gradient of parameter '" + name + "'");
-    tensors[k].momentum = to_buffer(momentum[k], "the momentum buffer of parameter '" + name + "'");
+    tensors[k].momentum = to_buffer(momentum[j], "the momentum buffer of parameter '" + name + "'");
     tensors[k].has_grad = true;
     const auto [first, count] = table.items_of(static_cast<int>(i));
     for (int item = first; item < first + count; ++item) items.push_back(item);

@@ -58,9 +58,11 @@ class EngineRuntime {
   /// Opens a step whose parameters may be made ready before step() (which completes it).
   void begin_step(const std::vector<MuonGroupOptions>& groups, int64_t step_idx);
   /// The matrices of parameters `ready` (indices) are final on this rank: their stages'
-  /// forward exchanges leave as soon as complete, in stage order. params/grads/momentum as
-  /// step()'s (only those of `ready` are read); the gradient and momentum tensors must stay
-  /// alive and unchanged until step() or discard(); momentum buffers must be contiguous.
+  /// forward exchanges leave as soon as complete, in stage order. params/grads/momentum:
+  /// those of ready[k] at k (local tensors, as step()'s); the gradient and momentum tensors
+  /// must stay alive and unchanged until step() or discard(); momentum buffers must be
+  /// contiguous. NOTE: only the ready parameters cross from Python: one call per FSDP2
+  /// group inside backward, where every tensor converted is host time backward waits for.
   void params_ready(const std::vector<int64_t>& ready, at::TensorList params, const std::vector<at::Tensor>& grads,
                     const std::vector<at::Tensor>& momentum);
   /// Closes a begun step with nothing written.
