@@ -63,6 +63,16 @@ def local(t: torch.Tensor | None) -> torch.Tensor | None:
     return t
 
 
+def same_layout(a: torch.Tensor, b: torch.Tensor | None) -> bool:
+    """Whether `b` lies over the ranks as `a` does: both DTensors of one mesh, placements
+    and shape (so their local tensors hold the same elements), or both plain tensors."""
+    if isinstance(a, DTensor) != isinstance(b, DTensor):
+        return False
+    if not isinstance(a, DTensor):
+        return True
+    return a.device_mesh == b.device_mesh and a.placements == b.placements and a.shape == b.shape
+
+
 def mesh_view(name: str, param: DTensor) -> MeshView:
     """This rank's view of `param`'s mesh placement; a placement DMuon cannot serve
     (``Partial``, …) raises naming the parameter and its placements."""

@@ -258,9 +258,10 @@ def test_what_is_left_at_step_adds_the_early_returns_to_the_late_pipeline():
 
 
 def test_profile_summarizes_one_more_step_of_each_optimizer_per_phase(capsys):
-    # CPU: no device timeline; the hooks' host ranges and the top host ops. The step begun
-    # from backward hands each FSDP2 group over from the next group's hook: the blocks
-    # inside backward, the root (reduced last) from take() at step().
+    # CPU: no device timeline; the library's host ranges and the top host ops. The step
+    # begun from backward hands each FSDP2 group over from the next group's hook: the blocks
+    # inside backward, the root (reduced last) from take() at step(), inside step()'s
+    # engine call, between its input checks and its AdamW part.
     assert main([*_TINY, "--fake-world", "4", "--optimizers", "dmuon,adamw", "--backward-step", "on",
                  "--profile"]) == 0
     printed = capsys.readouterr().out
@@ -269,10 +270,12 @@ def test_profile_summarizes_one_more_step_of_each_optimizer_per_phase(capsys):
     adamw = printed.split("profile of one adamw step")[1]
     fwd_bwd = dmuon.split(" bench.fwd_bwd: ")[1].split("\n")[0]
     opt = dmuon.split(" bench.opt_step: ")[1].split("\n")[0]
-    assert "params_final " in fwd_bwd and f" in {len(blocks)} calls" in fwd_bwd, fwd_bwd
-    assert "params_final " in opt and "take " in opt and opt.count(" in 1 calls") == 2, opt
+    assert "backward_step.params_final " in fwd_bwd and f" in {len(blocks)} calls" in fwd_bwd, fwd_bwd
+    assert " step." not in fwd_bwd, fwd_bwd
+    for name in ("backward_step.params_final", "backward_step.take", "step.inputs", "step.engine", "step.adamw"):
+        assert f"{name} " in opt and opt.split(f"{name} ")[1].split(",")[0].split(";")[0].endswith(" in 1 calls"), (name, opt)
     assert "host waits: none" in fwd_bwd  # NOTE: the CPU has no device to wait for
-    assert "DMuon's hooks: none" in adamw.split(" bench.fwd_bwd: ")[1].split("\n")[0]
+    assert "DMuon's ranges: none" in adamw.split(" bench.fwd_bwd: ")[1].split("\n")[0]
     # The top operators are listed under each phase (self host time, calls).
     assert "x  aten::" in dmuon and "x  aten::" in adamw
 
@@ -284,6 +287,6 @@ def test_profile_summary_of_synthetic_phases():
                      hook_calls={"dmuon.backward_step.params_final": 3}, syncs={"cudaStreamSynchronize": 2},
                      timeline="  device timeline of the step: …", top=[("gemm", 4.0, 10)])
     text = format_phases("dmuon", [p], on_gpu=True)
-    assert "bench.fwd_bwd: host range 12.50 ms; DMuon's hooks: params_final 1.25 ms in 3 calls; " \
+    assert "bench.fwd_bwd: host range 12.50 ms; DMuon's ranges: backward_step.params_final 1.25 ms in 3 calls; " \
            "host waits: cudaStreamSynchronize x2" in text
     assert "device timeline" in text and "    4.000 ms      10x  gemm" in text

@@ -7,9 +7,10 @@ backward, DMuon's hooks inside) and "bench.opt_step" (`optimizer.step()`). For e
 the summary gives:
 - the device timeline (GPUs only): the phase's host range against the union of the device
   activity in it, its idle gaps largest first (bench.timeline);
-- the host time inside DMuon's backward-step hooks ("dmuon.backward_step.*" ranges, which
-  the library records) and how often the host waited for the device (synchronize calls:
-  each one drains the queue the host had run ahead with);
+- the host time inside DMuon's host ranges ("dmuon.*", which the library records: its
+  backward-step hooks, and step()'s input checks, engine call and AdamW part) and how often
+  the host waited for the device (synchronize calls: each one drains the queue the host
+  had run ahead with);
 - the phase's top operators by self device time (GPUs) or self host time (CPUs).
 NOTE: made to find the cost of the step begun from backward at fake world 64 (BENCHMARKS.md,
 "The step begun from backward, optimizers in turns": +20 ms of forward + backward for 0.7 ms
@@ -24,8 +25,8 @@ from typing import Callable
 
 # Host calls that block until the device has caught up.
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy")
-# Host ranges the library records around its backward-step hooks (dmuon.backward_step).
-HOOK_PREFIX = "dmuon.backward_step."
+# Host ranges the library records (dmuon.backward_step's hooks, DMuon.step's parts).
+HOOK_PREFIX = "dmuon."
 PHASES = ("bench.fwd_bwd", "bench.opt_step")
 
 
@@ -35,7 +36,7 @@ class PhaseProfile:
 
     name: str
     host_ms: float
-    hook_ms: dict[str, float] = field(default_factory=dict)  # hook range → host ms (summed)
+    hook_ms: dict[str, float] = field(default_factory=dict)  # library range → host ms (summed)
     hook_calls: dict[str, int] = field(default_factory=dict)
     syncs: dict[str, int] = field(default_factory=dict)  # blocking call → count
     timeline: str = ""  # format_timeline's lines (GPUs), else empty
@@ -101,7 +102,7 @@ def format_phases(optimizer: str, phases: list[PhaseProfile], on_gpu: bool, widt
         hooks = ", ".join(f"{n[len(HOOK_PREFIX):]} {p.hook_ms[n]:.2f} ms in {p.hook_calls[n]} calls"
                           for n in sorted(p.hook_ms)) or "none"
         syncs = ", ".join(f"{n} x{c}" for n, c in sorted(p.syncs.items())) or "none"
-        lines.append(f" {p.name}: host range {p.host_ms:.2f} ms; DMuon's hooks: {hooks}; host waits: {syncs}")
+        lines.append(f" {p.name}: host range {p.host_ms:.2f} ms; DMuon's ranges: {hooks}; host waits: {syncs}")
         if p.timeline:
             lines.append(p.timeline)
         for name, ms, calls in p.top:
