@@ -1,60 +1,68 @@
 #!/usr/bin/env bash
 # One device call (one H200): where the step begun from backward spends its time (issue 27).
-# Builds dmuon, then for each fake world D in $WORLDS (default "64 8") runs Qwen2.5-1.5B's
-# training step with the optimizers in turns, backward_step on and off, each with both build
-# orders (adamw first, dmuon first), and one profiled step per optimizer (--profile) in the
-# "on, adamw first" run. Prints a short table last: per run the forward + backward, what is
-# left after backward and the step against AdamW.
+# Builds dmuon, then runs each case of $CASES: a model's training step on the fake rank of
+# world D, the optimizers in turns, backward_step on or off, in a build order, optionally
+# with one profiled step per optimizer (--profile). Prints a short table last: per run the
+# forward + backward, what is left after backward and the step against AdamW.
 # Usage (through the device tool; carry .cutlass): bash scripts/device_backward_step.sh
-# Environment: WORLDS, MODEL (default qwen2.5-1.5b), SEQ (4096), STEPS (5), RUN_TIMEOUT (s per run, 100);
-# a CPU smoke run: MODEL=tiny SEQ=16 WORLDS=4 STEPS=1 bash scripts/device_backward_step.sh
+# Environment: CASES (whitespace-separated MODEL:D:on|off:ORDER[:profile]; default below),
+# SEQ (4096), STEPS (5), RUN_TIMEOUT (s per run, 150), TIMING_AB (1: one more 1.5B run at
+# fake 64 with DMUON_PROFILE=1, the phases synchronized as before device marks);
+# a CPU smoke run: CASES="tiny:4:on:adamw,dmuon" SEQ=16 STEPS=1 TIMING_AB=0 bash scripts/device_backward_step.sh
 # NOTE: the build order matters on its own (BENCHMARKS.md, "The step begun from backward,
-# optimizers in turns": the model built first ran 15 ms slower in one run): each setting
-# runs with both orders.
+# optimizers in turns": the model built first ran 15 ms slower in one run): the default
+# cases run 1.5B at fake 64 with both orders.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/dmuon_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-WORLDS=${WORLDS:-"64 8"}
-MODEL=${MODEL:-qwen2.5-1.5b}
+DEFAULT_CASES="qwen2.5-1.5b:64:on:adamw,dmuon:profile qwen2.5-1.5b:64:off:adamw,dmuon
+qwen2.5-1.5b:64:on:dmuon,adamw qwen2.5-1.5b:64:off:dmuon,adamw
+qwen2.5-1.5b:8:on:adamw,dmuon qwen2.5-1.5b:8:off:adamw,dmuon
+qwen2.5-7b:64:on:adamw,dmuon qwen2.5-7b:64:off:adamw,dmuon"
+CASES=${CASES:-$DEFAULT_CASES}
 STEPS=${STEPS:-5}
 SEQ=${SEQ:-4096}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
 python3 -c "import dmuon._C" 2>/dev/null || source scripts/device_build.sh || exit 1
 
 runs=()
-for D in $WORLDS; do
-  for mode in on off; do
-    for order in adamw,dmuon dmuon,adamw; do
-      name="e2e_${D}_${mode}_${order/,/_}"
-      extra=()
-      [ "$mode" = on ] && [ "$order" = adamw,dmuon ] && extra=(--profile)
-      timeout "${RUN_TIMEOUT:-100}" python3 -m dmuon bench e2e --model "$MODEL" --seq "$SEQ" --micro-batch 1 \
-        --warmup 2 --steps "$STEPS" --fake-world "$D" --backward-step "$mode" --optimizers "$order" \
-        "${extra[@]}" --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1 || echo "$name: exit $?"
-      grep -E "^profile of one|^ bench\.|device timeline|^    gap " "$OUT/$name.log" | head -30
-      runs+=("$name")
-    done
-  done
+run_case() {  # name, model, D, mode, order, extra args...
+  local name=$1 model=$2 world=$3 mode=$4 order=$5
+  shift 5
+  timeout "${RUN_TIMEOUT:-150}" python3 -m dmuon bench e2e --model "$model" --seq "$SEQ" --micro-batch 1 \
+    --warmup 2 --steps "$STEPS" --fake-world "$world" --backward-step "$mode" --optimizers "$order" \
+    "$@" --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1 || echo "$name: exit $?"
+  grep -E "^profile of one|^ bench\.|device timeline|^    gap " "$OUT/$name.log" | head -30
+  runs+=("$name")
+}
+for c in $CASES; do
+  IFS=: read -r model world mode order profile <<< "$c"
+  extra=()
+  [ "${profile:-}" = profile ] && extra=(--profile)
+  run_case "${model}_${world}_${mode}_${order/,/_}" "$model" "$world" "$mode" "$order" "${extra[@]}"
 done
+if [ "${TIMING_AB:-1}" = 1 ]; then
+  DMUON_PROFILE=1 run_case "qwen2.5-1.5b_64_on_adamw_dmuon_synced" qwen2.5-1.5b 64 on adamw,dmuon
+fi
 
-echo "=== summary ($MODEL, fake worlds $WORLDS, optimizers in turns) ==="
+echo "=== summary (fake worlds, optimizers in turns, seq $SEQ) ==="
 python3 - "$OUT" "${runs[@]}" <<'PY'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-print(f"{'run':<28} {'dmuon fwd+bwd':>14} {'adamw fwd+bwd':>14} {'dmuon left':>11} {'adamw opt':>10} {'NS in bwd':>10} {'vs AdamW':>9}")
+print(f"{'run':<40} {'dmuon fwd+bwd':>14} {'adamw fwd+bwd':>14} {'dmuon left':>11} {'adamw opt':>10} {'NS in bwd':>10} {'vs AdamW':>9}")
 for name in sys.argv[2:]:
     path = out / f"{name}.json"
     if not path.exists():
-        print(f"{name:<28} (no record)")
+        print(f"{name:<40} (no record)")
         continue
     o = json.loads(path.read_text())["optimizers"]
     d, a = o["dmuon"], o["adamw"]
     share = d["muon"].get("early_share") if d["muon"] else None
     versus = (d["projected_step_ms"] - a["projected_step_ms"]) / a["projected_step_ms"] * 100
-    print(f"{name:<28} {d['fwd_bwd_ms']:14.1f} {a['fwd_bwd_ms']:14.1f} {d['opt_left_after_backward_ms']:11.1f} "
+    print(f"{name:<40} {d['fwd_bwd_ms']:14.1f} {a['fwd_bwd_ms']:14.1f} {d['opt_left_after_backward_ms']:11.1f} "
           f"{a['opt_ms']:10.1f} {('%.0f%%' % (share * 100)) if d['backward_step'] and share is not None else '-':>10} "
           f"{versus:+8.2f}%")
 PY
