@@ -70,7 +70,10 @@ def same_layout(a: torch.Tensor, b: torch.Tensor | None) -> bool:
         return False
     if not isinstance(a, DTensor):
         return True
-    return a.device_mesh == b.device_mesh and a.placements == b.placements and a.shape == b.shape
+    # NOTE: the mesh object first: FSDP2 gives a module's tensors one mesh, and comparing
+    # two meshes compares their rank lists.
+    same_mesh = a.device_mesh is b.device_mesh or a.device_mesh == b.device_mesh
+    return same_mesh and a.placements == b.placements and a.shape == b.shape
 
 
 def mesh_view(name: str, param: DTensor) -> MeshView:

@@ -19,6 +19,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.adam import adam as _torch_adam
 
+from dmuon.adamw_steps import DeviceSteps
 from dmuon.backward_step import BackwardStep
 from dmuon import distributed, rank_agreement
 from dmuon._ops import _C
@@ -135,6 +136,7 @@ class DMuon(torch.optim.Optimizer):
         self._runtime_split: tuple | None = None  # split_key the runtime was built with
         # The step begun inside backward (dmuon.backward_step); resolved with the runtime.
         self._backward = BackwardStep(self)
+        self._adamw_device_steps = DeviceSteps()
         self._backward_step_on = False
         self._schedules: dict[int, tuple[tuple, Any]] = {}  # group index → (its _schedule_key, NsSchedule)
         self._muon_defaults = dict(lr=lr, weight_decay=weight_decay, **math.as_dict(), **SPLIT_DEFAULTS)
@@ -466,9 +468,8 @@ class DMuon(torch.optim.Optimizer):
             device = next((local_p.device.type for _, p in muon for local_p in [distributed.local(p)]), "cpu")
             device_type = "cuda" if device == "cuda" else "cpu"
             costs = self._measured_costs(muon, layouts, group, device_type)
-            # NOTE: None: on where the step spans several ranks (its exchanges can overlap
-            # backward), off in one process (measured default: docs/configuration.md).
-            world = 1 if group is None or not dist.is_initialized() else dist.get_world_size(group)
+            # NOTE: None: off (measured default, docs/configuration.md: on the fake ranks of
+            # worlds 8 and 64 the step begun from backward never beat the step after it).
             wanted = self.execution.backward_step
             # NOTE: NorMuon's row state is made at step(): the step of such groups cannot
             # begin inside backward (column blocks can: they are pieces of the tensors).
@@ -477,7 +478,7 @@ class DMuon(torch.optim.Optimizer):
             if wanted and unable:
                 raise ValueError(f"Execution.backward_step=True cannot start the step inside backward for "
                                  f"{unable[0]}; set backward_step=None or False")
-            self._backward_step_on = (bool(world > 1 if wanted is None else wanted) and bool(self._backward.attached)
+            self._backward_step_on = (bool(wanted) and bool(self._backward.attached)
                                       and self._ownership is None and not unable)
             options = _C.dist.RuntimeOptions(device_type=device_type, cost_entries=costs,
                                              backward_order=self._backward_step_on, **self._runtime_options)
@@ -808,7 +809,8 @@ class DMuon(torch.optim.Optimizer):
         same placements): AdamW is elementwise, so each rank's shard steps alone, bitwise as
         through DTensor, without DTensor's dispatch of each of AdamW's passes (measured on a
         CPU fake rank of world 64, Qwen2.5-0.5B's 122 AdamW parameters: 8.7 ms through
-        DTensor, 4.6 ms on the local tensors, compute included)."""
+        DTensor, 4.6 ms on the local tensors, compute included); on one CUDA device, through
+        torch's fused kernel (dmuon.adamw_steps)."""
         exp_avgs, exp_avg_sqs, steps, targets, grads, halves = [], [], [], [], [], []
         states = [self._adamw_state(p) for p in params]
         # NOTE: one form for the whole list (torch's foreach passes take no mix of the two).
@@ -827,9 +829,16 @@ class DMuon(torch.optim.Optimizer):
                 targets.append(view(p))
                 grads.append(view(p.grad))
         beta1, beta2 = group["betas"]
-        _torch_adam(targets, grads, exp_avgs, exp_avg_sqs, [], steps,
-                    decoupled_weight_decay=True, amsgrad=False, beta1=beta1, beta2=beta2,
-                    lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
-                    maximize=False)
+        options = dict(decoupled_weight_decay=True, amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
+                       weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
+        device = targets[0].device
+        if local and device.type == "cuda" and all(t.device == device for t in targets):
+            # NOTE: torch's fused kernel (one launch per dtype; adamw_steps.py says why),
+            # on device copies of the CPU step counters.
+            device_steps = self._adamw_device_steps.of(id(group), steps, device)
+            _torch_adam(targets, grads, exp_avgs, exp_avg_sqs, [], device_steps, fused=True, **options)
+            self._adamw_device_steps.advanced(id(group), steps)
+        else:
+            _torch_adam(targets, grads, exp_avgs, exp_avg_sqs, [], steps, **options)
         for p, full in halves:
             p.copy_(full)
