@@ -124,8 +124,8 @@ class Execution(_Options):
     CUDA streams one process spreads its NS batches over),
     ``pipeline_depth`` (DMUON_PIPELINE_DEPTH [0: twice the world size]), ``ns_batch_mb``
     (DMUON_NS_BATCH_MB [2048]), ``cuda_graphs`` (DMUON_CUDA_GRAPHS [on]).
-    ``backward_step``: start the sharded step from backward (dmuon.backward_step; None: on
-    where the step runs over several ranks, off in one process)."""
+    ``backward_step``: start the sharded step from backward (dmuon.backward_step; None: off,
+    the measured default, docs/configuration.md)."""
 
     mode: str = "owner"
     bucket_size_mb: float = 64.0
@@ -153,7 +153,7 @@ class Execution(_Options):
             _fail(Execution, "profile", "True or False", self.profile)
         _check_optional_bool(self, "cuda_graphs")
         if self.backward_step is not None and not isinstance(self.backward_step, bool):
-            _fail(Execution, "backward_step", "True, False or None (on for several ranks, off for one)",
+            _fail(Execution, "backward_step", "True, False or None (off)",
                   self.backward_step)
         _check_optional_int(self, "fused_streams", 1, 8)
         _check_optional_int(self, "pipeline_depth", 0)

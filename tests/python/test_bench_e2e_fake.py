@@ -59,9 +59,8 @@ def test_one_rank_of_a_fake_world_counts_fsdp2s_collectives_and_projects_each_op
         assert o["fwd_bwd_projected_ms"] >= o["fwd_bwd_compute_ms"], name
         assert o["sanitized_groups"] == len(blocks) + 1, name
         assert o["projected_step_ms"] == pytest.approx(o["fwd_bwd_projected_ms"] + o["opt_left_after_backward_ms"]), name
-    # NOTE: world 4, auto: DMuon's step is begun from backward (AdamW has none).
-    assert optimizers["dmuon"]["backward_step"] and optimizers["gather"]["backward_step"]
-    assert not optimizers["adamw"]["backward_step"]
+    # NOTE: world 4, auto: the library's default, the step after backward (measured).
+    assert not any(o["backward_step"] for o in optimizers.values())
     assert optimizers["adamw"]["opt_left_after_backward_ms"] == optimizers["adamw"]["opt_ms"]
     # DMuon's exchange was simulated from this rank's pipeline; AdamW's step has none.
     assert optimizers["dmuon"]["muon"]["simulated_s"] > 0 and optimizers["dmuon"]["muon"]["bytes_sent"] > 0

@@ -62,7 +62,7 @@ def register(subparsers) -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is killed")
     parser.add_argument("--backward-step", choices=("auto", "on", "off"), default="auto",
-                        help="DMuon's step begun inside backward (Execution.backward_step; auto: on for world > 1)")
+                        help="DMuon's step begun inside backward (Execution.backward_step; auto: the library's default, off)")
     parser.add_argument("--bucket-mb", type=float, default=None,
                         help="DMuon's Execution.bucket_size_mb (wire MiB per pipeline stage; default its default)")
     parser.add_argument("--order", choices=("turns", "sequential"), default=None,

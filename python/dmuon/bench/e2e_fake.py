@@ -28,7 +28,7 @@ there; the last one, issued as backward ends, is charged to the step).
 The optimizer step is projected as in `bench step --fake-world` (DMuon's stage pipeline
 over every rank, the other ranks predicted from this one); AdamW's step has no collectives.
 
-With --backward-step on (or auto at world > 1) the step really begins from backward
+With --backward-step on the step really begins from backward
 (dmuon.backward_step): each group's gradients reach DMuon's hook sane, the stages whose
 gradients are final leave inside backward, and their owners' NS runs there on this device,
 competing with backward for it as on a real rank: the measured forward + backward includes
@@ -296,7 +296,7 @@ def run_fake(args) -> int:
                   warmup=args.warmup, seed=args.seed, world=world, rank=rank,
                   bucket_mb=getattr(args, "bucket_mb", None), optimizers=optimizers,
                   order=getattr(args, "order", None) or "turns", profile=bool(getattr(args, "profile", False)),
-                  backward_step_on={"on": True, "off": False}.get(getattr(args, "backward_step", "auto"), world > 1))
+                  backward_step_on=getattr(args, "backward_step", "auto") == "on")  # NOTE: auto: the library's default (off)
     env = environment_line(device)
     hsdp = f" (HSDP {replicas} x {shards})" if replicas > 1 else ""
     print(f"dmuon bench e2e --fake-world {world}{hsdp}, rank {rank} | {env}", flush=True)

@@ -24,7 +24,7 @@ class Settings:
     adamw_lr: float = 3e-4  # AdamW, and DMuon's AdamW parameters
     weight_decay: float = 0.1
     device_type: str = "cuda"
-    backward_step: bool | None = None  # DMuon's Execution.backward_step (None: on for world > 1)
+    backward_step: bool | None = None  # DMuon's Execution.backward_step (None: the default, off)
     bucket_size_mb: float | None = None  # DMuon's Execution.bucket_size_mb (None: its default)
 
 
