@@ -676,6 +676,17 @@ void expect_applied_and_close_to_fp64_muon(const dmuon::testing::World& world, c
   });
 }
 
+// Engine options of runs whose ranks share one GPU: LPT, several stages, and no CUDA graphs
+// (one thread's graph capture must not meet another's device-wide synchronization, the
+// loopback's copies; the one-rank runs cover the graphs).
+dmuon::step::EngineOptions ranks_sharing_one_gpu() {
+  dmuon::step::EngineOptions options;
+  options.solver = dmuon::plan::SolverKind::kLpt;
+  options.stage_bytes = 64 << 10;
+  options.graphs = false;
+  return options;
+}
+
 TEST(StepCudaEngine, MatchesFp64MuonAtWorldsOneAndTwo) {
   SKIP_WITHOUT_GPU();
   for (int world_size : {1, 2}) {
@@ -701,10 +712,7 @@ TEST(StepCudaEngine, MatchesFp64MuonAtWorldsOneAndTwo) {
 TEST(StepCudaEngine, DeviceTimedPhasesChangeNothingAndAreFilledIn) {
   SKIP_WITHOUT_GPU();
   const dmuon::testing::World world(gpu_model(DType::kFloat32), 2, 2, 77);
-  dmuon::step::EngineOptions options;
-  options.solver = dmuon::plan::SolverKind::kLpt;
-  options.stage_bytes = 64 << 10;
-  options.graphs = false;  // NOTE: two ranks on one GPU (see above)
+  dmuon::step::EngineOptions options = ranks_sharing_one_gpu();
   const auto rules = gpu_rules(0.02);
   const auto untimed = run_on_gpu(world, options, rules, 2);
   options.timing = dmuon::step::PhaseTiming::kDevice;
@@ -788,10 +796,7 @@ TEST(StepCudaEngine, MeshPlacementsMatchFp64MuonAtWorldFour) {
       placed({"experts", {4, 32, 48}, 1, true, f32, 0}, {s0, s0}),
   };
   const dmuon::testing::World world(model, 4, 2, 28);
-  dmuon::step::EngineOptions options;
-  options.solver = dmuon::plan::SolverKind::kLpt;
-  options.stage_bytes = 64 << 10;
-  options.graphs = false;  // NOTE: several ranks on one GPU (see MatchesFp64MuonAtWorldsOneAndTwo)
+  const dmuon::step::EngineOptions options = ranks_sharing_one_gpu();
   const auto rules = gpu_rules(0.02);
   const auto run = run_on_gpu(world, options, rules, 2);
   for (int r = 0; r < 4; ++r) ASSERT_EQ(run.errors[static_cast<size_t>(r)], "") << "rank " << r;
