@@ -93,8 +93,10 @@ class StepEngine {
   /// invalid; and, after the rest of the step was applied, when an orthogonalized update
   /// was not finite.
   /// `extra`: gradients checked with the step's (every rank passes the same list).
+  /// `agree_results`: false (several ranks) leaves an applied step's result agreement to
+  /// agree_committed() (commit(false)); one process always agrees at once.
   StepOutcome step(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules, int64_t step_idx,
-                   const std::vector<CheckOnly>& extra = {});
+                   const std::vector<CheckOnly>& extra = {}, bool agree_results = true);
 
   // ---- Early work and the two-phase step (the weight-ownership mode's local items; the
   // sharded step begun inside backward, issue 27: stages of items that travel).
@@ -128,7 +130,15 @@ class StepEngine {
   /// Writes the agreed step: the early items' staged momentum and held results, the rest
   /// through the pipeline; then the result agreement (throws naming the first parameter
   /// whose orthogonalized update was not finite, after the rest was applied).
-  void commit();
+  /// `agree`: false leaves the result agreement (the host read of the result flags, and
+  /// the ranks' all_reduce of them) to agree_committed(), so that the caller can enqueue its
+  /// own work while the device finishes this step's. NOTE: every rank must then call
+  /// agree_committed() before any other call of the engine (its all_reduce is collective).
+  void commit(bool agree = true);
+  /// The result agreement of the step commit(false) wrote; throws as commit() does.
+  void agree_committed();
+  /// Whether a step was committed without its result agreement.
+  bool results_pending() const { return committed_ != nullptr; }
   /// Closes the open step without writing anything (early results dropped).
   void discard();
 
@@ -231,6 +241,7 @@ class StepEngine {
   PhaseClock clock_;
   std::unique_ptr<Early> early_;       // the open step's early work (begin_step → commit/discard)
   std::unique_ptr<StepState> agreed_;  // finish() → commit()
+  std::unique_ptr<StepState> committed_;  // commit(false) → agree_committed()
 };
 
 }  // namespace dmuon::step

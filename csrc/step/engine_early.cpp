@@ -13,6 +13,8 @@
 namespace dmuon::step {
 
 void StepEngine::begin_step(const std::vector<GroupRule>& rules, int64_t step_idx) {
+  DMUON_CHECK(!committed_, "StepEngine::begin_step(", step_name(step_idx), "): the last step's results are not "
+              "agreed yet (call agree_committed first)");
   DMUON_CHECK(!step_open(), "StepEngine::begin_step(", step_name(step_idx), "): ",
               step_name(early_ ? early_->step_idx : agreed_->step_idx),
               " is still open (finish and commit it, or discard it)");

@@ -118,12 +118,14 @@ void StepEngine::agree_results(StepState& st) {
 }
 
 StepOutcome StepEngine::step(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
-                             int64_t step_idx, const std::vector<CheckOnly>& extra) {
+                             int64_t step_idx, const std::vector<CheckOnly>& extra, bool agree_results) {
+  DMUON_CHECK(!committed_, "StepEngine::step(", step_name(step_idx), "): the last step's results are not agreed yet "
+              "(call agree_committed first)");
   if (world_ == 1 && !step_open()) return step_gated(tensors, rules, step_idx, extra);
   StepOutcome outcome = finish(tensors, rules, step_idx, extra);
   DMUON_CHECK(outcome.status != StepOutcome::Status::kCorruptMomentum, outcome.message);
   if (outcome.status != StepOutcome::Status::kAgreed) return outcome;
-  commit();
+  commit(agree_results || world_ == 1);
   outcome.status = StepOutcome::Status::kApplied;
   return outcome;
 }
@@ -174,6 +176,8 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
                                int64_t step_idx, const std::vector<CheckOnly>& extra) {
   DMUON_CHECK(!agreed_, "StepEngine::finish: ", step_name(agreed_ ? agreed_->step_idx : 0),
               " was finished but neither committed nor discarded");
+  DMUON_CHECK(!committed_, "StepEngine::finish(", step_name(step_idx), "): the last step's results are not agreed "
+              "yet (call agree_committed first)");
   // NOTE: every exit but the agreed one closes the step: early results are dropped.
   struct CloseUnlessAgreed {
     std::unique_ptr<Early>& early;
@@ -309,7 +313,7 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
   return outcome;
 }
 
-void StepEngine::commit() {
+void StepEngine::commit(bool agree) {
   DMUON_CHECK(agreed_, "StepEngine::commit: no finished step to commit (call finish() first, and commit only "
               "when it returned kAgreed)");
   std::unique_ptr<StepState> st = std::move(agreed_);
@@ -322,6 +326,16 @@ void StepEngine::commit() {
   }
   early.reset();  // NOTE: staging and held results are written back; free them before the pipeline's buffers
   run_pipeline(*st);
+  if (!agree) {
+    committed_ = std::move(st);
+    return;
+  }
+  agree_results(*st);
+}
+
+void StepEngine::agree_committed() {
+  DMUON_CHECK(committed_, "StepEngine::agree_committed: no step was committed without its result agreement");
+  const std::unique_ptr<StepState> st = std::move(committed_);
   agree_results(*st);
 }
 

@@ -609,9 +609,15 @@ class DMuon(torch.optim.Optimizer):
         if owned["bad"]:
             self._discard_owned()
             return self._refused(owned["bad"], step_idx, loss)
+        # NOTE: with several ranks (no owned matrices) the engine returns before its result
+        # agreement, whose host read waits for the device: the AdamW part (its gradients
+        # agreed finite already) is enqueued meanwhile, then the results are agreed. A
+        # non-finite orthogonalized update still raises on every rank, after the rest of
+        # the step, AdamW's part included, was applied.
+        defer = runtime.world_size > 1 and self._ownership is None
         try:
             with torch.profiler.record_function("dmuon.step.engine"):
-                applied = self._engine_step_rest(runtime, step_idx)
+                applied = self._engine_step_rest(runtime, step_idx, defer)
         except BaseException:
             self._discard_owned()
             raise
@@ -619,19 +625,25 @@ class DMuon(torch.optim.Optimizer):
             self._discard_owned()
             return self._refused(applied, step_idx, loss)
         self._commit_owned(owned, step_idx)
-        with torch.profiler.record_function("dmuon.step.adamw"):
-            for group in self.param_groups:
-                group["num_steps"] += 1
-                if not group["use_muon"]:
-                    active = [p for p in group["params"] if p.grad is not None]
-                    if active:
-                        self._adamw_group_step(group, active)
+        try:
+            with torch.profiler.record_function("dmuon.step.adamw"):
+                for group in self.param_groups:
+                    group["num_steps"] += 1
+                    if not group["use_muon"]:
+                        active = [p for p in group["params"] if p.grad is not None]
+                        if active:
+                            self._adamw_group_step(group, active)
+        finally:
+            # NOTE: collective: every rank agrees even when its AdamW part raised.
+            with torch.profiler.record_function("dmuon.step.agree_results"):
+                self._engine_call(runtime.agree_results)
         return loss
 
-    def _engine_step_rest(self, runtime: Any, step_idx: int) -> Any:
+    def _engine_step_rest(self, runtime: Any, step_idx: int, defer: bool = False) -> Any:
         """The engine's step of every Muon parameter it holds (the owned ones excluded),
         AdamW's gradients checked with it: True when applied, else the names of the
-        parameters whose gradients were not finite (nothing was written)."""
+        parameters whose gradients were not finite (nothing was written). `defer`: an
+        applied step's result agreement is left to runtime.agree_results()."""
         muon = self._muon_params()
         muon_ids = {id(p) for _, p in muon}
         group_options, _ = self._muon_group_options()
@@ -670,8 +682,8 @@ class DMuon(torch.optim.Optimizer):
         others = [p for group in self.param_groups if not group["use_muon"] for p in group["params"]
                   if id(p) not in muon_ids]
         extra = [distributed.local(p.grad) if p.grad is not None else None for p in others]
-        outcome = self._engine_call(runtime, params, grads, buffers, group_options, step_idx,
-                                    [self.param_name(p) for p in others], extra, row_states)
+        outcome = self._engine_call(runtime.step, params, grads, buffers, group_options, step_idx,
+                                    [self.param_name(p) for p in others], extra, row_states, defer)
         if not outcome["applied"]:
             bad = {id(muon[i][1]) for i in outcome["nonfinite_params"]} | {id(others[k]) for k in outcome["nonfinite_extra"]}
             return [self.param_name(p) for group in self.param_groups for p in group["params"] if id(p) in bad]
@@ -695,11 +707,11 @@ class DMuon(torch.optim.Optimizer):
         return loss
 
     @staticmethod
-    def _engine_call(runtime: Any, *args: Any) -> dict[str, Any]:
-        """runtime.step(*args); a momentum buffer holding NaN/Inf raises NonFiniteGradientError
-        (the engine refuses the step on every rank, naming it)."""
+    def _engine_call(call: Callable[..., Any], *args: Any) -> Any:
+        """call(*args) (the runtime's step or agree_results); a momentum buffer holding NaN/Inf
+        raises NonFiniteGradientError (the engine refuses the step on every rank, naming it)."""
         try:
-            return runtime.step(*args)
+            return call(*args)
         except RuntimeError as error:
             if "(corrupt optimizer state)" in str(error):
                 raise NonFiniteGradientError(str(error)) from None

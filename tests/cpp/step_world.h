@@ -128,6 +128,9 @@ struct EngineRun {
 struct RunHooks {
   std::function<step::DeviceOps&(int rank, step::CpuOps& cpu)> ops;
   std::function<void(int rank, int step, RankTensors& t)> before_step;
+  /// Set: each step's result agreement is deferred (step(..., agree_results=false)); this
+  /// runs between the step and agree_committed() (while the results are pending).
+  std::function<void(int rank, int step, step::StepEngine& engine)> before_results;
 };
 
 /// `num_steps` engine steps on every rank of a loopback world (CpuOps that poison their

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "step_expect.h"
+#include "error_of.h"
 #include "step_world.h"
 
 namespace {
@@ -398,12 +399,55 @@ class PoisonResultOps : public dmuon::testing::ForwardingOps {
   int64_t rows_, cols_;
 };
 
-TEST(StepEngine, NonFiniteResultIsNotAppliedAndRaisesOnEveryRank) {
+// The result agreement deferred (commit(false), what DMuon does to enqueue its AdamW part
+// meanwhile): the same bytes as agreed at once; pending on every rank of a world of 3 (one
+// process agrees at once); the engine refuses every other call, naming agree_committed.
+TEST(StepEngine, DeferredResultAgreementGivesTheSameStepAndRefusesOtherCallsMeanwhile) {
   for (int world_size : {1, 3}) {
+    const World world(awkward_model(DType::kFloat32), world_size, 2, 13);
+    EngineOptions options;
+    options.solver = dmuon::plan::SolverKind::kLpt;
+    options.stage_bytes = 256;
+    const std::vector<GroupRule> rules = awkward_rules();
+    const EngineRun at_once = dmuon::testing::run_engine(world, options, rules, 2);
+    std::vector<int> pending(static_cast<size_t>(world_size), 0);
+    std::vector<std::string> refusals(static_cast<size_t>(world_size));
+    dmuon::testing::RunHooks hooks;
+    hooks.before_results = [&](int r, int s, dmuon::step::StepEngine& engine) {
+      if (!engine.results_pending()) return;
+      ++pending[static_cast<size_t>(r)];
+      dmuon::testing::RankTensors t = world.local(r);
+      refusals[static_cast<size_t>(r)] =
+          dmuon::testing::error_of([&] { engine.finish(t.views(), rules, s + 1); }) + " | " +
+          dmuon::testing::error_of([&] { engine.begin_step(rules, s + 1); });
+    };
+    const EngineRun deferred = dmuon::testing::run_engine(world, options, rules, 2, hooks);
+    for (int r = 0; r < world_size; ++r) {
+      ASSERT_EQ(deferred.errors[static_cast<size_t>(r)], "") << "rank " << r;
+      EXPECT_EQ(pending[static_cast<size_t>(r)], world_size > 1 ? 2 : 0) << "rank " << r;
+      if (world_size > 1) {
+        // NOTE: the refusals seen while step 2's results were pending (calls for step 3).
+        EXPECT_NE(refusals[static_cast<size_t>(r)].find("StepEngine::finish(step 3): the last step's results are not "
+                                                        "agreed yet (call agree_committed first) | "),
+                  std::string::npos) << refusals[static_cast<size_t>(r)];
+        EXPECT_NE(refusals[static_cast<size_t>(r)].find("StepEngine::begin_step(step 3): the last step's results"),
+                  std::string::npos) << refusals[static_cast<size_t>(r)];
+      }
+    }
+    for (int p = 0; p < static_cast<int>(world.model().size()); ++p)
+      EXPECT_EQ(world.gather(p, deferred.tensors, false), world.gather(p, at_once.tensors, false))
+          << "world " << world_size << ", " << world.model()[static_cast<size_t>(p)].name;
+  }
+}
+
+TEST(StepEngine, NonFiniteResultIsNotAppliedAndRaisesOnEveryRank) {
+  // NOTE: with the result agreement deferred too (agree_committed raises).
+  for (const auto& [world_size, defer] : {std::pair{1, false}, std::pair{3, false}, std::pair{3, true}}) {
     const World world(awkward_model(DType::kFloat32), world_size, 1, 9);
     const int bad = param_index(world, "tall");  // the only 12 × 5 matrix
     std::vector<std::unique_ptr<PoisonResultOps>> poison(static_cast<size_t>(world_size));
     dmuon::testing::RunHooks hooks;
+    if (defer) hooks.before_results = [](int, int, dmuon::step::StepEngine&) {};
     hooks.ops = [&](int r, dmuon::step::CpuOps& cpu) -> dmuon::step::DeviceOps& {
       poison[static_cast<size_t>(r)] = std::make_unique<PoisonResultOps>(cpu, 12, 5);
       return *poison[static_cast<size_t>(r)];

@@ -47,13 +47,13 @@ void register_engine_bindings(py::module_& m) {
           [](EngineRuntime& runtime, std::vector<at::Tensor> params, std::vector<std::optional<at::Tensor>> grads,
              std::vector<std::optional<at::Tensor>> momentum, std::vector<MuonGroupOptions> groups, int64_t step_idx,
              std::vector<std::string> extra_names, std::vector<std::optional<at::Tensor>> extra_grads,
-             std::vector<std::optional<at::Tensor>> row_states) {
+             std::vector<std::optional<at::Tensor>> row_states, bool defer_result_agreement) {
             const std::vector<at::Tensor> g = or_undefined(grads), b = or_undefined(momentum);
             const std::vector<at::Tensor> e = or_undefined(extra_grads), v = or_undefined(row_states);
             EngineStepOutcome out;
             {
               py::gil_scoped_release release;
-              out = runtime.step(params, g, b, groups, step_idx, extra_names, e, v);
+              out = runtime.step(params, g, b, groups, step_idx, extra_names, e, v, defer_result_agreement);
             }
             return py::dict(py::arg("applied") = out.applied, py::arg("nonfinite_params") = out.nonfinite_params,
                             py::arg("nonfinite_extra") = out.nonfinite_extra, py::arg("active") = out.active,
@@ -62,7 +62,12 @@ void register_engine_bindings(py::module_& m) {
           py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"), py::arg("groups"), py::arg("step_idx"),
           py::arg("extra_names"), py::arg("extra_grads"),
           // NorMuon's v per parameter (None: the group has no NorMuon or no gradient).
-          py::arg("row_states") = std::vector<std::optional<at::Tensor>>{})
+          py::arg("row_states") = std::vector<std::optional<at::Tensor>>{},
+          // True: with several ranks, return before the result agreement (agree_results()).
+          py::arg("defer_result_agreement") = false)
+      .def("agree_results", &EngineRuntime::agree_results, py::call_guard<py::gil_scoped_release>(),
+           "the result agreement of a step returned with defer_result_agreement=True (every rank)")
+      .def_property_readonly("results_pending", &EngineRuntime::results_pending)
       .def("begin_step", &EngineRuntime::begin_step, py::arg("groups"), py::arg("step_idx"),
            py::call_guard<py::gil_scoped_release>())
       .def(

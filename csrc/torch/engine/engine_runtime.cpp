@@ -143,7 +143,7 @@ EngineStepOutcome EngineRuntime::step(at::TensorList params, const std::vector<a
                                       const std::vector<MuonGroupOptions>& groups, int64_t step_idx,
                                       const std::vector<std::string>& extra_names,
                                       const std::vector<at::Tensor>& extra_grads,
-                                      const std::vector<at::Tensor>& row_state) {
+                                      const std::vector<at::Tensor>& row_state, bool defer_result_agreement) {
   const step::ItemTable& table = engine_->items();
   const size_t n = static_cast<size_t>(table.num_params());
   DMUON_CHECK(params.size() == n && grads.size() == n && momentum.size() == n, "EngineRuntime::step: ",
@@ -204,14 +204,16 @@ EngineStepOutcome EngineRuntime::step(at::TensorList params, const std::vector<a
   }
   for (const auto& [_, copy] : write_back) keep.push_back(copy);
 
+  // NOTE: the stats are recorded once the step's results are agreed (its device-timed
+  // phases are read then).
   auto finish = [&] {
     for (auto& [target, copy] : write_back) target.copy_(copy);
     early_keep_.clear();
-    record_stats();
+    if (!engine_->results_pending()) record_stats();
   };
   step::StepOutcome outcome;
   try {
-    outcome = engine_->step(tensors, rules_, step_idx, extra);
+    outcome = engine_->step(tensors, rules_, step_idx, extra, !defer_result_agreement);
   } catch (...) {
     finish();
     throw;
@@ -225,6 +227,15 @@ EngineStepOutcome EngineRuntime::step(at::TensorList params, const std::vector<a
   out.message = outcome.message;
   last_active_ = outcome.active;
   return out;
+}
+
+void EngineRuntime::agree_results() {
+  if (!engine_->results_pending()) return;
+  struct Record {
+    EngineRuntime& runtime;
+    ~Record() { runtime.record_stats(); }
+  } record{*this};
+  engine_->agree_committed();
 }
 
 void EngineRuntime::begin_step(const std::vector<MuonGroupOptions>& groups, int64_t step_idx) {

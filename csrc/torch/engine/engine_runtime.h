@@ -52,7 +52,13 @@ class EngineRuntime {
                          const std::vector<at::Tensor>& momentum, const std::vector<MuonGroupOptions>& groups,
                          int64_t step_idx, const std::vector<std::string>& extra_names,
                          const std::vector<at::Tensor>& extra_grads,
-                         const std::vector<at::Tensor>& row_state = {});
+                         const std::vector<at::Tensor>& row_state = {}, bool defer_result_agreement = false);
+  /// With several ranks and `defer_result_agreement`, an applied step returns before its
+  /// result agreement (step::StepEngine::commit(false)): the caller enqueues its own work
+  /// (DMuon: the AdamW part) while the device finishes the step, then calls this on every
+  /// rank. Throws as step() does; a no-op when nothing is pending.
+  void agree_results();
+  bool results_pending() const { return engine_->results_pending(); }
 
   // ---- The step begun inside backward (issue 27; docs/design/step_engine.md, "Early work").
   /// Opens a step whose parameters may be made ready before step() (which completes it).
