@@ -77,8 +77,8 @@ class BackwardStep:
         # FSDP2 groups reduced but not handed over yet: (sharded params, post-reduce event or None)
         self.pending_fsdp: list[tuple[list[torch.Tensor], Any]] = []
         self._index: dict[int, int] | None = None
-        # NOTE: the Muon parameters and their local tensors, read once per begun step (the
-        # groups cannot change inside backward).
+        # NOTE: the Muon parameters, read once per begun step (the groups cannot change
+        # inside backward).
         self._muon: list[tuple[int, torch.Tensor]] | None = None
 
     # ------------------------------------------------------------------ attaching
