@@ -225,7 +225,7 @@ void StepEngine::issue_exchange(Flight& f, const Buffer& send, const std::vector
   // (dist/world_model.h) fills it: synthetic full-rank updates for an owner's NS (an
   // assembled matrix of zeros would draw less power and time its GEMMs too short),
   // zeros for returned results (the apply's time does not depend on values). Not real
-  // work: outside every phase, its time in model_fill_s (synchronized when profiling).
+  // work: outside every phase, its time in model_fill_s (timed as EngineOptions::timing says).
   if (!transport_.moves_data() && !f.recv.get().empty()) {
     const PhaseClock::Mark fill_start = clock_.start();
     if (synthetic_seed != 0) ops_.fill_synthetic(f.recv.get(), synthetic_seed);

@@ -91,7 +91,7 @@ void StepEngine::items_ready(const std::vector<int>& items, const std::vector<Pa
       early.ready[static_cast<size_t>(item)] = true;
   }
   if (!work.empty()) {
-    // NOTE: timed like the early stages' NS (synchronized when profiling), so that the
+    // NOTE: timed like the early stages' NS (EngineOptions::timing), so that the
     // share of NS inside backward counts these too (at world 1 they are all of it).
     const PhaseClock::Mark start = clock_.start();
     local_items_ready(work, tensors);

@@ -67,7 +67,6 @@ void register_engine_bindings(py::module_& m) {
           py::arg("defer_result_agreement") = false)
       .def("agree_results", &EngineRuntime::agree_results, py::call_guard<py::gil_scoped_release>(),
            "the result agreement of a step returned with defer_result_agreement=True (every rank)")
-      .def_property_readonly("results_pending", &EngineRuntime::results_pending)
       .def("begin_step", &EngineRuntime::begin_step, py::arg("groups"), py::arg("step_idx"),
            py::call_guard<py::gil_scoped_release>())
       .def(

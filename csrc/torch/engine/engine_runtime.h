@@ -58,7 +58,6 @@ class EngineRuntime {
   /// (DMuon: the AdamW part) while the device finishes the step, then calls this on every
   /// rank. Throws as step() does; a no-op when nothing is pending.
   void agree_results();
-  bool results_pending() const { return engine_->results_pending(); }
 
   // ---- The step begun inside backward (issue 27; docs/design/step_engine.md, "Early work").
   /// Opens a step whose parameters may be made ready before step() (which completes it).

@@ -43,7 +43,7 @@ between marks on the engine's stream (step/phase_clock.h), read at step(): nothi
 for the device inside backward, as on a real rank. It used to synchronize the device at
 every phase, which drains the queue backward's kernels were launched into (measured at
 fake 64 on 1.5B, 2026-12-04: within the runs' noise; the hooks' host time was the larger
-cost, BENCHMARKS.md "Host time of the step begun from backward").
+cost, BENCHMARKS.md "Host time of the step, and the step begun from backward").
 """
 
 from __future__ import annotations
