@@ -311,6 +311,38 @@ def nonfinite_on_one_rank(rank: int, world: int, policy: str) -> dict:
             "steps": opt.param_groups[0]["num_steps"]}
 
 
+def adamw_part_fails_on_one_rank(rank: int, world: int) -> dict:
+    """Step 2's AdamW part raises on the last rank only, after the engine has applied the
+    Muon part and before the step's result agreement (deferred behind the AdamW part with
+    several ranks): that rank must raise its own error, the others step, nobody waits for
+    an agreement the failing rank never joined, and the next step runs on every rank."""
+    initial = _global_tensors(0)
+    mesh = init_device_mesh(_device().type, (world,))
+    params = [nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)])) for t in initial]
+    bias = nn.Parameter(distribute_tensor(torch.zeros(10, device=_device()), mesh, [Shard(0)]))
+    opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(params)] + [("bias", bias)], lr=0.02)
+    assert not opt.param_groups[-1]["use_muon"], "the 1-D bias is AdamW's"
+    adamw_step = opt._adamw_group_step
+    out: dict = {}
+    for step in range(3):
+        for p, g in zip([*params, bias], [*_global_tensors(70 + step), torch.full((10,), 0.1)]):
+            p.grad = distribute_tensor(g.to(_device()), mesh, [Shard(0)])
+        failing = step == 1 and rank == world - 1
+        if failing:
+            def broken(group, active):
+                raise RuntimeError(f"AdamW part broken on rank {rank}")
+            opt._adamw_group_step = broken
+        try:
+            opt.step()
+            out[f"step {step + 1}"] = "stepped"
+        except RuntimeError as error:
+            out[f"step {step + 1}"] = str(error)
+        finally:
+            opt._adamw_group_step = adamw_step
+    out["bias moved"] = not torch.equal(bias.full_tensor(), torch.zeros(10, device=_device()))
+    return out
+
+
 def a_rank_dies_mid_training(rank: int, world: int, how: str = "exit") -> str:
     """The last rank exits (or stalls past the collective timeout) between steps; the
     others' next step must fail, naming the step and the collective, instead of hanging."""

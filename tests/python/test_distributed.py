@@ -85,6 +85,17 @@ def test_nonfinite_gradient_skip_is_agreed_and_changes_nothing():
         assert result == {"unchanged": True, "skipped": 1, "steps": 2}, (rank, result)
 
 
+def test_an_adamw_part_failing_on_one_rank_leaves_no_rank_waiting():
+    """With several ranks the engine's result agreement waits behind DMuon's AdamW part; an
+    error there on one rank must not leave the others in that agreement."""
+    results = run_distributed(dist_workers.adamw_part_fails_on_one_rank, 3, timeout_s=120)
+    for rank, result in results.items():
+        assert result["step 1"] == result["step 3"] == "stepped", (rank, result)
+        assert result["bias moved"], (rank, result)
+        expected = "AdamW part broken on rank 2" if rank == 2 else "stepped"
+        assert result["step 2"] == expected, (rank, result)
+
+
 @pytest.mark.slow
 def test_a_dead_rank_makes_the_others_fail_naming_step_and_collective():
     results = run_distributed(dist_workers.a_rank_dies_mid_training, 3, expect_errors=True,
