@@ -7,8 +7,11 @@
 # Usage (through the device tool; carry .cutlass): bash scripts/device_backward_step.sh
 # Environment: CASES (whitespace-separated MODEL:D:on|off:ORDER[:profile]; default below),
 # SEQ (4096), STEPS (5), RUN_TIMEOUT (s per run, 150), TIMING_AB (1: one more 1.5B run at
-# fake 64 with DMUON_PROFILE=1, the phases synchronized as before device marks);
-# a CPU smoke run: CASES="tiny:4:on:adamw,dmuon" SEQ=16 STEPS=1 TIMING_AB=0 bash scripts/device_backward_step.sh
+# fake 64 with DMUON_PROFILE=1, the phases synchronized as before device marks),
+# HOST_PROFILE (MODEL:D[:NARROW], e.g. qwen2.5-7b:64: then DMuon's host time by phase on
+# that fake rank, lab/benches/fake_rank_host_profile.py, widths divided by NARROW);
+# a CPU smoke run: CASES="tiny:4:on:adamw,dmuon" SEQ=16 STEPS=1 TIMING_AB=0 HOST_PROFILE=qwen2.5-0.5b:4:32 \
+#   bash scripts/device_backward_step.sh
 # NOTE: the build order matters on its own (BENCHMARKS.md, "The step begun from backward,
 # optimizers in turns": the model built first ran 15 ms slower in one run): the default
 # cases run 1.5B at fake 64 with both orders.
@@ -47,12 +50,20 @@ if [ "${TIMING_AB:-1}" = 1 ]; then
   DMUON_PROFILE=1 run_case "qwen2.5-1.5b_64_on_adamw_dmuon_synced" qwen2.5-1.5b 64 on adamw,dmuon
 fi
 
+if [ -n "${HOST_PROFILE:-}" ]; then
+  IFS=: read -r model world narrow <<< "$HOST_PROFILE"
+  timeout "${RUN_TIMEOUT:-150}" python3 lab/benches/fake_rank_host_profile.py --model "$model" --world "$world" \
+    --narrow "${narrow:-1}" --steps 20 > "$OUT/host_profile_${model}_${world}.log" 2>&1 || echo "host profile: exit $?"
+  tail -2 "$OUT/host_profile_${model}_${world}.log"
+fi
+
 echo "=== summary (fake worlds, optimizers in turns, seq $SEQ) ==="
 python3 - "$OUT" "${runs[@]}" <<'PY'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-print(f"{'run':<40} {'dmuon fwd+bwd':>14} {'adamw fwd+bwd':>14} {'dmuon left':>11} {'adamw opt':>10} {'NS in bwd':>10} {'vs AdamW':>9}")
+print(f"{'run':<40} {'dmuon fwd+bwd':>14} {'adamw fwd+bwd':>14} {'dmuon left':>11} {'adamw opt':>10} {'left/AdamW':>11} "
+      f"{'NS in bwd':>10} {'vs AdamW':>9}")
 for name in sys.argv[2:]:
     path = out / f"{name}.json"
     if not path.exists():
@@ -63,6 +74,7 @@ for name in sys.argv[2:]:
     share = d["muon"].get("early_share") if d["muon"] else None
     versus = (d["projected_step_ms"] - a["projected_step_ms"]) / a["projected_step_ms"] * 100
     print(f"{name:<40} {d['fwd_bwd_ms']:14.1f} {a['fwd_bwd_ms']:14.1f} {d['opt_left_after_backward_ms']:11.1f} "
-          f"{a['opt_ms']:10.1f} {('%.0f%%' % (share * 100)) if d['backward_step'] and share is not None else '-':>10} "
+          f"{a['opt_ms']:10.1f} {d['opt_left_after_backward_ms'] / a['opt_ms']:10.2f}x "
+          f"{('%.0f%%' % (share * 100)) if d['backward_step'] and share is not None else '-':>10} "
           f"{versus:+8.2f}%")
 PY
