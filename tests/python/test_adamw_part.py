@@ -1,5 +1,6 @@
 """DMuon's AdamW part: the device copies of its step counters (dmuon.adamw_steps, what
-torch's fused AdamW reads on CUDA), and, on a GPU (marker gpu), the part against torch's
+torch's fused AdamW reads on CUDA), on the CPU the part against torch's default AdamW
+(bitwise), and, on a GPU (marker gpu), the part against torch's
 own fused AdamW over the same parameters: the same kernel on the same inputs, so equal
 bitwise, across a checkpoint reload that rewinds the counters."""
 
@@ -34,6 +35,31 @@ def test_device_steps_follow_the_cpu_counters_and_are_remade_when_they_move():
     assert remade[0] is not first[0]
     # The group's table keeps only the counters it was last given.
     assert len(table._groups[0]) == 2 and id(steps[1]) not in table._groups[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_adamw_part_on_the_cpu_is_torchs_default_adamw_bitwise(dtype):
+    """On the CPU the part runs torch's foreach passes: the same values as
+    torch.optim.AdamW's default there (one tensor at a time), float16 through float32
+    moments (DMuon's rule: equal to torch's on float32 copies rounded back)."""
+    torch.manual_seed(0)
+    mat = torch.nn.Parameter(torch.randn(24, 16))
+    vecs = [torch.nn.Parameter(torch.randn(n).to(dtype)) for n in (32, 7, 300)]
+    theirs = [torch.nn.Parameter(v.detach().float().clone()) for v in vecs]
+    opt = dmuon.DMuon([dict(params=[mat]), dict(params=vecs, use_muon=False)], lr=0.02, adamw_lr=3e-3,
+                      weight_decay=0.1, adamw_betas=(0.8, 0.95), adamw_eps=1e-7)
+    ref = torch.optim.AdamW(theirs, lr=3e-3, betas=(0.8, 0.95), eps=1e-7, weight_decay=0.1)
+    for step in range(5):
+        mat.grad = torch.randn_like(mat)
+        for v, t in zip(vecs, theirs):
+            g = torch.randn(v.shape).to(dtype)
+            v.grad, t.grad = g.clone(), g.float()
+        opt.step()
+        ref.step()
+        with torch.no_grad():
+            for k, (v, t) in enumerate(zip(vecs, theirs)):
+                assert torch.equal(v.detach(), t.detach().to(dtype)), f"step {step + 1}, vector {k}"
+                t.copy_(v.float())  # NOTE: float16 rounds the parameter back each step, as DMuon does
 
 
 @pytest.mark.gpu
