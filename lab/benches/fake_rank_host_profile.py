@@ -96,11 +96,9 @@ def phase_seconds(marks: dict[str, float], start: float, stop: float) -> dict[st
     """Each phase's seconds from one step's marks (a phase that did not run: 0)."""
     out = {"inputs": marks["inputs1"] - start, "prelude": marks["engine0"] - marks["inputs1"],
            "engine": marks["engine1"] - marks["engine0"]}
-    last = marks["engine1"]
     out["adamw"] = marks["adamw1"] - marks["adamw0"] if "adamw0" in marks else 0.0
     out["agree"] = marks["agree1"] - marks["agree0"] if "agree0" in marks else 0.0
-    last = max(last, marks.get("adamw1", last), marks.get("agree1", last))
-    out["after"] = stop - last
+    out["after"] = stop - max(marks[k] for k in ("engine1", "adamw1", "agree1") if k in marks)
     return out
 
 

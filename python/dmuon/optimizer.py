@@ -843,8 +843,10 @@ class DMuon(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         options = dict(decoupled_weight_decay=True, amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
                        weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
-        device = targets[0].device
-        if local and device.type == "cuda" and all(t.device == device for t in targets):
+        # The one device every local tensor is on (None: DTensors, or several devices).
+        devices = {t.device for t in targets} if local else set()
+        device = next(iter(devices)) if len(devices) == 1 else None
+        if device is not None and device.type == "cuda":
             # NOTE: torch's fused kernel (one launch per dtype; adamw_steps.py says why),
             # on device copies of the CPU step counters.
             device_steps = self._adamw_device_steps.of(id(group), steps, device)
@@ -855,7 +857,7 @@ class DMuon(torch.optim.Optimizer):
             # (one tensor at a time) computes there, in fewer calls (143 small tensors, the
             # AdamW part of Qwen2.5-7B at 1/64 width on a CPU fake rank of world 64: 3.4 ms
             # one at a time, 1.8 ms foreach).
-            on_cpu = local and all(t.device.type == "cpu" for t in targets)
+            on_cpu = device is not None and device.type == "cpu"
             _torch_adam(targets, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=True if on_cpu else None, **options)
         for p, full in halves:
             p.copy_(full)
