@@ -1,6 +1,6 @@
 // dmuon/step/forwarding_ops.h — a DeviceOps that passes every call to another: the base of
-// decorators that change one answer or watch one pass (the torch adapter's capability
-// of its float64 wrapper, tests that break a pass).
+// decorators that change some answers or passes (the torch adapter's float64 ops, tests
+// that watch or break a pass).
 #pragma once
 
 #include <cstdint>

@@ -160,6 +160,27 @@ def test_column_blocks_refuse_other_views():
         dmuon.DMuon([{"params": [("conv.weight", conv)], "use_muon": True, "split_heads": 2, "split_dim": 1}])
 
 
+def test_column_blocks_of_float64_parameters_are_refused_at_step_naming_the_parameter():
+    """float64 parameters go through the torch adapter's ATen ops, whose passes read
+    contiguous pieces only: their column blocks (strided pieces) are refused by name, not
+    read as if contiguous (float32 ones step)."""
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        o_proj = nn.Parameter(torch.randn(8, 12, dtype=dtype))
+        optimizer = dmuon.DMuon([{"params": [("o_proj.weight", o_proj)], "use_muon": True, "split_heads": 4,
+                                  "split_dim": 1}], lr=0.05)
+        o_proj.grad = torch.randn_like(o_proj)
+        before = o_proj.detach().clone()
+        if dtype == torch.float32:
+            optimizer.step()
+            assert not torch.equal(o_proj.detach(), before)
+            continue
+        with pytest.raises(RuntimeError, match=r"parameter 'o_proj.weight': its 4 column blocks are strided "
+                                               r"pieces.*float64 parameters.*split_dim=None"):
+            optimizer.step()
+        assert torch.equal(o_proj.detach(), before)
+
+
 def test_column_blocks_on_a_mesh_of_several_dims_are_refused():
     from dmuon.distributed import Placement
 

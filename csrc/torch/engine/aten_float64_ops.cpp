@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "engine/c10d_transport.h"
 #include "orthogonalize.h"
+#include "step/forwarding_ops.h"
 #include "step_tensors.h"
 
 namespace dmuon::torch_adapter {
@@ -63,29 +64,20 @@ void apply_rows(const Buffer& param, at::Tensor o, double scale, double decay, c
   flag.copy_(gated(gate, flag, at::maximum(flag, bad)));
 }
 
-class AtenFloat64Ops : public step::DeviceOps {
+// NOTE: every call the float64 work does not need goes to the device's ops unchanged
+// (step::ForwardingOps); this class owns them.
+class AtenFloat64Ops : public step::ForwardingOps {
  public:
-  explicit AtenFloat64Ops(std::unique_ptr<step::DeviceOps> inner) : inner_(std::move(inner)) {}
-  step::DeviceOps& inner() { return *inner_; }
+  explicit AtenFloat64Ops(std::unique_ptr<step::DeviceOps> inner) : ForwardingOps(*inner), owned_(std::move(inner)) {}
+  step::DeviceOps& inner() { return inner_; }
 
   bool supports(DType dtype, std::string* why) const override {
-    return dtype == DType::kFloat64 || inner_->supports(dtype, why);
+    return dtype == DType::kFloat64 || inner_.supports(dtype, why);
   }
-
-  step::Device device() const override { return inner_->device(); }
-  step::OwnedBuffer allocate(DType dtype, int64_t numel) override { return inner_->allocate(dtype, numel); }
-  void fill_zero(const Buffer& b) override { inner_->fill_zero(b); }
-  void fill_synthetic(const Buffer& b, uint64_t seed) override { inner_->fill_synthetic(b, seed); }
-  void copy(const Buffer& src, const Buffer& dst) override { inner_->copy(src, dst); }
-  step::OwnedBuffer make_gate(const Buffer& flags) override { return inner_->make_gate(flags); }
-  std::vector<int32_t> read_flags(const std::vector<Buffer>& buffers) override { return inner_->read_flags(buffers); }
-  void synchronize() override { inner_->synchronize(); }
-  bool device_marks() const override { return inner_->device_marks(); }
-  int64_t record_mark() override { return inner_->record_mark(); }
-  double mark_seconds(int64_t from, int64_t to) override { return inner_->mark_seconds(from, to); }
-  void clear_marks() override { inner_->clear_marks(); }
-  int run_on_streams(const std::vector<int>& stream_of, const std::function<void(size_t)>& run) override {
-    return inner_->run_on_streams(stream_of, run);
+  /// The device's ops' answer for every dtype but float64, whose ATen passes read
+  /// contiguous pieces only.
+  bool strided_pieces(DType dtype) const override {
+    return dtype != DType::kFloat64 && inner_.strided_pieces(dtype);
   }
 
   // NOTE: the inner ops check float64 pieces (flags only); their U² partials are not
@@ -104,7 +96,7 @@ class AtenFloat64Ops : public step::DeviceOps {
         summed.push_back(next++);
       }
     }
-    step::Partials got = inner_->check(inner, flags);
+    step::Partials got = inner_.check(inner, flags);
     if (next == static_cast<int>(summed.size())) return got;
     step::Partials out;
     out.buffer = std::move(got.buffer);
@@ -130,12 +122,12 @@ class AtenFloat64Ops : public step::DeviceOps {
       }
       m.copy_(gated(gate, m, next));
     }
-    if (!rest.empty()) inner_->prepare_pieces(rest, gate);
+    if (!rest.empty()) inner_.prepare_pieces(rest, gate);
   }
 
   int64_t ns_workspace_bytes(int64_t rows, int64_t cols, int64_t count, DType dtype,
                              ns::Algorithm algorithm) const override {
-    if (dtype != DType::kFloat64) return inner_->ns_workspace_bytes(rows, cols, count, dtype, algorithm);
+    if (dtype != DType::kFloat64) return inner_.ns_workspace_bytes(rows, cols, count, dtype, algorithm);
     // NOTE: the iterate, the normalized copy, two m×n iterates and five m×m matrices
     // (orthogonalize's ATen Gram workspace; the standard one is smaller), m ≤ n.
     const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
@@ -144,9 +136,9 @@ class AtenFloat64Ops : public step::DeviceOps {
 
   void orthogonalize(const step::NsBatchDesc& batch, const std::function<void(const step::NsView&, bool)>& fill,
                      const std::function<void(const step::NsView&)>& consume) override {
-    if (batch.param_dtype != DType::kFloat64) return inner_->orthogonalize(batch, fill, consume);
+    if (batch.param_dtype != DType::kFloat64) return inner_.orthogonalize(batch, fill, consume);
     DMUON_CHECK(batch.schedule != nullptr, "AtenFloat64Ops::orthogonalize: a batch without a schedule");
-    const auto device = inner_->device();
+    const auto device = inner_.device();
     const auto options = at::TensorOptions().dtype(at::kDouble).device(
         device.kind == step::DeviceKind::kCuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index))
                                                : at::Device(at::kCPU));
@@ -161,7 +153,7 @@ class AtenFloat64Ops : public step::DeviceOps {
                           const step::NsBatchDesc& batch, const step::NsView& iterate, bool update_momentum,
                           const Buffer& gate) override {
     if (batch.param_dtype != DType::kFloat64)
-      return inner_->prepare_to_iterate(matrices, partials, batch, iterate, update_momentum, gate);
+      return inner_.prepare_to_iterate(matrices, partials, batch, iterate, update_momentum, gate);
     for (const step::LocalMatrix& matrix : matrices) {
       at::Tensor dst = batch_view(iterate, batch, matrix.grad).select(0, matrix.matrix_idx);
       const at::Tensor g = matrix_view(matrix.grad, batch.rows, batch.cols);
@@ -174,7 +166,7 @@ class AtenFloat64Ops : public step::DeviceOps {
 
   void iterate_from_pieces(const std::vector<step::WirePiece>& pieces, const step::NsBatchDesc& batch,
                            const step::NsView& iterate, const Buffer& gate) override {
-    if (batch.param_dtype != DType::kFloat64) return inner_->iterate_from_pieces(pieces, batch, iterate, gate);
+    if (batch.param_dtype != DType::kFloat64) return inner_.iterate_from_pieces(pieces, batch, iterate, gate);
     for (const step::WirePiece& piece : pieces) {
       step::check_batch_rows("AtenFloat64Ops::iterate_from_pieces", batch, piece.matrix_idx, piece.row_begin,
                              piece.row_count, piece.wire.numel, piece.col_begin, piece.col_count);
@@ -190,7 +182,7 @@ class AtenFloat64Ops : public step::DeviceOps {
 
   void result_to_pieces(const step::NsView& result, const step::NsBatchDesc& batch,
                         const std::vector<step::WirePiece>& pieces) override {
-    if (batch.param_dtype != DType::kFloat64) return inner_->result_to_pieces(result, batch, pieces);
+    if (batch.param_dtype != DType::kFloat64) return inner_.result_to_pieces(result, batch, pieces);
     for (const step::WirePiece& piece : pieces) {
       step::check_batch_rows("AtenFloat64Ops::result_to_pieces", batch, piece.matrix_idx, piece.row_begin,
                              piece.row_count, piece.wire.numel, piece.col_begin, piece.col_count);
@@ -206,7 +198,7 @@ class AtenFloat64Ops : public step::DeviceOps {
   void apply_result(const step::NsView& result, const step::NsBatchDesc& batch,
                     const std::vector<step::ApplyPiece>& pieces, const Buffer& gate,
                     const Buffer& result_flags) override {
-    if (batch.param_dtype != DType::kFloat64) return inner_->apply_result(result, batch, pieces, gate, result_flags);
+    if (batch.param_dtype != DType::kFloat64) return inner_.apply_result(result, batch, pieces, gate, result_flags);
     for (const step::ApplyPiece& piece : pieces) {
       step::check_batch_rows("AtenFloat64Ops::apply_result", batch, piece.matrix_idx, piece.row_begin, piece.row_count,
                              piece.param.numel, piece.col_begin, piece.col_count);
@@ -228,7 +220,7 @@ class AtenFloat64Ops : public step::DeviceOps {
   step::OwnedBuffer normuon(step::NsView& result, const step::NsBatchDesc& batch,
                             const std::vector<step::NormuonMatrix>& matrices, const optim::NormuonRule& rule,
                             const Buffer& gate, const Buffer& result_flags) override {
-    if (batch.param_dtype != DType::kFloat64) return inner_->normuon(result, batch, matrices, rule, gate, result_flags);
+    if (batch.param_dtype != DType::kFloat64) return inner_.normuon(result, batch, matrices, rule, gate, result_flags);
     if (matrices.empty()) return {};
     // The batch's listed matrices at once ([k, rows, cols] views of the result, whatever
     // its storage order; their v stacked): a fixed number of launches per NS batch.
@@ -290,7 +282,7 @@ class AtenFloat64Ops : public step::DeviceOps {
       apply_rows(piece.param, tensor_view(piece.wire).to(at::kDouble), piece.scale, piece.decay, gate, result_flags,
                  piece.flag_idx);
     }
-    if (!rest.empty()) inner_->apply_pieces(rest, gate, result_flags);
+    if (!rest.empty()) inner_.apply_pieces(rest, gate, result_flags);
   }
 
  private:
@@ -298,7 +290,7 @@ class AtenFloat64Ops : public step::DeviceOps {
     return step::NsView{t.data_ptr(), DType::kFloat64, batch.cols, batch.rows * batch.cols, false};
   }
 
-  std::unique_ptr<step::DeviceOps> inner_;
+  std::unique_ptr<step::DeviceOps> owned_;  // what ForwardingOps::inner_ refers to
 };
 
 }  // namespace

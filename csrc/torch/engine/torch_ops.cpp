@@ -10,7 +10,6 @@
 #include "common/check.h"
 #include "engine/aten_float64_ops.h"
 #include "step/cpu/cpu_ops.h"
-#include "step/forwarding_ops.h"
 
 namespace dmuon::torch_adapter {
 
@@ -49,27 +48,6 @@ class TorchCpuOps : public step::CpuOps {
   }
 };
 
-// with_aten_float64's ops answering strided_pieces: the device's own ops' answer for every
-// dtype but float64, whose ATen passes read contiguous pieces only.
-class StridedAnswer : public step::ForwardingOps {
- public:
-  explicit StridedAnswer(std::unique_ptr<step::DeviceOps> wrapped)
-      : ForwardingOps(*wrapped), wrapped_(std::move(wrapped)) {}
-  bool strided_pieces(step::DType dtype) const override {
-    return dtype != step::DType::kFloat64 && device_ops_of(*wrapped_).strided_pieces(dtype);
-  }
-  step::DeviceOps& wrapped() const { return *wrapped_; }
-
- private:
-  std::unique_ptr<step::DeviceOps> wrapped_;
-};
-
-// The device's own ops under make_torch_ops' wrappers.
-[[maybe_unused]] step::DeviceOps& own_ops(step::DeviceOps& ops) {
-  auto* answer = dynamic_cast<StridedAnswer*>(&ops);
-  return device_ops_of(answer ? answer->wrapped() : ops);
-}
-
 }  // namespace
 
 // NOTE: float64 parameters through ATen on every device (engine/aten_float64_ops.h): the
@@ -87,12 +65,12 @@ std::unique_ptr<step::DeviceOps> make_torch_ops(const step::Device& device, cons
 #endif
   }
   if (!options.aten_float64) return ops;
-  return std::make_unique<StridedAnswer>(with_aten_float64(std::move(ops)));
+  return with_aten_float64(std::move(ops));
 }
 
 OpsStreamScope::OpsStreamScope(step::DeviceOps& ops) {
 #ifdef DMUON_WITH_CUDA
-  if (ops.device().kind == step::DeviceKind::kCuda) exit_ = enter_cuda_ops_stream(own_ops(ops));
+  if (ops.device().kind == step::DeviceKind::kCuda) exit_ = enter_cuda_ops_stream(device_ops_of(ops));
 #else
   (void)ops;
 #endif
