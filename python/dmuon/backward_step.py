@@ -236,7 +236,7 @@ class BackwardStep:
             self.discard()
             return {}
         fresh = self.fresh
-        self.ready, self.fresh, self._muon = {}, {}, None
+        self._reset()
         return fresh
 
     def discard(self) -> None:
@@ -247,6 +247,7 @@ class BackwardStep:
         self._reset()
 
     def _reset(self) -> None:
+        """Forgets the begun step's hand-overs (the engine's side is closed or taken)."""
         self.ready, self.fresh = {}, {}
         self.pending_fsdp = []
         self._muon = None
