@@ -282,8 +282,8 @@ def test_profile_summarizes_one_more_step_of_each_optimizer_per_phase(capsys):
 def test_profile_summary_of_synthetic_phases():
     from dmuon.bench.e2e_profile import PhaseProfile, format_phases
 
-    p = PhaseProfile("bench.fwd_bwd", 12.5, hook_ms={"dmuon.backward_step.params_final": 1.25},
-                     hook_calls={"dmuon.backward_step.params_final": 3}, syncs={"cudaStreamSynchronize": 2},
+    p = PhaseProfile("bench.fwd_bwd", 12.5, range_ms={"dmuon.backward_step.params_final": 1.25},
+                     range_calls={"dmuon.backward_step.params_final": 3}, syncs={"cudaStreamSynchronize": 2},
                      timeline="  device timeline of the step: …", top=[("gemm", 4.0, 10)])
     text = format_phases("dmuon", [p], on_gpu=True)
     assert "bench.fwd_bwd: host range 12.50 ms; DMuon's ranges: backward_step.params_final 1.25 ms in 3 calls; " \

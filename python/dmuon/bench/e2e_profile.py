@@ -26,7 +26,7 @@ from typing import Callable
 # Host calls that block until the device has caught up.
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 # Host ranges the library records (dmuon.backward_step's hooks, DMuon.step's parts).
-HOOK_PREFIX = "dmuon."
+RANGE_PREFIX = "dmuon."
 PHASES = ("bench.fwd_bwd", "bench.opt_step")
 
 
@@ -36,8 +36,8 @@ class PhaseProfile:
 
     name: str
     host_ms: float
-    hook_ms: dict[str, float] = field(default_factory=dict)  # library range → host ms (summed)
-    hook_calls: dict[str, int] = field(default_factory=dict)
+    range_ms: dict[str, float] = field(default_factory=dict)  # library range → host ms (summed)
+    range_calls: dict[str, int] = field(default_factory=dict)
     syncs: dict[str, int] = field(default_factory=dict)  # blocking call → count
     timeline: str = ""  # format_timeline's lines (GPUs), else empty
     top: list[tuple[str, float, int]] = field(default_factory=list)  # (op, self ms, calls)
@@ -65,9 +65,9 @@ def summarize(prof, on_gpu: bool, top: int = 8) -> list[PhaseProfile]:
         inner = [e for e in host if e is not span and _inside(e, span)]
         phase = PhaseProfile(name, (span.time_range.end - span.time_range.start) / 1e3)
         for e in inner:
-            if e.name.startswith(HOOK_PREFIX):
-                phase.hook_ms[e.name] = phase.hook_ms.get(e.name, 0.0) + (e.time_range.end - e.time_range.start) / 1e3
-                phase.hook_calls[e.name] = phase.hook_calls.get(e.name, 0) + 1
+            if e.name.startswith(RANGE_PREFIX):
+                phase.range_ms[e.name] = phase.range_ms.get(e.name, 0.0) + (e.time_range.end - e.time_range.start) / 1e3
+                phase.range_calls[e.name] = phase.range_calls.get(e.name, 0) + 1
             if e.name in SYNC_CALLS:
                 phase.syncs[e.name] = phase.syncs.get(e.name, 0) + 1
         totals: dict[str, list[float]] = {}
@@ -83,7 +83,7 @@ def summarize(prof, on_gpu: bool, top: int = 8) -> list[PhaseProfile]:
         else:
             # NOTE: self host time: an op's time less that of the ops it called.
             for e in inner:
-                if e.name.startswith(HOOK_PREFIX):
+                if e.name.startswith(RANGE_PREFIX):
                     continue
                 children = sum(c.time_range.end - c.time_range.start for c in e.cpu_children)
                 totals.setdefault(e.name, [0.0, 0])
@@ -99,10 +99,10 @@ def format_phases(optimizer: str, phases: list[PhaseProfile], on_gpu: bool, widt
     short = lambda name: name if len(name) <= width else name[: width - 1] + "…"  # noqa: E731
     lines = [f"profile of one {optimizer} step ({'device time' if on_gpu else 'self host time'} per operator):"]
     for p in phases:
-        hooks = ", ".join(f"{n[len(HOOK_PREFIX):]} {p.hook_ms[n]:.2f} ms in {p.hook_calls[n]} calls"
-                          for n in sorted(p.hook_ms)) or "none"
+        ranges = ", ".join(f"{n[len(RANGE_PREFIX):]} {p.range_ms[n]:.2f} ms in {p.range_calls[n]} calls"
+                           for n in sorted(p.range_ms)) or "none"
         syncs = ", ".join(f"{n} x{c}" for n, c in sorted(p.syncs.items())) or "none"
-        lines.append(f" {p.name}: host range {p.host_ms:.2f} ms; DMuon's ranges: {hooks}; host waits: {syncs}")
+        lines.append(f" {p.name}: host range {p.host_ms:.2f} ms; DMuon's ranges: {ranges}; host waits: {syncs}")
         if p.timeline:
             lines.append(p.timeline)
         for name, ms, calls in p.top:
