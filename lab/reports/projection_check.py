@@ -1,4 +1,4 @@
-"""`python -m dmuon.bench.projection_check DIR`: the fake-world projection against the run
+"""`python3 lab/reports/projection_check.py DIR`: the fake-world projection against the run
 measured on real GPUs in the same call (scripts/multigpu_run.sh, stage `project`).
 
 DIR holds the JSON records of that call:
@@ -73,7 +73,7 @@ def rows(directory: Path) -> tuple[list[tuple], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or not Path(argv[0]).is_dir():
-        print("usage: python -m dmuon.bench.projection_check DIR (a directory of bench JSON records)",
+        print("usage: python3 lab/reports/projection_check.py DIR (a directory of bench JSON records)",
               file=sys.stderr)
         return 2
     found, missing = rows(Path(argv[0]))

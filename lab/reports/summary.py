@@ -1,4 +1,4 @@
-"""`python -m dmuon.bench.summary DIR`: the short summary scripts/multigpu_run.sh prints
+"""`python3 lab/reports/summary.py DIR`: the short summary scripts/multigpu_run.sh prints
 last — each stage's status and time (DIR/stages.tsv), the optimizer step per model and
 world size (DIR/step_*.json from `bench step --json`) and the end-to-end step
 (DIR/e2e_*.json from `bench e2e --json`). Missing or unreadable files are reported, not
@@ -80,7 +80,7 @@ def _e2e(folder: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m dmuon.bench.summary DIR", file=sys.stderr)
+        print("usage: python3 lab/reports/summary.py DIR", file=sys.stderr)
         return 2
     folder = Path(argv[0])
     if not folder.is_dir():

@@ -1,4 +1,4 @@
-"""`python -m dmuon.bench.fake_compare FILE`: what scripts/device_fake_world.sh prints last —
+"""`python3 lab/reports/fake_compare.py FILE`: what scripts/device_fake_world.sh prints last —
 its stages, the error of each projected figure of `bench step --fake-world` against the step
 measured on real GPUs, and the projected table at larger world sizes.
 
@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-# Measured on real H200s over NCCL (docs/benchmarks/history.md "Multi-GPU run (issue 8)", slowest rank,
-# median of 5 steps, bf16 wire, 64 MiB buckets; ms). "step": the default pipeline of today
+# Measured on real H200s over NCCL (docs/benchmarks/history.md, the multi-GPU runs on four
+# and two H200s; slowest rank, median of 5 steps, bf16 wire, 64 MiB buckets; ms). "step": the default pipeline of today
 # (depth 2 x world, call 3 of the 4-GPU run); "depth1": DMUON_PIPELINE_DEPTH=1, the pipeline
 # of the 4-GPU run's depth-1 rows and of the whole 2-GPU run (commit 53cc655).
 MEASURED = {
@@ -59,7 +59,8 @@ def _error(projected: float | None, measured: float | None) -> str:
 
 def compare(records: dict) -> None:
     """Projected against measured, per model, world and pipeline."""
-    print("projection vs measured (docs/benchmarks/history.md, 'Multi-GPU run (issue 8)'; ms; error = projected/measured - 1)")
+    print("projection vs measured (docs/benchmarks/history.md, the multi-GPU runs on H200s; ms; "
+          "error = projected/measured - 1)")
     header = f"{'model':<14} {'world':>5} {'pipeline':<9} {'figure':<8} {'projected':>10} {'measured':>9} {'error':>8}"
     print(header)
     print("-" * len(header))
@@ -134,7 +135,7 @@ def e2e_table(records: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m dmuon.bench.fake_compare FILE", file=sys.stderr)
+        print("usage: python3 lab/reports/fake_compare.py FILE", file=sys.stderr)
         return 2
     try:
         data = json.loads(Path(argv[0]).read_text())
