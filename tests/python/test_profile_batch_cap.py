@@ -1,5 +1,5 @@
-"""The planner's cost profile times only batches a step can form (issue 26: the 56.5 GB
-first-step peak of the 7B step came from timing a batch of all 28 MLP matrices at once)."""
+"""The planner's cost profile times only batches a step can form (timing a batch of all 28
+MLP matrices of Qwen2.5-7B at once made its first step peak at 56.5 GB)."""
 
 import pytest
 import torch
