@@ -119,7 +119,9 @@ class Execution(_Options):
     ``planner``; ``cost_model`` ("profile" times NS per shape on rank 0 and caches it at
     ``cost_cache``; "analytic": FLOP counts; "auto": profile on GPUs); ``nonfinite``:
     "raise" or "skip" a step with a NaN/Inf gradient; ``profile``: synchronize between
-    phases so that ``runtime.last_stats`` times are real. Code-path switches (None: the
+    phases so that ``runtime.last_stats`` times are real; ``record_timeline``: record each
+    stage's compute phases as device time (``runtime.last_stats.bucket_times``, no host
+    synchronization; the fake-world projection reads them). Code-path switches (None: the
     variable if set, else the default in brackets): ``fused_streams`` (DMUON_FUSED_STREAMS [2]:
     CUDA streams one process spreads its NS batches over),
     ``pipeline_depth`` (DMUON_PIPELINE_DEPTH [0: twice the world size]), ``ns_batch_mb``
@@ -135,6 +137,7 @@ class Execution(_Options):
     cost_cache: str | None = "~/.cache/dmuon/ns_costs.txt"
     nonfinite: str = "raise"
     profile: bool = False
+    record_timeline: bool = False
     fused_streams: int | None = None
     pipeline_depth: int | None = None
     ns_batch_mb: int | None = None
@@ -149,8 +152,9 @@ class Execution(_Options):
             _fail(Execution, "bucket_size_mb", "a finite number >= 0 (0: one bucket)", self.bucket_size_mb)
         if self.cost_cache is not None and not isinstance(self.cost_cache, str):
             _fail(Execution, "cost_cache", "a path (str) or None (no cache file)", self.cost_cache)
-        if not isinstance(self.profile, bool):
-            _fail(Execution, "profile", "True or False", self.profile)
+        for name in ("profile", "record_timeline"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(Execution, name, "True or False", getattr(self, name))
         _check_optional_bool(self, "cuda_graphs")
         if self.backward_step is not None and not isinstance(self.backward_step, bool):
             _fail(Execution, "backward_step", "True, False or None (off)",
@@ -162,7 +166,8 @@ class Execution(_Options):
     def runtime_options(self) -> dict[str, Any]:
         """Keyword arguments of dmuon._C.dist.RuntimeOptions (None: the runtime resolves it)."""
         return dict(mode=self.mode, bucket_bytes=int(self.bucket_size_mb * 2**20), wire_dtype=self.wire_dtype,
-                    solver=self.planner, profile=self.profile, fused_streams=self.fused_streams or 0,
+                    solver=self.planner, profile=self.profile, record_timeline=self.record_timeline,
+                    fused_streams=self.fused_streams or 0,
                     pipeline_depth=self.pipeline_depth,
                     ns_batch_mb=self.ns_batch_mb, cuda_graphs=self.cuda_graphs)
 

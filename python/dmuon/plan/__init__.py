@@ -1,9 +1,10 @@
-"""The owner planner: which rank orthogonalizes which Muon matrix.
+"""The owner planner's public API: which rank orthogonalizes which Muon matrix.
 
-All solving, costing and hashing is C++ (``dmuon._C.plan``); this package reads
-manifests and config.json files and drives the CLI (``python -m dmuon plan``).
-
-Runtime use::
+All solving, costing and hashing is C++ (``native()``: ``dmuon._C.plan``, its types
+``MatrixSpec``, ``ProblemOptions``, ``AnalyticCostModel``, ``CostTable``, ``MilpOptions``);
+this module builds problems and runs the solvers; ``profile`` times the real NS op for
+measured cost tables. The step engine plans in C++ by itself; this API is for planning
+offline (the ``python -m dmuon plan`` tool, whose manifests live in dmuon.cli.plan)::
 
     from dmuon.plan import make_problem, solve
     problem = make_problem([(name, rows, cols, batch), ...], world_size=D)
@@ -17,37 +18,29 @@ owners so one layer's matrices are published by different ranks (loads unchanged
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
+from typing import Any
 
-from dmuon.plan.manifest import (
-    Manifest,
-    Matrix,
-    layer_ids,
-    layer_index,
-    load_manifest,
-    load_model,
-    manifest_from_config,
-    shipped_models,
-    split_experts,
-)
+__all__ = ["deserialize", "layer_ids", "layer_index", "layer_spread_stats", "make_problem", "native", "solve",
+           "spread_layers"]
 
-__all__ = [
-    "Manifest",
-    "Matrix",
-    "deserialize",
-    "layer_ids",
-    "layer_index",
-    "layer_spread_stats",
-    "load_manifest",
-    "load_model",
-    "make_problem",
-    "manifest_from_config",
-    "native",
-    "shipped_models",
-    "solve",
-    "split_experts",
-    "spread_layers",
-]
+# A decoder block's index in a parameter name: "model.layers.12.self_attn.q_proj.weight",
+# "transformer.h.3.attn.c_attn.weight", "blocks.7.mlp.fc1.weight", "encoder.layer.2....".
+# NOTE: the first match wins, so "layers.3.mlp.experts.5.up_proj" is layer 3, not 5.
+_LAYER_RE = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)(?:\.|$)")
+
+
+def layer_index(name: str) -> int:
+    """The layer a parameter name belongs to (``model.layers.12.self_attn.q_proj.weight`` → 12),
+    or -1 when the name shows none."""
+    match = _LAYER_RE.search(name)
+    return int(match.group(1)) if match else -1
+
+
+def layer_ids(names: Iterable[str]) -> list[int]:
+    """``layer_index`` of every name: the ``layer_of`` argument of layer spreading."""
+    return [layer_index(name) for name in names]
 
 
 def native():
@@ -60,7 +53,7 @@ def native():
 
 
 def make_problem(
-    matrices: Iterable[tuple[str, int, int, int] | Matrix],
+    matrices: Iterable[tuple[str, int, int, int] | Any],
     *,
     world_size: int,
     bandwidth_bytes_per_s: float = 50e9,
@@ -68,12 +61,14 @@ def make_problem(
     max_batch: int = 0,
     cost=None,
 ):
-    """A planning problem. ``cost``: an ``AnalyticCostModel``, a ``CostTable`` or a callable
+    """A planning problem. ``matrices``: (name, rows, cols, batch) tuples, or objects with
+    those attributes and ``home`` (the rank holding the matrix whole, -1: none), such as a
+    manifest's matrices. ``cost``: an ``AnalyticCostModel``, a ``CostTable`` or a callable
     ``(rows, cols, num_matrices) -> seconds``; default the analytic GPU model."""
     plan = native()
     specs = []
     for m in matrices:
-        if isinstance(m, Matrix):
+        if hasattr(m, "rows"):
             specs.append(plan.MatrixSpec(m.name, m.rows, m.cols, m.batch, home=m.home))
         else:
             specs.append(plan.MatrixSpec(*m))

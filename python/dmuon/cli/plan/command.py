@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from dmuon.plan import manifest as manifests
+from dmuon.cli.plan import manifest as manifests
 
 _SOLVERS = ("round_robin", "lpt", "milp")
 

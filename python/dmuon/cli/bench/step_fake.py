@@ -9,7 +9,7 @@ as torchtitan places it, bench/fake_mesh.py) with random gradients, and
 runs the real `DMuon.step` on the step engine: the plan (every rank plans locally),
 momentum, packing, the owner's Newton–Schulz of exactly the batches the plan gives it, the
 return and apply. The engine records each stage's compute phases (synchronized); the
-collectives cost nothing here, and the C++ projection (dmuon._C.sim) puts them back: every
+collectives cost nothing here, and the C++ projection (dmuon.analysis.sim) puts them back: every
 rank's stage pipeline (the engine's stage layout: bytes per peer of every stage's exchanges)
 with each wait replaced by its modelled time (fake_world.PROJECTION_MODEL). The slowest
 rank's NS is reported next to the one-GPU NS of the same matrices (bench/local_ns.py). Gather mode (every rank gathers and
@@ -19,19 +19,19 @@ orthogonalizes everything) and fused AdamW on the same shard run the same way.
 from __future__ import annotations
 
 import gc
-import json
 import math
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from dmuon.bench.environment import environment_line
-from dmuon.bench.fake_world import (PROJECTION_MODEL, ClusterTopology, check_fits, check_rank, check_world,
+from dmuon.cli.bench.environment import environment_line
+from dmuon.cli.bench.fake_world import (PROJECTION_MODEL, ClusterTopology, check_fits, check_rank, check_world,
                                     fake_rank, parse_fake_mesh, require_no_process_group, topology_from_args)
-from dmuon.bench import fake_mesh as fake_mesh_rules
-from dmuon.bench.memory import memory_in_use, peak, reset_peak
+from dmuon.cli.bench import fake_mesh as fake_mesh_rules
+from dmuon.cli.bench.memory import memory_in_use, peak, reset_peak
+from dmuon.cli.bench.step_inputs import (check_counts, chunk_length, matrices_of, parse_methods, sharded_tensors,
+                                         write_json)
 
 # NOTE: fp32 parameter, gradient and two AdamW moments per element: the largest state of
 # the methods run (DMuon keeps one momentum buffer).
@@ -39,25 +39,14 @@ _BYTES_PER_ELEMENT = 16
 
 
 # ---------------------------------------------------------------------------- inputs
-def parse_methods(text: str) -> list[str]:
-    """--mode: 'all' or a comma list of owner, gather (fused AdamW always runs too)."""
-    names = ["owner", "gather"] if text == "all" else [m.strip() for m in str(text).split(",") if m.strip()]
-    bad = [m for m in names if m not in ("owner", "gather")]
-    if not names or bad or len(set(names)) != len(names):
-        raise ValueError(f"--mode must be 'all' or a comma list of owner, gather (each once), got {text!r}")
-    return names
-
-
 def _local_numel(shapes: list, shard: int, shards: int) -> int:
     """Elements of `shard`'s rows of every matrix (torch.chunk of dim 0)."""
-    from dmuon.bench.step import _local_rows
-
     total = 0
     for shape in shapes:
         rest = 1
         for d in shape[1:]:
             rest *= d
-        total += _local_rows(shape[0], shard, shards) * rest
+        total += chunk_length(shape[0], shard, shards) * rest
     return total
 
 
@@ -101,10 +90,8 @@ class _Settings:
 
     def tensors(self, mesh, rank: int, seed: int) -> list:
         """The rank's DTensors (random local values, its own generator per rank and seed)."""
-        from dmuon.bench.step import _sharded_tensors
-
         if not self.fake_mesh:
-            return _sharded_tensors(self.shapes, mesh, rank % self.shards, self.shards, seed, self.device,
+            return sharded_tensors(self.shapes, mesh, rank % self.shards, self.shards, seed, self.device,
                                     self.placements())
         from torch.distributed.tensor import DTensor
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -166,15 +153,10 @@ def run_rank(settings: _Settings, method: str, rank: int) -> dict:
         if method == "adamw":
             opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
         else:
-            opt = dmuon.DMuon(list(zip(settings.names, params)), lr=1e-3, mode=method,
-                              bucket_size_mb=settings.options["bucket_mb"], planner=settings.options["planner"],
-                              wire_dtype=settings.options["wire_dtype"])
-            # NOTE: the timeline rides on the runtime options DMuon passes when it builds the
-            # runtime (not a DMuon argument), as bench step's profile option does.
-            if not isinstance(getattr(opt, "_runtime_options", None), dict):
-                raise RuntimeError("bench step --fake-world: DMuon has no _runtime_options dict to ask for the "
-                                   "runtime's timeline")
-            opt._runtime_options["record_timeline"] = True
+            # NOTE: record_timeline: the stage timeline the projection reads (Execution.record_timeline).
+            opt = dmuon.DMuon(list(zip(settings.names, params)), lr=1e-3, execution=dmuon.Execution(
+                mode=method, bucket_size_mb=settings.options["bucket_mb"], planner=settings.options["planner"],
+                wire_dtype=settings.options["wire_dtype"], record_timeline=True))
         reset_peak(device)
         walls, stats = [], []
         first_peak = None
@@ -229,7 +211,7 @@ def run_rank(settings: _Settings, method: str, rank: int) -> dict:
 # ----------------------------------------------------------------------- projection
 def project_method(method: str, records: dict[int, dict], settings: _Settings, topology: ClusterTopology) -> dict:
     """The projected step of `method` from its measured ranks (records by global rank)."""
-    from dmuon._ops import _C
+    from dmuon.analysis import sim
 
     first = next(iter(records.values()))
     for rank, r in records.items():
@@ -256,9 +238,9 @@ def project_method(method: str, records: dict[int, dict], settings: _Settings, t
         # NOTE: the engine's start-of-step agreement (int64 each): [has gradient, gradient
         # bad, momentum bad] per parameter and one "input invalid".
         num_flags = 3 * len(settings.shapes) + 1
-        projection = _C.sim.project_step(first["_layout"], group_topology, measured, first["cost_entries"],
+        projection = sim.project_step(first["_layout"], group_topology, measured, first["cost_entries"],
                                          first["device_type"], first["pipeline_depth"], 8 * num_flags)
-        traffic = _C.sim.rank_traffic(first["_layout"], group_topology)
+        traffic = sim.rank_traffic(first["_layout"], group_topology)
         for rank, r in records.items():
             t = traffic[r["group_rank"]]
             if (t.sent, t.received) != (r["bytes_sent"], r["bytes_received"]):
@@ -305,14 +287,13 @@ def _headline(entry: dict, rank: int) -> dict:
 # -------------------------------------------------------------------------- running
 def run_fake(args) -> int:
     """bench step --fake-world: validate, run the chosen ranks, project, print, write JSON."""
-    from dmuon.bench.step import _check_counts, _matrices, _write_json
-    from dmuon.cli_usage import input_checks
-    from dmuon.launch import resolve_device
+    from dmuon.cli.usage import input_checks
+    from dmuon.cli.launch import resolve_device
 
     with input_checks():
         if args.world is not None or args.worlds is not None:
             raise ValueError("--fake-world runs one process; it cannot be combined with --world or --worlds")
-        _check_counts(args)
+        check_counts(args)
         fake_mesh = None
         if args.fake_mesh is not None:
             if args.hsdp != 1:
@@ -326,7 +307,7 @@ def run_fake(args) -> int:
         require_no_process_group()
         device = resolve_device(args.device)
         methods = parse_methods(args.mode)
-        model_name, matrices = _matrices(args)
+        model_name, matrices = matrices_of(args)
     shapes = [(m.batch, m.rows, m.cols) if m.batch > 1 else (m.rows, m.cols) for m in matrices]
     names = [m.name for m in matrices]
     settings = _Settings(args, device, world, shapes, names, fake_mesh)
@@ -395,8 +376,8 @@ def run_fake(args) -> int:
                    "reported_rank": r, "reported_rank_predicted_ns_ms":
                        predicted[group_rank] * 1e3 if predicted else None}
     if "owner" in methods and device == "cuda":
-        # The same matrices through the one-GPU path, in the same run (issue 26, item 5).
-        from dmuon.bench.local_ns import local_ns_ms
+        # The same matrices through the one-GPU path, in the same run.
+        from dmuon.cli.bench.local_ns import local_ns_ms
 
         owner = methods_json["owner"]
         mine = records["owner"][owner["rank"]]
@@ -415,7 +396,7 @@ def run_fake(args) -> int:
               "topology": topology.describe(), "projection_model": PROJECTION_MODEL, "methods": methods_json,
               "planner_prediction": planner}
     _print_fake(record)
-    _write_json(args.json, record)
+    write_json(args.json, record)
     return 0
 
 

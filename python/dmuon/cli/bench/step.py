@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from dmuon.bench.environment import environment_line
-from dmuon.bench.fake_world import add_fake_world_arguments
-from dmuon.bench.memory import memory_in_use, peak, reset_peak
+from dmuon.cli.bench.environment import environment_line
+from dmuon.cli.bench.fake_world import add_fake_world_arguments
+from dmuon.cli.bench.memory import memory_in_use, peak, reset_peak
+from dmuon.cli.bench.step_inputs import check_counts, matrices_of, parse_methods, sharded_tensors, write_json
 
 
 def register(subparsers) -> None:
@@ -63,21 +63,11 @@ def register(subparsers) -> None:
 
 
 # ----------------------------------------------------------------------------- inputs
-def _matrices(args) -> tuple[str, list]:
-    from dmuon.plan.manifest import load_manifest, load_model
-
-    manifest = load_model(args.model) if args.model else load_manifest(args.manifest)
-    matrices = list(manifest.matrices)
-    if args.max_matrices < 0:
-        raise ValueError(f"--max-matrices must be >= 0, got {args.max_matrices}")
-    if args.max_matrices:
-        matrices = matrices[: args.max_matrices]
-    return manifest.name, matrices
 
 
 def resolve_worlds(args, device: str) -> tuple[list[int], list[int]]:
     """(world sizes to run, sizes skipped for lack of GPUs) from --worlds or --world."""
-    from dmuon.launch import resolve_world
+    from dmuon.cli.launch import resolve_world
 
     if args.worlds is None:
         return [resolve_world("2" if args.world is None else args.world, device)], []
@@ -96,17 +86,6 @@ def resolve_worlds(args, device: str) -> tuple[list[int], list[int]]:
     if not worlds:
         raise ValueError(f"--worlds {args.worlds}: none fits the {torch.cuda.device_count()} visible GPU(s)")
     return worlds, skipped
-
-
-def _check_counts(args) -> None:
-    for name in ("steps", "warmup", "profile_steps"):
-        value = getattr(args, name)
-        if value is None:
-            continue
-        if value < (1 if name == "steps" else 0):
-            raise ValueError(f"--{name.replace('_', '-')} must be >= {1 if name == 'steps' else 0}, got {value}")
-    if not args.bucket_mb >= 0:
-        raise ValueError(f"--bucket-mb must be >= 0, got {args.bucket_mb}")
 
 
 # ------------------------------------------------------------------------- timing
@@ -133,44 +112,13 @@ def _time_steps(step, num_steps: int, warmup: int, device: str, after_warmup=Non
 
 
 # ------------------------------------------------------------------------ the worker
-def _local_rows(dim0: int, rank: int, world: int) -> int:
-    """Rows of dim 0 on `rank` under Shard(0): torch.chunk's split (the last ranks may be empty)."""
-    chunk = -(-dim0 // world)
-    begin = min(rank * chunk, dim0)
-    return min(begin + chunk, dim0) - begin
-
-
-def _sharded_tensors(shapes: list, mesh, rank: int, world: int, seed: int, device: str, placements=None) -> list:
-    """DTensors sharded on dim 0 over `world` ranks (rank: this one's place among them), each
-    rank drawing its own rows on its device (no full tensor is ever made: the 7B matrices are
-    26 GB in float32). placements: default [Shard(0)] (HSDP: [Replicate(), Shard(0)])."""
-    from torch.distributed.tensor import DTensor, Shard
-
-    gen = torch.Generator(device=device).manual_seed(seed * 1000 + rank)
-    tensors = []
-    for shape in shapes:
-        local = torch.randn((_local_rows(shape[0], rank, world), *shape[1:]), generator=gen, device=device)
-        local /= shape[-1] ** 0.5
-        stride = torch.empty(shape, device="meta").stride()
-        tensors.append(DTensor.from_local(local, mesh, placements or [Shard(0)], run_check=False,
-                                          shape=torch.Size(shape), stride=stride))
-    return tensors
-
-
 def _dmuon(params: list, names: list, mode: str, options: dict, profile: bool):
     import dmuon
 
-    opt = dmuon.DMuon(list(zip(names, params)), lr=1e-3, mode=mode, bucket_size_mb=options["bucket_mb"],
-                      planner=options["planner"], wire_dtype=options["wire_dtype"])
-    if profile:
-        # NOTE: the runtime's `profile` option (what DMUON_PROFILE=1 sets process-wide) is not
-        # a DMuon argument; it rides on the options DMuon passes to the runtime it builds at
-        # the first step. Fail loudly if that private dict changes shape.
-        if not isinstance(getattr(opt, "_runtime_options", None), dict):
-            raise RuntimeError("bench step: DMuon has no _runtime_options dict; the profiled split needs "
-                               "another way to set the runtime's profile option")
-        opt._runtime_options["profile"] = True
-    return opt
+    # NOTE: profile: the runtime synchronizes between phases (Execution.profile), for the split.
+    return dmuon.DMuon(list(zip(names, params)), lr=1e-3, execution=dmuon.Execution(
+        mode=mode, bucket_size_mb=options["bucket_mb"], planner=options["planner"], wire_dtype=options["wire_dtype"],
+        profile=profile))
 
 
 def _profiling_mesh(world: int, device: str):
@@ -205,8 +153,8 @@ def _run_method(method: str, shapes: list, names: list, mesh, rank: int, world: 
                 profiling_mesh=None) -> dict:
     """Time one method on fresh parameters and gradients; for dmuon modes also its split."""
     device = options["device"]
-    params = [torch.nn.Parameter(t) for t in _sharded_tensors(shapes, mesh, rank, world, 0, device)]
-    for p, g in zip(params, _sharded_tensors(shapes, mesh, rank, world, 1, device)):
+    params = [torch.nn.Parameter(t) for t in sharded_tensors(shapes, mesh, rank, world, 0, device)]
+    for p, g in zip(params, sharded_tensors(shapes, mesh, rank, world, 1, device)):
         p.grad = g
     if method == "adamw":
         opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
@@ -357,22 +305,13 @@ def _print_scaling(worlds: dict, name: str) -> None:
     print(flush=True)
 
 
-def _write_json(path: Path | None, record: dict) -> None:
-    if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
-
-
 def run(args: argparse.Namespace) -> int:
-    from dmuon.launch import launch, resolve_device
+    from dmuon.cli.launch import launch, resolve_device
 
-    from dmuon.cli_usage import input_checks
+    from dmuon.cli.usage import input_checks
 
     if args.fake_world is not None or args.fake_mesh is not None:
-        from dmuon.bench.step_fake import run_fake
+        from dmuon.cli.bench.step_fake import run_fake
 
         return run_fake(args)
     with input_checks():
@@ -381,15 +320,13 @@ def run(args: argparse.Namespace) -> int:
                             ("--memory-budget-gb", args.memory_budget_gb)):
             if value is not None:
                 raise ValueError(f"{flag} needs --fake-world (a real --world runs every rank)")
-        _check_counts(args)
+        check_counts(args)
         device = resolve_device(args.device)
         worlds, skipped = resolve_worlds(args, device)
-        name, matrices = _matrices(args)
+        name, matrices = matrices_of(args)
     profile_steps = args.profile_steps if args.profile_steps is not None else (3 if device == "cuda" else 0)
     shapes = [(m.batch, m.rows, m.cols) if m.batch > 1 else (m.rows, m.cols) for m in matrices]
     names = [m.name for m in matrices]
-    from dmuon.bench.step_fake import parse_methods
-
     methods = parse_methods(args.mode) + ["adamw"]
     wire = args.wire_dtype if args.wire_dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     context = dict(device=device, steps=args.steps,
@@ -417,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
         done[world] = _slowest(results, world, methods)
         _print_world(world, done[world], context)
         record["worlds"][str(world)] = {"slowest_rank": done[world], "per_rank": {str(r): results[r] for r in results}}
-        _write_json(args.json, record)
+        write_json(args.json, record)
     if len(done) > 1:
         _print_scaling(done, name)
     return 0

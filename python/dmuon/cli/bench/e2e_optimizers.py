@@ -3,7 +3,8 @@
 Each entry builds its optimizer on the FSDP2-sharded model; an entry may also `prepare` the
 unsharded model first: prepare(model, mesh, settings) runs before fully_shard and returns
 extra keyword arguments for every fully_shard call (or None), as the weight-ownership
-mode does (dmuon.own_matrices, then FSDP2 shards everything else).
+mode does (dmuon.own_matrices, then FSDP2 shards everything else); its key "owned", not
+passed on, holds the dmuon.OwnedMatrices it made (the benchmark reads its timeline).
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ class Settings:
     device_type: str = "cuda"
     backward_step: bool | None = None  # DMuon's Execution.backward_step (None: the default, off)
     bucket_size_mb: float | None = None  # DMuon's Execution.bucket_size_mb (None: its default)
+    record_timeline: bool = False  # DMuon's Execution.record_timeline (the fake world's projection reads it)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimizerEntry:
     description: str
     build: Callable[[nn.Module, Settings], torch.optim.Optimizer]
-    # (unsharded model, device mesh, settings) -> extra fully_shard keyword arguments or None
+    # (unsharded model, device mesh, settings) -> extra fully_shard keyword arguments (and "owned") or None
     prepare: Callable[[nn.Module, Any, Settings], dict[str, Any] | None] | None = None
 
 
@@ -42,6 +44,7 @@ def _dmuon(mode: str) -> Callable[[nn.Module, Settings], torch.optim.Optimizer]:
 
         return dmuon.DMuon(model, lr=s.lr, weight_decay=s.weight_decay, adamw_lr=s.adamw_lr,
                            execution=dmuon.Execution(mode=mode, backward_step=s.backward_step,
+                                                     record_timeline=s.record_timeline,
                                                      **({} if s.bucket_size_mb is None
                                                         else {"bucket_size_mb": s.bucket_size_mb})))
 
@@ -59,7 +62,7 @@ def _own_matrices(model: nn.Module, mesh: Any, s: Settings) -> dict[str, Any]:
     # NOTE: bf16 compute copies match FSDP2's bf16 parameters; gradients reduce in float32
     # like FSDP2's reduce_dtype.
     owned = dmuon.own_matrices(model, mesh, param_dtype=torch.bfloat16 if s.device_type == "cuda" else None)
-    return {"ignored_params": owned.params}
+    return {"ignored_params": owned.params, "owned": owned}
 
 
 OPTIMIZERS: dict[str, OptimizerEntry] = {

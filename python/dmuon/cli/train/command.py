@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dmuon.train.config import OPTIMIZER_NAMES, TrainConfig
+from dmuon.cli.train.config import OPTIMIZER_NAMES, TrainConfig
 
 _DEFAULTS = TrainConfig()
 
@@ -77,8 +77,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def _train_all(rank: int, world: int, config: TrainConfig) -> list | None:
     """Every optimizer's run on this rank; rank 0 returns the results."""
-    from dmuon.train.data import load_corpus
-    from dmuon.train.loop import run_training
+    from dmuon.cli.train.data import load_corpus
+    from dmuon.cli.train.loop import run_training
 
     corpus = load_corpus(val_fraction=config.val_fraction)
     results = [run_training(config, name, corpus) for name in config.optimizers]
@@ -87,9 +87,9 @@ def _train_all(rank: int, world: int, config: TrainConfig) -> list | None:
 
 def run(args: argparse.Namespace) -> int:
     """The job: every optimizer from the same start, then table, JSON and plot."""
-    from dmuon.launch import launch
-    from dmuon.train.data import load_corpus, unigram_entropy
-    from dmuon.train.report import format_table, plot_losses, write_json
+    from dmuon.cli.launch import launch
+    from dmuon.cli.train.data import load_corpus, unigram_entropy
+    from dmuon.cli.train.report import format_table, plot_losses, write_json
 
     try:
         config = config_from_args(args).resolved()

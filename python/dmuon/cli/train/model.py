@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dmuon.train.config import TrainConfig
-from dmuon.train.data import VOCAB_SIZE
+from dmuon.cli.train.config import TrainConfig
+from dmuon.cli.train.data import VOCAB_SIZE
 
 
 class CausalSelfAttention(nn.Module):

@@ -42,8 +42,8 @@ NOTE: the fake rank records its stage timeline (the projection needs it) as devi
 between marks on the engine's stream (step/phase_clock.h), read at step(): nothing waits
 for the device inside backward, as on a real rank. It used to synchronize the device at
 every phase, which drains the queue backward's kernels were launched into (measured at
-fake 64 on 1.5B, 2026-12-04: within the runs' noise; the hooks' host time was the larger
-cost, BENCHMARKS.md "Host time of the step, and the step begun from backward").
+fake 64 on 1.5B: within the runs' noise; the hooks' host time was the larger cost,
+BENCHMARKS.md "Host time of the step, and the step begun from backward").
 """
 
 from __future__ import annotations
@@ -53,13 +53,13 @@ import gc
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dmuon.bench.environment import environment_line
-from dmuon.bench.fake_world import (PROJECTION_MODEL, ClusterTopology, check_rank, check_world, fake_rank,
+from dmuon.cli.bench.e2e_setup import backward_step_on
+from dmuon.cli.bench.environment import environment_line
+from dmuon.cli.bench.fake_world import (PROJECTION_MODEL, ClusterTopology, check_rank, check_world, fake_rank,
                                     require_no_process_group, topology_from_args)
 
 # c10d ops by collective kind (the ring formula they are projected with).
@@ -111,9 +111,9 @@ class CollectiveCounter(TorchDispatchMode):
 def fsdp_projection(collectives: list, compute_s: float, topology: ClusterTopology, engine_s: float = 0.0) -> dict:
     """FSDP2's counted collectives projected onto `topology`, with forward + backward;
     `engine_s`: seconds of DMuon's exchanges issued inside backward (the same links)."""
-    from dmuon._ops import _C
+    from dmuon.analysis import sim
 
-    seconds = [_C.sim.ring_seconds(kind, nbytes, topology.of_ranks(ranks)) for kind, nbytes, ranks in collectives]
+    seconds = [sim.ring_seconds(kind, nbytes, topology.of_ranks(ranks)) for kind, nbytes, ranks in collectives]
     total = sum(seconds)
     ends = (seconds[0] + seconds[-1]) if len(seconds) > 1 else total
     by_kind: dict[str, dict] = {}
@@ -134,10 +134,10 @@ class _FakeRankTrainer:
     several optimizers can be trained in turns (`--order turns`)."""
 
     def __init__(self, name: str, config: dict, mesh, topology: ClusterTopology) -> None:
-        from dmuon.bench.e2e import build_sharded, mixed_precision
-        from dmuon.bench.e2e_models import model_spec
-        from dmuon.bench.e2e_optimizers import Settings
-        from dmuon.bench.fake_grads import PostBackwardSanitizer
+        from dmuon.cli.bench.e2e_setup import build_sharded, mixed_precision
+        from dmuon.cli.bench.e2e_models import model_spec
+        from dmuon.cli.bench.e2e_optimizers import Settings
+        from dmuon.cli.bench.fake_grads import PostBackwardSanitizer
 
         self.name, self.config, self.topology = name, config, topology
         self.device = config["device"]
@@ -147,10 +147,11 @@ class _FakeRankTrainer:
         # NOTE: installed before the optimizer is built: it runs before DMuon's backward hooks.
         self.sanitizer = PostBackwardSanitizer(torch.Generator(device=torch_device).manual_seed(config["seed"] + 17))
         try:
-            self.model, self.opt, self.counts = build_sharded(
+            # NOTE: record_timeline: the stage timeline the projection reads, as bench step --fake-world.
+            self.model, self.opt, self.counts, _ = build_sharded(
                 self.spec, name, mesh, mixed_precision(self.device), torch_device,
                 Settings(device_type=self.device, backward_step=config["backward_step_on"],
-                         bucket_size_mb=config.get("bucket_mb")),
+                         bucket_size_mb=config.get("bucket_mb"), record_timeline=True),
                 config["seed"], before_optimizer=self.sanitizer.install)
         except torch.cuda.OutOfMemoryError as error:
             together = (" with the other optimizers' models alive (--order turns; --order sequential holds one "
@@ -158,8 +159,6 @@ class _FakeRankTrainer:
             raise RuntimeError(f"--model {config['model']} does not fit the device at --fake-world "
                                f"{config['world']}{together}: building {name}'s model and its shards ran out of "
                                f"memory ({error})") from None
-        if name != "adamw" and isinstance(getattr(self.opt, "_runtime_options", None), dict):
-            self.opt._runtime_options["record_timeline"] = True  # NOTE: as bench step --fake-world does
         gen = torch.Generator(device=torch_device).manual_seed(config["seed"] * 1000 + config["rank"])
         self.tokens = torch.randint(0, self.spec.vocab_size, (config["micro_batch"], config["seq"]), generator=gen,
                                     device=torch_device)
@@ -177,8 +176,8 @@ class _FakeRankTrainer:
         `counting`: FSDP2's collectives counted and the gradient overwrite timed alone
         (an untimed step); `phase(name)`: the context each phase runs in (the profiler's
         host ranges, e2e_profile.PHASES)."""
-        from dmuon.bench.fake_grads import sanitize_gradients
-        from dmuon.bench.fake_step_projection import muon_projection
+        from dmuon.cli.bench.fake_grads import sanitize_gradients
+        from dmuon.cli.bench.fake_step_projection import muon_projection
 
         self.sanitizer.clear_log()
         self._sync()
@@ -216,7 +215,7 @@ class _FakeRankTrainer:
                   "opt_s": statistics.median(t[1] for t in self.times),
                   "sanitize_s": statistics.median(self.sanitize), "sanitized_groups": self.sanitizer.groups,
                   "collectives": self.counter.collectives, "other_c10d_ops": self.counter.other,
-                  "param_counts": self.counts, "backward_step": bool(getattr(self.opt, "_backward_step_on", False))}
+                  "param_counts": self.counts, "backward_step": backward_step_on(self.opt)}
         if self.muon:
             result["muon"] = {k: statistics.median(m[k] for m in self.muon) for k in self.muon[0]}
         return result
@@ -230,7 +229,7 @@ class _FakeRankTrainer:
 
 def _profile(trainer: _FakeRankTrainer) -> None:
     """One more (untimed) step of `trainer` under torch.profiler; its summary printed."""
-    from dmuon.bench.e2e_profile import format_phases, profiled_step, summarize
+    from dmuon.cli.bench.e2e_profile import format_phases, profiled_step, summarize
 
     on_gpu = trainer.device == "cuda"
     prof = profiled_step(lambda phase: trainer.step(timed=False, phase=phase), on_gpu)
@@ -271,16 +270,16 @@ def _train_in_turns(config: dict, mesh, topology: ClusterTopology, names: list[s
 
 def run_fake(args) -> int:
     """bench e2e --fake-world: validate, train each optimizer on the fake rank, project, print."""
-    from dmuon.bench.e2e import _check_args, _micro_batch_arg
-    from dmuon.bench.e2e_models import HF_CONFIGS, require_transformers
-    from dmuon.bench.e2e_optimizers import parse_optimizers
-    from dmuon.cli_usage import input_checks
-    from dmuon.launch import resolve_device
+    from dmuon.cli.bench.e2e_setup import check_args, micro_batch_arg
+    from dmuon.cli.bench.e2e_models import HF_CONFIGS, require_transformers
+    from dmuon.cli.bench.e2e_optimizers import parse_optimizers
+    from dmuon.cli.usage import input_checks
+    from dmuon.cli.launch import resolve_device
 
     with input_checks():
         if args.world is not None:
             raise ValueError("--fake-world runs one process; it cannot be combined with --world")
-        _check_args(args)
+        check_args(args)
         world = args.fake_world
         replicas, shards = check_world(world, args.hsdp)
         rank = 0 if args.rank is None else args.rank
@@ -289,7 +288,7 @@ def run_fake(args) -> int:
         require_no_process_group()
         device = resolve_device(args.device)
         optimizers = parse_optimizers(args.optimizers)
-        micro_batch = _micro_batch_arg(args.micro_batch) or 1  # NOTE: no memory search on a fake rank
+        micro_batch = micro_batch_arg(args.micro_batch) or 1  # NOTE: no memory search on a fake rank
         if args.model in HF_CONFIGS:
             require_transformers(args.model)
     config = dict(model=args.model, device=device, seq=args.seq, micro_batch=micro_batch, steps=args.steps,
@@ -320,7 +319,7 @@ def run_fake(args) -> int:
 
 def _report(results: dict, config: dict, topology: ClusterTopology, env: str, mesh_shape: tuple) -> dict:
     """The table (printed) and the JSON record."""
-    from dmuon.bench.fake_step_projection import opt_left_after_backward, opt_projected
+    from dmuon.cli.bench.fake_step_projection import opt_left_after_backward, opt_projected
 
     first = next(iter(results.values()))
     fsdp = fsdp_projection(first["collectives"], first["fwd_bwd_s"], topology)

@@ -10,11 +10,11 @@ Public pieces (the distributed job extends these):
   format_table / write_json / plot_losses   report.py
 """
 
-from dmuon.train.config import OPTIMIZER_NAMES, TrainConfig
-from dmuon.train.data import Corpus, load_corpus, unigram_entropy
-from dmuon.train.loop import RunResult, run_training
-from dmuon.train.model import GPT, build_model
-from dmuon.train.optim import build_optimizer, build_scheduler
+from dmuon.cli.train.config import OPTIMIZER_NAMES, TrainConfig
+from dmuon.cli.train.data import Corpus, load_corpus, unigram_entropy
+from dmuon.cli.train.loop import RunResult, run_training
+from dmuon.cli.train.model import GPT, build_model
+from dmuon.cli.train.optim import build_optimizer, build_scheduler
 
 __all__ = [
     "OPTIMIZER_NAMES",

@@ -27,7 +27,8 @@ the step()'s one-integer agreement on changed gradients (dmuon.backward_step) is
 
 from __future__ import annotations
 
-from dmuon.bench.fake_world import ClusterTopology
+import dmuon
+from dmuon.cli.bench.fake_world import ClusterTopology
 
 
 def _agreement_bytes(num_params: int) -> int:
@@ -39,9 +40,9 @@ def _agreement_bytes(num_params: int) -> int:
 def project(runtime, topology: ClusterTopology, rank_times: list, layout, num_params: int) -> tuple[float, float]:
     """(simulated seconds, this rank's waits) of the pipeline of `layout`'s stages with this
     rank's measured `rank_times` (one phase tuple per stage), the other ranks predicted."""
-    from dmuon._ops import _C
+    from dmuon.analysis import sim
 
-    projection = _C.sim.project_step(layout, topology.group(runtime.world_size), {runtime.rank: rank_times},
+    projection = sim.project_step(layout, topology.group(runtime.world_size), {runtime.rank: rank_times},
                                      list(runtime.options.cost_entries), runtime.options.device_type,
                                      runtime.last_stats.pipeline_depth, _agreement_bytes(num_params))
     return projection.step_s, projection.ranks[runtime.rank].wait_s
@@ -50,11 +51,13 @@ def project(runtime, topology: ClusterTopology, rank_times: list, layout, num_pa
 def muon_projection(opt, topology: ClusterTopology, num_params: int) -> dict | None:
     """This rank's last step: the whole pipeline projected (`simulated_s`), the early work
     (stats of the engine), and what is left at step() (`late_*`, `early_return_s`)."""
-    from dmuon._ops import _C
-    from dmuon.bench.e2e import early_ns_share
+    from dmuon.analysis import sim
+    from dmuon.cli.bench.e2e_setup import early_ns_share
 
-    runtime = getattr(opt, "_runtime", None)
-    if runtime is None or runtime.world_size == 1 or not runtime.last_stats.bucket_times:
+    if not isinstance(opt, dmuon.DMuon):
+        return None
+    runtime = opt.runtime
+    if runtime.world_size == 1 or not runtime.last_stats.bucket_times:
         return None
     s = runtime.last_stats
     times = [tuple(b) for b in s.bucket_times]
@@ -67,7 +70,7 @@ def muon_projection(opt, topology: ClusterTopology, num_params: int) -> dict | N
            "num_orthogonalized": s.num_orthogonalized, "early_ns_s": s.early_ns_s, "early_fill_s": s.early_fill_s,
            "early_share": early_ns_share(s) or 0.0}
     first = int(s.early_stages)
-    exchanges = _C.sim.exchange_seconds(layout, topology.group(runtime.world_size))
+    exchanges = sim.exchange_seconds(layout, topology.group(runtime.world_size))
     # NOTE: the last stage to leave does so in the last hook, at the end of backward: its
     # forward is not hidden behind backward (its NS at step() waits for it).
     out["early_forward_s"] = sum(f for f, _ in exchanges[:max(0, first - 1)])

@@ -1,5 +1,5 @@
-"""The one-GPU reference for a fake rank's Newton–Schulz (issue 26, item 5): the time the
-local path takes to orthogonalize the same matrices a rank owns, measured in the same run.
+"""The one-GPU reference for a fake rank's Newton–Schulz: the time the local path takes to
+orthogonalize the same matrices a rank owns, measured in the same run.
 
 The matrices are grouped by shape into batches of at most ``bench ns``'s chunk size (the
 ``NS only`` line of ``bench ns``, which uses the same op and batching), and each batch goes
@@ -16,14 +16,15 @@ import torch
 def local_ns_ms(shapes: list[tuple[int, ...]], device: str, warmup: int = 1, iters: int = 3) -> float:
     """Median milliseconds of one pass over every matrix of `shapes` ((rows, cols) or
     (batch, rows, cols)), orthogonalized in same-shape batches on one `device`."""
-    from dmuon import _C
-    from dmuon.bench.ns import chunks, cuda_time_ms
+    from dmuon.analysis import default_schedule
+    from dmuon.cli.bench.ns import chunks
+    from dmuon.cli.bench.timing import cuda_time_ms
 
     if device != "cuda":
         raise ValueError(f"local_ns_ms measures the CUDA path; got device {device!r}")
     if not shapes:
         return 0.0
-    coefficients, restarts = _C.default_schedule("gram", 5)
+    coefficients, restarts = default_schedule("gram", 5)
     flat = [x for c in coefficients for x in c]
     counts: dict[tuple[int, int], int] = OrderedDict()
     for shape in shapes:

@@ -14,6 +14,8 @@ whole fake world.
 
 from __future__ import annotations
 
+from dmuon.cli.bench.step_inputs import chunk_length
+
 # NOTE: the last component of the matrix's name (HF and torchtitan spellings).
 COLWISE = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "q", "k", "v", "gate", "up",
                      "wq", "wk", "wv", "w1", "w3"})
@@ -29,20 +31,13 @@ def tp_style(name: str, shape: tuple) -> str:
     return "colwise" if leaf in COLWISE else "rowwise" if leaf in ROWWISE else "replicate"
 
 
-def _chunk(size: int, index: int, parts: int) -> int:
-    """Length of torch.chunk's piece `index` of `size` in `parts` (the last ones may be empty)."""
-    step = -(-size // parts)
-    begin = min(index * step, size)
-    return min(begin + step, size) - begin
-
-
 def local_shape(shape: tuple, style: str, d: int, t: int, dp: int, tp: int) -> tuple:
     """The local tensor's shape on mesh coordinates (d, t)."""
     if style == "colwise":
-        return (_chunk(_chunk(shape[0], t, tp), d, dp), *shape[1:])
+        return (chunk_length(chunk_length(shape[0], t, tp), d, dp), *shape[1:])
     if style == "rowwise":
-        return (_chunk(shape[0], d, dp), _chunk(shape[1], t, tp))
-    return (_chunk(shape[0], d, dp), *shape[1:])
+        return (chunk_length(shape[0], d, dp), chunk_length(shape[1], t, tp))
+    return (chunk_length(shape[0], d, dp), *shape[1:])
 
 
 def placements(style: str, tp: int) -> list:

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from dmuon.train.config import TrainConfig
-from dmuon.train.loop import RunResult
+from dmuon.cli.train.config import TrainConfig
+from dmuon.cli.train.loop import RunResult
 
 # Columns of the final table: (header, formatter of one RunResult).
 _COLUMNS = (

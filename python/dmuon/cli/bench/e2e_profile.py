@@ -51,7 +51,7 @@ def summarize(prof, on_gpu: bool, top: int = 8) -> list[PhaseProfile]:
     """The PhaseProfile of each of PHASES in a finished torch.profiler run."""
     from torch.autograd import DeviceType
 
-    from dmuon.bench.timeline import device_timeline, format_timeline
+    from dmuon.cli.bench.timeline import device_timeline, format_timeline
 
     events = prof.events()
     host = [e for e in events if e.device_type == DeviceType.CPU]

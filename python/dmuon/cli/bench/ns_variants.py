@@ -4,7 +4,7 @@ group options, all timed in turns in the same run, each against the "default" va
 
 A variant is a name → builder of the model's Muon param groups (VARIANTS): each group is a
 list of matrix shapes and the group options it runs with, so a new option (e.g. a NorMuon
-group option) adds one entry. The split variants (issue 29) store the matrices the way
+group option) adds one entry. The split variants store the matrices the way
 checkpoints of fused models do and split them back:
   default        q, k, v, o, gate, up, down as separate matrices, whole
   split_qkv      one fused [q + k + v, h] per layer, split_rows = (q, k, v)
@@ -115,7 +115,6 @@ def make_step(groups: Groups, device: torch.device) -> tuple[Callable[[], Any], 
         param_groups.append({"params": params, "use_muon": True, **options})
     # NOTE: one process: the plan is trivial, so the analytic cost model (no profiling).
     optimizer = dmuon.DMuon(param_groups, lr=0.02, weight_decay=0.0, cost_model="analytic")
-    optimizer._ensure_runtime()
     return optimizer.step, numel
 
 
@@ -137,7 +136,7 @@ def _cpu_interleaved_ms(fns: dict, warmup: int, iters: int, rounds: int) -> dict
 
 def run_variants(args, dims_of: Callable[[str], tuple]) -> None:
     """The variants table of every --model (the time of each step and its ratio to default)."""
-    from dmuon.bench.ns import interleaved_ms
+    from dmuon.cli.bench.timing import interleaved_ms
 
     names = parse_variants(args.variants)
     cuda = torch.cuda.is_available()

@@ -30,9 +30,11 @@ from pathlib import Path
 
 import torch
 
-from dmuon.bench.environment import environment_line
-from dmuon.bench.fake_world import add_fake_world_arguments
-from dmuon.bench.memory import peak, reset_peak
+from dmuon.cli.bench.environment import environment_line
+from dmuon.cli.bench.fake_world import add_fake_world_arguments
+from dmuon.cli.bench.e2e_setup import (backward_step_on, build_sharded, check_args, early_ns_share, micro_batch_arg,
+                                       mixed_precision)
+from dmuon.cli.bench.memory import peak, reset_peak
 
 # NOTE: the share of GPU memory the predicted micro-batch may fill: the allocator's
 # fragmentation and NCCL's buffers live outside what the probes measure.
@@ -40,8 +42,8 @@ _MEMORY_BUDGET = 0.90
 
 
 def register(subparsers) -> None:
-    from dmuon.bench.e2e_models import MODEL_NAMES
-    from dmuon.bench.e2e_optimizers import OPTIMIZERS
+    from dmuon.cli.bench.e2e_models import MODEL_NAMES
+    from dmuon.cli.bench.e2e_optimizers import OPTIMIZERS
 
     parser = subparsers.add_parser("e2e", aliases=["train"],
                                    help="end-to-end training step (FSDP2): dmuon (both modes) vs gather vs AdamW")
@@ -76,21 +78,6 @@ def register(subparsers) -> None:
 
 
 # ------------------------------------------------------------------------ arguments
-def _micro_batch_arg(value: str) -> int | None:
-    """None for 'auto', else a positive integer."""
-    if value == "auto":
-        return None
-    if not str(value).isdigit() or int(value) < 1:
-        raise ValueError(f"--micro-batch must be 'auto' or a positive integer, got {value!r}")
-    return int(value)
-
-
-def _check_args(args) -> None:
-    for name, low in (("seq", 2), ("steps", 1), ("warmup", 0), ("max_micro_batch", 1)):
-        if getattr(args, name) < low:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
-
-
 # --------------------------------------------------------------------- collective bits
 # NOTE: seconds a rank waits for the others to reach an agreement (below NCCL's 120 s
 # watchdog, so that the cause is reported before the stuck rank is killed).
@@ -122,45 +109,6 @@ def _free(device: str) -> None:
 
 
 # ------------------------------------------------------------------------ the model
-def mixed_precision(device: str):
-    """bf16 compute with float32 master weights and gradient reduction on GPUs; float32 on CPUs."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    if device == "cuda":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()
-
-
-def build_sharded(spec, name: str, mesh, mp_policy, torch_device: torch.device, settings, seed: int,
-                  before_optimizer=None):
-    """A fresh model from `seed`, prepared by the optimizer entry `name`, sharded by FSDP2 on
-    `mesh` (each decoder layer, then the root), with its optimizer; and the parameter counts
-    (the model's Muon matrices checked against its config first). `before_optimizer(model)`,
-    if given, runs on the sharded model before the optimizer is built."""
-    from torch.distributed.fsdp import fully_shard
-
-    from dmuon.bench.e2e_models import check_muon_shapes
-    from dmuon.bench.e2e_optimizers import OPTIMIZERS
-    from dmuon.routing import route_module
-
-    entry = OPTIMIZERS[name]
-    torch.manual_seed(seed)
-    with torch_device:
-        model = spec.build()
-    model = model.to(torch_device).train()
-    check_muon_shapes(model, spec.name)
-    routed = route_module(model)
-    counts = {"total": sum(r.param.numel() for r in routed), "muon": sum(r.param.numel() for r in routed if r.use_muon),
-              "muon_matrices": sum(1 for r in routed if r.use_muon)}
-    extra = (entry.prepare(model, mesh, settings) if entry.prepare is not None else None) or {}
-    for block in spec.blocks(model):
-        fully_shard(block, mesh=mesh, mp_policy=mp_policy, **extra)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, **extra)
-    if before_optimizer is not None:
-        before_optimizer(model)
-    return model, entry.build(model, settings), counts
-
-
 # ------------------------------------------------------------------------ the worker
 class _Run:
     """One rank's view of the benchmark: mesh, model spec, settings."""
@@ -168,8 +116,8 @@ class _Run:
     def __init__(self, rank: int, world: int, config: dict) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
-        from dmuon.bench.e2e_models import model_spec
-        from dmuon.bench.e2e_optimizers import Settings
+        from dmuon.cli.bench.e2e_models import model_spec
+        from dmuon.cli.bench.e2e_optimizers import Settings
 
         self.rank, self.world, self.config = rank, world, config
         self.device = config["device"]
@@ -222,10 +170,10 @@ class _Run:
     def build(self, name: str):
         """A fresh model (same seed on every rank and for every optimizer), prepared,
         sharded (each decoder layer, then the root) and its optimizer."""
-        model, opt, counts = build_sharded(self.spec, name, self.mesh, self.mp_policy, self.torch_device,
-                                           self.settings, self.config["seed"])
+        model, opt, counts, owned = build_sharded(self.spec, name, self.mesh, self.mp_policy, self.torch_device,
+                                                  self.settings, self.config["seed"])
         self.param_counts = self.param_counts or counts
-        return model, opt
+        return model, opt, owned
 
     def tokens(self, micro_batch: int) -> torch.Tensor:
         gen = torch.Generator(device=self.torch_device).manual_seed(self.config["seed"] * 1000 + self.rank)
@@ -246,7 +194,7 @@ class _Run:
         reset_peak(self.device)
 
         def build():
-            state["model"], state["opt"] = self.build(name)
+            state["model"], state["opt"], state["owned"] = self.build(name)
             state["tokens"] = self.tokens(micro_batch)
 
         times: list[tuple[float, float, float]] = []
@@ -268,10 +216,10 @@ class _Run:
                 events[1].record()
             mid = time.perf_counter()
             opt.step()
-            handle = getattr(opt, "_ownership", None)
-            if handle is not None and self.device == "cpu":
-                state.setdefault("hidden", []).append(hidden_fraction(handle.timeline()))
-            elif getattr(opt, "_backward_step_on", False):
+            owned = state["owned"]
+            if owned is not None and self.device == "cpu":
+                state.setdefault("hidden", []).append(hidden_fraction(owned.timeline()))
+            elif backward_step_on(opt):
                 state.setdefault("hidden", []).append(early_ns_share(opt.runtime.last_stats))
             opt.zero_grad(set_to_none=True)
             if events:
@@ -298,7 +246,7 @@ class _Run:
                       "opt_s": statistics.median(t[2] for t in timed),
                       "peak_bytes": peak(self.device), "loss": state["loss"],
                       "hidden": statistics.median(state["hidden"][warmup:]) if state.get("hidden") else None,
-                      "backward_step": bool(getattr(state.get("opt"), "_backward_step_on", False))}
+                      "backward_step": backward_step_on(state["opt"])}
             if not math.isfinite(state["loss"]):
                 raise FloatingPointError(f"{name}: loss is {state['loss']} after {warmup + num_steps} steps")
         state.clear()
@@ -308,7 +256,7 @@ class _Run:
     def predict_micro_batch(self) -> tuple[int, dict]:
         """The largest micro-batch predicted to fit: peak memory at 1 and 2 sequences (two
         steps each, so the optimizer state exists) extrapolated to the GPU's budget."""
-        from dmuon.bench.e2e_optimizers import PROBE_OPTIMIZER
+        from dmuon.cli.bench.e2e_optimizers import PROBE_OPTIMIZER
 
         cap = self.config["max_micro_batch"]
         if self.device != "cuda":
@@ -394,13 +342,6 @@ def hidden_fraction(events: list) -> float | None:
     return hidden / total if total > 0 else None
 
 
-def early_ns_share(stats) -> float | None:
-    """Share of this rank's Newton–Schulz matrices that ran inside backward's hooks (the
-    step begun from backward, dmuon.backward_step): its early stages', counted in matrices
-    (device-independent; seconds on GPUs would time enqueueing)."""
-    return stats.early_orthogonalized / stats.num_orthogonalized if stats.num_orthogonalized else None
-
-
 def _slowest(results: dict) -> dict:
     """Per optimizer, the slowest rank's medians and the largest peak."""
     names = list(results[0]["optimizers"])
@@ -449,7 +390,7 @@ def _launch_until_it_fits(config: dict, world: int, timeout_s: float, worker=Non
     """The ranks' results of `worker` (default _worker); restarted at a smaller micro-batch
     (auto only) while a rank runs out of memory alone, which leaves the others stuck in a
     collective until they are stopped."""
-    from dmuon.launch import RankFailed, launch
+    from dmuon.cli.launch import RankFailed, launch
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -470,14 +411,14 @@ def _launch_until_it_fits(config: dict, world: int, timeout_s: float, worker=Non
 
 
 def run(args: argparse.Namespace) -> int:
-    from dmuon.bench.e2e_models import HF_CONFIGS, require_transformers
-    from dmuon.bench.e2e_optimizers import OPTIMIZERS, parse_optimizers
-    from dmuon.launch import resolve_device, resolve_world
+    from dmuon.cli.bench.e2e_models import HF_CONFIGS, require_transformers
+    from dmuon.cli.bench.e2e_optimizers import OPTIMIZERS, parse_optimizers
+    from dmuon.cli.launch import resolve_device, resolve_world
 
-    from dmuon.cli_usage import input_checks
+    from dmuon.cli.usage import input_checks
 
     if args.fake_world is not None:
-        from dmuon.bench.e2e_fake import run_fake
+        from dmuon.cli.bench.e2e_fake import run_fake
 
         return run_fake(args)
     with input_checks():
@@ -487,10 +428,10 @@ def run(args: argparse.Namespace) -> int:
                                  ("--profile", args.profile or None, "it profiles the fake rank's step")):
             if value is not None:
                 raise ValueError(f"{flag} needs --fake-world ({why})")
-        _check_args(args)
+        check_args(args)
         device = resolve_device(args.device)
         world = resolve_world("auto" if args.world is None else args.world, device)
-        micro_batch = _micro_batch_arg(args.micro_batch)
+        micro_batch = micro_batch_arg(args.micro_batch)
         optimizers = parse_optimizers(args.optimizers)
     if args.model in HF_CONFIGS:
         require_transformers(args.model)  # NOTE: fail here, before any process starts

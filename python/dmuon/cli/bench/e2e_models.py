@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 # Public config.json values of the models whose Muon matrices ship as manifests
-# (python/dmuon/plan/manifests; tests check that both agree). NOTE: the rotary constants
+# (python/dmuon/cli/plan/manifests; tests check that both agree). NOTE: the rotary constants
 # (rope_theta, Llama 3.1's rope_scaling) are left at the library defaults: they change the
 # rotation angles, not the work of a training step, and their keyword names moved between
 # transformers releases.
@@ -75,14 +75,14 @@ def model_spec(name: str, seq: int) -> ModelSpec:
 
 
 def _tiny_spec(seq: int) -> ModelSpec:
-    from dmuon.train.data import VOCAB_SIZE
-    from dmuon.train.model import GPT
+    from dmuon.cli.train.data import VOCAB_SIZE
+    from dmuon.cli.train.model import GPT
 
     def loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
         logits = model(tokens)  # [B, T, vocab]
         return nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
 
-    return ModelSpec(name="tiny", description=f"dmuon.train.model.GPT {TINY}", vocab_size=VOCAB_SIZE,
+    return ModelSpec(name="tiny", description=f"dmuon.cli.train.model.GPT {TINY}", vocab_size=VOCAB_SIZE,
                      build=lambda: GPT(vocab_size=VOCAB_SIZE, max_seq_len=seq, **TINY),
                      blocks=lambda model: list(model.blocks), loss=loss)
 
@@ -124,8 +124,8 @@ def check_muon_shapes(model: nn.Module, name: str) -> None:
     tests), so the end-to-end figures and `bench step`'s are about the same matrices."""
     if name not in HF_CONFIGS:
         return
-    from dmuon.plan.manifest import manifest_from_config
-    from dmuon.routing import route_module
+    from dmuon.cli.plan.manifest import manifest_from_config
+    from dmuon import route_module
 
     built = Counter(tuple(r.param.shape) for r in route_module(model) if r.use_muon)
     expected = Counter((m.rows, m.cols) if m.batch == 1 else (m.batch, m.rows, m.cols)

@@ -10,11 +10,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from dmuon.train.config import TrainConfig
-from dmuon.train.data import Corpus, eval_batches, sample_batch
-from dmuon.train.model import build_model, loss_fn
-from dmuon.train.optim import build_optimizer, build_scheduler
-from dmuon.train.parallel import is_main_rank, local_slice, mean_over_ranks, wrap_model
+from dmuon.cli.train.config import TrainConfig
+from dmuon.cli.train.data import Corpus, eval_batches, sample_batch
+from dmuon.cli.train.model import build_model, loss_fn
+from dmuon.cli.train.optim import build_optimizer, build_scheduler
+from dmuon.cli.train.parallel import is_main_rank, local_slice, mean_over_ranks, wrap_model
 
 # NOTE: the first optimizer steps allocate state (and, for dmuon, may plan/tune), so they
 # are left out of the step-time statistics.

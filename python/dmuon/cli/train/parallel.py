@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dmuon.train.config import TrainConfig
+from dmuon.cli.train.config import TrainConfig
 
 
 def is_distributed() -> bool:

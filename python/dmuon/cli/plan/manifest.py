@@ -8,24 +8,17 @@ output head are not Muon matrices (they go to AdamW).
 
 Stacks are planned whole, or (``split_experts``) one matrix per expert, as the step
 engine does; ``split_experts(..., world=D)`` also gives each expert its home under
-FSDP2's Shard(0) on the expert dim (issue 27).
+FSDP2's Shard(0) on the expert dim.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 _MANIFEST_DIR = "manifests"
-
-# A decoder block's index in a parameter name: "model.layers.12.self_attn.q_proj.weight",
-# "transformer.h.3.attn.c_attn.weight", "blocks.7.mlp.fc1.weight", "encoder.layer.2....".
-# NOTE: the first match wins, so "layers.3.mlp.experts.5.up_proj" is layer 3, not 5.
-_LAYER_RE = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)(?:\.|$)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,18 +38,6 @@ class Manifest:
     matrices: tuple[Matrix, ...]
 
 
-def layer_index(name: str) -> int:
-    """The layer a parameter name belongs to (``model.layers.12.self_attn.q_proj.weight`` → 12),
-    or -1 when the name shows none."""
-    match = _LAYER_RE.search(name)
-    return int(match.group(1)) if match else -1
-
-
-def layer_ids(names: Iterable[str]) -> list[int]:
-    """``layer_index`` of every name: the ``layer_of`` argument of layer spreading."""
-    return [layer_index(name) for name in names]
-
-
 def read_json(path: str | Path) -> object:
     """Parses a JSON file; errors name the file and the line:column of the problem."""
     path = Path(path)
@@ -72,7 +53,7 @@ def read_json(path: str | Path) -> object:
 
 def shipped_models() -> list[str]:
     """Names of the manifests that ship with the package."""
-    folder = resources.files("dmuon.plan") / _MANIFEST_DIR
+    folder = resources.files("dmuon.cli.plan") / _MANIFEST_DIR
     return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
 
 
@@ -106,7 +87,7 @@ def load_model(name: str) -> Manifest:
     match = [m for m in models if m.lower() == name.lower()]
     if not match:
         raise ValueError(f"--model {name!r} is not a shipped manifest; choose one of {', '.join(models)}")
-    path = resources.files("dmuon.plan") / _MANIFEST_DIR / f"{match[0]}.json"
+    path = resources.files("dmuon.cli.plan") / _MANIFEST_DIR / f"{match[0]}.json"
     with resources.as_file(path) as file:
         return load_manifest(file, name=match[0])
 

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from dmuon.train.config import OPTIMIZER_NAMES, TrainConfig
+from dmuon.cli.train.config import OPTIMIZER_NAMES, TrainConfig
 
 
 def muon_param_names(model: nn.Module) -> list[str]:

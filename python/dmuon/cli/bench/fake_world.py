@@ -6,7 +6,7 @@ Under the fake backend (``torch.testing._internal.distributed.fake_pg``) collect
 complete at once and move nothing; FSDP2, DTensor and DMuon run rank r's real work. DMuon's
 runtime detects the backend when it is made and plays the other ranks by the model "every
 rank behaves like this one" (csrc/dist/world_model.h). What the collectives would have cost
-comes from the projection (csrc/sim, ``dmuon._C.sim``), on the topology given here.
+comes from the projection (csrc/sim, ``dmuon.analysis.sim``), on the topology given here.
 """
 
 from __future__ import annotations
@@ -53,18 +53,18 @@ class ClusterTopology:
 
     def group(self, world_size: int, first_global_rank: int = 0, stride: int = 1):
         """The C++ topology of a group whose rank i is global rank first + i·stride."""
-        from dmuon._ops import _C
+        from dmuon.analysis import sim
 
-        return _C.sim.Topology.two_level(
+        return sim.Topology.two_level(
             world_size, self.gpus_per_node, intra_bytes_per_s=self.intra_gbps * 1e9 / 8,
             inter_bytes_per_s=self.inter_gbps * 1e9 / 8, intra_latency_s=self.intra_latency_us * 1e-6,
             inter_latency_s=self.inter_latency_us * 1e-6, first_global_rank=first_global_rank, stride=stride)
 
     def of_ranks(self, global_ranks: list[int]):
         """The C++ topology of a group given by its global ranks (e.g. from an FSDP2 collective)."""
-        from dmuon._ops import _C
+        from dmuon.analysis import sim
 
-        return _C.sim.Topology([g // self.gpus_per_node for g in global_ranks],
+        return sim.Topology([g // self.gpus_per_node for g in global_ranks],
                                intra_bytes_per_s=self.intra_gbps * 1e9 / 8, inter_bytes_per_s=self.inter_gbps * 1e9 / 8,
                                intra_latency_s=self.intra_latency_us * 1e-6,
                                inter_latency_s=self.inter_latency_us * 1e-6)

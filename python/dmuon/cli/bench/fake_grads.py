@@ -22,11 +22,12 @@ SANITIZED_GRAD_STD = 1e-3
 
 def sanitize_gradients(params, generator: torch.Generator) -> None:
     """Every gradient of `params` (its local shard) overwritten by N(0, SANITIZED_GRAD_STD²)."""
-    from dmuon.distributed import local
+    from torch.distributed.tensor import DTensor
 
     for p in params:
         if p.grad is not None:
-            local(p.grad).normal_(0.0, SANITIZED_GRAD_STD, generator=generator)
+            shard = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            shard.normal_(0.0, SANITIZED_GRAD_STD, generator=generator)
 
 
 class PostBackwardSanitizer:

@@ -16,11 +16,11 @@ at the GEMM library's efficiency per FLOP).
 from __future__ import annotations
 
 import math
-import statistics
 from collections import OrderedDict
 
 import torch
 
+from dmuon.cli.bench.timing import alternating_ms, cuda_time_ms, interleaved_ms
 
 # DESIGN.md §6 decoder shapes, used when the planner's manifests are not importable:
 # (hidden, intermediate, layers, heads, kv heads).
@@ -43,7 +43,7 @@ def design_dims(name: str) -> tuple:
 def model_shapes(name: str) -> list[tuple[int, int, int]]:
     """[(batch, rows, cols)] of every Muon matrix of the model."""
     try:
-        from dmuon.plan.manifest import load_model
+        from dmuon.cli.plan.manifest import load_model
     except ImportError:
         load_model = None
     if load_model is not None:
@@ -64,7 +64,7 @@ def model_shapes(name: str) -> list[tuple[int, int, int]]:
 # NOTE: same-shape matrices are orthogonalized in batches of at most 2 GiB of fp32 input
 # (the runtime's buckets are smaller still): one batch of all 56 Qwen2.5-7B gate/up
 # matrices would need 15 GiB for its input alone and ran out of memory next to the
-# parameters, gradients and momentum (H200, 2026-11-29).
+# parameters, gradients and momentum on an H200 (141 GB).
 _CHUNK_BYTES = 2 << 30
 
 
@@ -72,59 +72,6 @@ def chunks(indices: list[int], matrix_numel: int) -> list[list[int]]:
     """indices split into runs whose fp32 matrices total at most _CHUNK_BYTES."""
     per_chunk = max(1, _CHUNK_BYTES // (4 * matrix_numel))
     return [indices[i : i + per_chunk] for i in range(0, len(indices), per_chunk)]
-
-
-# Spin-kernel length that keeps the device busy while the host enqueues a whole step
-# (about 25 ms at H200 clocks).
-_HOST_AHEAD_CYCLES = 50_000_000
-
-
-def cuda_time_ms(fn, warmup: int, iters: int, host_ahead: bool = False) -> float:
-    """Median of `iters` CUDA-event timings of fn() after `warmup` calls.
-
-    host_ahead: a spin kernel runs before each start event, so the host has enqueued fn's
-    work by the time the device reaches it: the time then excludes the host's launch lead
-    (device time only, up to fn's own waits for the device)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if host_ahead:
-            torch.cuda._sleep(_HOST_AHEAD_CYCLES)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def interleaved_ms(fns: dict, iters, rounds: int = 5, rotate: bool = True) -> dict:
-    """Median CUDA-event time of every function of `fns` (name → callable) over `rounds`
-    rounds; in each round every function is timed once (one warm-up, then `iters` timings:
-    an int, or name → int), in turns. With `rotate`, round r starts at the r-th function, so
-    that no function always follows the same one.
-    NOTE: why: under the H200's power limit the clock follows the recent load (Nsight Compute
-    read 1.30–1.50 GHz across GEMM kernels, 2026-11-30), so methods timed one after the
-    other can see different clocks (the same kernel timed twice in a row of configurations
-    came out 8% apart: 3584×18944 X·Xᵀ b15, 2026-11-30); in turns they all see the same mix."""
-    names = list(fns)
-    times = {name: [] for name in names}
-    for r in range(rounds):
-        for i in range(len(names)):
-            name = names[(r + i) % len(names)] if rotate else names[i]
-            count = iters[name] if isinstance(iters, dict) else iters
-            times[name].append(cuda_time_ms(fns[name], 1, count))
-    return {name: statistics.median(values) for name, values in times.items()}
-
-
-def alternating_ms(fn_a, fn_b, iters: int, rounds: int = 5) -> tuple[float, float]:
-    """Medians of fn_a's and fn_b's CUDA-event times over `rounds` alternating rounds of
-    `iters` timings each (interleaved_ms, a before b in every round)."""
-    out = interleaved_ms({"a": fn_a, "b": fn_b}, iters, rounds, rotate=False)
-    return out["a"], out["b"]
 
 
 def dense_bf16_peak_tflops() -> float:
@@ -219,7 +166,7 @@ def sym_kernel_table(args, ops, kernel_ok: bool) -> None:
             # NOTE: unpoisoned output: the call holds the product alone, as torch.bmm's does.
             return lambda: ops.cuda_sym_product_config(x, x, None, 1.0, 0.0, config, poison=False)
         # NOTE: in turns, not one after another: sequential timings drifted by up to 8%
-        # under the power limit (the same kernel twice, H200, 2026-11-30), as much as the configurations differ.
+        # under the power limit (the same kernel twice, H200), as much as the configurations differ.
         timed = interleaved_ms({"cublas": dense, **{c: sym(c) for c in configs}}, iters, rounds=3)
         dense_ms = timed.pop("cublas")
         best = min(timed, key=timed.get)
@@ -236,7 +183,7 @@ def profile_step(step, warmup: int) -> None:
     """Where one warm DMuon.step spends its time: the top CUDA kernels and the host wall."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from dmuon.bench.timeline import format_timeline, profiler_timeline
+    from dmuon.cli.bench.timeline import format_timeline, profiler_timeline
 
     for _ in range(warmup):
         step()
@@ -275,12 +222,11 @@ def format_floor(bound: dict, step_ms: float) -> str:
 
 def dense_product_seconds(product: dict, dtype: torch.dtype, iters: int = 10,
                           device: str = "cuda") -> tuple[float, float]:
-    """Times (s) of one product of `_C.step_products` as a GEMM library runs it: D = A·Bᵀ for
+    """Times (s) of one product of `dmuon.analysis.step_products` as a GEMM library runs it: D = A·Bᵀ for
     a symmetric product (B m×k; B is A where the product shares its operands), D = A·B for a
     dense one, plus β·C where it has one. Returns (torch's batched GEMM, median of `iters`;
     the fastest of cuBLASLt's heuristic algorithms timed in turns, NaN where not measured)."""
-    from dmuon._ops import ops
-
+    ops = torch.ops.dmuon
     b, m, n, k = product["batch"], product["m"], product["n"], product["k"]
     symmetric = product["kind"] == "symmetric"
     # NOTE: operands scaled to unit-size products, so fp16 stays finite whatever k is.
@@ -312,17 +258,17 @@ def measured_floor(batches: list, algorithm: str, num_steps: int, copy_gbs: floa
     heuristic algorithm); `batches` are the step's (matrices, rows, cols). Also
     "torch_seconds", the same floor at torch's times alone, and "lt_faster", the count of
     products where an algorithm beat torch."""
-    from dmuon._ops import _C
+    from dmuon import analysis
 
     # NOTE: the iterate's dtype as the fused step runs it (fp16 for Gram schedules, else bf16).
     dtype = torch.float16 if algorithm == "gram" else torch.bfloat16
-    products = _C.step_products(batches, algorithm, num_steps)
+    products = analysis.step_products(batches, algorithm, num_steps)
     timed = [time_product(p, dtype, iters) for p in products]
     torch_times = [t for t, _ in timed]
     best_times = [t if math.isnan(lt) else min(t, lt) for t, lt in timed]
-    bound = _C.measured_step_bound(batches, algorithm, num_steps, best_times, copy_gbs * 1e9)
-    bound["torch_seconds"] = _C.measured_step_bound(batches, algorithm, num_steps, torch_times,
-                                                    copy_gbs * 1e9)["seconds"]
+    bound = analysis.measured_step_bound(batches, algorithm, num_steps, best_times, copy_gbs * 1e9)
+    bound["torch_seconds"] = analysis.measured_step_bound(batches, algorithm, num_steps, torch_times,
+                                                          copy_gbs * 1e9)["seconds"]
     bound["products"] = len(products)
     bound["lt_faster"] = sum(1 for t, lt in timed if lt < t)
     return bound
@@ -338,12 +284,12 @@ def format_measured_floor(bound: dict, step_ms: float) -> str:
 
 
 def run(args) -> None:
-    import dmuon  # noqa: F401
-    from dmuon._ops import _C, ops
-    from dmuon.cli_usage import input_checks
+    import dmuon
+    from dmuon import analysis
+    from dmuon.cli.usage import input_checks
 
     if args.variants:
-        from dmuon.bench.ns_variants import parse_variants, run_variants
+        from dmuon.cli.bench.ns_variants import parse_variants, run_variants
 
         with input_checks():
             parse_variants(args.variants)
@@ -356,6 +302,7 @@ def run(args) -> None:
             model_shapes(model)
     if not torch.cuda.is_available():
         raise SystemExit("bench ns needs a CUDA GPU")
+    ops = torch.ops.dmuon
     torch.manual_seed(0)
     print(environment())
     peak = dense_bf16_peak_tflops()
@@ -408,11 +355,10 @@ def run(args) -> None:
         def dmuon_step(bucket_mb, streams=0):
             def make():
                 # NOTE: one GPU: the plan is trivial, so the analytic cost model (no profiling).
-                opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, bucket_size_mb=bucket_mb,
-                                  cost_model="analytic")
-                opt._runtime_options["fused_streams"] = streams  # NOTE: 0: DMUON_FUSED_STREAMS
-                opt._ensure_runtime()
-                last_dmuon["opt"] = opt
+                # NOTE: fused_streams None (streams 0): DMUON_FUSED_STREAMS or its default.
+                opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, execution=dmuon.Execution(
+                    bucket_size_mb=bucket_mb, cost_model="analytic", fused_streams=streams or None))
+                last_dmuon["runtime"] = opt.runtime  # NOTE: built now, before the timed steps
                 # NOTE: the floor below counts the kernels of the schedule the step runs.
                 group = opt.param_groups[0]
                 last_dmuon["schedule"] = (group["ns_algorithm"], group["ns_steps"])
@@ -421,7 +367,7 @@ def run(args) -> None:
 
         def report_path():
             # What the timed steps ran: one process runs one stage of NS batches (no buckets).
-            runtime = last_dmuon.pop("opt").runtime
+            runtime = last_dmuon.pop("runtime")
             stats = runtime.last_stats
             if stats.num_fused == len(params):
                 last_dmuon["batches"] = list(stats.fused_batches)
@@ -472,7 +418,7 @@ def run(args) -> None:
 
         if args.ns_only:
             # NS alone per backend, on same-shape batches (≤ 2 GiB each).
-            coefficients, restarts = _C.default_schedule("gram", 5)
+            coefficients, restarts = analysis.default_schedule("gram", 5)
             flat = [x for c in coefficients for x in c]
             groups: dict = OrderedDict()
             for p in params:
@@ -499,7 +445,7 @@ def run(args) -> None:
             print(f"{name:44s} {ms:9.2f} {tf:10.0f} {100 * tf / peak:6.0f}% {ns_eq / (ms * 1e-3) / 1e12:11.0f} "
                   f"{base / ms:7.2f}x {ms / adamw:8.2f}x {extra:10.2f}", flush=True)
         algorithm, num_steps = last_dmuon["schedule"]
-        print(format_floor(_C.fused_step_bound([(r, c) for b, r, c in shapes for _ in range(b)], algorithm,
+        print(format_floor(analysis.fused_step_bound([(r, c) for b, r, c in shapes for _ in range(b)], algorithm,
                                                num_steps, peak * 1e12, copy_gbs * 1e9),
                            results[dmuon_name(args.bucket_mb[0])][0]), flush=True)
         # NOTE: the parameters go first: the 7B products need room next to nothing else.
@@ -537,7 +483,7 @@ def register(subparsers) -> None:
                         help="m x k shapes of the X·Xᵀ kernel comparison")
     parser.add_argument("--variants", default="",
                         help="comma list of group-option variants to time against 'default' in turns "
-                             "(dmuon.bench.ns_variants.VARIANTS: default, split_qkv, split_gate_up, split_heads, split_heads_o, "
+                             "(dmuon.cli.bench.ns_variants.VARIANTS: default, split_qkv, split_gate_up, split_heads, split_heads_o, "
                              "normuon); "
                              "times only those (on the CPU where no GPU is visible)")
     parser.set_defaults(func=run)
