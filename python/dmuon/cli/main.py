@@ -1,4 +1,4 @@
-"""The command line of `python -m dmuon <command>`: train | plan | bench."""
+"""`python -m dmuon <command>`: train | plan | bench."""
 
 from __future__ import annotations
 
