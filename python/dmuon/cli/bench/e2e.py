@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
-from dmuon.cli.bench.environment import environment_line
-from dmuon.cli.bench.fake_world import add_fake_world_arguments
 from dmuon.cli.bench.e2e_setup import (backward_step_on, build_sharded, check_args, early_ns_share, micro_batch_arg,
                                        mixed_precision)
+from dmuon.cli.bench.environment import environment_line
+from dmuon.cli.bench.fake_world import add_fake_world_arguments
 from dmuon.cli.bench.memory import peak, reset_peak
 
 # NOTE: the share of GPU memory the predicted micro-batch may fill: the allocator's
@@ -77,7 +77,6 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-# ------------------------------------------------------------------------ arguments
 # --------------------------------------------------------------------- collective bits
 # NOTE: seconds a rank waits for the others to reach an agreement (below NCCL's 120 s
 # watchdog, so that the cause is reported before the stuck rank is killed).
@@ -108,7 +107,6 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-# ------------------------------------------------------------------------ the model
 # ------------------------------------------------------------------------ the worker
 class _Run:
     """One rank's view of the benchmark: mesh, model spec, settings."""

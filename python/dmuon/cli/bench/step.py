@@ -63,8 +63,6 @@ def register(subparsers) -> None:
 
 
 # ----------------------------------------------------------------------------- inputs
-
-
 def resolve_worlds(args, device: str) -> tuple[list[int], list[int]]:
     """(world sizes to run, sizes skipped for lack of GPUs) from --worlds or --world."""
     from dmuon.cli.launch import resolve_world

@@ -26,9 +26,9 @@ import time
 import torch
 
 from dmuon.cli.bench.environment import environment_line
-from dmuon.cli.bench.fake_world import (PROJECTION_MODEL, ClusterTopology, check_fits, check_rank, check_world,
-                                    fake_rank, parse_fake_mesh, require_no_process_group, topology_from_args)
 from dmuon.cli.bench import fake_mesh as fake_mesh_rules
+from dmuon.cli.bench.fake_world import (PROJECTION_MODEL, ClusterTopology, check_fits, check_rank, check_world,
+                                        fake_rank, parse_fake_mesh, require_no_process_group, topology_from_args)
 from dmuon.cli.bench.memory import memory_in_use, peak, reset_peak
 from dmuon.cli.bench.step_inputs import (check_counts, chunk_length, matrices_of, parse_methods, sharded_tensors,
                                          write_json)
