@@ -92,8 +92,9 @@ def _rank0_runs_out_alone(rank: int, world: int) -> dict:
         return dataclasses.replace(spec, loss=loss)
 
     e2e_models.model_spec = spec_that_runs_out
+    # NOTE: agree_timeout_s as _AGREE_TIMEOUT_S below, but under the test's collective_timeout_s (8 s).
     config = dict(model="tiny", device="cpu", seq=8, micro_batch=2, max_micro_batch=64, optimizers=["adamw"],
-                  steps=1, warmup=0, seed=0, agree_timeout_s=3.0)
+                  steps=1, warmup=0, seed=0, agree_timeout_s=6.0)
     return e2e._worker(rank, world, config)
 
 
@@ -104,6 +105,11 @@ def test_a_rank_that_runs_out_alone_is_reported_not_hung():
     assert "rank 0: this rank ran out of GPU memory (adamw at micro-batch 2, seq 8)" in results[0], results[0]
     assert "pass a smaller --micro-batch" in results[0], results[0]
     assert isinstance(results[1], str), results[1]  # rank 1 failed too (its collective timed out)
+
+
+# NOTE: long enough that a rank slow to build its model (spawned ranks start seconds apart
+# on a loaded 2-core machine; 2 s timed out there) still reaches each agreement in time.
+_AGREE_TIMEOUT_S = 10.0
 
 
 def _rank0_runs_out_alone_above_two(rank: int, world: int, config: dict) -> dict:
@@ -134,7 +140,7 @@ def test_a_rank_that_runs_out_alone_restarts_every_rank_at_a_smaller_micro_batch
     import dmuon.cli.bench.e2e as e2e
 
     config = dict(model="tiny", device="cpu", seq=8, micro_batch=None, max_micro_batch=64, optimizers=["adamw"],
-                  steps=1, warmup=0, seed=0, agree_timeout_s=2.0, abort_after_failure_s=1.0)
+                  steps=1, warmup=0, seed=0, agree_timeout_s=_AGREE_TIMEOUT_S, abort_after_failure_s=1.0)
     results = e2e._launch_until_it_fits(config, 2, 120.0, worker=_rank0_runs_out_alone_above_two)
     for rank, result in results.items():
         assert result["micro_batch"] == 2 and result["out_of_memory_at"] == [4, 3], (rank, result)
@@ -149,7 +155,7 @@ def test_a_lone_out_of_memory_at_a_given_micro_batch_is_not_retried():
     from dmuon.cli.launch import RankFailed
 
     config = dict(model="tiny", device="cpu", seq=8, micro_batch=3, max_micro_batch=64, optimizers=["adamw"],
-                  steps=1, warmup=0, seed=0, agree_timeout_s=2.0, abort_after_failure_s=1.0)
+                  steps=1, warmup=0, seed=0, agree_timeout_s=_AGREE_TIMEOUT_S, abort_after_failure_s=1.0)
     with pytest.raises(RankFailed, match="(?s)rank 0 of 2 failed.*pass a smaller --micro-batch"):
         e2e._launch_until_it_fits(config, 2, 120.0, worker=_rank0_runs_out_alone_above_two)
 
