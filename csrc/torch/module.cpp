@@ -15,6 +15,7 @@ PYBIND11_MODULE(_C, m) {
 #endif
   dmuon::torch_adapter::register_core_bindings(m);
   dmuon::torch_adapter::register_plan_bindings(m);
+  dmuon::torch_adapter::register_cost_bindings(m);
   dmuon::torch_adapter::register_sim_bindings(m);
   dmuon::torch_adapter::register_dist_bindings(m);
   dmuon::torch_adapter::register_engine_bindings(m);

@@ -115,6 +115,37 @@ TEST(AutotuneCache, CorruptTruncatedAndStaleFilesIgnoredWithOneWarning) {
   std::remove(path.c_str());
 }
 
+// A file cut anywhere, or with one character changed, is refused (never read as another
+// table: a time cut inside its number, 5.4672999795002397e-05 → 5.4672999795002397, once
+// read as a valid cost table of 5.47 s), and the cache that tried to load it keeps what
+// it held.
+TEST(AutotuneCache, RefusesEveryTruncationAndEveryChangedCharacter) {
+  const std::string path = temp_path("cut.txt");
+  TuneCache written(env_a());
+  written.put({"ns_time", 8, 12, 0, 1, "float32", "gram"}, {"median", 5.4672999795002397e-02});
+  written.put({"ns_time", 8, 12, 0, 2, "float32", "gram"}, {"median", 1.0e-1});
+  written.save(path);
+  const std::string text = read_all(path);
+  for (size_t length = 0; length < text.size(); ++length) {
+    std::string why;
+    EXPECT_FALSE(parse_cache_text(text.substr(0, length), env_a(), &why).has_value()) << "cut to " << length;
+    EXPECT_FALSE(why.empty());
+  }
+  for (size_t pos = 0; pos + 1 < text.size(); ++pos) {
+    std::string changed = text;
+    changed[pos] = changed[pos] == '1' ? '2' : '1';
+    EXPECT_FALSE(parse_cache_text(changed, env_a(), nullptr).has_value()) << "changed at " << pos;
+  }
+  Warnings warnings;
+  { std::ofstream(path, std::ios::binary) << text.substr(0, text.size() - 3); }
+  TuneCache kept(env_a());
+  kept.put({"sym", 1, 1, 1, 1, "float16", ""}, {"kernel", 1.0});
+  EXPECT_FALSE(kept.load(path));
+  EXPECT_EQ(kept.size(), 1u);
+  EXPECT_EQ(warnings.seen.size(), 1u);
+  std::remove(path.c_str());
+}
+
 TEST(AutotuneCache, ConcurrentWritersLeaveAValidMergedFile) {
   Warnings warnings;
   const std::string path = temp_path("concurrent.txt");

@@ -210,6 +210,14 @@ autotune::TuneCache& Autotuner::cache() {
 
 std::optional<TuneEntry> Autotuner::lookup(const TuneKey& key) { return cache().get(key); }
 
+std::string Autotuner::cache_path() {
+  cache();  // NOTE: resolves the path
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_cache_path;
+}
+
+autotune::TuneEnvironment Autotuner::environment() { return cache().environment(); }
+
 void Autotuner::report(const TuneKey& key, const TuneEntry& entry, const char* how) {
   if (!env::kPrintConfigs.get()) return;
   {
