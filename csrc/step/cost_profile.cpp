@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -94,18 +93,6 @@ double time_point(DeviceOps& ops, const CostPoint& p, DType wire, bool graphs, c
   std::sort(runs.begin(), runs.end());
   // NOTE: the lower middle for an even count, so that it is always a measured value.
   return std::max(runs[static_cast<size_t>((runs.size() - 1) / 2)], kMinSeconds);
-}
-
-// NOTE: an unwritable store costs re-measuring in the next process, nothing else.
-void save_store(const autotune::TuneCache& store, const std::string& path) {
-  try {
-    store.save(path);
-  } catch (const Error& error) {
-    static std::once_flag once;
-    std::call_once(once, [&] {
-      std::fprintf(stderr, "dmuon: warning: cannot write the measured NS times: %s\n", error.what());
-    });
-  }
 }
 
 // Per shape of the items, the NS batches the step's stages form of it (make_stages'
@@ -218,7 +205,7 @@ plan::CostTable measure_ns_costs(DeviceOps& ops, const std::vector<CostPoint>& p
     }
     table.set(p.rows, p.cols, p.count, entry->time_ms * 1e-3);
   }
-  if (added && !where.path.empty()) save_store(store, where.path);
+  if (added && !where.path.empty()) store.save_or_warn(where.path);
   return table;
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "autotune/tune_cache.h"
+#include "common/check.h"
 
 namespace dmuon::autotune {
 namespace {
@@ -56,6 +57,20 @@ TEST(AutotuneCache, RoundTrip) {
   EXPECT_FALSE(loaded.get({"sym", 896, 896, 4864, 8, "float16", "beta0"}).has_value());
   EXPECT_TRUE(warnings.seen.empty());
   std::remove(path.c_str());
+}
+
+// An unwritable file is one warning per path, never an error (save() throws instead).
+TEST(AutotuneCache, UnwritableFileIsOneWarningWhenSavedOrWarned) {
+  Warnings warnings;
+  const std::string path = "/proc/dmuon_no_such_dir/cache.txt";
+  TuneCache cache(env_a());
+  cache.put({"sym", 1, 1, 1, 1, "float16", ""}, {"kernel", 1.0});
+  EXPECT_THROW(cache.save(path), Error);
+  cache.save_or_warn(path);
+  cache.save_or_warn(path);
+  ASSERT_EQ(warnings.seen.size(), 1u);
+  EXPECT_NE(warnings.seen[0].find("cannot write the cache"), std::string::npos) << warnings.seen[0];
+  EXPECT_NE(warnings.seen[0].find(path), std::string::npos) << warnings.seen[0];
 }
 
 TEST(AutotuneCache, MissingFileIsNotAWarning) {
