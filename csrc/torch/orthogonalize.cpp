@@ -20,7 +20,6 @@
 
 #if defined(DMUON_WITH_CUDA) && defined(DMUON_WITH_STEP_CUDA)
 #include "step/cuda/cuda_ops.h"
-#include "step/cuda/sym_self_check.h"
 #define DMUON_HAS_CUDA_BACKEND 1
 #endif
 
@@ -160,11 +159,10 @@ at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,
   at::Tensor batch = x.reshape({-1, rows, cols});
   if (batch.size(0) == 0) return at::empty(x.sizes(), x.options().dtype(out_dtype));
 
-  // CUDA backend (the step's ops): "cuda" → the sm_90a symmetric kernel where usable
-  // (built, sm_90, self-check passed), else dense cuBLASLt products mirrored; "cuda_dense"
-  // → always the latter; "auto" → "cuda" only where the kernel is usable, otherwise the
-  // ATen path below. It iterates in the step's precision: Gram NS in float16, standard NS
-  // in bfloat16.
+  // CUDA backend (the step's ops): "cuda" and "auto" → the sm_90a symmetric kernel where
+  // usable (built, sm_90, self-check passed), else dense cuBLASLt products mirrored;
+  // "cuda_dense" → always the latter. It iterates in the step's precision: Gram NS in
+  // float16, standard NS in bfloat16 (other compute dtypes: the ATen path below).
   const bool half_dtype = dtype == at::kHalf || dtype == at::kBFloat16;
   const at::ScalarType step_half = schedule.algorithm == ns::Algorithm::kGram ? at::kHalf : at::kBFloat16;
   if (backend == "cuda" || backend == "cuda_dense") {
@@ -175,10 +173,7 @@ at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,
                 dtype == at::kHalf ? "float16" : "bfloat16", "; backend 'aten' takes either");
   }
 #if defined(DMUON_HAS_CUDA_BACKEND)
-  if (x.is_cuda() && dtype == step_half && backend != "aten" &&
-      (backend != "auto" || step::cuda::sym_kernel_usable(x.get_device(), dtype == at::kHalf
-                                                                               ? ns::cuda::DType::kFloat16
-                                                                               : ns::cuda::DType::kBFloat16)))
+  if (x.is_cuda() && dtype == step_half && backend != "aten")
     return orthogonalize_on(step_ops(x.device(), backend != "cuda_dense"), batch, schedule,
                             env::resolve(cuda_graphs, env::kCudaGraphs))
         .to(out_dtype)

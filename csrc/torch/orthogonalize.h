@@ -21,11 +21,10 @@ ns::Schedule make_schedule(const std::string& algorithm, at::ArrayRef<double> co
 /// "cuda" (CUDA backend: sm_90a symmetric kernel where usable, else dense cuBLASLt
 /// products mirrored) | "cuda_dense" (CUDA backend, always dense products mirrored);
 /// compute_dtype: "auto" | "float64" | "float32" | "float16" | "bfloat16".
-/// auto: CPU → core in fp32 (fp64 for fp64 input); CUDA → fp16 for Gram NS and bf16 for
-/// standard NS (DESIGN.md §3), on the CUDA backend when the sm_90a kernel is built, the
-/// GPU is sm_90 and the kernel passed its self-check, else on the ATen backend.
-/// The CUDA backend is the step engine's ops (step/cuda) on the current stream, which
-/// iterate Gram NS in float16 and standard NS in bfloat16 (other compute dtypes: "aten").
+/// auto: CPU → core in fp32 (fp64 for fp64 input); CUDA → the CUDA backend in fp16 for
+/// Gram NS and bf16 for standard NS (DESIGN.md §3), other compute dtypes on ATen.
+/// The CUDA backend is the step engine's ops (step/cuda) on the current stream: what the
+/// step runs (they iterate Gram NS in float16 and standard NS in bfloat16).
 /// cuda_graphs (CUDA backend): replay the iteration as a CUDA graph; unset: DMUON_CUDA_GRAPHS
 /// (default on), read at this call.
 at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,

@@ -164,13 +164,18 @@ def test_cuda_ns_matches_cpu_core(algorithm, shape):
 
 
 @needs_backend
-def test_auto_backend_on_cuda_is_accurate():
-    # "auto" on a CUDA tensor: the CUDA backend where the kernel is usable, else ATen.
+def test_auto_backend_on_cuda_is_the_steps_path_and_accurate():
+    # "auto" on a CUDA tensor: the CUDA backend, the step's ops (the kernel where usable,
+    # else dense cuBLASLt products), its third call replayed from the step ops' graph cache.
     x = torch.randn(4, 200, 600, device="cuda")
     coefficients, restarts = schedule("gram")
-    out = ops.orthogonalize(x, "gram", coefficients, restarts, 1e-7)
+    before = testing_ops.cuda_graph_stats(x)
+    outs = [ops.orthogonalize(x, "gram", coefficients, restarts, 1e-7) for _ in range(3)]
+    after = testing_ops.cuda_graph_stats(x)
+    assert after[1] >= before[1] + 1 and after[2] >= before[2] + 2, (before, after)
     expected = reference(x, "gram")
-    assert rel(out, expected) <= 3 * rel(reference(x, "gram", torch.float16), expected) + 1e-3
+    for out in outs:
+        assert rel(out, expected) <= 3 * rel(reference(x, "gram", torch.float16), expected) + 1e-3
 
 
 _BAD_ARGUMENTS_SCRIPT = """
