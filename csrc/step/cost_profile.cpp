@@ -126,8 +126,9 @@ std::map<ShapeKey, ShapeBatches> step_batches(const ItemTable& table, DeviceOps&
     s.schedule = &options.cost.schedules[static_cast<size_t>(group)];
     const auto [rows, cols] = shape;
     s.capacity = ns_batch_capacity(rows, cols, dtype, s.schedule->algorithm, options.ns_batch_bytes, ns_bytes);
+    const int64_t item_wire = rows * cols * dtype_size(wire);
     if (world > 1 && options.stage_bytes > 0)
-      s.capacity = std::min(s.capacity, std::max<int64_t>(1, options.stage_bytes / world / (rows * cols * dtype_size(wire))));
+      s.capacity = std::min(s.capacity, std::max<int64_t>(1, options.stage_bytes / world / item_wire));
     int64_t count = 0;
     for (const auto& run : by_run) count += run.second;
     s.largest = std::min(s.capacity, count);

@@ -25,12 +25,14 @@ void register_cost_bindings(py::module_& m) {
          const ns::Schedule& schedule, int num_runs, int num_warmup, const std::string& store_path) {
         DMUON_CHECK(device == "cpu" || device == "cuda", "device must be 'cpu' or 'cuda', got '", device, "'");
         step::Device where;
-        if (device == "cuda") where = {step::DeviceKind::kCuda, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index()};
+        if (device == "cuda")
+          where = {step::DeviceKind::kCuda, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index()};
         TorchOpsOptions ops_options;
         ops_options.graph_cache_bytes = std::max<int64_t>(0, env::kGraphCacheMb.get()) << 20;
         const std::unique_ptr<step::DeviceOps> ops = make_torch_ops(where, ops_options);
         std::vector<step::CostPoint> batches;
-        for (const auto& [rows, cols, count] : points) batches.push_back({rows, cols, count, step::DType::kFloat32, &schedule});
+        for (const auto& [rows, cols, count] : points)
+          batches.push_back({rows, cols, count, step::DType::kFloat32, &schedule});
         step::CostOptions options;
         options.num_runs = num_runs;
         options.num_warmup = num_warmup;

@@ -200,10 +200,11 @@ TEST(CostProfile, EngineTimesTheBatchesItsStagesFormOnEveryRankOfAFakeWorld) {
     ScriptedOps ops({1.0});
     dmuon::step::NoDataTransport transport(rank, 4);
     const dmuon::step::StepEngine engine(transport, ops, world.specs(), options);
-    std::vector<std::tuple<int64_t, int64_t, int64_t>> timed;
-    for (const auto& [rows, cols, count, seconds] : engine.measured_costs().entries()) timed.emplace_back(rows, cols, count);
-    EXPECT_EQ(timed, (std::vector<std::tuple<int64_t, int64_t, int64_t>>{{6, 10, 1}, {6, 10, 2}, {6, 10, 3}, {10, 4, 1}}))
-        << "rank " << rank;
+    using Point = std::tuple<int64_t, int64_t, int64_t>;
+    std::vector<Point> timed;
+    for (const auto& [rows, cols, count, seconds] : engine.measured_costs().entries())
+      timed.emplace_back(rows, cols, count);
+    EXPECT_EQ(timed, (std::vector<Point>{{6, 10, 1}, {6, 10, 2}, {6, 10, 3}, {10, 4, 1}})) << "rank " << rank;
     if (rank == 0) EXPECT_EQ(ops.counts, (std::vector<int64_t>{1, 2, 3, 1}));
     if (rank == 3) EXPECT_TRUE(ops.counts.empty()) << "the store of this process already holds them";
   }

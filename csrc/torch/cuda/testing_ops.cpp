@@ -89,7 +89,8 @@ std::vector<std::string> sym_configs_op() {
 }
 
 bool sym_kernel_usable_op(const at::Tensor& x, c10::string_view dtype) {
-  return translate_errors([&] { return step::cuda::sym_kernel_usable(x.get_device(), half_dtype(std::string(dtype))); });
+  return translate_errors(
+      [&] { return step::cuda::sym_kernel_usable(x.get_device(), half_dtype(std::string(dtype))); });
 }
 
 int64_t autotune_measurements_op(const at::Tensor&) { return ns::cuda::Autotuner::instance().num_measurements(); }

@@ -118,7 +118,8 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
   e.plan_locally = options_.plan_source == "local";
   DMUON_CHECK(options_.cost_model == "auto" || options_.cost_model == "analytic" || options_.cost_model == "profile",
               "cost_model must be 'auto', 'analytic' or 'profile', got '", options_.cost_model, "'");
-  e.cost.measure = options_.cost_model == "profile" || (options_.cost_model == "auto" && device.kind == step::DeviceKind::kCuda);
+  e.cost.measure =
+      options_.cost_model == "profile" || (options_.cost_model == "auto" && device.kind == step::DeviceKind::kCuda);
   e.cost.schedules = options_.cost_schedules;
   engine_ = std::make_unique<step::StepEngine>(*transport_, *ops_, std::move(specs), e);
 
