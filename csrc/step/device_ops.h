@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "autotune/tune_cache.h"
 #include "ns/schedule.h"
 #include "optim/normuon.h"
 #include "step/types.h"
@@ -135,6 +136,12 @@ inline std::pair<int64_t, int64_t> piece_cols(const NsBatchDesc& batch, int64_t 
 void check_batch_rows(const char* what, const NsBatchDesc& batch, int64_t matrix_idx, int64_t row_begin,
                       int64_t row_count, int64_t numel, int64_t col_begin = 0, int64_t col_count = -1);
 
+/// Where measured times live (autotune/tune_cache.h: one file holds one environment).
+struct MeasurementStore {
+  std::string path;  ///< empty: this process's memory only
+  autotune::TuneEnvironment environment;
+};
+
 class DeviceOps {
  public:
   virtual ~DeviceOps() = default;
@@ -213,6 +220,10 @@ class DeviceOps {
   virtual double mark_seconds(int64_t from, int64_t to);
   /// Forgets every mark (their ids may be given again).
   virtual void clear_marks() {}
+  /// Where times measured on these ops are kept (step/cost_profile.h): the store's file
+  /// (empty: this process's memory) and what the times depend on besides the problem. By
+  /// default memory only, under the device's name and dmuon's version.
+  virtual MeasurementStore measurement_store() const;
   /// run(k) for every k in order, batch k's work on stream stream_of[k] (0: the ops'
   /// stream); every stream starts after what was enqueued before and the ops' stream waits
   /// for all of them before this returns. Returns the number of streams used.

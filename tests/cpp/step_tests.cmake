@@ -11,6 +11,7 @@ add_executable(dmuon_step_tests
   ${CMAKE_CURRENT_LIST_DIR}/test_step_normuon.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_step_col_blocks.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_phase_clock.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_cost_profile.cpp
 )
 target_include_directories(dmuon_step_tests PRIVATE ${CMAKE_CURRENT_LIST_DIR})
 target_link_libraries(dmuon_step_tests PRIVATE dmuon::core GTest::gtest GTest::gtest_main)

@@ -43,7 +43,7 @@ def project(runtime, topology: ClusterTopology, rank_times: list, layout, num_pa
     from dmuon.analysis import sim
 
     projection = sim.project_step(layout, topology.group(runtime.world_size), {runtime.rank: rank_times},
-                                     list(runtime.options.cost_entries), runtime.options.device_type,
+                                  list(runtime.cost_entries), runtime.options.device_type,
                                      runtime.last_stats.pipeline_depth, _agreement_bytes(num_params))
     return projection.step_s, projection.ranks[runtime.rank].wait_s
 
