@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "python" / "dmuon"
 CLI = PACKAGE / "cli"
 
 # The library's public modules the CLI may import (besides `dmuon`'s own exports).
-PUBLIC_MODULES = {"dmuon", "dmuon.analysis", "dmuon.plan", "dmuon.plan.profile"}
+PUBLIC_MODULES = {"dmuon", "dmuon.analysis"}
 # Private attributes of torch and argparse the tools use knowingly (none of dmuon's).
 TORCH_PRIVATE = {"_sleep", "_foreach_add_", "_foreach_lerp_", "_schema", "_get_fsdp_state", "_fsdp_param_group",
                  "_post_reduce_event", "_actions", "_SubParsersAction"}
@@ -115,7 +115,7 @@ def test_no_import_cycle_among_the_cli_modules():
 
 
 def test_the_cli_imports_only_the_librarys_public_modules_and_names():
-    exports = _dmuon_exports() | {"analysis", "plan"}
+    exports = _dmuon_exports() | {"analysis"}
     bad = []
     for module, (path, tree) in _cli_files().items():
         for base, name in _imports(tree, module, path.name == "__init__.py"):

@@ -11,7 +11,7 @@ import pytest
 
 from dmuon.cli.main import main
 from dmuon.cli.plan.manifest import manifest_from_config, shipped_models
-from dmuon.plan import make_problem, solve
+from dmuon.cli.plan.planner import make_problem, solve
 
 _SHIPPED = ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b"]
 # A Hugging Face config.json with 128 experts (Qwen3-30B-A3B's values), planned separately.
@@ -165,7 +165,7 @@ def test_python_api_plan_roundtrip():
     assert placed == list(enumerate(plan.owner))
     assert plan.makespan == max(r.load_seconds for r in plan.ranks) >= plan.lower_bound > 0
     assert len(set(plan.owner)) == 3  # 11 matrices over 3 ranks: every rank works
-    from dmuon.plan import deserialize
+    from dmuon.cli.plan.planner import deserialize
 
     again = deserialize(problem, plan.serialize())
     assert list(again.owner) == list(plan.owner)
@@ -214,7 +214,7 @@ def test_profiled_costs_are_cached_on_disk(tmp_path, capsys):
 
 
 def test_layer_index_from_names():
-    from dmuon.plan import layer_ids, layer_index
+    from dmuon.cli.plan.planner import layer_ids, layer_index
 
     assert layer_index("model.layers.12.self_attn.q_proj.weight") == 12
     assert layer_index("layers.3.mlp.experts.5.up_proj") == 3  # the block, not the expert
@@ -262,7 +262,7 @@ def test_cli_without_layer_names(tmp_path, capsys):
 
 
 def test_python_api_spread_layers_keeps_loads_and_round_trips():
-    from dmuon.plan import deserialize, layer_spread_stats, spread_layers
+    from dmuon.cli.plan.planner import deserialize, layer_spread_stats, spread_layers
 
     # Layer by layer: plans deal units to ranks in input order, so whole layers share a rank.
     names = [f"model.layers.{l}.{kind}.weight" for l in range(6) for kind in ("q", "k", "v", "o")]

@@ -58,7 +58,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dmuon.plan import layer_ids, make_problem, native
+    from dmuon.cli.plan.planner import layer_ids, make_problem, native
 
     try:
         solvers = [s.strip() for s in args.solvers.split(",") if s.strip()]
@@ -125,7 +125,7 @@ def _measured_cost(manifest, args):
     """A measured CostTable for every (shape, batch size) the manifest can need."""
     import torch
 
-    from dmuon.plan.profile import batch_sizes, profile_cost_table
+    from dmuon.cli.plan.profile import batch_sizes, profile_cost_table
 
     if args.profile_runs < 1:
         raise ValueError(f"--profile-runs must be at least 1, got {args.profile_runs}")
@@ -143,7 +143,7 @@ def _backward_stages(manifest, args, cost, milp_options, solvers) -> dict | None
     solved, stage s = every owner's s-th NS batch) and after (backward windows spread, stage
     w = window w: plan/stage_windows.h). Matrices in parameter order (the engine's items),
     i.e. the manifest's stably sorted by layer; None at world 1 or with --experts stack."""
-    from dmuon.plan import layer_index, make_problem, native
+    from dmuon.cli.plan.planner import layer_index, make_problem, native
 
     if args.world < 2 or any(m.batch > 1 for m in manifest.matrices):
         return None
@@ -217,7 +217,7 @@ def _print_stages(stages: dict | None, per_stage: bool) -> None:
 
 def _spread_stats(problem, layer_of, plan) -> dict:
     """Layer spreading figures of one plan (see LayerSpreadStats)."""
-    from dmuon.plan import native
+    from dmuon.cli.plan.planner import native
 
     stats = native().layer_spread_stats(problem, layer_of, plan)
     return {

@@ -1,5 +1,5 @@
 """Measured cost tables for ``python -m dmuon plan --profile``: the step engine's own timing
-of Newton–Schulz batches (``_C.plan.measure_ns_costs``, csrc/step/cost_profile.h) on
+of Newton–Schulz batches (``dmuon.analysis.plan.measure_ns_costs``, csrc/step/cost_profile.h) on
 (rows, cols, num_matrices) points.
 
 The library does not use this module: its engine measures the table it plans with itself
@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import torch
 
-from dmuon.plan import native
+from dmuon.cli.plan.planner import native
 
 # NOTE: NS work per matrix is linear in the batch after launch overhead, so sizes
 # 1, 2, 4, … up to the largest batch bound the interpolation error by one octave.
@@ -44,12 +44,12 @@ def profile_cost_table(
     """A ``CostTable`` of (rows, cols, num_matrices) float32 NS batches on `device` (its
     current device when CUDA), each the median of `num_runs` timed runs after `num_warmup`,
     read from and kept in the measurement store at `cache_path` (None: the device's default)."""
-    from dmuon import _C
+    from dmuon.analysis import ns_schedule
 
     device = torch.device(device)
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
-    schedule = _C.ns_schedule(algorithm, num_steps)
+    schedule = ns_schedule(algorithm, num_steps)
     store = os.path.expanduser(cache_path) if cache_path else ""
     return native().measure_ns_costs(sorted(set(points)), device.type, schedule, num_runs=num_runs,
                                      num_warmup=num_warmup, store_path=store)

@@ -1,12 +1,11 @@
-"""The owner planner's public API: which rank orthogonalizes which Muon matrix.
+"""The owner planner offline, for ``python -m dmuon plan`` and the tests: which rank
+orthogonalizes which Muon matrix. (The step engine plans in C++ by itself.)
 
-All solving, costing and hashing is C++ (``native()``: ``dmuon._C.plan``, its types
-``MatrixSpec``, ``ProblemOptions``, ``AnalyticCostModel``, ``CostTable``, ``MilpOptions``);
-this module builds problems and runs the solvers; ``profile`` times the real NS op for
-measured cost tables. The step engine plans in C++ by itself; this API is for planning
-offline (the ``python -m dmuon plan`` tool, whose manifests live in dmuon.cli.plan)::
+All solving, costing and hashing is C++ (``dmuon.analysis.plan``: ``MatrixSpec``,
+``ProblemOptions``, ``AnalyticCostModel``, ``CostTable``, ``MilpOptions``, the solvers);
+this module builds problems and runs the solvers::
 
-    from dmuon.plan import make_problem, solve
+    from dmuon.cli.plan.planner import make_problem, solve
     problem = make_problem([(name, rows, cols, batch), ...], world_size=D)
     plan = solve(problem, "milp")          # plan.owner[i], plan.ranks[r].batches
     text = plan.serialize()                 # broadcast from rank 0; others call
@@ -44,12 +43,10 @@ def layer_ids(names: Iterable[str]) -> list[int]:
 
 
 def native():
-    """``dmuon._C.plan`` (imports torch first, as dmuon._C needs)."""
-    import torch  # noqa: F401  (torch's libraries must be loaded before dmuon._C)
+    """The C++ planner, ``dmuon.analysis.plan``."""
+    from dmuon.analysis import plan
 
-    from dmuon import _C
-
-    return _C.plan
+    return plan
 
 
 def make_problem(
