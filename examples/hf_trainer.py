@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import Dataset
 
 import dmuon
-from dmuon.train.data import VOCAB_SIZE, load_corpus
+from dmuon.cli.train.data import VOCAB_SIZE, load_corpus
 
 
 class ByteBlocks(Dataset):

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import dmuon
-from dmuon.launch import launch
-from dmuon.train.data import VOCAB_SIZE, load_corpus
+from dmuon.cli.launch import launch
+from dmuon.cli.train.data import VOCAB_SIZE, load_corpus
 
 
 class SumOverGroup(torch.autograd.Function):

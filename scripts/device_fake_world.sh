@@ -141,6 +141,6 @@ out.write_text(json.dumps({"stages": stages, "records": records}, indent=1))
 PY
 cp "$WORK/stages.tsv" "$OUT/stages.tsv"
 echo "total: $(( $(date +%s) - START )) s" | tee -a "$LOG"
-python3 -m dmuon.bench.fake_compare "$OUT/fake_world.json" | tee "$OUT/summary.txt"
+python3 lab/reports/fake_compare.py "$OUT/fake_world.json" | tee "$OUT/summary.txt"
 rm -rf "$WORK"
 if cut -f2 "$OUT/stages.tsv" | grep -qv '^ok$'; then exit 1; fi

@@ -12,7 +12,7 @@
 # agreement, mismatched parameters), step (bench step --worlds), e2e (bench e2e on every
 # GPU; dmuon's step begins inside backward at world > 1), e2e7b (Qwen2.5-7B at world 8,
 # where 8 GPUs are present), project (bench step / e2e --fake-world at the same worlds,
-# then python -m dmuon.bench.projection_check), e2e1 (one GPU).
+# then python3 lab/reports/projection_check.py), e2e1 (one GPU).
 # --worlds 1 is the dry run on one GPU (NCCL with one rank: no transfers, every code path).
 # Every stage runs under `timeout`, clipped to what is left of the budget (default 540 s,
 # the build included), so one hang cannot eat the call; logs and JSON go to $OUT.
@@ -75,13 +75,13 @@ echo "world sizes: ${WORLDS:-none} (of $WORLDS_WANTED; $NUM_GPUS GPUs) | stages:
 t0=$(date +%s)
 if ! source scripts/device_build.sh; then
   printf 'build\tfailed\t%s\n' "$(( $(date +%s) - t0 ))" >> "$OUT/stages.tsv"
-  python3 -m dmuon.bench.summary "$OUT" 2>/dev/null || cat "$OUT/stages.tsv"
+  python3 lab/reports/summary.py "$OUT" 2>/dev/null || cat "$OUT/stages.tsv"
   exit 1
 fi
 printf 'build\tok\t%s\n' "$(( $(date +%s) - t0 ))" >> "$OUT/stages.tsv"
 if [ "$NUM_WORLDS" -eq 0 ]; then
   echo "no world size of --worlds fits the GPUs present"
-  python3 -m dmuon.bench.summary "$OUT"
+  python3 lab/reports/summary.py "$OUT"
   exit 1
 fi
 
@@ -118,7 +118,7 @@ if wants e2e7b && [ "$NUM_GPUS" -ge 8 ]; then
 fi
 
 # 5. The fake-world projection of the same steps on one GPU of this machine, then its error
-# against the figures measured above (dmuon.bench.projection_check pairs the JSON records).
+# against the figures measured above (lab/reports/projection_check.py pairs the JSON records).
 if wants project; then
   for model in ${STEP_MODELS//,/ }; do
     for world in ${WORLDS//,/ }; do
@@ -134,7 +134,7 @@ if wants project; then
                --micro-batch '$E2E_MICRO_BATCH' --optimizers dmuon,adamw \
                --json '$OUT/fake_e2e_${E2E_MODEL}_w${NUM_GPUS}.json' > '$OUT/fake_e2e_${E2E_MODEL}.log' 2>&1"
   fi
-  python3 -m dmuon.bench.projection_check "$OUT" | tee "$OUT/projection_check.txt"
+  python3 lab/reports/projection_check.py "$OUT" | tee "$OUT/projection_check.txt"
 fi
 
 # 6. (issue 7) The same training step on one GPU: weight-ownership vs owner mode vs AdamW.
@@ -146,6 +146,6 @@ if wants e2e1; then
 fi
 
 echo "total: $(( $(date +%s) - START )) s"
-python3 -m dmuon.bench.summary "$OUT"
+python3 lab/reports/summary.py "$OUT"
 # Exit status: 0 only if every stage that ran or was skipped for the budget was ok.
 if cut -f2 "$OUT/stages.tsv" | grep -qv '^ok$'; then exit 1; fi

@@ -4,7 +4,7 @@
         [--narrow 64] [--device cpu|cuda] [--steps 20] [--cprofile]
 
 The model, its FSDP2 sharding over torch's fake process group and its gradients are those
-of `python -m dmuon bench e2e --fake-world` (bench.e2e_fake: one forward + backward, then
+of `python -m dmuon bench e2e --fake-world` (dmuon.cli.bench.e2e_fake: one forward + backward, then
 steps on the same gradients). `--narrow K` divides the model's widths (head size, MLP
 width, vocabulary) by K and keeps its structure (layers, tensors, their names and kinds):
 a step's host work grows with the number of tensors, not their sizes, so a narrow model
@@ -39,8 +39,8 @@ PHASES = ("inputs", "prelude", "engine", "adamw", "agree", "after")
 
 
 def narrow_config(model: str, k: int) -> str:
-    """Registers `model` with its widths divided by `k` for bench.e2e_models; its name."""
-    from dmuon.bench import e2e_models
+    """Registers `model` with its widths divided by `k` for dmuon.cli.bench.e2e_models; its name."""
+    from dmuon.cli.bench import e2e_models
 
     if k == 1:
         return model
@@ -103,9 +103,9 @@ def phase_seconds(marks: dict[str, float], start: float, stop: float) -> dict[st
 
 
 def main() -> None:
-    from dmuon.bench.e2e_fake import _FakeRankTrainer
-    from dmuon.bench.e2e_models import HF_CONFIGS
-    from dmuon.bench.fake_world import ClusterTopology, fake_rank
+    from dmuon.cli.bench.e2e_fake import _FakeRankTrainer
+    from dmuon.cli.bench.e2e_models import HF_CONFIGS
+    from dmuon.cli.bench.fake_world import ClusterTopology, fake_rank
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-7b", choices=sorted(HF_CONFIGS))

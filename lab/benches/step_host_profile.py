@@ -20,7 +20,7 @@ import time
 import torch
 
 import dmuon
-from dmuon.bench import ns as bench_ns
+from dmuon.cli.bench import ns as bench_ns
 
 
 def main() -> None:

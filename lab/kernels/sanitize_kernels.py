@@ -75,8 +75,8 @@ def run_fused():
     # The fused step: flat and tiled passes, transposed and not, vectorized and not; step 1
     # ungated, step 2 gated, steps 3 and 4 gated on two streams (the default).
     # NOTE: two NS steps: the NS kernels are the "ns" part's. With the environment of the
-    # header (no autotuning) racecheck of this part took 18 s (H200, 2026-12-01); two
-    # earlier attempts of the same day were cut at 250 and 270 s.
+    # header (no autotuning) racecheck of this part took 18 s on an H200; two earlier
+    # attempts were cut at 250 and 270 s.
     torch.manual_seed(0)
     # NOTE: (96, 64) and (200, 68) take the vectorized transposing kernels, (130, 66) the scalar ones.
     shapes = [(64, 96), (96, 64), (127, 301), (200, 68), (130, 66), (3, 40, 72)]

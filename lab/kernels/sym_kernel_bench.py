@@ -15,10 +15,10 @@ The default list (the autotuner's candidates) holds one 128×128 2-CTA cluster c
 128×256 names in the list, "old" (the baseline) defaults to the 1-CTA 128×128 configurations
 and "new" to the others.
 Times: CUDA events. cuBLAS and every configuration of a shape are timed in turns, --rounds
-rounds (default 3, the order rotated each round; dmuon.bench.ns.interleaved_ms), each the
+rounds (default 3, the order rotated each round; dmuon.cli.bench.timing.interleaved_ms), each the
 median of its rounds: under the power limit the clock follows the recent load, and timings
 taken one configuration after another drifted by up to 8% (the same kernel twice, 3584×18944 X·Xᵀ b15,
-H200, 2026-11-30).
+H200).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import math
 import torch
 
 from dmuon._ops import testing_ops
-from dmuon.bench import ns as bench_ns
+from dmuon.cli.bench import timing
 
 # (m, k, batch, with β·C): the Gram products X·Xᵀ and the m³ products of Qwen2.5 0.5B–7B.
 SHAPES = [
@@ -72,17 +72,17 @@ def time_shape(m, k, batch, with_c, configs, rounds=3):
         dense = lambda: torch.baddbmm(c, a, b.transpose(1, 2), beta=beta, alpha=alpha)  # noqa: E731
     else:
         dense = lambda: torch.bmm(a, b.transpose(1, 2))  # noqa: E731
-    fns, iters = {"cublas": dense}, {"cublas": timed_iters(bench_ns.cuda_time_ms(dense, 2, 1), rounds)}
+    fns, iters = {"cublas": dense}, {"cublas": timed_iters(timing.cuda_time_ms(dense, 2, 1), rounds)}
     for config in configs:
         # NOTE: unpoisoned output: the timed call holds the product alone, as cuBLAS's does.
         fn = lambda config=config: testing_ops.cuda_sym_product_config(a, b, c, alpha, beta, config, poison=False)  # noqa: E731
         try:
-            probe = bench_ns.cuda_time_ms(fn, 2, 1)  # two warm-ups, one probe
+            probe = timing.cuda_time_ms(fn, 2, 1)  # two warm-ups, one probe
         except RuntimeError as error:  # an unbuilt or inapplicable configuration
             print(f"  {config}: {str(error).splitlines()[0][:120]}")
             continue
         fns[config], iters[config] = fn, timed_iters(probe, rounds)
-    out = bench_ns.interleaved_ms(fns, iters, rounds)
+    out = timing.interleaved_ms(fns, iters, rounds)
     del a, b, c, fns
     torch.cuda.empty_cache()
     return out

@@ -120,7 +120,9 @@ class Execution(_Options):
     plans, on rank 0, kept in the autotune cache (DMUON_AUTOTUNE_CACHE) on GPUs; "analytic":
     FLOP counts; "auto": profile on GPUs); ``nonfinite``:
     "raise" or "skip" a step with a NaN/Inf gradient; ``profile``: synchronize between
-    phases so that ``runtime.last_stats`` times are real. Code-path switches (None: the
+    phases so that ``runtime.last_stats`` times are real; ``record_timeline``: record each
+    stage's compute phases as device time (``runtime.last_stats.bucket_times``, no host
+    synchronization; the fake-world projection reads them). Code-path switches (None: the
     variable if set, else the default in brackets): ``fused_streams`` (DMUON_FUSED_STREAMS [2]:
     CUDA streams one process spreads its NS batches over),
     ``pipeline_depth`` (DMUON_PIPELINE_DEPTH [0: twice the world size]), ``ns_batch_mb``
@@ -135,6 +137,7 @@ class Execution(_Options):
     cost_model: str = "auto"
     nonfinite: str = "raise"
     profile: bool = False
+    record_timeline: bool = False
     fused_streams: int | None = None
     pipeline_depth: int | None = None
     ns_batch_mb: int | None = None
@@ -147,8 +150,9 @@ class Execution(_Options):
             _check_choice(self, name, allowed)
         if not (_is_number(self.bucket_size_mb) and self.bucket_size_mb >= 0):
             _fail(Execution, "bucket_size_mb", "a finite number >= 0 (0: one bucket)", self.bucket_size_mb)
-        if not isinstance(self.profile, bool):
-            _fail(Execution, "profile", "True or False", self.profile)
+        for name in ("profile", "record_timeline"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(Execution, name, "True or False", getattr(self, name))
         _check_optional_bool(self, "cuda_graphs")
         if self.backward_step is not None and not isinstance(self.backward_step, bool):
             _fail(Execution, "backward_step", "True, False or None (off)",
@@ -161,6 +165,7 @@ class Execution(_Options):
         """Keyword arguments of dmuon._C.dist.RuntimeOptions (None: the runtime resolves it)."""
         return dict(mode=self.mode, bucket_bytes=int(self.bucket_size_mb * 2**20), wire_dtype=self.wire_dtype,
                     solver=self.planner, cost_model=self.cost_model, profile=self.profile,
+                    record_timeline=self.record_timeline,
                     fused_streams=self.fused_streams or 0,
                     pipeline_depth=self.pipeline_depth,
                     ns_batch_mb=self.ns_batch_mb, cuda_graphs=self.cuda_graphs)

@@ -126,7 +126,7 @@ class DMuon(torch.optim.Optimizer):
         self.math = math
         self.execution = execution
         self.nonfinite = execution.nonfinite
-        # NOTE: a dict, not the Execution: the benches add record_timeline (no user option).
+        # The keyword arguments of the runtime's options (dmuon._C.dist.RuntimeOptions).
         self._runtime_options = execution.runtime_options()
         self._process_group = process_group
         self._runtime = None

@@ -138,7 +138,7 @@ def matrix_blocks(t: torch.Tensor, batch_dims: int, row_blocks, col_blocks: int 
 
 
 def split_row_blocks(group: dict[str, Any], p: torch.Tensor, row_blocks=()) -> tuple[int, ...]:
-    """The row blocks a group's split orthogonalization (issue 29) gives `p`: split_rows as
+    """The row blocks a group's split orthogonalization gives `p`: split_rows as
     given, split_heads as equal blocks of dim 0; else `row_blocks`. Plain checks, no routing."""
     if group.get("split_rows") is not None:
         sizes = tuple(int(s) for s in group["split_rows"])

@@ -1,4 +1,4 @@
-"""Split orthogonalization (issue 29): Muon group options that cut each weight of the group
+"""Split orthogonalization: Muon group options that cut each weight of the group
 into blocks of rows or of columns, each orthogonalized (and lr-adjusted) as a matrix of its
 own.
 

@@ -109,7 +109,7 @@ def row_blocks_sharded_match_the_reference(rank: int, world: int) -> dict:
                "attn.fused_gqa": torch.randn(16, 6, generator=gen) / 6 ** 0.5}
     blocks = {"attn.in_proj_weight": (5, 5, 5), "attn.fused_gqa": (8, 4, 4)}
     params = {n: nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)])) for n, t in initial.items()}
-    # NOTE: the fused GQA's unequal blocks come from the split_rows group option (issue 29).
+    # NOTE: the fused GQA's unequal blocks come from the split_rows group option.
     optimizer = dmuon.DMuon([{"params": [("attn.in_proj_weight", params["attn.in_proj_weight"])], "use_muon": True},
                              {"params": [("attn.fused_gqa", params["attn.fused_gqa"])], "use_muon": True,
                               "split_rows": [8, 4, 4]}],

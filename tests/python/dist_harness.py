@@ -1,4 +1,4 @@
-"""The tests' view of dmuon.launch: Gloo processes on the CPU (or NCCL, one process per
+"""The tests' view of dmuon.cli.launch: Gloo processes on the CPU (or NCCL, one process per
 GPU), errors as assertions.
 
 Gloo runs go to a started world of that size shared by the whole pytest run
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from dmuon.launch import RankFailed, launch
+from dmuon.cli.launch import RankFailed, launch
 
 import dist_pool
 

@@ -3,7 +3,7 @@ the whole pytest run (4, or the largest world asked for), each task on a process
 its own world size made for it from the pool's first processes.
 
 Why: a spawned rank imports torch and dmuon before it runs anything; on a 2-core machine
-that start-up was most of the distributed tests' time (issue 24). A pool pays it once.
+that start-up was most of the distributed tests' time. A pool pays it once.
 
 Each task: each of its ranks makes a fresh default process group over the pool's TCPStore
 (a prefix per task), runs fn(rank, world, *args), destroys every group (the default and
@@ -30,7 +30,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from dmuon.launch import RankFailed, _free_port, _SAFE_ENV
+from dmuon.cli.launch import RankFailed, _free_port, _SAFE_ENV
 
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -174,7 +174,7 @@ def _serve(rank: int, size: int, port: int, tasks, results) -> None:
         task_id, world, payload, collective_timeout_s = message
         status = "init-error"
         try:
-            # NOTE: what dmuon.launch gives a rank of `world` processes.
+            # NOTE: what dmuon.cli.launch gives a rank of `world` processes.
             threads = max(1, (os.cpu_count() or 1) // world)
             os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), OMP_NUM_THREADS=str(threads))
             torch.set_num_threads(threads)
@@ -225,7 +225,7 @@ class WorldPool:
     def run(self, fn: Callable, world: int, args: tuple, timeout_s: float,
             collective_timeout_s: float) -> dict[int, Any]:
         """fn(rank, world, *args) on the first `world` processes; {rank: result}. Raises
-        RankFailed (the pool then ends) like dmuon.launch.launch, and TimeoutError past
+        RankFailed (the pool then ends) like dmuon.cli.launch.launch, and TimeoutError past
         `timeout_s`."""
         assert self.alive and 1 <= world <= self.size, (self.alive, world, self.size)
         task_id, self._next_task = self._next_task, self._next_task + 1

@@ -76,13 +76,13 @@ def fake_rank_step(rank: int, world: int, mode: str, shapes: list = SHAPES, nan_
     non-finite gradient)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from dmuon.bench.fake_world import fake_rank
-    from dmuon.bench.step import _sharded_tensors
+    from dmuon.cli.bench.fake_world import fake_rank
+    from dmuon.cli.bench.step_inputs import sharded_tensors
 
     with fake_rank(rank, world):
         mesh = init_device_mesh("cpu", (world,))
-        params = [nn.Parameter(t) for t in _sharded_tensors(shapes, mesh, rank, world, 0, "cpu")]
-        for p, g in zip(params, _sharded_tensors(shapes, mesh, rank, world, 1, "cpu")):
+        params = [nn.Parameter(t) for t in sharded_tensors(shapes, mesh, rank, world, 0, "cpu")]
+        for p, g in zip(params, sharded_tensors(shapes, mesh, rank, world, 1, "cpu")):
             p.grad = g
         if nan_param is not None and params[nan_param].to_local().numel():
             params[nan_param].grad.to_local().view(-1)[0] = float("nan")
@@ -171,7 +171,7 @@ def gloo_local_plans_that_differ(rank: int, world: int, differs: str) -> str:
 
 def gloo_fake_world_refused(rank: int, world: int, argv: list[str]) -> str:
     """`bench step --fake-world` inside a process whose real process group is initialized."""
-    from dmuon.__main__ import main
+    from dmuon.cli.main import main
 
     try:
         main(argv)

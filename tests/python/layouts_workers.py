@@ -1,4 +1,4 @@
-"""Rank functions of test_layouts.py: DMuon over every DTensor layout of issue 28 (FSDP2 ×
+"""Rank functions of test_layouts.py: DMuon over every DTensor layout (FSDP2 ×
 TP, HSDP × TP, EP × FSDP beside dense FSDP weights, pipeline stages, a DCP checkpoint
 resharded from a 2×2 mesh to a 1-D world), against the pure-PyTorch float64 reference
 (dmuon.reference) fed the same gradients.
@@ -179,7 +179,7 @@ class MoeModel(nn.Module):
 
 
 def _fsdp2_experts_case():
-    """Issue 27: one FSDP2 over a 1-D world (3 ranks) on a dense block and a 5-expert stack:
+    """One FSDP2 over a 1-D world (3 ranks) on a dense block and a 5-expert stack:
     Shard(0) on the expert dim cuts it as torch.chunk does (2, 2, 1 experts), so every expert
     is whole on one rank, its home; the planner plans the experts one by one with the dense
     weights, and keeps or moves each."""

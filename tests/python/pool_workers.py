@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import dist_workers
-import dmuon.launch
+import dmuon.cli.launch
 
 
 def identity(rank: int, world: int) -> dict:
@@ -26,7 +26,7 @@ def leave_state_behind(rank: int, world: int) -> int:
     torch.set_default_dtype(torch.float64)
     torch.set_grad_enabled(False)
     torch.manual_seed(1234)
-    dmuon.launch.resolve_device = None
+    dmuon.cli.launch.resolve_device = None
     dist_workers._own_group()
     dist.new_group(list(range(world)))
     return os.getpid()
@@ -38,7 +38,7 @@ def what_was_left(rank: int, world: int) -> dict:
 
     return {"pid": os.getpid(), "env": os.environ.get("DMUON_LEFT_BEHIND"), "cwd": os.getcwd(),
             "dtype": str(torch.get_default_dtype()), "grad": torch.is_grad_enabled(),
-            "seeded": torch.initial_seed() == 1234, "resolve_device": dmuon.launch.resolve_device is not None,
+            "seeded": torch.initial_seed() == 1234, "resolve_device": dmuon.cli.launch.resolve_device is not None,
             "own_groups": len(dist_workers._OWN_GROUPS), "groups": len(distributed_c10d._world.pg_map)}
 
 

@@ -12,7 +12,7 @@ from dist_harness import run_distributed
 
 # NOTE: DMuon's CPU Newton–Schulz iterates in float32 and the reference in float64: the
 # updates here differed from the reference's by at most 4.0e-6 of their norm in every mode
-# (measured 2026-12-02, this machine); 2e-5 leaves 5x for the order of sums and the
+# (measured on the 2-core development machine); 2e-5 leaves 5x for the order of sums and the
 # gradient average's rounding at world 3, and is two orders below what a bfloat16 wire
 # (~1e-3) or a wrong lr, momentum, shard or owner gives.
 TOLERANCE = 2e-5

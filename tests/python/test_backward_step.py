@@ -11,7 +11,7 @@ import backward_step_workers
 from dist_harness import run_distributed
 
 # NOTE: the same plan and per-matrix math on the CPU ops; only the stages' composition
-# differs (backward order), which changes no matrix's arithmetic: 1e-6 is the issue's bound.
+# differs (backward order), which changes no matrix's arithmetic: held to 1e-6.
 TOLERANCE = 1e-6
 
 CASES = [("fsdp2", 2, 1), ("hsdp", 4, 1), ("ddp", 2, 1), ("fsdp2", 2, 3), ("ddp", 2, 3)]
@@ -57,7 +57,7 @@ def test_stage_spread_plan_matches_the_post_backward_step():
     # Six same-shape layers at world 2: the planner gives rank 0 the first three and rank 1
     # the last three; begun from backward, each backward window is spread over both ranks
     # (same counts per rank), so owners differ while every update stays the post-backward
-    # step's within the issue's bound.
+    # step's within 1e-6.
     results = run_distributed(backward_step_workers.spread_plan_matches_post_backward, 2)
     for rank, result in results.items():
         for name, error in result["errors"].items():

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from dmuon.__main__ import main
+from dmuon.cli.main import main
 
 _TINY = ["bench", "e2e", "--model", "tiny", "--device", "cpu", "--seq", "16", "--steps", "1", "--warmup", "1",
          "--micro-batch", "1"]
@@ -25,7 +25,7 @@ def _padded_bytes(params, world: int) -> int:
 
 def _tiny_units() -> tuple[list, list]:
     """The tiny GPT's parameters per FSDP2 unit: the decoder blocks, and the rest (the root)."""
-    from dmuon.bench.e2e_models import model_spec
+    from dmuon.cli.bench.e2e_models import model_spec
 
     spec = model_spec("tiny", 16)
     model = spec.build()
@@ -101,7 +101,7 @@ def test_bad_arguments_name_the_argument(argv, message, capsys):
 def _spy_on_the_steps(monkeypatch) -> list:
     """("built", name) when an optimizer's model is built, ("step", name, timed, counting)
     for each of its steps, in order."""
-    from dmuon.bench import e2e_fake
+    from dmuon.cli.bench import e2e_fake
 
     events = []
     init, step = e2e_fake._FakeRankTrainer.__init__, e2e_fake._FakeRankTrainer.step
@@ -163,7 +163,7 @@ def _spy_on_the_hooks(monkeypatch) -> list:
     of the overwrite's size)."""
     from dmuon import distributed
     from dmuon.backward_step import BackwardStep
-    from dmuon.bench import fake_grads
+    from dmuon.cli.bench import fake_grads
 
     events = []
     sanitize, params_final = fake_grads.sanitize_gradients, BackwardStep.params_final
@@ -242,7 +242,7 @@ def test_with_the_backward_step_off_nothing_leaves_early_and_the_whole_step_is_l
 
 
 def test_what_is_left_at_step_adds_the_early_returns_to_the_late_pipeline():
-    from dmuon.bench.fake_step_projection import opt_left_after_backward, opt_projected
+    from dmuon.cli.bench.fake_step_projection import opt_left_after_backward, opt_projected
 
     m = {"fill_s": 0.003, "compute_s": 0.010, "simulated_s": 0.016, "early_stages": 0}
     # Nothing left early: the whole step (2 ms outside the pipeline + its 16 ms simulated).
@@ -280,7 +280,7 @@ def test_profile_summarizes_one_more_step_of_each_optimizer_per_phase(capsys):
 
 
 def test_profile_summary_of_synthetic_phases():
-    from dmuon.bench.e2e_profile import PhaseProfile, format_phases
+    from dmuon.cli.bench.e2e_profile import PhaseProfile, format_phases
 
     p = PhaseProfile("bench.fwd_bwd", 12.5, range_ms={"dmuon.backward_step.params_final": 1.25},
                      range_calls={"dmuon.backward_step.params_final": 3}, syncs={"cudaStreamSynchronize": 2},

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from dmuon.bench import ns, ns_variants
+from dmuon.cli.bench import ns, ns_variants
 
 
 def _blocks(groups) -> Counter:

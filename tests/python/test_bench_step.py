@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from dmuon.__main__ import main
-from dmuon.launch import resolve_world
+from dmuon.cli.main import main
+from dmuon.cli.launch import resolve_world
 
 # Small, awkward matrices: square, wide, tall, a 3-D stack, one row (empty shards at world 2).
 _MANIFEST = {"name": "small", "matrices": [

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dist_harness import run_distributed
-from dmuon.__main__ import main
+from dmuon.cli.main import main
 from fake_world_workers import analytic_bytes, gloo_fake_world_refused
 from test_bench_step import _MANIFEST
 

@@ -1,11 +1,11 @@
-"""The device-timeline reduction of `bench ns --profile` (dmuon/bench/timeline.py), on
+"""The device-timeline reduction of `bench ns --profile` (dmuon/cli/bench/timeline.py), on
 synthetic intervals: busy time is the union of overlapping activities, gaps are listed
 largest first with their neighbours, and the host time around the device work is split
 into lead and tail."""
 
 import pytest
 
-from dmuon.bench.timeline import device_timeline, format_timeline
+from dmuon.cli.bench.timeline import device_timeline, format_timeline
 
 
 def test_union_gaps_lead_and_tail():
@@ -48,7 +48,7 @@ def test_profiler_timeline_reads_a_real_profile():
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from dmuon.bench.timeline import profiler_timeline
+    from dmuon.cli.bench.timeline import profiler_timeline
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         with record_function("the step"):

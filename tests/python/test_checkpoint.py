@@ -48,7 +48,7 @@ def test_fsdp2_world4_checkpoint_resumes_anywhere(fsdp2_world4_checkpoint, world
     resumed = run_distributed(checkpoint_workers.load_then_continue, world, wrapper, path)
     # NOTE: the step itself is world-independent on the CPU (the same gradients give the
     # same bits at worlds 1, 2 and 4: StepNormuon.ShardedAndReplicatedMatchOneProcessBitwise,
-    # and measured on this model 2026-12-02); the gradients are not: FSDP2's mean of 3
+    # and measured on this model); the gradients are not: FSDP2's mean of 3
     # ranks' gradients differs from one process's by 2–4e-8 relative, and FSDP2's LayerNorm
     # and last layer by 3–9e-8 at any world, which Newton–Schulz amplifies to 1.47e-6 on the
     # parameters at world 3 (6.3e-7 at world 1). World 2 averages like world 4: bitwise.

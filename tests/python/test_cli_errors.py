@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dmuon.__main__ import cli
+from dmuon.cli.main import cli
 
 
 @pytest.mark.parametrize("argv, prog, message", [

@@ -47,7 +47,7 @@ BAD_FIELDS = [
     (MuonMath, "normuon_eps", 0.0),
     (Execution, "mode", "scatter"), (Execution, "bucket_size_mb", -1), (Execution, "bucket_size_mb", float("inf")),
     (Execution, "wire_dtype", "int8"), (Execution, "planner", "magic"), (Execution, "cost_model", "measured"),
-    (Execution, "nonfinite", "ignore"), (Execution, "profile", "yes"),
+    (Execution, "nonfinite", "ignore"), (Execution, "profile", "yes"), (Execution, "record_timeline", 1),
     (Execution, "fused_streams", 9),
     (Execution, "fused_streams", 0), (Execution, "pipeline_depth", -1), (Execution, "ns_batch_mb", 0),
     (Execution, "cuda_graphs", "1"), (Execution, "backward_step", "on"),
@@ -208,6 +208,19 @@ def test_execution_switches_reach_the_runtime(monkeypatch):
     defaults = runtime_of().execution
     assert defaults["fused_streams"] == 2 and defaults["cuda_graphs"] and not defaults["profile"]
     assert defaults["ns_batch_mb"] == 2048
+
+
+def test_record_timeline_fills_the_stage_timeline_of_the_last_step():
+    for record in (False, True):
+        model = make_model()
+        opt = dmuon.DMuon(model, lr=0.02, execution=Execution(record_timeline=record))
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        opt.step()
+        assert opt.runtime.options.record_timeline is record
+        # one tuple of phase seconds per stage, or none when not recorded
+        times = list(opt.runtime.last_stats.bucket_times)
+        assert (len(times) > 0 and all(len(t) == 4 and min(t) >= 0 for t in times)) if record else times == []
 
 
 def test_variables_override_unset_fields_only(monkeypatch):

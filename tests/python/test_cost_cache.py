@@ -1,5 +1,5 @@
 """The measurement store of the NS cost table (the autotune cache's format) through the
-public binding the CLI uses (``dmuon.plan.profile.profile_cost_table``, the engine's own
+public binding the CLI uses (``dmuon.cli.plan.profile.profile_cost_table``, the engine's own
 timing on the CPU ops here): a store is never trusted — a corrupt, truncated or edited file
 is ignored with exactly one warning and re-measured; a valid one is read as written;
 concurrent writers never leave a torn file. (Every truncation and changed character, the
@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from dmuon.plan.profile import profile_cost_table
+from dmuon.cli.plan.profile import profile_cost_table
 
 POINTS = [(8, 12, 1), (8, 12, 2), (5, 7, 1)]
 
@@ -84,7 +84,7 @@ for p in params:
 opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(params)], lr=0.02, cost_model=sys.argv[1], planner="lpt")
 opt.step()
 print(sorted(set((r, c, n) for r, c, n, _ in opt.runtime.cost_entries)))
-print("dmuon.plan" in sys.modules)
+print(any(m == "dmuon.cli" or m.startswith("dmuon.cli.") for m in sys.modules))
 """
 
 
@@ -92,7 +92,7 @@ print("dmuon.plan" in sys.modules)
 def test_the_library_plans_with_the_engines_own_timing(cost_model):
     # A rank of a fake world of 2 on the CPU: its engine times each shape's NS batches (1,
     # 2, 4 and all 5 of 6x10; the one 10x4) and plans with them; the library never imports
-    # the CLI's package (dmuon.plan) for it.
+    # the CLI's package (dmuon.cli) for it.
     import subprocess
     import sys
 

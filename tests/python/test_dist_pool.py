@@ -20,7 +20,7 @@ def test_tasks_of_any_world_size_reuse_the_started_processes():
         assert sorted(again) == list(range(world))
         for rank, r in again.items():
             assert r["rank"] == rank and r["world"] == world and r["pid"] == dist_pool.pool_pids()[rank], (world, r)
-            assert r["threads"] == max(1, (os.cpu_count() or 1) // world)  # as dmuon.launch gives
+            assert r["threads"] == max(1, (os.cpu_count() or 1) // world)  # as dmuon.cli.launch gives
         # NOTE: the same processes as the task before, unless this task's world had to be made
         # again on new ones (dist_pool.pooled_run's retry).
         if pids and dist_pool.num_retries() == retries:

@@ -120,7 +120,7 @@ def test_every_pipeline_depth_gives_the_single_process_result(depth, monkeypatch
 
 @pytest.mark.slow
 def test_launch_stops_the_ranks_left_waiting_after_a_failure_when_asked():
-    from dmuon.launch import RankFailed, launch
+    from dmuon.cli.launch import RankFailed, launch
 
     # NOTE: rank 0 sleeps 120 s, past timeout_s: only the abort ends it in time (else TimeoutError).
     results = launch(dist_workers.one_rank_fails_while_the_other_waits, 2, backend="gloo", timeout_s=90,

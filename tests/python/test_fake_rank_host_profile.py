@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dmuon.bench import e2e_models
+from dmuon.cli.bench import e2e_models
 
 SCRIPT = Path(__file__).resolve().parents[2] / "lab" / "benches" / "fake_rank_host_profile.py"
 

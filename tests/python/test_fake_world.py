@@ -78,7 +78,7 @@ def test_the_weight_ownership_mode_is_refused_on_a_fake_world():
     import dmuon
     from torch.distributed.device_mesh import init_device_mesh
 
-    from dmuon.bench.fake_world import fake_rank
+    from dmuon.cli.bench.fake_world import fake_rank
 
     with fake_rank(1, 4):
         mesh = init_device_mesh("cpu", (4,))

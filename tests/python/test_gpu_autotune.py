@@ -339,7 +339,7 @@ def test_failing_candidates_never_win_and_the_cache_is_reused(tmp_path):
     # NOTE: not "cuBLASLt wins every product": for the β·C product of this child (m = 200)
     # α·1.5 can stay within the check's tolerance, and there the fastest sm90 candidate
     # wins. That was hidden while cuBLASLt outran every old sm90 configuration at m = 200;
-    # sm90:tmastore:s5 outran it (H200, 2026-11-29: with the break, all 8 sm90 candidates
+    # sm90:tmastore:s5 outran it (H200: with the break, all 8 sm90 candidates
     # were rejected for X·Xᵀ, k = 520, and none for the β·C product, k = 200).
     broken = run_child(tmp_path, {"DMUON_AUTOTUNE_TEST_BREAK": "sm90"}, "broken.pt")
     assert broken.returncode == 0, broken.stderr[-3000:]
@@ -391,7 +391,7 @@ def test_graph_replays_match_the_eager_run(algorithm):
     replayed = ops.orthogonalize(x, algorithm, coefficients, restarts, 1e-7, "cuda", dtype)  # replays
     after = testing_ops.cuda_graph_stats(x)
     assert after[1] >= before[1] + 1 and after[2] >= before[2] + 2, (before, after)
-    # NOTE: not bitwise: on the H200 (2026-11-29) the bf16 standard run's replay differed
+    # NOTE: not bitwise: on the H200 the bf16 standard run's replay differed
     # from its eager run by 0.41% (relative Frobenius), the fp16 Gram run's by < 0.1%;
     # both are held to the accuracy bound of every other NS test instead.
     half = torch.float16 if algorithm == "gram" else torch.bfloat16

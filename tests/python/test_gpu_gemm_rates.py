@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dmuon._ops import testing_ops
-from dmuon.bench import ns as bench_ns
+from dmuon.cli.bench import ns as bench_ns
 
 pytestmark = pytest.mark.gpu
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -199,7 +199,7 @@ print("rejected")
 
 @needs_backend
 def test_cuda_backend_rejects_bad_arguments():
-    # NOTE: run in a child process: on the H200 machine (2026-11-29) any dmuon C++ error
+    # NOTE: run in a child process: on the H200 machine any dmuon C++ error
     # raised after CUDA initialization crashed the interpreter (segfault, also for a plain
     # unknown-backend check before any CUDA code): a crash must fail this test, not pytest.
     import subprocess

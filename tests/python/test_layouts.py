@@ -1,8 +1,8 @@
-"""Issue 28: every DTensor layout composed with FSDP2 and HSDP gives the update of the
+"""Every DTensor layout composed with FSDP2 and HSDP gives the update of the
 pure-PyTorch float64 reference (dmuon.reference) on the same gradients, on Gloo CPU
 processes (tests/python/layouts_workers.py): FSDP2 × TP 2×2, HSDP × TP 2×1×2, EP × FSDP
 (a 4-expert MoE) beside dense FSDP2 weights in one DMuon, a 5-expert stack under FSDP2 at
-world 3 planned expert by expert (issue 27), two pipeline stages with a
+world 3 planned expert by expert, two pipeline stages with a
 DMuon each, a DCP checkpoint saved on a 2×2 mesh and resumed on a 1-D world of 2; and a
 Partial parameter refused by name."""
 
@@ -12,8 +12,8 @@ import layouts_workers
 from dist_harness import run_distributed
 
 # NOTE: the float32 CPU Newton–Schulz against the float64 reference: every case here erred
-# at most 4.7e-6 of the update's norm (measured 2026-12-02, this machine), 2x inside the
-# issue's 1e-5; a wrong block, owner, replica or lr is off by O(1).
+# at most 4.7e-6 of the update's norm (measured on the 2-core development machine), 2x
+# inside 1e-5; a wrong block, owner, replica or lr is off by O(1).
 TOLERANCE = 1e-5
 
 
@@ -41,7 +41,7 @@ def test_layout_gives_the_reference_update(case):
 
 
 def test_fsdp2_expert_stack_split_over_three_ranks():
-    # Issue 27: 5 experts under FSDP2's Shard(0) at world 3 (2, 2, 1 per rank, an uneven
+    # 5 experts under FSDP2's Shard(0) at world 3 (2, 2, 1 per rank, an uneven
     # split) beside a dense block: every expert planned as its own matrix, each once.
     results = run_distributed(layouts_workers.layout_matches_reference, 3, "fsdp2_experts")
     _check(results, 3)

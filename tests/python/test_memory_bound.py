@@ -59,7 +59,7 @@ def test_peak_extra_memory_is_bounded_by_the_ns_batch_not_the_model():
     small = _measure_in_child(ns_batch_mb=1)  # at least one matrix per NS batch
     whole = _measure_in_child(ns_batch_mb=2048)  # the default: all 24 matrices in one batch
     # NOTE: per NS batch of one matrix: U, the fp32 iterate and the CPU core's workspace
-    # (2·m·n + 5·m² floats = 7 matrices here). Measured (step engine, 2026-12-02): 7.9 MiB
+    # (2·m·n + 5·m² floats = 7 matrices here). Measured (step engine): 7.9 MiB
     # with a 1 MiB bound, 31 MiB with the default one (2-core EPYC).
     bound = 2 * (1 + 10 * matrix_mib)
     assert small <= bound, (small, bound)

@@ -120,7 +120,7 @@ def test_normuon_distributed_matches_single_process(wrapper, world):
     is an average of O², so its relative error is twice the update's; the split batch's
     gradients differ from the whole batch's in the last bits and NS amplifies that (see
     dist_workers.wrapped_training_matches_single_process): measured 1.2e-5 on proj.weight at
-    FSDP2 world 2 (2026-12-02), asserted < 1e-4."""
+    FSDP2 world 2, asserted < 1e-4."""
     import dist_workers
     from dist_harness import run_distributed
 
@@ -151,7 +151,7 @@ def test_normuon_checkpoint_resumes(normuon_fsdp2_checkpoint, world, wrapper):
     mean over 3 ranks and its LayerNorm/last-layer gradients differ by ~1e-8–1e-7; the step is
     bitwise world-independent given the same gradients), amplified by Newton–Schulz and
     doubled in v, an average of O²: measured 3.6e-6 on the state at world 3 and 3.8e-6 at
-    world 1 (2026-12-02), asserted <= 1e-5."""
+    world 1, asserted <= 1e-5."""
     import checkpoint_workers
     from dist_harness import run_distributed
     from test_checkpoint import assert_every_rank_matches

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from dmuon._ops import _C
-from dmuon.bench import ns as bench_ns
+from dmuon.cli.bench import ns as bench_ns
 
 PEAK, COPY = 775e12, 4.26e12
 

@@ -144,7 +144,7 @@ def test_weight_ownership_on_one_gpu(wrapper):
     on CUDA, against single-process DMuon (update within 3e-2: float16 Newton–Schulz).
     NOTE: single-process DMuon takes the fused path (its norm summed in another order), so
     the two runs are independent fp16 iterations, each ~1-2.5% from the exact polar factor
-    at these sizes; on the H200 (2026-11-29) they differed by 1.7% (qkv.weight)."""
+    at these sizes; on the H200 they differed by 1.7% (qkv.weight)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     results = run_distributed(ownership_workers.ownership_matches_single_process, 1, wrapper, backend="nccl")

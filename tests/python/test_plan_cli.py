@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from dmuon.__main__ import main
-from dmuon.plan import make_problem, manifest_from_config, shipped_models, solve
+from dmuon.cli.main import main
+from dmuon.cli.plan.manifest import manifest_from_config, shipped_models
+from dmuon.cli.plan.planner import make_problem, solve
 
 _SHIPPED = ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b"]
 # A Hugging Face config.json with 128 experts (Qwen3-30B-A3B's values), planned separately.
@@ -164,7 +165,7 @@ def test_python_api_plan_roundtrip():
     assert placed == list(enumerate(plan.owner))
     assert plan.makespan == max(r.load_seconds for r in plan.ranks) >= plan.lower_bound > 0
     assert len(set(plan.owner)) == 3  # 11 matrices over 3 ranks: every rank works
-    from dmuon.plan import deserialize
+    from dmuon.cli.plan.planner import deserialize
 
     again = deserialize(problem, plan.serialize())
     assert list(again.owner) == list(plan.owner)
@@ -213,7 +214,7 @@ def test_profiled_costs_are_cached_on_disk(tmp_path, capsys):
 
 
 def test_layer_index_from_names():
-    from dmuon.plan import layer_ids, layer_index
+    from dmuon.cli.plan.planner import layer_ids, layer_index
 
     assert layer_index("model.layers.12.self_attn.q_proj.weight") == 12
     assert layer_index("layers.3.mlp.experts.5.up_proj") == 3  # the block, not the expert
@@ -261,7 +262,7 @@ def test_cli_without_layer_names(tmp_path, capsys):
 
 
 def test_python_api_spread_layers_keeps_loads_and_round_trips():
-    from dmuon.plan import deserialize, layer_spread_stats, spread_layers
+    from dmuon.cli.plan.planner import deserialize, layer_spread_stats, spread_layers
 
     # Layer by layer: plans deal units to ranks in input order, so whole layers share a rank.
     names = [f"model.layers.{l}.{kind}.weight" for l in range(6) for kind in ("q", "k", "v", "o")]
@@ -286,7 +287,7 @@ def test_moe_config_experts_split_into_matrices(capsys):
     # 48 layers × (q, k, v, o, router + 3 stacks of 128 experts).
     # NOTE: the split plan is checked on the manifest: the CLI's layer spreading of 18672
     # matrices without homes takes minutes at small D.
-    from dmuon.plan import load_model, split_experts
+    from dmuon.cli.plan.manifest import load_model, split_experts
 
     stack = _plan_json(capsys, "--model", _MOE, "--world", "8", "--experts", "stack", "--solvers", "lpt")
     split = split_experts(load_model(_MOE))
@@ -299,7 +300,7 @@ def test_moe_config_experts_split_into_matrices(capsys):
 @pytest.mark.parametrize("world", [64, 256])
 @pytest.mark.parametrize("cost", ["gpu", "cpu"])
 def test_moe_experts_balance_within_ten_percent(capsys, world, cost):
-    # Issue 27: planned as stacks the slowest rank carries 1.27x (D = 64) / 1.69x (D = 256)
+    # Planned as stacks the slowest rank carries 1.27x (D = 64) / 1.69x (D = 256)
     # the mean load; planned expert by expert, with FSDP2 Shard(0) homes, within 1.10.
     extra = ["--cpu"] if cost == "cpu" else []
     report = _plan_json(capsys, "--model", _MOE, "--world", str(world), "--locality", "--solvers", "lpt", *extra)
@@ -310,7 +311,7 @@ def test_moe_experts_balance_within_ten_percent(capsys, world, cost):
     # are below what receiving every owned matrix would cost.
     assert 0 < lpt["at_home"] <= report["num_homed"]
     stack = _plan_json(capsys, "--model", _MOE, "--world", str(world), "--experts", "stack", "--solvers", "lpt", *extra)
-    assert stack["plans"]["lpt"]["imbalance"] > 1.15  # the issue's starting point
+    assert stack["plans"]["lpt"]["imbalance"] > 1.15  # whole stacks cannot balance
 
 
 def test_locality_needs_split_experts(capsys):
@@ -319,7 +320,7 @@ def test_locality_needs_split_experts(capsys):
 
 
 def test_split_experts_homes_follow_torch_chunk():
-    from dmuon.plan import Manifest, Matrix, split_experts
+    from dmuon.cli.plan.manifest import Manifest, Matrix, split_experts
 
     # 5 experts over 3 ranks: torch.chunk gives 2, 2, 1.
     manifest = Manifest(name="m", matrices=(Matrix(name="l.experts.w", rows=4, cols=6, batch=5),))

@@ -23,7 +23,7 @@ from torch import nn
 import dmuon
 from dmuon import presets
 from dmuon.reference import ReferenceDMuon
-from dmuon.reference_peers import KellerJordanReference, MoonlightReference
+from reference_peers import KellerJordanReference, MoonlightReference
 
 SMALL = [(32, 48), (48, 32), (5, 7), (3, 100)]
 REALISTIC = [(256, 1024), (1024, 256), (512, 512)]

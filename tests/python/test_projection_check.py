@@ -1,11 +1,16 @@
-"""projection_check pairs fake-world records with the measured ones of the same call and
-reports each figure's error; a record without its counterpart is named."""
+"""lab/reports/projection_check.py pairs fake-world records with the measured ones of the
+same call and reports each figure's error; a record without its counterpart is named."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
-from dmuon.bench import projection_check
+SCRIPT = Path(__file__).resolve().parents[2] / "lab" / "reports" / "projection_check.py"
+_spec = importlib.util.spec_from_file_location("projection_check", SCRIPT)
+projection_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(projection_check)
 
 
 def _write(path, record):

@@ -108,7 +108,7 @@ def test_matches_reference_for_other_options(options):
     model, ref_model = run_pair(dict(lr=0.01, **options))
     # NOTE: the Gram iteration without restarts amplifies fp32 rounding order: the engine's
     # CPU ops and the reference differ by 2.3e-5 at 1 of 864 elements of conv.weight
-    # (2026-12-02); with restarts every case stays within 2e-5.
+    # on the CPU; with restarts every case stays within 2e-5.
     atol = 5e-5 if options.get("ns_restarts") == () else 2e-5
     for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
         torch.testing.assert_close(p, q, atol=atol, rtol=1e-4, msg=lambda m: f"{name}: {m}")

@@ -1,4 +1,4 @@
-"""Split orthogonalization (issue 29): groups with split_rows / split_heads (rows) and
+"""Split orthogonalization: groups with split_rows / split_heads (rows) and
 split_heads with split_dim=1 (o_proj's column blocks) against the
 plain-loop reference (dmuon.reference: split, NS each block, scale per block, join) on one
 process and over Gloo (FSDP2 world 2 and 3, where Shard(0) chunks cut blocks; DDP world 2),

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dmuon.__main__ import main
-from dmuon.train.config import TrainConfig
+from dmuon.cli.main import main
+from dmuon.cli.train.config import TrainConfig
 
 
 @pytest.mark.parametrize("kwargs, pattern", [

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from dmuon.train.config import TrainConfig
-from dmuon.train.data import eval_batches, load_corpus, load_text, sample_batch, unigram_entropy
-from dmuon.train.model import build_model
-from dmuon.train.optim import build_optimizer, lr_multiplier, muon_param_names
+from dmuon.cli.train.config import TrainConfig
+from dmuon.cli.train.data import eval_batches, load_corpus, load_text, sample_batch, unigram_entropy
+from dmuon.cli.train.model import build_model
+from dmuon.cli.train.optim import build_optimizer, lr_multiplier, muon_param_names
 
 # Tiny settings: a few seconds on 2 CPU cores for both optimizers.
 _TINY = [
@@ -27,7 +27,7 @@ _TINY = [
                                       ["--world", "2", "--parallel", "ddp"]], ids=["single", "fsdp2", "ddp"])
 @pytest.mark.slow
 def test_train_job_end_to_end(tmp_path, capsys, parallel):
-    from dmuon.__main__ import main
+    from dmuon.cli.main import main
 
     out = tmp_path / "run"
     assert main(["train", *_TINY, *parallel, "--device", "cpu", "--optimizers", "dmuon,adamw", "--out", str(out)]) == 0
@@ -64,7 +64,7 @@ def test_train_job_end_to_end(tmp_path, capsys, parallel):
 # Data parallelism changes the cost, not the math: 2 ranks (FSDP2) train like 1 rank.
 @pytest.mark.slow
 def test_two_ranks_train_like_one(tmp_path):
-    from dmuon.__main__ import main
+    from dmuon.cli.main import main
 
     losses = {}
     for world in ("1", "2"):

@@ -1,1 +1,0 @@
-"""Benchmarks: `python -m dmuon bench ns | step`."""
