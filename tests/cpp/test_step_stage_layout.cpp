@@ -131,7 +131,7 @@ TEST(StageLayout, AFakeWorldsOwnerOrthogonalizesSyntheticUpdates) {
   const World world(model(), 4, 1, 5);
   dmuon::step::CpuOps cpu;
   RecordingOps ops(cpu);
-  dmuon::step::NoDataTransport transport(1, 4);
+  dmuon::testing::NoDataTransport transport(1, 4);
   EngineOptions options;
   options.stage_bytes = 256;
   dmuon::step::StepEngine engine(transport, ops, world.specs(), options);
