@@ -253,6 +253,10 @@ class StepEngine {
   // streams would disturb); NS batches spread over streams only once every batch of the
   // stage has run before. Key: (group, dtype, rows, cols, count).
   std::set<std::tuple<int, int, int64_t, int64_t, int64_t>> warm_batches_;
+  // The streams of a stage's NS batches (stream_assignment) by its batches and their
+  // schedules; a handful of stages and sets of active items, cleared when full.
+  std::map<std::vector<double>, std::vector<int>> stream_plans_;
+  static constexpr size_t kMaxStreamPlans = 64;
   StepStats stats_;
   // NOTE: made after stats_ (its add function writes there and into early_).
   PhaseClock clock_;

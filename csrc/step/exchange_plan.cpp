@@ -13,6 +13,20 @@ namespace {
 
 using Places = std::map<std::pair<int, int>, int64_t>;  // (item, peer) → offset in a buffer
 
+// Lays a buffer out peer by peer, this rank's region empty: fill(peer, offset) places that
+// peer's pieces from `offset` on and returns the offset after them. Returns the end.
+template <typename Fill>
+int64_t by_peer(int world, int rank, std::vector<int64_t>& counts, const Fill& fill) {
+  int64_t offset = 0;
+  for (int peer = 0; peer < world; ++peer) {
+    if (peer == rank) continue;
+    const int64_t end = fill(peer, offset);
+    counts[static_cast<size_t>(peer)] = end - offset;
+    offset = end;
+  }
+  return offset;
+}
+
 // Stage `stage`'s plan on `rank`.
 StagePlan plan_stage(const ItemTable& table, const Stage& stage, bool owner_mode, int rank,
                      const std::vector<bool>& active) {
@@ -28,21 +42,18 @@ StagePlan plan_stage(const ItemTable& table, const Stage& stage, bool owner_mode
   // pieces of the items it computes without holding them whole.
   std::map<int, std::vector<int64_t>> targets;  // item → its places in the send buffer
   std::map<int, int64_t> own_at;                // item → its own piece's place
-  int64_t offset = 0;
-  for (int d = 0; d < world; ++d) {
-    if (d == rank) continue;
-    const int64_t begin = offset;
+  int64_t offset = by_peer(world, rank, plan.forward.send_counts, [&](int d, int64_t at) {
     for (const NsBatch& batch : stage.batches) {
       if (!batch.computed_by(d)) continue;
       for (int item : batch.items) {
         const Piece& p = table.piece(item, rank);
         if (!is_active(item) || p.empty() || table.whole_on(item, d) || table.source(item, rank, d) != rank) continue;
-        targets[item].push_back(offset);
-        offset += p.numel();
+        targets[item].push_back(at);
+        at += p.numel();
       }
     }
-    plan.forward.send_counts[static_cast<size_t>(d)] = offset - begin;
-  }
+    return at;
+  });
   plan.forward.send_numel = offset;
   for (const NsBatch& batch : stage.batches)
     for (int item : batch.items) {
@@ -59,23 +70,19 @@ StagePlan plan_stage(const ItemTable& table, const Stage& stage, bool owner_mode
 
   // Forward receives: per source, the blocks it sends of the items this rank computes.
   Places recv_at;
-  int64_t received = 0;
-  for (int src = 0; src < world; ++src) {
-    if (src == rank) continue;
-    const int64_t begin = received;
+  plan.forward.recv_numel = by_peer(world, rank, plan.forward.recv_counts, [&](int src, int64_t at) {
     for (const NsBatch& batch : stage.batches) {
       if (!batch.computed_by(rank)) continue;
       for (int item : batch.items) {
         const Piece& p = table.piece(item, src);
         if (!is_active(item) || table.whole_on(item, rank) || p.empty() || table.source(item, src, rank) != src)
           continue;
-        recv_at[{item, src}] = received;
-        received += p.numel();
+        recv_at[{item, src}] = at;
+        at += p.numel();
       }
     }
-    plan.forward.recv_counts[static_cast<size_t>(src)] = received - begin;
-  }
-  plan.forward.recv_numel = received;
+    return at;
+  });
 
   // Prepare: every active piece of this rank, but a whole item it computes and sends nowhere.
   std::set<int> prepared;
@@ -104,36 +111,28 @@ StagePlan plan_stage(const ItemTable& table, const Stage& stage, bool owner_mode
   // this rank's blocks of that owner's batches.
   Places return_at, back_at;
   if (owner_mode) {
-    int64_t sent = 0;
-    for (int d = 0; d < world; ++d) {
-      if (d == rank) continue;
-      const int64_t begin = sent;
+    plan.back.send_numel = by_peer(world, rank, plan.back.send_counts, [&](int d, int64_t at) {
       for (const BatchPlan& mine : plan.batches)
         for (int item : mine.batch.items) {
           const Piece& p = table.piece(item, d);
           if (p.empty()) continue;
-          return_at[{item, d}] = sent;
-          sent += p.numel();
+          return_at[{item, d}] = at;
+          at += p.numel();
         }
-      plan.back.send_counts[static_cast<size_t>(d)] = sent - begin;
-    }
-    plan.back.send_numel = sent;
-    received = 0;
-    for (int src = 0; src < world; ++src) {
-      if (src == rank) continue;
-      const int64_t begin = received;
+      return at;
+    });
+    plan.back.recv_numel = by_peer(world, rank, plan.back.recv_counts, [&](int src, int64_t at) {
       for (const NsBatch& batch : stage.batches) {
         if (batch.owner != src) continue;
         for (int item : batch.items) {
           const Piece& p = table.piece(item, rank);
           if (!is_active(item) || p.empty()) continue;
-          back_at[{item, src}] = received;
-          received += p.numel();
+          back_at[{item, src}] = at;
+          at += p.numel();
         }
       }
-      plan.back.recv_counts[static_cast<size_t>(src)] = received - begin;
-    }
-    plan.back.recv_numel = received;
+      return at;
+    });
     for (const NsBatch& batch : stage.batches)
       for (int item : batch.items) {
         if (!is_active(item)) continue;
