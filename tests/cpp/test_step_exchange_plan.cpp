@@ -4,8 +4,9 @@
 // s receives from r (both ways); every buffer's places tile it; every element of every
 // active item reaches each rank that computes it exactly once, every holder's momentum is
 // updated once and its rows come back once; inactive items move nothing; the engine moves
-// what its plan says (the bytes it counted), also for stages exchanged inside backward;
-// and plans are made once per set of active items, never per step.
+// what its plan says (the bytes it counted, read through the projection's view of every
+// rank's plan), also for stages exchanged inside backward; and plans are made once per set
+// of active items, never per step.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +18,9 @@
 #include <vector>
 
 #include "error_of.h"
+#include "sim/traffic.h"
 #include "step/exchange_plan.h"
+#include "step/stage_layout.h"
 #include "step_world.h"
 
 namespace {
@@ -267,29 +270,37 @@ TEST_P(ExchangePlanTest, EveryRanksPlanMatchesItsPeersAndCoversEveryItemOnce) {
   const std::vector<bool> active = active_items(world.table(), active_params);
   check_plans(world.table(), run.stages[0], mode, active, run.owners[0]);
 
-  // The engine moved what each rank's plan says, stage by stage and peer by peer, and ran
-  // its NS batches.
-  const int64_t wire = 4;  // float32 on the CPU
-  for (int r = 0; r < world_size; ++r) {
-    const ExchangePlan plan = dmuon::step::plan_exchange(world.table(), run.stages[r], mode, r, active);
-    const auto& stats = run.stats[static_cast<size_t>(r)];
-    ASSERT_EQ(stats.stages.size(), plan.stages.size());
+  // The engine moved what every rank's plan says (read through the projection's view of
+  // them, step/stage_layout.h), stage by stage and peer by peer, and ran its NS batches;
+  // the projection's traffic sums to what every rank counted.
+  const auto layout = dmuon::step::stage_layout(world.table(), run.stages[0], mode, 4, active_params);
+  const size_t w = static_cast<size_t>(world_size);
+  for (size_t r = 0; r < w; ++r) {
+    const auto& stats = run.stats[r];
+    ASSERT_EQ(stats.stages.size(), layout.num_stages()) << "rank " << r;
     std::vector<std::tuple<int64_t, int64_t, int64_t>> batches;
-    for (size_t s = 0; s < plan.stages.size(); ++s) {
+    for (size_t s = 0; s < layout.num_stages(); ++s) {
       const auto& line = stats.stages[s];
-      const StagePlan& sp = plan.stages[s];
-      for (int d = 0; d < world_size; ++d) {
-        const size_t k = static_cast<size_t>(d);
-        EXPECT_EQ(line.forward_sent_to[k], sp.forward.send_counts[k] * wire) << "rank " << r << " stage " << s;
-        EXPECT_EQ(line.forward_received_from[k], sp.forward.recv_counts[k] * wire) << "rank " << r << " stage " << s;
-        EXPECT_EQ(line.return_sent_to[k], sp.back.send_counts[k] * wire) << "rank " << r << " stage " << s;
-        EXPECT_EQ(line.return_received_from[k], sp.back.recv_counts[k] * wire) << "rank " << r << " stage " << s;
+      for (size_t peer = 0; peer < w; ++peer) {
+        EXPECT_EQ(layout.forward[s].bytes[r * w + peer], line.forward_sent_to[peer]) << r << "→" << peer << " " << s;
+        EXPECT_EQ(layout.forward[s].bytes[peer * w + r], line.forward_received_from[peer]) << peer << "→" << r;
+        EXPECT_EQ(layout.back[s].bytes[r * w + peer], line.return_sent_to[peer]) << r << "→" << peer << " " << s;
+        EXPECT_EQ(layout.back[s].bytes[peer * w + r], line.return_received_from[peer]) << peer << "→" << r;
       }
-      for (const BatchPlan& b : sp.batches)
-        batches.emplace_back(static_cast<int64_t>(b.batch.items.size()), b.batch.rows, b.batch.cols);
+      for (const auto& b : layout.work[s][r].ns_batches) batches.emplace_back(b.count, b.rows, b.cols);
     }
     EXPECT_EQ(batches, stats.ns_batches) << "rank " << r;
   }
+  const auto topology = dmuon::sim::Topology::two_level(world_size, 2, {100.0, 0.0}, {10.0, 0.0});
+  const auto traffic = dmuon::sim::step_traffic(layout, topology);
+  for (int r = 0; r < world_size; ++r) {
+    EXPECT_EQ(traffic.total(r).sent(), run.stats[static_cast<size_t>(r)].bytes_sent) << "rank " << r;
+    EXPECT_EQ(traffic.total(r).received(), run.stats[static_cast<size_t>(r)].bytes_received) << "rank " << r;
+  }
+  // Gather mode returns nothing; owner mode (several ranks) returns at least the sharded rows.
+  int64_t returned = 0;
+  for (const auto& e : layout.back) returned += e.issued ? 1 : 0;
+  EXPECT_EQ(returned > 0, mode == Mode::kOwner && world_size > 1);
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -313,22 +324,6 @@ TEST(ExchangePlan, BadArgumentsAreNamed) {
   EXPECT_NE(dmuon::testing::error_of([&] { dmuon::step::plan_exchange(world.table(), run.stages[0], Mode::kOwner, 0, {true}); })
                 .find("1 active flags for"),
             std::string::npos);
-}
-
-// Items with no gradient are nowhere in a plan: no counts, no work, nothing issued.
-TEST(ExchangePlan, NothingActiveMovesNothing) {
-  const World world(model(3), 3, 1, 5);
-  const dmuon::testing::EngineRun run = dmuon::testing::run_engine(world, EngineOptions{}, rules(), 1);
-  const std::vector<bool> none(static_cast<size_t>(world.table().num_items()), false);
-  for (int r = 0; r < 3; ++r) {
-    const ExchangePlan plan = dmuon::step::plan_exchange(world.table(), run.stages[0], Mode::kOwner, r, none);
-    for (const StagePlan& s : plan.stages) {
-      EXPECT_FALSE(s.forward.issued);
-      EXPECT_FALSE(s.back.issued);
-      EXPECT_EQ(s.forward_send_numel + s.forward.recv_numel + s.back.send_numel + s.back.recv_numel, 0);
-      EXPECT_TRUE(s.prepare.empty() && s.batches.empty() && s.land.empty());
-    }
-  }
 }
 
 // One process: an engine makes one plan per set of parameters with gradients, keeps it
