@@ -74,7 +74,7 @@ for m, n in [(96, 96), (128, 128), (896, 896), (64, 200), (896, 4864)]:
         return float(((out.double() - exact).flatten(1).norm(dim=1) / exact.flatten(1).norm(dim=1)).mean())
     r2 = ops.orthogonalize(x.float(), "gram", flat, [2], 1e-7, "cuda", "float16")
     r24 = ops.orthogonalize(x.float(), "gram", flat, [2, 4], 1e-7, "cuda", "float16")
-    st = ops.orthogonalize(x.float(), "standard", flat, [], 1e-7, "cuda", "float16")
+    st = ops.orthogonalize(x.float(), "standard", flat, [], 1e-7, "aten", "float16")  # NOTE: the CUDA backend iterates standard NS in bf16
     ref16 = torch.stack([newton_schulz_gram(g, default_coefficients("gram", 5), [2], 1e-7, torch.float16) for g in x.float()])
     print(f"{m}x{n}: {err(r2):.4f} | {err(r24):.4f} | {err(st):.4f} | {err(ref16):.4f}")
 PY

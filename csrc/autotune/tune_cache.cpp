@@ -277,6 +277,15 @@ void TuneCache::save(const std::string& path) const {
   }
 }
 
+void TuneCache::save_or_warn(const std::string& path) const {
+  try {
+    save(path);
+  } catch (const Error& error) {
+    // NOTE: keyed apart from the load's warning of the same path.
+    warn_once("save " + path, std::string("cannot write the cache: ") + error.what());
+  }
+}
+
 void TuneCache::set_warning_sink(std::function<void(const std::string&)> sink) {
   std::lock_guard<std::mutex> lock(warn_mutex());
   warning_sink() = std::move(sink);

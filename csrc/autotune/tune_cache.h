@@ -62,6 +62,9 @@ class TuneCache {
   /// Write this table (merged with a valid file already at `path`) atomically.
   /// Creates the parent directory. Throws dmuon::Error when the file cannot be written.
   void save(const std::string& path) const;
+  /// save(), except that a file that cannot be written is one warning per path and
+  /// process (an unwritable cache costs re-measuring in the next process, nothing else).
+  void save_or_warn(const std::string& path) const;
 
   /// Where warnings go (default: stderr, "dmuon: warning: …"). Tests capture them.
   static void set_warning_sink(std::function<void(const std::string&)> sink);

@@ -1,34 +1,12 @@
-// dmuon/plan/cost_model.cpp — analytic NS cost, measured cost tables and their disk cache.
+// dmuon/plan/cost_model.cpp — analytic NS cost and measured cost tables.
 #include "plan/cost_model.h"
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "common/check.h"
-#include "plan/hash.h"
 
 namespace dmuon::plan {
-namespace {
-
-// NOTE: v2 ends with "end <entries> <FNV-1a of everything before that line>": a file cut
-// inside a number (5.4672999795002397e-05 → 5.4672999795002397) parsed as a valid v1 table.
-constexpr const char* kTableMagic = "dmuon-cost-table v2";
-
-std::string checksum_of(const std::string& text) {
-  Hasher hasher;
-  hasher.bytes(text.data(), text.size());
-  std::ostringstream hex;
-  hex << std::hex << hasher.digest();
-  return hex.str();
-}
-
-}  // namespace
 
 NsFlavor parse_ns_flavor(const std::string& name) {
   if (name == "auto") return NsFlavor::kAuto;
@@ -139,95 +117,6 @@ double CostTable::seconds(int64_t rows, int64_t cols, int64_t num_matrices) cons
 CostFn CostTable::as_cost_fn() const {
   const CostTable table = *this;
   return [table](int64_t rows, int64_t cols, int64_t n) { return table.seconds(rows, cols, n); };
-}
-
-void CostTable::save(const std::string& path, const std::string& key) const {
-  DMUON_CHECK(key.find('\n') == std::string::npos, "cost table key must be one line");
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp);
-    DMUON_CHECK(out.good(), "cannot write cost table file ", tmp);
-    std::ostringstream body;
-    body << kTableMagic << "\nkey " << key << "\n";
-    body.precision(17);
-    for (const auto& [rows, cols, n, t] : entries())
-      body << rows << " " << cols << " " << n << " " << t << "\n";
-    const std::string head = body.str();
-    out << head << "end " << size() << " " << checksum_of(head) << "\n";
-    out.flush();
-    DMUON_CHECK(out.good(), "failed writing cost table file ", tmp);
-  }
-  // NOTE: fsync before rename so a crash never leaves a truncated table under `path`.
-  const int fd = ::open(tmp.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-  DMUON_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename ", tmp, " to ", path);
-}
-
-bool CostTable::load(const std::string& path, const std::string& key) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in.good()) return false;
-  std::ostringstream whole;
-  whole << in.rdbuf();
-  const std::string text = whole.str();
-  // The header, then the end line: its entry count and the checksum of all before it.
-  const size_t first_newline = text.find('\n');
-  DMUON_CHECK(text.substr(0, first_newline) == kTableMagic, path, ":1: not a dmuon cost table (expected '",
-              kTableMagic, "')");
-  const size_t end_line = text.rfind("\nend ");
-  DMUON_CHECK(!text.empty() && text.back() == '\n' && end_line != std::string::npos, path,
-              ": truncated (no end line)");
-  const std::string head = text.substr(0, end_line + 1);
-  std::istringstream end_fields(text.substr(end_line + 5));
-  size_t count = 0;
-  std::string checksum, rest;
-  DMUON_CHECK((end_fields >> count >> checksum) && !(end_fields >> rest), path,
-              ": malformed end line (expected 'end <entries> <checksum>')");
-  DMUON_CHECK(checksum == checksum_of(head), path, ": checksum mismatch (corrupt or edited)");
-  std::istringstream lines(head);
-  std::string line;
-  std::getline(lines, line);  // the magic line, checked above
-  int line_no = 2;
-  DMUON_CHECK(std::getline(lines, line) && line.rfind("key ", 0) == 0, path, ":", line_no,
-              ": expected 'key <device key>'");
-  if (line.substr(4) != key) return false;
-  CostTable loaded;
-  while (std::getline(lines, line)) {
-    ++line_no;
-    std::istringstream fields(line);
-    int64_t rows = 0, cols = 0, n = 0;
-    double t = 0;
-    DMUON_CHECK((fields >> rows >> cols >> n >> t) && !(fields >> rest), path, ":", line_no,
-                ": expected 'rows cols num_matrices seconds', got '", line, "'");
-    try {
-      loaded.set(rows, cols, n, t);
-    } catch (const Error& error) {
-      DMUON_FAIL(path, ":", line_no, ": ", error.what());
-    }
-  }
-  DMUON_CHECK(loaded.size() == count, path, ": ", loaded.size(), " entries, the end line says ", count);
-  *this = std::move(loaded);
-  return true;
-}
-
-CostTable profile_cost_table(const std::vector<std::tuple<int64_t, int64_t, int64_t>>& points,
-                             const std::function<double(int64_t, int64_t, int64_t)>& run_once,
-                             int num_runs, int num_warmup) {
-  DMUON_CHECK(num_runs >= 1, "num_runs must be >= 1, got ", num_runs);
-  DMUON_CHECK(num_warmup >= 0, "num_warmup must be >= 0, got ", num_warmup);
-  DMUON_CHECK(static_cast<bool>(run_once), "run_once must be set");
-  CostTable table;
-  for (const auto& [rows, cols, n] : points) {
-    for (int i = 0; i < num_warmup; ++i) run_once(rows, cols, n);
-    std::vector<double> runs;
-    for (int i = 0; i < num_runs; ++i) runs.push_back(run_once(rows, cols, n));
-    std::sort(runs.begin(), runs.end());
-    // Median (the lower middle for an even count, so it is always a measured value).
-    table.set(rows, cols, n, runs[static_cast<size_t>((num_runs - 1) / 2)]);
-  }
-  return table;
 }
 
 CostFn runtime_cost_fn(const std::vector<std::tuple<int64_t, int64_t, int64_t, double>>& entries,

@@ -1,8 +1,8 @@
 // dmuon/plan/cost_model.h — t(shape, batch): seconds of one batched Newton–Schulz launch.
 //
-// Two sources: a table measured on the GPU at start-up (median of timed runs, cached on
-// disk), and an analytic model from the FLOP formulas of DESIGN.md §3 for CPU runs or
-// when profiling is off.
+// Two sources: a table of measured times (the step engine measures it when it plans,
+// step/cost_profile.h), and an analytic model from the FLOP formulas of DESIGN.md §3 for
+// CPU runs or when profiling is off.
 #pragma once
 
 #include <cstdint>
@@ -61,14 +61,6 @@ class CostTable {
   std::vector<std::tuple<int64_t, int64_t, int64_t, double>> entries() const;
   CostFn as_cost_fn() const;
 
-  /// Writes the table to `path` atomically (temporary file, fsync, rename); `key` names
-  /// the device/driver/version the numbers belong to.
-  void save(const std::string& path, const std::string& key) const;
-  /// Reads a table written by save(). Returns false (no throw) when the file is missing
-  /// or its key differs; throws naming the file (and line) when it is malformed, truncated
-  /// or edited (its end line holds the entry count and a checksum of everything before it).
-  bool load(const std::string& path, const std::string& key);
-
  private:
   std::map<std::pair<int64_t, int64_t>, std::map<int64_t, double>> table_;
 };
@@ -78,13 +70,5 @@ class CostTable {
 /// device_type ("cuda": gpu_default, otherwise cpu_default).
 CostFn runtime_cost_fn(const std::vector<std::tuple<int64_t, int64_t, int64_t, double>>& entries,
                        const std::string& device_type);
-
-/// Times `run_once(rows, cols, num_matrices)` (returns the seconds of one run) for each
-/// (rows, cols, num_matrices) in `points`: `num_warmup` discarded runs, then the median
-/// of `num_runs` runs. The GPU runtime passes its real NS launch timed with CUDA events.
-CostTable profile_cost_table(
-    const std::vector<std::tuple<int64_t, int64_t, int64_t>>& points,
-    const std::function<double(int64_t, int64_t, int64_t)>& run_once, int num_runs = 5,
-    int num_warmup = 1);
 
 }  // namespace dmuon::plan

@@ -39,6 +39,10 @@ double DeviceOps::mark_seconds(int64_t /*from*/, int64_t /*to*/) {
              " (device_marks() is false: time them on the host)");
 }
 
+MeasurementStore DeviceOps::measurement_store() const {
+  return {"", {device_name(device()), "", "", DMUON_VERSION}};
+}
+
 void check_normuon_matrix(const char* what, const NormuonMatrix& m, const NsBatchDesc& batch,
                           const Buffer& result_flags) {
   DMUON_CHECK(m.matrix_idx >= 0 && m.matrix_idx < batch.count, what, ": matrix ", m.matrix_idx, " of a batch of ",

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "autotune/tune_cache.h"
 #include "ns/schedule.h"
 #include "optim/normuon.h"
 #include "step/types.h"
@@ -139,6 +140,12 @@ void check_batch_rows(const char* what, const NsBatchDesc& batch, int64_t matrix
 /// given) says why. The CUDA ops consult it too, so that both agree.
 bool ops_support(DeviceKind device, DType dtype, std::string* reason = nullptr);
 
+/// Where measured times live (autotune/tune_cache.h: one file holds one environment).
+struct MeasurementStore {
+  std::string path;  ///< empty: this process's memory only
+  autotune::TuneEnvironment environment;
+};
+
 class DeviceOps {
  public:
   virtual ~DeviceOps() = default;
@@ -217,6 +224,10 @@ class DeviceOps {
   virtual double mark_seconds(int64_t from, int64_t to);
   /// Forgets every mark (their ids may be given again).
   virtual void clear_marks() {}
+  /// Where times measured on these ops are kept (step/cost_profile.h): the store's file
+  /// (empty: this process's memory) and what the times depend on besides the problem. By
+  /// default memory only, under the device's name and dmuon's version.
+  virtual MeasurementStore measurement_store() const;
   /// run(k) for every k in order, batch k's work on stream stream_of[k] (0: the ops'
   /// stream); every stream starts after what was enqueued before and the ops' stream waits
   /// for all of them before this returns. Returns the number of streams used.

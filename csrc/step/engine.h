@@ -35,6 +35,7 @@
 #include <tuple>
 #include <vector>
 
+#include "plan/cost_model.h"
 #include "step/device_ops.h"
 #include "step/exchange_plan.h"
 #include "step/items.h"
@@ -156,6 +157,8 @@ class StepEngine {
   double predicted_makespan_s() const { return predicted_makespan_s_; }
   /// The planner's predicted NS seconds of every rank (a solved plan; else empty).
   const std::vector<double>& predicted_rank_seconds() const { return predicted_rank_s_; }
+  /// The NS times the plan was made with (EngineOptions::cost; empty: the analytic model).
+  const plan::CostTable& measured_costs() const { return measured_costs_; }
   const EngineOptions& options() const { return options_; }
   int pipeline_depth() const { return depth_; }
   DType wire_dtype() const { return wire_dtype_; }
@@ -241,6 +244,7 @@ class StepEngine {
   uint64_t plan_hash_ = 0;
   double predicted_makespan_s_ = 0.0;
   std::vector<double> predicted_rank_s_;
+  plan::CostTable measured_costs_;
   std::vector<Stage> stages_;
   std::vector<ns::Algorithm> stage_algorithms_;  // the group algorithms stages_ were made for
   // NOTE: a run sees one set of active items (every parameter has a gradient) or a few

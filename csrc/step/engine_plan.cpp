@@ -8,6 +8,7 @@
 #include "plan/hash.h"
 #include "plan/planner.h"
 #include "plan/stage_windows.h"
+#include "step/cost_profile.h"
 #include "step/engine.h"
 
 namespace dmuon::step {
@@ -16,7 +17,7 @@ namespace {
 // The planning problem: one matrix per item (MoE experts are planned one by one), each
 // with its home (home_ranks()).
 plan::Problem planning_problem(const ItemTable& table, const std::vector<int>& homes, int64_t wire_size,
-                               const EngineOptions& options, DeviceKind device) {
+                               const EngineOptions& options, const plan::CostFn& cost) {
   std::vector<plan::MatrixSpec> matrices;
   for (int i = 0; i < table.num_items(); ++i) {
     const Item& it = table.item(i);
@@ -25,16 +26,6 @@ plan::Problem planning_problem(const ItemTable& table, const std::vector<int>& h
   plan::ProblemOptions problem_options;
   problem_options.world_size = table.world_size();
   problem_options.bandwidth_bytes_per_s = options.bandwidth_bytes_per_s;
-  plan::CostFn cost;
-  if (!options.cost_entries.empty()) {
-    plan::CostTable measured;
-    for (const auto& [rows, cols, count, seconds] : options.cost_entries) measured.set(rows, cols, count, seconds);
-    cost = measured.as_cost_fn();
-  } else {
-    cost = (device == DeviceKind::kCuda ? plan::AnalyticCostModel::gpu_default()
-                                        : plan::AnalyticCostModel::cpu_default())
-               .as_cost_fn();
-  }
   return plan::build_problem(std::move(matrices), problem_options, cost);
 }
 
@@ -166,7 +157,11 @@ void StepEngine::make_plan() {
   const int64_t wire_size = dtype_size(wire_dtype_);
   // NOTE: every item is planned; one whole on some ranks has its home there, and the
   // planner keeps it there unless moving it balances the loads better (issue 27).
-  const plan::Problem problem = planning_problem(table_, home_ranks(table_), wire_size, options_, ops_.device().kind);
+  // NOTE: collective over a transport that moves data (rank 0's table); a failure is
+  // raised on every rank by the agreement below.
+  std::string text, error;
+  const plan::CostFn cost = planning_cost(table_, ops_, transport_, options_, wire_dtype_, measured_costs_, error);
+  const plan::Problem problem = planning_problem(table_, home_ranks(table_), wire_size, options_, cost);
   // NOTE: LPT and round robin are deterministic; the MILP may stop at a wall-clock limit,
   // so its plan is made once and broadcast. A transport that moves nothing cannot
   // broadcast, so every rank solves (the fake world's ranks are one process each).
@@ -182,9 +177,10 @@ void StepEngine::make_plan() {
   // NOTE: stage w is then window w (make_stages), so that it leaves once backward is through it.
   if (options_.backward_order && plan::uses_backward_windows(problem))
     stage_windows_ = plan::backward_stage_windows(problem, options_.stage_bytes);
-  std::string text, error;
   try {
-    if (local && options_.solver == plan::SolverKind::kMilp) {
+    if (!error.empty()) {
+      // Nothing to solve: the costs failed.
+    } else if (local && options_.solver == plan::SolverKind::kMilp) {
       // NOTE: ranks that each solve alone must solve alike: no wall-clock limit in effect
       // (1e7 s; the MILP turns it into a steady_clock deadline, so not infinity), only the
       // node cap; memoized per process (a fake world's ranks, one process, solve once).

@@ -71,6 +71,7 @@ class ForwardingOps : public DeviceOps {
   int64_t record_mark() override { return inner_.record_mark(); }
   double mark_seconds(int64_t from, int64_t to) override { return inner_.mark_seconds(from, to); }
   void clear_marks() override { inner_.clear_marks(); }
+  MeasurementStore measurement_store() const override { return inner_.measurement_store(); }
   int run_on_streams(const std::vector<int>& stream_of, const std::function<void(size_t)>& run) override {
     return inner_.run_on_streams(stream_of, run);
   }

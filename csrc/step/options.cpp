@@ -69,10 +69,13 @@ void EngineOptions::validate() const {
   DMUON_CHECK(std::isfinite(bandwidth_bytes_per_s) && bandwidth_bytes_per_s > 0.0,
               "bandwidth_bytes_per_s must be a positive finite number, got ", bandwidth_bytes_per_s);
   milp.validate();
-  for (const auto& [rows, cols, count, seconds] : cost_entries)
-    DMUON_CHECK(rows >= 1 && cols >= 1 && count >= 1 && std::isfinite(seconds) && seconds > 0.0,
-                "cost_entries: (", rows, ", ", cols, ", ", count, ", ", seconds,
-                ") must be positive sizes and a positive finite time");
+  cost.validate();
+}
+
+void CostOptions::validate() const {
+  DMUON_CHECK(num_runs >= 1, "cost num_runs must be at least 1, got ", num_runs);
+  DMUON_CHECK(num_warmup >= 0, "cost num_warmup must be >= 0, got ", num_warmup);
+  for (const ns::Schedule& schedule : schedules) schedule.validate();
 }
 
 }  // namespace dmuon::step

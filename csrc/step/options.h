@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "ns/schedule.h"
@@ -68,6 +67,25 @@ enum class PhaseTiming {
                   ///< ends (real without a host wait; CPU ops: host time, which is theirs)
 };
 
+/// Where the owner planner's NS seconds come from (step/cost_profile.h).
+struct CostOptions {
+  /// Timed on the engine's own ops (each group's schedule, the batches the step runs);
+  /// false: the analytic model of the ops' device.
+  bool measure = false;
+  /// [group] the schedule each Muon group's matrices are timed with (measure only).
+  std::vector<ns::Schedule> schedules;
+  /// The measurement store (autotune/tune_cache.h); empty: the ops' default
+  /// (CUDA: the autotuner's store, DMUON_AUTOTUNE_CACHE; CPU: this process's memory).
+  std::string store_path;
+  int num_runs = 5;  ///< timed runs per point; the median is kept
+  /// Untimed runs first. NOTE: on CUDA the first run of a batch tunes its kernels and the
+  /// second captures its graph; the step replays it from the third on.
+  int num_warmup = 2;
+
+  /// Throws dmuon::Error naming the option that is out of range.
+  void validate() const;
+};
+
 /// How the engine runs; fixed when the engine is made.
 struct EngineOptions {
   Mode mode = Mode::kOwner;
@@ -89,15 +107,14 @@ struct EngineOptions {
   /// Stages in backward order (StageLimits::backward_order): for a step begun inside
   /// backward (issue 27), whose stages leave as backward completes them.
   bool backward_order = false;
-  /// Owner planner; costs measured (rows, cols, num_matrices, seconds) when given
-  /// (identical on every rank), else the analytic model of the ops' device.
+  /// Owner planner and the NS costs it balances.
   plan::SolverKind solver = plan::SolverKind::kMilp;
   plan::MilpOptions milp{};
   /// Every rank solves the plan itself (deterministically: the MILP without its wall-clock
   /// limit), never rank 0 alone and a broadcast; always so where the transport moves no
   /// data (a fake world) and for the deterministic solvers (LPT, round robin).
   bool plan_locally = false;
-  std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries;
+  CostOptions cost;
   double bandwidth_bytes_per_s = 50e9;
 
   /// Throws dmuon::Error naming the option that is out of range.

@@ -13,6 +13,7 @@ target_sources(dmuon_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/device_ops.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine_plan.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/cost_profile.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine_step.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine_early.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine_normuon.cpp

@@ -20,6 +20,10 @@ void register_ownership_bindings(pybind11::module_& m);
 /// The owner planner: dmuon._C.plan (plan_bindings.cpp).
 void register_plan_bindings(pybind11::module_& m);
 
+/// The engine's measured NS costs: dmuon._C.plan.measure_ns_costs (cost_bindings.cpp;
+/// after register_plan_bindings).
+void register_cost_bindings(pybind11::module_& m);
+
 /// The step projection at any world size: dmuon._C.sim (sim_bindings.cpp).
 void register_sim_bindings(pybind11::module_& m);
 

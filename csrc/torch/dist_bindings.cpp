@@ -109,21 +109,20 @@ void register_dist_bindings(py::module_& m) {
 
   py::class_<RuntimeOptions>(d, "RuntimeOptions")
       .def(py::init([](std::string mode, int64_t bucket_bytes, std::string wire_dtype,
-                       std::string solver, std::string device_type, bool profile,
-                       std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries,
-                       int64_t fused_streams, std::string plan_source, bool record_timeline,
-                       std::optional<int64_t> pipeline_depth, std::optional<int64_t> ns_batch_mb,
-                       std::optional<bool> cuda_graphs, bool backward_order) {
+                       std::string solver, std::string device_type, bool profile, std::string cost_model,
+                       std::vector<ns::Schedule> cost_schedules, int64_t fused_streams, std::string plan_source,
+                       bool record_timeline, std::optional<int64_t> pipeline_depth,
+                       std::optional<int64_t> ns_batch_mb, std::optional<bool> cuda_graphs, bool backward_order) {
              return RuntimeOptions{std::move(mode),        bucket_bytes, std::move(wire_dtype),
                                    std::move(solver),      std::move(device_type), profile,
-                                   std::move(cost_entries), fused_streams, std::move(plan_source),
-                                   record_timeline,
+                                   std::move(cost_model),  std::move(cost_schedules), fused_streams,
+                                   std::move(plan_source), record_timeline,
                                    pipeline_depth,         ns_batch_mb,  cuda_graphs, backward_order};
            }),
            py::arg("mode") = "owner", py::arg("bucket_bytes") = int64_t{64} << 20,
            py::arg("wire_dtype") = "auto", py::arg("solver") = "milp",
-           py::arg("device_type") = "cpu", py::arg("profile") = false,
-           py::arg("cost_entries") = std::vector<std::tuple<int64_t, int64_t, int64_t, double>>{},
+           py::arg("device_type") = "cpu", py::arg("profile") = false, py::arg("cost_model") = "analytic",
+           py::arg("cost_schedules") = std::vector<ns::Schedule>{},
            py::arg("fused_streams") = int64_t{0}, py::arg("plan_source") = "auto",
            py::arg("record_timeline") = false, py::arg("pipeline_depth") = py::none(),
            py::arg("ns_batch_mb") = py::none(), py::arg("cuda_graphs") = py::none(),
@@ -131,7 +130,7 @@ void register_dist_bindings(py::module_& m) {
       .def_readonly("backward_order", &RuntimeOptions::backward_order)
       .def_readonly("plan_source", &RuntimeOptions::plan_source)
       .def_readonly("record_timeline", &RuntimeOptions::record_timeline)
-      .def_readonly("cost_entries", &RuntimeOptions::cost_entries)
+      .def_readonly("cost_model", &RuntimeOptions::cost_model)
       .def_readonly("device_type", &RuntimeOptions::device_type);
 
   py::class_<MuonGroupOptions>(d, "GroupOptions")

@@ -1,5 +1,5 @@
 // dmuon._C module entry: pybind11 bindings of the core. Ops are registered separately
-// through TORCH_LIBRARY (see ops_*.cpp) and reached as torch.ops.dmuon.*.
+// through TORCH_LIBRARY (ops.cpp: torch.ops.dmuon.*; cuda/testing_ops.cpp: torch.ops.dmuon_testing.*).
 // NOTE: pybind11 alone (bindings.h): this file binds no tensor. torch/extension.h (all of the
 // C++ frontend) made it one of the build's longest files; the binding files include
 // torch/python.h, the tensor casters, for the same reason.
@@ -15,6 +15,7 @@ PYBIND11_MODULE(_C, m) {
 #endif
   dmuon::torch_adapter::register_core_bindings(m);
   dmuon::torch_adapter::register_plan_bindings(m);
+  dmuon::torch_adapter::register_cost_bindings(m);
   dmuon::torch_adapter::register_sim_bindings(m);
   dmuon::torch_adapter::register_dist_bindings(m);
   dmuon::torch_adapter::register_engine_bindings(m);

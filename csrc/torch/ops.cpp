@@ -1,24 +1,13 @@
-// dmuon/torch/ops.cpp — TORCH_LIBRARY schemas and implementations of torch.ops.dmuon.*.
+// dmuon/torch/ops.cpp — TORCH_LIBRARY schemas and implementations of torch.ops.dmuon.*, the
+// product's ops (test and bench ops: torch.ops.dmuon_testing, cuda/testing_ops.cpp).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "common/check.h"
-#include "foreach_ops.h"
+#include "op_errors.h"
 #include "orthogonalize.h"
 
 namespace dmuon::torch_adapter {
 namespace {
-
-// NOTE: dmuon::Error is not a c10::Error; rethrowing as one keeps the message and gives
-// Python a RuntimeError through the dispatcher.
-template <typename F>
-auto translate_errors(F&& body) -> decltype(body()) {
-  try {
-    return body();
-  } catch (const dmuon::Error& e) {
-    TORCH_CHECK(false, e.what());
-  }
-}
 
 at::Tensor orthogonalize_op(const at::Tensor& x, c10::string_view algorithm,
                             at::ArrayRef<double> coefficients, at::IntArrayRef restart_after,
@@ -29,11 +18,6 @@ at::Tensor orthogonalize_op(const at::Tensor& x, c10::string_view algorithm,
   });
 }
 
-// Bool [N] on the CPU: tensors[i] holds a NaN or ±Inf. One host sync for the whole list.
-at::Tensor nonfinite_mask_op(at::TensorList tensors) {
-  return nonfinite_flags(tensors).to(at::kCPU);
-}
-
 }  // namespace
 }  // namespace dmuon::torch_adapter
 
@@ -41,10 +25,8 @@ TORCH_LIBRARY(dmuon, m) {
   m.def(
       "orthogonalize(Tensor x, str algorithm, float[] coefficients, int[] restart_after, "
       "float eps, str backend='auto', str compute_dtype='auto') -> Tensor");
-  m.def("nonfinite_mask(Tensor[] tensors) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(dmuon, CompositeExplicitAutograd, m) {
   m.impl("orthogonalize", &dmuon::torch_adapter::orthogonalize_op);
-  m.impl("nonfinite_mask", &dmuon::torch_adapter::nonfinite_mask_op);
 }

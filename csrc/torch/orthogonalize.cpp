@@ -1,21 +1,81 @@
-// dmuon/torch/orthogonalize.cpp — backend choice, normalization and workspace layout.
+// dmuon/torch/orthogonalize.cpp — backend choice, normalization and workspace layout; on
+// CUDA the step engine's ops.
 #include "orthogonalize.h"
 
 #include <ATen/Parallel.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
 
 #include "aten_ns_backend.h"
 #include "common/check.h"
 #include "common/env.h"
+#include "engine/torch_ops.h"
 #include "ns/cpu/cpu_backend.h"
 #include "ns/ns_algorithms.h"
+#include "step_tensors.h"
 
-#if defined(DMUON_WITH_CUDA) && defined(DMUON_WITH_CUDA_NS)
-#include "cuda/cuda_orthogonalize.h"
+#if defined(DMUON_WITH_CUDA) && defined(DMUON_WITH_STEP_CUDA)
+#include "step/cuda/cuda_ops.h"
 #define DMUON_HAS_CUDA_BACKEND 1
 #endif
 
 namespace dmuon::torch_adapter {
 namespace {
+
+#if defined(DMUON_HAS_CUDA_BACKEND)
+using OpsKey = std::tuple<int, int64_t, bool>;  // device, stream id, symmetric kernel
+
+std::mutex& ops_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+// NOTE: kept for the process and never destroyed: their graph caches serve later calls,
+// and their memory is the caching allocator's, which may be gone when statics die.
+std::map<OpsKey, std::unique_ptr<step::DeviceOps>>& kept_ops() {
+  static auto* ops = new std::map<OpsKey, std::unique_ptr<step::DeviceOps>>();
+  return *ops;
+}
+
+// The step ops on the device's current stream: autotuned kernels, the graph cache and the
+// symmetric kernel's self-check of step/cuda.
+step::DeviceOps& step_ops(const at::Device& device, bool sym_kernel) {
+  const c10::Stream stream = c10::impl::getDeviceGuardImpl(at::kCUDA)->getStream(device);
+  std::lock_guard<std::mutex> lock(ops_mutex());
+  std::unique_ptr<step::DeviceOps>& ops = kept_ops()[{device.index(), stream.id(), sym_kernel}];
+  if (!ops) {
+    TorchOpsOptions options;
+    options.graph_cache_bytes = std::max<int64_t>(0, env::kGraphCacheMb.get()) << 20;
+    options.stream = stream;
+    options.aten_float64 = false;
+    options.sym_kernel = sym_kernel;
+    ops = make_torch_ops({step::DeviceKind::kCuda, device.index()}, options);
+  }
+  return *ops;
+}
+
+// A [B, rows, cols] batch as an owner's pieces are: float32 rows in, the result's rows out.
+at::Tensor orthogonalize_on(step::DeviceOps& ops, const at::Tensor& batch, const ns::Schedule& schedule, bool graphs) {
+  const int64_t num = batch.size(0), rows = batch.size(1), cols = batch.size(2), numel = rows * cols;
+  const at::Tensor input = batch.to(at::kFloat).contiguous();
+  at::Tensor output = at::empty_like(input);
+  const step::Buffer in = to_buffer(input, "orthogonalize's input"), out = to_buffer(output, "orthogonalize's output");
+  std::vector<step::WirePiece> from, to;
+  for (int64_t k = 0; k < num; ++k) {
+    from.push_back({in.slice(k * numel, numel), k, 0, rows});
+    to.push_back({out.slice(k * numel, numel), k, 0, rows});
+  }
+  const step::NsBatchDesc desc{rows, cols, num, step::DType::kFloat32, &schedule, graphs};
+  ops.orthogonalize(
+      desc, [&](const step::NsView& iterate, bool) { ops.iterate_from_pieces(from, desc, iterate, step::Buffer{}); },
+      [&](const step::NsView& result) { ops.result_to_pieces(result, desc, to); });
+  return output;
+}
+#endif
 
 at::ScalarType parse_compute_dtype(const std::string& name, const at::Tensor& x,
                                    ns::Algorithm algorithm, bool use_core) {
@@ -99,22 +159,25 @@ at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,
   at::Tensor batch = x.reshape({-1, rows, cols});
   if (batch.size(0) == 0) return at::empty(x.sizes(), x.options().dtype(out_dtype));
 
-  // CUDA backend: "cuda" → the sm_90a symmetric kernel where usable (built, sm_90, self-check
-  // passed), else dense cuBLASLt products mirrored; "cuda_dense" → always the latter;
-  // "auto" → "cuda" only where the kernel is usable, otherwise the ATen path below.
+  // CUDA backend (the step's ops): "cuda" and "auto" → the sm_90a symmetric kernel where
+  // usable (built, sm_90, self-check passed), else dense cuBLASLt products mirrored;
+  // "cuda_dense" → always the latter. It iterates in the step's precision: Gram NS in
+  // float16, standard NS in bfloat16 (other compute dtypes: the ATen path below).
   const bool half_dtype = dtype == at::kHalf || dtype == at::kBFloat16;
+  const at::ScalarType step_half = schedule.algorithm == ns::Algorithm::kGram ? at::kHalf : at::kBFloat16;
   if (backend == "cuda" || backend == "cuda_dense") {
     DMUON_CHECK(x.is_cuda(), "backend '", backend, "' runs on CUDA tensors only");
     DMUON_CHECK(half_dtype, "backend '", backend, "' iterates in float16 or bfloat16, not ", dtype);
+    DMUON_CHECK(dtype == step_half, "backend '", backend, "' iterates ", ns::algorithm_name(schedule.algorithm),
+                " NS in ", step_half == at::kHalf ? "float16" : "bfloat16", " (the step's precision), not ",
+                dtype == at::kHalf ? "float16" : "bfloat16", "; backend 'aten' takes either");
   }
 #if defined(DMUON_HAS_CUDA_BACKEND)
-  if (x.is_cuda() && half_dtype && backend != "aten") {
-    const bool kernel = backend != "cuda_dense" && cuda_sym_kernel_usable(x, dtype);
-    if (kernel || backend == "cuda" || backend == "cuda_dense")
-      return orthogonalize_cuda(batch, schedule, dtype, kernel, env::resolve(cuda_graphs, env::kCudaGraphs))
-          .to(out_dtype)
-          .reshape(x.sizes());
-  }
+  if (x.is_cuda() && dtype == step_half && backend != "aten")
+    return orthogonalize_on(step_ops(x.device(), backend != "cuda_dense"), batch, schedule,
+                            env::resolve(cuda_graphs, env::kCudaGraphs))
+        .to(out_dtype)
+        .reshape(x.sizes());
 #else
   DMUON_CHECK(backend != "cuda" && backend != "cuda_dense",
               "this build of dmuon has no CUDA backend (backend '", backend, "')");
@@ -153,5 +216,17 @@ at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,
   if (transposed) result = result.transpose(1, 2);
   return result.to(out_dtype).contiguous().reshape(x.sizes());
 }
+
+#if defined(DMUON_HAS_CUDA_BACKEND)
+std::vector<int64_t> orthogonalize_graph_stats() {
+  std::vector<int64_t> total(4, 0);
+  std::lock_guard<std::mutex> lock(ops_mutex());
+  for (const auto& [key, ops] : kept_ops()) {
+    const std::vector<int64_t> stats = dynamic_cast<const step::CudaOps&>(*ops).graph_stats();
+    for (size_t i = 0; i < total.size(); ++i) total[i] += stats[i];
+  }
+  return total;
+}
+#endif
 
 }  // namespace dmuon::torch_adapter

@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ns/schedule.h"
 
@@ -20,14 +21,19 @@ ns::Schedule make_schedule(const std::string& algorithm, at::ArrayRef<double> co
 /// "cuda" (CUDA backend: sm_90a symmetric kernel where usable, else dense cuBLASLt
 /// products mirrored) | "cuda_dense" (CUDA backend, always dense products mirrored);
 /// compute_dtype: "auto" | "float64" | "float32" | "float16" | "bfloat16".
-/// auto: CPU → core in fp32 (fp64 for fp64 input); CUDA → fp16 for Gram NS and bf16 for
-/// standard NS (DESIGN.md §3), on the CUDA backend when the sm_90a kernel is built, the
-/// GPU is sm_90 and the kernel passed its self-check, else on the ATen backend.
+/// auto: CPU → core in fp32 (fp64 for fp64 input); CUDA → the CUDA backend in fp16 for
+/// Gram NS and bf16 for standard NS (DESIGN.md §3), other compute dtypes on ATen.
+/// The CUDA backend is the step engine's ops (step/cuda) on the current stream: what the
+/// step runs (they iterate Gram NS in float16 and standard NS in bfloat16).
 /// cuda_graphs (CUDA backend): replay the iteration as a CUDA graph; unset: DMUON_CUDA_GRAPHS
 /// (default on), read at this call.
 at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,
                          const std::string& backend = "auto",
                          const std::string& compute_dtype = "auto",
                          std::optional<bool> cuda_graphs = std::nullopt);
+
+/// [cached problems, captures, replays, bytes of kept workspaces] of the CUDA backend's
+/// graph caches, over every stream it ran on (tests; CUDA builds only).
+std::vector<int64_t> orthogonalize_graph_stats();
 
 }  // namespace dmuon::torch_adapter

@@ -76,12 +76,7 @@ void register_plan_bindings(py::module_& m) {
       .def("set", &CostTable::set, py::arg("rows"), py::arg("cols"), py::arg("num_matrices"), py::arg("seconds"))
       .def("seconds", &CostTable::seconds, py::arg("rows"), py::arg("cols"), py::arg("num_matrices"))
       .def("entries", &CostTable::entries)
-      .def("__len__", &CostTable::size)
-      .def("save", &CostTable::save, py::arg("path"), py::arg("key"))
-      .def("load", &CostTable::load, py::arg("path"), py::arg("key"));
-  p.def("profile_cost_table", &profile_cost_table, py::arg("points"), py::arg("run_once"),
-        py::arg("num_runs") = 5, py::arg("num_warmup") = 1,
-        "median of num_runs timed calls run_once(rows, cols, num_matrices) -> seconds per point");
+      .def("__len__", &CostTable::size);
 
   // The problem.
   py::class_<ShapeClass>(p, "ShapeClass")

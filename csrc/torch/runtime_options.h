@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "ns/schedule.h"
 #include "sim/pipeline.h"
 
 namespace dmuon::torch_adapter {
@@ -21,9 +22,12 @@ struct RuntimeOptions {
   std::string solver = "milp";      ///< owner planner: "milp" | "lpt" | "round_robin"
   std::string device_type = "cpu";  ///< "cpu" | "cuda": cost model and collective buffers
   bool profile = false;             ///< synchronize the device between phases to time them
-  /// Measured NS seconds (rows, cols, num_matrices, seconds) for the planner; empty: the
-  /// analytic model of device_type. Every rank must pass the same entries.
-  std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries;
+  /// What the owner planner balances: "analytic" (FLOP counts), "profile" (the engine times
+  /// each group's NS batches on its ops, step/cost_profile.h) or "auto" (profile on CUDA).
+  /// Every rank must pass the same.
+  std::string cost_model = "analytic";
+  /// [group slot] the schedule of each Muon group, as "profile" times it.
+  std::vector<ns::Schedule> cost_schedules;
   /// CUDA streams the step engine's NS batches may spread over (1–8; 0: DMUON_FUSED_STREAMS,
   /// default 2).
   int64_t fused_streams = 0;

@@ -13,7 +13,7 @@ import sys
 import torch
 
 import dmuon
-from dmuon._ops import ops
+from dmuon._ops import ops, testing_ops
 
 PARTS = ("sym", "ns", "fused")
 parts = sys.argv[1:] or list(PARTS)
@@ -32,9 +32,9 @@ def run_sym():
     cp = ((cp + cp.transpose(1, 2)) / 2).contiguous()
     cpp = torch.zeros(3, 203, 208, device="cuda", dtype=torch.half)[..., :203]
     cpp.copy_(cp)
-    for config in ops.cuda_sym_configs():
-        ops.cuda_sym_product_config(xp, xp, None, 1.0, 0.0, config)
-        ops.cuda_sym_product_config(xp, xp, cpp, 0.5, -0.25, config)
+    for config in testing_ops.cuda_sym_configs():
+        testing_ops.cuda_sym_product_config(xp, xp, None, 1.0, 0.0, config)
+        testing_ops.cuda_sym_product_config(xp, xp, cpp, 0.5, -0.25, config)
     # Tail split-K in its two forms: whole waves and a tail (9 tiles on 7 CTAs: 2 tail tiles in
     # 3 slices), and fewer tiles than CTAs (3 tiles in 5 slices); 21 k-tiles. mc2: 5 pairs on
     # 4 clusters (the tail pair a shadowed lone tile, in 4 slices), and 2 pairs (a column pair,
@@ -43,8 +43,8 @@ def run_sym():
     xk.copy_(torch.randn(3, 203, 1333, device="cuda") / 40)
     for config, x_split in (("sm90:sk-tmastore:s5:c7", xk), ("sm90:sk-tmastore:s4:c0", xk[:1]),
                             ("sm90:mc2-sk-tmastore:s5:c8", xk), ("sm90:mc2-sk-tmastore:s5:c0", xk[:1])):
-        ops.cuda_sym_product_config(x_split, x_split, None, 1.0, 0.0, config)
-        ops.cuda_sym_product_config(x_split, x_split, cpp[: x_split.shape[0]], 0.5, -0.25, config)
+        testing_ops.cuda_sym_product_config(x_split, x_split, None, 1.0, 0.0, config)
+        testing_ops.cuda_sym_product_config(x_split, x_split, cpp[: x_split.shape[0]], 0.5, -0.25, config)
     # Wide tmastore on a shape with every wide pair kind: 3 × 520 × 136, R = 5: row pairs, the
     # last row's pair over one A panel, lone units of two matrices paired and the third's shadowed.
     x5 = torch.randn(3, 520, 136, device="cuda", dtype=torch.half) / 12
@@ -52,14 +52,14 @@ def run_sym():
     c5 = ((c5 + c5.transpose(1, 2)) / 2).half()
     for config in ("sm90:n256-tmastore:s4:c0", "sm90:mc2-n256-tmastore:s4:c0", "sm90:mc2-n256-tmastore:s4:c2",
                    "sm90:mc2-n256-tmastore:s3:c0", "sm90:mc2-n256-tmastore:s3:c2", "sm90:n256-tmastore:s3:c0"):
-        ops.cuda_sym_product_config(x5, x5, None, 1.0, 0.0, config)
-        ops.cuda_sym_product_config(x5, x5, c5, 0.5, -0.25, config)
+        testing_ops.cuda_sym_product_config(x5, x5, None, 1.0, 0.0, config)
+        testing_ops.cuda_sym_product_config(x5, x5, c5, 0.5, -0.25, config)
     # The split: 1 × 520 × 1336 (21 k-tiles) on 2 clusters, 5 units: 4 whole, the shadowed lone
     # one in 2 slices; on every cluster: the 5 units in 5 slices each.
     x5k = torch.randn(1, 520, 1336, device="cuda", dtype=torch.half) / 40
     for config in ("sm90:mc2-n256-sk-tmastore:s4:c4", "sm90:mc2-n256-sk-tmastore:s4:c0", "sm90:mc2-n256-sk-tmastore:s3:c4"):
-        ops.cuda_sym_product_config(x5k, x5k, None, 1.0, 0.0, config)
-        ops.cuda_sym_product_config(x5k, x5k, c5[:1], 0.5, -0.25, config)
+        testing_ops.cuda_sym_product_config(x5k, x5k, None, 1.0, 0.0, config)
+        testing_ops.cuda_sym_product_config(x5k, x5k, c5[:1], 0.5, -0.25, config)
 
 
 def run_ns():
@@ -96,6 +96,6 @@ out = run_ns() if "ns" in parts else None
 params, stats = run_fused() if "fused" in parts else ([], None)
 torch.cuda.synchronize()
 print("sanitize script ok", parts, out is None or bool(torch.isfinite(out).all()),
-      ops.cuda_graph_stats(out) if out is not None else "",
+      testing_ops.cuda_graph_stats(out) if out is not None else "",
       f"fused {stats.num_fused}/{len(params)}" if stats is not None else "",
       all(bool(torch.isfinite(p).all()) for p in params))

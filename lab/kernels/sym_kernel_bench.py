@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from dmuon._ops import ops
+from dmuon._ops import testing_ops
 from dmuon.bench import ns as bench_ns
 
 # (m, k, batch, with β·C): the Gram products X·Xᵀ and the m³ products of Qwen2.5 0.5B–7B.
@@ -75,7 +75,7 @@ def time_shape(m, k, batch, with_c, configs, rounds=3):
     fns, iters = {"cublas": dense}, {"cublas": timed_iters(bench_ns.cuda_time_ms(dense, 2, 1), rounds)}
     for config in configs:
         # NOTE: unpoisoned output: the timed call holds the product alone, as cuBLAS's does.
-        fn = lambda config=config: ops.cuda_sym_product_config(a, b, c, alpha, beta, config, poison=False)  # noqa: E731
+        fn = lambda config=config: testing_ops.cuda_sym_product_config(a, b, c, alpha, beta, config, poison=False)  # noqa: E731
         try:
             probe = bench_ns.cuda_time_ms(fn, 2, 1)  # two warm-ups, one probe
         except RuntimeError as error:  # an unbuilt or inapplicable configuration
@@ -95,7 +95,7 @@ def is_cluster_or_wide(config: str) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", nargs="*", default=None, help="default: ops.cuda_sym_configs()")
+    parser.add_argument("--configs", nargs="*", default=None, help="default: testing_ops.cuda_sym_configs()")
     parser.add_argument("--old", nargs="*", default=None,
                         help="the baseline set (default: the staged/direct configurations)")
     parser.add_argument("--split-k", action="store_true", help="also time k doubled (intercept)")
@@ -107,10 +107,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
-    if args.experimental and not any(":n256-staged:" in c for c in ops.cuda_sym_configs()):
+    if args.experimental and not any(":n256-staged:" in c for c in testing_ops.cuda_sym_configs()):
         parser.error("--experimental: this build has no experimental configurations "
                      "(build with -DDMUON_EXPERIMENTAL_KERNELS=ON)")
-    configs = args.configs if args.configs is not None else list(ops.cuda_sym_configs())
+    configs = args.configs if args.configs is not None else list(testing_ops.cuda_sym_configs())
     if args.old is not None:
         old = set(args.old)
     elif any(is_cluster_or_wide(c) for c in configs):

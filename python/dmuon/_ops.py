@@ -1,4 +1,5 @@
-"""Loads dmuon._C (which registers torch.ops.dmuon.*) with an actionable error."""
+"""Loads dmuon._C (which registers torch.ops.dmuon.* and, in CUDA builds, the test and
+bench ops torch.ops.dmuon_testing.*) with an actionable error."""
 
 from __future__ import annotations
 
@@ -13,3 +14,4 @@ except ImportError as error:  # pragma: no cover - only on a broken install
     ) from error
 
 ops = torch.ops.dmuon
+testing_ops = torch.ops.dmuon_testing

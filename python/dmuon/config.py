@@ -116,8 +116,9 @@ class Execution(_Options):
     dtype's rounding). ``mode``: "owner" (each matrix orthogonalized once, on its planned
     owner) or "gather" (every rank orthogonalizes every matrix: the baseline);
     ``bucket_size_mb``: wire MiB per pipeline bucket (0: one bucket); ``wire_dtype``;
-    ``planner``; ``cost_model`` ("profile" times NS per shape on rank 0 and caches it at
-    ``cost_cache``; "analytic": FLOP counts; "auto": profile on GPUs); ``nonfinite``:
+    ``planner``; ``cost_model`` ("profile": the engine times each group's NS batches when it
+    plans, on rank 0, kept in the autotune cache (DMUON_AUTOTUNE_CACHE) on GPUs; "analytic":
+    FLOP counts; "auto": profile on GPUs); ``nonfinite``:
     "raise" or "skip" a step with a NaN/Inf gradient; ``profile``: synchronize between
     phases so that ``runtime.last_stats`` times are real. Code-path switches (None: the
     variable if set, else the default in brackets): ``fused_streams`` (DMUON_FUSED_STREAMS [2]:
@@ -132,7 +133,6 @@ class Execution(_Options):
     wire_dtype: str = "auto"
     planner: str = "milp"
     cost_model: str = "auto"
-    cost_cache: str | None = "~/.cache/dmuon/ns_costs.txt"
     nonfinite: str = "raise"
     profile: bool = False
     fused_streams: int | None = None
@@ -147,8 +147,6 @@ class Execution(_Options):
             _check_choice(self, name, allowed)
         if not (_is_number(self.bucket_size_mb) and self.bucket_size_mb >= 0):
             _fail(Execution, "bucket_size_mb", "a finite number >= 0 (0: one bucket)", self.bucket_size_mb)
-        if self.cost_cache is not None and not isinstance(self.cost_cache, str):
-            _fail(Execution, "cost_cache", "a path (str) or None (no cache file)", self.cost_cache)
         if not isinstance(self.profile, bool):
             _fail(Execution, "profile", "True or False", self.profile)
         _check_optional_bool(self, "cuda_graphs")
@@ -162,7 +160,8 @@ class Execution(_Options):
     def runtime_options(self) -> dict[str, Any]:
         """Keyword arguments of dmuon._C.dist.RuntimeOptions (None: the runtime resolves it)."""
         return dict(mode=self.mode, bucket_bytes=int(self.bucket_size_mb * 2**20), wire_dtype=self.wire_dtype,
-                    solver=self.planner, profile=self.profile, fused_streams=self.fused_streams or 0,
+                    solver=self.planner, cost_model=self.cost_model, profile=self.profile,
+                    fused_streams=self.fused_streams or 0,
                     pipeline_depth=self.pipeline_depth,
                     ns_batch_mb=self.ns_batch_mb, cuda_graphs=self.cuda_graphs)
 
@@ -207,7 +206,7 @@ FLAT_OPTIONS: dict[str, tuple[str, str]] = {
                                          "ns_restarts", "eps", "adjust_lr", "normuon", "normuon_beta2",
                                          "normuon_eps")},
     **{name: ("execution", name) for name in ("mode", "bucket_size_mb", "wire_dtype", "planner", "cost_model",
-                                              "cost_cache", "nonfinite")},
+                                              "nonfinite")},
 }
 def with_flat(cls: type, given: Any, arg: str, flat: Mapping[str, Any]) -> Any:
     """`given` (a `cls` or None: the defaults) with the flat keywords `flat` (field → value)

@@ -10,7 +10,6 @@ torch optimizer) and checks gradients for NaN/Inf with one host sync per step.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Iterable
 
 import torch
@@ -130,8 +129,6 @@ class DMuon(torch.optim.Optimizer):
         # NOTE: a dict, not the Execution: the benches add record_timeline (no user option).
         self._runtime_options = execution.runtime_options()
         self._process_group = process_group
-        self._cost_model = execution.cost_model
-        self._cost_cache = execution.cost_cache
         self._runtime = None
         self._runtime_split: tuple | None = None  # split_key the runtime was built with
         # The step begun inside backward (dmuon.backward_step); resolved with the runtime.
@@ -467,7 +464,6 @@ class DMuon(torch.optim.Optimizer):
             layouts = [self._layout(p, pl) for (_, p), pl in zip(muon, placements)]
             device = next((local_p.device.type for _, p in muon for local_p in [distributed.local(p)]), "cpu")
             device_type = "cuda" if device == "cuda" else "cpu"
-            costs = self._measured_costs(muon, layouts, group, device_type)
             # NOTE: None: off (measured default, docs/configuration.md: on the fake ranks of
             # worlds 8 and 64 the step begun from backward never beat the step after it).
             wanted = self.execution.backward_step
@@ -480,10 +476,13 @@ class DMuon(torch.optim.Optimizer):
                                  f"{unable[0]}; set backward_step=None or False")
             self._backward_step_on = (bool(wanted) and bool(self._backward.attached)
                                       and self._ownership is None and not unable)
-            options = _C.dist.RuntimeOptions(device_type=device_type, cost_entries=costs,
-                                             backward_order=self._backward_step_on, **self._runtime_options)
+            # NOTE: the engine times each Muon group's NS batches itself when it plans
+            # (cost_model "profile"; rank 0 times them and shares them: step/cost_profile.h).
+            group_options, slot = self._muon_group_options()
+            options = _C.dist.RuntimeOptions(device_type=device_type, backward_order=self._backward_step_on,
+                                             cost_schedules=[g.schedule for g in group_options],
+                                             **self._runtime_options)
             names = [self.param_name(p) for _, p in muon]
-            _, slot = self._muon_group_options()
             dtypes = [str(p.dtype).removeprefix("torch.") for _, p in muon]
             self._runtime = _C.engine.EngineRuntime(distributed.group_name(group), names, layouts, dtypes,
                                                     [slot[g_idx] for g_idx, _ in muon], options)
@@ -506,42 +505,6 @@ class DMuon(torch.optim.Optimizer):
         return _C.dist.ParamLayout(list(placement.global_shape), view.batch_dims, placement.sharded,
                                    row_blocks=list(view.row_blocks), transposed=view.transposed,
                                    col_blocks=view.col_blocks, **mesh)
-
-    def _measured_costs(self, muon, layouts, group, device_type: str) -> list[tuple[int, int, int, float]]:
-        """Measured NS times for the planner (empty: analytic model). Rank 0 of the group
-        times every distinct shape at batch sizes up to its count; every rank gets the same
-        table, so every rank builds the same planning problem."""
-        use_profile = self._cost_model == "profile" or (self._cost_model == "auto" and device_type == "cuda")
-        if not use_profile or not muon:
-            return []
-        from dmuon.plan.profile import batch_sizes, profile_cost_table
-
-        counts: dict[tuple[int, int], int] = {}
-        for layout in layouts:
-            rows, cols, num = layout.matrix_rows, layout.matrix_cols, layout.num_matrices
-            if rows and cols and num:
-                counts[(rows, cols)] = counts.get((rows, cols), 0) + num
-        points = [(rows, cols, b) for (rows, cols), count in counts.items() for b in batch_sizes(count)]
-        first = next(g for g in self.param_groups if g["use_muon"])
-        world = 1 if group is None else torch.distributed.get_world_size(group)
-        if world == 1:
-            return []  # NOTE: one rank owns everything: there is nothing to balance
-        # NOTE: a fake world cannot broadcast: every rank times the table itself (the cache
-        # file makes the ranks one process plays in turn share one table).
-        alone = distributed.transport(group) == "fake"
-        entries: list[Any] = [None]
-        if alone or torch.distributed.get_rank(group) == 0:
-            device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
-            cache = None if self._cost_cache is None else os.path.expanduser(self._cost_cache)
-            if cache:
-                os.makedirs(os.path.dirname(cache) or ".", exist_ok=True)
-            table = profile_cost_table(points, device=device, algorithm=first["ns_algorithm"],
-                                       num_steps=first["ns_steps"], cache_path=cache)
-            entries = [[tuple(e) for e in table.entries()]]
-        if not alone:
-            torch.distributed.broadcast_object_list(entries, group=group,
-                                                    src=torch.distributed.get_global_rank(group, 0))
-        return entries[0]
 
     @property
     def runtime(self) -> Any:

@@ -21,6 +21,7 @@ add_executable(dmuon_step_tests
   ${CMAKE_CURRENT_LIST_DIR}/test_step_normuon.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_step_col_blocks.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_phase_clock.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_cost_profile.cpp
 )
 target_link_libraries(dmuon_step_tests PRIVATE dmuon_test_support GTest::gtest GTest::gtest_main)
 gtest_discover_tests(dmuon_step_tests DISCOVERY_TIMEOUT 60)

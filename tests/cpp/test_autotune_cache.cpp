@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "autotune/tune_cache.h"
+#include "common/check.h"
 
 namespace dmuon::autotune {
 namespace {
@@ -56,6 +57,20 @@ TEST(AutotuneCache, RoundTrip) {
   EXPECT_FALSE(loaded.get({"sym", 896, 896, 4864, 8, "float16", "beta0"}).has_value());
   EXPECT_TRUE(warnings.seen.empty());
   std::remove(path.c_str());
+}
+
+// An unwritable file is one warning per path, never an error (save() throws instead).
+TEST(AutotuneCache, UnwritableFileIsOneWarningWhenSavedOrWarned) {
+  Warnings warnings;
+  const std::string path = "/proc/dmuon_no_such_dir/cache.txt";
+  TuneCache cache(env_a());
+  cache.put({"sym", 1, 1, 1, 1, "float16", ""}, {"kernel", 1.0});
+  EXPECT_THROW(cache.save(path), Error);
+  cache.save_or_warn(path);
+  cache.save_or_warn(path);
+  ASSERT_EQ(warnings.seen.size(), 1u);
+  EXPECT_NE(warnings.seen[0].find("cannot write the cache"), std::string::npos) << warnings.seen[0];
+  EXPECT_NE(warnings.seen[0].find(path), std::string::npos) << warnings.seen[0];
 }
 
 TEST(AutotuneCache, MissingFileIsNotAWarning) {
@@ -112,6 +127,37 @@ TEST(AutotuneCache, CorruptTruncatedAndStaleFilesIgnoredWithOneWarning) {
     ASSERT_EQ(warnings.seen.size(), 1u);
     EXPECT_NE(warnings.seen[0].find("another environment"), std::string::npos);
   }
+  std::remove(path.c_str());
+}
+
+// A file cut anywhere, or with one character changed, is refused (never read as another
+// table: a time cut inside its number, 5.4672999795002397e-05 → 5.4672999795002397, once
+// read as a valid cost table of 5.47 s), and the cache that tried to load it keeps what
+// it held.
+TEST(AutotuneCache, RefusesEveryTruncationAndEveryChangedCharacter) {
+  const std::string path = temp_path("cut.txt");
+  TuneCache written(env_a());
+  written.put({"ns_time", 8, 12, 0, 1, "float32", "gram"}, {"median", 5.4672999795002397e-02});
+  written.put({"ns_time", 8, 12, 0, 2, "float32", "gram"}, {"median", 1.0e-1});
+  written.save(path);
+  const std::string text = read_all(path);
+  for (size_t length = 0; length < text.size(); ++length) {
+    std::string why;
+    EXPECT_FALSE(parse_cache_text(text.substr(0, length), env_a(), &why).has_value()) << "cut to " << length;
+    EXPECT_FALSE(why.empty());
+  }
+  for (size_t pos = 0; pos + 1 < text.size(); ++pos) {
+    std::string changed = text;
+    changed[pos] = changed[pos] == '1' ? '2' : '1';
+    EXPECT_FALSE(parse_cache_text(changed, env_a(), nullptr).has_value()) << "changed at " << pos;
+  }
+  Warnings warnings;
+  { std::ofstream(path, std::ios::binary) << text.substr(0, text.size() - 3); }
+  TuneCache kept(env_a());
+  kept.put({"sym", 1, 1, 1, 1, "float16", ""}, {"kernel", 1.0});
+  EXPECT_FALSE(kept.load(path));
+  EXPECT_EQ(kept.size(), 1u);
+  EXPECT_EQ(warnings.seen.size(), 1u);
   std::remove(path.c_str());
 }
 

@@ -1,9 +1,6 @@
 // Owner planner inputs: validation errors, cost models, cost tables, hashing.
 #include <gtest/gtest.h>
 
-#include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "common/check.h"
@@ -30,22 +27,6 @@ ProblemOptions options_for(int world_size) {
 }
 
 CostFn analytic() { return AnalyticCostModel::gpu_default().as_cost_fn(); }
-
-// `head` followed by the end line save() writes: the count and FNV-1a of `head` in hex.
-std::string with_end_line(const std::string& head, int count) {
-  Hasher hasher;
-  hasher.bytes(head.data(), head.size());
-  std::ostringstream out;
-  out << head << "end " << count << " " << std::hex << hasher.digest() << "\n";
-  return out.str();
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 TEST(PlanProblem, GroupsIdenticalMatricesIntoShapeClasses) {
   const Problem p = build_problem(small_matrices(), options_for(2), analytic());
@@ -128,72 +109,6 @@ TEST(PlanCostTable, InterpolatesExtrapolatesAndNamesMissingShapes) {
   const std::string message = error_of([&] { table.seconds(32, 64, 1); });
   EXPECT_NE(message.find("32x64"), std::string::npos) << message;
   EXPECT_THROW(table.set(64, 64, 2, -1.0), Error);
-}
-
-TEST(PlanCostTable, ProfileTakesTheMedianAfterWarmup) {
-  int calls = 0;
-  // Runs: warm-up 100 (discarded), then 5, 1, 3, 9, 2 → median 3.
-  const double runs[] = {100, 5, 1, 3, 9, 2};
-  const CostTable table = profile_cost_table({{8, 16, 2}}, [&](int64_t, int64_t, int64_t) { return runs[calls++]; }, 5, 1);
-  EXPECT_EQ(calls, 6);
-  EXPECT_DOUBLE_EQ(table.seconds(8, 16, 2), 3.0);
-}
-
-TEST(PlanCostTable, SavesAndLoadsWithKeyAndRejectsMalformedFiles) {
-  const std::string path = ::testing::TempDir() + "/dmuon_cost_table_test.txt";
-  CostTable table;
-  table.set(128, 512, 1, 1.25e-4);
-  table.set(128, 512, 3, 2.5e-4);
-  table.save(path, "H200 driver 1 dmuon 0.1.0");
-  CostTable loaded;
-  EXPECT_FALSE(loaded.load(path, "other device"));
-  ASSERT_TRUE(loaded.load(path, "H200 driver 1 dmuon 0.1.0"));
-  EXPECT_EQ(loaded.entries(), table.entries());
-  EXPECT_FALSE(loaded.load(path + ".missing", "x"));
-  // A malformed line (under a valid end line) is reported with file and line.
-  { std::ofstream(path) << with_end_line("dmuon-cost-table v2\nkey k\n128 512 one 1e-4\n", 1); }
-  std::string message = error_of([&] { CostTable().load(path, "k"); });
-  EXPECT_NE(message.find(path + ":3"), std::string::npos) << message;
-  // So is an end line whose count is not the number of entries.
-  { std::ofstream(path) << with_end_line("dmuon-cost-table v2\nkey k\n128 512 1 1e-4\n", 2); }
-  message = error_of([&] { CostTable().load(path, "k"); });
-  EXPECT_NE(message.find("1 entries, the end line says 2"), std::string::npos) << message;
-  // A table of the previous format (no end line) is not one.
-  { std::ofstream(path) << "dmuon-cost-table v1\nkey k\n128 512 1 1e-4\n"; }
-  message = error_of([&] { CostTable().load(path, "k"); });
-  EXPECT_NE(message.find("not a dmuon cost table"), std::string::npos) << message;
-  std::remove(path.c_str());
-}
-
-// A file cut anywhere, or with one character changed, is refused with an error (never read
-// as another table: the cut 5.4672999795002397e-05 → 5.4672999795002397 was a valid v1 file),
-// and the table that tried to load it keeps what it held.
-TEST(PlanCostTable, RefusesEveryTruncationAndEveryChangedCharacter) {
-  const std::string path = ::testing::TempDir() + "/dmuon_cost_table_cut.txt";
-  CostTable table;
-  table.set(8, 12, 1, 5.4672999795002397e-05);
-  table.set(8, 12, 2, 1.0e-4);
-  table.set(5, 7, 1, 3.25e-05);
-  table.save(path, "cpu | dmuon 0.1.0");
-  const std::string text = read_text(path);
-  CostTable kept;
-  kept.set(1, 1, 1, 1.0);
-  for (size_t length = 0; length < text.size(); ++length) {
-    { std::ofstream(path, std::ios::binary) << text.substr(0, length); }
-    EXPECT_NE(error_of([&] { kept.load(path, "cpu | dmuon 0.1.0"); }), "") << "cut to " << length << " bytes";
-    ASSERT_EQ(kept.size(), 1u);
-  }
-  for (size_t pos = 0; pos + 1 < text.size(); ++pos) {
-    std::string changed = text;
-    changed[pos] = changed[pos] == '1' ? '2' : '1';
-    { std::ofstream(path, std::ios::binary) << changed; }
-    EXPECT_NE(error_of([&] { kept.load(path, "cpu | dmuon 0.1.0"); }), "") << "changed at " << pos;
-    ASSERT_EQ(kept.size(), 1u);
-  }
-  { std::ofstream(path, std::ios::binary) << text; }
-  ASSERT_TRUE(kept.load(path, "cpu | dmuon 0.1.0"));
-  EXPECT_EQ(kept.entries(), table.entries());
-  std::remove(path.c_str());
 }
 
 }  // namespace

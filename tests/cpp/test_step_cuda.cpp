@@ -6,12 +6,16 @@
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +24,7 @@
 #include "ns/cuda/cuda_backend.h"
 #include "ns/cuda/cuda_check.h"
 #include "step/cpu/cpu_elements.h"
+#include "step/cost_profile.h"
 #include "step/cuda/cuda_ops.h"
 #include "optim/normuon.h"
 #include "error_of.h"
@@ -747,6 +752,43 @@ TEST(StepCudaOps, MarksTimeTheDeviceAndAreReusedAfterClear) {
   EXPECT_NE(dmuon::testing::error_of([&] { gpu.mark_seconds(a, b + 1); }).find("mark"), std::string::npos);
   gpu.clear_marks();
   EXPECT_EQ(gpu.record_mark(), 0) << "ids are given again after clear_marks()";
+}
+
+// The planner's NS costs on the GPU (step/cost_profile.h): device time, the NS batch replayed
+// from its graph (the first warm-up run tunes, the second captures), kept in the store
+// under the autotuner's environment (the GPU, driver and runtime its configurations were
+// tuned on).
+TEST(StepCudaOps, CostProfileTimesReplayedGraphsIntoTheAutotunersEnvironment) {
+  SKIP_WITHOUT_GPU();
+  CudaOps gpu;
+  const dmuon::step::MeasurementStore store = gpu.measurement_store();
+  EXPECT_EQ(store.environment.describe().rfind("gpu ", 0), 0u) << store.environment.describe();
+  EXPECT_NE(store.environment.driver, "");
+  const dmuon::ns::Schedule schedule = dmuon::testing::gram_rule(0.02, 0.0).schedule;
+  dmuon::step::CostOptions options;
+  options.store_path = ::testing::TempDir() + "/dmuon_cuda_cost_profile_" + std::to_string(::getpid()) + ".txt";
+  options.num_runs = 3;
+  const std::vector<dmuon::step::CostPoint> points{{64, 200, 1, DType::kFloat32, &schedule},
+                                                   {200, 64, 3, DType::kBFloat16, &schedule}};
+  const std::vector<int64_t> before = gpu.graph_stats();
+  const auto table = dmuon::step::measure_ns_costs(gpu, points, DType::kBFloat16, true, options);
+  const std::vector<int64_t> after = gpu.graph_stats();
+  for (const auto& [rows, cols, count, seconds] : table.entries()) {
+    EXPECT_GT(seconds, 0.0) << rows << "x" << cols;
+    EXPECT_LT(seconds, 1.0) << rows << "x" << cols;
+  }
+  EXPECT_EQ(after[1] - before[1], 2) << "one capture per point";
+  // NOTE: the capturing run launches its graph too: 1 + num_runs replays per point.
+  EXPECT_EQ(after[2] - before[2], 2 * (1 + options.num_runs)) << "every timed run a replay";
+  std::ifstream in(options.store_path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string why;
+  const auto parsed = dmuon::autotune::parse_cache_text(text.str(), store.environment, &why);
+  ASSERT_TRUE(parsed.has_value()) << why;
+  EXPECT_EQ(parsed->size(), 2u);
+  std::remove(options.store_path.c_str());
+  std::remove((options.store_path + ".lock").c_str());
 }
 
 // Column blocks (split_heads with split_dim=1: per-head o_proj) on the CUDA ops: each rank's

@@ -255,15 +255,13 @@ def errors_against_reference(model: nn.Module, reference: nn.Module, initial: li
 
 
 def profiled_costs_give_one_plan(rank: int, world: int) -> dict:
-    """cost_model="profile": rank 0 times the NS, every rank plans from the same table."""
-    import tempfile
-
+    """cost_model="profile": the engine of rank 0 times the NS, every rank plans from its
+    table (the same table and plan on every rank)."""
     initial = _global_tensors(0)
     mesh = init_device_mesh(_device().type, (world,))
     params = [nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)])) for t in initial]
     single = [nn.Parameter(t.clone()) for t in initial]
-    cache = tempfile.mkdtemp() + "/costs.txt" if rank == 0 else None
-    opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(params)], lr=0.02, cost_model="profile", cost_cache=cache,
+    opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(params)], lr=0.02, cost_model="profile",
                       **_exact_options())
     single_opt = _single_process_dmuon([(f"w{i}", p) for i, p in enumerate(single)], lr=0.02, cost_model="analytic",
                                        **_exact_options())
@@ -274,7 +272,7 @@ def profiled_costs_give_one_plan(rank: int, world: int) -> dict:
     opt.step()
     single_opt.step()
     errors = [_rel(p.full_tensor(), q.detach()) for p, q in zip(params, single)]
-    return {"plan": opt.runtime.plan_text, "errors": errors}
+    return {"plan": opt.runtime.plan_text, "costs": list(opt.runtime.cost_entries), "errors": errors}
 
 
 def nonfinite_on_one_rank(rank: int, world: int, policy: str) -> dict:

@@ -146,20 +146,21 @@ def gloo_local_and_broadcast_plans(rank: int, world: int, solver: str) -> dict[s
 
 
 def gloo_local_plans_that_differ(rank: int, world: int, differs: str) -> str:
-    """Rank 1 plans with another cost table ("costs") or other stages ("buckets": another
-    stage size): every rank must fail by name (not hang, not exchange mismatched buffers)."""
+    """Rank 1 plans with another cost model ("costs": it measures NS times, the others
+    count FLOPs) or other stages ("buckets": another stage size): every rank must fail by
+    name (not hang, not exchange mismatched buffers)."""
     import torch.distributed as dist
 
     from dmuon._ops import _C
 
     shapes = SHAPES * 2
-    matrices = sorted({s[1:] if len(s) == 3 else s for s in shapes})
-    costs, bucket_bytes = [], 4096
+    cost_model, bucket_bytes = "analytic", 4096
     if rank == 1 and differs == "costs":
-        costs = [(m, n, b, 1e-6 * m * n * b) for m, n in matrices for b in (1, 2, 4, 8)]
+        cost_model = "profile"
     if rank == 1 and differs == "buckets":
         bucket_bytes = 512
-    options = _C.dist.RuntimeOptions(solver="lpt", plan_source="local", cost_entries=costs, bucket_bytes=bucket_bytes)
+    options = _C.dist.RuntimeOptions(solver="lpt", plan_source="local", cost_model=cost_model,
+                                     cost_schedules=[_C.ns_schedule("gram", 5)], bucket_bytes=bucket_bytes)
     try:
         _C.engine.EngineRuntime(dist.group.WORLD.group_name, [f"w{i}" for i in range(len(shapes))], _layouts(shapes),
                                 ["float32"] * len(shapes), [0] * len(shapes), options)

@@ -144,6 +144,7 @@ def test_bad_execution_options_name_the_option(kwargs, pattern):
     ("solver", "magic", "solver must be 'round_robin', 'lpt' or 'milp', got 'magic'"),
     ("device_type", "tpu", "device_type must be 'cpu' or 'cuda', got 'tpu'"),
     ("fused_streams", 9, "fused_streams must be between 1 and 8"),
+    ("cost_model", "measured", "cost_model must be 'auto', 'analytic' or 'profile', got 'measured'"),
 ])
 def test_the_step_runtime_checks_its_options_itself(field, value, pattern):
     """The C++ runtime, built directly (not through DMuon's checks), refuses bad options

@@ -47,7 +47,7 @@ BAD_FIELDS = [
     (MuonMath, "normuon_eps", 0.0),
     (Execution, "mode", "scatter"), (Execution, "bucket_size_mb", -1), (Execution, "bucket_size_mb", float("inf")),
     (Execution, "wire_dtype", "int8"), (Execution, "planner", "magic"), (Execution, "cost_model", "measured"),
-    (Execution, "cost_cache", 3), (Execution, "nonfinite", "ignore"), (Execution, "profile", "yes"),
+    (Execution, "nonfinite", "ignore"), (Execution, "profile", "yes"),
     (Execution, "fused_streams", 9),
     (Execution, "fused_streams", 0), (Execution, "pipeline_depth", -1), (Execution, "ns_batch_mb", 0),
     (Execution, "cuda_graphs", "1"), (Execution, "backward_step", "on"),
@@ -90,7 +90,7 @@ def test_math_fields_are_the_group_keys():
 FLAT = dict(momentum=0.9, nesterov=False, ns_algorithm="standard", ns_steps=4,
             ns_coefficients=[(3.4445, -4.7750, 2.0315)], eps=1e-6, adjust_lr="spectral",
             mode="gather", bucket_size_mb=0.001, wire_dtype="float32", planner="lpt", cost_model="analytic",
-            cost_cache=None, nonfinite="skip")
+            nonfinite="skip")
 
 
 def test_flat_keywords_and_dataclasses_give_the_same_update():

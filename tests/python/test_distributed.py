@@ -67,6 +67,7 @@ def test_mismatched_parameter_lists_fail_on_every_rank_quickly():
 def test_profiled_cost_table_is_shared_so_every_rank_runs_one_plan():
     results = run_distributed(dist_workers.profiled_costs_give_one_plan, 2)
     assert results[0]["plan"] == results[1]["plan"]
+    assert results[0]["costs"] and results[1]["costs"] == results[0]["costs"]
     for rank, result in results.items():
         assert max(result["errors"]) < TOLERANCE, (rank, result["errors"])
 

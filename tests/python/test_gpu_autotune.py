@@ -14,14 +14,14 @@ import sys
 import pytest
 import torch
 
-from dmuon._ops import ops
+from dmuon._ops import ops, testing_ops
 from ns_helpers import reference, rel, schedule
 
 pytestmark = pytest.mark.gpu
 
 
 def has_cuda_backend() -> bool:
-    return torch.cuda.is_available() and hasattr(ops, "cuda_sym_product_config")
+    return torch.cuda.is_available() and hasattr(testing_ops, "cuda_sym_product_config")
 
 
 def is_sm90() -> bool:
@@ -29,7 +29,7 @@ def is_sm90() -> bool:
 
 
 needs_backend = pytest.mark.skipif(not has_cuda_backend(), reason="this build has no CUDA backend")
-needs_kernel = pytest.mark.skipif(not (has_cuda_backend() and is_sm90() and ops.cuda_sym_configs()),
+needs_kernel = pytest.mark.skipif(not (has_cuda_backend() and is_sm90() and testing_ops.cuda_sym_configs()),
                                   reason="the sm_90a kernel needs an sm_90 GPU and a CUTLASS build")
 
 
@@ -89,8 +89,8 @@ CONFIG_SHAPES = [(1, 64, 64), (3, 127, 1001), (2, 257, 129), (1, 8, 8), (64, 40,
 @pytest.mark.parametrize("with_c", [False, True])
 def test_every_sym_config_matches_dense(dtype, shape, with_c):
     a, _, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c)
-    for config in list(ops.cuda_sym_configs()) + ["lt:0"]:
-        assert_like_dense(ops.cuda_sym_product_config(a, a, c, alpha, beta, config), config, exact, same)
+    for config in list(testing_ops.cuda_sym_configs()) + ["lt:0"]:
+        assert_like_dense(testing_ops.cuda_sym_product_config(a, a, c, alpha, beta, config), config, exact, same)
 
 
 # ---------------------------------------------------------------- 2-CTA cluster configurations
@@ -117,7 +117,7 @@ def experimental_built() -> bool:
     runs or is refused as not built (the candidate list is what the tests below check)."""
     a = padded(torch.randn(1, 16, 16, device="cuda").half())
     try:
-        ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, "sm90:n256-staged:s3:c0")
+        testing_ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, "sm90:n256-staged:s3:c0")
     except RuntimeError as error:
         assert "not built" in str(error) and "DMUON_EXPERIMENTAL_KERNELS=ON" in str(error), str(error)
         return False
@@ -132,7 +132,7 @@ def built_here(configs: list[str]) -> list[str]:
     for config in configs:
         if config.rsplit(":c", 1)[0] in EXPERIMENTAL and not experimental_built():
             with pytest.raises(RuntimeError, match="DMUON_EXPERIMENTAL_KERNELS=ON"):
-                ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, config)
+                testing_ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, config)
         else:
             kept.append(config)
     return kept
@@ -148,7 +148,7 @@ CLUSTER_SHAPES = [(1, 100, 70), (3, 200, 130), (2, 383, 1001), (5, 520, 200), (1
 
 @needs_kernel
 def test_cluster_candidates_follow_the_build():
-    names = [name for name in ops.cuda_sym_configs() if ":mc2-" in name and "-n256-" not in name]
+    names = [name for name in testing_ops.cuda_sym_configs() if ":mc2-" in name and "-n256-" not in name]
     expected = DEFAULT_CLUSTER_CONFIGS + (EXPERIMENTAL_CLUSTER_CONFIGS if experimental_built() else [])
     assert sorted(names) == sorted(expected), names
 
@@ -201,12 +201,12 @@ def test_named_sym_configs_match_dense(dtype, configs, shape, with_c, operands):
     gen = torch.Generator(device="cuda").manual_seed(batch * 7919 + m * 31 + k)
     a, b, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c, gen, operands)
     for config in built_here(configs):
-        assert_like_dense(ops.cuda_sym_product_config(a, b, c, alpha, beta, config), config, exact, same)
+        assert_like_dense(testing_ops.cuda_sym_product_config(a, b, c, alpha, beta, config), config, exact, same)
 
 
 @needs_kernel
 def test_n256_configs_follow_the_build_and_are_built_where_they_fit():
-    names = [name for name in ops.cuda_sym_configs() if "n256-" in name]
+    names = [name for name in testing_ops.cuda_sym_configs() if "n256-" in name]
     assert sorted(names) == sorted((N256_CONFIGS + WIDE_EXPERIMENTAL_CONFIGS if experimental_built() else []) +
                                    WIDE_TMA_CONFIGS), names
     a = padded(torch.randn(1, 16, 16, device="cuda").half())
@@ -215,7 +215,7 @@ def test_n256_configs_follow_the_build_and_are_built_where_they_fit():
                     "sm90:n256-sk-tmastore:s4:c0", "sm90:mc2-n256-tmastore:s5:c0", "sm90:mc2-n256-sk-tmastore:s5:c0",
                     "sm90:mc2-n256-tmastore:s2:c0"):
         with pytest.raises(RuntimeError, match="configuration"):
-            ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, unbuilt)
+            testing_ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, unbuilt)
 
 
 # ---------------------------------------------------------------- tail split-K
@@ -256,15 +256,15 @@ def test_split_k_configs_match_dense_and_repeat_exactly(dtype, config, shape, wi
     batch, m, k = shape
     gen = torch.Generator(device="cuda").manual_seed(batch * 131 + m + k)
     a, _, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c, gen)
-    d = ops.cuda_sym_product_config(a, a, c, alpha, beta, config)
+    d = testing_ops.cuda_sym_product_config(a, a, c, alpha, beta, config)
     assert_like_dense(d, config, exact, same)
-    again = ops.cuda_sym_product_config(a, a, c, alpha, beta, config, poison=False)
+    again = testing_ops.cuda_sym_product_config(a, a, c, alpha, beta, config, poison=False)
     assert torch.equal(d, again), f"{config}: a second run (unpoisoned output, as the benchmarks time it) differs"
 
 
 @needs_kernel
 def test_split_k_is_a_candidate_and_only_for_the_tmastore_kernels():
-    names = list(ops.cuda_sym_configs())
+    names = list(testing_ops.cuda_sym_configs())
     assert "sm90:sk-tmastore:s4:c0" in names and "sm90:sk-tmastore:s5:c0" in names, names
     # NOTE: the 2-CTA split-K configuration is experimental (SPLIT_CASES where it is built).
     assert ("sm90:mc2-sk-tmastore:s5:c0" in names) == experimental_built(), names
@@ -272,14 +272,14 @@ def test_split_k_is_a_candidate_and_only_for_the_tmastore_kernels():
     for unbuilt in ("sm90:sk-staged:s5:c0", "sm90:mc2-sk-staged:s6:c0", "sm90:n256-sk-tmastore:s4:c0",
                     "sm90:mc2-n256-sk-direct:s4:c0"):
         with pytest.raises(RuntimeError, match="configuration"):
-            ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, unbuilt)
+            testing_ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, unbuilt)
 
 
 @needs_kernel
 def test_unknown_config_is_a_clear_error():
     a = padded(torch.randn(1, 16, 16, device="cuda").half())
     with pytest.raises(RuntimeError, match="configuration"):
-        ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, "sm90:fancy:s9:c0")
+        testing_ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, "sm90:fancy:s9:c0")
 
 
 # ---------------------------------------------------------------- tuning in child processes
@@ -287,14 +287,14 @@ def test_unknown_config_is_a_clear_error():
 _TUNE_SCRIPT = """
 import sys, torch
 from dmuon import _C
-from dmuon._ops import ops
+from dmuon._ops import ops, testing_ops
 c, r = _C.default_schedule("gram", 5)
 flat = [v for t in c for v in t]
 torch.manual_seed(1)
 x = torch.randn(3, 200, 520, device="cuda")
 out = ops.orthogonalize(x, "gram", flat, list(r), 1e-7, "cuda", "float16")
 torch.save(out.cpu(), sys.argv[1])
-print("measurements", ops.cuda_autotune_measurements(x))
+print("measurements", testing_ops.cuda_autotune_measurements(x))
 """
 
 
@@ -349,7 +349,7 @@ def test_failing_candidates_never_win_and_the_cache_is_reused(tmp_path):
     for key, (pick, rejected) in results.items():
         assert pick not in rejected, (key, pick, sorted(rejected))
     all_rejected = [pick for pick, rejected in results.values()
-                    if {c for c in ops.cuda_sym_configs()} <= rejected]
+                    if {c for c in testing_ops.cuda_sym_configs()} <= rejected]
     assert all_rejected and all(p.startswith("lt:") for p in all_rejected), results
     # A fresh cache, no perturbation: a second process reuses the first one's results.
     (tmp_path / "autotune.txt").unlink()
@@ -385,11 +385,11 @@ def test_graph_replays_match_the_eager_run(algorithm):
     coefficients, restarts = schedule(algorithm)
     dtype = "float16" if algorithm == "gram" else "bfloat16"
     x = torch.randn(5, 136, 400, device="cuda")
-    before = ops.cuda_graph_stats(x)
+    before = testing_ops.cuda_graph_stats(x)
     eager = ops.orthogonalize(x, algorithm, coefficients, restarts, 1e-7, "cuda", dtype)  # tunes
     captured = ops.orthogonalize(x, algorithm, coefficients, restarts, 1e-7, "cuda", dtype)  # captures
     replayed = ops.orthogonalize(x, algorithm, coefficients, restarts, 1e-7, "cuda", dtype)  # replays
-    after = ops.cuda_graph_stats(x)
+    after = testing_ops.cuda_graph_stats(x)
     assert after[1] >= before[1] + 1 and after[2] >= before[2] + 2, (before, after)
     # NOTE: not bitwise: on the H200 (2026-11-29) the bf16 standard run's replay differed
     # from its eager run by 0.41% (relative Frobenius), the fp16 Gram run's by < 0.1%;

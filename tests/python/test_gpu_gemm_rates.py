@@ -1,5 +1,5 @@
 """The GEMM timings behind `bench ns`'s floor at this GPU's GEMM rates: every cuBLASLt
-heuristic algorithm of a product timed (torch.ops.dmuon.cuda_gemm_algo_ms), bad operands named,
+heuristic algorithm of a product timed (torch.ops.dmuon_testing.cuda_gemm_algo_ms), bad operands named,
 and the benchmark's helper timing both torch's GEMM and those algorithms."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from dmuon._ops import ops
+from dmuon._ops import testing_ops
 from dmuon.bench import ns as bench_ns
 
 pytestmark = pytest.mark.gpu
@@ -24,7 +24,7 @@ def test_every_algorithm_of_a_product_is_timed(transpose_b, with_c):
         torch.randn(3, 256, 192, device="cuda", dtype=torch.float16)
     n = 128 if transpose_b else 192
     c = torch.randn(3, 128, n, device="cuda", dtype=torch.float16) if with_c else None
-    times = ops.cuda_gemm_algo_ms(a, b, c, 0.5 if with_c else 0.0, transpose_b)
+    times = testing_ops.cuda_gemm_algo_ms(a, b, c, 0.5 if with_c else 0.0, transpose_b)
     finite = [t for t in times if not math.isnan(t)]
     assert 1 <= len(times) <= 8 and finite
     assert all(0 < t < 1000 for t in finite)
@@ -34,11 +34,11 @@ def test_every_algorithm_of_a_product_is_timed(transpose_b, with_c):
 def test_bad_operands_are_named():
     a = torch.randn(2, 64, 32, device="cuda", dtype=torch.float16)
     with pytest.raises(RuntimeError, match="B must be"):
-        ops.cuda_gemm_algo_ms(a, torch.randn(2, 16, 64, device="cuda", dtype=torch.float16), None, 0.0, False)
+        testing_ops.cuda_gemm_algo_ms(a, torch.randn(2, 16, 64, device="cuda", dtype=torch.float16), None, 0.0, False)
     with pytest.raises(RuntimeError, match="both float16 or both bfloat16"):
-        ops.cuda_gemm_algo_ms(a.float(), a.float(), None, 0.0, True)
+        testing_ops.cuda_gemm_algo_ms(a.float(), a.float(), None, 0.0, True)
     with pytest.raises(RuntimeError, match="C must be"):
-        ops.cuda_gemm_algo_ms(a, a, torch.randn(2, 64, 32, device="cuda", dtype=torch.float16), 0.5, True)
+        testing_ops.cuda_gemm_algo_ms(a, a, torch.randn(2, 64, 32, device="cuda", dtype=torch.float16), 0.5, True)
 
 
 @needs_gpu

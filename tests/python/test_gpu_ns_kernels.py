@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from dmuon._ops import ops
+from dmuon._ops import ops, testing_ops
 from ns_helpers import reference, rel, schedule
 
 pytestmark = pytest.mark.gpu
@@ -18,7 +18,7 @@ HALF = {"gram": torch.float16, "standard": torch.bfloat16}
 
 
 def has_cuda_backend() -> bool:
-    return torch.cuda.is_available() and hasattr(ops, "cuda_sym_product")
+    return torch.cuda.is_available() and hasattr(testing_ops, "cuda_sym_product")
 
 
 def is_sm90() -> bool:
@@ -55,7 +55,7 @@ SYM_SHAPES = [(1, 64, 64), (3, 127, 1001), (2, 300, 200), (1, 1, 8), (64, 40, 72
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_sym_kernel_passes_self_check(dtype):
     x = torch.zeros(1, device="cuda")
-    assert ops.cuda_sym_kernel_usable(x, str(dtype).split(".")[1])
+    assert testing_ops.cuda_sym_kernel_usable(x, str(dtype).split(".")[1])
 
 
 @needs_backend
@@ -66,7 +66,7 @@ def test_sym_kernel_gram_product(dtype, shape):
     batch, m, k = shape
     a = (torch.randn(batch, m, k, device="cuda") / math.sqrt(k)).to(dtype)
     ap = padded(a)
-    d = ops.cuda_sym_product(ap, ap, None, 1.0, 0.0, True)
+    d = testing_ops.cuda_sym_product(ap, ap, None, 1.0, 0.0, True)
     assert d.shape == (batch, m, m) and d.dtype == dtype
     assert torch.isfinite(d).all(), "unwritten (NaN-poisoned) or non-finite output"
     assert torch.equal(d, d.transpose(1, 2)), "the result must be exactly symmetric"
@@ -87,13 +87,13 @@ def test_sym_kernel_commuting_product_with_beta(dtype, shape):
     z = -0.8 * r + 0.3 * r @ r
     c = 0.5 * r
     rh, zh, ch = (padded(t.to(dtype)) for t in (r, z, c))
-    d = ops.cuda_sym_product(rh, zh, ch, 1.5, -0.75, True)
+    d = testing_ops.cuda_sym_product(rh, zh, ch, 1.5, -0.75, True)
     assert torch.isfinite(d).all() and torch.equal(d, d.transpose(1, 2))
     exact = 1.5 * rh.double() @ zh.double().transpose(1, 2) - 0.75 * ch.double()
     torch_same = torch.baddbmm(ch, rh, zh.transpose(1, 2), beta=-0.75, alpha=1.5).double()
     assert rel(d, exact) <= 3 * rel(torch_same, exact) + 1e-6
     # The portable path (dense cuBLASLt + mirror) agrees too.
-    dense = ops.cuda_sym_product(rh, zh, ch, 1.5, -0.75, False)
+    dense = testing_ops.cuda_sym_product(rh, zh, ch, 1.5, -0.75, False)
     assert torch.equal(dense, dense.transpose(1, 2))
     assert rel(dense, exact) <= 3 * rel(torch_same, exact) + 1e-6
 
@@ -164,13 +164,18 @@ def test_cuda_ns_matches_cpu_core(algorithm, shape):
 
 
 @needs_backend
-def test_auto_backend_on_cuda_is_accurate():
-    # "auto" on a CUDA tensor: the CUDA backend where the kernel is usable, else ATen.
+def test_auto_backend_on_cuda_is_the_steps_path_and_accurate():
+    # "auto" on a CUDA tensor: the CUDA backend, the step's ops (the kernel where usable,
+    # else dense cuBLASLt products), its third call replayed from the step ops' graph cache.
     x = torch.randn(4, 200, 600, device="cuda")
     coefficients, restarts = schedule("gram")
-    out = ops.orthogonalize(x, "gram", coefficients, restarts, 1e-7)
+    before = testing_ops.cuda_graph_stats(x)
+    outs = [ops.orthogonalize(x, "gram", coefficients, restarts, 1e-7) for _ in range(3)]
+    after = testing_ops.cuda_graph_stats(x)
+    assert after[1] >= before[1] + 1 and after[2] >= before[2] + 2, (before, after)
     expected = reference(x, "gram")
-    assert rel(out, expected) <= 3 * rel(reference(x, "gram", torch.float16), expected) + 1e-3
+    for out in outs:
+        assert rel(out, expected) <= 3 * rel(reference(x, "gram", torch.float16), expected) + 1e-3
 
 
 _BAD_ARGUMENTS_SCRIPT = """
@@ -180,7 +185,8 @@ from dmuon._ops import ops
 c, r = _C.default_schedule("gram", 5)
 flat = [x for t in c for x in t]
 for x, dtype, expected in [(torch.randn(8, 8), "auto", "CUDA tensors only"),
-                           (torch.randn(8, 8, device="cuda"), "float32", "float16 or bfloat16")]:
+                           (torch.randn(8, 8, device="cuda"), "float32", "float16 or bfloat16"),
+                           (torch.randn(8, 8, device="cuda"), "bfloat16", "gram NS in float16 (the step's precision)")]:
     try:
         ops.orthogonalize(x, "gram", flat, list(r), 1e-7, "cuda", dtype)
     except RuntimeError as error:

@@ -121,6 +121,7 @@ def test_fsdp2_and_ddp_training_match_single_process(world, wrapper):
 def test_profiled_cost_table_gives_one_plan(world):
     results = _scenario(world, "profiled-plan")
     assert all(r["plan"] == results[0]["plan"] for r in results.values())
+    assert results[0]["costs"] and all(r["costs"] == results[0]["costs"] for r in results.values())
     for rank, result in results.items():
         assert max(result["errors"]) < TOLERANCE, (rank, result["errors"])
 

@@ -184,7 +184,7 @@ def test_cli_subprocess_entry_point():
 
 
 def test_profiled_costs_are_cached_on_disk(tmp_path, capsys):
-    # Real NS op timings (CPU here, CUDA events on a GPU), median of runs, cached by device key.
+    # The engine's NS timings (CPU here, CUDA events on a GPU), median of runs, kept in the store.
     manifest = tmp_path / "tiny.json"
     manifest.write_text(json.dumps({"name": "tiny", "matrices": [
         {"name": "a{i}", "rows": 32, "cols": 64, "count": 5},
@@ -195,10 +195,13 @@ def test_profiled_costs_are_cached_on_disk(tmp_path, capsys):
             "--cost-cache", str(cache)]
     first = _plan_json(capsys, *args)
     assert first["cost_model"]["kind"] == "measured"
+    # The one measurement store: the autotune cache's format, "ns_time" entries.
     lines = cache.read_text().splitlines()
-    assert lines[0] == "dmuon-cost-table v2" and lines[1].startswith("key ") and lines[-1].startswith("end 5 ")
+    assert lines[0] == "dmuon-autotune 1" and lines[1].startswith("env\t") and lines[-1].startswith("end\t5\t")
+    entries = [line.split("\t") for line in lines[2:-1]]
+    assert all(e[:2] == ["entry", "ns_time"] for e in entries), entries
     # 32x64 at batch sizes 1, 2, 4, 5 and the stack of 4 experts.
-    assert sorted(tuple(map(int, l.split()[:3])) for l in lines[2:-1]) == [
+    assert sorted((int(e[2]), int(e[3]), int(e[5])) for e in entries) == [
         (16, 32, 4), (32, 64, 1), (32, 64, 2), (32, 64, 4), (32, 64, 5)]
     second = _plan_json(capsys, *args)
     # Same cached costs → same problem hash and plans.

@@ -210,6 +210,14 @@ autotune::TuneCache& Autotuner::cache() {
 
 std::optional<TuneEntry> Autotuner::lookup(const TuneKey& key) { return cache().get(key); }
 
+std::string Autotuner::cache_path() {
+  cache();  // NOTE: resolves the path
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_cache_path;
+}
+
+autotune::TuneEnvironment Autotuner::environment() { return cache().environment(); }
+
 void Autotuner::report(const TuneKey& key, const TuneEntry& entry, const char* how) {
   if (!env::kPrintConfigs.get()) return;
   {
@@ -230,17 +238,7 @@ void Autotuner::record(const TuneKey& key, const TuneEntry& entry) {
     std::lock_guard<std::mutex> lock(g_mutex);
     path = g_cache_path;
   }
-  if (!path.empty()) {
-    try {
-      c.save(path);
-    } catch (const Error& error) {
-      // NOTE: an unwritable cache costs re-tuning in the next process, nothing else.
-      static std::once_flag once;
-      std::call_once(once, [&] {
-        std::fprintf(stderr, "dmuon: warning: cannot write the autotune cache: %s\n", error.what());
-      });
-    }
-  }
+  if (!path.empty()) c.save_or_warn(path);
   report(key, entry, "tuned");
 }
 

@@ -75,6 +75,12 @@ class Autotuner {
   /// Number of candidate measurements so far (tests: a second process must measure none).
   int64_t num_measurements() const;
 
+  /// The on-disk store of this process (DMUON_AUTOTUNE_CACHE, resolved once; empty:
+  /// memory only) and the environment the current device's entries are kept under: the
+  /// step engine keeps its measured NS times there too (step/cost_profile.h).
+  std::string cache_path();
+  autotune::TuneEnvironment environment();
+
  private:
   Autotuner() = default;
   autotune::TuneCache& cache();  // of the current device's GPU

@@ -356,13 +356,6 @@ void orthogonalize_finish(DType dtype, const void* result, int64_t batch, int64_
   write_back(dtype, result, w.ld_n, batch, rows, cols, w.transposed, output, stream);
 }
 
-double tuned_ns_ms(int64_t rows, int64_t cols, int64_t batch, DType dtype, const Schedule& schedule,
-                   SymMode sym_mode) {
-  if (schedule.algorithm != Algorithm::kGram) return -1.0;
-  auto hit = Autotuner::instance().lookup(ns_key(schedule, dtype, sym_mode, batch, rows, cols));
-  return hit ? hit->time_ms : -1.0;
-}
-
 void sym_product(const SymProductArgs& args, SymMode mode, cudaStream_t stream) {
   CudaBackend<__half>::run_sym_product(args, mode, nullptr, stream);
 }

@@ -74,12 +74,6 @@ void* orthogonalize_iterate(const Schedule& schedule, DType dtype, SymMode sym_m
 void orthogonalize_finish(DType dtype, const void* result, int64_t batch, int64_t rows, int64_t cols,
                           float* output, cudaStream_t stream);
 
-/// The autotuner's measured time (ms) of the Gram-vs-standard winner for this problem
-/// (iteration and normalization, no write-back), or −1 when not measured in this process
-/// or its cache.
-double tuned_ns_ms(int64_t rows, int64_t cols, int64_t batch, DType dtype, const Schedule& schedule,
-                   SymMode sym_mode);
-
 /// One symmetric product (SymProductArgs, ns/cuda/sym_product_args.h) with `mode`.
 void sym_product(const SymProductArgs& args, SymMode mode, cudaStream_t stream);
 

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "common/check.h"
+#include "ns/cuda/autotune.h"
 #include "ns/cuda/cuda_backend.h"
 #include "ns/cuda/cuda_check.h"
 #include "ns/cuda/matrix_list.h"
@@ -495,6 +496,12 @@ double CudaOps::mark_seconds(int64_t from, int64_t to) {
 }
 
 void CudaOps::clear_marks() { impl_->num_marks = 0; }
+
+MeasurementStore CudaOps::measurement_store() const {
+  DeviceGuard guard(impl_->options.device);
+  ns::cuda::Autotuner& tuner = ns::cuda::Autotuner::instance();
+  return {tuner.cache_path(), tuner.environment()};
+}
 
 int CudaOps::run_on_streams(const std::vector<int>& stream_of, const std::function<void(size_t)>& run) {
   DeviceGuard guard(impl_->options.device);

@@ -80,6 +80,9 @@ class CudaOps : public DeviceOps {
   int64_t record_mark() override;
   double mark_seconds(int64_t from, int64_t to) override;
   void clear_marks() override;
+  /// The autotuner's store and its environment: measured NS times are kept with the
+  /// configurations they were measured with.
+  MeasurementStore measurement_store() const override;
   int run_on_streams(const std::vector<int>& stream_of, const std::function<void(size_t)>& run) override;
 
  private:

@@ -1,7 +1,6 @@
 // dmuon/step/cuda/graph_cache.h — the Newton–Schulz run of one NS batch on CUDA: autotuned
 // on its first run, captured into a CUDA graph on its second, replayed after (torch-free;
-// the torch adapter's cuda_orthogonalize.cpp holds the same logic over torch tensors until
-// phase 2 removes it).
+// the step's and torch.ops.dmuon.orthogonalize's one path).
 //
 // A problem (stream, iterate dtype, symmetric mode, batch, shape, schedule) keeps its
 // workspace while it is cached; workspaces are bounded by `budget_bytes` in total, least

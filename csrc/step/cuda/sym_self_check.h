@@ -1,7 +1,6 @@
 // dmuon/step/cuda/sym_self_check.h — whether the sm_90a symmetric kernel may run on a GPU:
 // built, compute capability 9.0, and its one-time numerical self-check passed there
-// (torch-free; the adapter's cuda_orthogonalize.cpp does the same over tensors until
-// phase 2 removes it).
+// (torch-free).
 #pragma once
 
 #include "ns/cuda/cuda_backend.h"

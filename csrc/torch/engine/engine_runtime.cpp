@@ -116,7 +116,11 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
   e.solver = plan::parse_solver(options_.solver);
   e.milp = plan::MilpOptions::from_env();
   e.plan_locally = options_.plan_source == "local";
-  e.cost_entries = options_.cost_entries;
+  DMUON_CHECK(options_.cost_model == "auto" || options_.cost_model == "analytic" || options_.cost_model == "profile",
+              "cost_model must be 'auto', 'analytic' or 'profile', got '", options_.cost_model, "'");
+  e.cost.measure =
+      options_.cost_model == "profile" || (options_.cost_model == "auto" && device.kind == step::DeviceKind::kCuda);
+  e.cost.schedules = options_.cost_schedules;
   engine_ = std::make_unique<step::StepEngine>(*transport_, *ops_, std::move(specs), e);
 
   const step::ItemTable& table = engine_->items();

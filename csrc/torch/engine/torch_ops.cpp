@@ -15,8 +15,7 @@ namespace dmuon::torch_adapter {
 
 #ifdef DMUON_WITH_CUDA
 // engine/cuda/torch_cuda_ops.cpp
-std::unique_ptr<step::DeviceOps> make_torch_cuda_ops(int device, int64_t graph_cache_bytes,
-                                                     const std::optional<c10::Stream>& stream);
+std::unique_ptr<step::DeviceOps> make_torch_cuda_ops(int device, const TorchOpsOptions& options);
 std::function<void()> enter_cuda_ops_stream(step::DeviceOps& ops);
 #endif
 
@@ -59,7 +58,7 @@ std::unique_ptr<step::DeviceOps> make_torch_ops(const step::Device& device, cons
     ops = std::make_unique<TorchCpuOps>();
   } else {
 #ifdef DMUON_WITH_CUDA
-    ops = make_torch_cuda_ops(device.index, options.graph_cache_bytes, options.stream);
+    ops = make_torch_cuda_ops(device.index, options);
 #else
     DMUON_FAIL("this build of dmuon has no CUDA side of torch: no step ops for ", step::device_name(device));
 #endif

@@ -25,6 +25,8 @@ struct TorchOpsOptions {
   /// torch's current stream, so a runtime that steps off the ops' stream (the ownership
   /// runtime's commit on the caller's thread) keeps the device ops' own float64 (CPU only).
   bool aten_float64 = true;
+  /// CUDA: the sm_90a symmetric kernel where usable; false: dense cuBLASLt products, mirrored.
+  bool sym_kernel = true;
 };
 
 /// DeviceOps of `device` (CPU, or a CUDA device when this build has torch's CUDA side;

@@ -36,7 +36,7 @@ def project(runtime, topology: ClusterTopology, rank_times: list, layout) -> tup
     from dmuon._ops import _C
 
     projection = _C.sim.project_step(layout, topology.group(runtime.world_size), {runtime.rank: rank_times},
-                                     list(runtime.options.cost_entries), runtime.options.device_type,
+                                     list(runtime.cost_entries), runtime.options.device_type,
                                      runtime.last_stats.pipeline_depth)
     return projection.step_s, projection.ranks[runtime.rank].wait_s
 

@@ -33,8 +33,8 @@ def local_ns_ms(shapes: list[tuple[int, ...]], device: str, warmup: int = 1, ite
     for (rows, cols), count in counts.items():
         for part in chunks(list(range(count)), rows * cols):
             stacks.append(torch.randn(len(part), rows, cols, device=device))
-    ops = torch.ops.dmuon
-    kernel = hasattr(ops, "cuda_sym_kernel_usable") and bool(ops.cuda_sym_kernel_usable(stacks[0], "float16"))
+    ops, testing_ops = torch.ops.dmuon, torch.ops.dmuon_testing
+    kernel = hasattr(testing_ops, "cuda_sym_kernel_usable") and bool(testing_ops.cuda_sym_kernel_usable(stacks[0], "float16"))
     backend = "cuda" if kernel else "cuda_dense"
 
     def run():

@@ -199,11 +199,11 @@ def _free() -> None:
     torch.cuda.empty_cache()
 
 
-def sym_kernel_table(args, ops, kernel_ok: bool) -> None:
+def sym_kernel_table(args, testing_ops, kernel_ok: bool) -> None:
     """X·Xᵀ in fp16: cuBLAS dense vs every built configuration of the symmetric kernel, all
     timed in turns (interleaved_ms, 3 rotated rounds); then cuBLAS against the fastest of
     them in 5 alternating rounds, the figure the kernel target is read from."""
-    configs = list(ops.cuda_sym_configs()) if kernel_ok and hasattr(ops, "cuda_sym_configs") else []
+    configs = list(testing_ops.cuda_sym_configs()) if kernel_ok and hasattr(testing_ops, "cuda_sym_configs") else []
     for m, k in [(int(s.split("x")[0]), int(s.split("x")[1])) for s in args.sym_shapes]:
         x = torch.randn(1, m, k, device="cuda", dtype=torch.float16) / k**0.5
         iters = max(args.iters * 4, 20)
@@ -217,7 +217,7 @@ def sym_kernel_table(args, ops, kernel_ok: bool) -> None:
             continue
         def sym(config):
             # NOTE: unpoisoned output: the call holds the product alone, as torch.bmm's does.
-            return lambda: ops.cuda_sym_product_config(x, x, None, 1.0, 0.0, config, poison=False)
+            return lambda: testing_ops.cuda_sym_product_config(x, x, None, 1.0, 0.0, config, poison=False)
         # NOTE: in turns, not one after another: sequential timings drifted by up to 8%
         # under the power limit (the same kernel twice, H200, 2026-11-30), as much as the configurations differ.
         timed = interleaved_ms({"cublas": dense, **{c: sym(c) for c in configs}}, iters, rounds=3)
@@ -279,7 +279,7 @@ def dense_product_seconds(product: dict, dtype: torch.dtype, iters: int = 10,
     a symmetric product (B m×k; B is A where the product shares its operands), D = A·B for a
     dense one, plus β·C where it has one. Returns (torch's batched GEMM, median of `iters`;
     the fastest of cuBLASLt's heuristic algorithms timed in turns, NaN where not measured)."""
-    from dmuon._ops import ops
+    from dmuon._ops import testing_ops
 
     b, m, n, k = product["batch"], product["m"], product["n"], product["k"]
     symmetric = product["kind"] == "symmetric"
@@ -297,8 +297,8 @@ def dense_product_seconds(product: dict, dtype: torch.dtype, iters: int = 10,
 
     torch_s = cuda_time_ms(fn, 3, iters) * 1e-3
     lt_s = float("nan")
-    if a.is_cuda and hasattr(ops, "cuda_gemm_algo_ms"):
-        times = [t for t in ops.cuda_gemm_algo_ms(a, rhs, c, 0.5 if c is not None else 0.0, symmetric)
+    if a.is_cuda and hasattr(testing_ops, "cuda_gemm_algo_ms"):
+        times = [t for t in testing_ops.cuda_gemm_algo_ms(a, rhs, c, 0.5 if c is not None else 0.0, symmetric)
                  if not math.isnan(t)]
         lt_s = min(times) * 1e-3 if times else float("nan")
     del a, rhs, c, fn
@@ -339,7 +339,7 @@ def format_measured_floor(bound: dict, step_ms: float) -> str:
 
 def run(args) -> None:
     import dmuon  # noqa: F401
-    from dmuon._ops import _C, ops
+    from dmuon._ops import _C, ops, testing_ops
     from dmuon.cli_usage import input_checks
 
     if args.variants:
@@ -362,10 +362,10 @@ def run(args) -> None:
     print(f"dense bf16 peak (8192^3 matmul, same run): {peak:.0f} TFLOP/s", flush=True)
     copy_gbs = copy_bandwidth_gbs()
     print(f"device copy (1 GiB, same run): {copy_gbs:.0f} GB/s read + written", flush=True)
-    kernel_ok = hasattr(ops, "cuda_sym_kernel_usable") and ops.cuda_sym_kernel_usable(
+    kernel_ok = hasattr(testing_ops, "cuda_sym_kernel_usable") and testing_ops.cuda_sym_kernel_usable(
         torch.zeros(1, device="cuda"), "float16")
     if args.sym_shapes:
-        sym_kernel_table(args, ops, kernel_ok)
+        sym_kernel_table(args, testing_ops, kernel_ok)
 
     for model in args.model:
         shapes = model_shapes(model)

@@ -217,7 +217,7 @@ def run_rank(settings: _Settings, method: str, rank: int) -> dict:
                 group_rank=runtime.rank, group_size=runtime.world_size,
                 predicted_rank_seconds=list(runtime.predicted_rank_seconds), owners=list(runtime.item_owners),
                 item_params=list(runtime.item_params), stages=[list(s) for s in runtime.stage_items],
-                cost_entries=list(runtime.options.cost_entries), device_type=runtime.options.device_type,
+                cost_entries=list(runtime.cost_entries), device_type=runtime.options.device_type,
                 _layout=runtime.stage_layout)
         del opt, params
     gc.collect()

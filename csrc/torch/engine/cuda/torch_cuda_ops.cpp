@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "common/check.h"
+#include "engine/torch_ops.h"
 #include "step/cuda/allocator.h"
 #include "step/cuda/cuda_ops.h"
 
@@ -40,8 +41,8 @@ CachingAllocator& caching_allocator() {
 
 }  // namespace
 
-std::unique_ptr<step::DeviceOps> make_torch_cuda_ops(int device, int64_t graph_cache_bytes,
-                                                     const std::optional<c10::Stream>& stream) {
+std::unique_ptr<step::DeviceOps> make_torch_cuda_ops(int device, const TorchOpsOptions& o) {
+  const std::optional<c10::Stream>& stream = o.stream;
   const auto index = static_cast<c10::DeviceIndex>(device);
   DMUON_CHECK(!stream || (stream->device_type() == at::kCUDA && stream->device_index() == index),
               "the CUDA step ops of cuda:", device, " were given a stream of ", stream->device().str());
@@ -50,7 +51,8 @@ std::unique_ptr<step::DeviceOps> make_torch_cuda_ops(int device, int64_t graph_c
   options.device = device;
   options.stream = (stream ? c10::cuda::CUDAStream(*stream) : c10::cuda::getCurrentCUDAStream(index)).stream();
   options.allocator = &caching_allocator();
-  options.graph_cache_bytes = graph_cache_bytes;
+  options.graph_cache_bytes = o.graph_cache_bytes;
+  options.sym_kernel = o.sym_kernel;
   return std::make_unique<step::CudaOps>(options);
 }
 
