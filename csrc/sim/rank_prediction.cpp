@@ -1,42 +1,11 @@
-// dmuon/sim/rank_prediction.cpp — work per bucket, the per-phase fit, predicted timelines.
+// dmuon/sim/rank_prediction.cpp — work per stage, the per-phase fit, predicted timelines.
 #include "sim/rank_prediction.h"
 
 #include <algorithm>
-#include <functional>
-#include <map>
 
 #include "common/check.h"
 
 namespace dmuon::sim {
-
-RankWork rank_work(const StepLayout& layout, int rank, const plan::CostFn& cost) {
-  layout.validate();
-  DMUON_CHECK(rank >= 0 && rank < layout.world_size, "rank_work: rank ", rank, " is outside a world of ",
-              layout.world_size);
-  RankWork work(layout.buckets.size());
-  for (size_t b = 0; b < layout.buckets.size(); ++b) {
-    std::map<std::pair<int64_t, int64_t>, int64_t> batches;  // (rows, cols) → matrices
-    auto& w = work[b];
-    w.fill(0.0);
-    for (int idx : layout.buckets[b].param_idx) {
-      if (!layout.is_active(idx)) continue;
-      const auto& l = layout.layouts[static_cast<size_t>(idx)];
-      if (l.numel() == 0) continue;
-      const auto blocks = l.rank_rows(layout.world_size);
-      const double local = static_cast<double>(blocks[static_cast<size_t>(rank)].count * l.cols());
-      w[static_cast<size_t>(Phase::kPrepare)] += local;
-      w[static_cast<size_t>(Phase::kApply)] += local;
-      if (!layout.computes(idx, rank)) continue;
-      batches[{l.matrix_rows(), l.matrix_cols()}] += l.num_matrices();
-      if (!layout.gather)
-        for (const auto& block : blocks)
-          w[static_cast<size_t>(Phase::kReturnPack)] += static_cast<double>(block.count * l.cols());
-    }
-    for (const auto& [shape, count] : batches)
-      w[static_cast<size_t>(Phase::kNs)] += cost(shape.first, shape.second, count);
-  }
-  return work;
-}
 
 namespace {
 
@@ -93,54 +62,11 @@ PhaseFit fit(const std::vector<double>& all_x, const std::vector<double>& all_t)
   return out;
 }
 
-// Every rank's work, from one of the two layouts.
-using WorkOf = std::function<RankWork(int rank)>;
-
-void check_timeline(int world_size, size_t num_units, const char* unit, int rank, const RankTimeline& timeline) {
-  DMUON_CHECK(rank >= 0 && rank < world_size, "measured rank ", rank, " is outside a world of ", world_size);
-  DMUON_CHECK(timeline.size() == num_units, "the timeline of rank ", rank, " has ", timeline.size(), " ", unit,
-              ", the step layout ", num_units);
-}
-
-Calibration calibrate_work(int world_size, size_t num_units, const char* unit, const WorkOf& work_of,
-                           const std::vector<std::pair<int, RankTimeline>>& measured) {
-  DMUON_CHECK(!measured.empty(), "calibrate: at least one measured rank is needed");
-  std::array<std::vector<double>, kNumPhases> xs, ts;
-  for (const auto& [rank, timeline] : measured) {
-    check_timeline(world_size, num_units, unit, rank, timeline);
-    const RankWork work = work_of(rank);
-    for (size_t b = 0; b < timeline.size(); ++b)
-      for (size_t p = 0; p < kNumPhases; ++p) {
-        xs[p].push_back(work[b][p]);
-        ts[p].push_back(timeline[b].seconds[p]);
-      }
-  }
-  Calibration out;
-  for (size_t p = 0; p < kNumPhases; ++p) out.phases[p] = fit(xs[p], ts[p]);
-  return out;
-}
-
-std::vector<RankTimeline> complete_work(int world_size, size_t num_units, const char* unit, const WorkOf& work_of,
-                                        const std::vector<std::pair<int, RankTimeline>>& measured) {
-  std::vector<RankTimeline> out(static_cast<size_t>(world_size));
-  std::vector<bool> known(static_cast<size_t>(world_size), false);
-  for (const auto& [rank, timeline] : measured) {
-    check_timeline(world_size, num_units, unit, rank, timeline);
-    DMUON_CHECK(!known[static_cast<size_t>(rank)], "rank ", rank, " is measured twice");
-    out[static_cast<size_t>(rank)] = timeline;
-    known[static_cast<size_t>(rank)] = true;
-  }
-  if (std::all_of(known.begin(), known.end(), [](bool k) { return k; })) return out;
-  const Calibration calibration = calibrate_work(world_size, num_units, unit, work_of, measured);
-  for (int r = 0; r < world_size; ++r) {
-    if (known[static_cast<size_t>(r)]) continue;
-    const RankWork work = work_of(r);
-    RankTimeline& timeline = out[static_cast<size_t>(r)];
-    timeline.resize(work.size());
-    for (size_t b = 0; b < work.size(); ++b)
-      for (size_t p = 0; p < kNumPhases; ++p) timeline[b].seconds[p] = calibration.phases[p].at(work[b][p]);
-  }
-  return out;
+void check_timeline(const StageLayout& layout, int rank, const RankTimeline& timeline) {
+  DMUON_CHECK(rank >= 0 && rank < layout.world_size, "measured rank ", rank, " is outside a world of ",
+              layout.world_size);
+  DMUON_CHECK(timeline.size() == layout.num_stages(), "the timeline of rank ", rank, " has ", timeline.size(),
+              " stages, the step layout ", layout.num_stages());
 }
 
 }  // namespace
@@ -162,30 +88,46 @@ RankWork rank_work(const StageLayout& layout, int rank, const plan::CostFn& cost
   return work;
 }
 
-Calibration calibrate(const StepLayout& layout, const std::vector<std::pair<int, RankTimeline>>& measured,
-                      const plan::CostFn& cost) {
-  return calibrate_work(layout.world_size, layout.buckets.size(), "buckets",
-                        [&](int r) { return rank_work(layout, r, cost); }, measured);
-}
-
-std::vector<RankTimeline> complete_timelines(const StepLayout& layout,
-                                             const std::vector<std::pair<int, RankTimeline>>& measured,
-                                             const plan::CostFn& cost) {
-  return complete_work(layout.world_size, layout.buckets.size(), "buckets",
-                       [&](int r) { return rank_work(layout, r, cost); }, measured);
-}
-
 Calibration calibrate(const StageLayout& layout, const std::vector<std::pair<int, RankTimeline>>& measured,
                       const plan::CostFn& cost) {
-  return calibrate_work(layout.world_size, layout.num_stages(), "stages",
-                        [&](int r) { return rank_work(layout, r, cost); }, measured);
+  DMUON_CHECK(!measured.empty(), "calibrate: at least one measured rank is needed");
+  std::array<std::vector<double>, kNumPhases> xs, ts;
+  for (const auto& [rank, timeline] : measured) {
+    check_timeline(layout, rank, timeline);
+    const RankWork work = rank_work(layout, rank, cost);
+    for (size_t s = 0; s < timeline.size(); ++s)
+      for (size_t p = 0; p < kNumPhases; ++p) {
+        xs[p].push_back(work[s][p]);
+        ts[p].push_back(timeline[s].seconds[p]);
+      }
+  }
+  Calibration out;
+  for (size_t p = 0; p < kNumPhases; ++p) out.phases[p] = fit(xs[p], ts[p]);
+  return out;
 }
 
 std::vector<RankTimeline> complete_timelines(const StageLayout& layout,
                                              const std::vector<std::pair<int, RankTimeline>>& measured,
                                              const plan::CostFn& cost) {
-  return complete_work(layout.world_size, layout.num_stages(), "stages",
-                       [&](int r) { return rank_work(layout, r, cost); }, measured);
+  std::vector<RankTimeline> out(static_cast<size_t>(layout.world_size));
+  std::vector<bool> known(static_cast<size_t>(layout.world_size), false);
+  for (const auto& [rank, timeline] : measured) {
+    check_timeline(layout, rank, timeline);
+    DMUON_CHECK(!known[static_cast<size_t>(rank)], "rank ", rank, " is measured twice");
+    out[static_cast<size_t>(rank)] = timeline;
+    known[static_cast<size_t>(rank)] = true;
+  }
+  if (std::all_of(known.begin(), known.end(), [](bool k) { return k; })) return out;
+  const Calibration calibration = calibrate(layout, measured, cost);
+  for (int r = 0; r < layout.world_size; ++r) {
+    if (known[static_cast<size_t>(r)]) continue;
+    const RankWork work = rank_work(layout, r, cost);
+    RankTimeline& timeline = out[static_cast<size_t>(r)];
+    timeline.resize(work.size());
+    for (size_t s = 0; s < work.size(); ++s)
+      for (size_t p = 0; p < kNumPhases; ++p) timeline[s].seconds[p] = calibration.phases[p].at(work[s][p]);
+  }
+  return out;
 }
 
 }  // namespace dmuon::sim

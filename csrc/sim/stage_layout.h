@@ -3,9 +3,9 @@
 // forward exchange (pieces to their owners) and its return (results back), and every
 // rank's work in the stage.
 //
-// It is what the engine decided (every rank derives the same items, plan and stages:
-// step/stage_layout.h builds it), so the traffic and the work of ranks that were not run
-// follow from it. The projection runs it through the engine's pipeline order
+// It is what the engine decided (every rank derives every rank's exchange plan alike:
+// step/stage_layout.h reads it from them), so the traffic and the work of ranks that were
+// not run follow from it. The projection runs it through the engine's pipeline order
 // (sim/pipeline.h, stage_pipeline_program).
 #pragma once
 
@@ -38,6 +38,7 @@ struct RankStageWork {
 
 struct StageLayout {
   int world_size = 1;
+  int64_t agreement_bytes = 0;  ///< the engine's start-of-step agreement (one all_reduce; 0: none)
   std::vector<StageExchange> forward, back;     ///< [stage]
   std::vector<std::vector<RankStageWork>> work;  ///< [stage][rank]
 

@@ -1,31 +1,9 @@
-// dmuon/sim/traffic.cpp — step layout checks and the per-bucket exchange bytes.
+// dmuon/sim/traffic.cpp — stage layout checks and the per-stage exchange bytes.
 #include "sim/traffic.h"
 
 #include "common/check.h"
 
 namespace dmuon::sim {
-
-void StepLayout::validate() const {
-  DMUON_CHECK(world_size >= 1, "StepLayout.world_size must be >= 1, got ", world_size);
-  DMUON_CHECK(wire_element_size >= 1, "StepLayout.wire_element_size must be >= 1, got ", wire_element_size);
-  DMUON_CHECK(gather || owners.size() == layouts.size(), "StepLayout.owners has ", owners.size(), " entries for ",
-              layouts.size(), " parameters");
-  DMUON_CHECK(active.empty() || active.size() == layouts.size(), "StepLayout.active has ", active.size(),
-              " entries for ", layouts.size(), " parameters");
-  if (!gather)
-    for (size_t i = 0; i < owners.size(); ++i)
-      DMUON_CHECK(owners[i] >= 0 && owners[i] < world_size, "StepLayout.owners[", i, "] = ", owners[i],
-                  " is not a rank of a world of ", world_size);
-  std::vector<int> seen(layouts.size(), 0);
-  for (size_t b = 0; b < buckets.size(); ++b)
-    for (int idx : buckets[b].param_idx) {
-      DMUON_CHECK(idx >= 0 && static_cast<size_t>(idx) < layouts.size(), "StepLayout.buckets[", b,
-                  "] names parameter ", idx, " of ", layouts.size());
-      ++seen[static_cast<size_t>(idx)];
-    }
-  for (size_t i = 0; i < seen.size(); ++i)
-    DMUON_CHECK(seen[i] == 1, "StepLayout: parameter ", i, " is in ", seen[i], " buckets (expected 1)");
-}
 
 RankTraffic StepTraffic::total(int rank) const {
   RankTraffic sum;
@@ -96,6 +74,7 @@ StageLayout StageLayout::from_stage(size_t first) const {
               num_stages(), " stages");
   StageLayout out;
   out.world_size = world_size;
+  out.agreement_bytes = agreement_bytes;
   const auto at = static_cast<std::ptrdiff_t>(first);
   out.forward.assign(forward.begin() + at, forward.end());
   out.back.assign(back.begin() + at, back.end());
@@ -111,47 +90,6 @@ StepTraffic step_traffic(const StageLayout& layout, const Topology& topology) {
   for (size_t s = 0; s < layout.num_stages(); ++s) {
     traffic.forward.push_back(exchange_of(layout.forward[s], layout.world_size, topology));
     traffic.back.push_back(exchange_of(layout.back[s], layout.world_size, topology));
-  }
-  return traffic;
-}
-
-StepTraffic step_traffic(const StepLayout& layout, const Topology& topology) {
-  layout.validate();
-  DMUON_CHECK(topology.world_size() == layout.world_size, "step_traffic: the topology has ", topology.world_size(),
-              " ranks, the step layout ", layout.world_size);
-  const int world = layout.world_size;
-  std::vector<std::vector<dist::RowBlock>> rows;
-  for (const auto& l : layout.layouts) rows.push_back(l.rank_rows(world));
-
-  StepTraffic traffic;
-  for (const dist::Bucket& bucket : layout.buckets) {
-    Exchange forward, back;
-    forward.ranks.assign(static_cast<size_t>(world), {});
-    back.ranks.assign(static_cast<size_t>(world), {});
-    for (int idx : bucket.param_idx) {
-      if (!layout.is_active(idx) || world == 1) continue;
-      const auto& l = layout.layouts[static_cast<size_t>(idx)];
-      const auto& blocks = rows[static_cast<size_t>(idx)];
-      const int64_t row_bytes = l.cols() * layout.wire_element_size;
-      // Forward: each rank's rows of a sharded matrix go to every rank that computes it.
-      if (l.sharded) {
-        forward.issued = true;
-        for (int dst = 0; dst < world; ++dst) {
-          if (!layout.computes(idx, dst)) continue;
-          for (int src = 0; src < world; ++src)
-            add_transfer(forward.ranks, topology, src, dst, blocks[static_cast<size_t>(src)].count * row_bytes);
-        }
-      }
-      // Return (owner mode): the owner sends every rank its rows of the result.
-      if (!layout.gather) {
-        back.issued = true;
-        const int owner = layout.owners[static_cast<size_t>(idx)];
-        for (int dst = 0; dst < world; ++dst)
-          add_transfer(back.ranks, topology, owner, dst, blocks[static_cast<size_t>(dst)].count * row_bytes);
-      }
-    }
-    traffic.forward.push_back(std::move(forward));
-    traffic.back.push_back(std::move(back));
   }
   return traffic;
 }

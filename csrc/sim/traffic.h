@@ -1,14 +1,12 @@
 // dmuon/sim/traffic.h — the bytes every rank sends and receives in each collective of a
 // step's pipeline, split by link (same node or not), exactly as the all_to_alls move them
-// (their own piece, which stays on the rank, excluded): from the engine's stage layout, or
-// from a bucket layout (sim/step_layout.h) written by hand.
+// (their own piece, which stays on the rank, excluded), from the engine's stage layout.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "sim/stage_layout.h"
-#include "sim/step_layout.h"
 #include "sim/topology.h"
 
 namespace dmuon::sim {
@@ -26,18 +24,13 @@ struct Exchange {
   std::vector<RankTraffic> ranks;  ///< [world]
 };
 
-/// Per bucket: the forward all_to_all (updates to the ranks that compute them) and the
+/// Per stage: the forward all_to_all (updates to the ranks that compute them) and the
 /// return (results back to every rank; owner mode only, never issued in gather mode).
 struct StepTraffic {
   std::vector<Exchange> forward, back;
   /// Σ over the step of `rank`'s traffic.
   RankTraffic total(int rank) const;
 };
-
-/// The traffic of `layout` on `topology` (world sizes must match). The issue rules are the
-/// runtime's: a forward when the bucket holds an active sharded parameter, a return (owner
-/// mode) when it holds an active parameter.
-StepTraffic step_traffic(const StepLayout& layout, const Topology& topology);
 
 /// The traffic of the engine's stages on `topology` (world sizes must match): each
 /// stage's forward and return exchange as the engine issues them, split by link.

@@ -147,7 +147,7 @@ std::vector<CostPoint> points_of(const std::map<ShapeKey, ShapeBatches>& shapes)
   return points;
 }
 
-// t(n): the batches make_stages cuts n matrices into (dist::split_near_equal: ⌈n/capacity⌉
+// t(n): the batches make_stages cuts n matrices into (split_near_equal: ⌈n/capacity⌉
 // runs of ⌈n/runs⌉, the last one the rest), each at its measured time.
 plan::CostFn batched_cost(plan::CostTable table, std::map<ShapeKey, ShapeBatches> shapes) {
   return [table = std::move(table), shapes = std::move(shapes)](int64_t rows, int64_t cols, int64_t n) {

@@ -1,11 +1,25 @@
 // dmuon/step/device_ops.cpp — the argument check every DeviceOps shares, and what the
-// device's ops support by default (no NorMuon pass, no device-time marks).
+// device's ops support by default (their dtypes, no NorMuon pass, no device-time marks).
 #include "step/device_ops.h"
 
 #include "common/check.h"
-#include "step/route.h"
 
 namespace dmuon::step {
+
+bool ops_support(DeviceKind device, DType dtype, std::string* reason) {
+  auto refuse = [&](const std::string& why) {
+    if (reason != nullptr) *reason = why;
+    return false;
+  };
+  if (dtype == DType::kInt32) return refuse("int32 is not a floating-point type");
+  // NOTE: the CUDA ops iterate in 16 bits and their fused passes are instantiated for
+  // float32, bfloat16 and float16 parameters; a float64 parameter asks for float64
+  // arithmetic, which the adapter's ATen Newton–Schulz gives it.
+  if (device == DeviceKind::kCuda && dtype == DType::kFloat64)
+    return refuse("float64 parameters are not supported by the CUDA step ops (they iterate in 16 bits); "
+                  "the adapter's ATen Newton-Schulz steps them in float64");
+  return true;
+}
 
 bool DeviceOps::supports(DType dtype, std::string* why) const { return ops_support(device().kind, dtype, why); }
 

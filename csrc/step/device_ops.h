@@ -136,6 +136,10 @@ inline std::pair<int64_t, int64_t> piece_cols(const NsBatchDesc& batch, int64_t 
 void check_batch_rows(const char* what, const NsBatchDesc& batch, int64_t matrix_idx, int64_t row_begin,
                       int64_t row_count, int64_t numel, int64_t col_begin = 0, int64_t col_count = -1);
 
+/// Whether the DeviceOps of `device` step a parameter of `dtype`; when not, *reason (if
+/// given) says why. The CUDA ops consult it too, so that both agree.
+bool ops_support(DeviceKind device, DType dtype, std::string* reason = nullptr);
+
 /// Where measured times live (autotune/tune_cache.h: one file holds one environment).
 struct MeasurementStore {
   std::string path;  ///< empty: this process's memory only
@@ -147,7 +151,7 @@ class DeviceOps {
   virtual ~DeviceOps() = default;
   virtual Device device() const = 0;
   /// Whether these ops step parameters of `dtype` (else false and why): by default what
-  /// the device's torch-free ops do (step/route.h ops_support).
+  /// the device's torch-free ops do (ops_support).
   virtual bool supports(DType dtype, std::string* why) const;
   /// Whether the passes over local tensors of `dtype` (check, prepare_pieces,
   /// prepare_to_iterate, apply_result, apply_pieces, copy) take strided views

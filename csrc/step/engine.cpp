@@ -12,7 +12,6 @@
 #include "ns/batch_streams.h"
 #include "ns/ns_bound.h"
 #include "step/engine_state.h"
-#include "step/route.h"
 
 namespace dmuon::step {
 
@@ -118,97 +117,35 @@ void StepEngine::validate_normuon(int param_idx, const ParamTensors& t) const {
 
 StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
   const auto start = Clock::now();
-  const Stage& stage = stages_[s];
+  const StagePlan& plan = st.plan->stages[s];
   const std::vector<ParamTensors>& tensors = *st.tensors;
   StageTimeline& line = stats_.stages[s];
   Flight f;
-  // Send layout: per destination, the batches it computes, the items it does not hold
-  // whole, this rank's piece where this rank is its source (the lowest holder of a block
-  // the destination lacks: replicas send nothing twice); then this rank's own pieces of
-  // the items it computes (read in place by its iterate, never sent).
-  std::vector<int64_t> send_counts(static_cast<size_t>(world_), 0), recv_counts(static_cast<size_t>(world_), 0);
-  int64_t offset = 0;
-  for (int d = 0; d < world_; ++d) {
-    if (d == rank_) continue;
-    const int64_t begin = offset;
-    for (const NsBatch& batch : stage.batches) {
-      if (!batch.computed_by(d)) continue;
-      for (int item : batch.items) {
-        const Piece& p = table_.piece(item, rank_);
-        if (!st.active[static_cast<size_t>(item)] || p.empty() || table_.whole_on(item, d) ||
-            table_.source(item, rank_, d) != rank_)
-          continue;
-        f.send_at[{item, d}] = offset;
-        offset += p.numel();
-      }
-    }
-    send_counts[static_cast<size_t>(d)] = offset - begin;
-  }
-  const int64_t to_others = offset;
-  // Receive layout: per source, the batches this rank computes, the items it does not
-  // hold whole, the source's piece where it is the source of that block to this rank. Whether anyone exchanges is decided from what every
-  // rank knows alike (the all_to_all is collective).
-  int64_t received = 0;
-  bool exchange = false;
-  for (const NsBatch& batch : stage.batches)
-    for (int item : batch.items) {
-      if (!st.active[static_cast<size_t>(item)]) continue;
-      for (int c = 0; c < world_ && !exchange; ++c) exchange = batch.computed_by(c) && !table_.whole_on(item, c);
-      if (batch.computed_by(rank_) && !table_.whole_on(item, rank_) && !table_.piece(item, rank_).empty()) {
-        f.self_at[item] = offset;
-        offset += table_.piece(item, rank_).numel();
-      }
-    }
-  for (int src = 0; src < world_; ++src) {
-    if (src == rank_) continue;
-    const int64_t begin = received;
-    for (const NsBatch& batch : stage.batches) {
-      if (!batch.computed_by(rank_)) continue;
-      for (int item : batch.items) {
-        const Piece& p = table_.piece(item, src);
-        if (!st.active[static_cast<size_t>(item)] || table_.whole_on(item, rank_) || p.empty() ||
-            table_.source(item, src, rank_) != src)
-          continue;
-        f.recv_at[{item, src}] = received;
-        received += p.numel();
-      }
-    }
-    recv_counts[static_cast<size_t>(src)] = received - begin;
-  }
-  f.send = ops_.allocate(wire_dtype_, offset);
-  f.recv = ops_.allocate(wire_dtype_, received);
+  f.send = ops_.allocate(wire_dtype_, plan.forward_send_numel);
+  f.recv = ops_.allocate(wire_dtype_, plan.forward.recv_numel);
   stats_.pack_s += seconds_since(start);
 
-  // Momentum of every piece of this rank in the stage; U into its first wire region (the
-  // others, in gather mode, are copies). Whole items this rank computes wait for the iterate.
+  // Momentum of every piece the plan prepares; U into its first place in the send buffer
+  // (the others, in gather mode, are copies).
   const PhaseClock::Mark prepare_start = clock_.start();
   std::vector<PreparePiece> prepare;
   std::vector<std::pair<Buffer, Buffer>> copies;
-  for (const NsBatch& batch : stage.batches)
-    for (int item : batch.items) {
-      const Piece& p = table_.piece(item, rank_);
-      if (!st.active[static_cast<size_t>(item)] || p.empty()) continue;
-      std::vector<Buffer> targets;
-      for (int d = 0; d < world_; ++d) {
-        auto at = f.send_at.find({item, d});
-        if (at != f.send_at.end()) targets.push_back(f.send.get().slice(at->second, p.numel()));
-      }
-      auto self = f.self_at.find(item);
-      if (self != f.self_at.end()) targets.push_back(f.send.get().slice(self->second, p.numel()));
-      if (targets.empty() && computes(item, rank_)) continue;
-      const Item& it = table_.item(item);
-      const ParamTensors& t = tensors[static_cast<size_t>(it.param_idx)];
-      const GroupRule& rule = (*st.rules)[static_cast<size_t>(it.group)];
-      prepare.push_back({piece_view(t.grad, p), piece_view(t.momentum, p),
-                         {rule.momentum, rule.nesterov}, targets.empty() ? Buffer{} : targets.front()});
-      for (size_t k = 1; k < targets.size(); ++k) copies.emplace_back(targets.front(), targets[k]);
-      st.momentum_done[static_cast<size_t>(item)] = true;
-    }
+  for (const PreparePlan& piece : plan.prepare) {
+    const Item& it = table_.item(piece.item);
+    const ParamTensors& t = tensors[static_cast<size_t>(it.param_idx)];
+    const GroupRule& rule = (*st.rules)[static_cast<size_t>(it.group)];
+    const int64_t numel = piece.piece.numel();
+    const Buffer first = piece.targets.empty() ? Buffer{} : f.send.get().slice(piece.targets.front(), numel);
+    prepare.push_back({piece_view(t.grad, piece.piece), piece_view(t.momentum, piece.piece),
+                       {rule.momentum, rule.nesterov}, first});
+    for (size_t k = 1; k < piece.targets.size(); ++k)
+      copies.emplace_back(first, f.send.get().slice(piece.targets[k], numel));
+  }
   if (!prepare.empty()) ops_.prepare_pieces(prepare, st.gate.get());
   for (const auto& [from, to] : copies) ops_.copy(from, to);
   clock_.stop(prepare_start, {{PhaseField::kMomentum}, {PhaseField::kStagePrepare, s}});
 
-  issue_exchange(f, f.send.get().slice(0, to_others), send_counts, recv_counts, exchange,
+  issue_exchange(f, f.send.get().slice(0, plan.forward.send_numel), plan.forward,
                  "all_to_all of stage " + std::to_string(s) + "'s pieces to their owners (" + step_name(st.step_idx) +
                      ")",
                  line.forward_sent_to, line.forward_received_from,
@@ -217,8 +154,7 @@ StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
   return f;
 }
 
-void StepEngine::issue_exchange(Flight& f, const Buffer& send, const std::vector<int64_t>& send_counts,
-                                const std::vector<int64_t>& recv_counts, bool collective, const std::string& what,
+void StepEngine::issue_exchange(Flight& f, const Buffer& send, const ExchangeCounts& counts, const std::string& what,
                                 std::vector<int64_t>& sent_to, std::vector<int64_t>& received_from,
                                 uint64_t synthetic_seed) {
   // NOTE: a transport that moves nothing leaves the receive buffer as it was. The model
@@ -233,13 +169,17 @@ void StepEngine::issue_exchange(Flight& f, const Buffer& send, const std::vector
     clock_.stop(fill_start, {{PhaseField::kModelFill}});
   }
   const auto start = Clock::now();
-  if (collective) f.pending = transport_.all_to_all(send, send_counts, f.recv.get(), recv_counts, what);
+  if (counts.issued) f.pending = transport_.all_to_all(send, counts.send_counts, f.recv.get(), counts.recv_counts, what);
+  // NOTE: added, not set: a stage exchanged early keeps its bytes when commit()'s
+  // pipeline passes it again with nothing left to move.
   const int64_t wire_size = dtype_size(wire_dtype_);
   for (int r = 0; r < world_; ++r) {
-    sent_to[static_cast<size_t>(r)] = send_counts[static_cast<size_t>(r)] * wire_size;
-    received_from[static_cast<size_t>(r)] = recv_counts[static_cast<size_t>(r)] * wire_size;
-    stats_.bytes_sent += sent_to[static_cast<size_t>(r)];
-    stats_.bytes_received += received_from[static_cast<size_t>(r)];
+    const int64_t sent = counts.send_counts[static_cast<size_t>(r)] * wire_size;
+    const int64_t received = counts.recv_counts[static_cast<size_t>(r)] * wire_size;
+    sent_to[static_cast<size_t>(r)] += sent;
+    received_from[static_cast<size_t>(r)] += received;
+    stats_.bytes_sent += sent;
+    stats_.bytes_received += received;
   }
   stats_.pack_s += seconds_since(start);
 }
@@ -248,28 +188,43 @@ std::vector<int> StepEngine::stream_assignment(const std::vector<const NsBatch*>
                                                const std::vector<GroupRule>& rules) {
   std::vector<int> zeros(batches.size(), 0);
   if (options_.num_streams <= 1 || batches.size() <= 1) return zeros;
+  // NOTE: the same batches under the same schedules get the same streams: their bounds are
+  // computed once (they were 60% of a one-process step's host time, 168 matrices in 4 batches).
+  std::vector<double> key;
+  for (const NsBatch* b : batches) {
+    const ns::Schedule& schedule = rules[static_cast<size_t>(b->group)].schedule;
+    key.insert(key.end(), {static_cast<double>(b->group), static_cast<double>(b->dtype), static_cast<double>(b->rows),
+                           static_cast<double>(b->cols), static_cast<double>(b->items.size()),
+                           static_cast<double>(schedule.algorithm), schedule.eps,
+                           static_cast<double>(schedule.steps.size()),
+                           static_cast<double>(schedule.restart_after.size())});
+    for (const ns::Coefficients& c : schedule.steps) key.insert(key.end(), {c.a, c.b, c.c});
+    key.insert(key.end(), schedule.restart_after.begin(), schedule.restart_after.end());
+  }
+  const auto known = stream_plans_.find(key);
+  if (known != stream_plans_.end()) return known->second;
   // NOTE: the floor at nominal H200 rates: only the costs' ratios matter here.
   constexpr double kFlopsPerSecond = 775e12, kBytesPerSecond = 4.0e12;
-  std::map<std::tuple<int, int, int64_t, int64_t>, int64_t> key_of;
+  std::map<std::tuple<int, int, int64_t, int64_t>, int64_t> kind_of;
   std::vector<ns::StreamJob> jobs;
   for (const NsBatch* b : batches) {
-    const auto key = key_of.emplace(std::make_tuple(b->group, static_cast<int>(b->dtype), b->rows, b->cols),
-                                    static_cast<int64_t>(key_of.size()))
-                         .first->second;
+    const auto kind = kind_of.emplace(std::make_tuple(b->group, static_cast<int>(b->dtype), b->rows, b->cols),
+                                      static_cast<int64_t>(kind_of.size()))
+                          .first->second;
     const std::vector<std::pair<int64_t, int64_t>> shapes(b->items.size(), {b->rows, b->cols});
     const ns::StepBound bound = ns::fused_step_bound(shapes, rules[static_cast<size_t>(b->group)].schedule,
                                                      kFlopsPerSecond, kBytesPerSecond);
-    jobs.push_back({key, bound.seconds()});
+    jobs.push_back({kind, bound.seconds()});
   }
-  return ns::assign_streams(jobs, options_.num_streams);
+  if (stream_plans_.size() >= kMaxStreamPlans) stream_plans_.clear();
+  return stream_plans_.emplace(std::move(key), ns::assign_streams(jobs, options_.num_streams)).first->second;
 }
 
 StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forward) {
-  const Stage& stage = stages_[s];
+  const StagePlan& plan = st.plan->stages[s];
   const std::vector<ParamTensors>& tensors = *st.tensors;
   const std::vector<GroupRule>& rules = *st.rules;
   StageTimeline& line = stats_.stages[s];
-  const bool owner_mode = options_.mode == Mode::kOwner;
 
   auto start = Clock::now();
   if (forward.pending) forward.pending->wait();
@@ -278,63 +233,16 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
   line.forward_wait_s += waited;
 
   const PhaseClock::Mark ns_start = clock_.start();
-  // This rank's NS batches of the stage, restricted to the items with gradients.
-  std::vector<NsBatch> mine;
-  for (const NsBatch& batch : stage.batches) {
-    if (!batch.computed_by(rank_)) continue;
-    NsBatch active = batch;
-    active.items.clear();
-    for (int item : batch.items)
-      if (st.active[static_cast<size_t>(item)]) active.items.push_back(item);
-    if (!active.items.empty()) mine.push_back(std::move(active));
-  }
-
-  // Return layouts (owner mode): per destination, this rank's batches, the destination's
-  // piece; per source, the source's batches, this rank's piece.
+  // The return's buffers (mode owner).
   Flight back;
-  std::vector<int64_t> send_counts(static_cast<size_t>(world_), 0), recv_counts(static_cast<size_t>(world_), 0);
-  bool exchange_back = false;
-  int64_t sent = 0, received = 0;
-  if (owner_mode) {
-    for (int d = 0; d < world_; ++d) {
-      if (d == rank_) continue;
-      const int64_t begin = sent;
-      for (const NsBatch& batch : mine)
-        for (int item : batch.items) {
-          const Piece& p = table_.piece(item, d);
-          if (p.empty()) continue;
-          back.send_at[{item, d}] = sent;
-          sent += p.numel();
-        }
-      send_counts[static_cast<size_t>(d)] = sent - begin;
-    }
-    for (int src = 0; src < world_; ++src) {
-      if (src == rank_) continue;
-      const int64_t begin = received;
-      for (const NsBatch& batch : stage.batches) {
-        if (batch.owner != src) continue;
-        for (int item : batch.items) {
-          const Piece& p = table_.piece(item, rank_);
-          if (!st.active[static_cast<size_t>(item)] || p.empty()) continue;
-          back.recv_at[{item, src}] = received;
-          received += p.numel();
-        }
-      }
-      recv_counts[static_cast<size_t>(src)] = received - begin;
-    }
-    for (const NsBatch& batch : stage.batches)
-      for (int item : batch.items) {
-        if (!st.active[static_cast<size_t>(item)]) continue;
-        for (int d = 0; d < world_ && !exchange_back; ++d)
-          exchange_back = d != batch.owner && !table_.piece(item, d).empty();
-      }
-    back.send = ops_.allocate(wire_dtype_, sent);
-    back.recv = ops_.allocate(wire_dtype_, received);
+  if (options_.mode == Mode::kOwner) {
+    back.send = ops_.allocate(wire_dtype_, plan.back.send_numel);
+    back.recv = ops_.allocate(wire_dtype_, plan.back.recv_numel);
   }
 
-  // The NS batches, on the streams the assignment gives them.
+  // This rank's NS batches of the stage, on the streams the assignment gives them.
   std::vector<const NsBatch*> order;
-  for (const NsBatch& batch : mine) order.push_back(&batch);
+  for (const BatchPlan& batch : plan.batches) order.push_back(&batch.batch);
   bool warm = true;
   for (const NsBatch* b : order)
     warm = warm && warm_batches_.count({b->group, static_cast<int>(b->dtype), b->rows, b->cols,
@@ -345,7 +253,8 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
   // Held own rows (st.hold), per batch: written by its result pass, applied by commit().
   std::vector<std::vector<std::tuple<OwnedBuffer, ApplyPiece, int>>> held(order.size());
   const int num_streams = ops_.run_on_streams(stream_of, [&](size_t k) {
-    const NsBatch& batch = *order[k];
+    const BatchPlan& batch_plan = plan.batches[k];
+    const NsBatch& batch = batch_plan.batch;
     const GroupRule& rule = rules[static_cast<size_t>(batch.group)];
     const NsBatchDesc desc{batch.rows, batch.cols, static_cast<int64_t>(batch.items.size()), batch.dtype,
                            &rule.schedule, options_.graphs};
@@ -354,46 +263,34 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
     std::vector<WirePiece> pieces, returns;
     std::vector<ApplyPiece> own;
     std::vector<NormuonMatrix> normuon;
-    for (size_t j = 0; j < batch.items.size(); ++j) {
-      const int item = batch.items[j];
-      const Item& it = table_.item(item);
+    for (size_t j = 0; j < batch_plan.items.size(); ++j) {
+      const ComputePlan& c = batch_plan.items[j];
+      const Item& it = table_.item(c.item);
       const ParamTensors& t = tensors[static_cast<size_t>(it.param_idx)];
-      const Piece& me = table_.piece(item, rank_);
       const int64_t idx = static_cast<int64_t>(j);
-      if (table_.whole_on(item, rank_)) {
-        LocalMatrix m{piece_view(t.grad, me), piece_view(t.momentum, me),
-                      {rule.momentum, rule.nesterov}, st.partial_of[static_cast<size_t>(item)], idx};
-        (st.momentum_done[static_cast<size_t>(item)] ? local_read : local_update).push_back(m);
-      } else {
-        // One piece per block: this rank's own from its send buffer, every other from its source.
-        for (int src = 0; src < world_; ++src) {
-          const Piece& p = table_.piece(item, src);
-          if (p.empty() || table_.source(item, src, rank_) != src) continue;
-          const int64_t numel = p.numel();
-          const Buffer wire = src == rank_ ? forward.send.get().slice(forward.self_at.at(item), numel)
-                                           : forward.recv.get().slice(forward.recv_at.at({item, src}), numel);
-          pieces.push_back({wire, idx, p.row_begin, p.row_count, p.col_begin, p.col_count});
-        }
+      // A whole item from its local tensors; else one wire piece per block.
+      if (c.whole) {
+        LocalMatrix m{piece_view(t.grad, c.piece), piece_view(t.momentum, c.piece),
+                      {rule.momentum, rule.nesterov}, st.partial_of[static_cast<size_t>(c.item)], idx};
+        (c.momentum_prepared ? local_read : local_update).push_back(m);
       }
+      for (const WirePlace& b : c.blocks)
+        pieces.push_back({(b.in_send ? forward.send : forward.recv).get().slice(b.offset, b.block.numel()), idx,
+                          b.block.row_begin, b.block.row_count, b.block.col_begin, b.block.col_count});
       // NorMuon's whole v of this matrix (engine_normuon.cpp).
-      if (rule.normuon.enabled && !st.normuon_v[static_cast<size_t>(item)].empty())
-        normuon.push_back({st.normuon_v[static_cast<size_t>(item)], idx, it.param_idx});
-      if (owner_mode)
-        for (int d = 0; d < world_; ++d) {
-          const Piece& p = table_.piece(item, d);
-          if (d == rank_ || p.empty()) continue;
-          returns.push_back({back.send.get().slice(back.send_at.at({item, d}), p.numel()), idx, p.row_begin,
-                             p.row_count, p.col_begin, p.col_count});
-        }
-      if (!me.empty()) {
-        ApplyPiece a{piece_view(t.param, me), Buffer{}, idx, me.row_begin, me.row_count, item_scale(rule, item), decay,
-                     it.param_idx};
+      if (rule.normuon.enabled && !st.normuon_v[static_cast<size_t>(c.item)].empty())
+        normuon.push_back({st.normuon_v[static_cast<size_t>(c.item)], idx, it.param_idx});
+      for (const WirePlace& r : c.returns)
+        returns.push_back({back.send.get().slice(r.offset, r.block.numel()), idx, r.block.row_begin, r.block.row_count,
+                           r.block.col_begin, r.block.col_count});
+      if (c.applies) {
+        ApplyPiece a{piece_view(t.param, c.piece), Buffer{}, idx, c.piece.row_begin, c.piece.row_count,
+                     item_scale(rule, c.item), decay, it.param_idx};
         // NOTE: replicas apply what the wire brings them; so does the owner, bit for bit.
-        a.round_through_wire = owner_mode && table_.param(it.param_idx).whole_on_rank < 0 &&
-                               table_.replicated_on(item, rank_);
+        a.round_through_wire = c.round_through_wire;
         a.wire_dtype = wire_dtype_;
-        a.col_begin = me.col_begin;
-        a.col_count = me.col_count;
+        a.col_begin = c.piece.col_begin;
+        a.col_count = c.piece.col_count;
         own.push_back(a);
       }
     }
@@ -427,7 +324,6 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
           }
           ops_.result_to_pieces(result, desc, rows_of);
         });
-    for (int item : batch.items) st.momentum_done[static_cast<size_t>(item)] = true;
   });
   for (const NsBatch* b : order) {
     warm_batches_.insert({b->group, static_cast<int>(b->dtype), b->rows, b->cols, static_cast<int64_t>(b->items.size())});
@@ -436,7 +332,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
     line.num_items += static_cast<int64_t>(b->items.size());
   }
   stats_.num_ns_batches += static_cast<int64_t>(order.size());
-  line.num_batches = static_cast<int64_t>(order.size());
+  line.num_batches += static_cast<int64_t>(order.size());
   if (!order.empty()) stats_.num_streams = std::max<int64_t>(stats_.num_streams, num_streams);
   forward = Flight{};  // NOTE: the stage's forward buffers are read; free them before the next stage's
   clock_.stop(ns_start, {{PhaseField::kNs}, {PhaseField::kStageNs, s}});
@@ -447,13 +343,8 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
       back.own_apply.push_back(a);
       back.own_items.push_back(item);
     }
-  if (st.hold) {
-    back.send_counts = send_counts;
-    back.recv_counts = recv_counts;
-    back.collective = exchange_back;
-    return back;
-  }
-  issue_exchange(back, back.send.get(), send_counts, recv_counts, exchange_back,
+  if (st.hold) return back;
+  issue_exchange(back, back.send.get(), plan.back,
                  "all_to_all of stage " + std::to_string(s) + "'s results back from their owners (" +
                      step_name(st.step_idx) + ")",
                  line.return_sent_to, line.return_received_from, 0);
@@ -461,7 +352,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
 }
 
 void StepEngine::land(size_t s, StepState& st, Flight& back) {
-  const Stage& stage = stages_[s];
+  const StagePlan& plan = st.plan->stages[s];
   StageTimeline& line = stats_.stages[s];
   auto start = Clock::now();
   if (back.pending) back.pending->wait();
@@ -469,21 +360,16 @@ void StepEngine::land(size_t s, StepState& st, Flight& back) {
   stats_.comm_wait_s += waited;
   line.return_wait_s += waited;
 
+  // The rows other owners returned to this rank, from the places the plan gives them.
   const PhaseClock::Mark apply_start = clock_.start();
   std::vector<ApplyPiece> apply;
-  for (const NsBatch& batch : stage.batches) {
-    if (batch.owner == kEveryRank || batch.owner == rank_) continue;
-    const GroupRule& rule = (*st.rules)[static_cast<size_t>(batch.group)];
-    const double decay = rule.decay();
-    for (int item : batch.items) {
-      const Piece& p = table_.piece(item, rank_);
-      if (!st.active[static_cast<size_t>(item)] || p.empty()) continue;
-      const Item& it = table_.item(item);
-      const int64_t numel = p.numel();
-      apply.push_back({piece_view((*st.tensors)[static_cast<size_t>(it.param_idx)].param, p),
-                       back.recv.get().slice(back.recv_at.at({item, batch.owner}), numel), 0, p.row_begin,
-                       p.row_count, item_scale(rule, item), decay, it.param_idx});
-    }
+  for (const LandPlan& rows : plan.land) {
+    const Item& it = table_.item(rows.item);
+    const GroupRule& rule = (*st.rules)[static_cast<size_t>(it.group)];
+    const Piece& p = rows.place.block;
+    apply.push_back({piece_view((*st.tensors)[static_cast<size_t>(it.param_idx)].param, p),
+                     back.recv.get().slice(rows.place.offset, p.numel()), 0, p.row_begin, p.row_count,
+                     item_scale(rule, rows.item), rule.decay(), it.param_idx});
   }
   if (!apply.empty()) ops_.apply_pieces(apply, st.gate.get(), st.result_flags.get());
   back = Flight{};

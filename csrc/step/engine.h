@@ -7,7 +7,9 @@
 //   check     NaN/Inf flags of every local gradient and momentum buffer (reads only)
 //   agree     several ranks: one all_reduce of [has gradient] + flags, on the host,
 //             before any exchange; one rank: a device-side gate, no host wait
-//   stages    pipelined: forwards `depth` stages ahead, returns applied `depth` behind
+//   stages    pipelined: forwards `depth` stages ahead, returns applied `depth` behind;
+//             each stage executes its exchange plan (exchange_plan.h: counts, offsets and
+//             pieces, made once per set of items with gradients, never per step)
 //     prepare   momentum in place, U of pieces into the stage's send buffer
 //     forward   all_to_all to the ranks that compute each item
 //     iterate   (owner) norm and cast of the received pieces, or of a whole local item
@@ -25,6 +27,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -33,6 +37,7 @@
 
 #include "plan/cost_model.h"
 #include "step/device_ops.h"
+#include "step/exchange_plan.h"
 #include "step/items.h"
 #include "step/options.h"
 #include "step/phase_clock.h"
@@ -159,6 +164,12 @@ class StepEngine {
   DType wire_dtype() const { return wire_dtype_; }
   /// The stages of the last step (empty before the first).
   const std::vector<Stage>& stages() const { return stages_; }
+  /// The exchange plan the last step's pipeline ran (null before the first): plans are
+  /// made with the stages (every item active) and once per distinct set of items the
+  /// pipeline runs (the parameters with gradients, less the items made ready early), at
+  /// most kMaxExchangePlans kept, the oldest dropped first.
+  std::shared_ptr<const ExchangePlan> exchange_plan() const { return last_plan_; }
+  static constexpr size_t kMaxExchangePlans = 8;
   const StepStats& last_stats() const { return stats_; }
 
  private:
@@ -191,6 +202,8 @@ class StepEngine {
   StepOutcome step_gated(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
                          int64_t step_idx, const std::vector<CheckOnly>& extra);
   void make_stages_for(const std::vector<GroupRule>& rules);
+  // The exchange plan of the items `active` (exchange_plan.h), from the cache or made now.
+  std::shared_ptr<const ExchangePlan> plan_for(const std::vector<bool>& active);
   void validate(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
                 const std::vector<CheckOnly>& extra) const;
   void validate_normuon(int param_idx, const ParamTensors& t) const;
@@ -204,13 +217,11 @@ class StepEngine {
   Flight issue_forward(size_t s, StepState& st);
   Flight run_stage(size_t s, StepState& st, Flight& forward);
   void land(size_t s, StepState& st, Flight& back);
-  // One exchange of a stage (the all_to_all when `collective`) and its bytes per peer.
+  // One exchange of a stage (the all_to_all when counts.issued) and its bytes per peer.
   // `synthetic_seed` ≠ 0: over a transport that moves nothing, the receive buffer gets
   // synthetic values of that seed (updates an owner orthogonalizes), else zeros.
-  void issue_exchange(Flight& f, const Buffer& send, const std::vector<int64_t>& send_counts,
-                      const std::vector<int64_t>& recv_counts, bool collective, const std::string& what,
-                      std::vector<int64_t>& sent_to, std::vector<int64_t>& received_from,
-                      uint64_t synthetic_seed);
+  void issue_exchange(Flight& f, const Buffer& send, const ExchangeCounts& counts, const std::string& what,
+                      std::vector<int64_t>& sent_to, std::vector<int64_t>& received_from, uint64_t synthetic_seed);
   // The outcome of a step refused for the non-finite gradients of `flagged` (indices of
   // the parameters, then num_params + k for extra[k]).
   StepOutcome nonfinite_gradient(const std::vector<int>& flagged, std::vector<bool> active, int64_t step_idx,
@@ -236,10 +247,20 @@ class StepEngine {
   plan::CostTable measured_costs_;
   std::vector<Stage> stages_;
   std::vector<ns::Algorithm> stage_algorithms_;  // the group algorithms stages_ were made for
+  // NOTE: a run sees one set of active items (every parameter has a gradient) or a few
+  // (frozen parts, the stages left over from early work); a plan holds O(items · world)
+  // places, so a handful are kept.
+  std::map<std::vector<bool>, std::shared_ptr<const ExchangePlan>> plans_;  // by active items
+  std::deque<std::vector<bool>> plan_order_;  // plans_' keys, oldest first
+  std::shared_ptr<const ExchangePlan> last_plan_;
   // NOTE: a batch's first runs tune its kernels and capture its graph (timings other
   // streams would disturb); NS batches spread over streams only once every batch of the
   // stage has run before. Key: (group, dtype, rows, cols, count).
   std::set<std::tuple<int, int, int64_t, int64_t, int64_t>> warm_batches_;
+  // The streams of a stage's NS batches (stream_assignment) by its batches and their
+  // schedules; a handful of stages and sets of active items, cleared when full.
+  std::map<std::vector<double>, std::vector<int>> stream_plans_;
+  static constexpr size_t kMaxStreamPlans = 64;
   StepStats stats_;
   // NOTE: made after stats_ (its add function writes there and into early_).
   PhaseClock clock_;

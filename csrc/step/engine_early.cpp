@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "common/check.h"
-#include "dist/buckets.h"
 #include "step/engine_state.h"
 
 namespace dmuon::step {
@@ -146,7 +145,7 @@ void StepEngine::local_items_ready(const std::vector<int>& work, const std::vect
                             return ops_.ns_workspace_bytes(r, c, k, d, a);
                           }));
     const std::vector<int64_t> ones(members.size(), 1);
-    for (const std::vector<int>& part : dist::split_near_equal(ones, capacity)) {
+    for (const std::vector<int>& part : split_near_equal(ones, capacity)) {
       const int64_t count = static_cast<int64_t>(part.size());
       const NsBatchDesc desc{rows, cols, count, dtype, &rule.schedule, options_.graphs};
       std::vector<LocalMatrix> matrices;
@@ -242,6 +241,11 @@ void StepEngine::issue_early_stage(size_t s, const std::vector<ParamTensors>& /*
     early.st->rules = &early.rules;
     early.st->step_idx = early.step_idx;
     early.st->hold = true;
+    // NOTE: an early stage exchanges exactly its items that travel (items_ready worked on
+    // the others at once), so every stage issued early runs the plan of that set.
+    for (int i = 0; i < table_.num_items(); ++i)
+      early.st->active[static_cast<size_t>(i)] = table_.param(table_.item(i).param_idx).whole_on_rank < 0;
+    early.st->plan = plan_for(early.st->active);
     early.staged_param.resize(static_cast<size_t>(table_.num_params()));
   }
   StepState& st = *early.st;
@@ -251,7 +255,6 @@ void StepEngine::issue_early_stage(size_t s, const std::vector<ParamTensors>& /*
     for (int item : batch.items) {
       if (early.ready[static_cast<size_t>(item)]) continue;  // whole on its owner: done at once
       early.ready[static_cast<size_t>(item)] = true;
-      st.active[static_cast<size_t>(item)] = true;
       const Item& it = table_.item(item);
       const size_t p = static_cast<size_t>(it.param_idx);
       const Piece& piece = table_.piece(item, rank_);
@@ -305,7 +308,7 @@ void StepEngine::commit_early_stages(StepState& st, Early& early) {
   for (size_t s = 0; s < early.next_stage; ++s) {
     Flight& back = early.back[s];
     StageTimeline& line = stats_.stages[s];
-    issue_exchange(back, back.send.get(), back.send_counts, back.recv_counts, back.collective,
+    issue_exchange(back, back.send.get(), es.plan->stages[s].back,
                    "all_to_all of stage " + std::to_string(s) + "'s results back from their owners (" +
                        step_name(st.step_idx) + ", exchanged early)",
                    line.return_sent_to, line.return_received_from, 0);

@@ -233,6 +233,23 @@ void StepEngine::make_stages_for(const std::vector<GroupRule>& rules) {
                           return ops_.ns_workspace_bytes(rows, cols, count, dtype, algorithm);
                         });
   stage_algorithms_ = std::move(algorithms);
+  // The exchange plans of the old stages go; the one of every item active comes with the new.
+  plans_.clear();
+  plan_order_.clear();
+  plan_for(std::vector<bool>(static_cast<size_t>(table_.num_items()), true));
+}
+
+std::shared_ptr<const ExchangePlan> StepEngine::plan_for(const std::vector<bool>& active) {
+  const auto found = plans_.find(active);
+  if (found != plans_.end()) return found->second;
+  if (plans_.size() >= kMaxExchangePlans) {
+    plans_.erase(plan_order_.front());
+    plan_order_.pop_front();
+  }
+  auto plan = std::make_shared<const ExchangePlan>(plan_exchange(table_, stages_, options_.mode, rank_, active));
+  plans_.emplace(active, plan);
+  plan_order_.push_back(active);
+  return plan;
 }
 
 }  // namespace dmuon::step

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <chrono>
-#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -45,8 +44,8 @@ struct StepEngine::StepState {
   OwnedBuffer flags;                // int32 [2·num_checked]: check()'s
   std::vector<bool> active_params;  // [param] has a gradient on every rank
   std::vector<bool> active;         // [item] goes through the pipeline (active, not made ready early)
+  std::shared_ptr<const ExchangePlan> plan;  // of `active` (StepEngine::plan_for)
   std::vector<int> partial_of;      // [item] index of its check() partials, −1 when none
-  std::vector<bool> momentum_done;  // [item] prepare_pieces updated this rank's momentum rows
   Partials partials;
   OwnedBuffer gate;                 // the one-process gated step only (empty view otherwise)
   OwnedBuffer result_flags;         // int32 [num_params]
@@ -61,17 +60,12 @@ struct StepEngine::StepState {
   bool hold = false;
 };
 
-// One exchange of a stage: its buffers, where each piece lies in them, its collective.
+// One exchange of a stage: its buffers (laid out as the stage's plan says), its collective.
 struct StepEngine::Flight {
   OwnedBuffer send, recv;
   std::unique_ptr<Pending> pending;
-  std::map<std::pair<int, int>, int64_t> send_at;  // (item, destination) → offset in send
-  std::map<std::pair<int, int>, int64_t> recv_at;  // (item, source) → offset in recv
-  std::map<int, int64_t> self_at;                  // item → offset of this rank's own piece in send
-  // A held return (StepState::hold): its layout, issued by commit(), and this rank's own
-  // rows of the stage's results with where they apply.
-  std::vector<int64_t> send_counts, recv_counts;
-  bool collective = false;
+  // A held return (StepState::hold), issued by commit(): this rank's own rows of the
+  // stage's results with where they apply.
   std::vector<OwnedBuffer> own_held;
   std::vector<ApplyPiece> own_apply;
   std::vector<int> own_items;  // [k] the item of own_apply[k]

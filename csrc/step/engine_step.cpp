@@ -16,7 +16,6 @@ std::unique_ptr<StepEngine::StepState> StepEngine::new_state(int num_items, int 
   st->active_params.assign(static_cast<size_t>(num_params), false);
   st->active.assign(static_cast<size_t>(num_items), false);
   st->partial_of.assign(static_cast<size_t>(num_items), -1);
-  st->momentum_done.assign(static_cast<size_t>(num_items), false);
   return st;
 }
 
@@ -77,6 +76,7 @@ void StepEngine::run_pipeline(StepState& st) {
                     &line.return_received_from})
       v->assign(static_cast<size_t>(world_), 0);
   }
+  last_plan_ = st.plan;
   normuon_gather(st);
   const size_t depth = static_cast<size_t>(depth_);
   std::vector<Flight> forward(num_stages), back(num_stages);
@@ -148,6 +148,7 @@ StepOutcome StepEngine::step_gated(const std::vector<ParamTensors>& tensors, con
   for (int p = 0; p < num_params; ++p) st->active_params[static_cast<size_t>(p)] = tensors[static_cast<size_t>(p)].has_grad;
   for (int i = 0; i < table_.num_items(); ++i)
     st->active[static_cast<size_t>(i)] = st->active_params[static_cast<size_t>(table_.item(i).param_idx)];
+  st->plan = plan_for(st->active);
   st->gate = ops_.make_gate(st->flags.get());
   st->result_flags = ops_.allocate(DType::kInt32, std::max(1, num_params));
   ops_.fill_zero(st->result_flags.get());
@@ -265,6 +266,7 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
       world_ > 1 ? transport_.all_reduce(local, ReduceOp::kSum,
                                          "all_reduce of the gradient checks (" + step_name(step_idx) + ")")
                  : local;
+  if (world_ > 1) stats_.agreement_bytes = static_cast<int64_t>(local.size() * sizeof(int64_t));
   DMUON_CHECK(invalid.empty(), invalid);
   DMUON_CHECK(agreed.back() == 0, "dmuon ", step_name(step_idx),
               ": the input of another rank is invalid (its error names it); nothing was updated");
@@ -305,6 +307,7 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
   for (int i = 0; i < table_.num_items(); ++i)
     st->active[static_cast<size_t>(i)] = st->active_params[static_cast<size_t>(table_.item(i).param_idx)] &&
                                          !(early_ && early_->ready[static_cast<size_t>(i)]);
+  st->plan = plan_for(st->active);
   StepOutcome outcome;
   outcome.status = StepOutcome::Status::kAgreed;
   outcome.active = st->active_params;

@@ -6,12 +6,11 @@ target_sources(dmuon_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/items.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stages.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage_loads.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/exchange_plan.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage_layout.cpp
   ${CMAKE_CURRENT_LIST_DIR}/options.cpp
   ${CMAKE_CURRENT_LIST_DIR}/phase_clock.cpp
   ${CMAKE_CURRENT_LIST_DIR}/device_ops.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/loopback_transport.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/route.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine_plan.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cost_profile.cpp

@@ -1,5 +1,4 @@
-// dmuon/step/stage_layout.cpp — every rank's exchanges and work per stage (the engine's
-// rules, see the header).
+// dmuon/step/stage_layout.cpp — every rank's exchange plan, read as bytes and work.
 #include "step/stage_layout.h"
 
 #include "common/check.h"
@@ -12,56 +11,33 @@ sim::StageLayout stage_layout(const ItemTable& table, const std::vector<Stage>& 
   DMUON_CHECK(active_params.empty() || static_cast<int>(active_params.size()) == table.num_params(),
               "stage_layout: ", active_params.size(), " active flags for ", table.num_params(), " parameters");
   const int world = table.world_size();
-  const size_t cells = static_cast<size_t>(world) * static_cast<size_t>(world);
-  auto active = [&](int item) {
-    return active_params.empty() || active_params[static_cast<size_t>(table.item(item).param_idx)];
-  };
+  std::vector<bool> active(static_cast<size_t>(table.num_items()));
+  for (int i = 0; i < table.num_items(); ++i)
+    active[static_cast<size_t>(i)] =
+        active_params.empty() || active_params[static_cast<size_t>(table.item(i).param_idx)];
   sim::StageLayout out;
   out.world_size = world;
-  for (const Stage& stage : stages) {
-    sim::StageExchange forward, back;
-    forward.bytes.assign(cells, 0);
-    back.bytes.assign(cells, 0);
-    std::vector<sim::RankStageWork> work(static_cast<size_t>(world));
-    for (const NsBatch& batch : stage.batches) {
-      int64_t count = 0;
-      for (int item : batch.items) {
-        if (!active(item)) continue;
-        ++count;
-        // Forward: a piece goes to every other rank that computes the item without holding it whole.
-        for (int c = 0; c < world; ++c) forward.issued = forward.issued || (batch.computed_by(c) && !table.whole_on(item, c));
-        for (int src = 0; src < world; ++src) {
-          const Piece& piece = table.piece(item, src);
-          if (piece.empty()) continue;
-          const int64_t elements = piece.numel();
-          bool travels = batch.computed_by(src) && !table.whole_on(item, src);  // its own piece, read in place
-          for (int dst = 0; dst < world; ++dst) {
-            // NOTE: of replicas, only the block's source for `dst` sends it (ItemTable::source).
-            if (dst == src || !batch.computed_by(dst) || table.whole_on(item, dst) || table.source(item, src, dst) != src)
-              continue;
-            forward.bytes[static_cast<size_t>(src * world + dst)] += elements * wire_size;
-            travels = true;
-          }
-          // NOTE: an owner's whole item goes straight into its iterate (momentum inside the NS phase).
-          if (travels || !batch.computed_by(src)) work[static_cast<size_t>(src)].prepare_elements += static_cast<double>(elements);
-        }
-        // Return (owner mode): the owner sends every other rank its rows; they apply them.
-        if (mode != Mode::kOwner || batch.owner == kEveryRank) continue;
-        for (int dst = 0; dst < world; ++dst) {
-          const Piece& piece = table.piece(item, dst);
-          if (dst == batch.owner || piece.empty()) continue;
-          back.issued = true;
-          back.bytes[static_cast<size_t>(batch.owner * world + dst)] += piece.numel() * wire_size;
-          work[static_cast<size_t>(dst)].apply_elements += static_cast<double>(piece.numel());
-        }
+  const size_t cells = static_cast<size_t>(world) * static_cast<size_t>(world);
+  out.forward.assign(stages.size(), sim::StageExchange{false, std::vector<int64_t>(cells, 0)});
+  out.back = out.forward;
+  out.work.assign(stages.size(), std::vector<sim::RankStageWork>(static_cast<size_t>(world)));
+  // NOTE: one rank's plan at a time (a plan holds O(items · world) places).
+  for (int r = 0; r < world; ++r) {
+    const ExchangePlan plan = plan_exchange(table, stages, mode, r, active);
+    for (size_t s = 0; s < stages.size(); ++s) {
+      const StagePlan& stage = plan.stages[s];
+      for (auto [exchange, counts] : {std::make_pair(&out.forward[s], &stage.forward),
+                                      std::make_pair(&out.back[s], &stage.back)}) {
+        exchange->issued = counts->issued;
+        for (int d = 0; d < world; ++d)
+          exchange->bytes[static_cast<size_t>(r * world + d)] = counts->send_counts[static_cast<size_t>(d)] * wire_size;
       }
-      if (count == 0) continue;
-      for (int r = 0; r < world; ++r)
-        if (batch.computed_by(r)) work[static_cast<size_t>(r)].ns_batches.push_back({batch.rows, batch.cols, count});
+      sim::RankStageWork& work = out.work[s][static_cast<size_t>(r)];
+      for (const PreparePlan& piece : stage.prepare) work.prepare_elements += static_cast<double>(piece.piece.numel());
+      for (const BatchPlan& batch : stage.batches)
+        work.ns_batches.push_back({batch.batch.rows, batch.batch.cols, static_cast<int64_t>(batch.batch.items.size())});
+      for (const LandPlan& rows : stage.land) work.apply_elements += static_cast<double>(rows.place.block.numel());
     }
-    out.forward.push_back(std::move(forward));
-    out.back.push_back(std::move(back));
-    out.work.push_back(std::move(work));
   }
   out.validate();
   return out;

@@ -8,9 +8,31 @@
 #include <tuple>
 
 #include "common/check.h"
-#include "dist/buckets.h"
 
 namespace dmuon::step {
+
+std::vector<std::vector<int>> split_near_equal(const std::vector<int64_t>& counts, int64_t capacity) {
+  DMUON_CHECK(capacity >= 1, "split_near_equal: capacity must be at least 1, got ", capacity);
+  int64_t total = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    DMUON_CHECK(counts[i] >= 1, "split_near_equal: item ", i, " holds ", counts[i], " matrices");
+    total += counts[i];
+  }
+  std::vector<std::vector<int>> runs;
+  if (counts.empty()) return runs;
+  const int64_t num_runs = (total + capacity - 1) / capacity;
+  const int64_t per_run = (total + num_runs - 1) / num_runs;
+  int64_t in_run = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (runs.empty() || (in_run > 0 && in_run + counts[i] > per_run)) {
+      runs.emplace_back();
+      in_run = 0;
+    }
+    runs.back().push_back(static_cast<int>(i));
+    in_run += counts[i];
+  }
+  return runs;
+}
 
 int64_t ns_batch_capacity(int64_t rows, int64_t cols, DType dtype, ns::Algorithm algorithm, int64_t limit,
                           const NsBytesFn& ns_bytes) {
@@ -101,7 +123,7 @@ std::vector<Stage> make_stages(const ItemTable& table, const std::vector<OwnerBa
           if (!windowed) end = members.size();
           const int64_t size = static_cast<int64_t>(end - begin);
           const std::vector<int64_t> ones(static_cast<size_t>(size), 1);
-          for (std::vector<int> part : dist::split_near_equal(ones, std::min(capacity, size))) {
+          for (std::vector<int> part : split_near_equal(ones, std::min(capacity, size))) {
             for (int& k : part) k += static_cast<int>(begin);
             parts.push_back(std::move(part));
           }

@@ -75,6 +75,13 @@ std::vector<Stage> make_stages(const ItemTable& table, const std::vector<OwnerBa
 /// appearance: the batches of one owner without a planner (gather mode, one process).
 std::vector<std::vector<int>> shape_batches(const ItemTable& table, const std::vector<int>& items);
 
+/// Consecutive runs of items (item i holds counts[i] ≥ 1 matrices) as few as `capacity`
+/// matrices per run allows, of near-equal size: a run closes before it would pass
+/// ⌈total / ⌈total / capacity⌉⌉ matrices, so same-count items give runs of at most two
+/// sizes (one NS problem, one CUDA graph, one workspace each). An item larger than the
+/// capacity is a run of its own. Returns the runs as item indices, in order.
+std::vector<std::vector<int>> split_near_equal(const std::vector<int64_t>& counts, int64_t capacity);
+
 /// How many rows×cols matrices fit `limit` bytes of NS workspace (at least one).
 int64_t ns_batch_capacity(int64_t rows, int64_t cols, DType dtype, ns::Algorithm algorithm, int64_t limit,
                           const NsBytesFn& ns_bytes);

@@ -35,6 +35,7 @@ struct StepStats {
   /// (no real work; outside every phase).
   double model_fill_s = 0;
   int64_t bytes_sent = 0, bytes_received = 0;  ///< to and from other ranks
+  int64_t agreement_bytes = 0;  ///< the start-of-step agreement's all_reduce (int64 entries; 0: none)
   int64_t num_stages = 0, num_ns_batches = 0, num_orthogonalized = 0;
   int64_t pipeline_depth = 0;
   int64_t num_streams = 0;  ///< most streams one stage's NS batches ran on

@@ -16,7 +16,7 @@
 #include "owner_planning.h"
 #include "plan/layer_spread.h"
 #include "plan/planner.h"
-#include "step/route.h"
+#include "step/device_ops.h"
 #include "step_tensors.h"
 #include "storage_control.h"
 #include "world_detect.h"

@@ -37,27 +37,25 @@ sim::RingKind parse_ring_kind(const std::string& name) {
 // What project_step returns: the projection and every rank's timeline it ran on.
 struct StepProjection {
   sim::Projection projection;
-  std::vector<std::vector<PhaseTuple>> timelines;  // [rank][bucket]
+  std::vector<std::vector<PhaseTuple>> timelines;  // [rank][stage]
   std::vector<bool> measured;                      // [rank]
   sim::Calibration calibration;
   size_t num_collectives = 0;
 };
 
-template <typename Layout>
-std::vector<sim::RankTraffic> rank_traffic(const Layout& layout, const sim::Topology& topology) {
+std::vector<sim::RankTraffic> rank_traffic(const sim::StageLayout& layout, const sim::Topology& topology) {
   const sim::StepTraffic traffic = sim::step_traffic(layout, topology);
   std::vector<sim::RankTraffic> out;
   for (int r = 0; r < layout.world_size; ++r) out.push_back(traffic.total(r));
   return out;
 }
 
-// The projection of `layout` (the engine's stages, or a bucket layout): measured
-// timelines, the other ranks predicted, every rank simulated through the pipeline.
-template <typename Layout>
-StepProjection project(const Layout& layout, const sim::Topology& topology,
+// The projection of the engine's stages: measured timelines, the other ranks predicted,
+// every rank simulated through the pipeline with the layout's agreements.
+StepProjection project(const sim::StageLayout& layout, const sim::Topology& topology,
                        const std::map<int, std::vector<PhaseTuple>>& measured,
                        const std::vector<std::tuple<int64_t, int64_t, int64_t, double>>& cost_entries,
-                       const std::string& device_type, size_t depth, int64_t agreement_bytes) {
+                       const std::string& device_type, size_t depth) {
   std::vector<std::pair<int, sim::RankTimeline>> known;
   for (const auto& [rank, tuples] : measured) known.emplace_back(rank, timeline_of(tuples));
   const plan::CostFn cost = plan::runtime_cost_fn(cost_entries, device_type);
@@ -67,7 +65,7 @@ StepProjection project(const Layout& layout, const sim::Topology& topology,
   const std::vector<sim::RankTimeline> timelines = sim::complete_timelines(layout, known, cost);
   const sim::StepTraffic traffic = sim::step_traffic(layout, topology);
   const sim::Program program = sim::stage_pipeline_program(
-      traffic, topology, depth, sim::ring_seconds(sim::RingKind::kAllReduce, agreement_bytes, topology));
+      traffic, topology, depth, sim::ring_seconds(sim::RingKind::kAllReduce, layout.agreement_bytes, topology));
   out.projection = sim::simulate(program, timelines);
   out.num_collectives = program.collective_seconds.size();
   out.measured.assign(static_cast<size_t>(layout.world_size), false);
@@ -107,27 +105,6 @@ void register_sim_bindings(py::module_& m) {
       .def_property_readonly("spans_nodes", &sim::Topology::spans_nodes)
       .def("node_of", &sim::Topology::node_of, py::arg("rank"));
 
-  py::class_<sim::StepLayout>(s, "StepLayout")
-      .def(py::init([](bool gather, int world_size, std::vector<dist::ParamLayout> layouts, std::vector<int> owners,
-                       std::vector<std::vector<int>> buckets, int64_t wire_element_size) {
-             sim::StepLayout layout{gather, world_size, std::move(layouts), std::move(owners), {}, wire_element_size, {}};
-             for (auto& idx : buckets) layout.buckets.push_back(dist::Bucket{std::move(idx), 0});
-             layout.validate();
-             return layout;
-           }),
-           py::kw_only(), py::arg("gather"), py::arg("world_size"), py::arg("layouts"), py::arg("owners"),
-           py::arg("buckets"), py::arg("wire_element_size"))
-      .def_readonly("gather", &sim::StepLayout::gather)
-      .def_readonly("world_size", &sim::StepLayout::world_size)
-      .def_readonly("layouts", &sim::StepLayout::layouts)
-      .def_readonly("owners", &sim::StepLayout::owners)
-      .def_readonly("wire_element_size", &sim::StepLayout::wire_element_size)
-      .def_property_readonly("buckets", [](const sim::StepLayout& l) {
-        std::vector<std::vector<int>> out;
-        for (const auto& b : l.buckets) out.push_back(b.param_idx);
-        return out;
-      });
-
   py::class_<sim::NsBatchShape>(s, "NsBatchShape")
       .def_readonly("rows", &sim::NsBatchShape::rows)
       .def_readonly("cols", &sim::NsBatchShape::cols)
@@ -138,6 +115,8 @@ void register_sim_bindings(py::module_& m) {
       .def_readonly("apply_elements", &sim::RankStageWork::apply_elements);
   py::class_<sim::StageLayout>(s, "StageLayout")
       .def_readonly("world_size", &sim::StageLayout::world_size)
+      .def_readonly("agreement_bytes", &sim::StageLayout::agreement_bytes,
+                    "bytes of the engine's start-of-step agreement (its one all_reduce; 0: none)")
       .def_property_readonly("num_stages", &sim::StageLayout::num_stages)
       .def_property_readonly("forward_issued",
                              [](const sim::StageLayout& l) {
@@ -170,9 +149,8 @@ void register_sim_bindings(py::module_& m) {
       .def_readonly("recv_inter", &sim::RankTraffic::recv_inter)
       .def_property_readonly("sent", &sim::RankTraffic::sent)
       .def_property_readonly("received", &sim::RankTraffic::received);
-  s.def("rank_traffic", &rank_traffic<sim::StageLayout>, py::arg("layout"), py::arg("topology"),
+  s.def("rank_traffic", &rank_traffic, py::arg("layout"), py::arg("topology"),
         "every rank's bytes over the step, by link (its own pieces excluded)");
-  s.def("rank_traffic", &rank_traffic<sim::StepLayout>, py::arg("layout"), py::arg("topology"));
   s.def(
       "exchange_seconds",
       [](const sim::StageLayout& layout, const sim::Topology& topology) {
@@ -214,13 +192,11 @@ void register_sim_bindings(py::module_& m) {
           out[sim::phase_name(static_cast<sim::Phase>(k))] = p.calibration.phases[k];
         return out;
       });
-  s.def("project_step", &project<sim::StageLayout>, py::arg("layout"), py::arg("topology"), py::arg("measured"),
-        py::arg("cost_entries"), py::arg("device_type"), py::arg("depth"), py::arg("agreement_bytes"),
+  s.def("project_step", &project, py::arg("layout"), py::arg("topology"), py::arg("measured"),
+        py::arg("cost_entries"), py::arg("device_type"), py::arg("depth"),
         "the step on every rank of `topology`: measured timelines {rank: [(prepare, ns, return_pack, apply) per "
         "stage]}, the other ranks predicted from them (sim/rank_prediction.h), simulated through the engine's "
-        "pipeline of depth `depth` (sim/pipeline.h)");
-  s.def("project_step", &project<sim::StepLayout>, py::arg("layout"), py::arg("topology"), py::arg("measured"),
-        py::arg("cost_entries"), py::arg("device_type"), py::arg("depth"), py::arg("agreement_bytes"));
+        "pipeline of depth `depth` with the layout's agreements (sim/pipeline.h)");
 }
 
 }  // namespace dmuon::torch_adapter

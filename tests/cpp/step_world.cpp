@@ -222,7 +222,7 @@ EngineRun run_engine(const World& world, const step::EngineOptions& options, con
   run.owners.resize(static_cast<size_t>(n));
   run.stages.resize(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) run.tensors.push_back(world.local(r));
-  step::LoopbackWorld loopback(n);
+  LoopbackWorld loopback(n);
   const std::vector<step::ParamSpec> specs = world.specs();
   run.errors = loopback.run([&](int r) {
     step::CpuOpsOptions cpu_options;

@@ -19,7 +19,7 @@
 #include "step/cpu/cpu_ops.h"
 #include "step/engine.h"
 #include "step/forwarding_ops.h"
-#include "step/loopback_transport.h"
+#include "loopback_transport.h"
 
 namespace dmuon::testing {
 

@@ -198,7 +198,7 @@ TEST(CostProfile, EngineTimesTheBatchesItsStagesFormOnEveryRankOfAFakeWorld) {
   const EngineOptions options = measuring(temp_path("fake.txt"), three);
   for (int rank : {0, 3}) {
     ScriptedOps ops({1.0});
-    dmuon::step::NoDataTransport transport(rank, 4);
+    dmuon::testing::NoDataTransport transport(rank, 4);
     const dmuon::step::StepEngine engine(transport, ops, world.specs(), options);
     using Point = std::tuple<int64_t, int64_t, int64_t>;
     std::vector<Point> timed;
@@ -210,7 +210,7 @@ TEST(CostProfile, EngineTimesTheBatchesItsStagesFormOnEveryRankOfAFakeWorld) {
   }
   // The cost of n matrices: make_stages' cut, ⌈n/3⌉ batches of ⌈n/⌈n/3⌉⌉, the last the rest.
   ScriptedOps ops({1.0, 1.5, 2.25, 0.5});
-  dmuon::step::NoDataTransport transport(1, 4);
+  dmuon::testing::NoDataTransport transport(1, 4);
   std::string error;
   const EngineOptions fresh = measuring(temp_path("cost.txt"), three);
   const dmuon::step::ItemTable items(world.specs(), 4);
@@ -231,7 +231,7 @@ TEST(CostProfile, Rank0sTableIsSharedWithEveryRank) {
   constexpr int kWorld = 3;
   const World world(eleven_and_one(), kWorld, 1, 4);
   const EngineOptions options = measuring(temp_path("shared.txt"), int64_t{1} << 30);
-  dmuon::step::LoopbackWorld loopback(kWorld);
+  dmuon::testing::LoopbackWorld loopback(kWorld);
   std::vector<std::vector<std::tuple<int64_t, int64_t, int64_t, double>>> tables(kWorld);
   std::vector<uint64_t> hashes(kWorld);
   std::vector<std::vector<int64_t>> counts(kWorld);
@@ -257,7 +257,7 @@ TEST(CostProfile, Rank0sTableIsSharedWithEveryRank) {
 TEST(CostProfile, FailureOrMismatchedOptionsRaiseOnEveryRank) {
   const World world(eleven_and_one(), 2, 1, 5);
   for (const std::string& fault : {"failure", "mismatch"}) {
-    dmuon::step::LoopbackWorld loopback(2);
+    dmuon::testing::LoopbackWorld loopback(2);
     const auto errors = loopback.run([&](int r) {
       ScriptedOps ops({1.0});
       ops.fail = fault == "failure" && r == 0;

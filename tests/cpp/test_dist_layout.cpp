@@ -1,10 +1,8 @@
-// Row layouts of sharded/replicated parameters and the bucket interleaving.
+// Row layouts of sharded/replicated parameters.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 
 #include "common/check.h"
-#include "dist/buckets.h"
 #include "dist/shard_layout.h"
 
 namespace {
@@ -74,63 +72,6 @@ TEST(ShardLayout, RowBlocksAreCheckedAndTransposedSwapsTheUpdateShape) {
   EXPECT_EQ(conv1d.update_shape(conv1d.matrix_rows()), (std::pair<int64_t, int64_t>{2304, 768}));
   dmuon::dist::ParamLayout linear{{2304, 768}, 0, false};
   EXPECT_EQ(linear.update_shape(linear.matrix_rows()), (std::pair<int64_t, int64_t>{2304, 768}));
-}
-
-TEST(Buckets, InterleaveOwnersAndRespectTheSize) {
-  // Rank 0 owns 0, 1, 2; rank 1 owns 3; rank 2 owns nothing.
-  const std::vector<std::vector<int>> order = {{0, 1, 2}, {3}, {}};
-  const std::vector<int64_t> bytes = {10, 10, 10, 10};
-  auto buckets = dmuon::dist::make_buckets(order, bytes, 20);
-  ASSERT_EQ(buckets.size(), 2u);
-  EXPECT_EQ(buckets[0].param_idx, (std::vector<int>{0, 3}));
-  EXPECT_EQ(buckets[1].param_idx, (std::vector<int>{1, 2}));
-  auto single = dmuon::dist::make_buckets(order, bytes, 0);
-  ASSERT_EQ(single.size(), 1u);
-  EXPECT_EQ(single[0].wire_bytes, 40);
-  EXPECT_THROW(dmuon::dist::make_buckets({{0}, {0}}, {1}, 0), dmuon::Error);
-  EXPECT_THROW(dmuon::dist::make_buckets({{0}}, {1, 1}, 0), dmuon::Error);
-}
-
-}  // namespace
-
-namespace {
-
-std::vector<size_t> run_sizes(const std::vector<std::vector<int>>& runs, const std::vector<int64_t>& counts) {
-  std::vector<size_t> sizes;
-  for (const auto& run : runs) {
-    int64_t total = 0;
-    for (int i : run) total += counts[static_cast<size_t>(i)];
-    sizes.push_back(static_cast<size_t>(total));
-  }
-  return sizes;
-}
-
-TEST(SplitNearEqual, FewestRunsOfAtMostTwoSizes) {
-  // 84 Qwen2.5-7B gate/up/down matrices, 5 per 2 GiB batch: 17 runs, 16 of 5 and one of 4.
-  const std::vector<int64_t> ones(84, 1);
-  const auto runs = dmuon::dist::split_near_equal(ones, 5);
-  ASSERT_EQ(runs.size(), 17u);
-  const auto sizes = run_sizes(runs, ones);
-  EXPECT_EQ(std::count(sizes.begin(), sizes.end(), 5u), 16);
-  EXPECT_EQ(std::count(sizes.begin(), sizes.end(), 4u), 1);
-  // 10 in runs of ≤ 4: ⌈10/4⌉ = 3 runs of at most ⌈10/3⌉ = 4: 4, 4, 2.
-  EXPECT_EQ(run_sizes(dmuon::dist::split_near_equal(std::vector<int64_t>(10, 1), 4), std::vector<int64_t>(10, 1)),
-            (std::vector<size_t>{4, 4, 2}));
-  // 9 in runs of ≤ 4: 3 runs of 3 (not 4, 4, 1).
-  EXPECT_EQ(run_sizes(dmuon::dist::split_near_equal(std::vector<int64_t>(9, 1), 4), std::vector<int64_t>(9, 1)),
-            (std::vector<size_t>{3, 3, 3}));
-  // Everything fits: one run, in order.
-  EXPECT_EQ(dmuon::dist::split_near_equal({1, 1, 1}, 100), (std::vector<std::vector<int>>{{0, 1, 2}}));
-  EXPECT_TRUE(dmuon::dist::split_near_equal({}, 3).empty());
-}
-
-TEST(SplitNearEqual, StacksOfMatricesAndOversizedItems) {
-  // Items of 3 matrices (a [3, m, n] parameter) under capacity 4: one item per run.
-  EXPECT_EQ(dmuon::dist::split_near_equal({3, 3, 3}, 4), (std::vector<std::vector<int>>{{0}, {1}, {2}}));
-  // An item above the capacity is a run of its own; its neighbours are not merged into it.
-  EXPECT_EQ(dmuon::dist::split_near_equal({1, 5, 1}, 2), (std::vector<std::vector<int>>{{0}, {1}, {2}}));
-  EXPECT_THROW(dmuon::dist::split_near_equal({1, 1}, 0), dmuon::Error);
-  EXPECT_THROW(dmuon::dist::split_near_equal({1, 0}, 2), dmuon::Error);
 }
 
 }  // namespace

@@ -141,7 +141,7 @@ TimedRun run_early(const World& world, PhaseTiming timing, bool marks) {
   run.marks_read_while_ready.assign(static_cast<size_t>(n), 0);
   for (int r = 0; r < n; ++r) run.tensors.push_back(world.local(r));
   const std::vector<dmuon::step::GroupRule> rules = {dmuon::testing::gram_rule(0.3, 0.05, true, "original")};
-  dmuon::step::LoopbackWorld loopback(n);
+  dmuon::testing::LoopbackWorld loopback(n);
   run.errors = loopback.run([&](int r) {
     dmuon::step::CpuOps cpu;
     MarkingOps ops(cpu, marks);

@@ -1,8 +1,12 @@
 // The step projection (csrc/sim): topology, traffic, collective costs, the pipeline
-// simulation and the prediction of unmeasured ranks, on hand-computed cases.
+// simulation and the prediction of unmeasured ranks, on hand-computed stage layouts (what
+// the engine's exchange plans give them: tests/cpp/test_step_stage_layout.cpp).
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "common/check.h"
 #include "error_of.h"
@@ -15,14 +19,14 @@
 
 namespace {
 
-using dmuon::dist::Bucket;
-using dmuon::dist::ParamLayout;
 using dmuon::sim::BucketTimes;
 using dmuon::sim::Link;
 using dmuon::sim::Phase;
 using dmuon::sim::Program;
+using dmuon::sim::RankStageWork;
 using dmuon::sim::RankTimeline;
-using dmuon::sim::StepLayout;
+using dmuon::sim::StageExchange;
+using dmuon::sim::StageLayout;
 using dmuon::sim::Topology;
 
 constexpr Link kIntra{100.0, 0.5};  // bytes/s, s: round numbers for hand computation
@@ -39,16 +43,21 @@ BucketTimes times(double prepare, double ns, double return_pack, double apply) {
   return t;
 }
 
-// One 5×4 matrix sharded over 2 ranks (rows 3 + 2) owned by rank 1, and a replicated 2×4
-// owned by rank 0; one bucket; fp32 wire.
-StepLayout two_rank_layout(bool gather) {
-  StepLayout layout;
-  layout.gather = gather;
-  layout.world_size = 2;
-  layout.layouts = {ParamLayout{{5, 4}, 0, true}, ParamLayout{{2, 4}, 0, false}};
-  layout.owners = {1, 0};
-  layout.buckets = {Bucket{{0, 1}, 0}};
-  layout.wire_element_size = 4;
+// A stage layout of `world` ranks whose stage s moves forward[s] and returns back[s]
+// ({src, dst, bytes} each; a stage with none does not issue that exchange).
+using Moves = std::vector<std::tuple<int, int, int64_t>>;
+StageLayout layout_of(int world, const std::vector<Moves>& forward, const std::vector<Moves>& back) {
+  StageLayout layout;
+  layout.world_size = world;
+  const size_t cells = static_cast<size_t>(world * world);
+  for (size_t s = 0; s < forward.size(); ++s) {
+    for (auto [moves, out] : {std::make_pair(&forward[s], &layout.forward), std::make_pair(&back[s], &layout.back)}) {
+      StageExchange e{!moves->empty(), std::vector<int64_t>(cells, 0)};
+      for (const auto& [src, dst, bytes] : *moves) e.bytes[static_cast<size_t>(src * world + dst)] += bytes;
+      out->push_back(std::move(e));
+    }
+    layout.work.emplace_back(static_cast<size_t>(world));
+  }
   return layout;
 }
 
@@ -69,16 +78,17 @@ TEST(SimTopology, TwoLevelPlacesGroupRanksOnNodes) {
   EXPECT_THROW(Topology::two_level(4, 0, kIntra, kInter), dmuon::Error);
 }
 
-TEST(SimTraffic, OwnerModeMovesShardsToOwnersAndResultsBack) {
-  const auto traffic = dmuon::sim::step_traffic(two_rank_layout(false), flat(2, 8));
+TEST(SimTraffic, EveryTransferOnTheLinkBetweenItsRanks) {
+  // Rank 0's 3 rows of a 5×4 matrix to its owner 1 (48 bytes); the return: 48 bytes back,
+  // and rank 0 (the owner of a replicated 2×4) sends rank 1 the whole of it (32 bytes).
+  const StageLayout layout = layout_of(2, {{{0, 1, 48}}}, {{{1, 0, 48}, {0, 1, 32}}});
+  const auto traffic = dmuon::sim::step_traffic(layout, flat(2, 8));
   ASSERT_EQ(traffic.forward.size(), 1u);
   EXPECT_TRUE(traffic.forward[0].issued);
   EXPECT_TRUE(traffic.back[0].issued);
-  // Forward: rank 0's 3 rows of the sharded matrix to its owner (3·4·4 bytes).
   EXPECT_EQ(traffic.forward[0].ranks[0].send_intra, 48);
   EXPECT_EQ(traffic.forward[0].ranks[1].recv_intra, 48);
   EXPECT_EQ(traffic.forward[0].ranks[1].send_intra, 0);
-  // Return: the owner sends rank 0 its 3 rows; rank 0 sends rank 1 the whole replicated 2×4.
   EXPECT_EQ(traffic.back[0].ranks[1].send_intra, 48);
   EXPECT_EQ(traffic.back[0].ranks[0].send_intra, 32);
   const auto r0 = traffic.total(0);
@@ -86,36 +96,11 @@ TEST(SimTraffic, OwnerModeMovesShardsToOwnersAndResultsBack) {
   EXPECT_EQ(r0.received(), 48);
   EXPECT_EQ(r0.send_inter + r0.recv_inter, 0);
   // One GPU per node: the same bytes cross the network instead.
-  const auto apart = dmuon::sim::step_traffic(two_rank_layout(false), flat(2, 1)).total(0);
+  const auto apart = dmuon::sim::step_traffic(layout, flat(2, 1)).total(0);
   EXPECT_EQ(apart.send_inter, 80);
   EXPECT_EQ(apart.send_intra, 0);
-}
-
-TEST(SimTraffic, GatherModeSendsEveryShardToEveryRankAndNothingBack) {
-  const auto traffic = dmuon::sim::step_traffic(two_rank_layout(true), flat(2, 8));
-  EXPECT_FALSE(traffic.back[0].issued);
-  EXPECT_EQ(traffic.total(0).sent(), 3 * 4 * 4);
-  EXPECT_EQ(traffic.total(1).sent(), 2 * 4 * 4);
-  EXPECT_EQ(traffic.total(0).received(), 2 * 4 * 4);
-  // Inactive parameters (no gradient) move nothing, and an all-inactive bucket is not issued.
-  StepLayout layout = two_rank_layout(true);
-  layout.active = {false, true};
-  EXPECT_FALSE(dmuon::sim::step_traffic(layout, flat(2, 8)).forward[0].issued);
-}
-
-TEST(SimTraffic, BadLayoutsAreNamed) {
-  StepLayout layout = two_rank_layout(false);
-  layout.owners = {2, 0};
-  EXPECT_THROW(layout.validate(), dmuon::Error);
-  layout = two_rank_layout(false);
-  layout.buckets = {Bucket{{0}, 0}};
-  try {
-    layout.validate();
-    FAIL() << "a parameter in no bucket was accepted";
-  } catch (const dmuon::Error& error) {
-    EXPECT_NE(std::string(error.what()).find("parameter 1 is in 0 buckets"), std::string::npos) << error.what();
-  }
-  EXPECT_THROW(dmuon::sim::step_traffic(two_rank_layout(false), flat(3, 8)), dmuon::Error);
+  // An exchange not issued counts nothing.
+  EXPECT_EQ(dmuon::sim::step_traffic(layout_of(2, {{}}, {{}}), flat(2, 8)).total(0).sent(), 0);
 }
 
 TEST(SimCollectiveCost, LatencyPlusTheSlowestLink) {
@@ -185,12 +170,9 @@ std::string describe(const Program& program) {
 }
 
 TEST(SimPipeline, TheProgramIsTheRuntimesOrder) {
-  // Three buckets of one 4×2 matrix each over two ranks, owners 0, 1, 0; depth 1.
-  StepLayout layout;
-  layout.world_size = 2;
-  layout.layouts.assign(3, ParamLayout{{4, 2}, 0, true});
-  layout.owners = {0, 1, 0};
-  layout.buckets = {Bucket{{0}, 0}, Bucket{{1}, 0}, Bucket{{2}, 0}};
+  // Three stages of one 4×2 matrix each over two ranks, owners 0, 1, 0; depth 1.
+  const StageLayout layout = layout_of(2, {{{1, 0, 16}}, {{0, 1, 16}}, {{1, 0, 16}}},
+                                       {{{0, 1, 16}}, {{1, 0, 16}}, {{0, 1, 16}}});
   const auto traffic = dmuon::sim::step_traffic(layout, flat(2, 8));
   const Program program = dmuon::sim::stage_pipeline_program(traffic, flat(2, 8), 1, 0.0);
   EXPECT_EQ(describe(program),
@@ -205,19 +187,24 @@ TEST(SimPipeline, TheProgramIsTheRuntimesOrder) {
   EXPECT_EQ(agreed.collective_names.back(), "all_reduce of the finite check");
   EXPECT_EQ(agreed.ops.back().kind, Program::Kind::kWait);
   // Gather mode: no returns.
-  layout.gather = true;
-  const Program gather = dmuon::sim::stage_pipeline_program(dmuon::sim::step_traffic(layout, flat(2, 8)),
-                                                             flat(2, 8), 1, 0.0);
-  EXPECT_EQ(describe(gather).find("return"), std::string::npos);
+  const StageLayout gather = layout_of(2, {{{0, 1, 16}, {1, 0, 16}}, {{0, 1, 16}, {1, 0, 16}}, {{0, 1, 16}}},
+                                       {{}, {}, {}});
+  const Program no_returns =
+      dmuon::sim::stage_pipeline_program(dmuon::sim::step_traffic(gather, flat(2, 8)), flat(2, 8), 1, 0.0);
+  EXPECT_EQ(describe(no_returns).find("return"), std::string::npos);
 }
 
 TEST(SimPipeline, OwnersOverlapWithEnoughDepthAndChainWithout) {
-  // Four buckets, each one matrix owned by a different rank of four; NS 10 s on its owner.
-  StepLayout layout;
-  layout.world_size = 4;
-  layout.layouts.assign(4, ParamLayout{{4, 2}, 0, true});
-  layout.owners = {0, 1, 2, 3};
-  for (int b = 0; b < 4; ++b) layout.buckets.push_back(Bucket{{b}, 0});
+  // Four stages, each one 4×2 matrix sharded over four ranks and owned by a different
+  // one; NS 10 s on its owner.
+  std::vector<Moves> forward(4), back(4);
+  for (int s = 0; s < 4; ++s)
+    for (int r = 0; r < 4; ++r)
+      if (r != s) {
+        forward[static_cast<size_t>(s)].emplace_back(r, s, 8);
+        back[static_cast<size_t>(s)].emplace_back(s, r, 8);
+      }
+  const StageLayout layout = layout_of(4, forward, back);
   std::vector<RankTimeline> t(4, RankTimeline(4, times(0, 0, 0, 0)));
   for (int r = 0; r < 4; ++r) t[static_cast<size_t>(r)][static_cast<size_t>(r)][Phase::kNs] = 10.0;
   const Topology fast = Topology::two_level(4, 8, Link{1e12, 0.0}, Link{1e12, 0.0});
@@ -225,48 +212,43 @@ TEST(SimPipeline, OwnersOverlapWithEnoughDepthAndChainWithout) {
   // depth 4: every forward in flight at once, the four NS run side by side.
   const auto overlapped = dmuon::sim::simulate(dmuon::sim::stage_pipeline_program(traffic, fast, 4, 0.0), t);
   EXPECT_NEAR(overlapped.step_s, 10.0, 1e-9);
-  // depth 1: rank 0 waits in bucket 1's return for rank 1's NS before it issues bucket 2's
-  // forward... the NS chain: 0 and 1 overlap, then 2 waits for the return of bucket 1.
+  // depth 1: rank 0 waits in stage 1's return for rank 1's NS before it issues stage 2's
+  // forward... the NS chain: 0 and 1 overlap, then 2 waits for the return of stage 1.
   const auto chained = dmuon::sim::simulate(dmuon::sim::stage_pipeline_program(traffic, fast, 1, 0.0), t);
   EXPECT_GT(chained.step_s, 19.0);
 }
 
 TEST(SimPrediction, UnmeasuredRanksFollowTheMeasuredRanksFit) {
-  // Two buckets of different sizes over two ranks; rank 0 measured with time = 1 ms +
-  // 2 ns per element (prepare, apply) and 3 × the cost model (NS): rank 1 must follow.
-  StepLayout layout;
-  layout.world_size = 2;
-  layout.layouts = {ParamLayout{{63, 32}, 0, true}, ParamLayout{{16, 32}, 0, true}, ParamLayout{{33, 32}, 0, true}};
-  layout.owners = {0, 1, 0};
-  layout.buckets = {Bucket{{0, 1}, 0}, Bucket{{2}, 0}};
+  // Two stages over two ranks; rank 0 measured with time = 1 ms + 2 ns per element
+  // (prepare, apply) and 3 × the cost model (NS): rank 1 must follow.
+  StageLayout layout = layout_of(2, {{{0, 1, 4}}, {{0, 1, 4}}}, {{{1, 0, 4}}, {{1, 0, 4}}});
+  layout.work[0][0] = RankStageWork{1280, {{63, 32, 1}}, 544};
+  layout.work[0][1] = RankStageWork{1248, {{16, 32, 1}}, 0};
+  layout.work[1][0] = RankStageWork{544, {{33, 32, 1}}, 100};
+  layout.work[1][1] = RankStageWork{512, {}, 200};
   const auto cost = dmuon::plan::AnalyticCostModel::cpu_default().as_cost_fn();
   const auto work0 = dmuon::sim::rank_work(layout, 0, cost);
   const auto work1 = dmuon::sim::rank_work(layout, 1, cost);
-  // torch.chunk: rank 0 holds 32 + 8 rows of bucket 0 and 17 of bucket 1, rank 1 31 + 8 and 16.
-  EXPECT_DOUBLE_EQ(work0[0][static_cast<size_t>(Phase::kPrepare)], (32 + 8) * 32);
-  EXPECT_DOUBLE_EQ(work1[0][static_cast<size_t>(Phase::kPrepare)], (31 + 8) * 32);
-  EXPECT_DOUBLE_EQ(work0[1][static_cast<size_t>(Phase::kApply)], 17 * 32);
+  EXPECT_DOUBLE_EQ(work1[0][static_cast<size_t>(Phase::kPrepare)], 1248);
   EXPECT_DOUBLE_EQ(work0[0][static_cast<size_t>(Phase::kNs)], cost(63, 32, 1));
-  EXPECT_DOUBLE_EQ(work0[0][static_cast<size_t>(Phase::kReturnPack)], 63 * 32);
-  EXPECT_DOUBLE_EQ(work1[0][static_cast<size_t>(Phase::kNs)], cost(16, 32, 1));
   EXPECT_DOUBLE_EQ(work1[1][static_cast<size_t>(Phase::kNs)], 0.0);
 
   auto model = [](const std::array<double, 4>& w) {
-    return times(1e-3 + 2e-9 * w[0], 3.0 * w[1], 1e-3 + 1e-9 * w[2], 1e-3 + 2e-9 * w[3]);
+    return times(1e-3 + 2e-9 * w[0], 3.0 * w[1], 0.0, 1e-3 + 2e-9 * w[3]);
   };
   RankTimeline measured;
   for (const auto& w : work0) measured.push_back(model(w));
-  // NOTE: rank 0's samples of every phase vary in work, so each two-parameter fit is exact.
+  // NOTE: rank 0's samples of every phase with work vary in it, so each two-parameter fit is exact.
   const auto all = dmuon::sim::complete_timelines(layout, {{0, measured}}, cost);
   ASSERT_EQ(all.size(), 2u);
   EXPECT_EQ(all[0][1][Phase::kNs], measured[1][Phase::kNs]);  // measured ranks are kept as given
-  for (size_t b = 0; b < 2; ++b) {
-    const BucketTimes expected = model(work1[b]);
+  for (size_t s = 0; s < 2; ++s) {
+    const BucketTimes expected = model(work1[s]);
     for (size_t p = 0; p < dmuon::sim::kNumPhases; ++p) {
       const Phase phase = static_cast<Phase>(p);
-      // Without work (rank 1 owns nothing in bucket 1): the measured idle time (none: 0).
-      const double want = work1[b][p] > 0 ? expected[phase] : 0.0;
-      EXPECT_NEAR(all[1][b][phase], want, 1e-12 + 1e-9 * want) << "bucket " << b << " phase "
+      // Without work (rank 1 owns nothing in stage 1): the measured idle time (none: 0).
+      const double want = work1[s][p] > 0 ? expected[phase] : 0.0;
+      EXPECT_NEAR(all[1][s][phase], want, 1e-12 + 1e-9 * want) << "stage " << s << " phase "
                                                                   << dmuon::sim::phase_name(phase);
     }
   }
@@ -277,9 +259,6 @@ TEST(SimPrediction, UnmeasuredRanksFollowTheMeasuredRanksFit) {
 }  // namespace
 
 namespace {
-
-using dmuon::sim::StageExchange;
-using dmuon::sim::StageLayout;
 
 // The engine's stages over two ranks on different nodes: stage 0 sends rank 0's 12 bytes
 // to owner 1 and returns them; stage 1 is rank 0's own whole item (nothing travels).

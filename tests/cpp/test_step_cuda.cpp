@@ -615,12 +615,12 @@ GpuRun run_on_gpu(const dmuon::testing::World& world, const dmuon::step::EngineO
   run.owners.resize(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) run.tensors.push_back(world.local(r));
   // NOTE: ranks share one GPU; a collective waits for the whole device, then copies.
-  dmuon::step::LoopbackOptions loopback_options;
+  dmuon::testing::LoopbackOptions loopback_options;
   loopback_options.copy = [](void* dst, const void* src, size_t bytes) {
     DMUON_CHECK_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
   };
   loopback_options.before_copy = [] { DMUON_CHECK_CUDA(cudaDeviceSynchronize()); };
-  dmuon::step::LoopbackWorld loopback(n, loopback_options);
+  dmuon::testing::LoopbackWorld loopback(n, loopback_options);
   const auto specs = world.specs();
   run.errors = loopback.run([&](int r) {
     DMUON_CHECK_CUDA(cudaSetDevice(0));

@@ -74,7 +74,7 @@ EarlyRun drive(const World& world, const std::vector<GroupRule>& rules, int num_
   run.owners.resize(static_cast<size_t>(n));
   run.stats.resize(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) run.tensors.push_back(world.local(r));
-  dmuon::step::LoopbackWorld loopback(n);
+  dmuon::testing::LoopbackWorld loopback(n);
   run.errors = loopback.run([&](int r) {
     dmuon::step::CpuOpsOptions cpu_options;
     cpu_options.poison_allocations = true;
@@ -215,7 +215,7 @@ TEST(WholeOnRank, BadSpecsAndPlansAreNamed) {
   // Owners given on some parameters only, and ranks that disagree on an owner.
   World world(model, 2, 1, 1);
   for (const bool mixed : {true, false}) {
-    dmuon::step::LoopbackWorld loopback(2);
+    dmuon::testing::LoopbackWorld loopback(2);
     const auto errors = loopback.run([&](int r) {
       dmuon::step::CpuOps cpu;
       auto specs = world.specs();
@@ -317,7 +317,7 @@ TEST(EarlyWork, DiscardLeavesMomentumAndWeightsUntouched) {
 TEST(EarlyWork, AStepAfterADiscardedOneIsTheOneShotStep) {
   const World world(owned_model(2), 2, 1, 21);
   const EarlyRun one_shot = drive(world, owned_rules(), 1, Drive{});
-  dmuon::step::LoopbackWorld loopback(2);
+  dmuon::testing::LoopbackWorld loopback(2);
   std::vector<RankTensors> tensors = initial_of(world);
   const auto errors = loopback.run([&](int r) {
     dmuon::step::CpuOps cpu;
@@ -337,7 +337,7 @@ TEST(EarlyWork, AStepAfterADiscardedOneIsTheOneShotStep) {
 // Each misuse raises naming what is wrong (and leaves the step as it was).
 TEST(EarlyWork, BadIdsAndMisuseAreNamed) {
   const World world(owned_model(1), 1, 1, 3);
-  dmuon::step::LoopbackWorld loopback(1);
+  dmuon::testing::LoopbackWorld loopback(1);
   const auto errors = loopback.run([&](int) {
     dmuon::step::CpuOps cpu;
     StepEngine engine(loopback.transport(0), cpu, world.specs(), EngineOptions{});
@@ -452,7 +452,7 @@ TEST(WholeOnRank, NonOwnersPassAnyEmptyView) {
   const EarlyRun reference = drive(world, rules, 1, Drive{});
   expect_no_errors(reference);
   std::vector<RankTensors> tensors = initial_of(world);
-  dmuon::step::LoopbackWorld loopback(2);
+  dmuon::testing::LoopbackWorld loopback(2);
   const auto errors = loopback.run([&](int r) {
     dmuon::step::CpuOps cpu;
     StepEngine engine(loopback.transport(r), cpu, world.specs(), EngineOptions{});
@@ -602,7 +602,7 @@ TEST(EarlyExchange, BackwardOrderSpreadsThePlanOverWindows) {
   std::vector<std::vector<int>> owners(2 * kWorld);
   std::vector<std::vector<std::vector<int>>> stage_items(kWorld);
   for (bool backward : {false, true}) {
-    dmuon::step::LoopbackWorld loopback(kWorld);
+    dmuon::testing::LoopbackWorld loopback(kWorld);
     const auto errors = loopback.run([&](int r) {
       dmuon::step::CpuOps cpu;
       EngineOptions options = many_stages(dmuon::step::Mode::kOwner);
@@ -695,7 +695,7 @@ TEST(EarlyExchange, DiscardAfterStagesLeftWritesNothingAndTheNextStepIsWhole) {
   one_shot.options = how.options;
   const EarlyRun expected = drive(world, owned_rules(), 1, one_shot);
   std::vector<RankTensors> tensors = initial_of(world);
-  dmuon::step::LoopbackWorld loopback(kWorld);
+  dmuon::testing::LoopbackWorld loopback(kWorld);
   const auto errors = loopback.run([&](int r) {
     dmuon::step::CpuOps cpu;
     StepEngine engine(loopback.transport(r), cpu, world.specs(), how.options);
@@ -730,7 +730,7 @@ TEST(EarlyExchange, LrAndDecayAreFinishsForStagesThatLeftEarly) {
   const EarlyRun expected = drive(world, at_step, 1, one_shot);
   expect_no_errors(expected);
   std::vector<RankTensors> tensors = initial_of(world);
-  dmuon::step::LoopbackWorld loopback(kWorld);
+  dmuon::testing::LoopbackWorld loopback(kWorld);
   const auto errors = loopback.run([&](int r) {
     dmuon::step::CpuOps cpu;
     StepEngine engine(loopback.transport(r), cpu, world.specs(), one_shot.options);

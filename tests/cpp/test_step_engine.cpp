@@ -305,7 +305,7 @@ TEST(StepEngine, CheckedOnlyGradientsRefuseTheStepToo) {
     for (int r = 0; r < world_size; ++r)
       extra[static_cast<size_t>(r)] = {{"embedding.weight", extra_values[static_cast<size_t>(r)].buffer()},
                                        {"head.bias", bias[static_cast<size_t>(r)].buffer()}};
-    dmuon::step::LoopbackWorld loopback(world_size);
+    dmuon::testing::LoopbackWorld loopback(world_size);
     std::vector<std::vector<StepOutcome>> outcomes(static_cast<size_t>(world_size));
     std::vector<dmuon::testing::RankTensors> tensors;
     for (int r = 0; r < world_size; ++r) tensors.push_back(world.local(r));
@@ -510,7 +510,7 @@ TEST(StepEngine, TransportThatMovesNothingRunsOneRanksRealWork) {
   dmuon::step::CpuOpsOptions cpu_options;
   cpu_options.poison_allocations = true;
   dmuon::step::CpuOps ops(cpu_options);
-  dmuon::step::NoDataTransport transport(2, 4);
+  dmuon::testing::NoDataTransport transport(2, 4);
   EngineOptions options;
   options.stage_bytes = 256;  // NOTE: the MILP too is solved locally here
   dmuon::step::StepEngine engine(transport, ops, world.specs(), options);

@@ -10,13 +10,13 @@
 #include <vector>
 
 #include "common/check.h"
-#include "step/loopback_transport.h"
+#include "loopback_transport.h"
 
 namespace {
 
 using dmuon::step::Buffer;
 using dmuon::step::DType;
-using dmuon::step::LoopbackWorld;
+using dmuon::testing::LoopbackWorld;
 using dmuon::step::ReduceOp;
 
 Buffer view(std::vector<float>& v) { return Buffer{v.data(), DType::kFloat32, static_cast<int64_t>(v.size()), {}}; }
@@ -138,7 +138,7 @@ TEST(Loopback, LeavingAnExchangeUnfinishedFailsTheOthers) {
 }
 
 TEST(NoDataTransport, MovesNothingAndScalesSums) {
-  dmuon::step::NoDataTransport transport(2, 4);
+  dmuon::testing::NoDataTransport transport(2, 4);
   std::vector<float> send(3, 1.f), recv(5, 7.f);
   transport.all_to_all(view(send), {1, 1, 0, 1}, view(recv), {2, 1, 0, 2}, "pieces")->wait();
   EXPECT_EQ(recv, std::vector<float>(5, 7.f));

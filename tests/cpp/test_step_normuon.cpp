@@ -14,7 +14,7 @@
 #include "optim/normuon.h"
 #include "step/cpu/cpu_ops.h"
 #include "step/engine.h"
-#include "step/loopback_transport.h"
+#include "loopback_transport.h"
 #include "step_world.h"
 
 namespace {
@@ -91,7 +91,7 @@ TEST(StepNormuon, OneProcessMatchesFp64Reference) {
     rbuf.emplace_back(numel, 0.0);
     rv.emplace_back(rows, 0.0);
   }
-  step::LoopbackWorld world(1);
+  dmuon::testing::LoopbackWorld world(1);
   step::CpuOpsOptions o;
   o.poison_allocations = true;
   step::CpuOps ops(o);
@@ -142,7 +142,7 @@ TEST(StepNormuon, ShardedAndReplicatedMatchOneProcessBitwise) {
   auto run = [&](int world) {
     std::vector<std::vector<std::vector<float>>> p(world), v(world);  // [rank][param]
     std::vector<std::vector<int64_t>> row0(world);
-    step::LoopbackWorld loop(world);
+    dmuon::testing::LoopbackWorld loop(world);
     const auto errors = loop.run([&](int rank) {
       std::vector<step::ParamSpec> specs;
       for (size_t i = 0; i < mats.size(); ++i) specs.push_back(spec_of("w" + std::to_string(i), mats[i], sharded[i]));

@@ -3,6 +3,7 @@
 // conversions, momentum rounded like torch's lerp on 16-bit tensors, apply, the gate).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -17,7 +18,7 @@
 #include "step/cpu/cpu_ops.h"
 #include "step/items.h"
 #include "step/options.h"
-#include "step/route.h"
+#include "step/device_ops.h"
 #include "step/stages.h"
 
 namespace {
@@ -266,57 +267,55 @@ TEST(StepStages, OneProcessHasOneStageAndGatherOneBatchPerStage) {
                        "is listed twice"));
 }
 
-// ---------------------------------------------------------------- route
-TEST(StepRoute, DecisionTable) {
-  using dmuon::step::Device;
-  using dmuon::step::DeviceKind;
-  using dmuon::step::ParamPath;
-  using dmuon::step::TransportKind;
-  const Device cpu{DeviceKind::kCpu, 0}, gpu{DeviceKind::kCuda, 0}, gpu1{DeviceKind::kCuda, 1};
-  struct Row {
-    int world;
-    dmuon::step::Mode mode;
-    std::vector<dmuon::step::ParamFacts> params;
-    TransportKind transport;
-    bool gate;
-    std::vector<ParamPath> paths;
-    std::string error_part;
-  };
-  const std::vector<Row> table = {
-      {1, dmuon::step::Mode::kOwner, {{"a", gpu, DType::kFloat32}}, TransportKind::kLocal, true, {ParamPath::kEngine}, ""},
-      {1, dmuon::step::Mode::kGather, {{"a", cpu, DType::kFloat64}}, TransportKind::kLocal, true, {ParamPath::kEngine}, ""},
-      {4, dmuon::step::Mode::kOwner, {{"a", gpu, DType::kBFloat16}}, TransportKind::kShardExchange, false,
-       {ParamPath::kEngine}, ""},
-      {4, dmuon::step::Mode::kGather, {{"a", gpu, DType::kFloat16}}, TransportKind::kGather, false, {ParamPath::kEngine},
-       ""},
-      {2, dmuon::step::Mode::kOwner,
-       {{"a", gpu, DType::kFloat32}, {"b", gpu, DType::kFloat64}, {"c", gpu, DType::kFloat32, true, true},
-        {"d", gpu, DType::kFloat32, false}},
-       TransportKind::kShardExchange, false,
-       {ParamPath::kEngine, ParamPath::kFallback, ParamPath::kOwnership, ParamPath::kFallback}, ""},
-      {1, dmuon::step::Mode::kOwner, {{"a", gpu, DType::kFloat32}, {"b", gpu1, DType::kFloat32}}, TransportKind::kLocal,
-       false, {}, "'a' is on cuda:0, 'b' on cuda:1"},
-      {1, dmuon::step::Mode::kOwner, {{"i", cpu, DType::kInt32}}, TransportKind::kLocal, false, {},
-       "parameter 'i' has dtype int32"},
-  };
-  for (size_t k = 0; k < table.size(); ++k) {
-    const Row& row = table[k];
-    const auto out = dmuon::step::decide_route({row.world, row.mode, row.params});
-    if (!row.error_part.empty()) {
-      EXPECT_TRUE(contains(out.error, row.error_part)) << "row " << k << ": " << out.error;
-      continue;
-    }
-    EXPECT_TRUE(out.ok()) << "row " << k << ": " << out.error;
-    EXPECT_EQ(out.transport, row.transport) << "row " << k;
-    EXPECT_EQ(out.device_gate, row.gate) << "row " << k;
-    EXPECT_EQ(out.paths, row.paths) << "row " << k;
+std::vector<size_t> run_sizes(const std::vector<std::vector<int>>& runs, const std::vector<int64_t>& counts) {
+  std::vector<size_t> sizes;
+  for (const auto& run : runs) {
+    int64_t total = 0;
+    for (int i : run) total += counts[static_cast<size_t>(i)];
+    sizes.push_back(static_cast<size_t>(total));
   }
-  // The reasons name what the fallback is for.
-  const auto out = dmuon::step::decide_route({2, dmuon::step::Mode::kOwner, table[4].params});
-  EXPECT_TRUE(contains(out.reasons[1], "float64 parameters are not supported by the CUDA step ops")) << out.reasons[1];
-  EXPECT_TRUE(contains(out.reasons[3], "not contiguous")) << out.reasons[3];
-  EXPECT_EQ(out.reasons[0], "");
-  EXPECT_TRUE(dmuon::step::ops_support(DeviceKind::kCpu, DType::kFloat64));
+  return sizes;
+}
+
+TEST(SplitNearEqual, FewestRunsOfAtMostTwoSizes) {
+  // 84 Qwen2.5-7B gate/up/down matrices, 5 per 2 GiB batch: 17 runs, 16 of 5 and one of 4.
+  const std::vector<int64_t> ones(84, 1);
+  const auto runs = dmuon::step::split_near_equal(ones, 5);
+  ASSERT_EQ(runs.size(), 17u);
+  const auto sizes = run_sizes(runs, ones);
+  EXPECT_EQ(std::count(sizes.begin(), sizes.end(), 5u), 16);
+  EXPECT_EQ(std::count(sizes.begin(), sizes.end(), 4u), 1);
+  // 10 in runs of ≤ 4: ⌈10/4⌉ = 3 runs of at most ⌈10/3⌉ = 4: 4, 4, 2.
+  EXPECT_EQ(run_sizes(dmuon::step::split_near_equal(std::vector<int64_t>(10, 1), 4), std::vector<int64_t>(10, 1)),
+            (std::vector<size_t>{4, 4, 2}));
+  // 9 in runs of ≤ 4: 3 runs of 3 (not 4, 4, 1).
+  EXPECT_EQ(run_sizes(dmuon::step::split_near_equal(std::vector<int64_t>(9, 1), 4), std::vector<int64_t>(9, 1)),
+            (std::vector<size_t>{3, 3, 3}));
+  // Everything fits: one run, in order.
+  EXPECT_EQ(dmuon::step::split_near_equal({1, 1, 1}, 100), (std::vector<std::vector<int>>{{0, 1, 2}}));
+  EXPECT_TRUE(dmuon::step::split_near_equal({}, 3).empty());
+}
+
+TEST(SplitNearEqual, StacksOfMatricesAndOversizedItems) {
+  // Items of 3 matrices (a [3, m, n] parameter) under capacity 4: one item per run.
+  EXPECT_EQ(dmuon::step::split_near_equal({3, 3, 3}, 4), (std::vector<std::vector<int>>{{0}, {1}, {2}}));
+  // An item above the capacity is a run of its own; its neighbours are not merged into it.
+  EXPECT_EQ(dmuon::step::split_near_equal({1, 5, 1}, 2), (std::vector<std::vector<int>>{{0}, {1}, {2}}));
+  EXPECT_THROW(dmuon::step::split_near_equal({1, 1}, 0), dmuon::Error);
+  EXPECT_THROW(dmuon::step::split_near_equal({1, 0}, 2), dmuon::Error);
+}
+
+// ---------------------------------------------------------------- device support
+TEST(StepDeviceOps, SupportedDtypesAndWhyNot) {
+  using dmuon::step::DeviceKind;
+  std::string why;
+  EXPECT_TRUE(dmuon::step::ops_support(DeviceKind::kCpu, DType::kFloat64, &why));
+  EXPECT_TRUE(dmuon::step::ops_support(DeviceKind::kCuda, DType::kBFloat16, &why));
+  EXPECT_FALSE(dmuon::step::ops_support(DeviceKind::kCuda, DType::kFloat64, &why));
+  EXPECT_TRUE(contains(why, "float64 parameters are not supported by the CUDA step ops")) << why;
+  EXPECT_FALSE(dmuon::step::ops_support(DeviceKind::kCpu, DType::kInt32, &why));
+  EXPECT_TRUE(contains(why, "int32 is not a floating-point type")) << why;
+  EXPECT_FALSE(dmuon::step::ops_support(DeviceKind::kCuda, DType::kFloat64));  // no reason asked for
 }
 
 // ---------------------------------------------------------------- options

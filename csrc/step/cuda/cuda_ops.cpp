@@ -19,7 +19,6 @@
 #include "step/cuda/piece_kernels.h"
 #include "step/cuda/stream_set.h"
 #include "step/cuda/sym_self_check.h"
-#include "step/route.h"
 
 namespace dmuon::step {
 namespace {

@@ -7,7 +7,7 @@
 // streams (step/cuda/stream_set.h), and memory comes from an Allocator (the adapter's:
 // torch's caching allocator). Gram schedules iterate in float16, standard ones in
 // bfloat16 (DESIGN.md §3). Parameters of float32, bfloat16 and float16; float64 ones are
-// refused as the route decision says (step/route.h: the adapter's ATen fallback).
+// refused as ops_support says (step/device_ops.h: the adapter's ATen fallback).
 #pragma once
 
 #include <cstdint>

@@ -1,11 +1,10 @@
-// dmuon._C.engine: the step engine's torch runtime (EngineRuntime) and its route check.
+// dmuon._C.engine: the step engine's torch runtime (EngineRuntime).
 #include <pybind11/stl.h>
 #include <torch/python.h>
 
 #include "bindings.h"
 #include "optional_tensors.h"
 #include "engine/engine_runtime.h"
-#include "step/route.h"
 
 namespace py = pybind11;
 

@@ -370,8 +370,10 @@ void EngineRuntime::record_stats() {
 }
 
 sim::StageLayout EngineRuntime::stage_layout() const {
-  return step::stage_layout(engine_->items(), engine_->stages(), engine_->options().mode,
-                            step::dtype_size(engine_->wire_dtype()), last_active_);
+  sim::StageLayout layout = step::stage_layout(engine_->items(), engine_->stages(), engine_->options().mode,
+                                               step::dtype_size(engine_->wire_dtype()), last_active_);
+  layout.agreement_bytes = engine_->last_stats().agreement_bytes;
+  return layout;
 }
 
 }  // namespace dmuon::torch_adapter

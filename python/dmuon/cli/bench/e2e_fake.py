@@ -205,7 +205,7 @@ class _FakeRankTrainer:
         self.opt.zero_grad(set_to_none=True)
         if timed and not counting:
             self.times.append((mid - start, end - mid))
-            projected = muon_projection(self.opt, self.topology, self.counts["muon_matrices"])
+            projected = muon_projection(self.opt, self.topology)
             if projected is not None:
                 self.muon.append(projected)
 

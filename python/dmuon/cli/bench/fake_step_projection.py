@@ -31,24 +31,18 @@ import dmuon
 from dmuon.cli.bench.fake_world import ClusterTopology
 
 
-def _agreement_bytes(num_params: int) -> int:
-    # NOTE: the engine's start-of-step agreement: [has gradient, gradient bad, momentum bad]
-    # per Muon parameter, the checked AdamW gradients and one "input invalid", int64 each.
-    return 8 * (3 * num_params + 1)
-
-
-def project(runtime, topology: ClusterTopology, rank_times: list, layout, num_params: int) -> tuple[float, float]:
+def project(runtime, topology: ClusterTopology, rank_times: list, layout) -> tuple[float, float]:
     """(simulated seconds, this rank's waits) of the pipeline of `layout`'s stages with this
     rank's measured `rank_times` (one phase tuple per stage), the other ranks predicted."""
     from dmuon.analysis import sim
 
     projection = sim.project_step(layout, topology.group(runtime.world_size), {runtime.rank: rank_times},
                                   list(runtime.cost_entries), runtime.options.device_type,
-                                     runtime.last_stats.pipeline_depth, _agreement_bytes(num_params))
+                                  runtime.last_stats.pipeline_depth)
     return projection.step_s, projection.ranks[runtime.rank].wait_s
 
 
-def muon_projection(opt, topology: ClusterTopology, num_params: int) -> dict | None:
+def muon_projection(opt, topology: ClusterTopology) -> dict | None:
     """This rank's last step: the whole pipeline projected (`simulated_s`), the early work
     (stats of the engine), and what is left at step() (`late_*`, `early_return_s`)."""
     from dmuon.analysis import sim
@@ -62,7 +56,7 @@ def muon_projection(opt, topology: ClusterTopology, num_params: int) -> dict | N
     s = runtime.last_stats
     times = [tuple(b) for b in s.bucket_times]
     layout = runtime.stage_layout
-    simulated, wait = project(runtime, topology, times, layout, num_params)
+    simulated, wait = project(runtime, topology, times, layout)
     out = {"simulated_s": simulated, "compute_s": sum(sum(b) for b in times), "fill_s": s.model_fill_s,
            "wait_s": wait, "bytes_sent": s.bytes_sent, "bytes_received": s.bytes_received,
            "ns_s": sum(b[1] for b in times), "num_stages": len(times),
@@ -79,7 +73,7 @@ def muon_projection(opt, topology: ClusterTopology, num_params: int) -> dict | N
     if first == 0:
         out.update(late_simulated_s=simulated, late_compute_s=out["compute_s"])
     else:
-        late_simulated, _ = project(runtime, topology, times[first:], layout.from_stage(first), num_params)
+        late_simulated, _ = project(runtime, topology, times[first:], layout.from_stage(first))
         out.update(late_simulated_s=late_simulated, late_compute_s=sum(sum(b) for b in times[first:]))
     return out
 

@@ -235,11 +235,8 @@ def project_method(method: str, records: dict[int, dict], settings: _Settings, t
         measured = {}
         for r in records.values():
             measured.setdefault(r["group_rank"], r["bucket_times"])
-        # NOTE: the engine's start-of-step agreement (int64 each): [has gradient, gradient
-        # bad, momentum bad] per parameter and one "input invalid".
-        num_flags = 3 * len(settings.shapes) + 1
         projection = sim.project_step(first["_layout"], group_topology, measured, first["cost_entries"],
-                                         first["device_type"], first["pipeline_depth"], 8 * num_flags)
+                                      first["device_type"], first["pipeline_depth"])
         traffic = sim.rank_traffic(first["_layout"], group_topology)
         for rank, r in records.items():
             t = traffic[r["group_rank"]]

@@ -1,4 +1,5 @@
-// dmuon/step/loopback_transport.h — transports without a collective library, for tests:
+// tests/cpp/loopback_transport.h — transports without a collective library, for the tests
+// only (the product's transport is the torch adapter's c10d one):
 //   LoopbackWorld    N ranks as threads of one process meeting at a shared rendezvous
 //                    (all_to_all, all_reduce, broadcast), so GoogleTest can run worlds of 1–4;
 //   NoDataTransport  rank r of a world of D that moves nothing (the model of torch's fake
@@ -19,7 +20,12 @@
 
 #include "step/transport.h"
 
-namespace dmuon::step {
+namespace dmuon::testing {
+
+using step::Buffer;
+using step::Pending;
+using step::ReduceOp;
+using step::Transport;
 
 struct LoopbackOptions {
   /// Copies `bytes` between two ranks' buffers (default std::memcpy; a GPU test passes a
@@ -93,4 +99,4 @@ class NoDataTransport : public Transport {
   int rank_, world_size_;
 };
 
-}  // namespace dmuon::step
+}  // namespace dmuon::testing

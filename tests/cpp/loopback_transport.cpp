@@ -1,6 +1,6 @@
-// dmuon/step/loopback_transport.cpp — the in-process rendezvous of LoopbackWorld and the
+// tests/cpp/loopback_transport.cpp — the in-process rendezvous of LoopbackWorld and the
 // transport that moves nothing.
-#include "step/loopback_transport.h"
+#include "loopback_transport.h"
 
 #include <cstring>
 #include <sstream>
@@ -8,7 +8,7 @@
 
 #include "common/check.h"
 
-namespace dmuon::step {
+namespace dmuon::testing {
 
 // One collective, by sequence number: what each rank brought, and its outcome.
 struct LoopbackWorld::Slot {
@@ -331,4 +331,4 @@ std::vector<int64_t> NoDataTransport::all_reduce(const std::vector<int64_t>& loc
 
 std::string NoDataTransport::broadcast(const std::string& text, const std::string&) { return text; }
 
-}  // namespace dmuon::step
+}  // namespace dmuon::testing
