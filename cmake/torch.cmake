@@ -7,7 +7,7 @@ execute_process(
     "import os, torch; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.version.cuda or '')"
   OUTPUT_VARIABLE _torch_info OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _torch_rc)
 if(NOT _torch_rc EQUAL 0)
-  message(FATAL_ERROR "dmuon: cannot import torch from ${Python_EXECUTABLE}; install torch==2.11.0 first")
+  message(FATAL_ERROR "dmuon: cannot import torch from ${Python_EXECUTABLE}; install torch first (the supported releases: pyproject.toml)")
 endif()
 string(REPLACE "\n" ";" _torch_info "${_torch_info}")
 list(GET _torch_info 0 TORCH_DIR)

@@ -3,10 +3,14 @@
 #   bash scripts/run.sh train [args…]   the main job: train a small GPT with dmuon vs AdamW
 #   bash scripts/run.sh test            the whole test suite (C++ ctest + pytest)
 #   bash scripts/run.sh build           install dependencies and build only
+# Each takes --torch newest first: the same against the newest torch of the supported range,
+# in a virtual environment of its own (build/venv-torch-newest, build dir build/py-torchX.Y).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
 BUILD_DIR=build/py
+# The supported torch releases: pyproject.toml's dependency, the one place they are written.
+TORCH_SPEC=$(sed -n 's/^dependencies = \[.*"\(torch[^"]*\)".*/\1/p' pyproject.toml)
 
 log() { printf '[dmuon] %s\n' "$*" >&2; }
 
@@ -27,13 +31,11 @@ ensure_system_packages() {
   fi
 }
 
-# Python packages, pinned in pyproject.toml (torch==2.11.0).
+# Python packages. torch: an installed release in the supported range is kept (pip leaves a
+# satisfied requirement alone), else the newest in range is installed.
 ensure_python_packages() {
-  if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '2.11.0' else 1)" 2>/dev/null; then
-    log "installing torch==2.11.0"
-    "$PYTHON" -m pip install -q "torch==2.11.0"
-  fi
-  "$PYTHON" -m pip install -q numpy matplotlib tqdm pytest "scikit-build-core>=0.10" ninja
+  "$PYTHON" -m pip install -q "$TORCH_SPEC" numpy matplotlib tqdm pytest "scikit-build-core>=0.10" ninja
+  log "torch $("$PYTHON" -c 'import torch; print(torch.__version__)') (supported: $TORCH_SPEC)"
   # CUTLASS/CuTe headers for the sm_90a symmetric kernel (headers only: --no-deps).
   "$PYTHON" -c "import cutlass_library" 2>/dev/null ||
     "$PYTHON" -m pip install -q --no-deps "nvidia-cutlass==4.2.0.0"
@@ -49,8 +51,34 @@ build() {
     -Cbuild-dir="$BUILD_DIR" -Ccmake.define.DMUON_BUILD_TESTS=ON
 }
 
+# --torch newest: a virtual environment of its own with the newest torch in range from PyPI.
+# NOTE: that torch brings its CUDA libraries as nvidia-* wheels (5.5 GB installed for torch
+# 2.15.0); the environment is kept and reused, so pip's download cache (another copy in the
+# home folder) is turned off for it.
+use_newest_torch() {
+  local venv=build/venv-torch-newest
+  if [ ! -x "$venv/bin/python" ]; then
+    log "making $venv"
+    "$PYTHON" -m venv "$venv" || { log "cannot make a virtual environment with $PYTHON (Debian: apt-get install python3-venv)"; return 1; }
+  fi
+  PYTHON=$venv/bin/python
+  export PIP_NO_CACHE_DIR=1
+  log "installing the newest $TORCH_SPEC into $venv"
+  "$PYTHON" -m pip install -q --upgrade "$TORCH_SPEC"
+  BUILD_DIR=build/py-torch$("$PYTHON" -c "import torch; print('.'.join(torch.__version__.split('.')[:2]))")
+}
+
 cmd=${1:-}
 [ $# -gt 0 ] && shift
+case "$cmd" in
+  build|train|test) ;;
+  *) echo "usage: bash scripts/run.sh {train|test|build} [--torch newest] [args…]" >&2; exit 2 ;;
+esac
+if [ "${1:-}" = --torch ]; then
+  [ "${2:-}" = newest ] || { echo "--torch takes 'newest' (got '${2:-}')" >&2; exit 2; }
+  shift 2
+  use_newest_torch
+fi
 case "$cmd" in
   build)
     ensure_system_packages; ensure_python_packages; build ;;
@@ -63,6 +91,4 @@ case "$cmd" in
     ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2
     log "Python tests (pytest)"
     exec "$PYTHON" -m pytest -q tests/python "$@" ;;
-  *)
-    echo "usage: bash scripts/run.sh {train|test|build} [args…]" >&2; exit 2 ;;
 esac

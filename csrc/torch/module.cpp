@@ -3,11 +3,17 @@
 // NOTE: pybind11 alone (bindings.h): this file binds no tensor. torch/extension.h (all of the
 // C++ frontend) made it one of the build's longest files; the binding files include
 // torch/python.h, the tensor casters, for the same reason.
+#include <torch/version.h>
+
+#include <string>
+
 #include "bindings.h"
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "dmuon C++ core and torch ops";
   m.attr("__version__") = DMUON_VERSION;
+  // The torch release (major.minor) whose headers this module was compiled against.
+  m.attr("torch_version") = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR);
 #ifdef DMUON_WITH_CUDA
   m.attr("built_with_cuda") = true;
 #else

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 
+#include "all_to_all.h"
 #include "common/check.h"
 #include "engine/torch_ops.h"
 #include "flag_reduce.h"
@@ -339,7 +340,7 @@ void OwnershipRuntime::issue_bucket(size_t k) {
     issued->recv = at::empty({chunk * grid_.shards}, buffer.options());
     std::vector<int64_t> output_splits(static_cast<size_t>(grid_.shards), chunk);
     std::vector<int64_t> input_splits = bucket.shard_split;
-    issued->work = shard_group_->alltoall_base(issued->recv, buffer, output_splits, input_splits);
+    issued->work = all_to_all_single(*shard_group_, issued->recv, buffer, output_splits, input_splits);
   }
   issued_[k] = true;
   record("reduce_issued", static_cast<int64_t>(k));
@@ -404,7 +405,7 @@ void OwnershipRuntime::process(Issued& issued) {
     std::vector<int64_t> output_splits(static_cast<size_t>(grid_.replicas), splits[static_cast<size_t>(r)]);
     at::Tensor send = partial.contiguous();
     std::vector<int64_t> input_splits = splits;
-    wait_work(replicate_reduce_group_->alltoall_base(recv, send, output_splits, input_splits),
+    wait_work(all_to_all_single(*replicate_reduce_group_, recv, send, output_splits, input_splits),
               "all_to_all of gradients across replicas (bucket " + std::to_string(issued.k) + ")");
     mine = recv.view({grid_.replicas, -1}).sum(0);
   }

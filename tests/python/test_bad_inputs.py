@@ -154,3 +154,18 @@ def test_the_step_runtime_checks_its_options_itself(field, value, pattern):
     options = _C.dist.RuntimeOptions(**{field: value})
     with pytest.raises(RuntimeError, match=pattern):
         _C.engine.EngineRuntime("", ["w"], [_C.dist.ParamLayout([4, 6], 0, False)], ["float32"], [0], options)
+
+
+def test_an_extension_built_against_another_torch_release_is_refused_naming_both(monkeypatch):
+    import importlib
+    import re
+
+    import dmuon._ops as ops_module
+    assert ops_module._C.torch_version == ".".join(torch.__version__.split(".")[:2])
+    monkeypatch.setattr(ops_module._C, "torch_version", "2.0")
+    try:
+        with pytest.raises(ImportError, match=rf"built against torch 2\.0, but torch {re.escape(torch.__version__)}"):
+            importlib.reload(ops_module)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(ops_module)

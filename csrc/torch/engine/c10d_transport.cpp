@@ -5,6 +5,7 @@
 
 #include <numeric>
 
+#include "all_to_all.h"
 #include "common/check.h"
 #include "step_tensors.h"
 #include "world_detect.h"
@@ -91,7 +92,7 @@ std::unique_ptr<step::Pending> C10dTransport::all_to_all(const step::Buffer& sen
   std::vector<int64_t> input_splits = send_counts, output_splits = recv_counts;
   c10::intrusive_ptr<c10d::Work> work;
   try {
-    work = group_->alltoall_base(output, input, output_splits, input_splits);
+    work = all_to_all_single(*group_, output, input, output_splits, input_splits);
   } catch (const std::exception& error) {
     DMUON_FAIL("dmuon: ", what, " failed on rank ", rank(), " of ", world_size(), ": ", error.what());
   }

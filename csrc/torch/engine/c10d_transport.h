@@ -1,7 +1,7 @@
 // dmuon/torch/engine/c10d_transport.h — step::Transport over a c10d process group (the
 // torch adapter's transport for the step engine and the ownership runtime).
 //
-//   all_to_all   alltoall_base over flat tensors that view the engine's Buffers (uneven
+//   all_to_all   c10d's all_to_all over flat tensors that view the engine's Buffers (uneven
 //                counts); on a CUDA group it is enqueued after the work on torch's current
 //                stream (the caller runs the step with the ops' stream current), and
 //                Pending::wait() makes that stream wait for it (no host sync)

@@ -43,7 +43,7 @@ def local_slice(batch: torch.Tensor) -> torch.Tensor:
 def mean_over_ranks(value: torch.Tensor) -> float:
     """The mean of a scalar over ranks (NOTE: SUM then divide; Gloo has no AVG)."""
     if not is_distributed():
-        return float(value)
+        return float(value.detach())
     total = value.detach().clone().float().reshape(1)
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     return float(total) / dist.get_world_size()
