@@ -52,6 +52,14 @@ void check_normuon_matrix(const char* what, const NormuonMatrix& m, const NsBatc
   DMUON_CHECK(m.flag_idx >= 0 && m.flag_idx < result_flags.numel, what, ": flag index ", m.flag_idx, " out of range");
 }
 
+void check_sum_into(const char* what, const Buffer& src, int64_t num_parts, int64_t part_stride, const Buffer& dst) {
+  DMUON_CHECK(num_parts >= 1 && part_stride >= dst.numel && src.numel >= (num_parts - 1) * part_stride + dst.numel &&
+                  !src.strided() && !dst.strided() &&
+                  (dst.numel == 0 || (src.data != nullptr && dst.data != nullptr)) && src.device == dst.device,
+              what, ": ", num_parts, " parts of ", dst.numel, " elements ", part_stride, " apart on ",
+              device_name(dst.device), " from ", src.numel, " contiguous elements on ", device_name(src.device));
+}
+
 void check_batch_rows(const char* what, const NsBatchDesc& batch, int64_t matrix_idx, int64_t row_begin,
                       int64_t row_count, int64_t numel, int64_t col_begin, int64_t col_count) {
   const auto [c0, nc] = piece_cols(batch, col_begin, col_count);

@@ -125,6 +125,10 @@ struct NormuonMatrix {
 void check_normuon_matrix(const char* what, const NormuonMatrix& m, const NsBatchDesc& batch,
                           const Buffer& result_flags);
 
+/// Throws dmuon::Error naming `what` unless `src` holds `num_parts` parts of dst's size
+/// `part_stride` apart, both contiguous on one device (the ops' sum_into check).
+void check_sum_into(const char* what, const Buffer& src, int64_t num_parts, int64_t part_stride, const Buffer& dst);
+
 /// The columns [begin, begin + count) of a piece in `batch` (col_count < 0: all of them).
 inline std::pair<int64_t, int64_t> piece_cols(const NsBatchDesc& batch, int64_t col_begin, int64_t col_count) {
   return col_count < 0 ? std::pair<int64_t, int64_t>{0, batch.cols} : std::pair<int64_t, int64_t>{col_begin, col_count};
@@ -168,6 +172,12 @@ class DeviceOps {
   virtual void fill_synthetic(const Buffer& buffer, uint64_t seed) = 0;
   /// dst ← src (same dtype and size).
   virtual void copy(const Buffer& src, const Buffer& dst) = 0;
+  /// dst ← scale · Σ_k part_k (+ dst when `accumulate`), part k the dst.numel elements of
+  /// `src` from k·part_stride: summed in float32 or wider (float64 for float64), rounded to
+  /// dst's dtype once; src and dst of any floating dtypes (the weight-ownership mode's
+  /// gradients into their buckets, a bucket's pieces reduced on their owner). Contiguous
+  /// buffers only.
+  virtual void sum_into(const Buffer& src, int64_t num_parts, int64_t part_stride, const Buffer& dst, double scale, bool accumulate) = 0;
 
   /// Reads only: NaN/Inf flags (int32, zeroed by the caller) and U² partials.
   virtual Partials check(const std::vector<CheckPiece>& pieces, const Buffer& flags) = 0;

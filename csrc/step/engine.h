@@ -5,8 +5,9 @@
 //             the items, solved on rank 0 and broadcast, or solved on every rank where
 //             the solver is deterministic or the transport moves no data; agreed by hash
 //   check     NaN/Inf flags of every local gradient and momentum buffer (reads only)
-//   agree     several ranks: one all_reduce of [has gradient] + flags, on the host,
-//             before any exchange; one rank: a device-side gate, no host wait
+//   agree     several ranks: the start agreement (step/start_agreement.h: one all_reduce
+//             of a fixed size: the caller's checks, which gradients exist, NaN/Inf), on
+//             the host, before any exchange; one rank: a device-side gate, no host wait
 //   stages    pipelined: forwards `depth` stages ahead, returns applied `depth` behind;
 //             each stage executes its exchange plan (exchange_plan.h: counts, offsets and
 //             pieces, made once per set of items with gradients, never per step)
@@ -42,6 +43,7 @@
 #include "step/options.h"
 #include "step/phase_clock.h"
 #include "step/stages.h"
+#include "step/start_agreement.h"
 #include "step/stats.h"
 #include "step/transport.h"
 
@@ -86,10 +88,30 @@ struct StepOutcome {
   bool applied() const { return status == Status::kApplied; }
 };
 
+/// The owners of parameters that each live whole on one rank (the weight-ownership mode).
+struct OwnerPlan {
+  std::vector<int> owners;  ///< [parameter] its rank
+  std::string text;         ///< the plan as solved (serialized)
+  double makespan_s = 0.0;  ///< the planner's predicted slowest rank's NS seconds
+};
+
+/// Plans an owner for every parameter of `params` (each a unit: all its matrices on one
+/// rank; their layouts unsharded) as the engine plans its items, by the one driver of
+/// engine_plan.cpp (options.solver, .milp, .plan_locally; the analytic cost of `device`:
+/// nothing of theirs runs yet to be timed); with spread_layers, each layer's same-shape matrices land on
+/// different owners (layer_of[i]: the layer of parameter i, −1 none; plan/layer_spread.h).
+/// Collective over `transport`: every rank holds the same plan (agreed by its fingerprint)
+/// or throws naming why. Called before any engine exists; the engine then takes the
+/// owners as ParamSpec::whole_on_rank.
+OwnerPlan plan_whole_owners(Transport& transport, const std::vector<ParamSpec>& params, const std::vector<int>& layer_of,
+                            const EngineOptions& options, DeviceKind device, int64_t wire_element_bytes,
+                            bool spread_layers);
+
 class StepEngine {
  public:
   /// Collective: every rank makes it with the same params and options (the plan is made
-  /// and agreed here). The transport and ops outlive the engine.
+  /// and agreed here: owners given by ParamSpec::whole_on_rank where set, solved for the
+  /// rest). The transport and ops outlive the engine.
   StepEngine(Transport& transport, DeviceOps& ops, std::vector<ParamSpec> params, EngineOptions options);
   ~StepEngine();
 
@@ -101,8 +123,10 @@ class StepEngine {
   /// `extra`: gradients checked with the step's (every rank passes the same list).
   /// `agree_results`: false (several ranks) leaves an applied step's result agreement to
   /// agree_committed() (commit(false)); one process always agrees at once.
+  /// `checks`: the caller's, agreed with the engine's in the start agreement.
   StepOutcome step(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules, int64_t step_idx,
-                   const std::vector<CheckOnly>& extra = {}, bool agree_results = true);
+                   const std::vector<CheckOnly>& extra = {}, bool agree_results = true,
+                   const StartChecks& checks = {});
 
   // ---- Early work and the two-phase step (the weight-ownership mode's local items; the
   // sharded step begun inside backward, issue 27: stages of items that travel).
@@ -130,9 +154,11 @@ class StepEngine {
   /// throws, with the step closed, where step() throws before writing (a gradient on some
   /// ranks only, invalid input). `step_idx` names the step, early work included.
   /// `tensors` must stay alive until commit(). Momentum and NS of early items follow
-  /// begin_step()'s rules; lr and weight decay, finish()'s.
+  /// begin_step()'s rules; lr and weight decay, finish()'s. `checks` join the start
+  /// agreement; where some rank's checks.changed, every rank drops its work begun early and
+  /// the whole step runs from `tensors` (this rank checks them all again if it changed).
   StepOutcome finish(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules, int64_t step_idx,
-                     const std::vector<CheckOnly>& extra = {});
+                     const std::vector<CheckOnly>& extra = {}, const StartChecks& checks = {});
   /// Writes the agreed step: the early items' staged momentum and held results, the rest
   /// through the pipeline; then the result agreement (throws naming the first parameter
   /// whose orthogonalized update was not finite, after the rest was applied).
@@ -142,7 +168,9 @@ class StepEngine {
   /// agree_committed() before any other call of the engine (its all_reduce is collective).
   void commit(bool agree = true);
   /// The result agreement of the step commit(false) wrote; throws as commit() does.
-  void agree_committed();
+  /// `extra_max`: the caller's values agreed with it (max over the ranks; e.g. QK-clip's
+  /// logit maxima as ordered integers), returned agreed.
+  std::vector<int64_t> agree_committed(const std::vector<int64_t>& extra_max = {});
   /// Whether a step was committed without its result agreement.
   bool results_pending() const { return committed_ != nullptr; }
   /// Closes the open step without writing anything (early results dropped).
@@ -178,12 +206,10 @@ class StepEngine {
   struct Early;
 
   void make_plan();
-  void take_given_owners();
-  void agree_plan(uint64_t hash, const std::string& error);
   // Phases of a step: the check of every active item not made ready early (into st.flags),
   // the pipeline, and (one rank) the gated one-shot step.
   static std::unique_ptr<StepState> new_state(int num_items, int num_params, int num_extra);
-  void check_rest(StepState& st, const std::vector<CheckOnly>& extra);
+  void check_rest(StepState& st, const std::vector<CheckOnly>& extra, bool recheck_early = false);
   void run_pipeline(StepState& st);
   void commit_early(StepState& st, Early& early);
   // Early stages (items that travel): issued in stage order once complete, NS one stage
@@ -198,7 +224,7 @@ class StepEngine {
   void start_stats();
   // Where clock_ adds a phase's seconds (stats_, the open step's early work).
   void add_phase_seconds(const PhaseTarget& target, double seconds);
-  void agree_results(StepState& st);
+  std::vector<int64_t> agree_results(StepState& st, const std::vector<int64_t>& extra_max = {});
   StepOutcome step_gated(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
                          int64_t step_idx, const std::vector<CheckOnly>& extra);
   void make_stages_for(const std::vector<GroupRule>& rules);

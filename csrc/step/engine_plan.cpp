@@ -1,11 +1,15 @@
-// dmuon/step/engine_plan.cpp — the engine's plan (made and agreed when the engine is made)
-// and the stages made from it.
+// dmuon/step/engine_plan.cpp — the one planner driver: the engine's plan (made and agreed
+// when the engine is made), the owners of the weight-ownership mode's parameters (planned
+// before any optimizer exists), and the stages made from a plan.
+#include <algorithm>
+#include <functional>
 #include <map>
 #include <utility>
 
 #include "common/check.h"
 #include "plan/cost_model.h"
 #include "plan/hash.h"
+#include "plan/layer_spread.h"
 #include "plan/planner.h"
 #include "plan/stage_windows.h"
 #include "step/cost_profile.h"
@@ -14,12 +18,12 @@
 namespace dmuon::step {
 namespace {
 
-// The planning problem: one matrix per item (MoE experts are planned one by one), each
-// with its home (home_ranks()).
-plan::Problem planning_problem(const ItemTable& table, const std::vector<int>& homes, int64_t wire_size,
-                               const EngineOptions& options, const plan::CostFn& cost) {
+// The planning problem of `items`: one matrix each (MoE experts are planned one by one),
+// each with its home (home_ranks()).
+plan::Problem planning_problem(const ItemTable& table, const std::vector<int>& items, const std::vector<int>& homes,
+                               int64_t wire_size, const EngineOptions& options, const plan::CostFn& cost) {
   std::vector<plan::MatrixSpec> matrices;
-  for (int i = 0; i < table.num_items(); ++i) {
+  for (int i : items) {
     const Item& it = table.item(i);
     matrices.push_back({table.item_name(i), it.rows, it.cols, 1, it.numel() * wire_size, 0, homes[static_cast<size_t>(i)]});
   }
@@ -98,60 +102,105 @@ uint64_t with_step_options(uint64_t hash, const EngineOptions& options, DType wi
   return hasher.digest();
 }
 
-}  // namespace
-
 // One all_reduce: no rank failed to make its plan and every rank holds the same hash.
-void StepEngine::agree_plan(uint64_t hash, const std::string& error) {
+void agree_plan(Transport& transport, uint64_t hash, const std::string& error) {
   const int64_t hi = static_cast<int64_t>(hash >> 32), lo = static_cast<int64_t>(hash & 0xffffffffu);
   // NOTE: max of (x, −x) over the ranks gives max and −min: every rank agrees iff both are its own.
-  const std::vector<int64_t> agreed = transport_.all_reduce({error.empty() ? 0 : 1, hi, lo, -hi, -lo}, ReduceOp::kMax,
-                                                            "all_reduce of the owner plan's hash");
-  DMUON_CHECK(error.empty(), "planning owners failed on rank ", rank_, ": ", error);
+  const std::vector<int64_t> agreed = transport.all_reduce({error.empty() ? 0 : 1, hi, lo, -hi, -lo}, ReduceOp::kMax,
+                                                           "all_reduce of the owner plan's hash");
+  DMUON_CHECK(error.empty(), "planning owners failed on rank ", transport.rank(), ": ", error);
   DMUON_CHECK(agreed[0] == 0, "planning owners failed on another rank (its error names the cause)");
   DMUON_CHECK(agreed[1] == hi && agreed[2] == lo && agreed[3] == -hi && agreed[4] == -lo,
-              "the owner plan differs between ranks (rank ", rank_, " holds plan hash ", hash,
+              "the owner plan differs between ranks (rank ", transport.rank(), " holds plan hash ", hash,
               "): every rank must pass the same parameters and options");
 }
 
-// Owners given by the caller (parameters "whole on rank r"): each owner's items in
-// same-shape batches, agreed by hash like a solved plan.
-void StepEngine::take_given_owners() {
+// A plan of `problem` every rank holds: rank 0 solves and broadcasts, or (deterministic
+// solvers, `local`, or a transport that moves nothing) every rank solves; `finish` adjusts
+// the solved plan where it is made (layer spreading, backward windows). Then one
+// all_reduce agrees that every rank holds the same plan (its fingerprint, `salted` with
+// what else must agree) and that none failed (`error`: this rank failed already).
+struct AgreedPlan {
+  plan::Plan plan;
+  std::string text;
+  uint64_t hash = 0;
+};
+AgreedPlan solve_agreed(Transport& transport, const plan::Problem& problem, const EngineOptions& options,
+                        const std::function<void(plan::Plan&)>& finish, const std::function<uint64_t(uint64_t)>& salted,
+                        std::string error = "") {
+  // NOTE: LPT and round robin are deterministic; the MILP may stop at a wall-clock limit,
+  // so its plan is made once and broadcast. A transport that moves nothing cannot
+  // broadcast, so every rank solves (the fake world's ranks are one process each).
+  const bool local = options.solver != plan::SolverKind::kMilp || !transport.moves_data() || options.plan_locally;
+  const auto finished = [&](plan::Plan solved) {
+    if (finish) finish(solved);
+    return solved.serialize();
+  };
+  AgreedPlan out;
+  try {
+    if (!error.empty()) {
+      // Nothing to solve: the problem could not be made (its costs failed).
+    } else if (local && options.solver == plan::SolverKind::kMilp) {
+      // NOTE: ranks that each solve alone must solve alike: no wall-clock limit in effect
+      // (1e7 s; the MILP turns it into a steady_clock deadline, so not infinity), only the
+      // node cap; memoized per process (a fake world's ranks, one process, solve once).
+      plan::MilpOptions milp = options.milp;
+      milp.time_limit_s = 1e7;
+      static plan::PlanCache cache;  // NOTE: in memory; thread-safe
+      const plan::Plan solved = cache.get_or_solve(problem, options.solver, milp);
+      DMUON_CHECK(solved.deterministic, "planning owners locally: the MILP stopped on its time limit (",
+                  solved.status, "), so ranks that each solve alone could disagree");
+      out.text = finished(solved);
+    } else if (local || transport.rank() == 0) {
+      out.text = finished(plan::solve(problem, options.solver, options.milp));
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (!local) out.text = transport.broadcast(out.text, "broadcast of the owner plan");
+  if (error.empty()) {
+    try {
+      out.plan = plan::deserialize_plan(problem, out.text);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  // NOTE: the problem hash (inside the fingerprint) covers every matrix's home.
+  out.hash = error.empty() ? salted(plan_fingerprint(out.plan)) : 0;
+  agree_plan(transport, out.hash, error);
+  return out;
+}
+
+}  // namespace
+
+// Owners: given (parameters "whole on rank r"), solved for the rest; each owner's items in
+// batches; agreed by one all_reduce of the whole plan's fingerprint.
+void StepEngine::make_plan() {
   const int num_items = table_.num_items();
-  for (int p = 0; p < table_.num_params(); ++p)
-    DMUON_CHECK(table_.param(p).whole_on_rank >= 0, "parameter '", table_.param(p).name,
-                "' has a layout while other parameters are whole on one rank: one engine takes either owners "
-                "given for every parameter or none (the weight-ownership mode has its own engine)");
-  DMUON_CHECK(options_.mode == Mode::kOwner, "parameters whole on one rank need mode 'owner', not '",
+  if (num_items == 0) return;
+  std::vector<int> given, rest;
+  for (int i = 0; i < num_items; ++i) (table_.param(table_.item(i).param_idx).whole_on_rank >= 0 ? given : rest).push_back(i);
+  DMUON_CHECK(given.empty() || options_.mode == Mode::kOwner, "parameters whole on one rank need mode 'owner', not '",
               mode_name(options_.mode), "'");
-  owners_.resize(static_cast<size_t>(num_items));
+  owners_.assign(static_cast<size_t>(num_items), 0);
+  // The given owners' items, batched by shape on each owner.
   std::vector<std::vector<int>> mine(static_cast<size_t>(world_));
-  for (int i = 0; i < num_items; ++i) {
+  for (int i : given) {
     owners_[static_cast<size_t>(i)] = table_.param(table_.item(i).param_idx).whole_on_rank;
     mine[static_cast<size_t>(owners_[static_cast<size_t>(i)])].push_back(i);
   }
-  for (int r = 0; r < world_; ++r) owner_batches_.push_back({r, shape_batches(table_, mine[static_cast<size_t>(r)])});
-  plan_hash_ = with_step_options(given_fingerprint(table_, owners_, owner_batches_), options_, wire_dtype_, depth_);
-  plan_text_ = "owners given by the caller";
-  if (world_ > 1) agree_plan(plan_hash_, "");
-}
-
-// Owners and their batches. Rank 0 solves and broadcasts, or (deterministic solvers, or a
-// transport that moves nothing) every rank solves; then one all_reduce agrees that every
-// rank holds the same plan (and that none failed to make it).
-void StepEngine::make_plan() {
-  const int num_items = table_.num_items();
-  std::vector<int> all(static_cast<size_t>(num_items));
-  for (int i = 0; i < num_items; ++i) all[static_cast<size_t>(i)] = i;
-  if (num_items == 0) return;
-  bool given = false;
-  for (int p = 0; p < table_.num_params() && !given; ++p) given = table_.param(p).whole_on_rank >= 0;
-  if (given) return take_given_owners();
-  if (options_.mode == Mode::kGather || world_ == 1) {
+  std::vector<OwnerBatches> given_batches;
+  for (int r = 0; r < world_ && !given.empty(); ++r)
+    given_batches.push_back({r, shape_batches(table_, mine[static_cast<size_t>(r)])});
+  if (rest.empty()) plan_text_ = "owners given by the caller";
+  // Without a planner: one process, or every rank computing everything (gather mode).
+  if (rest.empty() || options_.mode == Mode::kGather || world_ == 1) {
     const int owner = options_.mode == Mode::kGather ? kEveryRank : 0;
-    owners_.assign(static_cast<size_t>(num_items), owner);
-    owner_batches_ = {{owner, shape_batches(table_, all)}};
+    for (int i : rest) owners_[static_cast<size_t>(i)] = owner;
+    if (!rest.empty()) owner_batches_ = {{owner, shape_batches(table_, rest)}};
+    owner_batches_.insert(owner_batches_.end(), given_batches.begin(), given_batches.end());
     plan_hash_ = with_step_options(given_fingerprint(table_, owners_, owner_batches_), options_, wire_dtype_, depth_);
-    if (world_ > 1) agree_plan(plan_hash_, "");
+    if (world_ > 1) agree_plan(transport_, plan_hash_, "");
     return;
   }
   const int64_t wire_size = dtype_size(wire_dtype_);
@@ -159,67 +208,90 @@ void StepEngine::make_plan() {
   // planner keeps it there unless moving it balances the loads better (issue 27).
   // NOTE: collective over a transport that moves data (rank 0's table); a failure is
   // raised on every rank by the agreement below.
-  std::string text, error;
+  std::string error;
   const plan::CostFn cost = planning_cost(table_, ops_, transport_, options_, wire_dtype_, measured_costs_, error);
-  const plan::Problem problem = planning_problem(table_, home_ranks(table_), wire_size, options_, cost);
-  // NOTE: LPT and round robin are deterministic; the MILP may stop at a wall-clock limit,
-  // so its plan is made once and broadcast. A transport that moves nothing cannot
-  // broadcast, so every rank solves (the fake world's ranks are one process each).
-  const bool local = options_.solver != plan::SolverKind::kMilp || !transport_.moves_data() || options_.plan_locally;
+  const plan::Problem problem = planning_problem(table_, rest, home_ranks(table_), wire_size, options_, cost);
   // NOTE: a step begun from backward issues stage s once backward is through it: each
   // backward window of about one stage is spread over the owners (same loads, other
   // same-shape matrices; plan/stage_windows.h), where the plan is made (rank 0 before the
-  // broadcast, or every rank alike: the spreading is deterministic).
-  const auto finished = [&](plan::Plan solved) {
-    if (options_.backward_order) plan::spread_backward_stages(problem, options_.stage_bytes, solved);
-    return solved.serialize();
-  };
-  // NOTE: stage w is then window w (make_stages), so that it leaves once backward is through it.
-  if (options_.backward_order && plan::uses_backward_windows(problem))
+  // broadcast, or every rank alike: the spreading is deterministic). Stage w is then
+  // window w (make_stages), so that it leaves once backward is through it. Given owners
+  // keep their own batches: windows are for planned items only.
+  const bool windows = options_.backward_order && given.empty();
+  if (windows && plan::uses_backward_windows(problem))
     stage_windows_ = plan::backward_stage_windows(problem, options_.stage_bytes);
-  try {
-    if (!error.empty()) {
-      // Nothing to solve: the costs failed.
-    } else if (local && options_.solver == plan::SolverKind::kMilp) {
-      // NOTE: ranks that each solve alone must solve alike: no wall-clock limit in effect
-      // (1e7 s; the MILP turns it into a steady_clock deadline, so not infinity), only the
-      // node cap; memoized per process (a fake world's ranks, one process, solve once).
-      plan::MilpOptions milp = options_.milp;
-      milp.time_limit_s = 1e7;
-      static plan::PlanCache cache;  // NOTE: in memory; thread-safe
-      const plan::Plan solved = cache.get_or_solve(problem, options_.solver, milp);
-      DMUON_CHECK(solved.deterministic, "planning owners locally: the MILP stopped on its time limit (",
-                  solved.status, "), so ranks that each solve alone could disagree");
-      text = finished(solved);
-    } else if (local || rank_ == 0) {
-      text = finished(plan::solve(problem, options_.solver, options_.milp));
-    }
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  if (!local) text = transport_.broadcast(text, "broadcast of the owner plan");
-  plan::Plan solved;
-  if (error.empty()) {
-    try {
-      solved = plan::deserialize_plan(problem, text);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  // NOTE: the problem hash (inside the fingerprint) covers every item's home.
-  const uint64_t hash = error.empty() ? with_step_options(plan_fingerprint(solved), options_, wire_dtype_, depth_) : 0;
-  agree_plan(hash, error);
-  // Owners and batches: the plan's matrices are the items, in order.
-  owners_ = solved.owner;
+  const AgreedPlan agreed = solve_agreed(
+      transport_, problem, options_,
+      [&](plan::Plan& solved) {
+        if (windows) plan::spread_backward_stages(problem, options_.stage_bytes, solved);
+      },
+      [&](uint64_t fingerprint) {
+        plan::Hasher hasher;
+        hasher.i64(static_cast<int64_t>(fingerprint));
+        hasher.i64(static_cast<int64_t>(given_fingerprint(table_, owners_, given_batches)));
+        return with_step_options(hasher.digest(), options_, wire_dtype_, depth_);
+      },
+      error);
+  // Owners and batches: the plan's matrices are `rest`, in order.
+  for (size_t m = 0; m < rest.size(); ++m) owners_[static_cast<size_t>(rest[m])] = agreed.plan.owner[m];
   for (int r = 0; r < world_; ++r) {
     OwnerBatches batches{r, {}};
-    for (const plan::Batch& b : solved.ranks[static_cast<size_t>(r)].batches) batches.batches.push_back(b.matrix_idx);
+    for (const plan::Batch& b : agreed.plan.ranks[static_cast<size_t>(r)].batches) {
+      std::vector<int> items;
+      for (int m : b.matrix_idx) items.push_back(rest[static_cast<size_t>(m)]);
+      batches.batches.push_back(std::move(items));
+    }
     owner_batches_.push_back(std::move(batches));
-    predicted_rank_s_.push_back(solved.ranks[static_cast<size_t>(r)].compute_seconds);
+    predicted_rank_s_.push_back(agreed.plan.ranks[static_cast<size_t>(r)].compute_seconds);
   }
-  plan_text_ = text;
-  plan_hash_ = hash;
-  predicted_makespan_s_ = solved.makespan;
+  owner_batches_.insert(owner_batches_.end(), given_batches.begin(), given_batches.end());
+  plan_text_ = agreed.text;
+  plan_hash_ = agreed.hash;
+  predicted_makespan_s_ = agreed.plan.makespan;
+}
+
+OwnerPlan plan_whole_owners(Transport& transport, const std::vector<ParamSpec>& params,
+                            const std::vector<int>& layer_of, const EngineOptions& options, DeviceKind device,
+                            int64_t wire_element_bytes, bool spread_layers) {
+  DMUON_CHECK(layer_of.size() == params.size(), "plan_whole_owners: ", layer_of.size(), " layer ids for ",
+              params.size(), " parameters");
+  OwnerPlan out;
+  if (params.empty()) return out;
+  if (transport.world_size() == 1) {
+    out.owners.assign(params.size(), 0);
+    out.text = "one rank owns every parameter";
+    return out;
+  }
+  // NOTE: one unit per parameter (it lives whole on one owner): its matrices as a batch;
+  // row blocks of different sizes are planned as blocks of the largest (an upper bound of
+  // their cost); a parameter of no element costs nothing and is planned as a 1×1 matrix
+  // so that it still gets an owner.
+  std::vector<plan::MatrixSpec> matrices;
+  for (const ParamSpec& p : params) {
+    const dist::ParamLayout& layout = p.layout;
+    int64_t rows = layout.matrix_rows();
+    for (const dist::RowBlock& block : layout.matrix_blocks()) rows = std::max(rows, block.count);
+    const int64_t numel = layout.numel();
+    matrices.push_back({p.name, std::max<int64_t>(1, rows), std::max<int64_t>(1, layout.matrix_cols()),
+                        std::max<int64_t>(1, layout.num_matrices()), std::max<int64_t>(1, numel * wire_element_bytes),
+                        0, -1});
+  }
+  plan::ProblemOptions problem_options;
+  problem_options.world_size = transport.world_size();
+  problem_options.bandwidth_bytes_per_s = options.bandwidth_bytes_per_s;
+  const plan::Problem problem = plan::build_problem(
+      std::move(matrices), problem_options,
+      plan::runtime_cost_fn({}, device == DeviceKind::kCuda ? "cuda" : "cpu"));
+  const AgreedPlan agreed = solve_agreed(
+      transport, problem, options,
+      [&](plan::Plan& solved) {
+        if (spread_layers) plan::spread_layers(problem, layer_of, solved);
+      },
+      [](uint64_t fingerprint) { return fingerprint; });
+  out.owners = agreed.plan.owner;
+  out.text = agreed.text;
+  out.makespan_s = agreed.plan.makespan;
+  return out;
 }
 
 void StepEngine::make_stages_for(const std::vector<GroupRule>& rules) {

@@ -20,8 +20,9 @@ std::unique_ptr<StepEngine::StepState> StepEngine::new_state(int num_items, int 
 }
 
 // Check: NaN/Inf flags of every local gradient and momentum buffer (reads only), but for
-// the items made ready early (their flags are the early work's), and of `extra`.
-void StepEngine::check_rest(StepState& st, const std::vector<CheckOnly>& extra) {
+// the items made ready early (their flags are the early work's, unless `recheck_early`),
+// and of `extra`.
+void StepEngine::check_rest(StepState& st, const std::vector<CheckOnly>& extra, bool recheck_early) {
   const int num_params = table_.num_params();
   st.flags = ops_.allocate(DType::kInt32, std::max(1, 2 * st.num_checked));
   ops_.fill_zero(st.flags.get());
@@ -33,7 +34,7 @@ void StepEngine::check_rest(StepState& st, const std::vector<CheckOnly>& extra) 
     const auto [first, count] = table_.items_of(p);
     for (int item = first; item < first + count; ++item) {
       const Piece& piece = table_.piece(item, rank_);
-      if (piece.empty() || (early_ && early_->ready[static_cast<size_t>(item)])) continue;
+      if (piece.empty() || (early_ && early_->ready[static_cast<size_t>(item)] && !recheck_early)) continue;
       const bool sum = computes(item, rank_) && table_.whole_on(item, rank_);
       if (sum) st.partial_of[static_cast<size_t>(item)] = static_cast<int>(pieces.size());
       const int64_t cols = table_.item(item).cols;
@@ -95,19 +96,23 @@ void StepEngine::run_pipeline(StepState& st) {
 }
 
 // The end of a written step: one host read of the result flags; several ranks agree on the
-// first parameter whose result was not finite, and every rank raises naming it.
-void StepEngine::agree_results(StepState& st) {
+// first parameter whose result was not finite (with the caller's `extra_max`, in the same
+// all_reduce), and every rank raises naming it.
+std::vector<int64_t> StepEngine::agree_results(StepState& st, const std::vector<int64_t>& extra_max) {
   const int num_params = table_.num_params();
   const std::vector<int32_t> host = ops_.read_flags({st.result_flags.get()});
   int first_bad = -1;
   for (int p = 0; p < num_params && first_bad < 0; ++p)
     if (host[static_cast<size_t>(p)] != 0) first_bad = p;
+  std::vector<int64_t> extra = extra_max;
   if (world_ > 1) {
     // NOTE: max over ranks of (num_params − first bad index) finds the smallest bad index.
-    const int64_t encoded = first_bad < 0 ? 0 : num_params - first_bad;
-    const int64_t agreed = transport_.all_reduce({encoded}, ReduceOp::kMax,
-                                                 "all_reduce of the result flags (" + step_name(st.step_idx) + ")")[0];
-    first_bad = agreed != 0 ? static_cast<int>(num_params - agreed) : -1;
+    std::vector<int64_t> local{first_bad < 0 ? 0 : num_params - first_bad};
+    local.insert(local.end(), extra_max.begin(), extra_max.end());
+    const std::vector<int64_t> agreed =
+        transport_.all_reduce(local, ReduceOp::kMax, "all_reduce of the result flags (" + step_name(st.step_idx) + ")");
+    first_bad = agreed[0] != 0 ? static_cast<int>(num_params - agreed[0]) : -1;
+    extra.assign(agreed.begin() + 1, agreed.end());
   }
   // NOTE: the device is past the step's last pass here (read_flags waited for it).
   clock_.resolve();
@@ -115,14 +120,19 @@ void StepEngine::agree_results(StepState& st) {
   DMUON_CHECK(first_bad < 0, "dmuon ", step_name(st.step_idx), ": the orthogonalized update of parameter '",
               table_.param(first_bad).name,
               "' is not finite; its non-finite entries were not applied (the rest of the step was)");
+  return extra;
 }
 
 StepOutcome StepEngine::step(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
-                             int64_t step_idx, const std::vector<CheckOnly>& extra, bool agree_results) {
+                             int64_t step_idx, const std::vector<CheckOnly>& extra, bool agree_results,
+                             const StartChecks& checks) {
   DMUON_CHECK(!committed_, "StepEngine::step(", step_name(step_idx), "): the last step's results are not agreed yet "
               "(call agree_committed first)");
-  if (world_ == 1 && !step_open()) return step_gated(tensors, rules, step_idx, extra);
-  StepOutcome outcome = finish(tensors, rules, step_idx, extra);
+  if (world_ == 1 && !step_open()) {
+    DMUON_CHECK(checks.error.empty(), checks.error);
+    return step_gated(tensors, rules, step_idx, extra);
+  }
+  StepOutcome outcome = finish(tensors, rules, step_idx, extra, checks);
   DMUON_CHECK(outcome.status != StepOutcome::Status::kCorruptMomentum, outcome.message);
   if (outcome.status != StepOutcome::Status::kAgreed) return outcome;
   commit(agree_results || world_ == 1);
@@ -174,7 +184,7 @@ StepOutcome StepEngine::step_gated(const std::vector<ParamTensors>& tensors, con
 }
 
 StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const std::vector<GroupRule>& rules,
-                               int64_t step_idx, const std::vector<CheckOnly>& extra) {
+                               int64_t step_idx, const std::vector<CheckOnly>& extra, const StartChecks& checks) {
   DMUON_CHECK(!agreed_, "StepEngine::finish: ", step_name(agreed_ ? agreed_->step_idx : 0),
               " was finished but neither committed nor discarded");
   DMUON_CHECK(!committed_, "StepEngine::finish(", step_name(step_idx), "): the last step's results are not agreed "
@@ -216,9 +226,11 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
   st->rules = &st->rules_kept;
   st->step_idx = step_idx;
 
-  // Input checks. NOTE: with several ranks, one rank's bad input is agreed like a flag, so
+  // Input checks. NOTE: with several ranks, one rank's bad input joins the agreement, so
   // that the others raise too instead of waiting in a collective it never joins.
-  std::string invalid;
+  // NOTE: where this rank's begun work is stale (checks.changed), every item is checked
+  // again from `tensors` (the agreement may drop the begun work on every rank).
+  StartChecks mine = checks;
   try {
     validate(tensors, rules, extra);
     if (early_stages)
@@ -234,75 +246,61 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
                     "item '", table_.item_name(i), "' was made ready early", at_step,
                     ", but its parameter has no gradient at finish()");
     }
-    check_rest(*st, extra);
+    check_rest(*st, extra, checks.changed);
   } catch (const std::exception& e) {
     if (world_ == 1) throw;
-    invalid = e.what();
+    if (mine.error.empty()) mine.error = e.what();
   }
 
-  // Agreement on the host: this rank's flags (and its early work's), then, with several
-  // ranks, one all_reduce of [has gradient] + [gradient bad] + [momentum bad] + [extra bad]
-  // + [extra has gradient] + [input invalid].
+  // This rank's flags (and its early work's, where they are current), then the agreement.
   const int num_checked = st->num_checked;
   std::vector<int32_t> host(static_cast<size_t>(2 * num_checked), 0);
-  if (invalid.empty()) {
+  if (mine.error.empty()) {
     std::vector<Buffer> buffers{st->flags.get()};
-    if (early_) buffers.push_back(early_->flags.get());
+    const bool early_flags = early_ && !checks.changed;
+    if (early_flags) buffers.push_back(early_->flags.get());
     const std::vector<int32_t> read = ops_.read_flags(buffers);
     std::copy(read.begin(), read.begin() + 2 * num_checked, host.begin());
-    if (early_)
+    if (early_flags)
       for (int k = 0; k < 2 * num_params; ++k)
         host[static_cast<size_t>(k)] |= read[static_cast<size_t>(std::max(1, 2 * num_checked) + k)];
   }
-  std::vector<int64_t> local;
+  StartFacts facts;
   for (int p = 0; p < num_params; ++p)
-    local.push_back(tensors.size() > static_cast<size_t>(p) && tensors[static_cast<size_t>(p)].has_grad ? 1 : 0);
-  for (int p = 0; p < num_params; ++p) local.push_back(host[static_cast<size_t>(2 * p)] != 0 ? 1 : 0);
-  for (int p = 0; p < num_params; ++p) local.push_back(host[static_cast<size_t>(2 * p + 1)] != 0 ? 1 : 0);
-  for (int k = num_params; k < num_checked; ++k) local.push_back(host[static_cast<size_t>(2 * k)] != 0 ? 1 : 0);
-  for (const CheckOnly& e : extra) local.push_back(e.has_grad ? 1 : 0);
-  local.push_back(invalid.empty() ? 0 : 1);
-  const std::vector<int64_t> agreed =
-      world_ > 1 ? transport_.all_reduce(local, ReduceOp::kSum,
-                                         "all_reduce of the gradient checks (" + step_name(step_idx) + ")")
-                 : local;
-  if (world_ > 1) stats_.agreement_bytes = static_cast<int64_t>(local.size() * sizeof(int64_t));
-  DMUON_CHECK(invalid.empty(), invalid);
-  DMUON_CHECK(agreed.back() == 0, "dmuon ", step_name(step_idx),
-              ": the input of another rank is invalid (its error names it); nothing was updated");
-  for (int p = 0; p < num_params; ++p) {
-    const int64_t count = agreed[static_cast<size_t>(p)];
-    DMUON_CHECK(count == 0 || count == world_, "parameter '", table_.param(p).name, "' has a gradient on ", count,
-                " of ", world_, " ranks", at_step, "; every rank must have it or none");
-    st->active_params[static_cast<size_t>(p)] = count == world_;
-  }
-  for (size_t k = 0; k < extra.size(); ++k) {
-    const int64_t count = agreed[static_cast<size_t>(3 * num_params + (num_checked - num_params)) + k];
-    DMUON_CHECK(count == 0 || count == world_, "parameter '", extra[k].name, "' (checked with the step) has a "
-                "gradient on ", count, " of ", world_, " ranks", at_step, "; every rank must have it or none");
-  }
-  std::vector<int> corrupt;
-  for (int p = 0; p < num_params; ++p)
-    if (agreed[static_cast<size_t>(2 * num_params + p)] != 0) corrupt.push_back(p);
-  if (!corrupt.empty()) {
+    facts.has_grad.push_back(tensors.size() > static_cast<size_t>(p) && tensors[static_cast<size_t>(p)].has_grad);
+  for (const CheckOnly& e : extra) facts.has_grad.push_back(e.has_grad);
+  for (int k = 0; k < num_checked && facts.first_nonfinite < 0; ++k)
+    if (host[static_cast<size_t>(2 * k)] != 0) facts.first_nonfinite = k;
+  for (int p = 0; p < num_params && facts.first_corrupt < 0; ++p)
+    if (host[static_cast<size_t>(2 * p + 1)] != 0) facts.first_corrupt = p;
+  const StartAgreed agreed = agree_start(transport_, mine, facts, step_idx, [&](int i) {
+    return i < num_params ? "parameter '" + table_.param(i).name + "'"
+                          : "parameter '" + extra[static_cast<size_t>(i - num_params)].name + "' (checked with the step)";
+  });
+  if (world_ > 1) stats_.agreement_bytes = int64_t{kStartAgreementValues} * static_cast<int64_t>(sizeof(int64_t));
+  for (int p = 0; p < num_params; ++p) st->active_params[static_cast<size_t>(p)] = facts.has_grad[static_cast<size_t>(p)];
+  if (agreed.first_corrupt >= 0) {
     StepOutcome outcome;
     outcome.status = StepOutcome::Status::kCorruptMomentum;
-    outcome.corrupt_params = corrupt;
+    outcome.corrupt_params = {agreed.first_corrupt};
     outcome.active = st->active_params;
-    outcome.message = "the momentum buffer of parameter '" + table_.param(corrupt.front()).name + "' holds NaN or Inf" +
-                      at_step + " (corrupt optimizer state); nothing was updated";
+    outcome.message = "the momentum buffer of parameter '" + table_.param(agreed.first_corrupt).name +
+                      "' holds NaN or Inf" + at_step + " (corrupt optimizer state); nothing was updated";
     stats_.total_s = seconds_since(st->start);
     return outcome;
   }
-  std::vector<int> bad;
-  for (int p = 0; p < num_params; ++p)
-    if (agreed[static_cast<size_t>(num_params + p)] != 0) bad.push_back(p);
-  for (int k = num_params; k < num_checked; ++k)
-    if (agreed[static_cast<size_t>(2 * num_params + k)] != 0) bad.push_back(k);
   stats_.check_s = seconds_since(st->start);
-  if (!bad.empty()) {
+  if (agreed.first_nonfinite >= 0) {
     stats_.total_s = seconds_since(st->start);
-    return nonfinite_gradient(bad, st->active_params, step_idx, extra);
+    return nonfinite_gradient({agreed.first_nonfinite}, st->active_params, step_idx, extra);
+  }
+  // NOTE: a stale begun step on some rank: every rank drops its begun work (the forwards it
+  // issued are completed first) and steps every item from the tensors as they are.
+  if (agreed.changed && early_) {
+    drain_early();
+    early_.reset();
+    stats_.early_stages = stats_.early_orthogonalized = 0;
+    stats_.early_ns_s = stats_.early_fill_s = 0;
   }
   for (int i = 0; i < table_.num_items(); ++i)
     st->active[static_cast<size_t>(i)] = st->active_params[static_cast<size_t>(table_.item(i).param_idx)] &&
@@ -336,10 +334,10 @@ void StepEngine::commit(bool agree) {
   agree_results(*st);
 }
 
-void StepEngine::agree_committed() {
+std::vector<int64_t> StepEngine::agree_committed(const std::vector<int64_t>& extra_max) {
   DMUON_CHECK(committed_, "StepEngine::agree_committed: no step was committed without its result agreement");
   const std::unique_ptr<StepState> st = std::move(committed_);
-  agree_results(*st);
+  return agree_results(*st, extra_max);
 }
 
 void StepEngine::discard() {

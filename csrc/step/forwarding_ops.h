@@ -23,6 +23,9 @@ class ForwardingOps : public DeviceOps {
   void fill_zero(const Buffer& b) override { inner_.fill_zero(b); }
   void fill_synthetic(const Buffer& b, uint64_t seed) override { inner_.fill_synthetic(b, seed); }
   void copy(const Buffer& src, const Buffer& dst) override { inner_.copy(src, dst); }
+  void sum_into(const Buffer& src, int64_t num_parts, int64_t part_stride, const Buffer& dst, double scale, bool accumulate) override {
+    inner_.sum_into(src, num_parts, part_stride, dst, scale, accumulate);
+  }
   Partials check(const std::vector<CheckPiece>& pieces, const Buffer& flags) override {
     return inner_.check(pieces, flags);
   }

@@ -17,5 +17,8 @@ target_sources(dmuon_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/engine_step.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine_early.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine_normuon.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/start_agreement.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/owned_buckets.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ownership_exchange.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cpu/cpu_ops.cpp
 )

@@ -5,6 +5,8 @@
 // Every rank calls the same collectives in the same order (the engine decides from facts
 // every rank shares). A collective that fails throws dmuon::Error naming `what` and the
 // rank; a transport must never leave the other ranks waiting on a rank that has thrown.
+// A transport spans one group of ranks: a mesh's axes (the weight-ownership mode's shard
+// rows and replica columns) are transports of their own.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,9 @@ class Pending {
   virtual ~Pending() = default;
   /// GPU: the ops' stream waits for it; CPU: blocks until it is complete. Throws naming it.
   virtual void wait() = 0;
+  /// Whether wait() returns without blocking the host: the collective completed (CPU), or
+  /// the device orders it (GPU: wait() only makes a stream wait). Never blocks, never throws.
+  virtual bool ready() = 0;
 };
 
 class Transport {
@@ -40,10 +45,15 @@ class Transport {
   virtual std::unique_ptr<Pending> all_to_all(const Buffer& send, const std::vector<int64_t>& send_counts,
                                               const Buffer& recv, const std::vector<int64_t>& recv_counts,
                                               const std::string& what) = 0;
+  /// `buffer` of rank `root` into `buffer` of every rank (same dtype and size everywhere);
+  /// the buffer stays alive until wait() returns.
+  virtual std::unique_ptr<Pending> broadcast_buffer(const Buffer& buffer, int root, const std::string& what) = 0;
   /// Element-wise over every rank, small host integer vectors; blocking.
   virtual std::vector<int64_t> all_reduce(const std::vector<int64_t>& local, ReduceOp op, const std::string& what) = 0;
   /// Rank 0's text on every rank (a plan); blocking.
   virtual std::string broadcast(const std::string& text, const std::string& what) = 0;
+  /// Every rank's text, by rank (what a failed agreement names); blocking.
+  virtual std::vector<std::string> all_gather(const std::string& text, const std::string& what) = 0;
 };
 
 }  // namespace dmuon::step

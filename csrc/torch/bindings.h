@@ -14,7 +14,7 @@ void register_dist_bindings(pybind11::module_& m);
 /// The step engine's torch runtime: dmuon._C.engine (engine/engine_bindings.cpp).
 void register_engine_bindings(pybind11::module_& m);
 
-/// The weight-ownership runtime: dmuon._C.ownership (ownership_bindings.cpp).
+/// The weight-ownership mode's exchange: dmuon._C.ownership (ownership_bindings.cpp).
 void register_ownership_bindings(pybind11::module_& m);
 
 /// The owner planner: dmuon._C.plan (plan_bindings.cpp).

@@ -24,6 +24,7 @@ PYBIND11_MODULE(_C, m) {
   dmuon::torch_adapter::register_cost_bindings(m);
   dmuon::torch_adapter::register_sim_bindings(m);
   dmuon::torch_adapter::register_dist_bindings(m);
-  dmuon::torch_adapter::register_engine_bindings(m);
+  // NOTE: the ownership exchange before the engine, whose runtime takes one.
   dmuon::torch_adapter::register_ownership_bindings(m);
+  dmuon::torch_adapter::register_engine_bindings(m);
 }

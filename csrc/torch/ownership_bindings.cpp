@@ -1,11 +1,12 @@
-// dmuon._C.ownership: the weight-ownership runtime and the storage controls its Python
-// hooks use. Every method that may wait on a collective or on the worker thread releases
-// the GIL (the worker and c10d's threads may need it to drop tensors).
+// dmuon._C.ownership: the weight-ownership mode's exchange (engine/owned_exchange.h) and
+// the storage controls of its Python hooks. Every method that may wait on a collective
+// releases the GIL (c10d's threads may need it to drop tensors).
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 #include <torch/python.h>
 
 #include "bindings.h"
-#include "ownership_runtime.h"
+#include "engine/owned_exchange.h"
 #include "storage_control.h"
 
 namespace py = pybind11;
@@ -21,66 +22,61 @@ void register_ownership_bindings(py::module_& m) {
   o.def("allocate_storage", &allocate_storage, py::arg("tensor"));
 
   py::class_<OwnershipOptions>(o, "Options")
-      .def(py::init([](int64_t bucket_bytes, std::string reduce_dtype, std::string solver,
-                       std::string device_type, bool spread_layers,
-                       std::vector<std::tuple<int64_t, int64_t, int64_t, double>> cost_entries) {
-             return OwnershipOptions{bucket_bytes, std::move(reduce_dtype), std::move(solver),
-                                     std::move(device_type), spread_layers, std::move(cost_entries)};
+      .def(py::init([](int64_t bucket_bytes, std::string reduce_dtype, std::string solver, std::string device_type,
+                       bool spread_layers) {
+             return OwnershipOptions{bucket_bytes, std::move(reduce_dtype), std::move(solver), std::move(device_type),
+                                     spread_layers};
            }),
            py::arg("bucket_bytes") = int64_t{25} << 20, py::arg("reduce_dtype") = "float32",
-           py::arg("solver") = "milp", py::arg("device_type") = "cpu", py::arg("spread_layers") = true,
-           py::arg("cost_entries") = std::vector<std::tuple<int64_t, int64_t, int64_t, double>>{});
+           py::arg("solver") = "milp", py::arg("device_type") = "cpu", py::arg("spread_layers") = true);
 
-  py::class_<TimelineEvent>(o, "TimelineEvent")
-      .def_readonly("what", &TimelineEvent::what)
-      .def_readonly("index", &TimelineEvent::index)
-      .def_readonly("seconds", &TimelineEvent::seconds)
-      .def("__repr__", [](const TimelineEvent& e) {
-        return "TimelineEvent(" + e.what + ", " + std::to_string(e.index) + ", " + std::to_string(e.seconds) + ")";
+  py::class_<OwnershipGroups>(o, "Groups")
+      .def(py::init([](std::string world, std::string row, std::string column, std::string column_reduce, int shards,
+                       int replicas, std::vector<int> shard_of, std::vector<int> replica_of) {
+             return OwnershipGroups{std::move(world),         std::move(row), std::move(column),
+                                    std::move(column_reduce), shards,         replicas,
+                                    std::move(shard_of),      std::move(replica_of)};
+           }),
+           py::arg("world") = "", py::arg("row") = "", py::arg("column") = "", py::arg("column_reduce") = "",
+           py::arg("shards") = 1, py::arg("replicas") = 1, py::arg("shard_of") = std::vector<int>{},
+           py::arg("replica_of") = std::vector<int>{});
+
+  py::class_<step::ExchangeEvent>(o, "Event")
+      .def_readonly("what", &step::ExchangeEvent::what)
+      .def_readonly("index", &step::ExchangeEvent::index)
+      .def_readonly("seconds", &step::ExchangeEvent::seconds)
+      .def("__repr__", [](const step::ExchangeEvent& e) {
+        return "Event(" + e.what + ", " + std::to_string(e.index) + ", " + std::to_string(e.seconds) + ")";
       });
 
-  py::class_<OwnershipRuntime>(o, "Runtime")
-      .def(py::init<const std::string&, const std::string&, const std::string&, std::vector<std::string>,
-                    std::vector<dist::ParamLayout>, std::vector<int>, std::vector<std::string>, OwnershipOptions>(),
-           py::arg("shard_group"), py::arg("replicate_group"), py::arg("replicate_reduce_group"),
-           py::arg("names"), py::arg("layouts"), py::arg("layer_of"), py::arg("dtypes"), py::arg("options"), Gil())
-      .def("configure",
-           [](OwnershipRuntime& r, std::vector<int64_t> group_idx, std::vector<MuonGroupOptions> groups,
-              std::vector<std::optional<at::Tensor>> buffers) {
-             std::vector<at::Tensor> defined;
-             for (auto& b : buffers) defined.push_back(b.has_value() ? *b : at::Tensor());
-             py::gil_scoped_release release;
-             r.configure(std::move(group_idx), std::move(groups), std::move(defined));
-           },
-           py::arg("group_idx"), py::arg("groups"), py::arg("momentum_buffers"))
-      .def("publish", &OwnershipRuntime::publish, py::arg("index"), py::arg("compute"), py::arg("master"), Gil())
-      .def("wait_published", &OwnershipRuntime::wait_published, py::arg("index"), Gil())
-      .def("release", &OwnershipRuntime::release, py::arg("index"), py::arg("compute"), Gil())
-      .def("materialize", &OwnershipRuntime::materialize, py::arg("index"), py::arg("tensor"), Gil())
-      .def("grad_ready", &OwnershipRuntime::grad_ready, py::arg("index"), py::arg("grad"), py::arg("sync"), Gil())
-      .def("flush", &OwnershipRuntime::flush, py::arg("sync"), Gil())
-      .def("finish",
-           [](OwnershipRuntime& r, int64_t step_idx, const std::vector<at::Tensor>& masters,
-              const std::vector<MuonGroupOptions>& groups) {
-             OwnershipRuntime::Finished f;
-             {
-               py::gil_scoped_release release;
-               f = r.finish(step_idx, masters, groups);
-             }
-             return py::make_tuple(f.active, f.nonfinite, f.corrupt);
-           },
-           py::arg("step_idx"), py::arg("masters"), py::arg("groups"),
-           "(active, nonfinite, corrupt): agreed over every rank; see OwnershipRuntime::finish")
-      .def("commit", &OwnershipRuntime::commit, py::arg("step_idx"), Gil())
-      .def("discard", &OwnershipRuntime::discard, Gil())
-      .def_property_readonly("rank", &OwnershipRuntime::rank)
-      .def_property_readonly("world_size", &OwnershipRuntime::world_size)
-      .def_property_readonly("owners", &OwnershipRuntime::owners)
-      .def_property_readonly("plan_text", &OwnershipRuntime::plan_text)
-      .def_property_readonly("predicted_makespan_s", &OwnershipRuntime::predicted_makespan_s)
-      .def_property_readonly("buckets", &OwnershipRuntime::buckets)
-      .def("timeline", &OwnershipRuntime::timeline)
-      .def("clear_timeline", &OwnershipRuntime::clear_timeline);
+  py::class_<OwnedExchange, std::shared_ptr<OwnedExchange>>(o, "Exchange")
+      .def(py::init<const OwnershipGroups&, std::vector<std::string>, std::vector<dist::ParamLayout>, std::vector<int>,
+                    const std::vector<std::string>&, OwnershipOptions>(),
+           py::arg("groups"), py::arg("names"), py::arg("layouts"), py::arg("layer_of"), py::arg("dtypes"),
+           py::arg("options"), Gil())
+      .def("publish", &OwnedExchange::publish, py::arg("index"), py::arg("compute"), py::arg("master"), Gil())
+      .def("wait_published", &OwnedExchange::wait_published, py::arg("index"), Gil())
+      .def("release", &OwnedExchange::release, py::arg("index"), py::arg("compute"), Gil())
+      .def("materialize", &OwnedExchange::materialize, py::arg("index"), py::arg("tensor"), Gil())
+      .def(
+          "grad_ready",
+          [](OwnedExchange& x, int64_t index, const at::Tensor& grad, std::optional<at::Tensor> momentum, bool sync) {
+            py::gil_scoped_release release;
+            x.grad_ready(index, grad, momentum.value_or(at::Tensor()), sync);
+          },
+          py::arg("index"), py::arg("grad"), py::arg("momentum"), py::arg("sync"))
+      .def("end_backward", &OwnedExchange::end_backward, py::arg("sync"), Gil())
+      .def_property_readonly("rank", &OwnedExchange::rank)
+      .def_property_readonly("world_size", &OwnedExchange::world_size)
+      .def_property_readonly("owners", &OwnedExchange::owners)
+      .def_property_readonly("plan_text", &OwnedExchange::plan_text)
+      .def_property_readonly("predicted_makespan_s", &OwnedExchange::predicted_makespan_s)
+      .def_property_readonly("buckets", &OwnedExchange::buckets)
+      .def(
+          "contributed", [](OwnedExchange& x, int index) { return x.exchange().contributed(index); },
+          py::arg("index"), "whether this rank added a gradient of parameter `index` in the current window")
+      .def("timeline", [](OwnedExchange& x) { return x.exchange().timeline(); })
+      .def("clear_timeline", [](OwnedExchange& x) { x.exchange().clear_timeline(); });
 }
 
 }  // namespace dmuon::torch_adapter

@@ -12,7 +12,8 @@ shows on a CPU what the step's host side costs at that world size.
 
 Phases, wall clock, the device synchronized before each step (as the bench does after
 backward), medians over the steps:
-  inputs   step() up to the end of the start-of-step agreement (checks, param groups);
+  inputs   step() up to the end of its checks (param groups, gradients, state; agreed in the
+           engine's start agreement, inside `engine`);
   prelude  then up to the step engine's call (lists of local tensors, group options);
   engine   that call (on several ranks it returns before its result agreement);
   adamw    DMuon's AdamW part;
@@ -60,11 +61,7 @@ def narrow_config(model: str, k: int) -> str:
 @contextlib.contextmanager
 def phase_marks(opt: Any, marks: dict[str, float]):
     """Timestamps at the phase boundaries of `opt.step()` (instance attributes shadow the
-    class's methods; the module's agreement function is swapped and put back)."""
-    from dmuon import optimizer as optimizer_module
-
-    agreement = optimizer_module.rank_agreement
-    agree_before_step = agreement.agree_before_step
+    class's methods)."""
 
     def stamped(name: str, inner: Callable, first: bool = False) -> Callable:
         def call(*args, **kwargs):
@@ -84,12 +81,11 @@ def phase_marks(opt: Any, marks: dict[str, float]):
 
     opt._engine_call = engine_or_agree
     opt._adamw_group_step = stamped("adamw", opt._adamw_group_step, first=True)
-    agreement.agree_before_step = stamped("inputs", agree_before_step)
+    opt._step_checks = stamped("inputs", opt._step_checks)
     try:
         yield
     finally:
-        del opt._engine_call, opt._adamw_group_step
-        agreement.agree_before_step = agree_before_step
+        del opt._engine_call, opt._adamw_group_step, opt._step_checks
 
 
 def phase_seconds(marks: dict[str, float], start: float, stop: float) -> dict[str, float]:

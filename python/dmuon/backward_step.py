@@ -12,8 +12,10 @@ Contract (docs/configuration.md, ``Execution.backward_step``):
 - ``zero_grad()``, or a second synced backward before ``step()``, discards the begun step
   (nothing written; every rank does the same, so collectives stay matched).
 - A gradient changed between backward and ``step()`` (``clip_grad_norm_``, a manual
-  scale): ``step()`` sees its tensor, storage or values' norm changed, discards the begun work
-  and runs the whole step after backward, on the gradients as they are then.
+  scale): ``step()`` sees its tensor, storage or values' norm changed, and the step's start
+  agreement (one collective for everything, dmuon.StepChecks' ``changed``) makes every rank
+  drop the begun work and run the whole step after backward, on the gradients as they are
+  then.
 - The first step of a runtime runs after backward (the runtime is made collectively at
   the first ``step()``).
 
@@ -39,6 +41,9 @@ Where the final gradient comes from:
   bucket is handed over from the next bucket's hook (the autograd thread), the last ones
   from ``step()``. Without bucket views DDP copies gradients at the end of backward:
   nothing is attached (the step runs after backward).
+- The weight-ownership mode (dmuon.own_matrices): each owned matrix's gradient hook begins
+  the step (`owned_ready`) and gives the owner's momentum buffer; the exchange hands the
+  matrices of each bucket whose reduction arrived to the engine's early work.
 All engine calls run on the autograd thread, in the same order on every rank.
 """
 
@@ -72,7 +77,7 @@ class BackwardStep:
         self.attached: list[str] = []  # what was attached ("fsdp2", "ddp")
         # Muon index → (gradient tensor, its local storage's address, its norm) when handed over
         self.ready: dict[int, tuple] = {}
-        self.fresh: dict[int, torch.Tensor] = {}  # Muon index → zeros buffer made for the begun step
+        self.fresh: dict[int, torch.Tensor] = {}  # engine index → zeros buffer made for the begun step
         self.pending: list[tuple[list[torch.Tensor], Any]] = []  # DDP buckets whose all-reduce is in flight
         # FSDP2 groups reduced but not handed over yet: (sharded params, post-reduce event or None)
         self.pending_fsdp: list[tuple[list[torch.Tensor], Any]] = []
@@ -164,6 +169,27 @@ class BackwardStep:
         with torch.profiler.record_function("dmuon.backward_step.params_final"):
             self._params_final(params)
 
+    def owned_ready(self, entry: Any) -> torch.Tensor | None:
+        """An owned matrix's gradient is in (weight ownership): once the runtime is made, the
+        engine's step is begun (the Muon groups' options now) so that its finished buckets
+        start their Newton–Schulz inside backward; returns the owner's momentum buffer for
+        that work (None where this rank does not own it, or before the first step)."""
+        opt = self.opt
+        runtime = opt._runtime
+        if runtime is None:
+            return None
+        if not runtime.step_open:
+            group_options, _ = opt._muon_group_options()
+            runtime.begin_step(group_options, opt.param_groups[0]["num_steps"] + 1)
+        handle = opt._ownership
+        if handle.exchange.owners[entry.index] != handle.exchange.rank:
+            return None
+        buffer = opt.state.get(entry.master, {}).get("momentum_buffer")
+        if buffer is None:
+            key = len(opt._muon_params()) + entry.index
+            buffer = self.fresh.setdefault(key, torch.zeros_like(entry.master, memory_format=torch.contiguous_format))
+        return buffer
+
     def hands_over(self) -> bool:
         """Whether final gradients go to the engine now: its runtime is made (at the first
         step()), the step is begun from backward, and not in the weight-ownership mode."""
@@ -200,20 +226,20 @@ class BackwardStep:
             self.ready[i] = (muon[i][1].grad, local_grad.data_ptr(), norm)
         runtime.params_ready(idxs, params, grads, buffers)
 
-    def take(self, group: Any) -> dict[int, torch.Tensor]:
-        """At step(): the begun step's fresh momentum buffers when it can be completed; else
-        (a gradient changed since it was handed over, on any rank) the begun work is
-        discarded on every rank."""
+    def take(self) -> tuple[dict[int, torch.Tensor], bool]:
+        """At step(): the begun step's fresh momentum buffers (by engine index), and whether
+        a gradient changed since it was handed over on this rank (the step's start agreement
+        then makes every rank drop the begun work)."""
         with torch.profiler.record_function("dmuon.backward_step.take"):
-            return self._take(group)
+            return self._take()
 
-    def _take(self, group: Any) -> dict[int, torch.Tensor]:
+    def _take(self) -> tuple[dict[int, torch.Tensor], bool]:
         self.flush_fsdp()
         self.flush_ddp(wait=True)
         runtime = self.opt._runtime
         if runtime is None or not runtime.step_open:
             self._reset()
-            return {}
+            return {}, False
         muon = self._muon if self._muon is not None else self.opt._muon_params()
         changed = False
         then, now = [], []
@@ -227,17 +253,9 @@ class BackwardStep:
             now.append(local_grad)
         if not changed and then:
             changed = bool((torch.stack(then) != torch.stack(_norms(now))).any().item())
-        # NOTE: every rank must take the same branch (the engine's collectives differ).
-        if group is not None and runtime.world_size > 1:
-            flag = torch.tensor([1 if changed else 0], dtype=torch.int64)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group)
-            changed = bool(flag.item())
-        if changed:
-            self.discard()
-            return {}
         fresh = self.fresh
         self._reset()
-        return fresh
+        return fresh, changed
 
     def discard(self) -> None:
         """Closes the begun step with nothing written."""

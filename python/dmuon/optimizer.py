@@ -1,11 +1,12 @@
 """`dmuon.DMuon`: Muon for matrices, AdamW for everything else, in one torch optimizer.
 
 The Muon math (momentum, owner planning, communication, batched Newton–Schulz, lr
-adjustment, apply) runs in C++: the step engine (``dmuon._C.engine.EngineRuntime``) on one
-process, under DDP, FSDP2, HSDP, a fake world and beside the weight-ownership mode's owned
-matrices alike. AdamW is torch's own
-implementation. This module routes parameters, validates options, keeps the state in ``self.state`` (so ``state_dict`` works as for any
-torch optimizer) and checks gradients for NaN/Inf with one host sync per step.
+adjustment, apply) runs in C++: one step engine (``dmuon._C.engine.EngineRuntime``) on one
+process, under DDP, FSDP2, HSDP, a fake world and for the weight-ownership mode's owned
+matrices alike. AdamW is torch's own implementation. This module routes parameters,
+validates options, keeps the state in ``self.state`` (so ``state_dict`` works as for any
+torch optimizer). A step waits for two collectives with several ranks: the engine's start
+agreement (structure, every rank's checks, NaN/Inf) and its result agreement.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ class DMuon(torch.optim.Optimizer):
         self._views: dict[int, MatrixView] = {}
         self._reasons: dict[int, str] = {}
         self._ownership = None
-        self._signature: int | None = None
+        self._signature: tuple | None = None  # (split_key, structure signature, its lines)
         self._verified_state: dict[int, tuple] = {}  # id(param) → ids of its state tensors checked
         self._group = None  # the Muon parameters' process group (None: one process)
         self._placement_cache = None  # (ids of the Muon parameters, their placements, the group)
@@ -163,7 +164,6 @@ class DMuon(torch.optim.Optimizer):
         self._check_ranks_agree()
         self._check_replicas()
         self._ownership = self._find_ownership()
-        self._configure_ownership()
         if isinstance(params, nn.Module) and execution.backward_step is not False:
             self._backward.attach(params)
         announce(self.routing_summary(), not dist.is_initialized() or dist.get_rank() == 0)
@@ -264,7 +264,6 @@ class DMuon(torch.optim.Optimizer):
         self._group = self._placements()[1]
         if getattr(self, "_ownership", None) is not None:
             self._ownership = self._find_ownership()
-            self._configure_ownership()
 
     @staticmethod
     def _validate_param(name: str, param: torch.Tensor, use_muon: bool | None) -> None:
@@ -328,26 +327,6 @@ class DMuon(torch.optim.Optimizer):
         handle._attach(self)
         return handle
 
-    def _owned_group_slots(self) -> tuple[list[Any], list[int]]:
-        """Group options of the Muon groups and, per owned matrix, its slot among them."""
-        options, slot = self._muon_group_options()
-        group_of = {id(p): g_idx for g_idx, group in enumerate(self.param_groups) for p in group["params"]}
-        return options, [slot[group_of[id(e.master)]] for e in self._ownership._entries]
-
-    def _configure_ownership(self) -> None:
-        """Options and momentum buffers the owner's early Newton–Schulz uses next backward."""
-        handle = self._ownership
-        if handle is None:
-            return
-        options, slots = self._owned_group_slots()
-        # NOTE: buffers are created at the first commit (None: zeros), so that the state
-        # stays empty until the first step, as torch optimizers' state does.
-        buffers = []
-        for e in handle._entries:
-            mine = handle.runtime.owners[e.index] == handle.runtime.rank
-            buffers.append(self.state.get(e.master, {}).get("momentum_buffer") if mine else None)
-        handle.runtime.configure(slots, options, buffers)
-
     @torch.no_grad()
     def init_state(self) -> None:
         """Creates every state entry a step would create (zeros), without stepping: the
@@ -363,7 +342,6 @@ class DMuon(torch.optim.Optimizer):
                         state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 else:
                     self._adamw_state(p)
-        self._configure_ownership()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load_state_dict, after checking the whole checkpoint against these param
@@ -385,7 +363,6 @@ class DMuon(torch.optim.Optimizer):
                 group.setdefault(key, 0)
         self._keep_float32_moments(state_dict)
         self._signature = None
-        self._configure_ownership()
 
     def _keep_float32_moments(self, state_dict: dict[str, Any]) -> None:
         """AdamW moments of float16 parameters from the checkpoint's own values (torch's load
@@ -440,30 +417,35 @@ class DMuon(torch.optim.Optimizer):
                 signature.append((self.param_name(p), tuple(p.shape), str(p.dtype), repr(placement)))
         distributed.check_same_parameters_on_all_ranks(group, signature)
 
-    def _ensure_runtime(self) -> Any:
+    def _ensure_runtime(self, checks: Any = None) -> Any:
         """The C++ step runtime for the current Muon parameters (built collectively); built
-        again when a group's split changed (the user or a loaded checkpoint set it)."""
+        again when a group's split changed (the user or a loaded checkpoint set it). Before
+        it is built, the ranks agree on `checks` (this step's, else made here) in the same
+        collective as a step's start agreement, so that a rank that builds it alone (its
+        param groups changed) meets the others' step and every rank raises."""
         if self._runtime is not None and self._runtime_split != split_key(self.param_groups):
             self._runtime = None
         if self._runtime is None:
-            self._runtime_split = split_key(self.param_groups)
             muon = self._muon_params()
+            handle = self._ownership
+            owned = [e.master for e in handle._entries] if handle is not None else []
             # NOTE: one runtime drives one device (its collectives, flags and fused batches).
             devices = {}
-            for _, p in muon:
-                devices.setdefault(distributed.local(p).device, self.param_name(p))
+            for p in [distributed.local(p) for _, p in muon] + owned:
+                devices.setdefault(p.device, self.param_name(p))
             if len(devices) > 1:
                 (first, a), (second, b) = list(devices.items())[:2]
                 raise ValueError(f"DMuon needs every Muon parameter on one device: {a!r} is on {first}, "
                                  f"{b!r} on {second}")
+            device_type = "cuda" if next(iter(devices), torch.device("cpu")).type == "cuda" else "cpu"
             placements, group = self._placements()
-            if group is None and not muon and self._ownership is not None:
-                # NOTE: every Muon matrix is owned: the engine only checks AdamW's gradients,
-                # agreed over the ownership mesh so that every rank refuses or steps alike.
-                group = self._ownership._groups.world
+            if handle is not None:
+                group = self._owned_world(group)
+            _C.engine.agree_start(distributed.group_name(group), device_type,
+                                  checks if checks is not None else self._step_checks(),
+                                  self.param_groups[0]["num_steps"] + 1)
+            self._runtime_split = split_key(self.param_groups)
             layouts = [self._layout(p, pl) for (_, p), pl in zip(muon, placements)]
-            device = next((local_p.device.type for _, p in muon for local_p in [distributed.local(p)]), "cpu")
-            device_type = "cuda" if device == "cuda" else "cpu"
             # NOTE: None: off (measured default, docs/configuration.md: on the fake ranks of
             # worlds 8 and 64 the step begun from backward never beat the step after it).
             wanted = self.execution.backward_step
@@ -475,7 +457,7 @@ class DMuon(torch.optim.Optimizer):
                 raise ValueError(f"Execution.backward_step=True cannot start the step inside backward for "
                                  f"{unable[0]}; set backward_step=None or False")
             self._backward_step_on = (bool(wanted) and bool(self._backward.attached)
-                                      and self._ownership is None and not unable)
+                                      and handle is None and not unable)
             # NOTE: the engine times each Muon group's NS batches itself when it plans
             # (cost_model "profile"; rank 0 times them and shares them: step/cost_profile.h).
             group_options, slot = self._muon_group_options()
@@ -484,9 +466,22 @@ class DMuon(torch.optim.Optimizer):
                                              **self._runtime_options)
             names = [self.param_name(p) for _, p in muon]
             dtypes = [str(p.dtype).removeprefix("torch.") for _, p in muon]
-            self._runtime = _C.engine.EngineRuntime(distributed.group_name(group), names, layouts, dtypes,
-                                                    [slot[g_idx] for g_idx, _ in muon], options)
+            group_of = {id(p): g_idx for g_idx, g in enumerate(self.param_groups) for p in g["params"]}
+            self._runtime = _C.engine.EngineRuntime(
+                distributed.group_name(group), names, layouts, dtypes, [slot[g_idx] for g_idx, _ in muon], options,
+                owned=handle.exchange if handle is not None else None,
+                owned_group_slot=[slot[group_of[id(p)]] for p in owned])
         return self._runtime
+
+    def _owned_world(self, group: Any) -> Any:
+        """The engine's group with owned matrices: the ownership mesh's world group, which
+        the Muon parameters not owned must span too (or none: one process)."""
+        world = self._ownership._groups.world
+        if group is not None and (world is None or sorted(dist.get_process_group_ranks(group))
+                                  != sorted(dist.get_process_group_ranks(world))):
+            raise ValueError("the Muon parameters that dmuon.own_matrices does not own live on other ranks than its "
+                             "mesh; own every matrix, or give own_matrices the mesh of the others")
+        return world
 
     def _layout(self, param: torch.Tensor, placement: distributed.Placement) -> Any:
         """The C++ runtime's view of one Muon parameter: shape, matrices (row or column
@@ -519,29 +514,18 @@ class DMuon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         step_idx = self.param_groups[0]["num_steps"] + 1
-        # Everything this step touches (group options, gradients, state of both halves) is
-        # checked before anything is written, and the ranks agree, in one fixed-size
-        # collective before any other, that all of them passed and hold the same groups.
+        # NOTE: everything this step touches (group options, gradients, state of both halves)
+        # is checked before anything is written; the ranks agree that all of them passed and
+        # hold the same groups in the step's start agreement, its first collective.
         # NOTE: host ranges for torch.profiler (`bench e2e --profile` sums the "dmuon.*" ones).
         with torch.profiler.record_function("dmuon.step.inputs"):
-            rank_agreement.agree_before_step(self._group, step_idx, self._structure_signature(),
-                                             self._step_input_error(),
-                                             lambda: rank_agreement.describe_groups(self.param_groups, self.param_name))
-        skipped = self.param_groups[0]["num_skipped_steps"]
+            checks = self._step_checks()
         try:
-            out = self._engine_step(self._ensure_runtime(), step_idx, loss)
+            return self._engine_step(self._ensure_runtime(checks), step_idx, loss, checks)
         except BaseException:
             if self.qk_clip is not None:
                 self.qk_clip.reset()
             raise
-        if self.qk_clip is not None:
-            # NOTE: every rank takes the same branch (the step's outcome is agreed), so the
-            # clip's all_reduce is collective; a skipped step forgets its maxima.
-            if self.param_groups[0]["num_skipped_steps"] == skipped:
-                self.qk_clip.apply()
-            else:
-                self.qk_clip.reset()
-        return out
 
     def attach_backward_step(self, model: nn.Module) -> None:
         """Start the step from `model`'s backward (its FSDP2 groups, or `model` as DDP with
@@ -556,38 +540,31 @@ class DMuon(torch.optim.Optimizer):
         self._backward.discard()
         super().zero_grad(set_to_none=set_to_none)
 
-    def _engine_step(self, runtime: Any, step_idx: int, loss: Any) -> Any:
+    def _engine_step(self, runtime: Any, step_idx: int, loss: Any, checks: Any) -> Any:
         """One step through the step engine: every Muon parameter's check, momentum, NS and
-        apply, the AdamW gradients checked in the same pass and agreement; then AdamW.
-        With weight ownership, the owned matrices' early work is finished (agreed) first and
-        committed only when the engine applied the rest (else discarded: nothing written)."""
-        # NOTE: the owned matrices' agreement is over the ownership runtime's groups; every
-        # rank takes the same branch from it, so none waits in the engine's collectives.
-        owned = self._finish_owned(step_idx)
-        if owned["corrupt"]:
-            self._discard_owned()
-            raise NonFiniteGradientError(
-                f"the momentum buffer of parameter {owned['corrupt'][0]!r} holds NaN or Inf at step {step_idx} "
-                "(corrupt optimizer state); nothing was updated")
-        if owned["bad"]:
-            self._discard_owned()
-            return self._refused(owned["bad"], step_idx, loss)
-        # NOTE: with several ranks (no owned matrices) the engine returns before its result
-        # agreement, whose host read waits for the device: the AdamW part (its gradients
-        # agreed finite already) is enqueued meanwhile, then the results are agreed. A
-        # non-finite orthogonalized update still raises on every rank, after the rest of
-        # the step, AdamW's part included, was applied.
-        defer = runtime.world_size > 1 and self._ownership is None
+        apply (the owned matrices' too), the AdamW gradients checked in the same pass and
+        start agreement; then AdamW; then the result agreement (QK-clip's maxima in it)."""
+        # NOTE: with several ranks the engine returns before its result agreement, whose host
+        # read waits for the device: the AdamW part (its gradients agreed finite already) is
+        # enqueued meanwhile, then the results are agreed. A non-finite orthogonalized update
+        # still raises on every rank, after the rest of the step, AdamW's part included, was
+        # applied.
+        defer = runtime.world_size > 1
         try:
             with torch.profiler.record_function("dmuon.step.engine"):
-                applied = self._engine_step_rest(runtime, step_idx, defer)
-        except BaseException:
-            self._discard_owned()
-            raise
+                applied = self._engine_step_rest(runtime, step_idx, defer, checks)
+        finally:
+            if self._ownership is not None:
+                self._ownership._after_step()
         if applied is not True:
-            self._discard_owned()
+            if self.qk_clip is not None:
+                self.qk_clip.reset()  # NOTE: a skipped step forgets its maxima
             return self._refused(applied, step_idx, loss)
-        self._commit_owned(owned, step_idx)
+        clip = self.qk_clip
+        # NOTE: the clip's maxima ride in the result agreement where it spans the clip's
+        # group; a clip given its own process_group agrees over it itself (QKClip.apply).
+        folded = clip is not None and clip.agrees_with(runtime.world_size)
+        agreed = None
         try:
             with torch.profiler.record_function("dmuon.step.adamw"):
                 for group in self.param_groups:
@@ -599,11 +576,13 @@ class DMuon(torch.optim.Optimizer):
         finally:
             # NOTE: collective: every rank agrees even when its AdamW part raised.
             with torch.profiler.record_function("dmuon.step.agree_results"):
-                self._engine_call(runtime.agree_results)
+                agreed = self._engine_call(runtime.agree_results, clip.local_keys() if folded else [])
+        if clip is not None:
+            clip.apply(agreed if folded else None)
         return loss
 
-    def _engine_step_rest(self, runtime: Any, step_idx: int, defer: bool = False) -> Any:
-        """The engine's step of every Muon parameter it holds (the owned ones excluded),
+    def _engine_step_rest(self, runtime: Any, step_idx: int, defer: bool, checks: Any) -> Any:
+        """The engine's step of every Muon parameter (the owned ones after the others),
         AdamW's gradients checked with it: True when applied, else the names of the
         parameters whose gradients were not finite (nothing was written). `defer`: an
         applied step's result agreement is left to runtime.agree_results()."""
@@ -614,8 +593,10 @@ class DMuon(torch.optim.Optimizer):
         row_states, fresh_v = [], []
         normuon_ids = {id(p) for group in self.param_groups if group["use_muon"] and group.get("normuon", False)
                        for p in group["params"]}
-        # Buffers made for a step begun inside backward (the engine holds them already).
-        begun = self._backward.take(self._group) if self._backward_step_on else {}
+        # Buffers made for a step begun inside backward (the engine holds them already), and
+        # whether this rank's begun work is stale (agreed in the start agreement).
+        begun, changed = self._backward.take()
+        checks.changed = changed
         for i, (g_idx, p) in enumerate(muon):
             params.append(distributed.local(p))
             if p.grad is None:
@@ -639,6 +620,21 @@ class DMuon(torch.optim.Optimizer):
                 fresh.append((p, buffer))
             grads.append(distributed.local(p.grad))
             buffers.append(distributed.local(buffer))
+        # The owned matrices: their masters and the owner's momentum buffers (the gradients are
+        # the exchange's).
+        handle = self._ownership
+        for e in handle._entries if handle is not None else []:
+            mine = handle.exchange.owners[e.index] == handle.exchange.rank
+            params.append(e.master if mine else None)
+            grads.append(None)
+            row_states.append(None)
+            buffer = self.state.get(e.master, {}).get("momentum_buffer") if mine else None
+            if mine and buffer is None and handle.exchange.contributed(e.index):
+                buffer = begun.get(len(muon) + e.index)
+                if buffer is None:
+                    buffer = torch.zeros_like(e.master, memory_format=torch.contiguous_format)
+                fresh.append((e.master, buffer))
+            buffers.append(buffer)
         # NOTE: every rank passes the same list (an AdamW parameter without a gradient as
         # None), so that the engine's agreement has one size on every rank; it agrees on the
         # gradients' presence too (on some ranks only: an error on every rank naming it).
@@ -646,9 +642,11 @@ class DMuon(torch.optim.Optimizer):
                   if id(p) not in muon_ids]
         extra = [distributed.local(p.grad) if p.grad is not None else None for p in others]
         outcome = self._engine_call(runtime.step, params, grads, buffers, group_options, step_idx,
-                                    [self.param_name(p) for p in others], extra, row_states, defer)
+                                    [self.param_name(p) for p in others], extra, row_states, defer, checks)
         if not outcome["applied"]:
-            bad = {id(muon[i][1]) for i in outcome["nonfinite_params"]} | {id(others[k]) for k in outcome["nonfinite_extra"]}
+            stepped = [p for _, p in muon] + [e.master for e in handle._entries] if handle is not None else \
+                [p for _, p in muon]
+            bad = {id(stepped[i]) for i in outcome["nonfinite_params"]} | {id(others[k]) for k in outcome["nonfinite_extra"]}
             return [self.param_name(p) for group in self.param_groups for p in group["params"] if id(p) in bad]
         for p, buffer in fresh:
             self.state[p]["momentum_buffer"] = buffer
@@ -680,10 +678,15 @@ class DMuon(torch.optim.Optimizer):
                 raise NonFiniteGradientError(str(error)) from None
             raise
 
-    def _structure_signature(self) -> int:
-        if self._signature is None:
-            self._signature = rank_agreement.structure_signature(self.param_groups)
-        return self._signature
+    def _step_checks(self) -> Any:
+        """This rank's part of the step's start agreement: the param groups' structure (its
+        signature and, to name a difference, its lines) and this rank's checks."""
+        split = split_key(self.param_groups)
+        if self._signature is None or self._signature[0] != split:
+            self._signature = (split, rank_agreement.structure_signature(self.param_groups),
+                               rank_agreement.describe_groups(self.param_groups, self.param_name))
+        _, signature, describe = self._signature
+        return _C.engine.StepChecks(signature=signature, error=self._step_input_error(), describe=describe)
 
     def _step_input_error(self) -> str:
         """Why this rank cannot step ("" if it can): a bad group option (a scheduler or the user
@@ -726,45 +729,6 @@ class DMuon(torch.optim.Optimizer):
                     normuon_beta2=float(group.get("normuon_beta2", 0.95)),
                     normuon_eps=float(group.get("normuon_eps", 1e-8))))
         return group_options, group_slot
-
-    def _finish_owned(self, step_idx: int) -> dict[str, Any]:
-        """Waits for the owned matrices' early work; their flags, agreed by every rank (the
-        step engine's finish: nothing is written until _commit_owned)."""
-        out: dict[str, Any] = {"bad": [], "corrupt": [], "active": []}
-        handle = self._ownership
-        if handle is None:
-            return out
-        rt = handle.runtime
-        options, _ = self._owned_group_slots()
-        try:
-            active, bad, corrupt = rt.finish(step_idx, [e.master for e in handle._entries], options)
-        except Exception:
-            rt.discard()
-            handle._after_step()
-            raise
-        out["active"] = list(active)
-        out["bad"] = [handle._entries[i].name for i in bad]
-        out["corrupt"] = [handle._entries[i].name for i in corrupt]
-        return out
-
-    def _discard_owned(self) -> None:
-        if self._ownership is not None:
-            self._ownership.runtime.discard()
-            self._ownership._after_step()
-
-    def _commit_owned(self, owned: dict[str, Any], step_idx: int) -> None:
-        handle = self._ownership
-        if handle is None:
-            return
-        for e in handle._entries:
-            if handle.runtime.owners[e.index] == handle.runtime.rank and "momentum_buffer" not in self.state[e.master]:
-                self.state[e.master]["momentum_buffer"] = torch.zeros_like(e.master, memory_format=torch.contiguous_format)
-        # NOTE: the new buffers reach the runtime before its commit, which fills them.
-        self._configure_ownership()
-        try:
-            handle.runtime.commit(step_idx)
-        finally:
-            handle._after_step()
 
     def _adamw_state(self, p: torch.Tensor) -> dict[str, Any]:
         """`p`'s AdamW state, created (zeros, step 0) on first use (float32 moments for float16)."""

@@ -9,13 +9,15 @@ weight only on its owner, and hooks the model:
   swapped in; after it, the module gets its master parameters back and, with
   ``reshard_after_forward``, the compute copies are freed (re-published before backward);
 - backward: each gradient is added into a compact bucket buffer; complete buckets are
-  reduced to their owners at once (two levels on a 2-D mesh), and the owner's momentum and
-  Newton–Schulz for that bucket start in the C++ step engine's early work (a worker thread
-  waits for the reduction; a side stream on GPUs) while backward continues;
-- ``dmuon.DMuon.step`` waits for that work, agrees on finiteness across ranks and applies.
+  reduced to their owners at once (two levels on a 2-D mesh), and, once a bucket's
+  reduction has arrived (polled at each hook; on GPUs a side stream waits for it), the
+  owner's momentum and Newton–Schulz of its matrices start in the early work of DMuon's
+  step engine while backward continues;
+- ``dmuon.DMuon.step`` waits for the rest and steps the owned matrices with every other
+  Muon parameter in one engine step (one start agreement, one result agreement).
 
-The scheduling, collectives and math are C++ (``dmuon._C.ownership.Runtime``); this module
-adapts torch objects: modules, hooks, parameters and process groups.
+The scheduling, collectives and math are C++ (``dmuon._C.ownership.Exchange`` and the step
+engine); this module adapts torch objects: modules, hooks, parameters and process groups.
 """
 
 from __future__ import annotations
@@ -60,29 +62,39 @@ class _Owned:
 
 
 class _Groups:
-    """Dedicated process groups of the runtime (its collectives never interleave with FSDP's)."""
+    """Dedicated process groups of the exchange (its collectives never interleave with
+    FSDP's): the mesh's rows (shard groups), two groups per column (publishes; the
+    reduction's second level alone) and one over every rank (the plan, the step's
+    agreements), with every rank's (replica, shard) coordinates."""
 
     def __init__(self, mesh: Any) -> None:
         self.shard = self.replicate = self.replicate_reduce = None
         self.world = None  # group over every rank of the mesh (None: one process)
+        self.shards, self.replicas = 1, 1
+        self.shard_of: list[int] = []
+        self.replica_of: list[int] = []
         if mesh is None:
             if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
                 return
             mesh = dist.group.WORLD
         if isinstance(mesh, dist.ProcessGroup):
-            ranks = dist.get_process_group_ranks(mesh)
-            if len(ranks) == 1:
-                return
-            self.shard = dist.new_group(ranks)
-            self.world = self.shard
-            return
-        from torch.distributed.device_mesh import DeviceMesh
+            rows = [sorted(dist.get_process_group_ranks(mesh))]
+        else:
+            from torch.distributed.device_mesh import DeviceMesh
 
-        if not isinstance(mesh, DeviceMesh):
-            raise TypeError(f"mesh must be None, a ProcessGroup or a DeviceMesh, got {type(mesh).__name__}")
-        if mesh.ndim not in (1, 2):
-            raise ValueError(f"mesh must be 1-D (shard) or 2-D (replicate × shard), got {mesh.ndim}-D")
-        rows = [[int(r) for r in row] for row in mesh.mesh.reshape(-1, mesh.mesh.shape[-1]).tolist()]
+            if not isinstance(mesh, DeviceMesh):
+                raise TypeError(f"mesh must be None, a ProcessGroup or a DeviceMesh, got {type(mesh).__name__}")
+            if mesh.ndim not in (1, 2):
+                raise ValueError(f"mesh must be 1-D (shard) or 2-D (replicate × shard), got {mesh.ndim}-D")
+            rows = [[int(r) for r in row] for row in mesh.mesh.reshape(-1, mesh.mesh.shape[-1]).tolist()]
+        # NOTE: a group's ranks are its members in ascending order; a rank's coordinates are
+        # its ranks in its row and column groups only where rows and columns ascend.
+        columns = [list(c) for c in zip(*rows)]
+        if any(line != sorted(line) for line in rows + columns):
+            raise ValueError(f"mesh {rows}: its rows and columns must hold ascending ranks (as init_device_mesh "
+                             "makes them)")
+        if len(rows) == 1 and len(rows[0]) == 1:
+            return
         me = dist.get_rank()
         # NOTE: new_group is collective over the default group: every rank creates every
         # subgroup, in one order, and keeps its own.
@@ -91,30 +103,37 @@ class _Groups:
             if me in row:
                 self.shard = group
         if len(rows) > 1:
-            for column in zip(*rows):
-                publish = dist.new_group(list(column))
-                reduce = dist.new_group(list(column))
+            for column in columns:
+                publish = dist.new_group(column)
+                reduce = dist.new_group(column)
                 if me in column:
                     self.replicate, self.replicate_reduce = publish, reduce
-        if len(rows) == 1 and len(rows[0]) == 1:
-            self.shard = None
-        # Every rank of the mesh (the plain-DP averaging of the other parameters).
-        self.world = dist.new_group(sorted(r for row in rows for r in row)) if len(rows) > 1 else self.shard
+        # Every rank of the mesh (the plan, the step's agreements; the plain-DP averaging of
+        # the other parameters).
+        everyone = sorted(r for row in rows for r in row)
+        self.world = dist.new_group(everyone) if len(rows) > 1 else self.shard
+        self.shards, self.replicas = len(rows[0]), len(rows)
+        at = {r: (q, s) for q, row in enumerate(rows) for s, r in enumerate(row)}
+        self.replica_of = [at[r][0] for r in everyone]
+        self.shard_of = [at[r][1] for r in everyone]
 
-    def names(self) -> tuple[str, str, str]:
+    def groups(self) -> Any:
+        """The C++ exchange's view of them (dmuon._C.ownership.Groups)."""
         def name(g: Any) -> str:
             return "" if g is None else g.group_name
-        return name(self.shard), name(self.replicate), name(self.replicate_reduce)
+        return _C.ownership.Groups(world=name(self.world), row=name(self.shard), column=name(self.replicate),
+                                   column_reduce=name(self.replicate_reduce), shards=self.shards,
+                                   replicas=self.replicas, shard_of=self.shard_of, replica_of=self.replica_of)
 
 
 class OwnedMatrices:
     """The handle `own_matrices` returns: owned parameters, owners, gradient-sync control,
-    materialization for checkpoints, and the runtime's timeline."""
+    materialization for checkpoints, and the exchange's timeline."""
 
-    def __init__(self, entries: list[_Owned], runtime: Any, groups: _Groups, *,
+    def __init__(self, entries: list[_Owned], exchange: Any, groups: _Groups, *,
                  reshard_after_forward: bool, prefetch: int, others: list[nn.Parameter]) -> None:
         self._entries = entries
-        self.runtime = runtime
+        self.exchange = exchange
         self._groups = groups
         self._reshard = reshard_after_forward
         self._prefetch = prefetch
@@ -144,15 +163,15 @@ class OwnedMatrices:
 
     @property
     def rank(self) -> int:
-        return self.runtime.rank
+        return self.exchange.rank
 
     def owner_of(self, param: torch.Tensor) -> int:
         """The rank that owns `param`."""
         entry = self._entry_of(param)
-        return self.runtime.owners[entry.index]
+        return self.exchange.owners[entry.index]
 
     def is_owner(self, param: torch.Tensor) -> bool:
-        return self.owner_of(param) == self.runtime.rank
+        return self.owner_of(param) == self.exchange.rank
 
     def set_requires_gradient_sync(self, requires_gradient_sync: bool) -> None:
         """False for gradient-accumulation micro-batches: gradients accumulate in the bucket
@@ -169,8 +188,11 @@ class OwnedMatrices:
             self._sync = previous
 
     def timeline(self) -> list[Any]:
-        """Recorded events (grad_ready, reduce_issued, ns_begin, ns_end, flush, finish)."""
-        return list(self.runtime.timeline())
+        """The events of the current (or last) step: grad_ready (parameter index),
+        reduce_issued, ns_begin and ns_end (bucket index; the owner's early work on the
+        bucket's matrices), flush (the end of backward), finish (the step's start); each
+        with seconds on one clock."""
+        return list(self.exchange.timeline())
 
     @contextlib.contextmanager
     def materialized(self, optimizer: Any = None) -> Iterator[None]:
@@ -180,9 +202,9 @@ class OwnedMatrices:
         owner is kept."""
         self._release_all()
         entries = self._entries
-        rank = self.runtime.rank
+        rank = self.exchange.rank
         for e in entries:
-            self.runtime.materialize(e.index, e.master)
+            self.exchange.materialize(e.index, e.master)
         if optimizer is not None:
             # NOTE: every state entry exists inside the block (zeros on a fresh optimizer),
             # so a checkpoint loads into the full structure on every rank.
@@ -192,17 +214,15 @@ class OwnedMatrices:
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(e.master, memory_format=torch.contiguous_format)
                     _C.ownership.free_storage(state["momentum_buffer"])
-                self.runtime.materialize(e.index, state["momentum_buffer"])
+                self.exchange.materialize(e.index, state["momentum_buffer"])
         try:
             yield
         finally:
             for e in entries:
-                if self.runtime.owners[e.index] != rank:
+                if self.exchange.owners[e.index] != rank:
                     _C.ownership.free_storage(e.master)
                     if optimizer is not None:
                         optimizer.state.pop(e.master, None)
-            if optimizer is not None and hasattr(optimizer, "_configure_ownership"):
-                optimizer._configure_ownership()
 
     # ------------------------------------------------------------- internals
     def _entry_of(self, param: torch.Tensor) -> _Owned:
@@ -218,7 +238,7 @@ class OwnedMatrices:
 
     def _publish(self, entries: list[_Owned]) -> None:
         for e in entries:
-            self.runtime.publish(e.index, e.compute, e.master)
+            self.exchange.publish(e.index, e.compute, e.master)
 
     def _prefetch_units(self, unit_key: int, direction: int) -> None:
         pos = self._position.get(unit_key) if self._order_frozen else None
@@ -239,7 +259,7 @@ class OwnedMatrices:
 
     def _release(self, entries: list[_Owned]) -> None:
         for e in entries:
-            self.runtime.release(e.index, e.compute)
+            self.exchange.release(e.index, e.compute)
 
     def _release_all(self) -> None:
         self._release(self._entries)
@@ -261,7 +281,7 @@ class OwnedMatrices:
         self._publish(entries)
         self._prefetch_units(key, +1)
         for e in entries:
-            self.runtime.wait_published(e.index)
+            self.exchange.wait_published(e.index)
         self._swap_in(module)
 
     def _post_forward(self, module: nn.Module, args: Any, output: Any) -> Any:
@@ -282,7 +302,7 @@ class OwnedMatrices:
         self._publish(entries)
         self._prefetch_units(key, -1)
         for e in entries:
-            self.runtime.wait_published(e.index)
+            self.exchange.wait_published(e.index)
 
     def _make_grad_hook(self, entry: _Owned) -> Callable[[torch.Tensor], None]:
         def hook(compute: torch.Tensor) -> None:
@@ -292,13 +312,18 @@ class OwnedMatrices:
                 torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
             grad = compute.grad
             compute.grad = None
-            self.runtime.grad_ready(entry.index, grad, self._sync)
-            self.runtime.release(entry.index, compute)
+            # NOTE: with its runtime made, the optimizer begins its step here (the owner's
+            # momentum buffer goes with the gradient): finished buckets start their matrices'
+            # Newton–Schulz inside backward.
+            opt = self._optimizer
+            momentum = opt._backward.owned_ready(entry) if opt is not None and self._sync else None
+            self.exchange.grad_ready(entry.index, grad, momentum, self._sync)
+            self.exchange.release(entry.index, compute)
         return hook
 
     def _end_of_backward(self) -> None:
         self._in_backward = False
-        self.runtime.flush(self._sync)
+        self.exchange.end_backward(self._sync)
         if self._sync and self._others:
             _average_gradients(self._others, self._groups.world)
 
@@ -387,16 +412,15 @@ def own_matrices(model: nn.Module, mesh: Any = None,
     layouts = [_C.dist.ParamLayout(list(r.param.shape), r.batch_dims, False, row_blocks=list(r.row_blocks),
                                    transposed=r.transposed) for r in routed]
     names = [r.name for r in routed]
-    shard, replicate, replicate_reduce = groups.names()
     options = _C.ownership.Options(bucket_bytes=int(bucket_size_mb * 2**20), reduce_dtype=_REDUCE_DTYPES[reduce_dtype],
                                    solver=planner, device_type=device_type, spread_layers=spread_layers)
     for r in routed:
         if r.param.dtype not in _DTYPE_NAMES:
             raise TypeError(f"parameter {r.name!r}: dtype {r.param.dtype} cannot be owned; "
                             f"use one of {list(_DTYPE_NAMES)}")
-    runtime = _C.ownership.Runtime(shard, replicate, replicate_reduce, names, layouts,
-                                   [layer_of_name(n) for n in names], [_DTYPE_NAMES[r.param.dtype] for r in routed],
-                                   options)
+    # NOTE: the owners are planned here, by the step engine's planner (collective).
+    exchange = _C.ownership.Exchange(groups.groups(), names, layouts, [layer_of_name(n) for n in names],
+                                     [_DTYPE_NAMES[r.param.dtype] for r in routed], options)
 
     # Compute tensors; non-owners drop the master's bytes.
     entries = []
@@ -407,7 +431,7 @@ def own_matrices(model: nn.Module, mesh: Any = None,
         _C.ownership.free_storage(compute)
         entry = _Owned(index, r.name, module, attr, r.param, compute)
         entries.append(entry)
-        if runtime.owners[index] != runtime.rank:
+        if exchange.owners[index] != exchange.rank:
             _C.ownership.free_storage(r.param)
     owned_ids = {id(r.param) for r in routed}
     others = [p for p in model.parameters() if id(p) not in owned_ids and p.requires_grad]
@@ -415,7 +439,7 @@ def own_matrices(model: nn.Module, mesh: Any = None,
         with torch.no_grad():
             for p in others:
                 dist.broadcast(p, src=dist.get_global_rank(groups.world, 0), group=groups.world)
-    handle = OwnedMatrices(entries, runtime, groups, reshard_after_forward=reshard_after_forward,
+    handle = OwnedMatrices(entries, exchange, groups, reshard_after_forward=reshard_after_forward,
                            prefetch=prefetch, others=others if replicate_others else [])
     for e in entries:
         setattr(e.master, _ATTR, handle)

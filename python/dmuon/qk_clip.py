@@ -14,9 +14,12 @@ Usage::
     # in the attention forward (post-RoPE q [B, H, T, d], k [B, K, T, d]):
     clip.record("layer0", dmuon.qk_clip.max_logits_per_head(q, k))
 
-Distributed: the maxima are all-reduced (max) over ``process_group`` (default: the default
+Distributed: the maxima are agreed (max) over ``process_group`` (default: the default
 group when one is initialized) before use, so ranks that saw other batches (data parallel)
-or other heads (tensor parallel: record ``-inf`` for heads not computed here) agree. A
+or other heads (tensor parallel: record ``-inf`` for heads not computed here) agree. With
+the default group, DMuon carries them in its step's result agreement (``local_keys``: the
+float32 maxima as integers that order like them); a clip given its own process_group
+all-reduces them itself, the one collective of its own inside ``DMuon.step``. A
 weight that is a DTensor sharded on dim 0 (FSDP2, TP column-wise, FSDP2 over TP) is scaled
 on each rank over the rows it holds; every rank computes the same factors.
 """
@@ -147,23 +150,52 @@ class QKClip:
             return self.process_group
         return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
 
+    def _stacked(self) -> torch.Tensor:
+        """Every layer's maxima (layers by name), float32, on the weights' device."""
+        device = next(iter(self.layers.values())).q.device
+        return torch.cat([self._max.get(n, torch.full((self.layers[n].num_heads,), float("-inf"))).to(device)
+                          for n in sorted(self.layers)])
+
+    def agrees_with(self, world_size: int) -> bool:
+        """Whether a step's result agreement over `world_size` ranks agrees the maxima over
+        this clip's group: the default group, spanning those ranks."""
+        if self.process_group is not None:
+            return False
+        group = self._group()
+        return (1 if group is None else dist.get_world_size(group)) == world_size
+
+    def local_keys(self) -> list[int]:
+        """This rank's maxima as integers that order like them (the result agreement's max).
+        NOTE: a float32's bits as int32 order like it for non-negative values and reversed for
+        negative ones; flipping a negative's other 31 bits makes the order total."""
+        bits = self._stacked().float().cpu().view(torch.int32).to(torch.int64)
+        return torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).tolist()
+
+    @staticmethod
+    def _from_keys(keys: list[int]) -> torch.Tensor:
+        bits = torch.tensor(keys, dtype=torch.int64)
+        bits = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+        return bits.to(torch.int32).view(torch.float32)
+
     @torch.no_grad()
-    def apply(self) -> dict[str, tuple[list[float], list[float]]]:
+    def apply(self, agreed_keys: list[int] | None = None) -> dict[str, tuple[list[float], list[float]]]:
         """After an applied step: every layer's factors (q per head, k per kv head) from the
         maxima agreed over the group, applied to the rows this rank holds; then reset.
-        Collective when distributed (every rank calls it, with the same layers)."""
+        `agreed_keys`: the maxima as agreed already (local_keys' form, max over the ranks);
+        None: all-reduced here over the group, collective when distributed (every rank calls
+        it, with the same layers)."""
         names = sorted(self.layers)
-        device = next(iter(self.layers.values())).q.device
-        rows = [self._max.get(n, torch.full((self.layers[n].num_heads,), float("-inf"))).to(device)
-                for n in names]
-        stacked = torch.cat(rows)
-        group = self._group()
-        if group is not None:
-            # NOTE: Gloo and NCCL both reduce MAX; -inf (no record on a rank) never wins.
-            backend_device = torch.device("cpu") if dist.get_backend(group) == "gloo" else device
-            moved = stacked.to(backend_device)
-            dist.all_reduce(moved, op=dist.ReduceOp.MAX, group=group)
-            stacked = moved
+        if agreed_keys is not None:
+            stacked = self._from_keys(agreed_keys)
+        else:
+            stacked = self._stacked()
+            group = self._group()
+            if group is not None:
+                # NOTE: Gloo and NCCL both reduce MAX; -inf (no record on a rank) never wins.
+                backend_device = torch.device("cpu") if dist.get_backend(group) == "gloo" else stacked.device
+                moved = stacked.to(backend_device)
+                dist.all_reduce(moved, op=dist.ReduceOp.MAX, group=group)
+                stacked = moved
         values = stacked.double().tolist()
         out: dict[str, tuple[list[float], list[float]]] = {}
         at = 0

@@ -24,16 +24,19 @@ struct LoopbackWorld::Slot {
   ReduceOp op = ReduceOp::kSum;
   std::vector<std::vector<int64_t>> values;
   std::vector<int64_t> reduced;
-  // broadcast
+  // broadcast (text), all_gather (texts), broadcast_buffer (recv[r] every rank's buffer)
   std::string text;
+  std::vector<std::string> texts;
+  int root = 0;
 
-  explicit Slot(int world) : send(world), recv(world), send_counts(world), recv_counts(world), values(world) {}
+  explicit Slot(int world)
+      : send(world), recv(world), send_counts(world), recv_counts(world), values(world), texts(world) {}
 };
 
 namespace {
 
 const char* kind_name(int kind) {
-  static const char* names[] = {"all_to_all", "all_reduce", "broadcast"};
+  static const char* names[] = {"all_to_all", "all_reduce", "broadcast", "broadcast_buffer", "all_gather"};
   return names[kind];
 }
 
@@ -48,6 +51,18 @@ class LoopbackWorld::RankTransport : public Transport {
 
   std::unique_ptr<Pending> all_to_all(const Buffer& send, const std::vector<int64_t>& send_counts, const Buffer& recv,
                                       const std::vector<int64_t>& recv_counts, const std::string& what) override;
+  std::unique_ptr<Pending> broadcast_buffer(const Buffer& buffer, int root, const std::string& what) override;
+  std::vector<std::string> all_gather(const std::string& text, const std::string& what) override {
+    std::unique_lock<std::mutex> lock(world_.mutex_);
+    int64_t seq = 0;
+    Slot& slot = world_.arrive(rank_, Kind::kAllGather, what, lock, &seq);
+    slot.texts[static_cast<size_t>(rank_)] = text;
+    if (++slot.arrived == world_.world_size_) world_.complete(slot);
+    world_.await(rank_, seq, what, lock);
+    std::vector<std::string> out = world_.slots_.at(seq)->texts;
+    depart(seq);
+    return out;
+  }
   std::vector<int64_t> all_reduce(const std::vector<int64_t>& local, ReduceOp op, const std::string& what) override {
     std::unique_lock<std::mutex> lock(world_.mutex_);
     int64_t seq = 0;
@@ -79,19 +94,19 @@ class LoopbackWorld::RankTransport : public Transport {
   }
 
  private:
-  friend class AllToAllPending;
+  friend class AsyncPending;
   LoopbackWorld& world_;
   int rank_;
 };
 
-// An all_to_all in flight: wait() blocks until every rank has brought its buffers and the
-// last one has copied. Left without wait() (an error unwinding), it fails the world so
-// that nothing later copies from buffers this rank has freed.
-class LoopbackWorld::AllToAllPending : public Pending {
+// An all_to_all or broadcast_buffer in flight: wait() blocks until every rank has brought
+// its buffers and the last one has copied. Left without wait() (an error unwinding), it
+// fails the world so that nothing later copies from buffers this rank has freed.
+class LoopbackWorld::AsyncPending : public Pending {
  public:
-  AllToAllPending(RankTransport& transport, int64_t seq, std::string what)
+  AsyncPending(RankTransport& transport, int64_t seq, std::string what)
       : transport_(transport), seq_(seq), what_(std::move(what)) {}
-  ~AllToAllPending() override {
+  ~AsyncPending() override {
     if (waited_) return;
     LoopbackWorld& world = transport_.world_;
     std::lock_guard<std::mutex> lock(world.mutex_);
@@ -107,6 +122,12 @@ class LoopbackWorld::AllToAllPending : public Pending {
     waited_ = true;
     world.await(transport_.rank_, seq_, what_, lock);
     transport_.depart(seq_);
+  }
+  bool ready() override {
+    LoopbackWorld& world = transport_.world_;
+    std::lock_guard<std::mutex> lock(world.mutex_);
+    auto it = world.slots_.find(seq_);
+    return !world.failure_.empty() || (it != world.slots_.end() && it->second->done);
   }
 
  private:
@@ -130,7 +151,24 @@ std::unique_ptr<Pending> LoopbackWorld::RankTransport::all_to_all(const Buffer& 
   slot.send_counts[r] = send_counts;
   slot.recv_counts[r] = recv_counts;
   if (++slot.arrived == world_.world_size_) world_.complete(slot);
-  return std::make_unique<AllToAllPending>(*this, seq, what);
+  return std::make_unique<AsyncPending>(*this, seq, what);
+}
+
+std::unique_ptr<Pending> LoopbackWorld::RankTransport::broadcast_buffer(const Buffer& buffer, int root,
+                                                                        const std::string& what) {
+  std::unique_lock<std::mutex> lock(world_.mutex_);
+  int64_t seq = 0;
+  Slot& slot = world_.arrive(rank_, Kind::kBroadcastBuffer, what, lock, &seq);
+  slot.recv[static_cast<size_t>(rank_)] = buffer;
+  if (rank_ == slot.first_rank) slot.root = root;
+  else if (slot.root != root) {
+    world_.fail_locked("'" + what + "': rank " + std::to_string(rank_) + " broadcasts from rank " +
+                       std::to_string(root) + ", rank " + std::to_string(slot.first_rank) + " from rank " +
+                       std::to_string(slot.root));
+    DMUON_FAIL("loopback rank ", rank_, ": '", what, "' failed: ", world_.failure_);
+  }
+  if (++slot.arrived == world_.world_size_) world_.complete(slot);
+  return std::make_unique<AsyncPending>(*this, seq, what);
 }
 
 LoopbackWorld::LoopbackWorld(int world_size, LoopbackOptions options)
@@ -236,6 +274,18 @@ void LoopbackWorld::complete(Slot& slot) {
         recv_at += slot.recv_counts[d][s];
       }
     }
+  } else if (slot.kind == Kind::kBroadcastBuffer) {
+    if (slot.root < 0 || static_cast<size_t>(slot.root) >= world) fail("root " + std::to_string(slot.root) + " outside the world");
+    const Buffer& from = slot.recv[static_cast<size_t>(slot.root)];
+    for (size_t r = 0; r < world; ++r)
+      if (slot.recv[r].dtype != from.dtype || slot.recv[r].numel != from.numel)
+        fail("rank " + std::to_string(r) + " passed " + std::to_string(slot.recv[r].numel) + " elements of " +
+             dtype_name(slot.recv[r].dtype) + ", the root " + std::to_string(from.numel) + " of " +
+             dtype_name(from.dtype));
+    if (options_.before_copy) options_.before_copy();
+    for (size_t r = 0; r < world; ++r)
+      if (static_cast<int>(r) != slot.root && from.numel > 0)
+        options_.copy(slot.recv[r].data, from.data, static_cast<size_t>(from.bytes()));
   } else if (slot.kind == Kind::kAllReduce) {
     slot.reduced = slot.values[0];
     for (size_t r = 1; r < world; ++r) {
@@ -299,6 +349,7 @@ namespace {
 class DonePending : public Pending {
  public:
   void wait() override {}
+  bool ready() override { return true; }
 };
 
 }  // namespace
@@ -330,5 +381,14 @@ std::vector<int64_t> NoDataTransport::all_reduce(const std::vector<int64_t>& loc
 }
 
 std::string NoDataTransport::broadcast(const std::string& text, const std::string&) { return text; }
+
+std::unique_ptr<Pending> NoDataTransport::broadcast_buffer(const Buffer&, int root, const std::string& what) {
+  DMUON_CHECK(root >= 0 && root < world_size_, what, ": root ", root, " outside a world of ", world_size_);
+  return std::make_unique<DonePending>();
+}
+
+std::vector<std::string> NoDataTransport::all_gather(const std::string& text, const std::string&) {
+  return std::vector<std::string>(static_cast<size_t>(world_size_), text);
+}
 
 }  // namespace dmuon::testing

@@ -1,7 +1,8 @@
 // tests/cpp/loopback_transport.h — transports without a collective library, for the tests
 // only (the product's transport is the torch adapter's c10d one):
 //   LoopbackWorld    N ranks as threads of one process meeting at a shared rendezvous
-//                    (all_to_all, all_reduce, broadcast), so GoogleTest can run worlds of 1–4;
+//                    (every collective of step::Transport), so GoogleTest can run worlds of
+//                    1–4; the axes of a mesh are LoopbackWorlds of their own;
 //   NoDataTransport  rank r of a world of D that moves nothing (the model of torch's fake
 //                    process group, issue 31).
 // A rank that throws, calls a different collective than the others, or finishes while the
@@ -56,9 +57,9 @@ class LoopbackWorld {
 
  private:
   class RankTransport;
-  class AllToAllPending;
+  class AsyncPending;
   struct Slot;
-  enum class Kind { kAllToAll, kAllReduce, kBroadcast };
+  enum class Kind { kAllToAll, kAllReduce, kBroadcast, kBroadcastBuffer, kAllGather };
 
   // The slot of this rank's next collective, checked against what the other ranks called.
   Slot& arrive(int rank, Kind kind, const std::string& what, std::unique_lock<std::mutex>& lock, int64_t* seq);
@@ -81,9 +82,9 @@ class LoopbackWorld {
   int64_t num_completed_ = 0;
 };
 
-/// Rank `rank` of a world of `world_size` whose collectives move nothing: all_to_all
-/// leaves the receive buffer as it is, all_reduce returns local·world (sum) or local
-/// (max), broadcast returns this rank's own text.
+/// Rank `rank` of a world of `world_size` whose collectives move nothing: all_to_all and
+/// broadcast_buffer leave the buffers as they are, all_reduce returns local·world (sum) or
+/// local (max), broadcast returns this rank's own text, all_gather it from every rank.
 class NoDataTransport : public Transport {
  public:
   NoDataTransport(int rank, int world_size);
@@ -92,8 +93,10 @@ class NoDataTransport : public Transport {
   bool moves_data() const override { return false; }
   std::unique_ptr<Pending> all_to_all(const Buffer& send, const std::vector<int64_t>& send_counts, const Buffer& recv,
                                       const std::vector<int64_t>& recv_counts, const std::string& what) override;
+  std::unique_ptr<Pending> broadcast_buffer(const Buffer& buffer, int root, const std::string& what) override;
   std::vector<int64_t> all_reduce(const std::vector<int64_t>& local, ReduceOp op, const std::string& what) override;
   std::string broadcast(const std::string& text, const std::string& what) override;
+  std::vector<std::string> all_gather(const std::string& text, const std::string& what) override;
 
  private:
   int rank_, world_size_;

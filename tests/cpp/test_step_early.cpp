@@ -212,22 +212,50 @@ TEST(WholeOnRank, BadSpecsAndPlansAreNamed) {
     specs[3].layout.sharded = true;
     EXPECT_THROW(dmuon::step::ItemTable(specs, 2), std::exception);
   }
-  // Owners given on some parameters only, and ranks that disagree on an owner.
+  // Ranks that disagree on an owner.
   World world(model, 2, 1, 1);
-  for (const bool mixed : {true, false}) {
-    dmuon::testing::LoopbackWorld loopback(2);
-    const auto errors = loopback.run([&](int r) {
-      dmuon::step::CpuOps cpu;
-      auto specs = world.specs();
-      if (mixed) specs[0].whole_on_rank = -1;
-      else if (r == 1) specs[0].whole_on_rank = 1;
-      StepEngine engine(loopback.transport(r), cpu, specs, EngineOptions{});
-    });
-    for (int r = 0; r < 2; ++r) {
-      const std::string expected = mixed ? "parameter 'q' has a layout while other parameters are whole on one rank"
-                                         : "the owner plan differs between ranks";
-      EXPECT_NE(errors[static_cast<size_t>(r)].find(expected), std::string::npos) << "rank " << r << ": "
-                                                                                   << errors[static_cast<size_t>(r)];
+  dmuon::testing::LoopbackWorld loopback(2);
+  const auto errors = loopback.run([&](int r) {
+    dmuon::step::CpuOps cpu;
+    auto specs = world.specs();
+    if (r == 1) specs[0].whole_on_rank = 1;
+    StepEngine engine(loopback.transport(r), cpu, specs, EngineOptions{});
+  });
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("the owner plan differs between ranks"), std::string::npos)
+        << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+}
+
+// One engine for both kinds: owners given for some parameters (whole on rank r), the rest
+// sharded and replicated, planned by the engine; the step matches fp64 Muon and the given
+// owners stay.
+TEST(WholeOnRank, GivenOwnersBesideSolvedOnesInOneEngine) {
+  constexpr int kSteps = 2;
+  for (int world_size : {1, 3}) {
+    std::vector<ModelParam> model = owned_model(world_size);
+    for (size_t p = 0; p < model.size(); p += 3) {
+      model[p].whole_on_rank = -1;
+      model[p].sharded = p % 2 == 0;
+    }
+    const World world(model, world_size, kSteps, 78);
+    Drive how;
+    how.options.solver = dmuon::plan::SolverKind::kLpt;
+    const EarlyRun run = drive(world, owned_rules(), kSteps, how);
+    expect_no_errors(run);
+    const auto& table = world.table();
+    for (int i = 0; i < table.num_items(); ++i) {
+      const int given = world.model()[static_cast<size_t>(table.item(i).param_idx)].whole_on_rank;
+      if (given >= 0) EXPECT_EQ(run.owners[0][static_cast<size_t>(i)], given) << table.item_name(i);
+    }
+    const auto ref = dmuon::testing::reference_muon(world, owned_rules(), kSteps);
+    for (int p = 0; p < table.num_params(); ++p) {
+      const auto param = world.gather(p, run.tensors, false);
+      const auto& initial = world.initial_param[static_cast<size_t>(p)];
+      const double error = dmuon::testing::relative_error(dmuon::testing::difference(param, initial),
+                                                         dmuon::testing::difference(ref.param[static_cast<size_t>(p)], initial));
+      // NOTE: as OwnersComeFromTheSpecsAndTheStepMatchesFp64Muon's tolerances.
+      const double tolerance = world.model()[static_cast<size_t>(p)].dtype == DType::kBFloat16 ? 2e-2 : 1e-4;
+      EXPECT_LE(error, tolerance) << "parameter " << world.model()[static_cast<size_t>(p)].name << ", world " << world_size;
     }
   }
 }

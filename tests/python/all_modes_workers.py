@@ -136,7 +136,7 @@ def mode_matches_reference(rank: int, world: int, mode: str) -> dict:
     for name, p, q, q0 in zip(names, final, reference.parameters(), initial):
         want = q.detach() - q0
         errors[name] = float((p - q0 - want).norm() / want.norm())
-    # NOTE: the Muon parameters the ownership mode does not own step on the engine too.
+    # NOTE: one engine steps every Muon parameter, owned or not.
     runtime = type(opt.runtime).__name__
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     num_owned = 0 if owned is None else len(owned.params)

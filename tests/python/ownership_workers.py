@@ -96,14 +96,14 @@ def orthogonalization_overlaps_backward(rank: int, world: int) -> dict:
     owned = dmuon.own_matrices(model, bucket_size_mb=0.0001, replicate_others=True)
     opt = dmuon.DMuon(model, lr=0.01)
     for _ in range(2):
-        owned.runtime.clear_timeline()
+        owned.exchange.clear_timeline()
         opt.zero_grad()
         model(torch.randn(8, 48)).square().mean().backward()
         opt.step()
     events = owned.timeline()
     names = [e.name for e in owned._entries]
     first, last = names.index("layers.0.weight"), names.index("layers.3.weight")
-    bucket_of = {i: k for k, bucket in enumerate(owned.runtime.buckets) for i in bucket}
+    bucket_of = {i: k for k, bucket in enumerate(owned.exchange.buckets) for i in bucket}
     t = lambda what, index: next(e.seconds for e in events if e.what == what and e.index == index)
     return {
         "first_grad": t("grad_ready", first),
@@ -254,7 +254,7 @@ def ownership_nonfinite(rank: int, world: int, case: str) -> dict:
                 if case == "corrupt" and owned.is_owner(model.layers[2].weight):
                     opt.state[model.layers[2].weight]["momentum_buffer"].view(-1)[0] = float("nan")
                 out["before"] = _owned_snapshot(model, owned, opt)
-                owned.runtime.clear_timeline()
+                owned.exchange.clear_timeline()
             model.poison = bad and case != "corrupt" and rank == world - 1
             opt.zero_grad()
             model(batch(step)).square().mean().backward()
@@ -266,7 +266,7 @@ def ownership_nonfinite(rank: int, world: int, case: str) -> dict:
                 events = owned.timeline()
                 names = [e.name for e in owned._entries]
                 first, last = names.index("layers.0.weight"), names.index("layers.3.weight")
-                bucket_of = {i: k for k, bucket in enumerate(owned.runtime.buckets) for i in bucket}
+                bucket_of = {i: k for k, bucket in enumerate(owned.exchange.buckets) for i in bucket}
                 t = lambda what, index: next(e.seconds for e in events if e.what == what and e.index == index)
                 out["ns_under_backward"] = t("ns_end", bucket_of[last]) < t("grad_ready", first)
                 out["after"] = _owned_snapshot(model, owned, opt)

@@ -1,9 +1,9 @@
 """Every mode of DMuon gives the update of the pure-PyTorch float64 reference
 (dmuon.reference) on the same inputs: one process, FSDP2 (world 3: uneven and empty shards),
 DDP (world 2), HSDP (2×2), gather mode (world 3), the weight-ownership mode (world 2: every
-matrix owned, or two owned and two stepped by the engine beside them) and FSDP2 of a float64
-model with a row-blocked matrix of unequal blocks (world 3), on Gloo CPU processes
-(tests/python/all_modes_workers.py). Every Muon matrix not owned steps on the step engine."""
+matrix owned, or two owned and two replicas beside them) and FSDP2 of a float64 model with a
+row-blocked matrix of unequal blocks (world 3), on Gloo CPU processes
+(tests/python/all_modes_workers.py). One step engine steps every Muon matrix, owned or not."""
 
 import pytest
 
@@ -27,10 +27,10 @@ def test_mode_gives_the_reference_update(mode, world):
     assert sorted(results) == list(range(world))
     for rank, result in results.items():
         assert result["world"] == world, (rank, result["world"])
-        # The step engine runs every mode; in the ownership modes it steps the matrices not
-        # owned (none, or the last two) beside the owned ones' own engine.
+        # The step engine runs every mode; in the ownership modes its parameters are the owned
+        # matrices (all four, or the first two) and the others.
         assert result["runtime"] == "EngineRuntime", (rank, result["runtime"])
-        expected = {"ownership": (4, 0), "ownership_mixed": (2, 2)}.get(mode, (0, 4))
+        expected = {"ownership": (4, 4), "ownership_mixed": (2, 4)}.get(mode, (0, 4))
         assert (result["num_owned"], result["num_engine_params"]) == expected, (mode, rank, result)
         for name, error in result["errors"].items():
             assert error < TOLERANCE, (mode, rank, name, error)

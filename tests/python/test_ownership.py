@@ -168,6 +168,6 @@ def test_a_dead_rank_fails_the_others_with_a_named_collective():
     results = run_distributed(ownership_workers.dead_rank_during_backward, 2, timeout_s=90,
                               collective_timeout_s=10, expect_errors=True)
     message = str(results[0])
-    assert re.search(r"dmuon step 3: broadcast of layers\.\d\.weight from its owner failed on rank 0 of 2", message), \
+    assert re.search(r"dmuon: step 3: broadcast of layers\.\d\.weight from its owner failed on rank 0 of 2", message), \
         message
     assert "exited with code 0" in str(results[1]), results[1]

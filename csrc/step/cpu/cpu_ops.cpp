@@ -117,6 +117,27 @@ void CpuOps::copy(const Buffer& src, const Buffer& dst) {
     std::memcpy(to + dst.offset_of(i) * size, from + src.offset_of(i) * size, static_cast<size_t>(size));
 }
 
+// NOTE: summed in double, rounded once into dst's type.
+void CpuOps::sum_into(const Buffer& src, int64_t num_parts, int64_t part_stride, const Buffer& dst, double scale, bool accumulate) {
+  const int64_t n = dst.numel;
+  check_sum_into("CpuOps::sum_into", src, num_parts, part_stride, dst);
+  if (n == 0) return;
+  dispatch_float(src.dtype, [&](auto src_zero) {
+    using S = decltype(src_zero);
+    dispatch_float(dst.dtype, [&](auto dst_zero) {
+      using D = decltype(dst_zero);
+      const S* from = src.as<const S>();
+      D* to = dst.as<D>();
+      for (int64_t i = 0; i < n; ++i) {
+        double sum = 0.0;
+        for (int64_t k = 0; k < num_parts; ++k) sum += static_cast<double>(Elem<S>::load(from[k * part_stride + i]));
+        const double base = accumulate ? static_cast<double>(Elem<D>::load(to[i])) : 0.0;
+        to[i] = Elem<D>::template store<double>(base + scale * sum);
+      }
+    });
+  });
+}
+
 Partials CpuOps::check(const std::vector<CheckPiece>& pieces, const Buffer& flags) {
   DMUON_CHECK(flags.dtype == DType::kInt32, "CpuOps::check: flags must be int32");
   int32_t* f = flags.as<int32_t>();

@@ -165,6 +165,14 @@ void CudaOps::fill_synthetic(const Buffer& buffer, uint64_t seed) {
   cuda::fill_synthetic(buffer.dtype, buffer.data, buffer.numel, seed, impl_->current);
 }
 
+void CudaOps::sum_into(const Buffer& src, int64_t num_parts, int64_t part_stride, const Buffer& dst, double scale, bool accumulate) {
+  check_sum_into("CudaOps::sum_into", src, num_parts, part_stride, dst);
+  if (dst.numel == 0) return;
+  DeviceGuard guard(impl_->options.device);
+  cuda::sum_into(src.dtype, src.data, num_parts, part_stride, dst.dtype, dst.data, dst.numel, scale, accumulate,
+                 impl_->current);
+}
+
 bool CudaOps::strided_pieces(DType dtype) const { return ops_support(DeviceKind::kCuda, dtype, nullptr); }
 
 void CudaOps::copy(const Buffer& src, const Buffer& dst) {

@@ -295,6 +295,33 @@ __global__ void synthetic_kernel(T* __restrict__ data, int64_t numel, uint64_t s
     data[i] = from_f<T>(synthetic_value(seed, static_cast<uint64_t>(i)));
 }
 
+// Element loads and stores in the sum's arithmetic type A (float, or double for float64).
+template <typename A, typename T>
+__device__ __forceinline__ A wide(T v) {
+  if constexpr (std::is_same_v<T, __half>) return static_cast<A>(__half2float(v));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return static_cast<A>(__bfloat162float(v));
+  else return static_cast<A>(v);
+}
+template <typename T, typename A>
+__device__ __forceinline__ T narrow(A v) {
+  if constexpr (std::is_same_v<T, __half>) return __float2half_rn(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(static_cast<float>(v));
+  else return static_cast<T>(v);
+}
+
+template <typename S, typename D, typename A>
+__global__ void sum_into_kernel(const S* __restrict__ src, int64_t num_parts, int64_t part_stride, D* __restrict__ dst,
+                                int64_t numel,
+                                A scale, int accumulate) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < numel;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    A sum = 0;
+    for (int64_t k = 0; k < num_parts; ++k) sum += wide<A>(src[k * part_stride + i]);
+    const A base = accumulate ? wide<A>(dst[i]) : A(0);
+    dst[i] = narrow<D>(base + scale * sum);
+  }
+}
+
 __global__ void any_nonzero_kernel(const int* __restrict__ flags, int64_t n, int* __restrict__ gate) {
   int any = 0;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) any |= flags[i] != 0 ? 1 : 0;
@@ -497,6 +524,27 @@ void fill_synthetic(DType dtype, void* data, int64_t numel, uint64_t seed, cudaS
     using T = decltype(zero);
     synthetic_kernel<T><<<flat_blocks(numel), kThreads, 0, stream>>>(static_cast<T*>(data), numel, seed);
     DMUON_CHECK_CUDA(cudaGetLastError());
+  });
+}
+
+void sum_into(DType src_dtype, const void* src, int64_t num_parts, int64_t part_stride, DType dst_dtype, void* dst,
+              int64_t numel,
+              double scale, bool accumulate, cudaStream_t stream) {
+  if (numel == 0) return;
+  // NOTE: float64 on either side sums in double (the engine's float64 parameters).
+  auto any = [](DType dtype, auto&& fn) {
+    if (dtype == DType::kFloat64) return fn(double{});
+    dispatch(dtype, fn);
+  };
+  any(src_dtype, [&](auto s_zero) {
+    using S = decltype(s_zero);
+    any(dst_dtype, [&](auto d_zero) {
+      using D = decltype(d_zero);
+      using A = std::conditional_t<std::is_same_v<S, double> || std::is_same_v<D, double>, double, float>;
+      sum_into_kernel<S, D, A><<<flat_blocks(numel), kThreads, 0, stream>>>(
+          static_cast<const S*>(src), num_parts, part_stride, static_cast<D*>(dst), numel, static_cast<A>(scale), accumulate ? 1 : 0);
+      DMUON_CHECK_CUDA(cudaGetLastError());
+    });
   });
 }
 

@@ -143,5 +143,10 @@ void any_nonzero(const int* flags, int64_t n, int* gate, cudaStream_t stream);
 
 /// data[i] ← synthetic_value(seed, i) (step/synthetic.h) in `dtype`, for i < numel.
 void fill_synthetic(DType dtype, void* data, int64_t numel, uint64_t seed, cudaStream_t stream);
+/// dst ← scale · Σ_k src[k·numel …] (+ dst when `accumulate`), in float (double where
+/// either side is float64), rounded once (DeviceOps::sum_into).
+void sum_into(DType src_dtype, const void* src, int64_t num_parts, int64_t part_stride, DType dst_dtype, void* dst,
+              int64_t numel,
+              double scale, bool accumulate, cudaStream_t stream);
 
 }  // namespace dmuon::step::cuda

@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "all_to_all.h"
@@ -22,13 +24,24 @@ at::Device torch_device(const step::Device& device) {
 class Done : public step::Pending {
  public:
   void wait() override {}
+  bool ready() override { return true; }
 };
 
-// An all_to_all in flight: its Work and the tensors viewing the engine's buffers.
+// A collective in flight (all_to_all, broadcast_buffer): its Work, whose tensors view the
+// caller's buffers.
 class InFlight : public step::Pending {
  public:
   InFlight(const C10dTransport& transport, c10::intrusive_ptr<c10d::Work> work, std::string what)
       : transport_(transport), work_(std::move(work)), what_(std::move(what)) {}
+  // NOTE: on CUDA, wait() is a stream's wait for the collective's: never a host wait.
+  bool ready() override {
+    if (!work_ || transport_.on_cuda()) return true;
+    try {
+      return work_->isCompleted();
+    } catch (const std::exception&) {
+      return true;  // NOTE: wait() throws its error, naming the collective
+    }
+  }
   void wait() override {
     if (!work_) return;
     try {
@@ -99,6 +112,23 @@ std::unique_ptr<step::Pending> C10dTransport::all_to_all(const step::Buffer& sen
   return std::make_unique<InFlight>(*this, std::move(work), what);
 }
 
+std::unique_ptr<step::Pending> C10dTransport::broadcast_buffer(const step::Buffer& buffer, int root,
+                                                               const std::string& what) {
+  DMUON_CHECK(root >= 0 && root < world_size(), "dmuon: ", what, " on rank ", rank(), ": root ", root,
+              " outside a world of ", world_size());
+  if (!model_.communicates() || !model_.moves_data()) return std::make_unique<Done>();
+  std::vector<at::Tensor> tensors{tensor_view(buffer)};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = group_->broadcast(tensors, opts);
+  } catch (const std::exception& error) {
+    DMUON_FAIL("dmuon: ", what, " failed on rank ", rank(), " of ", world_size(), ": ", error.what());
+  }
+  return std::make_unique<InFlight>(*this, std::move(work), what);
+}
+
 std::vector<int64_t> C10dTransport::all_reduce(const std::vector<int64_t>& local, step::ReduceOp op,
                                                const std::string& what) {
   if (local.empty() || !model_.communicates()) return local;
@@ -133,6 +163,36 @@ std::string C10dTransport::broadcast(const std::string& text, const std::string&
   broadcast_one(payload, "its text");
   const at::Tensor host = payload.to(at::kCPU).contiguous();
   return std::string(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()), static_cast<size_t>(size));
+}
+
+
+// NOTE: lengths first (one int64 per rank), then the texts padded to the longest.
+std::vector<std::string> C10dTransport::all_gather(const std::string& text, const std::string& what) {
+  if (!model_.communicates() || !model_.moves_data())
+    return std::vector<std::string>(static_cast<size_t>(world_size()), text);
+  const auto on_device = at::TensorOptions().device(torch_device(device_));
+  const int world = world_size();
+  auto gather = [&](const at::Tensor& mine, const char* part) {
+    std::vector<at::Tensor> input{mine};
+    std::vector<std::vector<at::Tensor>> output(1);
+    for (int r = 0; r < world; ++r) output[0].push_back(at::empty_like(mine));
+    run([&] { return group_->allgather(output, input); }, what + " (" + part + ")");
+    return output[0];
+  };
+  const std::vector<at::Tensor> lengths =
+      gather(at::full({1}, static_cast<int64_t>(text.size()), on_device.dtype(at::kLong)), "the lengths");
+  std::vector<int64_t> length;
+  for (const at::Tensor& t : lengths) length.push_back(t.to(at::kCPU).item<int64_t>());
+  const int64_t longest = std::max<int64_t>(1, *std::max_element(length.begin(), length.end()));
+  at::Tensor padded = at::zeros({longest}, at::TensorOptions().dtype(at::kByte));
+  std::memcpy(padded.data_ptr<uint8_t>(), text.data(), text.size());
+  std::vector<std::string> out;
+  const std::vector<at::Tensor> texts = gather(padded.to(on_device.dtype(at::kByte)), "the texts");
+  for (int r = 0; r < world; ++r) {
+    const at::Tensor host = texts[static_cast<size_t>(r)].to(at::kCPU).contiguous();
+    out.emplace_back(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()), static_cast<size_t>(length[static_cast<size_t>(r)]));
+  }
+  return out;
 }
 
 }  // namespace dmuon::torch_adapter

@@ -33,26 +33,44 @@ void register_engine_bindings(py::module_& m) {
   e.def("unsupported_reason", &unsupported_reason, py::arg("device_type"), py::arg("dtype"), py::arg("layout"),
         "why the step engine cannot step such a parameter ('' when it can)");
 
+  py::class_<StepChecks>(e, "StepChecks",
+                         "what the caller checked before a step, agreed in its start agreement")
+      .def(py::init([](int64_t signature, std::string error, std::vector<std::string> describe, bool changed) {
+             return StepChecks{signature, std::move(error), std::move(describe), changed};
+           }),
+           py::arg("signature") = 0, py::arg("error") = "", py::arg("describe") = std::vector<std::string>{},
+           py::arg("changed") = false)
+      .def_readwrite("signature", &StepChecks::signature)
+      .def_readwrite("error", &StepChecks::error)
+      .def_readwrite("describe", &StepChecks::describe)
+      .def_readwrite("changed", &StepChecks::changed);
+
+  e.def("agree_start", &EngineRuntime::agree_start, py::arg("group_name"), py::arg("device_type"), py::arg("checks"),
+        py::arg("step_idx"), py::call_guard<py::gil_scoped_release>(),
+        "the start agreement alone (collective), before a runtime is made: raises as a step does");
+
   py::class_<EngineRuntime>(e, "EngineRuntime")
       .def(py::init<const std::string&, std::vector<std::string>, std::vector<dist::ParamLayout>,
-                    const std::vector<std::string>&, std::vector<int64_t>, RuntimeOptions>(),
+                    const std::vector<std::string>&, std::vector<int64_t>, RuntimeOptions,
+                    std::shared_ptr<OwnedExchange>, std::vector<int64_t>>(),
            py::arg("group_name"), py::arg("names"), py::arg("layouts"), py::arg("dtypes"), py::arg("group_slot"),
-           py::arg("options"),
+           py::arg("options"), py::arg("owned") = nullptr, py::arg("owned_group_slot") = std::vector<int64_t>{},
            // NOTE: the plan is agreed here over c10d (see dist_bindings.cpp: Gloo's thread
            // needs the GIL to drop tensors with Python objects).
            py::call_guard<py::gil_scoped_release>())
       .def(
           "step",
-          [](EngineRuntime& runtime, std::vector<at::Tensor> params, std::vector<std::optional<at::Tensor>> grads,
-             std::vector<std::optional<at::Tensor>> momentum, std::vector<MuonGroupOptions> groups, int64_t step_idx,
-             std::vector<std::string> extra_names, std::vector<std::optional<at::Tensor>> extra_grads,
-             std::vector<std::optional<at::Tensor>> row_states, bool defer_result_agreement) {
-            const std::vector<at::Tensor> g = or_undefined(grads), b = or_undefined(momentum);
+          [](EngineRuntime& runtime, std::vector<std::optional<at::Tensor>> params,
+             std::vector<std::optional<at::Tensor>> grads, std::vector<std::optional<at::Tensor>> momentum,
+             std::vector<MuonGroupOptions> groups, int64_t step_idx, std::vector<std::string> extra_names,
+             std::vector<std::optional<at::Tensor>> extra_grads, std::vector<std::optional<at::Tensor>> row_states,
+             bool defer_result_agreement, const StepChecks& checks) {
+            const std::vector<at::Tensor> p = or_undefined(params), g = or_undefined(grads), b = or_undefined(momentum);
             const std::vector<at::Tensor> e = or_undefined(extra_grads), v = or_undefined(row_states);
             EngineStepOutcome out;
             {
               py::gil_scoped_release release;
-              out = runtime.step(params, g, b, groups, step_idx, extra_names, e, v, defer_result_agreement);
+              out = runtime.step(p, g, b, groups, step_idx, extra_names, e, v, defer_result_agreement, checks);
             }
             return py::dict(py::arg("applied") = out.applied, py::arg("nonfinite_params") = out.nonfinite_params,
                             py::arg("nonfinite_extra") = out.nonfinite_extra, py::arg("active") = out.active,
@@ -63,9 +81,11 @@ void register_engine_bindings(py::module_& m) {
           // NorMuon's v per parameter (None: the group has no NorMuon or no gradient).
           py::arg("row_states") = std::vector<std::optional<at::Tensor>>{},
           // True: with several ranks, return before the result agreement (agree_results()).
-          py::arg("defer_result_agreement") = false)
-      .def("agree_results", &EngineRuntime::agree_results, py::call_guard<py::gil_scoped_release>(),
-           "the result agreement of a step returned with defer_result_agreement=True (every rank)")
+          py::arg("defer_result_agreement") = false, py::arg("checks") = StepChecks{})
+      .def("agree_results", &EngineRuntime::agree_results, py::arg("extra_max") = std::vector<int64_t>{},
+           py::call_guard<py::gil_scoped_release>(),
+           "the result agreement of a step returned with defer_result_agreement=True (every rank); extra_max "
+           "(ordered integers) agreed with it (max over the ranks) and returned")
       .def("begin_step", &EngineRuntime::begin_step, py::arg("groups"), py::arg("step_idx"),
            py::call_guard<py::gil_scoped_release>())
       .def(

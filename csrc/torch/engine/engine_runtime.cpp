@@ -22,11 +22,8 @@ at::ScalarType parse_dtype(const std::string& name, const std::string& param) {
   return scalar_type(parse_step_dtype(name, "parameter '" + param + "'"));
 }
 
-step::Device runtime_device(const std::string& device_type) {
-  DMUON_CHECK(device_type == "cpu" || device_type == "cuda", "device_type must be 'cpu' or 'cuda', got '",
-              device_type, "'");
-  if (device_type == "cpu") return {};
-  return {step::DeviceKind::kCuda, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index()};
+step::StartChecks start_checks(const StepChecks& checks) {
+  return {static_cast<uint64_t>(checks.signature), checks.error, checks.describe, checks.changed};
 }
 
 bool same_options(const MuonGroupOptions& a, const MuonGroupOptions& b) {
@@ -62,25 +59,43 @@ at::Tensor writable(const at::Tensor& t, std::vector<std::pair<at::Tensor, at::T
 
 }  // namespace
 
+void EngineRuntime::agree_start(const std::string& group_name, const std::string& device_type,
+                                const StepChecks& checks, int64_t step_idx) {
+  C10dTransport transport(group_name.empty() ? nullptr : c10d::resolve_process_group(group_name),
+                          torch_step_device(device_type));
+  step::agree_start(transport, start_checks(checks), {}, step_idx, [](int) { return std::string(); });
+}
+
 EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::string> names,
                              std::vector<dist::ParamLayout> layouts, const std::vector<std::string>& dtypes,
-                             std::vector<int64_t> group_slot, RuntimeOptions options)
-    : options_(std::move(options)), layouts_(std::move(layouts)) {
+                             std::vector<int64_t> group_slot, RuntimeOptions options,
+                             std::shared_ptr<OwnedExchange> owned, std::vector<int64_t> owned_group_slot)
+    : options_(std::move(options)), layouts_(std::move(layouts)), owned_(std::move(owned)) {
   DMUON_CHECK(names.size() == layouts_.size() && dtypes.size() == layouts_.size() &&
                   group_slot.size() == layouts_.size(),
               "EngineRuntime: ", names.size(), " names, ", layouts_.size(), " layouts, ", dtypes.size(), " dtypes and ",
               group_slot.size(), " group slots");
   DMUON_CHECK(options_.plan_source == "auto" || options_.plan_source == "broadcast" || options_.plan_source == "local",
               "plan_source must be 'auto', 'broadcast' or 'local', got '", options_.plan_source, "'");
-  const step::Device device = runtime_device(options_.device_type);
+  const step::Device device = torch_step_device(options_.device_type);
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   if (!group_name.empty()) group = c10d::resolve_process_group(group_name);
   transport_ = std::make_unique<C10dTransport>(group, device);
 
-  // NOTE: DMUON_* knobs are read when the runtime is made.
-  TorchOpsOptions ops_options;
-  ops_options.graph_cache_bytes = std::max<int64_t>(0, env::get_int("DMUON_GRAPH_CACHE_MB", 8192)) << 20;
-  ops_ = make_torch_ops(device, ops_options);
+  if (owned_) {
+    // NOTE: the engine's ops are the exchange's (a GPU's side stream), so that the owned
+    // matrices' early work and the step run on one stream.
+    DMUON_CHECK(group_name == owned_->world_group(), "EngineRuntime: the owned matrices' world group is '",
+                owned_->world_group(), "' but the runtime's group is '", group_name, "'");
+    DMUON_CHECK(owned_group_slot.size() == owned_->names().size(), "EngineRuntime: ", owned_group_slot.size(),
+                " group slots for ", owned_->names().size(), " owned parameters");
+    ops_ = owned_->ops();
+  } else {
+    // NOTE: DMUON_* knobs are read when the runtime is made.
+    TorchOpsOptions ops_options;
+    ops_options.graph_cache_bytes = std::max<int64_t>(0, env::get_int("DMUON_GRAPH_CACHE_MB", 8192)) << 20;
+    ops_ = make_torch_ops(device, ops_options);
+  }
 
   for (int64_t slot : group_slot) {
     DMUON_CHECK(slot >= 0, "EngineRuntime: group slot ", slot, " is negative");
@@ -93,6 +108,17 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
     // model's shape), so it steps under its own group's rule.
     const int64_t group = group_slot[i];
     specs.push_back({names[i], layouts_[i], step_dtype(dtypes_.back(), "parameter '" + names[i] + "'"), static_cast<int>(group)});
+  }
+  // The owned parameters, whole on their owners, after the others.
+  first_owned_ = static_cast<int>(specs.size());
+  for (size_t i = 0; owned_ && i < owned_->names().size(); ++i) {
+    const std::string& name = owned_->names()[i];
+    DMUON_CHECK(owned_group_slot[i] >= 0, "EngineRuntime: group slot ", owned_group_slot[i], " is negative");
+    num_base_groups_ = std::max(num_base_groups_, owned_group_slot[i] + 1);
+    layouts_.push_back(owned_->layouts()[i]);
+    dtypes_.push_back(parse_dtype(owned_->dtypes()[i], name));
+    specs.push_back({name, layouts_.back(), step_dtype(dtypes_.back(), "parameter '" + name + "'"),
+                     static_cast<int>(owned_group_slot[i]), owned_->owners()[i]});
   }
   step::EngineOptions e;
   e.mode = step::parse_mode(options_.mode);
@@ -128,6 +154,17 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
     const auto [first, count] = table.items_of(p);
     param_owners_.push_back(count > 0 ? engine_->owners()[static_cast<size_t>(first)] : 0);
   }
+  // NOTE: buckets that finish while a step is begun (backward's hooks) go to its early work.
+  if (owned_)
+    owned_->attach(
+        [this](const std::vector<int>& params) {
+          if (engine_->step_open()) owned_->exchange().hand_to(*engine_, first_owned_, params);
+        },
+        this);
+}
+
+EngineRuntime::~EngineRuntime() {
+  if (owned_) owned_->detach(this);
 }
 
 void EngineRuntime::update_rules(const std::vector<MuonGroupOptions>& groups) {
@@ -142,12 +179,13 @@ void EngineRuntime::update_rules(const std::vector<MuonGroupOptions>& groups) {
   rule_source_ = groups;
 }
 
-EngineStepOutcome EngineRuntime::step(at::TensorList params, const std::vector<at::Tensor>& grads,
+EngineStepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                                       const std::vector<at::Tensor>& momentum,
                                       const std::vector<MuonGroupOptions>& groups, int64_t step_idx,
                                       const std::vector<std::string>& extra_names,
                                       const std::vector<at::Tensor>& extra_grads,
-                                      const std::vector<at::Tensor>& row_state, bool defer_result_agreement) {
+                                      const std::vector<at::Tensor>& row_state, bool defer_result_agreement,
+                                      const StepChecks& checks) {
   const step::ItemTable& table = engine_->items();
   const size_t n = static_cast<size_t>(table.num_params());
   DMUON_CHECK(params.size() == n && grads.size() == n && momentum.size() == n, "EngineRuntime::step: ",
@@ -156,55 +194,94 @@ EngineStepOutcome EngineRuntime::step(at::TensorList params, const std::vector<a
   DMUON_CHECK(extra_names.size() == extra_grads.size(), "EngineRuntime::step: ", extra_names.size(), " names for ",
               extra_grads.size(), " checked gradients");
   update_rules(groups);
+  // NOTE: the owned matrices' window closes with the step, whatever its outcome, once the
+  // caller's stream has waited for the ops' (the scope below ends first).
+  struct CloseWindow {
+    OwnedExchange* owned;
+    int64_t step_idx;
+    ~CloseWindow() {
+      if (owned) owned->end_window(step_idx);
+    }
+  } close_window{owned_.get(), step_idx};
   OpsStreamScope scope(*ops_);
   const at::Device device = ops_->device().kind == step::DeviceKind::kCuda
                                 ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(ops_->device().index))
                                 : at::Device(at::kCPU);
+  // The owned matrices: every bucket reduced (and handed to the begun step's early work).
+  if (owned_) {
+    owned_->exchange().record("finish", -1);
+    owned_->exchange().issue_rest();
+    owned_->progress(true);
+  }
 
   // Tensors → descriptors. NOTE: gradients are only read: a copy in the parameter's dtype
   // and layout where they differ; parameters and buffers are written in place (through a
-  // contiguous copy, written back, where they are not contiguous).
+  // contiguous copy, written back, where they are not contiguous). NOTE: a tensor that does
+  // not fit is this rank's failed check, agreed like the caller's.
+  StepChecks mine = checks;
   std::vector<at::Tensor> keep;
   std::vector<std::pair<at::Tensor, at::Tensor>> write_back;
   std::vector<step::ParamTensors> tensors(n);
-  for (size_t i = 0; i < n; ++i) {
-    const std::string& name = table.param(static_cast<int>(i)).name;
-    const at::Tensor& p = params[i];
-    DMUON_CHECK(p.scalar_type() == dtypes_[i] && p.device() == device, "parameter '", name, "' is ",
-                p.scalar_type(), " on ", p.device(), "; the runtime was made for ", dtypes_[i], " on ", device);
-    tensors[i].param = to_buffer(writable(p, write_back), "parameter '" + name + "'");
-    if (!grads[i].defined()) continue;
-    DMUON_CHECK(momentum[i].defined(), "parameter '", name, "' has a gradient but no momentum buffer");
-    DMUON_CHECK(momentum[i].scalar_type() == dtypes_[i] && momentum[i].device() == device &&
-                    momentum[i].numel() == p.numel(),
-                "the momentum buffer of parameter '", name, "' is ", momentum[i].scalar_type(), " [",
-                momentum[i].numel(), "] on ", momentum[i].device(), "; expected ", dtypes_[i], " [", p.numel(),
-                "] on ", device);
-    keep.push_back(grads[i].to(device, dtypes_[i]).contiguous());
-    tensors[i].grad = to_buffer(keep.back(), "the gradient of parameter '" + name + "'");
-    tensors[i].momentum = to_buffer(writable(momentum[i], write_back), "the momentum buffer of parameter '" + name + "'");
-    tensors[i].has_grad = true;
-    // NOTE: NorMuon's v (float32, one per local row) is written in place; the engine checks its size.
-    if (i < row_state.size() && row_state[i].defined()) {
-      DMUON_CHECK(row_state[i].scalar_type() == at::kFloat && row_state[i].device() == device,
-                  "the NorMuon state (normuon_v) of parameter '", name, "' is ", row_state[i].scalar_type(), " on ",
-                  row_state[i].device(), "; expected float32 on ", device);
-      tensors[i].row_state = to_buffer(writable(row_state[i], write_back), "the NorMuon state of parameter '" + name + "'");
-    }
-  }
   std::vector<step::CheckOnly> extra;
-  for (size_t k = 0; k < extra_grads.size(); ++k) {
-    // NOTE: an undefined tensor: no gradient on this rank (agreed like a Muon parameter's).
-    if (!extra_grads[k].defined()) {
-      extra.push_back({extra_names[k], step::Buffer{nullptr, step::DType::kFloat32, 0, ops_->device()}, false});
-      continue;
+  try {
+    for (size_t i = 0; i < n; ++i) {
+      const std::string& name = table.param(static_cast<int>(i)).name;
+      const at::Tensor& p = params[i];
+      if (static_cast<int>(i) >= first_owned_) {
+        // An owned matrix: its owner steps it from the exchange's reduced gradient.
+        const int k = static_cast<int>(i) - first_owned_;
+        tensors[i].has_grad = owned_->exchange().contributed(k);
+        if (owned_->owners()[static_cast<size_t>(k)] != rank()) continue;
+        DMUON_CHECK(p.defined() && p.scalar_type() == dtypes_[i] && p.device() == device && p.is_contiguous(),
+                    "the master weight of owned parameter '", name, "' must be a contiguous ", dtypes_[i], " tensor on ",
+                    device);
+        tensors[i].param = to_buffer(p, "parameter '" + name + "'");
+        if (!tensors[i].has_grad) continue;
+        DMUON_CHECK(momentum[i].defined() && momentum[i].is_contiguous(), "owned parameter '", name,
+                    "' has a gradient but no contiguous momentum buffer");
+        tensors[i].grad = owned_->exchange().reduced_grad(k);
+        tensors[i].momentum = to_buffer(momentum[i], "the momentum buffer of parameter '" + name + "'");
+        continue;
+      }
+      DMUON_CHECK(p.scalar_type() == dtypes_[i] && p.device() == device, "parameter '", name, "' is ",
+                  p.scalar_type(), " on ", p.device(), "; the runtime was made for ", dtypes_[i], " on ", device);
+      tensors[i].param = to_buffer(writable(p, write_back), "parameter '" + name + "'");
+      if (!grads[i].defined()) continue;
+      DMUON_CHECK(momentum[i].defined(), "parameter '", name, "' has a gradient but no momentum buffer");
+      DMUON_CHECK(momentum[i].scalar_type() == dtypes_[i] && momentum[i].device() == device &&
+                      momentum[i].numel() == p.numel(),
+                  "the momentum buffer of parameter '", name, "' is ", momentum[i].scalar_type(), " [",
+                  momentum[i].numel(), "] on ", momentum[i].device(), "; expected ", dtypes_[i], " [", p.numel(),
+                  "] on ", device);
+      keep.push_back(grads[i].to(device, dtypes_[i]).contiguous());
+      tensors[i].grad = to_buffer(keep.back(), "the gradient of parameter '" + name + "'");
+      tensors[i].momentum = to_buffer(writable(momentum[i], write_back), "the momentum buffer of parameter '" + name + "'");
+      tensors[i].has_grad = true;
+      // NOTE: NorMuon's v (float32, one per local row) is written in place; the engine checks its size.
+      if (i < row_state.size() && row_state[i].defined()) {
+        DMUON_CHECK(row_state[i].scalar_type() == at::kFloat && row_state[i].device() == device,
+                    "the NorMuon state (normuon_v) of parameter '", name, "' is ", row_state[i].scalar_type(), " on ",
+                    row_state[i].device(), "; expected float32 on ", device);
+        tensors[i].row_state = to_buffer(writable(row_state[i], write_back), "the NorMuon state of parameter '" + name + "'");
+      }
     }
-    at::Tensor g = extra_grads[k].to(device).contiguous();
-    if (g.scalar_type() != at::kFloat && g.scalar_type() != at::kDouble && g.scalar_type() != at::kBFloat16 &&
-        g.scalar_type() != at::kHalf)
-      g = g.to(at::kFloat);
-    keep.push_back(g);
-    extra.push_back({extra_names[k], to_buffer(g, "the gradient of '" + extra_names[k] + "'")});
+    for (size_t k = 0; k < extra_grads.size(); ++k) {
+      // NOTE: an undefined tensor: no gradient on this rank (agreed like a Muon parameter's).
+      if (!extra_grads[k].defined()) {
+        extra.push_back({extra_names[k], step::Buffer{nullptr, step::DType::kFloat32, 0, ops_->device()}, false});
+        continue;
+      }
+      at::Tensor g = extra_grads[k].to(device).contiguous();
+      if (g.scalar_type() != at::kFloat && g.scalar_type() != at::kDouble && g.scalar_type() != at::kBFloat16 &&
+          g.scalar_type() != at::kHalf)
+        g = g.to(at::kFloat);
+      keep.push_back(g);
+      extra.push_back({extra_names[k], to_buffer(g, "the gradient of '" + extra_names[k] + "'")});
+    }
+  } catch (const std::exception& error) {
+    if (mine.error.empty()) mine.error = error.what();
+    extra.resize(extra_names.size());
+    for (size_t k = 0; k < extra.size(); ++k) extra[k].name = extra_names[k];
   }
   for (const auto& [_, copy] : write_back) keep.push_back(copy);
 
@@ -217,7 +294,7 @@ EngineStepOutcome EngineRuntime::step(at::TensorList params, const std::vector<a
   };
   step::StepOutcome outcome;
   try {
-    outcome = engine_->step(tensors, rules_, step_idx, extra, !defer_result_agreement);
+    outcome = engine_->step(tensors, rules_, step_idx, extra, !defer_result_agreement, start_checks(mine));
   } catch (...) {
     finish();
     throw;
@@ -233,13 +310,13 @@ EngineStepOutcome EngineRuntime::step(at::TensorList params, const std::vector<a
   return out;
 }
 
-void EngineRuntime::agree_results() {
-  if (!engine_->results_pending()) return;
+std::vector<int64_t> EngineRuntime::agree_results(const std::vector<int64_t>& extra_max) {
+  if (!engine_->results_pending()) return extra_max;
   struct Record {
     EngineRuntime& runtime;
     ~Record() { runtime.record_stats(); }
   } record{*this};
-  engine_->agree_committed();
+  return engine_->agree_committed(extra_max);
 }
 
 void EngineRuntime::begin_step(const std::vector<MuonGroupOptions>& groups, int64_t step_idx) {

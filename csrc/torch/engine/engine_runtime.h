@@ -1,10 +1,14 @@
 // dmuon/torch/engine/engine_runtime.h — the torch adapter of the step engine: c10d behind
 // step::Transport (C10dTransport), c10's allocators behind the device ops, torch tensors
 // turned into descriptors every step, and the engine's statistics as the runtime's
-// StepStats (runtime_options.h) that the benches and tests read. DMuon's one step runtime.
+// StepStats (runtime_options.h) that the benches and tests read. DMuon's one step runtime,
+// in every mode: the weight-ownership mode's owned matrices are its parameters too ("whole
+// on rank owner", after the others), their gradients reduced by its OwnedExchange.
 //
 // One runtime per set of Muon parameters (names, layouts, dtypes and group slots identical
-// on every rank); made collectively (the plan is made and agreed when it is made).
+// on every rank); made collectively (the plan is made and agreed when it is made). A step
+// waits for two collectives: the start agreement (with the caller's StepChecks) and the
+// result agreement (agree_results, with the caller's maxima).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -17,6 +21,7 @@
 
 #include "dist/shard_layout.h"
 #include "engine/c10d_transport.h"
+#include "engine/owned_exchange.h"
 #include "group_options.h"
 #include "runtime_options.h"
 #include "sim/stage_layout.h"
@@ -33,31 +38,58 @@ struct EngineStepOutcome {
   std::string message;
 };
 
+/// What the caller checked before a step, agreed in its start agreement
+/// (step/start_agreement.h): a rank whose checks failed, or whose structure differs,
+/// refuses the step on every rank.
+struct StepChecks {
+  int64_t signature = 0;              ///< the param groups' structure (identical on every rank)
+  std::string error;                  ///< this rank's failed check ("" when none)
+  std::vector<std::string> describe;  ///< the structure in words, one line per param group
+  bool changed = false;               ///< a gradient changed since the begun step took it
+};
+
 class EngineRuntime {
  public:
   /// group_name: a c10d group's name, or "" for one process. dtypes: "float32" |
   /// "bfloat16" | "float16" | "float64" per parameter; group_slot: its Muon group's index
   /// into step()'s `groups`. device: "cpu" or "cuda" (the current CUDA device).
+  /// `owned` (may be null): the weight-ownership mode's parameters, stepped after these
+  /// (their Muon groups' slots in owned_group_slot); group_name must then be its world group.
   EngineRuntime(const std::string& group_name, std::vector<std::string> names, std::vector<dist::ParamLayout> layouts,
-                const std::vector<std::string>& dtypes, std::vector<int64_t> group_slot, RuntimeOptions options);
+                const std::vector<std::string>& dtypes, std::vector<int64_t> group_slot, RuntimeOptions options,
+                std::shared_ptr<OwnedExchange> owned = nullptr, std::vector<int64_t> owned_group_slot = {});
+  ~EngineRuntime();
+  EngineRuntime(const EngineRuntime&) = delete;
+  EngineRuntime& operator=(const EngineRuntime&) = delete;
+
+  /// The start agreement alone, before a runtime is made (collective over `group_name`):
+  /// throws as a step does when `checks` fail on some rank (a runtime made again on some
+  /// ranks only then meets the others' step in the same collective).
+  static void agree_start(const std::string& group_name, const std::string& device_type, const StepChecks& checks,
+                          int64_t step_idx);
 
   /// One step: params[i], grads[i] (undefined: no gradient this step), momentum[i] (the
   /// optimizer state's buffer, zeros the caller has not stored yet on a first step) of the
   /// local rows; `extra` gradients (AdamW's; undefined: none on this rank) are checked with
   /// the step and agreed with it (a gradient on some ranks only is an error naming it).
+  /// Owned parameters (the last ones): their masters (undefined where not the owner), grads
+  /// undefined (the exchange's reduced ones), the owner's momentum buffers.
   /// Throws dmuon::Error on every rank when the ranks disagree on which parameters have
   /// gradients, a momentum buffer holds NaN/Inf or an input is invalid (nothing changed),
   /// and after the rest was applied when an orthogonalized update was not finite.
-  EngineStepOutcome step(at::TensorList params, const std::vector<at::Tensor>& grads,
+  EngineStepOutcome step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                          const std::vector<at::Tensor>& momentum, const std::vector<MuonGroupOptions>& groups,
                          int64_t step_idx, const std::vector<std::string>& extra_names,
                          const std::vector<at::Tensor>& extra_grads,
-                         const std::vector<at::Tensor>& row_state = {}, bool defer_result_agreement = false);
+                         const std::vector<at::Tensor>& row_state = {}, bool defer_result_agreement = false,
+                         const StepChecks& checks = {});
   /// With several ranks and `defer_result_agreement`, an applied step returns before its
   /// result agreement (step::StepEngine::commit(false)): the caller enqueues its own work
   /// (DMuon: the AdamW part) while the device finishes the step, then calls this on every
-  /// rank. Throws as step() does; a no-op when nothing is pending.
-  void agree_results();
+  /// rank. Throws as step() does. `extra_max` (e.g. QK-clip's maxima as ordered integers)
+  /// ride in the same all_reduce and come back agreed (max over the ranks); as given when
+  /// nothing is pending or with one rank.
+  std::vector<int64_t> agree_results(const std::vector<int64_t>& extra_max = {});
 
   // ---- The step begun inside backward (issue 27; docs/design/step_engine.md, "Early work").
   /// Opens a step whose parameters may be made ready before step() (which completes it).
@@ -111,7 +143,9 @@ class EngineRuntime {
   std::vector<dist::ParamLayout> layouts_;
   std::vector<at::ScalarType> dtypes_;
   std::unique_ptr<C10dTransport> transport_;
-  std::unique_ptr<step::DeviceOps> ops_;
+  std::shared_ptr<OwnedExchange> owned_;
+  int first_owned_ = 0;  // the engine's index of the first owned parameter
+  std::shared_ptr<step::DeviceOps> ops_;
   std::unique_ptr<step::StepEngine> engine_;
   std::vector<int> param_owners_;
   // num_base_groups_: the slots of the Muon groups (a transposed matrix takes its lr ratio

@@ -4,6 +4,7 @@
 
 #include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <memory>
 
@@ -48,6 +49,13 @@ class TorchCpuOps : public step::CpuOps {
 };
 
 }  // namespace
+
+step::Device torch_step_device(const std::string& device_type) {
+  DMUON_CHECK(device_type == "cpu" || device_type == "cuda", "device_type must be 'cpu' or 'cuda', got '",
+              device_type, "'");
+  if (device_type == "cpu") return {};
+  return {step::DeviceKind::kCuda, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index()};
+}
 
 // NOTE: float64 parameters through ATen on every device (engine/aten_float64_ops.h): the
 // CUDA ops have no float64 passes, and the CPU runtime takes the same path so that the CPU

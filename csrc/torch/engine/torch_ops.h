@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "step/device_ops.h"
 
@@ -28,6 +29,10 @@ struct TorchOpsOptions {
   /// CUDA: the sm_90a symmetric kernel where usable; false: dense cuBLASLt products, mirrored.
   bool sym_kernel = true;
 };
+
+/// The engine's device of a runtime's device_type: "cpu", or "cuda" (torch's current CUDA
+/// device); the error names device_type.
+step::Device torch_step_device(const std::string& device_type);
 
 /// DeviceOps of `device` (CPU, or a CUDA device when this build has torch's CUDA side;
 /// else throws naming the device).

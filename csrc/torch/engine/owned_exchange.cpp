@@ -1,0 +1,213 @@
+// dmuon/torch/engine/owned_exchange.cpp — groups, plan, tensors and streams of the
+// weight-ownership mode's exchange (see owned_exchange.h).
+#include "engine/owned_exchange.h"
+
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+
+#include <algorithm>
+
+#include "common/check.h"
+#include "common/env.h"
+#include "engine/torch_ops.h"
+#include "plan/planner.h"
+#include "step/engine.h"
+#include "step_tensors.h"
+#include "storage_control.h"
+
+namespace dmuon::torch_adapter {
+namespace {
+
+c10::intrusive_ptr<c10d::ProcessGroup> resolve(const std::string& name) {
+  return name.empty() ? nullptr : c10d::resolve_process_group(name);
+}
+
+}  // namespace
+
+OwnedExchange::OwnedExchange(const OwnershipGroups& groups, std::vector<std::string> names,
+                             std::vector<dist::ParamLayout> layouts, std::vector<int> layer_of,
+                             const std::vector<std::string>& dtypes, OwnershipOptions options)
+    : world_group_(groups.world), names_(std::move(names)), layouts_(std::move(layouts)), dtype_names_(dtypes) {
+  const size_t n = names_.size();
+  DMUON_CHECK(layouts_.size() == n && layer_of.size() == n && dtypes.size() == n, "OwnedExchange: ", n, " names, ",
+              layouts_.size(), " layouts, ", layer_of.size(), " layer ids (layer_of) and ", dtypes.size(), " dtypes");
+  const step::Device device = torch_step_device(options.device_type);
+  const step::DType reduce_dtype = parse_step_dtype(options.reduce_dtype, "reduce_dtype");
+  DMUON_CHECK(reduce_dtype != step::DType::kFloat64, "reduce_dtype must be float32, bfloat16 or float16, got float64");
+  world_ = std::make_unique<C10dTransport>(resolve(groups.world), device);
+  // NOTE: owners publish whole weights that every rank computes with; over the fake
+  // backend they would never arrive (the sharded mode runs there, dist/world_model.h).
+  world_->world_model().require_data_movement("the weight-ownership mode (dmuon.own_matrices; use FSDP2's sharding "
+                                              "with DMuon)");
+  auto axis = [&](const std::string& name, int size) -> std::unique_ptr<C10dTransport> {
+    if (name.empty() || size == 1) return nullptr;
+    return std::make_unique<C10dTransport>(resolve(name), device);
+  };
+  row_ = axis(groups.row, groups.shards);
+  column_ = axis(groups.column, groups.replicas);
+  column_reduce_ = axis(groups.column_reduce, groups.replicas);
+
+  // The parameters, and their owners from the engine's planner driver.
+  std::vector<step::ParamSpec> specs;
+  std::vector<step::OwnedParam> params;
+  for (size_t i = 0; i < n; ++i) {
+    layouts_[i].validate(names_[i].c_str());
+    DMUON_CHECK(!layouts_[i].sharded, "OwnedExchange: parameter '", names_[i],
+                "' is marked sharded; owned matrices are whole on their owner");
+    const step::DType dtype = parse_step_dtype(dtypes[i], "parameter '" + names_[i] + "'");
+    specs.push_back({names_[i], layouts_[i], dtype, 0, -1});
+    params.push_back({names_[i], layouts_[i].numel(), dtype, 0});
+  }
+  step::EngineOptions plan_options;
+  plan_options.solver = plan::parse_solver(options.solver);
+  plan_options.milp = plan::MilpOptions::from_env();
+  const step::OwnerPlan plan = step::plan_whole_owners(*world_, specs, layer_of, plan_options, device.kind,
+                                                       step::dtype_size(reduce_dtype), options.spread_layers);
+  owners_ = plan.owners;
+  plan_text_ = plan.text;
+  predicted_makespan_s_ = plan.makespan_s;
+  for (size_t i = 0; i < n; ++i) params[i].owner = owners_[i];
+
+  // Ops: the gradients' on the current stream; the reductions' and the engine's on a side
+  // stream of their own (GPU).
+  TorchOpsOptions ops_options;
+  // NOTE: DMUON_* knobs are read when the runtime is made (these ops are the engine's).
+  ops_options.graph_cache_bytes = std::max<int64_t>(0, env::get_int("DMUON_GRAPH_CACHE_MB", 8192)) << 20;
+  grad_ops_ = make_torch_ops(device, ops_options);
+  if (device.kind == step::DeviceKind::kCuda) {
+    c10::impl::VirtualGuardImpl impl(at::kCUDA);
+    side_stream_ = impl.getStreamFromGlobalPool(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index)),
+                                                /*isHighPriority=*/false);
+    ops_options.stream = side_stream_;
+  }
+  ops_ = make_torch_ops(device, ops_options);
+  step::OwnershipMesh mesh =
+      groups.shard_of.empty() ? step::OwnershipMesh::flat(world_->world_size())
+                              : step::OwnershipMesh{groups.shards, groups.replicas, groups.shard_of, groups.replica_of};
+  DMUON_CHECK(mesh.world_size() == world_->world_size(), "OwnedExchange: a ", mesh.replicas, "×", mesh.shards,
+              " mesh over a world group of ", world_->world_size(), " ranks");
+  exchange_ = std::make_unique<step::OwnershipExchange>(
+      std::move(params), std::move(mesh), world_->rank(),
+      step::ExchangeTransports{row_.get(), column_.get(), column_reduce_.get()}, *grad_ops_, *ops_,
+      step::ExchangeOptions{options.bucket_bytes, reduce_dtype});
+  published_.resize(n);
+}
+
+OwnedExchange::~OwnedExchange() = default;
+
+std::string OwnedExchange::at_step(const std::string& what) const {
+  return "step " + std::to_string(step_idx_) + ": " + what;
+}
+
+std::vector<std::vector<int>> OwnedExchange::buckets() const {
+  std::vector<std::vector<int>> out;
+  for (const step::OwnedBucket& b : exchange_->buckets()) out.push_back(b.params);
+  return out;
+}
+
+// ----------------------------------------------------------------------------- publish
+void OwnedExchange::publish(int64_t i, const at::Tensor& compute, const at::Tensor& master) {
+  DMUON_CHECK(i >= 0 && static_cast<size_t>(i) < names_.size(), "publish: parameter index ", i, " out of range");
+  const size_t p = static_cast<size_t>(i);
+  DMUON_CHECK(compute.numel() == layouts_[p].numel(), "publish: the compute tensor of ", names_[p], " has ",
+              compute.numel(), " elements, expected ", layouts_[p].numel());
+  if (published_[p] || storage_is_allocated(compute)) return;  // in flight or present
+  allocate_storage(compute);
+  at::Tensor alias = storage_alias(compute);
+  if (owners_[p] == rank()) {
+    DMUON_CHECK(storage_is_allocated(master), "publish: the owner's master weight of ", names_[p], " has no storage");
+    alias.copy_(master.reshape(alias.sizes()));
+  }
+  published_[p] = exchange_->publish(static_cast<int>(i), to_buffer(alias, "the compute copy of " + names_[p]),
+                                     at_step("broadcast of " + names_[p] + " from its owner"));
+}
+
+void OwnedExchange::wait_published(int64_t i) {
+  DMUON_CHECK(i >= 0 && static_cast<size_t>(i) < names_.size(), "wait_published: parameter index ", i,
+              " out of range");
+  std::unique_ptr<step::Pending> pending = std::move(published_[static_cast<size_t>(i)]);
+  if (pending) pending->wait();
+}
+
+void OwnedExchange::release(int64_t i, const at::Tensor& compute) {
+  wait_published(i);
+  free_storage(compute);
+}
+
+void OwnedExchange::materialize(int64_t i, const at::Tensor& tensor) {
+  DMUON_CHECK(i >= 0 && static_cast<size_t>(i) < names_.size(), "materialize: parameter index ", i, " out of range");
+  const size_t p = static_cast<size_t>(i);
+  DMUON_CHECK(tensor.numel() == layouts_[p].numel(), "materialize: tensor of ", names_[p], " has ", tensor.numel(),
+              " elements, expected ", layouts_[p].numel());
+  DMUON_CHECK(owners_[p] != rank() || storage_is_allocated(tensor), "materialize: the owner's copy of ", names_[p],
+              " has no storage");
+  allocate_storage(tensor);
+  const at::Tensor alias = storage_alias(tensor);
+  std::unique_ptr<step::Pending> pending = exchange_->publish(
+      static_cast<int>(i), to_buffer(alias, "the copy of " + names_[p]), at_step("broadcast of " + names_[p] +
+                                                                                 " from its owner"));
+  if (pending) pending->wait();
+}
+
+// ----------------------------------------------------------------------------- backward
+void OwnedExchange::grad_ready(int64_t i, const at::Tensor& grad, const at::Tensor& momentum, bool sync) {
+  DMUON_CHECK(i >= 0 && static_cast<size_t>(i) < names_.size(), "grad_ready: parameter index ", i, " out of range");
+  const std::string& name = names_[static_cast<size_t>(i)];
+  // NOTE: the gradient is read on the current stream (backward's), where Python drops it.
+  const at::Tensor g = grad.contiguous();
+  const step::Buffer m = momentum.defined() ? to_buffer(momentum, "the momentum buffer of " + name) : step::Buffer{};
+  exchange_->grad_ready(static_cast<int>(i), to_buffer(g, "the gradient of " + name), m, sync);
+  if (sync) progress(false);
+}
+
+void OwnedExchange::end_backward(bool sync) {
+  exchange_->end_backward(sync);
+  if (sync) progress(false);
+}
+
+void OwnedExchange::attach(std::function<void(const std::vector<int>&)> hand_over, const void* owner) {
+  hand_over_ = std::move(hand_over);
+  attached_ = owner;
+}
+
+void OwnedExchange::detach(const void* owner) {
+  if (attached_ != owner) return;
+  hand_over_ = nullptr;
+  attached_ = nullptr;
+}
+
+void OwnedExchange::progress(bool wait) {
+  on_side_stream([&] {
+    exchange_->progress(wait, [&](int, const std::vector<int>& params) {
+      if (hand_over_ && !params.empty()) hand_over_(params);
+    });
+  });
+}
+
+void OwnedExchange::end_window(int64_t step_idx) {
+  exchange_->end_window();
+  step_idx_ = step_idx + 1;
+}
+
+// NOTE: the side stream waits for what backward enqueued so far (the buckets' gradients,
+// momentum buffers made there); backward never waits for it, so Newton–Schulz overlaps.
+void OwnedExchange::on_side_stream(const std::function<void()>& fn) {
+  if (!side_stream_) return fn();
+  c10::impl::VirtualGuardImpl impl(at::kCUDA);
+  const c10::Stream current = impl.getStream(side_stream_->device());
+  if (current == *side_stream_) return fn();
+  c10::Event before(at::kCUDA);
+  before.record(current);
+  before.block(*side_stream_);
+  const c10::Stream previous = impl.exchangeStream(*side_stream_);
+  try {
+    fn();
+  } catch (...) {
+    impl.exchangeStream(previous);
+    throw;
+  }
+  impl.exchangeStream(previous);
+}
+
+}  // namespace dmuon::torch_adapter

@@ -1,0 +1,108 @@
+"""Rank functions of test_collective_counts.py: the collectives each mode of DMuon issues inside
+``optimizer.step()`` on Gloo, counted from the profiler's ``gloo:*`` events (recorded by
+torch's Gloo process group for every collective, whichever language issued it)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+
+import dmuon
+from all_modes_workers import ProbeModel, _targets
+
+OPTIONS = dict(lr=0.02, weight_decay=0.1, ns_algorithm="gram", bucket_size_mb=0.0005)
+# NOTE: a step's data exchanges (the pieces to their owners and back, the ownership mode's
+# bucket reductions); every other collective is a small agreement the host waits for.
+DATA_EXCHANGES = ("gloo:all_to_all",)
+
+
+def _count(events) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for e in events:
+        if e.name.startswith("gloo:"):
+            counts[e.name] = counts.get(e.name, 0) + 1
+    return counts
+
+
+def _split(counts: dict[str, int], steps: int) -> dict:
+    """Per step: host-blocking collectives and data exchanges, and the names of each."""
+    blocking = sum(n for name, n in counts.items() if name not in DATA_EXCHANGES)
+    data = sum(n for name, n in counts.items() if name in DATA_EXCHANGES)
+    return {"blocking": blocking / steps, "data": data / steps, "names": counts}
+
+
+def _model(mode: str, world: int) -> tuple[nn.Module, nn.Module, dict]:
+    """The probe model wrapped as `mode` runs it, and DMuon's options for it."""
+    torch.manual_seed(0)
+    model = ProbeModel()
+    options = dict(OPTIONS)
+    if mode in ("fsdp2", "hsdp", "backward_step", "skip"):
+        from torch.distributed.fsdp import fully_shard
+
+        # NOTE: dimension names of this test's own (see all_modes_workers: the mesh cache).
+        mesh = (init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("count_replicate", "count_shard"))
+                if mode == "hsdp" else init_device_mesh("cpu", (world,)))
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        wrapped = model
+    elif mode in ("ddp", "qk_clip"):
+        wrapped = nn.parallel.DistributedDataParallel(model)
+    elif mode in ("ownership", "ownership_mesh"):
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("count_r", "count_s")) \
+            if mode == "ownership_mesh" else None
+        dmuon.own_matrices(model, mesh, bucket_size_mb=0.0005, replicate_others=True)
+        wrapped = model
+    else:
+        wrapped = model
+    if mode == "backward_step":
+        options["execution"] = dmuon.Execution(backward_step=True, bucket_size_mb=options.pop("bucket_size_mb"))
+    if mode == "skip":
+        options["nonfinite"] = "skip"
+    if mode == "qk_clip":
+        # NOTE: the last layer's 16 rows as 4 heads of 4 (q and k alike): a clip to agree on.
+        last = model.layers[-1].weight
+        options["qk_clip"] = dmuon.QKClip(tau=1.0, layers={"attn": dmuon.QKLayer(
+            q=last, k=last, num_heads=4, num_kv_heads=4, head_dim=4)})
+    return model, wrapped, options
+
+
+def collectives_per_step(rank: int, world: int, mode: str, num_steps: int = 2) -> dict:
+    """Two warm-up steps (the runtime is made at the first), then `num_steps` steps each
+    profiled: the collectives inside step(), per step; and, for the record, those of
+    forward and backward. Modes: "local" (one process), "ddp", "fsdp2", "hsdp" (2 × world/2),
+    "ownership" (flat), "ownership_mesh" (2 × world/2), "backward_step" (FSDP2, the step
+    begun inside backward), "skip" (FSDP2, nonfinite="skip", a NaN gradient on the last rank
+    in every profiled step), "qk_clip" (DDP with a QK-clip whose maxima the ranks agree on)."""
+    model, wrapped, options = _model(mode, world)
+    opt = dmuon.DMuon(model, **options)
+
+    clip = options.get("qk_clip")
+
+    def backward(step: int, poison: bool) -> None:
+        targets = _targets(step)
+        if clip is not None:
+            clip.record("attn", torch.full((4,), 2.0 + rank + step))
+        if poison:
+            targets[0][0, 0] = float("nan")
+        wrapped(targets).backward()
+
+    for step in range(2):
+        opt.zero_grad()
+        backward(step, False)
+        opt.step()
+    inside, outside = {}, {}
+    for step in range(2, 2 + num_steps):
+        opt.zero_grad()
+        poison = mode == "skip" and rank == world - 1
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            backward(step, poison)
+        for name, n in _count(prof.events()).items():
+            outside[name] = outside.get(name, 0) + n
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            opt.step()
+        for name, n in _count(prof.events()).items():
+            inside[name] = inside.get(name, 0) + n
+    skipped = opt.param_groups[0]["num_skipped_steps"]
+    return {"step": _split(inside, num_steps), "forward_backward": _split(outside, num_steps), "skipped": skipped}
