@@ -16,6 +16,7 @@ add_executable(dmuon_step_tests
   ${CMAKE_CURRENT_LIST_DIR}/test_step_loopback.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_step_engine.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_step_early.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_step_ownership.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_step_mesh.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_step_stage_layout.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_step_normuon.cpp

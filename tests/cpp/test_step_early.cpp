@@ -740,6 +740,46 @@ TEST(EarlyExchange, DiscardAfterStagesLeftWritesNothingAndTheNextStepIsWhole) {
   EXPECT_EQ(bytes_of(tensors), bytes_of(expected.tensors));
 }
 
+// A gradient changed on one rank after it was handed over (clip_grad_norm_ between backward
+// and step()): that rank says so (StartChecks::changed), the start agreement tells every
+// rank, and all drop the begun work: bit for bit the one-shot step on the changed gradients.
+TEST(EarlyExchange, AStaleBegunStepOnOneRankMakesEveryRankStepFromTheGradientsAsTheyAre) {
+  constexpr int kWorld = 3;
+  const World world(travelling_model(kWorld), kWorld, 1, 95);
+  const int n = world.table().num_items();
+  // NOTE: in place: the begun work still holds views of the gradients' memory.
+  const auto halve_on_rank_1 = [](int r, int, RankTensors& t) {
+    if (r != 1) return;
+    for (dmuon::testing::HostTensor& g : t.grad) {
+      const std::vector<double> v = g.values();
+      for (int64_t i = 0; i < g.numel(); ++i) g.set(i, 0.5 * v[static_cast<size_t>(i)]);
+    }
+  };
+  Drive one_shot;
+  one_shot.options = many_stages(dmuon::step::Mode::kOwner);
+  const EarlyRun expected = drive(world, owned_rules(), 1, one_shot, halve_on_rank_1);
+  expect_no_errors(expected);
+  std::vector<RankTensors> tensors = initial_of(world);
+  std::vector<dmuon::step::StepStats> stats(kWorld);
+  dmuon::step::LoopbackWorld loopback(kWorld);
+  const auto errors = loopback.run([&](int r) {
+    dmuon::step::CpuOps cpu;
+    StepEngine engine(loopback.transport(r), cpu, world.specs(), one_shot.options);
+    RankTensors& t = tensors[static_cast<size_t>(r)];
+    world.set_grads(r, 1, t);
+    engine.begin_step(owned_rules(), 1);
+    for (const std::vector<int>& ids : reverse_calls(n, 2, 0)) engine.items_ready(ids, t.views());
+    halve_on_rank_1(r, 1, t);
+    dmuon::step::StartChecks checks;
+    checks.changed = r == 1;
+    EXPECT_TRUE(engine.step(t.views(), owned_rules(), 1, {}, true, checks).applied());
+    stats[static_cast<size_t>(r)] = engine.last_stats();
+  });
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(bytes_of(tensors), bytes_of(expected.tensors));
+  for (const auto& s : stats) EXPECT_EQ(s.early_orthogonalized, 0);
+}
+
 }  // namespace
 
 namespace {

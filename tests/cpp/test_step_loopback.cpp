@@ -4,9 +4,11 @@
 // other rank with an error naming it instead of leaving them waiting.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/check.h"
@@ -68,6 +70,46 @@ TEST(Loopback, AllReduceAndBroadcast) {
     EXPECT_EQ(texts[static_cast<size_t>(r)], "plan of rank 0");
   }
   EXPECT_EQ(world.num_completed(), 3);
+}
+
+// Rank 2's buffer on every rank; every rank's text on every rank.
+TEST(Loopback, BroadcastOfABufferAndAllGatherOfTexts) {
+  LoopbackWorld world(3);
+  std::vector<std::vector<float>> buffers(3);
+  std::vector<std::vector<std::string>> texts(3);
+  const auto errors = world.run([&](int r) {
+    std::vector<float> mine(5, static_cast<float>(r));
+    world.transport(r).broadcast_buffer(view(mine), 2, "weights")->wait();
+    buffers[static_cast<size_t>(r)] = mine;
+    texts[static_cast<size_t>(r)] = world.transport(r).all_gather("rank " + std::to_string(r), "texts");
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(errors[static_cast<size_t>(r)], "");
+    EXPECT_EQ(buffers[static_cast<size_t>(r)], std::vector<float>(5, 2.f)) << "rank " << r;
+    EXPECT_EQ(texts[static_cast<size_t>(r)], (std::vector<std::string>{"rank 0", "rank 1", "rank 2"}));
+  }
+}
+
+// ready() polls without blocking: false until the last rank has brought its buffers.
+TEST(Loopback, ReadyPollsWithoutWaiting) {
+  LoopbackWorld world(2);
+  std::vector<bool> before(2), after(2);
+  std::atomic<bool> polled{false};
+  const auto errors = world.run([&](int r) {
+    std::vector<float> send(2, static_cast<float>(r)), recv(2, -1.f);
+    if (r == 1)
+      while (!polled.load()) std::this_thread::yield();
+    auto pending = world.transport(r).all_to_all(view(send), {1, 1}, view(recv), {1, 1}, "pieces");
+    before[static_cast<size_t>(r)] = pending->ready();
+    if (r == 0) polled.store(true);
+    pending->wait();
+    after[static_cast<size_t>(r)] = pending->ready();
+  });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_FALSE(before[0]);  // NOTE: rank 1 brings its buffers only after rank 0's poll
+  EXPECT_TRUE(before[1]);
+  EXPECT_TRUE(after[0] && after[1]);
 }
 
 TEST(Loopback, ARankThatThrowsFailsTheOthers) {

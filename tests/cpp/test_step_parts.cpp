@@ -400,6 +400,25 @@ TEST(StepCpuOps, HalfPrecisionMomentumRoundsLikeTorchLerp) {
   }
 }
 
+// sum_into: parts `stride` apart summed, scaled and rounded once into another dtype, or
+// added to what dst holds; a size that does not fit is named.
+TEST(StepCpuOps, SumIntoAddsPartsAcrossDtypes) {
+  using namespace dmuon::step::cpu;
+  dmuon::step::CpuOps ops;
+  // Three parts of 2 elements, 3 apart (the third element of each part is not read).
+  std::vector<float> src = {1.f, 2.f, 99.f, 10.f, 20.f, 99.f, 100.f, 200.f};
+  std::vector<bf16_t> dst = {to_bf16(5.f), to_bf16(5.f)};
+  const dmuon::step::Buffer from{src.data(), DType::kFloat32, 8, {}}, to{dst.data(), DType::kBFloat16, 2, {}};
+  ops.sum_into(from, 3, 3, to, 0.5, false);
+  EXPECT_EQ(to_float(dst[0]), 55.5f);   // (1 + 10 + 100) / 2
+  EXPECT_EQ(to_float(dst[1]), 111.f);   // (2 + 20 + 200) / 2
+  std::vector<double> acc = {1.0, 1.0};
+  ops.sum_into(from, 1, 2, {acc.data(), DType::kFloat64, 2, {}}, 1.0, true);
+  EXPECT_EQ(acc, (std::vector<double>{2.0, 3.0}));
+  const std::string error = dmuon::testing::error_of([&] { ops.sum_into(from, 4, 3, to, 1.0, false); });
+  EXPECT_NE(error.find("4 parts of 2 elements 3 apart"), std::string::npos) << error;
+}
+
 TEST(StepCpuOps, ApplySkipsNonFiniteEntriesAndHonoursTheGate) {
   dmuon::step::CpuOps ops;
   std::vector<float> param = {1.f, 2.f, 3.f, 4.f}, wire = {0.5f, NAN, INFINITY, -1.f};
