@@ -154,15 +154,22 @@ void OwnedExchange::materialize(int64_t i, const at::Tensor& tensor) {
 void OwnedExchange::grad_ready(int64_t i, const at::Tensor& grad, const at::Tensor& momentum, bool sync) {
   DMUON_CHECK(i >= 0 && static_cast<size_t>(i) < names_.size(), "grad_ready: parameter index ", i, " out of range");
   const std::string& name = names_[static_cast<size_t>(i)];
-  // NOTE: the gradient is read on the current stream (backward's), where Python drops it.
+  // NOTE: the gradient is read on backward's stream (the gradients' ops' stream, ordered
+  // both ways with the current one where they differ), where Python drops it.
   const at::Tensor g = grad.contiguous();
   const step::Buffer m = momentum.defined() ? to_buffer(momentum, "the momentum buffer of " + name) : step::Buffer{};
-  exchange_->grad_ready(static_cast<int>(i), to_buffer(g, "the gradient of " + name), m, sync);
+  {
+    OpsStreamScope scope(*grad_ops_);
+    exchange_->grad_ready(static_cast<int>(i), to_buffer(g, "the gradient of " + name), m, sync);
+  }
   if (sync) progress(false);
 }
 
 void OwnedExchange::end_backward(bool sync) {
-  exchange_->end_backward(sync);
+  {
+    OpsStreamScope scope(*grad_ops_);
+    exchange_->end_backward(sync);
+  }
   if (sync) progress(false);
 }
 
