@@ -239,7 +239,7 @@ void OwnershipExchange::hand_to(StepEngine& engine, int first_param, const std::
   std::vector<int> items;
   for (int p : params) {
     const int e = first_param + p;
-    tensors[static_cast<size_t>(e)] = {Buffer{}, reduced_grad(p), momentum(p), true};
+    tensors[static_cast<size_t>(e)] = {Buffer{}, reduced_grad(p), momentum(p), true, Buffer{}};
     const auto [first, count] = table.items_of(e);
     for (int item = first; item < first + count; ++item) items.push_back(item);
   }
