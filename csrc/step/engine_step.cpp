@@ -273,6 +273,7 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
     if (host[static_cast<size_t>(2 * k)] != 0) facts.first_nonfinite = k;
   for (int p = 0; p < num_params && facts.first_corrupt < 0; ++p)
     if (host[static_cast<size_t>(2 * p + 1)] != 0) facts.first_corrupt = p;
+
   const StartAgreed agreed = agree_start(transport_, mine, facts, step_idx, [&](int i) {
     return i < num_params ? "parameter '" + table_.param(i).name + "'"
                           : "parameter '" + extra[static_cast<size_t>(i - num_params)].name + "' (checked with the step)";

@@ -72,7 +72,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 import dmuon
 
@@ -80,7 +80,10 @@ dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=2)
 mesh = init_device_mesh("cpu", (2,))
 params = [nn.Parameter(distribute_tensor(torch.randn(*s), mesh, [Shard(0)])) for s in [(6, 10)] * 5 + [(10, 4)]]
 for p in params:
-    p.grad = distribute_tensor(torch.randn(p.shape), mesh, [Shard(0)])
+    # NOTE: this rank's shard made here: distribute_tensor over the fake backend scatters
+    # nothing, and the shard it leaves is uninitialized memory (a NaN now and then).
+    p.grad = DTensor.from_local(torch.randn(p.to_local().shape), mesh, [Shard(0)], run_check=False, shape=p.shape,
+                                stride=p.stride())
 opt = dmuon.DMuon([(f"w{i}", p) for i, p in enumerate(params)], lr=0.02, cost_model=sys.argv[1], planner="lpt")
 opt.step()
 print(sorted(set((r, c, n) for r, c, n, _ in opt.runtime.cost_entries)))
