@@ -181,8 +181,7 @@ class BackwardStep:
         if not runtime.step_open:
             group_options, _ = opt._muon_group_options()
             runtime.begin_step(group_options, opt.param_groups[0]["num_steps"] + 1)
-        handle = opt._ownership
-        if handle.exchange.owners[entry.index] != handle.exchange.rank:
+        if not entry.mine:
             return None
         buffer = opt.state.get(entry.master, {}).get("momentum_buffer")
         if buffer is None:

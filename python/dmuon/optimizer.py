@@ -624,7 +624,7 @@ class DMuon(torch.optim.Optimizer):
         # the exchange's).
         handle = self._ownership
         for e in handle._entries if handle is not None else []:
-            mine = handle.exchange.owners[e.index] == handle.exchange.rank
+            mine = e.mine
             params.append(e.master if mine else None)
             grads.append(None)
             row_states.append(None)

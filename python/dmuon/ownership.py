@@ -52,13 +52,15 @@ def layer_of_name(name: str) -> int:
 
 @dataclass
 class _Owned:
-    """One owned matrix: where it is registered, its master and its compute tensor."""
+    """One owned matrix: where it is registered, its master and its compute tensor, and
+    whether this rank owns it."""
     index: int
     name: str
     module: nn.Module
     attr: str
     master: nn.Parameter
     compute: nn.Parameter
+    mine: bool
 
 
 class _Groups:
@@ -171,7 +173,7 @@ class OwnedMatrices:
         return self.exchange.owners[entry.index]
 
     def is_owner(self, param: torch.Tensor) -> bool:
-        return self.owner_of(param) == self.exchange.rank
+        return self._entry_of(param).mine
 
     def set_requires_gradient_sync(self, requires_gradient_sync: bool) -> None:
         """False for gradient-accumulation micro-batches: gradients accumulate in the bucket
@@ -202,7 +204,6 @@ class OwnedMatrices:
         owner is kept."""
         self._release_all()
         entries = self._entries
-        rank = self.exchange.rank
         for e in entries:
             self.exchange.materialize(e.index, e.master)
         if optimizer is not None:
@@ -219,7 +220,7 @@ class OwnedMatrices:
             yield
         finally:
             for e in entries:
-                if self.exchange.owners[e.index] != rank:
+                if not e.mine:
                     _C.ownership.free_storage(e.master)
                     if optimizer is not None:
                         optimizer.state.pop(e.master, None)
@@ -423,15 +424,16 @@ def own_matrices(model: nn.Module, mesh: Any = None,
                                      [_DTYPE_NAMES[r.param.dtype] for r in routed], options)
 
     # Compute tensors; non-owners drop the master's bytes.
+    owners = exchange.owners
     entries = []
     for index, r in enumerate(routed):
         module, attr = registered[id(r.param)]
         compute = nn.Parameter(torch.empty(r.param.shape, dtype=param_dtype or r.param.dtype, device=r.param.device),
                                requires_grad=r.param.requires_grad)
         _C.ownership.free_storage(compute)
-        entry = _Owned(index, r.name, module, attr, r.param, compute)
+        entry = _Owned(index, r.name, module, attr, r.param, compute, owners[index] == exchange.rank)
         entries.append(entry)
-        if exchange.owners[index] != exchange.rank:
+        if not entry.mine:
             _C.ownership.free_storage(r.param)
     owned_ids = {id(r.param) for r in routed}
     others = [p for p in model.parameters() if id(p) not in owned_ids and p.requires_grad]
