@@ -44,6 +44,11 @@ class NonFiniteGradientError(FloatingPointError):
     """A gradient holds NaN or ±Inf (policy nonfinite='raise')."""
 
 
+def group_of_param(param_groups: list[dict[str, Any]], param: torch.Tensor) -> int:
+    """The index of the param group holding `param`."""
+    return next(g_idx for g_idx, group in enumerate(param_groups) for p in group["params"] if p is param)
+
+
 def _schedule_key(group: dict[str, Any]) -> tuple:
     """What a Muon group's Newton–Schulz schedule is built from (a checked group)."""
     coefficients, restarts = group["ns_coefficients"], group.get("ns_restarts")
@@ -456,6 +461,14 @@ class DMuon(torch.optim.Optimizer):
             if wanted and unable:
                 raise ValueError(f"Execution.backward_step=True cannot start the step inside backward for "
                                  f"{unable[0]}; set backward_step=None or False")
+            # NOTE: the owned matrices' step always begins inside backward, where NorMuon's
+            # pass does not run yet.
+            owned_normuon = [e.name for e in (handle._entries if handle is not None else [])
+                             if self.param_groups[group_of_param(self.param_groups, e.master)].get("normuon")]
+            if owned_normuon:
+                raise ValueError(f"normuon=True for parameter {owned_normuon[0]!r}, which dmuon.own_matrices owns: the "
+                                 "weight-ownership mode does not apply NorMuon; leave it out of own_matrices or of "
+                                 "the normuon group")
             self._backward_step_on = (bool(wanted) and bool(self._backward.attached)
                                       and handle is None and not unable)
             # NOTE: the engine times each Muon group's NS batches itself when it plans

@@ -124,6 +124,17 @@ def test_owned_matrix_in_an_adamw_group_is_rejected():
         dmuon.own_matrices(model, predicate=lambda name, p: True)
 
 
+def test_normuon_on_an_owned_matrix_is_refused_by_name():
+    """The owned matrices' step begins inside backward, where NorMuon does not run: the first
+    step() says so, naming the matrix."""
+    model = nn.Sequential(nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False), nn.Linear(8, 4, bias=False))
+    dmuon.own_matrices(model)
+    opt = dmuon.DMuon(model, lr=0.01, normuon=True)
+    model(torch.randn(2, 8)).sum().backward()
+    with pytest.raises(ValueError, match="normuon=True for parameter '0.weight', which dmuon.own_matrices owns"):
+        opt.step()
+
+
 def test_single_process_matches_plain_dmuon():
     results = run_distributed(ownership_workers.ownership_matches_single_process, 1, "dp")
     _check(results, 1)
