@@ -44,11 +44,6 @@ class NonFiniteGradientError(FloatingPointError):
     """A gradient holds NaN or ±Inf (policy nonfinite='raise')."""
 
 
-def group_of_param(param_groups: list[dict[str, Any]], param: torch.Tensor) -> int:
-    """The index of the param group holding `param`."""
-    return next(g_idx for g_idx, group in enumerate(param_groups) for p in group["params"] if p is param)
-
-
 def _schedule_key(group: dict[str, Any]) -> tuple:
     """What a Muon group's Newton–Schulz schedule is built from (a checked group)."""
     coefficients, restarts = group["ns_coefficients"], group.get("ns_restarts")
@@ -463,8 +458,9 @@ class DMuon(torch.optim.Optimizer):
                                  f"{unable[0]}; set backward_step=None or False")
             # NOTE: the owned matrices' step always begins inside backward, where NorMuon's
             # pass does not run yet.
+            group_of = {id(p): g_idx for g_idx, g in enumerate(self.param_groups) for p in g["params"]}
             owned_normuon = [e.name for e in (handle._entries if handle is not None else [])
-                             if self.param_groups[group_of_param(self.param_groups, e.master)].get("normuon")]
+                             if self.param_groups[group_of[id(e.master)]].get("normuon")]
             if owned_normuon:
                 raise ValueError(f"normuon=True for parameter {owned_normuon[0]!r}, which dmuon.own_matrices owns: the "
                                  "weight-ownership mode does not apply NorMuon; leave it out of own_matrices or of "
@@ -479,7 +475,6 @@ class DMuon(torch.optim.Optimizer):
                                              **self._runtime_options)
             names = [self.param_name(p) for _, p in muon]
             dtypes = [str(p.dtype).removeprefix("torch.") for _, p in muon]
-            group_of = {id(p): g_idx for g_idx, g in enumerate(self.param_groups) for p in g["params"]}
             self._runtime = _C.engine.EngineRuntime(
                 distributed.group_name(group), names, layouts, dtypes, [slot[g_idx] for g_idx, _ in muon], options,
                 owned=handle.exchange if handle is not None else None,
@@ -657,8 +652,7 @@ class DMuon(torch.optim.Optimizer):
         outcome = self._engine_call(runtime.step, params, grads, buffers, group_options, step_idx,
                                     [self.param_name(p) for p in others], extra, row_states, defer, checks)
         if not outcome["applied"]:
-            stepped = [p for _, p in muon] + [e.master for e in handle._entries] if handle is not None else \
-                [p for _, p in muon]
+            stepped = [p for _, p in muon] + ([e.master for e in handle._entries] if handle is not None else [])
             bad = {id(stepped[i]) for i in outcome["nonfinite_params"]} | {id(others[k]) for k in outcome["nonfinite_extra"]}
             return [self.param_name(p) for group in self.param_groups for p in group["params"] if id(p) in bad]
         for p, buffer in fresh:
