@@ -422,6 +422,28 @@ TEST(StepCudaOps, ApplyPiecesMatchTheCpuOpsAndHonourTheGate) {
   }
 }
 
+// sum_into (the weight-ownership mode's gradients into their buckets, a bucket's pieces
+// reduced on their owner): every source × destination dtype, three parts 4099 elements
+// apart, scaled and added to what the destination holds, against the CPU ops (which sum in
+// double): within 2 units of the destination's dtype at the array's scale (float sums of
+// three terms, one rounding each).
+TEST(StepCudaOps, SumIntoMatchesTheCpuOps) {
+  SKIP_WITHOUT_GPU();
+  CpuOps cpu;
+  CudaOps gpu;
+  const std::vector<DType> dtypes = {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64};
+  for (DType s : dtypes)
+    for (DType d : dtypes) {
+      const std::string what = std::string(dmuon::step::dtype_name(s)) + " into " + dmuon::step::dtype_name(d);
+      const HostTensor src(random_values(3 * 4099, 1.0, 90), s);
+      HostTensor dst(random_values(4000, 1.0, 91), d);
+      const DeviceCopy dsrc(src), ddst(dst);
+      gpu.sum_into(dsrc.view(), 3, 4099, ddst.view(), 1.0 / 3, true);
+      cpu.sum_into(src.buffer(), 3, 4099, dst.buffer(), 1.0 / 3, true);
+      expect_close(ddst.values(), dst.values(), d, 2, what);
+    }
+}
+
 // ---------------------------------------------------------------- NorMuon
 // The CUDA NorMuon pass on a 16-bit result in the iterate layout (padded or odd ld, both
 // orientations), read back through result_to_pieces into float32 wires, against
