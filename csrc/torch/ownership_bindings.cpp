@@ -66,6 +66,8 @@ void register_ownership_bindings(py::module_& m) {
           },
           py::arg("index"), py::arg("grad"), py::arg("momentum"), py::arg("sync"))
       .def("end_backward", &OwnedExchange::end_backward, py::arg("sync"), Gil())
+      .def("end_window", &OwnedExchange::end_window, py::arg("step_idx"), Gil(),
+           "closes a step's window that the runtime never reached (collective: every rank)")
       .def_property_readonly("rank", &OwnedExchange::rank)
       .def_property_readonly("world_size", &OwnedExchange::world_size)
       .def_property_readonly("owners", &OwnedExchange::owners)

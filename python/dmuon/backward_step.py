@@ -180,7 +180,13 @@ class BackwardStep:
             return None
         if not runtime.step_open:
             group_options, _ = opt._muon_group_options()
-            runtime.begin_step(group_options, opt.param_groups[0]["num_steps"] + 1)
+            # NOTE: options a check will refuse at step() (on this rank, every rank then
+            # raising in the start agreement): no early work. Its owned matrices' work is
+            # this rank's alone, so the others may begin theirs.
+            try:
+                runtime.begin_step(group_options, opt.param_groups[0]["num_steps"] + 1)
+            except RuntimeError:
+                return None
         if not entry.mine:
             return None
         buffer = opt.state.get(entry.master, {}).get("momentum_buffer")

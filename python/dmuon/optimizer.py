@@ -11,6 +11,7 @@ agreement (structure, every rank's checks, NaN/Inf) and its result agreement.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Iterable
 
 import torch
@@ -533,6 +534,13 @@ class DMuon(torch.optim.Optimizer):
         except BaseException:
             if self.qk_clip is not None:
                 self.qk_clip.reset()
+            if self._ownership is not None:
+                # NOTE: the owned matrices' window closes with the runtime's step; a step that
+                # failed before it (every rank raised in the start agreement before the
+                # runtime was made) closes it here. Closed already: nothing left to do; a
+                # collective that fails here has failed on the way to the error raised.
+                with contextlib.suppress(Exception):
+                    self._ownership.exchange.end_window(step_idx)
             raise
 
     def attach_backward_step(self, model: nn.Module) -> None:

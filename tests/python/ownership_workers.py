@@ -184,6 +184,28 @@ def mismatched_owned_matrices(rank: int, world: int) -> str:
     return "no error"
 
 
+def a_failed_check_then_training_goes_on(rank: int, world: int, failing_step: int) -> dict:
+    """Rank 1's options are bad at step `failing_step` only (1: the step that makes the
+    runtime, 2: a later one): every rank raises, the owned gradients of that window are
+    dropped on every rank, and the next steps train."""
+    torch.manual_seed(0)
+    model = _Deep(width=16, depth=3)
+    dmuon.own_matrices(model, bucket_size_mb=0.0001, replicate_others=True)
+    opt = dmuon.DMuon(model, lr=0.01)
+    errors = []
+    for step in range(1, 4):
+        opt.zero_grad()
+        model(torch.randn(4, 16, generator=torch.Generator().manual_seed(step))).square().mean().backward()
+        if step == failing_step and rank == 1:
+            opt.param_groups[0]["lr"] = -1.0
+        try:
+            opt.step()
+        except RuntimeError as error:
+            errors.append(str(error))
+        opt.param_groups[0]["lr"] = 0.01
+    return {"errors": errors, "steps": opt.param_groups[0]["num_steps"]}
+
+
 def dead_rank_during_backward(rank: int, world: int) -> str:
     """Rank 1 exits after two steps; rank 0's third step fails naming the step and the
     collective within the collective timeout instead of hanging."""

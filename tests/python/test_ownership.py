@@ -100,6 +100,18 @@ def test_a_bad_value_on_one_rank_raises_or_skips_everywhere_and_changes_nothing(
             assert max(r["distance_to_clean_run"].values()) == 0.0, (rank, r["distance_to_clean_run"])
 
 
+@pytest.mark.parametrize("failing_step", [1, 2])
+def test_a_step_refused_on_one_rank_drops_its_window_everywhere_and_training_goes_on(failing_step):
+    """One rank's failed check refuses the step on every rank (before the runtime is made,
+    or in its start agreement); the owned gradients of that window go with it, so the next
+    backward reduces afresh and the next steps train on every rank."""
+    results = run_distributed(ownership_workers.a_failed_check_then_training_goes_on, 2, failing_step)
+    assert "lr" in results[1]["errors"][0], results[1]
+    assert f"dmuon step {failing_step}: rank 1 failed its checks" in results[0]["errors"][0], results[0]
+    for rank, result in results.items():
+        assert len(result["errors"]) == 1 and result["steps"] == 2, (rank, result)
+
+
 # ----------------------------------------------------------------------- bad inputs
 def test_own_matrices_rejects_bad_arguments():
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))

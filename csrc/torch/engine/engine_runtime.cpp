@@ -193,14 +193,25 @@ EngineStepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
               " momentum buffers for ", n, " Muon parameters");
   DMUON_CHECK(extra_names.size() == extra_grads.size(), "EngineRuntime::step: ", extra_names.size(), " names for ",
               extra_grads.size(), " checked gradients");
-  update_rules(groups);
+  // NOTE: options, tensors that do not fit: this rank's failed checks, agreed like the
+  // caller's (raised here, they would leave the other ranks waiting in the agreement).
+  StepChecks mine = checks;
+  try {
+    update_rules(groups);
+  } catch (const std::exception& error) {
+    mine.error = error.what();
+  }
   // NOTE: the owned matrices' window closes with the step, whatever its outcome, once the
-  // caller's stream has waited for the ops' (the scope below ends first).
+  // caller's stream has waited for the ops' (the scope below ends first). Its buckets are
+  // finished below, before anything can fail; a failed collective has broken the world.
   struct CloseWindow {
     OwnedExchange* owned;
     int64_t step_idx;
     ~CloseWindow() {
-      if (owned) owned->end_window(step_idx);
+      try {
+        if (owned) owned->end_window(step_idx);
+      } catch (...) {
+      }
     }
   } close_window{owned_.get(), step_idx};
   OpsStreamScope scope(*ops_);
@@ -216,9 +227,7 @@ EngineStepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
 
   // Tensors → descriptors. NOTE: gradients are only read: a copy in the parameter's dtype
   // and layout where they differ; parameters and buffers are written in place (through a
-  // contiguous copy, written back, where they are not contiguous). NOTE: a tensor that does
-  // not fit is this rank's failed check, agreed like the caller's.
-  StepChecks mine = checks;
+  // contiguous copy, written back, where they are not contiguous).
   std::vector<at::Tensor> keep;
   std::vector<std::pair<at::Tensor, at::Tensor>> write_back;
   std::vector<step::ParamTensors> tensors(n);

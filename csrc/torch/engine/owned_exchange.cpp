@@ -193,6 +193,9 @@ void OwnedExchange::progress(bool wait) {
 }
 
 void OwnedExchange::end_window(int64_t step_idx) {
+  // NOTE: every rank issued the same buckets: finished (level 1 issued and waited) before
+  // they are dropped, so that the next window's collectives meet their peers'.
+  progress(true);
   exchange_->end_window();
   step_idx_ = step_idx + 1;
 }

@@ -75,8 +75,9 @@ class OwnedExchange {
   void detach(const void* owner);
   /// Buckets in flight: polled (wait=false) or all finished (the step); hands them over.
   void progress(bool wait);
-  /// The window after a step (its reduced gradients dropped); `step_idx` names the next
-  /// one in errors.
+  /// Closes the window of step `step_idx` (the next one is named in errors): its buckets
+  /// finished, its reduced gradients dropped. After the step, or a step that failed before
+  /// it reached the runtime (collective: every rank closes it).
   void end_window(int64_t step_idx);
 
   int rank() const { return world_->rank(); }
