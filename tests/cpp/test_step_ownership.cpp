@@ -22,7 +22,7 @@ using dmuon::step::Buffer;
 using dmuon::step::CpuOps;
 using dmuon::step::DType;
 using dmuon::step::ExchangeTransports;
-using dmuon::step::LoopbackWorld;
+using dmuon::testing::LoopbackWorld;
 using dmuon::step::OwnedBucket;
 using dmuon::step::OwnedParam;
 using dmuon::step::OwnershipExchange;
