@@ -20,6 +20,7 @@
 #include "ns/cuda/cuda_check.h"
 #include "ns/cuda/elementwise.h"
 #include "ns/cuda/sm90_sym_product.h"
+#include "ns/cuda/tri_sym_product.h"
 
 #ifndef DMUON_VERSION
 #define DMUON_VERSION "unknown"
@@ -171,6 +172,11 @@ void sym_product_with(const SymProductArgs& args, const std::string& config, voi
     mirror_lower(args.dtype, args.d, args.batch, args.m, args.ldd, args.stride_d, stream);
     return;
   }
+  const int64_t block = parse_tri(config);
+  if (block > 0) {
+    tri_sym_product(args, block, lt_workspace, lt_workspace_bytes, stream);
+    return;
+  }
   Sm90SymConfig kernel;
   DMUON_CHECK(Sm90SymConfig::parse(config, &kernel), "symmetric-product configuration: ", sm90_sym_name_rejects(config));
 #if defined(DMUON_WITH_SM90_SYM)
@@ -245,11 +251,11 @@ void Autotuner::record(const TuneKey& key, const TuneEntry& entry) {
 void Autotuner::sym_product(const SymProductArgs& call_args, SymMode mode, void* lt_workspace,
                             size_t lt_workspace_bytes, cudaStream_t stream) {
   const SymProductArgs args = with_scratch(call_args, lt_workspace, lt_workspace_bytes);
-  const bool kernel_mode = mode == SymMode::kKernel;
-  const std::string fallback = sym_default_config(mode);
+  const std::string fallback = sym_default_config(mode, args.m);
   TuneKey key{"sym", args.m, args.m, args.k, args.batch, dtype_name(args.dtype),
-              std::string(args.beta != 0.0 ? "beta" : "nobeta") + (kernel_mode ? "" : ":dense")};
+              std::string(args.beta != 0.0 ? "beta" : "nobeta") + sym_mode_tag(mode)};
   const auto num_lt_algos = [&] {
+    if (!sym_paths(mode).dense) return 0;
     return gemm_num_algos(dense_of(args), args.beta != 0.0 && args.c != nullptr,
                           lt_workspace == nullptr ? 0 : lt_workspace_bytes);
   };
