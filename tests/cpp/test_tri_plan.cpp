@@ -143,7 +143,9 @@ TEST(TriPlan, NamesCandidatesAndDefaults) {
     for (size_t i = 0; i < blocks.size(); ++i) {
       EXPECT_EQ(parse_tri(tri_name(blocks[i])), blocks[i]);
       EXPECT_LT(blocks[i], m);
-      if (i > 0) EXPECT_LT(blocks[i], blocks[i - 1]) << m;
+      if (i > 0) {
+        EXPECT_LT(blocks[i], blocks[i - 1]) << m;
+      }
     }
   }
   EXPECT_EQ(tri_default_block(100), 128);

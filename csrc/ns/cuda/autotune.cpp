@@ -173,6 +173,8 @@ void sym_product_with(const SymProductArgs& args, const std::string& config, voi
     return;
   }
   const int64_t block = parse_tri(config);
+  DMUON_CHECK(block > 0 || config.rfind("tri:", 0) != 0, "symmetric-product configuration ", config,
+              ": the block must be a positive multiple of ", kTriBlockQuantum, " rows");
   if (block > 0) {
     tri_sym_product(args, block, lt_workspace, lt_workspace_bytes, stream);
     return;
