@@ -154,7 +154,8 @@ TEST(AutotuneRules, DmuonSymPathChoosesTheModeAndRefusesWhatCannotRun) {
     return std::string();
   };
   EXPECT_NE(error_of("sm90", false).find("DMUON_SYM_PATH=sm90"), std::string::npos);
-  EXPECT_NE(error_of("tri", true).find("DMUON_SYM_PATH=tri: expected auto, sm90, portable or dense"), std::string::npos);
+  EXPECT_NE(error_of("tri", true).find("DMUON_SYM_PATH=tri: expected auto, sm90, portable or dense"),
+            std::string::npos);
   // Every mode has its own tune-cache keys; kKernel keeps the keys it had.
   std::vector<std::string> tags;
   for (SymMode m : {SymMode::kKernel, SymMode::kDenseMirror, SymMode::kPortable, SymMode::kKernelOnly,

@@ -116,7 +116,8 @@ TEST(TriPlan, PanelsThenMirrorEqualTheWholeProductInFp64) {
       for (int64_t r = 0; r < m; ++r)
         for (int64_t col = 0; col < m; ++col) {
           double acc = 0.0;
-          for (int64_t e = 0; e < k; ++e) acc += a[static_cast<size_t>(r * k + e)] * a[static_cast<size_t>(col * k + e)];
+          for (int64_t e = 0; e < k; ++e)
+            acc += a[static_cast<size_t>(r * k + e)] * a[static_cast<size_t>(col * k + e)];
           ASSERT_EQ(d[static_cast<size_t>(r * m + col)], alpha * acc + beta * c[static_cast<size_t>(r * m + col)])
               << "m=" << m << " block=" << block << " at " << r << "," << col;
         }

@@ -42,8 +42,11 @@ def test_portable_product_matches_fp64(dtype, shape, with_c, operands):
         config = f"tri:{block}"
         c_read = c
         if c is not None:
-            # The C entries outside what the panels cover are NaN: they must not be read.
-            c_read = c.clone()
+            # The C entries outside what the panels cover are NaN: they must not be read. (A copy
+            # with C's padded layout: the padding stays NaN too.)
+            c_read = torch.full((c.shape[0], c.shape[1], c.stride(1)), float("nan"), dtype=c.dtype,
+                                device=c.device)[..., : c.shape[2]]
+            c_read.copy_(c)
             c_read.masked_fill_(upper_outside_diagonal_blocks(shape[1], block), float("nan"))
         # NOTE: D is NaN-poisoned by the op (every element must be written); A's, B's and C's
         # row padding is NaN (gram_problem's padded()).
@@ -104,7 +107,9 @@ def test_dmuon_sym_path_forces_every_product_of_the_step(tmp_path, path, prefix,
     lines = [line for line in run.stderr.splitlines() if line.startswith("dmuon: symmetric products (float16)")]
     assert len(lines) == 1 and log in lines[0], lines
     x, out = torch.load(tmp_path / f"{path}.pt")
-    assert rel(out, reference(x, "gram").float()) <= 0.02
+    expected = reference(x, "gram")
+    baseline = rel(reference(x, "gram", torch.float16), expected)
+    assert rel(out, expected) <= 3.0 * baseline + 1e-3, (path, rel(out, expected), baseline)
 
 
 @needs_backend

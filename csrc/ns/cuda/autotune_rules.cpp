@@ -56,9 +56,10 @@ const char* sym_mode_tag(SymMode mode) {
 
 const char* sym_mode_description(SymMode mode) {
   switch (mode) {
-    case SymMode::kKernel: return "the sm_90a kernel, portable row panels or dense cuBLASLt, tuned per shape";
+    case SymMode::kKernel:
+      return "the sm_90a kernel, portable row panels or dense cuBLASLt, picked per shape by the autotuner";
     case SymMode::kDenseMirror: return "dense cuBLASLt, mirrored";
-    case SymMode::kPortable: return "portable row panels or dense cuBLASLt, tuned per shape";
+    case SymMode::kPortable: return "portable row panels or dense cuBLASLt, picked per shape by the autotuner";
     case SymMode::kKernelOnly: return "the sm_90a kernel only (DMUON_SYM_PATH=sm90)";
     case SymMode::kPortableOnly: return "portable row panels only (DMUON_SYM_PATH=portable)";
   }
