@@ -86,16 +86,6 @@ bool broken_for_testing(const std::string& config) {
   return !prefix.empty() && config.rfind(prefix, 0) == 0;
 }
 
-GemmDesc dense_of(const SymProductArgs& args) {
-  GemmDesc g;
-  g.dtype = args.dtype;
-  g.transpose_b = true;
-  g.batch = args.batch, g.m = args.m, g.n = args.m, g.k = args.k;
-  g.lda = args.lda, g.stride_a = args.stride_a, g.ldb = args.ldb, g.stride_b = args.stride_b;
-  g.ldc = args.ldc, g.stride_c = args.stride_c, g.ldd = args.ldd, g.stride_d = args.stride_d;
-  return g;
-}
-
 // The kernel's scratch (split-K slices) is the cuBLASLt workspace unless the call brings its
 // own. NOTE: both are stream-ordered on the call's stream: never in use by two kernels at once.
 SymProductArgs with_scratch(const SymProductArgs& args, void* workspace, size_t workspace_bytes) {
@@ -166,7 +156,7 @@ void sym_product_with(const SymProductArgs& args, const std::string& config, voi
                       size_t lt_workspace_bytes, cudaStream_t stream) {
   const int lt = parse_lt(config);
   if (lt >= 0) {
-    const GemmDesc g = dense_of(args);
+    const GemmDesc g = dense_desc(args);
     gemm(g, args.alpha, args.a, args.b, args.c == nullptr ? 0.0 : args.beta, args.c, args.d,
          lt_workspace, lt_workspace_bytes, stream, lt);
     mirror_lower(args.dtype, args.d, args.batch, args.m, args.ldd, args.stride_d, stream);
@@ -258,7 +248,7 @@ void Autotuner::sym_product(const SymProductArgs& call_args, SymMode mode, void*
               std::string(args.beta != 0.0 ? "beta" : "nobeta") + sym_mode_tag(mode)};
   const auto num_lt_algos = [&] {
     if (!sym_paths(mode).dense) return 0;
-    return gemm_num_algos(dense_of(args), args.beta != 0.0 && args.c != nullptr,
+    return gemm_num_algos(dense_desc(args), args.beta != 0.0 && args.c != nullptr,
                           lt_workspace == nullptr ? 0 : lt_workspace_bytes);
   };
   if (auto hit = lookup(key)) {

@@ -22,12 +22,8 @@ void tri_sym_product(const SymProductArgs& args, int64_t block, void* lt_workspa
               args.m, ", ", args.k, "]");
   const bool has_c = args.c != nullptr && args.beta != 0.0;
   for (const TriPanel& p : tri_panels(args.m, block)) {
-    GemmDesc g;
-    g.dtype = args.dtype;
-    g.transpose_b = true;
-    g.batch = args.batch, g.m = p.rows, g.n = p.cols, g.k = args.k;
-    g.lda = args.lda, g.stride_a = args.stride_a, g.ldb = args.ldb, g.stride_b = args.stride_b;
-    g.ldc = args.ldc, g.stride_c = args.stride_c, g.ldd = args.ldd, g.stride_d = args.stride_d;
+    GemmDesc g = dense_desc(args);
+    g.m = p.rows, g.n = p.cols;
     gemm(g, args.alpha, rows_into(args.a, p.row0, args.lda), args.b, has_c ? args.beta : 0.0,
          has_c ? rows_into(args.c, p.row0, args.ldc) : nullptr,
          const_cast<void*>(rows_into(args.d, p.row0, args.ldd)), lt_workspace, lt_workspace_bytes, stream);
