@@ -8,7 +8,7 @@ cuBLASLt, then the mirror), the portable row-panel product ("tri:<block>", every
 block, the fastest reported) and, where the GPU runs it, the sm_90a kernel (every built
 configuration, the fastest reported). The ratio to cuBLAS's dense product on the same GPU is
 what carries over to other GPUs. Then dmuon.DMuon.step over the model's Muon matrices with
-DMUON_SYM_PATH forced to each path (tuned in the warm-up steps), timed in turns.
+DMUON_SYM_PATH forced to each path (tuned in the warm-up steps), the first path again last.
 """
 
 from __future__ import annotations
@@ -128,36 +128,36 @@ def product_table(model: str, shapes, iters: int, kernel_configs: list[str]) -> 
 
 
 def step_table(model: str, shapes, paths, iters: int, warmup: int) -> None:
-    """dmuon.DMuon.step with DMUON_SYM_PATH forced to each path, timed in turns."""
+    """dmuon.DMuon.step with DMUON_SYM_PATH forced to each path, one optimizer at a time (each
+    holds its own state and graph workspaces), the first path timed again last."""
+    import gc
+
     import dmuon
 
     params = [torch.randn(*((b,) if b > 1 else ()), r, c, device="cuda") * 0.02 for b, r, c in shapes]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
-    steps = {}
+    print(f"\nmodel {model}: dmuon.DMuon.step ({len(params)} Muon tensors), median ms; x: time / the first path")
     saved = os.environ.get("DMUON_SYM_PATH")
+    first = None
     try:
-        for path in paths:
+        for path in list(paths) + [paths[0]]:
             # NOTE: the knob is read when the step's CUDA ops are made (the optimizer's first step).
             os.environ["DMUON_SYM_PATH"] = path
-            opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0,
-                              execution=dmuon.Execution(cost_model="analytic"))
+            opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, execution=dmuon.Execution(cost_model="analytic"))
             # NOTE: the first steps tune every product of this path and capture the graphs.
-            for _ in range(max(warmup, 4)):
-                opt.step()
-            torch.cuda.synchronize()
-            steps[f"DMUON_SYM_PATH={path}"] = opt.step
+            ms = cuda_time_ms(opt.step, max(warmup, 4), iters)
+            first = ms if first is None else first
+            print(f"  DMUON_SYM_PATH={path:10s} {ms:9.2f} ms {ms / first:6.2f}x", flush=True)
+            del opt
+            gc.collect()
+            torch.cuda.empty_cache()
     finally:
         if saved is None:
             os.environ.pop("DMUON_SYM_PATH", None)
         else:
             os.environ["DMUON_SYM_PATH"] = saved
-    timed = interleaved_ms(steps, iters, rounds=3)
-    base = timed.get("DMUON_SYM_PATH=dense", float("nan"))
-    print(f"\nmodel {model}: dmuon.DMuon.step ({len(params)} Muon tensors), ms in turns, x: time / dense path")
-    for name, ms in timed.items():
-        print(f"  {name:28s} {ms:9.2f} ms {ms / base:6.2f}x", flush=True)
-    del steps, params
+    del params
     torch.cuda.empty_cache()
 
 
