@@ -60,8 +60,9 @@ SymMode choose_sym_mode(const std::string& forced, bool kernel_usable, bool sym_
 std::string sym_default_config(SymMode mode, int64_t m);
 
 /// Below this m an untuned product takes the dense path rather than the portable one.
-/// NOTE: the half-work products pay off on large products (the target is m ≥ 1024); below,
-/// the panels' extra launches weigh as much as the FLOPs saved.
+/// NOTE: not measured yet: below it a product of the NS step takes tens of microseconds, where
+/// the portable product's extra launches (one GEMM per panel, then the mirror) may cost what
+/// its saved FLOPs gain; the tuner measures both wherever it runs.
 inline constexpr int64_t kPortableDefaultMinM = 1024;
 
 /// Whether a call may tune now: the tuner is on (DMUON_AUTOTUNE) and the stream is not
