@@ -164,6 +164,10 @@ class BackwardStep:
             self._index = {id(p): i for i, (_, p) in enumerate(self.opt._muon_params())}
         return self._index
 
+    def forget_params(self) -> None:
+        """The Muon parameters changed (added, or their objects replaced: dmuon.params)."""
+        self._index = None
+
     def params_final(self, params: list[torch.Tensor]) -> None:
         """These parameters' gradients are final on this rank: their matrices to the engine.
         NOTE: recorded as a host range for torch.profiler (`bench e2e --profile` sums them)."""

