@@ -3,8 +3,9 @@ routed where it is), followed through replaced parameter objects.
 
 Frameworks replace parameter objects and keep the module's structure: Accelerate's FSDP2
 ``prepare`` puts a fresh ``nn.Parameter`` into the module and into ``param_groups``; so do
-``fully_shard`` after the optimizer is made (its caller then re-points the groups),
-``to_empty`` and ``load_state_dict(..., assign=True)``. The registry keeps each entry by
+``fully_shard`` after the optimizer is made, ``to_empty`` from the meta device and
+``load_state_dict(..., assign=True)`` once their caller re-points ``param_groups`` at the
+module's new parameters (as for any torch optimizer). The registry keeps each entry by
 its place in ``param_groups`` (group and position, by name where the group carries
 ``param_names``). When the groups hold other objects than it saw (the ids of their params
 lists, compared once per step), it hands each entry, and the optimizer state, to the object
