@@ -70,8 +70,6 @@ void register_dist_bindings(py::module_& m) {
            "col_blocks: equal column blocks, each orthogonalized as a matrix of its own (0: none); "
            "placements: per mesh dim ('replicate' | 'shard' | 'strided_shard', tensor dim, split factor); "
            "rank_coords: per rank of the group its mesh coordinates ([] outside the mesh)")
-      .def_property_readonly("placed_on_mesh", [](const dist::ParamLayout& l) { return l.mesh.has_value(); })
-      .def("describe_placements", [](const dist::ParamLayout& l) { return l.mesh ? l.mesh->describe() : std::string(); })
       .def("rank_boxes", [](const dist::ParamLayout& l, int world, const std::string& what) {
              std::vector<std::vector<std::pair<int64_t, int64_t>>> out;
              for (const dist::Box& box : l.rank_boxes(world, what)) {
@@ -87,8 +85,6 @@ void register_dist_bindings(py::module_& m) {
       .def_readonly("row_blocks", &dist::ParamLayout::row_blocks)
       .def_readonly("transposed", &dist::ParamLayout::transposed)
       .def_readonly("col_blocks", &dist::ParamLayout::col_blocks)
-      .def_property_readonly("matrix_cols", &dist::ParamLayout::matrix_cols)
-      .def_property_readonly("matrix_rows", &dist::ParamLayout::matrix_rows)
       .def_property_readonly("cols", &dist::ParamLayout::cols)
       .def_property_readonly("num_matrices", &dist::ParamLayout::num_matrices)
       .def_property_readonly("uniform", &dist::ParamLayout::uniform)
@@ -98,12 +94,7 @@ void register_dist_bindings(py::module_& m) {
         return out;
       })
       .def("validate", [](const dist::ParamLayout& l, const std::string& what) { l.validate(what.c_str()); },
-           py::arg("what"))
-      .def("rank_rows", [](const dist::ParamLayout& l, int world) {
-        std::vector<std::pair<int64_t, int64_t>> out;
-        for (const auto& b : l.rank_rows(world)) out.emplace_back(b.begin, b.count);
-        return out;
-      });
+           py::arg("what"));
 
   py::class_<StepStats>(d, "StepStats")
       .def_readonly("momentum_s", &StepStats::momentum_s)
