@@ -40,8 +40,8 @@ bool same_rule(const step::GroupRule& a, const step::GroupRule& b) {
 // that is not between 1 and 8.
 int stream_count(std::optional<int64_t> requested) {
   if (requested) {
-    DMUON_CHECK(*requested >= 1 && *requested <= 8, "fused_streams must be between 1 and 8 (None: DMUON_FUSED_STREAMS), got ",
-                *requested);
+    DMUON_CHECK(*requested >= 1 && *requested <= 8,
+                "fused_streams must be between 1 and 8 (None: DMUON_FUSED_STREAMS), got ", *requested);
     return static_cast<int>(*requested);
   }
   const int64_t knob = env::get_int("DMUON_FUSED_STREAMS", 2);
