@@ -91,6 +91,27 @@ def test_replaced_parameters_step_as_the_originals(case, replace_after):
     assert all(p in swapped_opt.state for g in swapped_opt.param_groups for p in g["params"])
 
 
+def test_load_state_dict_with_assign_then_repointed_groups_steps_as_the_original():
+    """load_state_dict(..., assign=True) puts new parameter objects into the module; the
+    caller re-points param_groups at them by name (as for any torch optimizer)."""
+    torch.manual_seed(0)
+    plain = TinyGPT2(dim=64)
+    assigned = copy.deepcopy(plain)
+    options = CASES["gpt2_conv1d"][2]
+    plain_opt, assigned_opt = dmuon.DMuon(plain, **options), dmuon.DMuon(assigned, **options)
+    train(plain, plain_opt, gpt2_loss, range(2))
+    train(assigned, assigned_opt, gpt2_loss, range(1))
+    name_of = {id(p): n for n, p in assigned.named_parameters()}
+    assigned.load_state_dict({k: v.clone() for k, v in assigned.state_dict().items()}, assign=True)
+    assigned.lm_head.weight = assigned.wte.weight  # NOTE: assign=True unties them (HF: tie_weights())
+    new = dict(assigned.named_parameters())
+    for group in assigned_opt.param_groups:
+        group["params"] = [new[name_of[id(p)]] for p in group["params"]]
+    train(assigned, assigned_opt, gpt2_loss, range(1, 2))
+    for (name, a), b in zip(assigned.named_parameters(), plain.parameters()):
+        assert torch.equal(a, b), name
+
+
 def test_the_views_that_must_survive_are_the_routed_ones():
     """What the cases above keep: the transposed Conv1D and MHA's three row blocks."""
     gpt2, vit = TinyGPT2(dim=64), TinyViT()
