@@ -268,9 +268,9 @@ OwnerPlan plan_whole_owners(Transport& transport, const std::vector<ParamSpec>& 
   // so that it still gets an owner.
   std::vector<plan::MatrixSpec> matrices;
   for (const ParamSpec& p : params) {
-    const dist::ParamLayout& layout = p.layout;
+    const layout::ParamLayout& layout = p.layout;
     int64_t rows = layout.matrix_rows();
-    for (const dist::RowBlock& block : layout.matrix_blocks()) rows = std::max(rows, block.count);
+    for (const layout::RowBlock& block : layout.matrix_blocks()) rows = std::max(rows, block.count);
     const int64_t numel = layout.numel();
     matrices.push_back({p.name, std::max<int64_t>(1, rows), std::max<int64_t>(1, layout.matrix_cols()),
                         std::max<int64_t>(1, layout.num_matrices()), std::max<int64_t>(1, numel * wire_element_bytes),

@@ -512,8 +512,8 @@ namespace {
 // stage's forward leaves once its items are marked, its NS runs before finish(), returns
 // and apply in commit(). Bit for bit the one-shot step of the same plan on CPU ops.
 
-using dmuon::dist::DimPlacement;
-using dmuon::dist::PlacementKind;
+using dmuon::layout::DimPlacement;
+using dmuon::layout::PlacementKind;
 
 // Sharded (even, uneven, empty shards), a stack, a replica (DDP), bfloat16, and a matrix
 // in 2-D pieces (rows × columns over the mesh).

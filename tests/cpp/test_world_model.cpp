@@ -1,16 +1,16 @@
-// The fake world's model (dist/world_model): agreements, received data, refusals.
+// The fake world's model (layout/world_model): agreements, received data, refusals.
 #include <gtest/gtest.h>
 
 #include "common/check.h"
-#include "dist/world_model.h"
+#include "layout/world_model.h"
 
 namespace {
 
-using dmuon::dist::ExchangeKind;
-using dmuon::dist::FlagOp;
-using dmuon::dist::ReceivedData;
-using dmuon::dist::Transport;
-using dmuon::dist::WorldModel;
+using dmuon::layout::ExchangeKind;
+using dmuon::layout::FlagOp;
+using dmuon::layout::ReceivedData;
+using dmuon::layout::Transport;
+using dmuon::layout::WorldModel;
 
 TEST(WorldModel, FakeSumsAreLocalTimesWorldAndMaxesLocal) {
   const WorldModel fake(Transport::kFake, 3, 8);
@@ -56,7 +56,7 @@ TEST(WorldModel, BadRanksAndRefusedWorkAreNamed) {
         << error.what();
   }
   EXPECT_NO_THROW(WorldModel(Transport::kReal, 0, 2).require_data_movement("publishing weights"));
-  EXPECT_THROW(dmuon::dist::parse_flag_op("min"), dmuon::Error);
+  EXPECT_THROW(dmuon::layout::parse_flag_op("min"), dmuon::Error);
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ namespace {
 
 // Why the engine does not step a parameter of this device, dtype and layout ("" when it does).
 std::string unsupported_reason(const std::string& device_type, const std::string& dtype,
-                               const dist::ParamLayout& layout) {
+                               const layout::ParamLayout& layout) {
   const step::DeviceKind device = device_type == "cuda" ? step::DeviceKind::kCuda : step::DeviceKind::kCpu;
   step::DType type = step::DType::kFloat32;
   if (dtype == "float64") type = step::DType::kFloat64;
@@ -50,7 +50,7 @@ void register_engine_bindings(py::module_& m) {
         "the start agreement alone (collective), before a runtime is made: raises as a step does");
 
   py::class_<EngineRuntime>(e, "EngineRuntime")
-      .def(py::init<const std::string&, std::vector<std::string>, std::vector<dist::ParamLayout>,
+      .def(py::init<const std::string&, std::vector<std::string>, std::vector<layout::ParamLayout>,
                     const std::vector<std::string>&, std::vector<int64_t>, RuntimeOptions,
                     std::shared_ptr<OwnedExchange>, std::vector<int64_t>>(),
            py::arg("group_name"), py::arg("names"), py::arg("layouts"), py::arg("dtypes"), py::arg("group_slot"),
@@ -109,7 +109,7 @@ void register_engine_bindings(py::module_& m) {
       .def_property_readonly("buckets", &EngineRuntime::stage_params)
       .def_property_readonly("last_stats", &EngineRuntime::last_stats)
       .def_property_readonly("transport",
-                             [](const EngineRuntime& r) { return dist::transport_name(r.world_model().transport()); })
+                             [](const EngineRuntime& r) { return layout::transport_name(r.world_model().transport()); })
       .def_property_readonly("options", &EngineRuntime::options)
       .def_property_readonly("stage_layout", &EngineRuntime::stage_layout,
                              "the last step's stages on every rank (dmuon._C.sim.StageLayout) for the projection")

@@ -1,9 +1,9 @@
-// dmuon/dist/world_model.cpp — the fake world's model: agreements and received data.
-#include "dist/world_model.h"
+// dmuon/layout/world_model.cpp — the fake world's model: agreements and received data.
+#include "layout/world_model.h"
 
 #include "common/check.h"
 
-namespace dmuon::dist {
+namespace dmuon::layout {
 
 const char* transport_name(Transport transport) {
   switch (transport) {
@@ -49,4 +49,4 @@ void WorldModel::require_data_movement(const std::string& what) const {
               "what other ranks send would never arrive (rank ", rank_, " of a fake world of ", world_size_, ")");
 }
 
-}  // namespace dmuon::dist
+}  // namespace dmuon::layout

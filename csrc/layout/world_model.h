@@ -1,4 +1,4 @@
-// dmuon/dist/world_model.h — what the other ranks of a step's process group are to this
+// dmuon/layout/world_model.h — what the other ranks of a step's process group are to this
 // process, decided once when a runtime is made.
 //
 // Three transports:
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-namespace dmuon::dist {
+namespace dmuon::layout {
 
 enum class Transport { kSingle, kReal, kFake };
 
@@ -81,4 +81,4 @@ class WorldModel {
   int world_size_ = 1;
 };
 
-}  // namespace dmuon::dist
+}  // namespace dmuon::layout
