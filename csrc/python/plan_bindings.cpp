@@ -5,7 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "bindings.h"
+#include "python/bindings.h"
 #include "plan/layer_spread.h"
 #include "plan/planner.h"
 #include "plan/stage_windows.h"
@@ -13,7 +13,7 @@
 
 namespace py = pybind11;
 
-namespace dmuon::torch_adapter {
+namespace dmuon::bindings {
 
 void register_plan_bindings(py::module_& m) {
   using namespace dmuon::plan;
@@ -230,4 +230,4 @@ void register_plan_bindings(py::module_& m) {
       .def_property_readonly("num_misses", &PlanCache::num_misses);
 }
 
-}  // namespace dmuon::torch_adapter
+}  // namespace dmuon::bindings
