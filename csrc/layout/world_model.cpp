@@ -1,4 +1,4 @@
-// dmuon/layout/world_model.cpp — the fake world's model: agreements and received data.
+// dmuon/layout/world_model.cpp — the fake world's model: agreements and refusals.
 #include "layout/world_model.h"
 
 #include "common/check.h"
@@ -12,12 +12,6 @@ const char* transport_name(Transport transport) {
     case Transport::kFake: return "fake";
   }
   return "unknown";
-}
-
-FlagOp parse_flag_op(const std::string& name) {
-  if (name == "sum") return FlagOp::kSum;
-  if (name == "max") return FlagOp::kMax;
-  DMUON_FAIL("op must be 'sum' or 'max', got '", name, "'");
 }
 
 WorldModel::WorldModel(Transport transport, int rank, int world_size)
@@ -36,11 +30,6 @@ std::vector<int64_t> WorldModel::modelled_agreement(const std::vector<int64_t>& 
   if (op == FlagOp::kSum)
     for (int64_t& value : agreed) value *= world_size_;
   return agreed;
-}
-
-ReceivedData WorldModel::received_data(ExchangeKind kind) const {
-  if (transport_ != Transport::kFake) return ReceivedData::kDelivered;
-  return kind == ExchangeKind::kUpdatesToOwners ? ReceivedData::kSynthetic : ReceivedData::kZeros;
 }
 
 void WorldModel::require_data_movement(const std::string& what) const {

@@ -62,7 +62,6 @@ void register_layout_bindings(py::module_& m) {
            "placements: per mesh dim ('replicate' | 'shard' | 'strided_shard', tensor dim, split factor); "
            "rank_coords: per rank of the group its mesh coordinates ([] outside the mesh)")
       .def_property_readonly("placed_on_mesh", [](const layout::ParamLayout& l) { return l.mesh.has_value(); })
-      .def("describe_placements", [](const layout::ParamLayout& l) { return l.mesh ? l.mesh->describe() : std::string(); })
       .def("rank_boxes", [](const layout::ParamLayout& l, int world, const std::string& what) {
              std::vector<std::vector<std::pair<int64_t, int64_t>>> out;
              for (const layout::Box& box : l.rank_boxes(world, what)) {
@@ -89,13 +88,7 @@ void register_layout_bindings(py::module_& m) {
         return out;
       })
       .def("validate", [](const layout::ParamLayout& l, const std::string& what) { l.validate(what.c_str()); },
-           py::arg("what"))
-      .def("rank_rows", [](const layout::ParamLayout& l, int world) {
-        std::vector<std::pair<int64_t, int64_t>> out;
-        for (const auto& b : l.rank_rows(world)) out.emplace_back(b.begin, b.count);
-        return out;
-      });
-
+           py::arg("what"));
 }
 
 }  // namespace dmuon::bindings

@@ -191,9 +191,6 @@ void register_plan_bindings(py::module_& m) {
   p.def("layer_spread_stats", &layer_spread_stats, py::arg("problem"), py::arg("layer_of"), py::arg("plan"));
 
   // Stage spreading (a step begun from backward): backward windows spread, their stages measured.
-  p.def("backward_stage_windows", &backward_stage_windows, py::arg("problem"), py::arg("stage_bytes"),
-        "window id of every matrix: consecutive matrices from the last down, each window's wire bytes "
-        ">= stage_bytes and >= world_size x its largest matrix (plan/stage_windows.h)");
   p.def(
       "spread_backward_stages",
       [](const Problem& problem, int64_t stage_bytes, Plan plan) {
@@ -215,7 +212,6 @@ void register_plan_bindings(py::module_& m) {
   p.def("plan_stage_loads", &step::plan_stage_loads, py::arg("problem"), py::arg("plan"), py::arg("stage_bytes"),
         py::arg("wire_element_bytes") = 2, py::arg("backward_order") = true, py::arg("windowed") = true,
         "the engine's stages of plan and each rank's NS seconds in them (step/stage_loads.h)");
-  p.def("milp_available", &milp_available);
   py::class_<PlanCache>(p, "PlanCache")
       .def(py::init<std::string>(), py::arg("directory") = "")
       .def(

@@ -157,8 +157,8 @@ StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
 void StepEngine::issue_exchange(Flight& f, const Buffer& send, const ExchangeCounts& counts, const std::string& what,
                                 std::vector<int64_t>& sent_to, std::vector<int64_t>& received_from,
                                 uint64_t synthetic_seed) {
-  // NOTE: a transport that moves nothing leaves the receive buffer as it was. The model
-  // (layout/world_model.h) fills it: synthetic full-rank updates for an owner's NS (an
+  // NOTE: a transport that moves nothing leaves the receive buffer as it was. The fake
+  // world's model (layout/world_model.h) says what arrived: synthetic full-rank updates for an owner's NS (an
   // assembled matrix of zeros would draw less power and time its GEMMs too short),
   // zeros for returned results (the apply's time does not depend on values). Not real
   // work: outside every phase, its time in model_fill_s (timed as EngineOptions::timing says).

@@ -19,7 +19,6 @@ void register_ownership_bindings(py::module_& m) {
 
   o.def("storage_is_allocated", &storage_is_allocated, py::arg("tensor"));
   o.def("free_storage", &free_storage, py::arg("tensor"));
-  o.def("allocate_storage", &allocate_storage, py::arg("tensor"));
 
   py::class_<OwnershipOptions>(o, "Options")
       .def(py::init([](int64_t bucket_bytes, std::string reduce_dtype, std::string solver, std::string device_type,

@@ -1,4 +1,4 @@
-// The fake world's model (layout/world_model): agreements, received data, refusals.
+// The fake world's model (layout/world_model): agreements, refusals.
 #include <gtest/gtest.h>
 
 #include "common/check.h"
@@ -6,9 +6,7 @@
 
 namespace {
 
-using dmuon::layout::ExchangeKind;
 using dmuon::layout::FlagOp;
-using dmuon::layout::ReceivedData;
 using dmuon::layout::Transport;
 using dmuon::layout::WorldModel;
 
@@ -30,14 +28,6 @@ TEST(WorldModel, RealGroupsAgreeByCollectivesNotByTheModel) {
   EXPECT_EQ(WorldModel(Transport::kReal, 0, 1).modelled_agreement({2}, FlagOp::kSum), (std::vector<int64_t>{2}));
 }
 
-TEST(WorldModel, ReceivedDataFollowsTheExchange) {
-  const WorldModel fake(Transport::kFake, 1, 2);
-  EXPECT_EQ(fake.received_data(ExchangeKind::kUpdatesToOwners), ReceivedData::kSynthetic);
-  EXPECT_EQ(fake.received_data(ExchangeKind::kResultsFromOwners), ReceivedData::kZeros);
-  const WorldModel real(Transport::kReal, 1, 2);
-  EXPECT_EQ(real.received_data(ExchangeKind::kUpdatesToOwners), ReceivedData::kDelivered);
-}
-
 TEST(WorldModel, BadRanksAndRefusedWorkAreNamed) {
   try {
     WorldModel(Transport::kFake, 4, 4);
@@ -56,7 +46,6 @@ TEST(WorldModel, BadRanksAndRefusedWorkAreNamed) {
         << error.what();
   }
   EXPECT_NO_THROW(WorldModel(Transport::kReal, 0, 2).require_data_movement("publishing weights"));
-  EXPECT_THROW(dmuon::layout::parse_flag_op("min"), dmuon::Error);
 }
 
 }  // namespace

@@ -9,29 +9,8 @@
 namespace py = pybind11;
 
 namespace dmuon::torch_adapter {
-namespace {
-
-// Why the engine does not step a parameter of this device, dtype and layout ("" when it does).
-std::string unsupported_reason(const std::string& device_type, const std::string& dtype,
-                               const layout::ParamLayout& layout) {
-  const step::DeviceKind device = device_type == "cuda" ? step::DeviceKind::kCuda : step::DeviceKind::kCpu;
-  step::DType type = step::DType::kFloat32;
-  if (dtype == "float64") type = step::DType::kFloat64;
-  else if (dtype == "bfloat16") type = step::DType::kBFloat16;
-  else if (dtype == "float16") type = step::DType::kFloat16;
-  else if (dtype != "float32") return "dtype " + dtype + " is not a Muon dtype";
-  // NOTE: float64 through ATen on every device (engine/aten_float64_ops.h); any row blocks:
-  // each block is an item of its own rows (step/items.h).
-  (void)device, (void)type, (void)layout;
-  return std::string();
-}
-
-}  // namespace
-
 void register_engine_bindings(py::module_& m) {
   py::module_ e = m.def_submodule("engine", "the step engine's torch adapter");
-  e.def("unsupported_reason", &unsupported_reason, py::arg("device_type"), py::arg("dtype"), py::arg("layout"),
-        "why the step engine cannot step such a parameter ('' when it can)");
 
   py::class_<StepChecks>(e, "StepChecks",
                          "what the caller checked before a step, agreed in its start agreement")
