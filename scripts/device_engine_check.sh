@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for issue 26's measurements, before and after the step engine, in one run:
+# One device call for the step engine's before/after figures (BENCHMARKS.md), in one run:
 #   1. build the current tree and a "before" tree (carried as .old_tree: `git archive <commit>`
 #      unpacked there) side by side, each installed into its own directory (no editable
 #      install: the two must not shadow each other);

@@ -205,7 +205,7 @@ void StepEngine::make_plan() {
   }
   const int64_t wire_size = dtype_size(wire_dtype_);
   // NOTE: every item is planned; one whole on some ranks has its home there, and the
-  // planner keeps it there unless moving it balances the loads better (issue 27).
+  // planner keeps it there unless moving it balances the loads better.
   // NOTE: collective over a transport that moves data (rank 0's table); a failure is
   // raised on every rank by the agreement below.
   std::string error;

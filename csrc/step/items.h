@@ -3,7 +3,7 @@
 //
 // An item is one matrix: a 2-D parameter (or one with trailing dims flattened, e.g. a 4-D
 // conv weight [out, in·kh·kw]), one matrix of a 3-D stack (MoE experts: one item per
-// matrix), one row block or one column block of a split parameter (issue 29: a column
+// matrix), one row block or one column block of a split parameter (a column
 // block j of a [rows, k·d] weight is the rows×d item at column j·d). It is planned,
 // exchanged and orthogonalized as a whole by one owner.
 // A piece is what one rank holds of an item: a block, rows [row_begin, row_begin +

@@ -1,4 +1,4 @@
-// Column blocks (issue 29: split_heads=n, split_dim=1, o_proj per head): the item table
+// Column blocks (split_heads=n, split_dim=1, o_proj per head): the item table
 // makes block j of a [rows, k·d] parameter a rows×d item of its own, each rank's piece its
 // rows × the block's columns, strided in the local tensor (rows `local cols` apart); the
 // whole engine (CPU ops, loopback transport) steps them in place against the fp64 Muon

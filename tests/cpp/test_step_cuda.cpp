@@ -838,7 +838,7 @@ TEST(StepCudaEngine, ColumnBlocksAsStridedPiecesMatchFp64Muon) {
   }
 }
 
-// Issue 28's layouts on the CUDA ops: column blocks (TP rowwise), FSDP2's strided shard
+// The mesh layouts on the CUDA ops: column blocks (TP rowwise), FSDP2's strided shard
 // over TP, HSDP and TP replicas, experts whole on a rank, on a 2x2 mesh (world 4, one GPU);
 // replicas must stay bit-identical under the 16-bit wire (gather() throws where not).
 TEST(StepCudaEngine, MeshPlacementsMatchFp64MuonAtWorldFour) {

@@ -135,7 +135,8 @@ TEST(MeshItems, ColumnBlocksReplicaSetsAndSources) {
 }
 
 // ---------------------------------------------------------------- the engine
-// Every layout of issue 28 on a 2x2 mesh (world 4) or a 2x2x2 one (world 8).
+// Every mesh layout (FSDP2, TP, HSDP and their products) on a 2x2 mesh (world 4) or a
+// 2x2x2 one (world 8).
 std::vector<ModelParam> mesh_model(int world) {
   auto placed = [](ModelParam m, MeshPlacement mp) {
     m.mesh = std::move(mp);
@@ -217,7 +218,7 @@ TEST_P(MeshEngine, MatchesFp64MuonAndSendsReplicasOnce) {
     return;
   }
   // Owner mode: every matrix once. NOTE: a matrix some ranks hold whole has its home
-  // there, but the planner may move it when that balances (issue 27); the bytes below
+  // there, but the planner may move it when that balances; the bytes below
   // count whatever it chose.
   EXPECT_EQ(total, int64_t{kSteps} * table.num_items());
   // Bytes: each block the owner lacks arrives once (its lowest holder sends it), and every

@@ -78,7 +78,7 @@ TEST(StepItems, AStackShardedWithinExpertsGivesPiecesWithOffsets) {
   EXPECT_EQ(table.piece(1, 1).local_offset, 0);
 }
 
-// Split orthogonalization (issue 29): every row block is an item of its own; a rank's piece
+// Split orthogonalization: every row block is an item of its own; a rank's piece
 // of a block is the block's rows inside the rank's Shard(0) chunk, so a chunk may hold the
 // end of one block and the start of the next (two pieces at offsets of one local tensor).
 dmuon::layout::ParamLayout row_block_layout(std::vector<int64_t> shape, bool sharded, std::vector<int64_t> blocks) {

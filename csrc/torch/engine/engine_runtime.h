@@ -91,7 +91,7 @@ class EngineRuntime {
   /// nothing is pending or with one rank.
   std::vector<int64_t> agree_results(const std::vector<int64_t>& extra_max = {});
 
-  // ---- The step begun inside backward (issue 27; docs/design/step_engine.md, "Early work").
+  // ---- The step begun inside backward (docs/design/step_engine.md, "Early work").
   /// Opens a step whose parameters may be made ready before step() (which completes it).
   void begin_step(const std::vector<MuonGroupOptions>& groups, int64_t step_idx);
   /// The matrices of parameters `ready` (indices) are final on this rank: their stages'
