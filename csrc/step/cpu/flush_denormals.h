@@ -12,10 +12,12 @@
 namespace dmuon::step::cpu {
 
 // NOTE: a float32 momentum entry whose gradient stays zero decays by μ each step and, from
-// about step 1,500 of a tiny model, into the subnormal range, where every operation on it
-// (the lerp, the NS products) takes a microcode assist: the CPU step went from 0.27–0.31 ms
-// to 1.5–2.2 ms (1,376 subnormal entries by step 2,500); with subnormals flushed it stays
-// flat. A subnormal (|x| < 1.18e-38 in float32, 2.2e-308 in float64) becomes ±0.
+// about step 1,500 of a tiny model (μ = 0.95), into the subnormal range, where it stays (μ·m
+// rounds back to m) and every operation on it (the lerp, the NS products) takes a microcode
+// assist: the CPU step went from 0.27–0.31 ms to 1.5–2.2 ms (1,376 subnormal entries by
+// step 2,500); with subnormals flushed it stays flat. A subnormal (|x| < 1.18e-38 in
+// float32, 2.2e-308 in float64) reads and is written as ±0, so such an entry stops where
+// its decrement (1 − μ)·m would be subnormal (near 2.4e-37 at μ = 0.95).
 class FlushDenormals {
  public:
   FlushDenormals() {
