@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -133,6 +134,14 @@ def _on_rank0(fn: Callable[[], Any], what: str, group: Any) -> Any:
     return value
 
 
+def _dcp(call: Callable[..., None], state: dict[str, Any], path: str, process_group: Any) -> None:
+    """A DCP save or load; in one process without a process group, without DCP's warning
+    that it assumes one process."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        call(state, checkpoint_id=path, process_group=process_group)
+
+
 def save(state: dict[str, Any], directory: str | os.PathLike, *, process_group: Any = None) -> None:
     """torch.distributed.checkpoint.save of `state` (e.g. {"model": msd, "optim": osd} from
     get_state_dict), collective over `process_group`, into a fresh sibling directory marked
@@ -145,7 +154,7 @@ def save(state: dict[str, Any], directory: str | os.PathLike, *, process_group: 
     staging, previous = _siblings(directory)
     _on_rank0(lambda: _prepare(staging, directory, previous), f"preparing to save {directory}", process_group)
     try:
-        dcp.save(state, checkpoint_id=str(staging), process_group=process_group)
+        _dcp(dcp.save, state, str(staging), process_group)
     except CheckpointException as error:
         raise CheckpointError(f"saving {directory} (into {staging}) failed: {error}") from error
 
@@ -176,6 +185,6 @@ def load(state: dict[str, Any], directory: str | os.PathLike, *, process_group: 
 
     path = _on_rank0(resolve, f"checking {directory}", process_group)
     try:
-        dcp.load(state, checkpoint_id=path, process_group=process_group)
+        _dcp(dcp.load, state, path, process_group)
     except CheckpointException as error:
         raise CheckpointError(f"loading {path} failed: {error}") from error

@@ -86,6 +86,26 @@ def test_checkpoint_group_structure_kind_and_options_are_checked_before_loading(
     optimizer.load_state_dict(good)  # the good one still loads
 
 
+@pytest.mark.parametrize("key, value, pattern", [
+    ("exp_avg", float("inf"), r"exp_avg holds NaN or Inf"),
+    ("exp_avg_sq", -1e-3, r"exp_avg_sq holds negative values"),
+    ("momentum_buffer", float("nan"), r"momentum_buffer holds NaN or Inf"),
+], ids=["inf-exp-avg", "negative-exp-avg-sq", "nan-momentum"])
+def test_a_checkpoint_with_unsteppable_state_values_is_refused_by_name(key, value, pattern):
+    # Catches: a load that checks only keys, shapes and dtypes (the next step would write
+    # NaN into the weight).
+    model = TinyDecoder()
+    optimizer = trained(model)
+    bad = copy.deepcopy(optimizer.state_dict())
+    group = 0 if key == "momentum_buffer" else 1
+    first = bad["param_groups"][group]["params"][0]
+    bad["state"][first][key].view(-1)[3] = value
+    before = snapshot(optimizer, model)
+    with pytest.raises(ValueError, match=rf"state of parameter '[\w.]+' .*{pattern}.*nothing was loaded"):
+        optimizer.load_state_dict(bad)
+    assert_unchanged(optimizer, model, before)
+
+
 def test_a_loaded_state_holds_the_checkpoints_values_for_every_parameter():
     # Loaded into an optimizer whose state holds other values (one step of other data):
     # every entry's values come back as saved, and the next step of both is bitwise the
