@@ -177,6 +177,20 @@ TEST(AutotuneCache, ADirectoryAtThePathIsNamedAtLoadAndSave) {
   ::rmdir(path.c_str());
 }
 
+// A FIFO at the path (opening it to read would wait for a writer forever): one warning
+// naming it, and the load returns at once.
+TEST(AutotuneCache, AFifoAtThePathIsNotOpened) {
+  Warnings warnings;
+  const std::string path = temp_path("fifo");
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  TuneCache cache(env_a());
+  EXPECT_FALSE(cache.load(path));
+  ASSERT_EQ(warnings.seen.size(), 1u);
+  EXPECT_NE(warnings.seen[0].find(path + ": not a regular file is at that path"), std::string::npos)
+      << warnings.seen[0];
+  std::remove(path.c_str());
+}
+
 // A read-only directory (entered as an unprivileged user where the test runs as root, who
 // writes anywhere): the save throws naming the file and the reason; the file there is kept.
 TEST(AutotuneCache, AReadOnlyDirectoryIsNamed) {
