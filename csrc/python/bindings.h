@@ -4,7 +4,18 @@
 
 #include <pybind11/pybind11.h>
 
+#include <string>
+
 namespace dmuon::bindings {
+
+/// An option's Python value as the enum E: a str through `Parse` (which names the option in
+/// its error), else the bound enum value itself. Every binding that takes an option parses it
+/// here, once; past the bindings, options are compared only as enums.
+template <typename E, E (*Parse)(const std::string&)>
+E choice(const pybind11::handle& value) {
+  if (pybind11::isinstance<pybind11::str>(value)) return Parse(value.cast<std::string>());
+  return value.cast<E>();
+}
 
 /// Errors, env knobs, NS schedules and the fused step's floor (core_bindings.cpp).
 void register_core_bindings(pybind11::module_& m);

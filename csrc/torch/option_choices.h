@@ -7,18 +7,13 @@
 
 #include <string>
 
+#include "python/bindings.h"
 #include "runtime_options.h"
 #include "step/types.h"
 
 namespace dmuon::torch_adapter {
 
-/// `value` as the enum E: a str through `Parse` (which names the option in its error), else
-/// the bound enum value itself.
-template <typename E, E (*Parse)(const std::string&)>
-E choice(const pybind11::handle& value) {
-  if (pybind11::isinstance<pybind11::str>(value)) return Parse(value.cast<std::string>());
-  return value.cast<E>();
-}
+using bindings::choice;
 
 /// "cpu" | "cuda"; the error names device_type.
 step::DeviceKind parse_device_kind(const std::string& name);
