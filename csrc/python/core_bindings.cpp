@@ -19,6 +19,8 @@ namespace py = pybind11;
 namespace dmuon::bindings {
 namespace {
 
+using torch_adapter::choice;
+
 py::dict step_bound_dict(const ns::StepBound& b) {
   py::dict out;
   out["seconds"] = b.seconds();

@@ -240,6 +240,7 @@ class WorldPool:
         deadline = time.monotonic() + timeout_s
         first_error_at = float("inf")
         not_formed = False
+        died = False  # a process of the task exited: never a world that merely did not form
         try:
             while len(done) + len(errors) < world:
                 if errors and time.monotonic() > first_error_at + _GRACE_AFTER_FAILURE_S:
@@ -264,6 +265,7 @@ class WorldPool:
                             raise RankFailed(f"pooled process {rank} exited with code {p.exitcode}")
                         errors[rank] = f"rank {rank} exited with code {p.exitcode} without reporting"
                         first_error_at = min(first_error_at, time.monotonic())
+                        died = True
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"a {world}-rank run exceeded {timeout_s:.0f} s; ranks that finished: "
                                        f"{sorted(done)}, ranks that failed: {errors}")
@@ -277,7 +279,9 @@ class WorldPool:
             # NOTE: the others' errors too: the lowest rank's is often a consequence (a peer
             # that closed its connection), the cause is then on another rank.
             also = "".join(f"\n(rank {r} failed too:\n{errors[r]})" for r in others)
-            error_type = WorldNotFormed if not_formed else RankFailed
+            # NOTE: a process that died (e.g. of a crash in the last task's teardown) leaves
+            # its peers' connect failing too: a failure, never retried as a world not formed.
+            error_type = WorldNotFormed if not_formed and not died else RankFailed
             raise error_type(f"rank {first} of {world} failed:\n{errors[first]}{also}")
         return done
 

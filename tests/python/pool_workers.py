@@ -68,3 +68,23 @@ def dtensor_op_on_a_2d_mesh(rank: int, world: int, extra_groups: int) -> float:
     # cache; an equal mesh of an earlier task (DeviceMesh compares by ranks and dim names,
     # not by groups) would carry that task's group names, unresolvable now.
     return (t * 2).full_tensor().sum().item()
+
+
+class _KillsItsProcess:
+    """Kills its process by a signal when the garbage collector frees it (a crash in a
+    task's teardown: dist_pool's restore() collects what the task left in cycles)."""
+
+    def __init__(self) -> None:
+        self.cycle = self
+
+    def __del__(self) -> None:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def die_in_teardown(rank: int, world: int) -> int:
+    """Reports, then rank 0's process dies of SIGKILL in the task's teardown."""
+    if rank == 0:
+        _KillsItsProcess()
+    return os.getpid()

@@ -56,6 +56,17 @@ def test_a_failed_task_ends_the_pool_and_the_next_task_gets_new_processes():
 
 
 @pytest.mark.slow
+def test_a_process_that_died_after_its_task_fails_the_next_task_never_retried():
+    # NOTE: its peers cannot connect to it, as when Gloo's connect fails on a loaded
+    # machine; that one is retried on new processes, a dead process is a failure.
+    run_distributed(pool_workers.die_in_teardown, 2)
+    retries = dist_pool.num_retries()
+    with pytest.raises(AssertionError, match="of 2 failed:(.|\n)*rank 0 exited with code -9"):
+        run_distributed(pool_workers.identity, 2)
+    assert dist_pool.num_retries() == retries
+
+
+@pytest.mark.slow
 def test_a_hung_task_is_stopped_at_its_deadline_and_replaced():
     before = run_distributed(pool_workers.identity, 1)
     with pytest.raises(TimeoutError, match="exceeded 3 s"):
