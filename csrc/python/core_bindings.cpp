@@ -19,8 +19,6 @@ namespace py = pybind11;
 namespace dmuon::bindings {
 namespace {
 
-using torch_adapter::choice;
-
 py::dict step_bound_dict(const ns::StepBound& b) {
   py::dict out;
   out["seconds"] = b.seconds();
