@@ -30,7 +30,7 @@ from dmuon.group_options import (ADAMW_OPTION_NAMES, COUNTER_KEYS, as_adamw_grou
 from dmuon.normuon import normuon_state_like
 from dmuon.ownership import ownership_of
 from dmuon.qk_clip import QKClip
-from dmuon.param_groups import initial_groups
+from dmuon.param_groups import check_names_recorded, group_params, initial_groups, resolve_adamw_keys
 from dmuon.routing import MatrixView, default_batch_dims, route_params
 from dmuon.routing_summary import RoutingSummary, announce, entries_of
 from dmuon.split_options import SPLIT_DEFAULTS, split_key, split_view
@@ -77,7 +77,9 @@ class DMuon(torch.optim.Optimizer):
     ``ns_steps=…``, ``bucket_size_mb=…``, ``nonfinite=…``; dmuon.config.FLAT_OPTIONS) set
     the same fields; one that differs from a dataclass passed with it is an error.
     AdamW options (groups with ``use_muon=False``): ``adamw_lr`` (default: ``lr``),
-    ``adamw_betas``, ``adamw_eps``, ``adamw_weight_decay`` (default: ``weight_decay``).
+    ``adamw_betas``, ``adamw_eps``, ``adamw_weight_decay`` (default: ``weight_decay``); in
+    param groups that DMuon routes, ``adamw_lr`` wins over a group's ``lr`` for the AdamW part
+    (:mod:`dmuon.param_groups`, also for torch.optim's ``param_names``/``fused``/``foreach``).
     ``execution.nonfinite``: "raise" (error naming the parameter and step) or "skip" (the
     step changes nothing and is counted in ``num_skipped_steps``).
 
@@ -154,7 +156,7 @@ class DMuon(torch.optim.Optimizer):
         self._verified_state: dict[int, tuple] = {}  # id(param) → ids of its state tensors checked
         self._group = None  # the Muon parameters' process group (None: one process)
         self._placement_cache = None  # (ids of the Muon parameters, their placements, the group)
-        initial = initial_groups(params, muon_filter)
+        initial = initial_groups(params, muon_filter, {"lr": adamw_lr, "weight_decay": adamw_weight_decay})
         for r in initial.routes.values():
             self._param_names[id(r.param)] = r.name
             self._reasons[id(r.param)] = r.reason
@@ -216,15 +218,9 @@ class DMuon(torch.optim.Optimizer):
         group_idx = len(self.param_groups)
         if "params" not in group:
             raise ValueError(f"param group {group_idx} has no 'params'")
-        params = group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
-        names, tensors, entries = [], [], []
-        for idx, item in enumerate(params):
-            name, param = item if isinstance(item, tuple) else (None, item)
-            name = name or self._param_names.get(id(param))
-            entries.append(param if name is None else (name, param))
-            names.append(name or f"param_groups[{group_idx}].params[{idx}]")
-            tensors.append(param)
+        given = group_params(group, group_idx, lambda p: self._param_names.get(id(p)))
+        names, tensors, entries = given.names, given.tensors, given.entries
+        check_names_recorded(self.param_groups, given.named, group_idx, names)
         for name, param in zip(names, tensors):
             self._validate_param(name, param, None)
         routed = {id(r.param): r for r in route_params(entries, prefix=f"param_groups[{group_idx}].params",
@@ -238,12 +234,16 @@ class DMuon(torch.optim.Optimizer):
                                  f"({other!r}); set use_muon=True or False, or pass two groups")
             group["use_muon"] = next(iter(kinds.values())) if kinds else True
         use_muon = bool(group["use_muon"])
+        resolve_adamw_keys(group, group_idx)
         check_unknown_keys(group, group_idx, use_muon)
         for key, value in (self._muon_defaults if use_muon else self._adamw_defaults).items():
             group.setdefault(key, value)
         for key in COUNTER_KEYS:
             group.setdefault(key, 0)
         group["params"] = tensors
+        group.pop("param_names", None)
+        if given.named:
+            group["param_names"] = names  # NOTE: as torch.optim records them (torchtitan's checkpoint reads them)
         for name, param in zip(names, tensors):
             self._param_names[id(param)] = name
             self._validate_param(name, param, use_muon)
@@ -331,7 +331,9 @@ class DMuon(torch.optim.Optimizer):
     @torch.no_grad()
     def init_state(self) -> None:
         """Creates every state entry a step would create (zeros), without stepping: the
-        target structure for loading a checkpoint into a fresh optimizer."""
+        target structure for loading a checkpoint into a fresh optimizer. NOTE: no collective
+        and no counter changes: what it creates follows from the param groups alone (the same
+        on every rank), and a step from it computes what a step from no state does."""
         handle = self._ownership
         for group in self.param_groups:
             for p in group["params"]:
@@ -341,6 +343,8 @@ class DMuon(torch.optim.Optimizer):
                         continue  # the owner holds it (materialized() shares it)
                     if "momentum_buffer" not in state:
                         state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    if group.get("normuon") and "normuon_v" not in state:
+                        state["normuon_v"] = normuon_state_like(p, self._views[id(p)].batch_dims)
                 else:
                     self._adamw_state(p)
 
