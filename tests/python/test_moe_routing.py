@@ -4,6 +4,7 @@ on one process and sharded by FSDP2 over 2 Gloo ranks), and a 1×H gate goes to 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -50,9 +51,12 @@ def test_a_bare_one_row_matrix_goes_to_adamw():
     assert [r.use_muon for r in routed] == [False, False, True]
 
 
-def test_fused_gate_up_steps_bit_for_bit_as_separate_gate_and_up_stacks():
-    fused, split = moe_models.pair(seed=1)
-    inputs = lambda step: torch.randn(6, H, generator=torch.Generator().manual_seed(step))  # noqa: E731
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+def test_fused_gate_up_steps_bit_for_bit_as_separate_gate_and_up_stacks(device):
+    """On CUDA the same [I, H] matrices meet in the same batches either way (2E of them)."""
+    fused, split = (m.to(device) for m in moe_models.pair(seed=1))
+    inputs = lambda step: torch.randn(6, H, generator=torch.Generator().manual_seed(step)).to(device)  # noqa: E731
     moe_models.train_pair(fused, split, 4, lambda m: dmuon.DMuon(m, lr=0.05, weight_decay=0.1), inputs)
     gate, up = fused.experts.gate_up_proj.detach().chunk(2, dim=1)
     assert torch.equal(gate, split.experts.gate_proj.detach())
