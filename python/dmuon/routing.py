@@ -29,9 +29,9 @@ tokens, heads by name or vocabulary size, the last ``….weight`` of a list with
 embeddings, matrices of one row or column, fused ``gate_up_proj`` stacks); other matrices go
 to Muon by shape, as for bare tensors.
 
-Rules for bare tensors (`route_params`): by shape (``ndim ≥ 2`` → Muon, except a matrix of
-one row or column; 3-D: a stack of matrices; ≥ 4-D: a convolution flattened after dim 0),
-with one warning naming the
+Rules for bare tensors (`route_params`): by shape (``ndim ≥ 2`` → Muon, a matrix of one row
+too: without a name its role is unknown; 3-D: a stack of matrices; ≥ 4-D: a convolution
+flattened after dim 0), with one warning naming the
 matrices whose role (embedding, head…) cannot be known without names.
 """
 
@@ -123,11 +123,6 @@ def _names_head(module_path: str) -> str:
 
 
 _VECTOR_REASON = "a matrix of one row or column (a gate with one output): Muon would only normalize it"
-
-
-def _is_vector_like(param: torch.Tensor) -> bool:
-    """A 2-D parameter with a dim of size 1: for Muon a vector (orth(v) = v / |v|)."""
-    return param.dim() == 2 and min(param.shape) == 1
 
 
 def _gate_up_blocks(attr: str, param: torch.Tensor, siblings: dict[str, torch.Tensor]) -> tuple[int, ...]:
@@ -352,11 +347,10 @@ def route_params(params: Iterable[torch.Tensor | tuple[str, torch.Tensor]], pref
         if named:
             routed.extend(route_named([(name, param)]))
             continue
-        use_muon = param.dim() >= 2 and not _is_vector_like(param)
-        reason = ("ndim >= 2 (unnamed: role unknown)" if use_muon else _VECTOR_REASON if param.dim() == 2
-                  else "ndim < 2")
+        use_muon = param.dim() >= 2
         routed.append(RoutedParam(name=name, param=param, use_muon=use_muon,
-                                  batch_dims=default_batch_dims(param) if use_muon else 0, reason=reason,
+                                  batch_dims=default_batch_dims(param) if use_muon else 0,
+                                  reason="ndim >= 2 (unnamed: role unknown)" if use_muon else "ndim < 2",
                                   unnamed=True))
     if warn:
         warn_unnamed_matrices([r for r in routed if r.unnamed and r.use_muon])

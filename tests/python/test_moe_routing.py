@@ -46,9 +46,13 @@ def test_gate_up_stored_in_out_is_not_split():
     assert routes(dmuon.route_module(model))["experts.gate_up_proj"].row_blocks == ()
 
 
-def test_a_bare_one_row_matrix_goes_to_adamw():
-    routed = dmuon.routing.route_params([torch.randn(1, 8), torch.randn(8, 1), torch.randn(4, 8)], "params", warn=False)
-    assert [r.use_muon for r in routed] == [False, False, True]
+def test_one_row_or_column_matrices_go_to_adamw_by_names_and_stay_on_muon_bare():
+    """Named, an [N, 1] matrix too; a bare tensor's role is unknown: its shape decides (Muon)."""
+    pairs = [("gate.weight", torch.randn(1, 8)), ("score_proj.weight", torch.randn(8, 1)), ("w.weight", torch.randn(4, 8)),
+             ("tok_embeddings.weight", torch.randn(16, 8))]
+    assert [r.use_muon for r in dmuon.routing.route_named(pairs)] == [False, False, True, False]
+    routed = dmuon.routing.route_params([torch.randn(1, 8), torch.randn(4, 8)], "params", warn=False)
+    assert [r.use_muon for r in routed] == [True, True]
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
