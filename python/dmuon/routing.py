@@ -26,8 +26,8 @@ Rules for a module (`route_module`), by the module that registers each parameter
 Rules for ``(name, tensor)`` pairs (`route_named`, used for ``named_parameters()`` and named
 param groups): the same rules read from the names (embeddings, positional embeddings and
 tokens, heads by name or vocabulary size, the last ``….weight`` of a list without
-embeddings, matrices of one row or column, fused ``gate_up_proj`` stacks); other matrices go
-to Muon by shape, as for bare tensors.
+embeddings, a ``….weight`` of one row or column, fused ``gate_up_proj`` stacks); other
+matrices go to Muon by shape, as for bare tensors.
 
 Rules for bare tensors (`route_params`): by shape (``ndim ≥ 2`` → Muon, a matrix of one row
 too: without a name its role is unknown; 3-D: a stack of matrices; ≥ 4-D: a convolution
@@ -167,10 +167,12 @@ def _bare_decision(name: str, param: torch.Tensor, expert: bool) -> _Decision:
 
 
 def _linear_decision(module_path: str, out_features: int, in_features: int, head_ids: dict[str, str],
-                     vocab_sizes: set[int], transposed: bool) -> _Decision:
-    """A Linear-like weight (nn.Linear, HF Conv1D, or a `….weight` by name): Muon unless a head
-    or an input projection named like an embedding. `vocab_sizes`: empty when a head was found
-    by name or tying (an MLP's width may equal the vocabulary)."""
+                     vocab_sizes: set[int], transposed: bool, layer_weight: bool = True) -> _Decision:
+    """A Linear-like weight (nn.Linear, HF Conv1D, or a `….weight` by name): Muon unless a head,
+    an input projection named like an embedding or, for a layer's weight, one of one output or
+    input. `vocab_sizes`: empty when a head was found by name or tying (an MLP's width may
+    equal the vocabulary). `layer_weight`: False for a 2-D tensor named otherwise (its role
+    unknown: its shape decides, as for a bare tensor)."""
     head = head_ids.get(module_path) or _names_head(module_path)
     if not head and out_features in vocab_sizes and out_features > in_features:
         head = "output head (out_features equals an embedding's vocabulary)"
@@ -179,7 +181,7 @@ def _linear_decision(module_path: str, out_features: int, in_features: int, head
     components = _components(module_path)
     if _names_embedding(components) or _names_positional(components):
         return _Decision(reason="input embedding projection (by name)")
-    if min(out_features, in_features) == 1:
+    if layer_weight and min(out_features, in_features) == 1:
         return _Decision(reason=_VECTOR_REASON)
     kind = "HF Conv1D weight (stored (in, out): transposed)" if transposed else "Linear weight"
     return _Decision(use_muon=True, reason=kind, transposed=transposed)
@@ -314,7 +316,7 @@ def route_named(pairs: list[tuple[str, torch.Tensor]]) -> list[RoutedParam]:
         elif param.dim() == 2:
             path = module_path if attr == "weight" else name
             d = _linear_decision(path, int(param.shape[0]), int(param.shape[1]), head_ids, vocab_sizes,
-                                 transposed=False)
+                                 transposed=False, layer_weight=attr == "weight")
             if d.use_muon:
                 d.reason = "matrix (by name)"
         elif param.dim() == 3 and _gate_up_blocks(attr, param, siblings[module_path]):
