@@ -1,13 +1,16 @@
 # CUDA: compile the CUDA sources when a toolkit is found (DMUON_CUDA=AUTO) or required (ON).
-# NOTE: sm_90a carries the Hopper-only instructions (wgmma, setmaxnreg); compute_80 PTX is
-# the portable fallback the driver JIT-compiles on any other GPU of compute capability ≥ 8.0.
+# NOTE: SASS for the GPUs users have: A100/A800 (sm_80), RTX 30xx/A10/A40 (sm_86), L4/L40S/RTX
+# 40xx (sm_89), H100/H200 (sm_90a: the Hopper-only instructions, wgmma and setmaxnreg, of the
+# symmetric kernel, which is compiled for it alone: ns/cuda/sources.cmake) and B200/GB200
+# (sm_100); compute_100 PTX for every newer GPU (the driver JIT-compiles it). CUDA 13 dropped
+# the older targets (nvcc --list-gpu-arch starts at compute_75).
 set(DMUON_HAVE_CUDA OFF)
 if(NOT DMUON_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(CMAKE_CUDA_ARCHITECTURES "90a-real;80-virtual")
+      set(CMAKE_CUDA_ARCHITECTURES "80-real;86-real;89-real;90a-real;100-real;100-virtual")
     endif()
     enable_language(CUDA)
     # NOTE: C++17 for CUDA sources: none includes a torch header, and CMake 3.25.1 (Debian

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# One device call for issue 26's measurements, before and after the step engine, in one run:
-#   1. build the current tree and a "before" tree (carried as .old_tree: `git archive <commit>`
+# One device call comparing the current tree with a "before" tree, both built in it:
+#   1. build the current tree and the before tree (carried as .old_tree: `git archive <commit>`
 #      unpacked there) side by side, each installed into its own directory (no editable
 #      install: the two must not shadow each other);
-#   2. the one-GPU step (`bench ns`, DMuon.step and fused AdamW) for Qwen2.5-0.5B/1.5B/7B,
-#      before then after;
-#   3. `bench step --fake-world 4` and `8` for Qwen2.5-7B (rank 0 and the slowest rank), before
-#      and after: the slowest rank's NS against the same matrices on one GPU, peaks;
-# then a short table last.
+#   2. the one-GPU step (`bench ns`, DMuon.step and fused AdamW) for Qwen2.5-0.5B/1.5B/7B;
+#   3. `bench step --fake-world W` for Qwen2.5-7B, W in $WORLDS (default "4 8"): the
+#      planner's slowest rank's owner step, its NS against the same matrices on one GPU, peaks;
+#   4. the weight-ownership mode's training step (`bench e2e --world 1 --model qwen2.5-1.5b`,
+#      dmuon-ownership beside dmuon);
+#   5. the host time of DMuon.step on one rank of fake world 64, Qwen2.5-7B, by phase
+#      (lab/benches/fake_rank_host_profile.py of each tree);
+# each before then after, then a short table last. STAGES picks (default "ns fake e2e host").
 # Usage (device tool, carry [".cutlass", ".old_tree"]): bash scripts/device_engine_check.sh
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -42,19 +45,37 @@ run() {  # label (new|old), timeout, args...
   (cd /tmp && HOME=/tmp/home_$label PYTHONPATH=/tmp/site_$label DMUON_AUTOTUNE_CACHE=/tmp/autotune_$label.txt \
      timeout "$limit" python3 -m dmuon "$@")
 }
-for label in old new; do
+STAGES=" ${STAGES:-ns fake e2e host} "
+stage() { [[ "$STAGES" == *" $1 "* ]]; }
+stage ns && for label in old new; do
   echo "== bench ns ($label)"
   run $label 150 bench ns --model qwen2.5-0.5b --model qwen2.5-1.5b --model qwen2.5-7b --iters 5 --warmup 2 \
     --skip-baselines --sym-shapes 2>&1 | tee "$OUT/ns_$label.log" | grep -E "^model |^dmuon|^torch AdamW" 
 done
-for label in old new; do
-  for world in 4 8; do
+stage fake && for label in old new; do
+  for world in ${WORLDS:-4 8}; do
     echo "== bench step --fake-world $world ($label)"
     run $label 120 bench step --device cuda --model qwen2.5-7b --fake-world $world --gpus-per-node 8 \
       --intra-gbps 2960 --inter-gbps 388 --steps 3 --warmup 1 --json "$OUT/fake_${label}_w$world.json" \
       2>&1 | tee "$OUT/fake_${label}_w$world.log" | grep -E "^owner|^gather|^adamw|^NS of|^planner"
   done
 done
+if stage e2e; then
+  for label in old new; do
+    echo "== bench e2e --world 1, qwen2.5-1.5b ($label)"
+    run $label 200 bench e2e --model qwen2.5-1.5b --world 1 --device cuda --optimizers dmuon-ownership,dmuon \
+      --steps 5 --warmup 2 --seq 1024 --micro-batch 4 --json "$OUT/e2e_$label.json" 2>&1 | tee "$OUT/e2e_$label.log" | tail -12
+  done
+fi
+if stage host; then
+  for label in old new; do
+    echo "== host time of DMuon.step, fake world 64, qwen2.5-7b ($label)"
+    tree=$ROOT; [ $label = old ] && tree=$ROOT/.old_tree
+    (cd /tmp && HOME=/tmp/home_$label PYTHONPATH=/tmp/site_$label DMUON_AUTOTUNE_CACHE=/tmp/autotune_$label.txt \
+       timeout 200 python3 "$tree/lab/benches/fake_rank_host_profile.py" --model qwen2.5-7b --world 64 --device cuda \
+       --steps 10) 2>&1 | tee "$OUT/host_$label.log" | tail -12
+  done
+fi
 echo "=== summary ==="
 for label in old new; do
   echo "-- one GPU ($label): step ms per model"
@@ -66,7 +87,7 @@ out = sys.argv[1]
 print("fake world, qwen2.5-7b, owner (ms; peak GB above the shards: steady / first steps)")
 print(f"{'tree':<5} {'world':>5} {'rank':>5} {'step':>8} {'NS':>8} {'local NS':>9} {'ratio':>6} {'peak':>6} {'1st':>6}")
 for label in ("old", "new"):
-    for world in (4, 8):
+    for world in [int(w) for w in os.environ.get("WORLDS", "4 8").split()]:
         path = os.path.join(out, f"fake_{label}_w{world}.json")
         if not os.path.exists(path):
             print(f"{label:<5} {world:>5}  (no result)"); continue

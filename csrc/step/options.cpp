@@ -7,26 +7,6 @@
 
 namespace dmuon::step {
 
-GroupRule GroupRule::make(double lr, double weight_decay, double momentum, bool nesterov, const std::string& adjust_lr,
-                          const std::string& ns_algorithm, const std::vector<double>& coefficients,
-                          const std::vector<int64_t>& restart_after, double eps) {
-  DMUON_CHECK(!coefficients.empty() && coefficients.size() % 3 == 0,
-              "ns_coefficients must hold 3 numbers (a, b, c) per step, got ", coefficients.size(), " numbers");
-  GroupRule rule;
-  rule.lr = lr;
-  rule.weight_decay = weight_decay;
-  rule.momentum = momentum;
-  rule.nesterov = nesterov;
-  rule.adjust_lr = optim::parse_adjust_lr(adjust_lr);
-  rule.schedule.algorithm = ns::parse_algorithm(ns_algorithm);
-  for (size_t i = 0; i < coefficients.size(); i += 3)
-    rule.schedule.steps.push_back({coefficients[i], coefficients[i + 1], coefficients[i + 2]});
-  for (int64_t r : restart_after) rule.schedule.restart_after.push_back(static_cast<int>(r));
-  rule.schedule.eps = eps;
-  rule.validate();
-  return rule;
-}
-
 void GroupRule::validate() const {
   DMUON_CHECK(std::isfinite(lr) && lr >= 0.0, "lr must be a finite number >= 0, got ", lr);
   DMUON_CHECK(std::isfinite(weight_decay) && weight_decay >= 0.0, "weight_decay must be a finite number >= 0, got ",

@@ -1,6 +1,7 @@
 // dmuon/step/options.h — typed options of the step engine: the math of one param group
 // (GroupRule, with its Newton–Schulz schedule built once) and how the engine runs
-// (EngineOptions). Strings are parsed once, here, with errors that name the option.
+// (EngineOptions). Strings are parsed once, at the boundary (parse_*, here; the Python
+// bindings: csrc/torch/option_bindings.cpp), with errors that name the option.
 #pragma once
 
 #include <cstdint>
@@ -29,11 +30,6 @@ struct GroupRule {
   /// ParamTensors::row_state.
   optim::NormuonRule normuon;
 
-  /// A validated rule; the schedule from ns_algorithm, flattened (a, b, c) coefficients
-  /// per step and the 1-based restart iterations. Errors name the option.
-  static GroupRule make(double lr, double weight_decay, double momentum, bool nesterov, const std::string& adjust_lr,
-                        const std::string& ns_algorithm, const std::vector<double>& coefficients,
-                        const std::vector<int64_t>& restart_after, double eps);
   /// Throws dmuon::Error naming the option that is out of range.
   void validate() const;
   /// Factor of O in p ← p·decay() + update_scale(m, n)·O.

@@ -12,6 +12,7 @@
 #include "common/env.h"
 #include "ns/ns_bound.h"
 #include "ns/schedule.h"
+#include "option_choices.h"
 #include "optim/qk_clip.h"
 
 namespace py = pybind11;
@@ -59,11 +60,12 @@ void register_core_bindings(py::module_& m) {
       });
   m.def(
       "ns_schedule",
-      [](const std::string& algorithm, int num_steps,
+      [](const py::object& algorithm, int num_steps,
          std::optional<std::vector<std::tuple<double, double, double>>> coefficients,
          std::optional<std::vector<int>> restart_after, double eps) {
         DMUON_CHECK(num_steps >= 1, "ns_steps must be at least 1, got ", num_steps);
-        ns::Schedule schedule = ns::default_schedule(ns::parse_algorithm(algorithm), num_steps, eps);
+        ns::Schedule schedule =
+            ns::default_schedule(choice<ns::Algorithm, ns::parse_algorithm>(algorithm), num_steps, eps);
         if (coefficients) {
           DMUON_CHECK(static_cast<int>(coefficients->size()) == num_steps, "ns_coefficients must hold ns_steps=",
                       num_steps, " (a, b, c) triples, got ", coefficients->size());

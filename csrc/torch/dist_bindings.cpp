@@ -1,4 +1,4 @@
-// dmuon._C.dist: parameter layouts, the step runtime's options and statistics, and how
+// dmuon._C.dist: parameter layouts, the step runtime's statistics, and how
 // dmuon treats a process group (the runtime itself: dmuon._C.engine.EngineRuntime).
 #include <pybind11/stl.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
@@ -11,8 +11,6 @@
 #include "common/check.h"
 #include "dist/shard_layout.h"
 #include "dist/world_model.h"
-#include "group_options.h"
-#include "optim/update_rule.h"
 #include "runtime_options.h"
 #include "world_detect.h"
 
@@ -72,8 +70,6 @@ void register_dist_bindings(py::module_& m) {
            "col_blocks: equal column blocks, each orthogonalized as a matrix of its own (0: none); "
            "placements: per mesh dim ('replicate' | 'shard' | 'strided_shard', tensor dim, split factor); "
            "rank_coords: per rank of the group its mesh coordinates ([] outside the mesh)")
-      .def_property_readonly("placed_on_mesh", [](const dist::ParamLayout& l) { return l.mesh.has_value(); })
-      .def("describe_placements", [](const dist::ParamLayout& l) { return l.mesh ? l.mesh->describe() : std::string(); })
       .def("rank_boxes", [](const dist::ParamLayout& l, int world, const std::string& what) {
              std::vector<std::vector<std::pair<int64_t, int64_t>>> out;
              for (const dist::Box& box : l.rank_boxes(world, what)) {
@@ -89,8 +85,6 @@ void register_dist_bindings(py::module_& m) {
       .def_readonly("row_blocks", &dist::ParamLayout::row_blocks)
       .def_readonly("transposed", &dist::ParamLayout::transposed)
       .def_readonly("col_blocks", &dist::ParamLayout::col_blocks)
-      .def_property_readonly("matrix_cols", &dist::ParamLayout::matrix_cols)
-      .def_property_readonly("matrix_rows", &dist::ParamLayout::matrix_rows)
       .def_property_readonly("cols", &dist::ParamLayout::cols)
       .def_property_readonly("num_matrices", &dist::ParamLayout::num_matrices)
       .def_property_readonly("uniform", &dist::ParamLayout::uniform)
@@ -100,52 +94,7 @@ void register_dist_bindings(py::module_& m) {
         return out;
       })
       .def("validate", [](const dist::ParamLayout& l, const std::string& what) { l.validate(what.c_str()); },
-           py::arg("what"))
-      .def("rank_rows", [](const dist::ParamLayout& l, int world) {
-        std::vector<std::pair<int64_t, int64_t>> out;
-        for (const auto& b : l.rank_rows(world)) out.emplace_back(b.begin, b.count);
-        return out;
-      });
-
-  py::class_<RuntimeOptions>(d, "RuntimeOptions")
-      .def(py::init([](std::string mode, int64_t bucket_bytes, std::string wire_dtype,
-                       std::string solver, std::string device_type, bool profile, std::string cost_model,
-                       std::vector<ns::Schedule> cost_schedules, int64_t fused_streams, std::string plan_source,
-                       bool record_timeline, std::optional<int64_t> pipeline_depth,
-                       std::optional<int64_t> ns_batch_mb, std::optional<bool> cuda_graphs, bool backward_order) {
-             return RuntimeOptions{std::move(mode),        bucket_bytes, std::move(wire_dtype),
-                                   std::move(solver),      std::move(device_type), profile,
-                                   std::move(cost_model),  std::move(cost_schedules), fused_streams,
-                                   std::move(plan_source), record_timeline,
-                                   pipeline_depth,         ns_batch_mb,  cuda_graphs, backward_order};
-           }),
-           py::arg("mode") = "owner", py::arg("bucket_bytes") = int64_t{64} << 20,
-           py::arg("wire_dtype") = "auto", py::arg("solver") = "milp",
-           py::arg("device_type") = "cpu", py::arg("profile") = false, py::arg("cost_model") = "analytic",
-           py::arg("cost_schedules") = std::vector<ns::Schedule>{},
-           py::arg("fused_streams") = int64_t{0}, py::arg("plan_source") = "auto",
-           py::arg("record_timeline") = false, py::arg("pipeline_depth") = py::none(),
-           py::arg("ns_batch_mb") = py::none(), py::arg("cuda_graphs") = py::none(),
-           py::arg("backward_order") = false)
-      .def_readonly("backward_order", &RuntimeOptions::backward_order)
-      .def_readonly("plan_source", &RuntimeOptions::plan_source)
-      .def_readonly("record_timeline", &RuntimeOptions::record_timeline)
-      .def_readonly("cost_model", &RuntimeOptions::cost_model)
-      .def_readonly("device_type", &RuntimeOptions::device_type);
-
-  py::class_<MuonGroupOptions>(d, "GroupOptions")
-      .def(py::init([](double lr, double weight_decay, double momentum, bool nesterov, std::string adjust_lr,
-                       ns::Schedule schedule, bool normuon, double normuon_beta2, double normuon_eps) {
-             optim::parse_adjust_lr(adjust_lr);  // NOTE: the error names adjust_lr here, not mid-step
-             const optim::NormuonRule rule{normuon, normuon_beta2, normuon_eps};
-             if (normuon) rule.validate();  // names normuon_beta2 / normuon_eps
-             return MuonGroupOptions{lr, weight_decay, momentum, nesterov, std::move(adjust_lr), std::move(schedule),
-                                     rule};
-           }),
-           py::arg("lr"), py::arg("weight_decay"), py::arg("momentum"), py::arg("nesterov"),
-           py::arg("adjust_lr"), py::arg("schedule"), py::arg("normuon") = false, py::arg("normuon_beta2") = 0.95,
-           py::arg("normuon_eps") = 1e-8)
-      .def_readonly("schedule", &MuonGroupOptions::schedule);
+           py::arg("what"));
 
   py::class_<StepStats>(d, "StepStats")
       .def_readonly("momentum_s", &StepStats::momentum_s)

@@ -6,7 +6,10 @@
 #include <torch/python.h>
 
 #include "bindings.h"
+#include "common/check.h"
 #include "engine/owned_exchange.h"
+#include "option_choices.h"
+#include "step_tensors.h"
 #include "storage_control.h"
 
 namespace py = pybind11;
@@ -19,13 +22,14 @@ void register_ownership_bindings(py::module_& m) {
 
   o.def("storage_is_allocated", &storage_is_allocated, py::arg("tensor"));
   o.def("free_storage", &free_storage, py::arg("tensor"));
-  o.def("allocate_storage", &allocate_storage, py::arg("tensor"));
 
   py::class_<OwnershipOptions>(o, "Options")
-      .def(py::init([](int64_t bucket_bytes, std::string reduce_dtype, std::string solver, std::string device_type,
-                       bool spread_layers) {
-             return OwnershipOptions{bucket_bytes, std::move(reduce_dtype), std::move(solver), std::move(device_type),
-                                     spread_layers};
+      .def(py::init([](int64_t bucket_bytes, const std::string& reduce_dtype, const py::object& solver,
+                       const py::object& device_type, bool spread_layers) {
+             const step::DType reduce = parse_step_dtype(reduce_dtype, "reduce_dtype");
+             DMUON_CHECK(reduce != step::DType::kFloat64, "reduce_dtype must be float32, bfloat16 or float16, got float64");
+             return OwnershipOptions{bucket_bytes, reduce, choice<plan::SolverKind, plan::parse_solver>(solver),
+                                     choice<step::DeviceKind, parse_device_kind>(device_type), spread_layers};
            }),
            py::arg("bucket_bytes") = int64_t{25} << 20, py::arg("reduce_dtype") = "float32",
            py::arg("solver") = "milp", py::arg("device_type") = "cpu", py::arg("spread_layers") = true);

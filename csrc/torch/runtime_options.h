@@ -1,50 +1,45 @@
 // dmuon/torch/runtime_options.h — what the torch adapter's step runtime (EngineRuntime) is
-// made with (RuntimeOptions, Python: dmuon.Execution's runtime options) and what it reports
+// made with (RuntimeOptions: the engine's options and what resolves them, Python:
+// dmuon.Execution.runtime_options()) and what it reports
 // of its last step (StepStats, Python: runtime.last_stats).
 #pragma once
 
 #include <cstdint>
 #include <optional>
-#include <string>
 #include <tuple>
 #include <vector>
 
-#include "ns/schedule.h"
 #include "sim/pipeline.h"
+#include "step/options.h"
 
 namespace dmuon::torch_adapter {
 
-/// How the runtime runs; fixed at construction.
+/// What the owner planner balances: FLOP counts, the engine's own timings of each group's
+/// NS batches (step/cost_profile.h), or timings on CUDA and FLOP counts on the CPU.
+enum class CostModel { kAuto, kAnalytic, kProfile };
+
+/// How the runtime runs; fixed at construction. Typed: Python's strings become these enums
+/// once, in the binding (dmuon._C.engine.RuntimeOptions), whose errors name the option.
 struct RuntimeOptions {
-  std::string mode = "owner";       ///< "owner" | "gather"
-  int64_t bucket_bytes = 64 << 20;  ///< wire bytes of one pipeline stage (EngineOptions::stage_bytes; ≤ 0: one stage)
-  std::string wire_dtype = "auto";  ///< "auto" (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
-  std::string solver = "milp";      ///< owner planner: "milp" | "lpt" | "round_robin"
-  std::string device_type = "cpu";  ///< "cpu" | "cuda": cost model and collective buffers
-  bool profile = false;             ///< synchronize the device between phases to time them
-  /// What the owner planner balances: "analytic" (FLOP counts), "profile" (the engine times
-  /// each group's NS batches on its ops, step/cost_profile.h) or "auto" (profile on CUDA).
+  /// The engine's own options as given: mode, wire_dtype, stage_bytes (Python:
+  /// bucket_bytes), solver, backward_order, plan_locally (plan_source "local": every rank
+  /// plans; "auto"/"broadcast": rank 0 plans where the transport moves data) and
+  /// cost.schedules ([group slot] each Muon group's schedule, as "profile" times it). The
+  /// fields below resolve the rest when the runtime is made.
+  step::EngineOptions engine;
+  step::DeviceKind device = step::DeviceKind::kCpu;  ///< cost model and collective buffers
+  bool profile = false;  ///< synchronize the device between phases to time them
   /// Every rank must pass the same.
-  std::string cost_model = "analytic";
-  /// [group slot] the schedule of each Muon group, as "profile" times it.
-  std::vector<ns::Schedule> cost_schedules;
-  /// CUDA streams the step engine's NS batches may spread over (1–8; 0: DMUON_FUSED_STREAMS,
-  /// default 2).
-  int64_t fused_streams = 0;
-  /// Where the plan comes from: "auto" (a fake world: "local", else "broadcast") |
-  /// "broadcast" (rank 0 solves, the others receive it) | "local" (every rank solves it
-  /// deterministically). Either way the ranks agree on its fingerprint.
-  std::string plan_source = "auto";
+  CostModel cost_model = CostModel::kAnalytic;
   /// Record each stage's compute phases (StepStats::bucket_times) for the projection: device
   /// time between marks (step::PhaseTiming::kDevice), or synchronized with `profile`.
   bool record_timeline = false;
   // Code-path switches (Python: dmuon.Execution). Unset: the DMUON_* variable named, read
   // when the runtime is made (common/env.h), else the default.
+  std::optional<int64_t> fused_streams;   ///< DMUON_FUSED_STREAMS (default 2): NS streams, 1–8
   std::optional<int64_t> pipeline_depth;  ///< DMUON_PIPELINE_DEPTH (default 0: twice the world size)
   std::optional<int64_t> ns_batch_mb;     ///< DMUON_NS_BATCH_MB (default 2048): one fused batch's workspace
   std::optional<bool> cuda_graphs;        ///< DMUON_CUDA_GRAPHS (default on): NS replayed as CUDA graphs
-  /// Stages in backward order, for a step begun inside backward (EngineOptions::backward_order).
-  bool backward_order = false;
 };
 
 /// Where the time of the last step went (seconds) and what it moved (bytes, this rank).

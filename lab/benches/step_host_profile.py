@@ -33,7 +33,7 @@ def main() -> None:
               for b, r, c in bench_ns.model_shapes(args.model)]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
-    opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, cost_model="analytic")
+    opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, execution=dmuon.Execution(cost_model="analytic"))
     for _ in range(3):
         opt.step()
     torch.cuda.synchronize()

@@ -82,7 +82,7 @@ def run_fused():
     shapes = [(64, 96), (96, 64), (127, 301), (200, 68), (130, 66), (3, 40, 72)]
     params = [torch.nn.Parameter(torch.randn(*s, device="cuda")) for s in shapes]
     opt = dmuon.DMuon([dict(params=params[:4]), dict(params=params[4:], nesterov=False, ns_algorithm="standard")],
-                      lr=0.02, weight_decay=0.01, ns_steps=2)
+                      lr=0.02, weight_decay=0.01, math=dmuon.MuonMath(ns_steps=2))
     for _ in range(4):
         for p in params:
             p.grad = torch.randn_like(p)

@@ -55,6 +55,7 @@ import torch
 from torch import nn
 
 from dmuon import distributed
+from dmuon.runtime_builder import group_rules
 
 
 def _norms(local_grads: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -163,6 +164,10 @@ class BackwardStep:
             self._index = {id(p): i for i, (_, p) in enumerate(self.opt._muon_params())}
         return self._index
 
+    def forget_params(self) -> None:
+        """The Muon parameters changed (added, or their objects replaced: dmuon.params)."""
+        self._index = None
+
     def params_final(self, params: list[torch.Tensor]) -> None:
         """These parameters' gradients are final on this rank: their matrices to the engine.
         NOTE: recorded as a host range for torch.profiler (`bench e2e --profile` sums them)."""
@@ -179,7 +184,7 @@ class BackwardStep:
         if runtime is None:
             return None
         if not runtime.step_open:
-            group_options, _ = opt._muon_group_options()
+            group_options, _ = group_rules(opt)
             # NOTE: options a check will refuse at step() (on this rank, every rank then
             # raising in the start agreement): no early work. Its owned matrices' work is
             # this rank's alone, so the others may begin theirs.
@@ -213,7 +218,7 @@ class BackwardStep:
         if any(i in self.ready for i in idxs):
             self.discard()  # NOTE: a second synced backward before step(): start over
         if not runtime.step_open:
-            group_options, _ = opt._muon_group_options()
+            group_options, _ = group_rules(opt)
             runtime.begin_step(group_options, opt.param_groups[0]["num_steps"] + 1)
         if self._muon is None:
             self._muon = opt._muon_params()

@@ -5,10 +5,12 @@
                       execution=dmuon.Execution(bucket_size_mb=32, planner="lpt"))
 
 Each is a frozen keyword-only dataclass, checked when it is made (an error names the class
-and the field). DMuon's flat keyword arguments (``momentum=…``, ``bucket_size_mb=…``) keep
-working: :data:`FLAT_OPTIONS` maps each onto its field, and a flat value that differs from
-the dataclass given with it is an error naming both. Param groups may override any
-:class:`MuonMath` field under the same key (``{"params": …, "ns_steps": 7}``).
+and the field). DMuon's flat keyword arguments of earlier releases (``momentum=…``,
+``bucket_size_mb=…``; :data:`FLAT_OPTIONS` maps each onto its field) are deprecated: each
+still sets its field, with one DeprecationWarning per alias and process naming the field to
+use; a flat value that differs from the dataclass given with it is an error naming both.
+Param groups may override any :class:`MuonMath` field under the same key
+(``{"params": …, "ns_steps": 7}``).
 
 The ``None`` fields of :class:`Execution` are the code-path switches left to their default: the
 ``DMUON_*`` variable named in the field's comment overrides them when set, read when the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -143,8 +146,12 @@ class Execution(_Options):
     ns_batch_mb: int | None = None
     cuda_graphs: bool | None = None
     backward_step: bool | None = None
+    # Deprecated, no effect (not a field): see _COST_CACHE_GONE.
+    cost_cache: dataclasses.InitVar[Any] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, cost_cache: Any) -> None:
+        if cost_cache is not None:
+            warn_deprecated("Execution.cost_cache", _COST_CACHE_GONE)
         for name, allowed in (("mode", MODES), ("wire_dtype", WIRE_DTYPES), ("planner", PLANNERS),
                               ("cost_model", COST_MODELS), ("nonfinite", NONFINITE)):
             _check_choice(self, name, allowed)
@@ -162,13 +169,11 @@ class Execution(_Options):
         _check_optional_int(self, "ns_batch_mb", 1)
 
     def runtime_options(self) -> dict[str, Any]:
-        """Keyword arguments of dmuon._C.dist.RuntimeOptions (None: the runtime resolves it)."""
+        """Keyword arguments of dmuon._C.engine.RuntimeOptions (None: the runtime resolves it)."""
         return dict(mode=self.mode, bucket_bytes=int(self.bucket_size_mb * 2**20), wire_dtype=self.wire_dtype,
                     solver=self.planner, cost_model=self.cost_model, profile=self.profile,
-                    record_timeline=self.record_timeline,
-                    fused_streams=self.fused_streams or 0,
-                    pipeline_depth=self.pipeline_depth,
-                    ns_batch_mb=self.ns_batch_mb, cuda_graphs=self.cuda_graphs)
+                    record_timeline=self.record_timeline, fused_streams=self.fused_streams,
+                    pipeline_depth=self.pipeline_depth, ns_batch_mb=self.ns_batch_mb, cuda_graphs=self.cuda_graphs)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -205,7 +210,7 @@ class Ownership(_Options):
         _check_choice(self, "planner", PLANNERS)
 
 
-# Every flat keyword of DMuon that sets a dataclass field: name → (argument, field).
+# The deprecated flat keywords of DMuon, each setting a dataclass field: name → (argument, field).
 FLAT_OPTIONS: dict[str, tuple[str, str]] = {
     **{name: ("math", name) for name in ("momentum", "nesterov", "ns_algorithm", "ns_steps", "ns_coefficients",
                                          "ns_restarts", "eps", "adjust_lr", "normuon", "normuon_beta2",
@@ -213,6 +218,18 @@ FLAT_OPTIONS: dict[str, tuple[str, str]] = {
     **{name: ("execution", name) for name in ("mode", "bucket_size_mb", "wire_dtype", "planner", "cost_model",
                                               "nonfinite")},
 }
+_COST_CACHE_GONE = ("cost_cache has no effect and will be removed: the measured NS costs live in the one "
+                    "measurement store, the autotune cache (DMUON_AUTOTUNE_CACHE)")
+_WARNED: set[str] = set()
+
+
+def warn_deprecated(alias: str, message: str, stacklevel: int = 4) -> None:
+    """One DeprecationWarning per alias and process."""
+    if alias not in _WARNED:
+        _WARNED.add(alias)
+        warnings.warn(message, DeprecationWarning, stacklevel=stacklevel)
+
+
 def with_flat(cls: type, given: Any, arg: str, flat: Mapping[str, Any]) -> Any:
     """`given` (a `cls` or None: the defaults) with the flat keywords `flat` (field → value)
     applied. With a `given` object, a flat value that differs from its field raises
@@ -232,10 +249,20 @@ def with_flat(cls: type, given: Any, arg: str, flat: Mapping[str, Any]) -> Any:
 def merge_flat(math_options: MuonMath | None, execution: Execution | None,
                flat: Mapping[str, Any]) -> tuple[MuonMath, Execution]:
     """The MuonMath and Execution of a DMuon call from the dataclasses given (None: the
-    defaults) and DMuon's flat keywords `flat` (those given: name → value, FLAT_OPTIONS)."""
+    defaults) and DMuon's flat keywords `flat` (those given: name → value, FLAT_OPTIONS; each
+    deprecated, and cost_cache without effect). TypeError naming an unknown keyword."""
+    unknown = sorted(set(flat) - set(FLAT_OPTIONS) - {"cost_cache"})
+    if unknown:
+        raise TypeError(f"DMuon got unexpected keyword argument(s) {unknown}; options are lr, weight_decay, "
+                        f"math, execution, adamw_*, muon_filter, process_group and {sorted(FLAT_OPTIONS)}")
     parts: dict[str, dict[str, Any]] = {"math": {}, "execution": {}}
     for name, value in flat.items():
+        if name == "cost_cache":
+            warn_deprecated(name, _COST_CACHE_GONE)
+            continue
         arg, field = FLAT_OPTIONS[name]
+        cls = "MuonMath" if arg == "math" else "Execution"
+        warn_deprecated(name, f"DMuon's flat keyword {name}= is deprecated; pass {arg}=dmuon.{cls}({field}=...)")
         parts[arg][field] = value
     return (with_flat(MuonMath, math_options, "math", parts["math"]),
             with_flat(Execution, execution, "execution", parts["execution"]))

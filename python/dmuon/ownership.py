@@ -451,3 +451,28 @@ def own_matrices(model: nn.Module, mesh: Any = None,
 def ownership_of(param: torch.Tensor) -> OwnedMatrices | None:
     """The OwnedMatrices that owns `param`, if any."""
     return getattr(param, _ATTR, None)
+
+
+def find_ownership(optimizer: Any) -> OwnedMatrices | None:
+    """The OwnedMatrices of `optimizer`'s owned parameters (at most one), checked complete
+    and attached to it."""
+    handles = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            handle = ownership_of(p)
+            if handle is not None:
+                if not group["use_muon"]:
+                    raise ValueError(f"parameter {optimizer.param_name(p)!r} is owned (dmuon.own_matrices) "
+                                     "but sits in an AdamW group; owned matrices must use Muon")
+                handles[id(handle)] = handle
+    if len(handles) > 1:
+        raise ValueError("DMuon's parameters come from several own_matrices calls; use one per model")
+    if not handles:
+        return None
+    handle = next(iter(handles.values()))
+    mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    missing = [e.name for e in handle._entries if id(e.master) not in mine]
+    if missing:
+        raise ValueError(f"every owned matrix must be in this optimizer, but {missing[:3]} are not")
+    handle._attach(optimizer)
+    return handle

@@ -41,51 +41,36 @@ _ADAMW_ONLY = {"betas", "eps"}
 _GROUP_KEYS = set(MUON_KEYS) | set(ADAMW_KEYS) | set(EXTRA_KEYS) | set(TORCH_KEYS) | set(ADAMW_GROUP_KEYS)
 
 
-@dataclasses.dataclass
-class GroupParams:
-    """A param group's parameters as given, with their names."""
-
-    tensors: list[torch.Tensor]
-    names: list[str]  # every parameter's name (given, known, else its place in the group)
-    entries: list[Any]  # (name, tensor) where the name is given, else the tensor (for routing)
-    named: bool  # every parameter's name is given: the group records param_names
-
-
-def group_params(group: dict[str, Any], group_idx: int,
-                 known_names: Callable[[torch.Tensor], str | None] = lambda p: None) -> GroupParams:
-    """The parameters of `group` (a tensor, tensors or (name, tensor) pairs, named by its
-    ``param_names`` where it has them, else by `known_names`)."""
+def named_entries(group: dict[str, Any], group_idx: int) -> tuple[list[Any], bool]:
+    """The group's ``params`` with its ``param_names`` as (name, tensor) pairs, and whether
+    every parameter has a name given (a pair, or param_names): the group records them."""
     params = group["params"]
     params = [params] if isinstance(params, torch.Tensor) else list(params)
     given = group.get("param_names")
-    if given is not None and (isinstance(given, str) or len(list(given)) != len(params)
-                              or not all(isinstance(n, str) for n in given)):
+    if given is None:
+        return params, all(isinstance(item, tuple) for item in params)
+    if isinstance(given, str) or len(list(given)) != len(params) or not all(isinstance(n, str) for n in given):
         raise ValueError(f"param group {group_idx}: param_names must be one name (str) per parameter of 'params' "
                          f"({len(params)}), got {given!r}")
-    result = GroupParams(tensors=[], names=[], entries=[], named=True)
-    for idx, item in enumerate(params):
-        name, param = item if isinstance(item, tuple) else (None, item)
-        if given is not None:
-            if name is not None and name != given[idx]:
-                raise ValueError(f"param group {group_idx}: parameter {idx} is named {name!r} in 'params' but "
-                                 f"{given[idx]!r} in param_names")
-            name = given[idx]
-        result.named = result.named and name is not None
-        result.entries.append(param if name is None else (name, param))
-        name = name or (known_names(param) if isinstance(param, torch.Tensor) else None)
-        result.names.append(name or f"param_groups[{group_idx}].params[{idx}]")
-        result.tensors.append(param)
-    return result
+    entries = []
+    for idx, (item, name) in enumerate(zip(params, given)):
+        if isinstance(item, tuple):
+            if item[0] != name:
+                raise ValueError(f"param group {group_idx}: parameter {idx} is named {item[0]!r} in 'params' but "
+                                 f"{name!r} in param_names")
+            item = item[1]
+        entries.append((name, item))
+    return entries, True
 
 
-def check_names_recorded(param_groups: list[dict[str, Any]], named: bool, group_idx: int, names: list[str]) -> None:
+def check_names_recorded(param_groups: list[dict[str, Any]], named: bool, group_idx: int, entries: list[Any]) -> None:
     """torch.optim's rule, with the parameter named: groups with param_names and groups
     without are not mixed."""
     if param_groups and ("param_names" in param_groups[0]) != named:
-        unnamed = next((n for n in names if n.startswith("param_groups[")), names[0] if names else "")
+        unnamed = next((i for i, e in enumerate(entries) if not isinstance(e, tuple)), 0)
         raise ValueError(f"param group {group_idx}: " + (
-            f"parameter {unnamed!r} has no name, but this optimizer's groups record param_names (it was built from "
-            "names); pass (name, tensor) pairs or param_names" if not named else
+            f"parameter 'param_groups[{group_idx}].params[{unnamed}]' has no name, but this optimizer's groups record "
+            "param_names (it was built from names); pass (name, tensor) pairs or param_names" if not named else
             "its parameters have names, but this optimizer's groups record none (it was built from bare tensors); "
             "pass bare tensors, as torch.optim requires"))
 
@@ -159,7 +144,7 @@ def _from_group_dicts(items: list[dict[str, Any]], adamw: dict[str, Any]) -> Ini
         if unknown:
             raise ValueError(f"param group {g_idx} has unknown option(s) {unknown}; allowed: "
                              f"{sorted(_GROUP_KEYS - {'params'})}")
-        entries = group_params(item, g_idx).entries
+        entries, _ = named_entries(item, g_idx)
         routed = route_params(entries, prefix=f"param_groups[{g_idx}].params", warn=False)
         if len({r.use_muon for r in routed}) > 1 and any(r.unnamed for r in routed):
             raise ValueError(f"param group {g_idx} mixes matrices and vectors without names; set use_muon=True or "

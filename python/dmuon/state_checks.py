@@ -172,3 +172,18 @@ def _placement_error(entry: dict[str, Any], param: torch.Tensor, use_muon: bool,
         if tuple(value.shape) != tuple(local_param.shape):
             return f"{key} has local shape {_shape(value)} but the parameter's local shape is {_shape(local_param)}"
     return ""
+
+
+def keep_float32_moments(state_dict: dict[str, Any], param_groups: list[dict[str, Any]],
+                         state: dict[torch.Tensor, dict[str, Any]]) -> None:
+    """After torch's load: AdamW moments of float16 parameters from the checkpoint's own
+    values (torch's load cast them to float16, which loses the small second moments)."""
+    saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+    params = [p for g in param_groups for p in g["params"]]
+    for saved_id, p in zip(saved_ids, params):
+        entry = state.get(p)
+        if p.dtype != torch.float16 or not entry or "exp_avg" not in entry:
+            continue
+        for key in ("exp_avg", "exp_avg_sq"):
+            saved = state_dict["state"][saved_id][key]
+            entry[key] = saved.to(dtype=adamw_state_dtype(p)).to(device=entry[key].device)

@@ -18,12 +18,6 @@ double lerp(double self, double end, double weight) {
   return std::abs(weight) < 0.5 ? self + weight * (end - self) : end - (end - self) * (1.0 - weight);
 }
 
-std::vector<double> flatten(const std::vector<ns::Coefficients>& steps) {
-  std::vector<double> out;
-  for (const auto& c : steps) out.insert(out.end(), {c.a, c.b, c.c});
-  return out;
-}
-
 }  // namespace
 
 HostTensor::HostTensor(const std::vector<double>& values, DType dtype)
@@ -247,14 +241,28 @@ EngineRun run_engine(const World& world, const step::EngineOptions& options, con
   return run;
 }
 
+namespace {
+
+// A validated rule of `schedule`; adjust_lr under its Python spelling.
+step::GroupRule rule_of(double lr, double weight_decay, bool nesterov, const char* adjust_lr, ns::Schedule schedule) {
+  step::GroupRule rule;
+  rule.lr = lr, rule.weight_decay = weight_decay, rule.momentum = 0.95, rule.nesterov = nesterov;
+  rule.adjust_lr = optim::parse_adjust_lr(adjust_lr);
+  rule.schedule = std::move(schedule);
+  rule.validate();
+  return rule;
+}
+
+}  // namespace
+
 step::GroupRule gram_rule(double lr, double weight_decay, bool nesterov, const char* adjust_lr) {
-  return step::GroupRule::make(lr, weight_decay, 0.95, nesterov, adjust_lr, "gram",
-                               flatten(ns::polar_express_coefficients(5)), {2}, 1e-7);
+  return rule_of(lr, weight_decay, nesterov, adjust_lr,
+                 ns::Schedule{ns::Algorithm::kGram, ns::polar_express_coefficients(5), {2}, 1e-7});
 }
 
 step::GroupRule standard_rule(double lr, double weight_decay, bool nesterov, const char* adjust_lr) {
-  return step::GroupRule::make(lr, weight_decay, 0.95, nesterov, adjust_lr, "standard",
-                               flatten(ns::keller_jordan_coefficients(5)), {}, 1e-7);
+  return rule_of(lr, weight_decay, nesterov, adjust_lr,
+                 ns::Schedule{ns::Algorithm::kStandard, ns::keller_jordan_coefficients(5), {}, 1e-7});
 }
 
 }  // namespace dmuon::testing

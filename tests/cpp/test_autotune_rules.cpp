@@ -62,8 +62,15 @@ TEST(AutotuneRules, TheFastestTimedCandidateWinsAndFailedRunsNever) {
 }
 
 TEST(AutotuneRules, UntunedCallsRunTheDefaultOfTheirMode) {
-  EXPECT_EQ(sym_default_config(SymMode::kKernel), "sm90:direct:s5:c0");
-  EXPECT_EQ(sym_default_config(SymMode::kDenseMirror), "lt:0");
+  EXPECT_EQ(sym_default_config(SymMode::kKernel, 4096), "sm90:direct:s5:c0");
+  EXPECT_EQ(sym_default_config(SymMode::kKernelOnly, 64), "sm90:direct:s5:c0");
+  EXPECT_EQ(sym_default_config(SymMode::kDenseMirror, 4096), "lt:0");
+  // The portable product from m = 1024 (four panels), or whenever it is forced.
+  EXPECT_EQ(sym_default_config(SymMode::kPortable, 1023), "lt:0");
+  EXPECT_EQ(sym_default_config(SymMode::kPortable, 1024), "tri:256");
+  EXPECT_EQ(sym_default_config(SymMode::kPortable, 4097), "tri:1152");
+  EXPECT_EQ(sym_default_config(SymMode::kPortableOnly, 100), "tri:128");
+  EXPECT_EQ(sym_default_config(SymMode::kPortableOnly, 1001), "tri:256");
   EXPECT_TRUE(may_tune(true, false));
   EXPECT_FALSE(may_tune(false, false));  // DMUON_AUTOTUNE=0
   EXPECT_FALSE(may_tune(true, true));    // a CUDA graph is being captured
@@ -105,6 +112,58 @@ TEST(AutotuneRules, CandidatesAreTheApplicableKernelConfigsThenEveryLtAlgorithm)
   }
 }
 
+TEST(AutotuneRules, EachModeOffersTheCandidatesOfItsPaths) {
+  const std::vector<Sm90SymConfig> configs = sm90_sym_configs();
+  const SymProductArgs args = dmuon::testing::aligned_sym_args(1, 1001, 64, 1008);
+  const std::vector<std::string> tri = {"tri:512", "tri:384", "tri:256", "tri:128"};
+  auto with_lt = [&](std::vector<std::string> names) {
+    names.push_back("lt:0"), names.push_back("lt:1");
+    return names;
+  };
+  EXPECT_EQ(sym_candidates(args, SymMode::kPortable, true, configs, 2, 132), with_lt(tri));
+  EXPECT_EQ(sym_candidates(args, SymMode::kPortableOnly, true, configs, 2, 132), tri);
+  EXPECT_EQ(sym_candidates(args, SymMode::kDenseMirror, true, configs, 2, 132), with_lt({}));
+  // Kernel mode: the kernel's configurations first, then the portable blocks and cuBLASLt.
+  const auto all = sym_candidates(args, SymMode::kKernel, true, configs, 2, 132);
+  ASSERT_GT(all.size(), tri.size() + 2);
+  EXPECT_EQ(std::vector<std::string>(all.end() - 6, all.end()), with_lt(tri));
+  const auto kernel_only = sym_candidates(args, SymMode::kKernelOnly, true, configs, 2, 132);
+  EXPECT_EQ(kernel_only, std::vector<std::string>(all.begin(), all.end() - 6));
+  EXPECT_TRUE(sym_candidates(args, SymMode::kKernelOnly, false, configs, 2, 132).empty());
+  // Too small for two panels: the portable path adds nothing unless it is forced.
+  const SymProductArgs small = dmuon::testing::aligned_sym_args(1, 255, 64, 256);
+  EXPECT_EQ(sym_candidates(small, SymMode::kPortable, true, configs, 1, 132), (std::vector<std::string>{"lt:0"}));
+  EXPECT_EQ(sym_candidates(small, SymMode::kPortableOnly, true, configs, 1, 132),
+            (std::vector<std::string>{"tri:256"}));
+}
+
+TEST(AutotuneRules, DmuonSymPathChoosesTheModeAndRefusesWhatCannotRun) {
+  // auto: the kernel where usable, else portable or dense; sym_kernel=false keeps dense only.
+  EXPECT_EQ(choose_sym_mode("", true, true), SymMode::kKernel);
+  EXPECT_EQ(choose_sym_mode("auto", false, true), SymMode::kPortable);
+  EXPECT_EQ(choose_sym_mode("auto", true, false), SymMode::kDenseMirror);
+  EXPECT_EQ(choose_sym_mode("portable", true, true), SymMode::kPortableOnly);
+  EXPECT_EQ(choose_sym_mode("dense", true, true), SymMode::kDenseMirror);
+  EXPECT_EQ(choose_sym_mode("sm90", true, true), SymMode::kKernelOnly);
+  auto error_of = [](const std::string& forced, bool usable) {
+    try {
+      choose_sym_mode(forced, usable, true);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error_of("sm90", false).find("DMUON_SYM_PATH=sm90"), std::string::npos);
+  EXPECT_NE(error_of("tri", true).find("DMUON_SYM_PATH=tri: expected auto, sm90, portable or dense"),
+            std::string::npos);
+  // Every mode has its own tune-cache keys; kKernel keeps the keys it had.
+  std::vector<std::string> tags;
+  for (SymMode m : {SymMode::kKernel, SymMode::kDenseMirror, SymMode::kPortable, SymMode::kKernelOnly,
+                    SymMode::kPortableOnly})
+    tags.push_back(sym_mode_tag(m));
+  EXPECT_EQ(tags, (std::vector<std::string>{"", ":dense", ":portable", ":sm90-only", ":portable-only"}));
+}
+
 TEST(AutotuneRules, ACachedWinnerRunsAgainOnlyWhereItIsStillACandidate) {
   const std::vector<Sm90SymConfig> configs = sm90_sym_configs();
   const SymProductArgs args = aligned_args();
@@ -129,8 +188,18 @@ TEST(AutotuneRules, ACachedWinnerRunsAgainOnlyWhereItIsStillACandidate) {
   EXPECT_FALSE(cached_sym_winner_applies(experimental, args, SymMode::kKernel, 1, defaults, 132));
   EXPECT_EQ(cached_sym_winner_applies(experimental, args, SymMode::kKernel, 1, sm90_sym_experimental_configs(), 132),
             sm90_sym_experimental_built());
+  // A portable block wherever the mode allows the portable path; cuBLASLt and the kernel
+  // not where another path is forced.
+  EXPECT_TRUE(cached_sym_winner_applies("tri:384", args, SymMode::kPortable, 1, configs, 132));
+  EXPECT_TRUE(cached_sym_winner_applies("tri:384", args, SymMode::kKernel, 1, configs, 132));
+  EXPECT_FALSE(cached_sym_winner_applies("tri:384", args, SymMode::kDenseMirror, 1, configs, 132));
+  EXPECT_FALSE(cached_sym_winner_applies("tri:384", args, SymMode::kKernelOnly, 1, configs, 132));
+  EXPECT_FALSE(cached_sym_winner_applies("lt:0", args, SymMode::kPortableOnly, 1, configs, 132));
+  EXPECT_FALSE(cached_sym_winner_applies("sm90:direct:s5:c0", args, SymMode::kPortable, 1, configs, 132));
+  EXPECT_TRUE(cached_sym_winner_applies("sm90:direct:s5:c0", args, SymMode::kKernelOnly, 1, configs, 132));
   // Names that mean nothing are tuned again.
-  for (const char* name : {"", "lt:", "lt:x", "lt:-1", "lt:1x", "sm90:fancy:s5:c0", "standard"})
+  for (const char* name : {"", "lt:", "lt:x", "lt:-1", "lt:1x", "sm90:fancy:s5:c0", "standard", "tri:", "tri:100",
+                           "tri:0", "tri:12x"})
     EXPECT_FALSE(cached_sym_winner_applies(name, args, SymMode::kKernel, 4, configs, 132)) << name;
   // Dense products: "lt:<i>" with i below the heuristic's count.
   EXPECT_TRUE(cached_gemm_winner_applies("lt:1", 2));

@@ -114,7 +114,7 @@ def mode_matches_reference(rank: int, world: int, mode: str) -> dict:
     if float64:
         # NOTE: no user option makes unequal blocks (routing makes equal ones for fused
         # attention); set the view the runtime is built from, as contract_workers does.
-        opt._views[id(model.layers[-1].weight)] = dmuon.MatrixView(row_blocks=ROW_BLOCKS)
+        opt._params.set_view(model.layers[-1].weight, dmuon.MatrixView(row_blocks=ROW_BLOCKS))
     for step in range(NUM_STEPS):
         targets = _targets(step)
         if float64:

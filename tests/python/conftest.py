@@ -30,6 +30,6 @@ def reference_groups(optimizer, params_by_id: dict[int, torch.Tensor]) -> list[d
     for group in optimizer.param_groups:
         g = {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
         g["params"] = [params_by_id[id(p)] for p in group["params"]]
-        g["batch_dims"] = [optimizer._batch_dims.get(id(p), 0) for p in group["params"]]
+        g["batch_dims"] = [optimizer._params.batch_dims(p) for p in group["params"]]
         groups.append(g)
     return groups

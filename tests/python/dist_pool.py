@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import faulthandler
 import gc
 import multiprocessing as mp
 import os
@@ -160,6 +161,8 @@ def _serve(rank: int, size: int, port: int, tasks, results) -> None:
     """Pooled process `rank` of `size`: tasks (task_id, world, pickled (fn, args), collective
     timeout) until None; it is rank `rank` of each task's world."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank), **_SAFE_ENV)
+    # NOTE: a pooled process that dies of a signal prints every thread's Python stack.
+    faulthandler.enable()
     import torch
     import torch.distributed as dist
 

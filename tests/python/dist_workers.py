@@ -128,7 +128,7 @@ def _reference_like(opt, params: list[torch.Tensor]):
 
     by_id = dict(zip((id(p) for g in opt.param_groups for p in g["params"]), params))
     groups = [{**{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}, "params": [by_id[id(p)] for p in g["params"]],
-               "batch_dims": [opt._batch_dims.get(id(p), 0) for p in g["params"]]} for g in opt.param_groups]
+               "batch_dims": [opt._params.batch_dims(p) for p in g["params"]]} for g in opt.param_groups]
     return ReferenceDMuon(groups)
 
 

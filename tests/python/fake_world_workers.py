@@ -132,7 +132,7 @@ def gloo_local_and_broadcast_plans(rank: int, world: int, solver: str) -> dict[s
         names = [f"w{i}" for i in range(len(shapes))]
         out = {}
         for source in ("broadcast", "local"):
-            options = _C.dist.RuntimeOptions(solver=solver, plan_source=source, bucket_bytes=4096)
+            options = _C.engine.RuntimeOptions(solver=solver, plan_source=source, bucket_bytes=4096)
             runtime = _C.engine.EngineRuntime(dist.group.WORLD.group_name, names, _layouts(shapes),
                                               ["float32"] * len(shapes), [0] * len(shapes), options)
             text = [line for line in runtime.plan_text.splitlines() if not line.startswith("solve_seconds")]
@@ -159,7 +159,7 @@ def gloo_local_plans_that_differ(rank: int, world: int, differs: str) -> str:
         cost_model = "profile"
     if rank == 1 and differs == "buckets":
         bucket_bytes = 512
-    options = _C.dist.RuntimeOptions(solver="lpt", plan_source="local", cost_model=cost_model,
+    options = _C.engine.RuntimeOptions(solver="lpt", plan_source="local", cost_model=cost_model,
                                      cost_schedules=[_C.ns_schedule("gram", 5)], bucket_bytes=bucket_bytes)
     try:
         _C.engine.EngineRuntime(dist.group.WORLD.group_name, [f"w{i}" for i in range(len(shapes))], _layouts(shapes),

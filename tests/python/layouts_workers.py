@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 import dmuon
 from dmuon import distributed as dmuon_distributed
+from dmuon import runtime_builder
 from dmuon.reference import ReferenceDMuon
 
 OPTIONS = dict(lr=0.02, weight_decay=0.1, ns_algorithm="gram", bucket_size_mb=0.0005)
@@ -114,12 +115,12 @@ def _errors(model: nn.Module, reference: nn.Module, initial: dict[str, torch.Ten
 def _boxes_hold_locals(opt: Any) -> dict[str, bool]:
     """Per Muon parameter: whether this rank's local tensor is the box of the full tensor the
     C++ layout gives it (the layout against torch's own placement of the pieces)."""
-    placements, group = opt._placements()
+    placements, group = runtime_builder.placements(opt)
     rank = dist.get_rank(group) if group is not None else 0
     world = dist.get_world_size(group) if group is not None else 1
     out = {}
     for (_, p), placement in zip(opt._muon_params(), placements):
-        layout = opt._layout(p, placement)
+        layout = runtime_builder.layout(opt, p, placement)
         box = layout.rank_boxes(world, opt.param_name(p))[rank]
         full = _full(p)
         index = tuple(slice(b, b + c) for b, c in box)

@@ -151,8 +151,8 @@ def test_the_step_runtime_checks_its_options_itself(field, value, pattern):
     with a message naming them."""
     from dmuon._ops import _C
 
-    options = _C.dist.RuntimeOptions(**{field: value})
     with pytest.raises(RuntimeError, match=pattern):
+        options = _C.engine.RuntimeOptions(**{field: value})
         _C.engine.EngineRuntime("", ["w"], [_C.dist.ParamLayout([4, 6], 0, False)], ["float32"], [0], options)
 
 

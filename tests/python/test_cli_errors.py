@@ -16,6 +16,7 @@ from dmuon.cli.main import cli
     (["bench", "step", "--model", "qwen2.5-0.5b", "--world", "two"], "python -m dmuon bench step",
      "--world must be 'auto' or a positive integer"),
     (["bench", "ns", "--model", "nope"], "python -m dmuon bench ns", "--model 'nope' is not a shipped manifest"),
+    (["bench", "sym", "--step-model", "nope"], "python -m dmuon bench sym", "--model 'nope' is not a shipped manifest"),
     (["bench", "e2e", "--model", "tiny", "--micro-batch", "x"], "python -m dmuon bench e2e",
      "--micro-batch must be 'auto' or a positive integer, got 'x'"),
 ])

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import dmuon
-from dmuon import optimizer as optimizer_module
+from dmuon import runtime_builder
 from dmuon._ops import _C
 from dmuon.config import FLAT_OPTIONS, Execution, MuonMath, Ownership, Preset
 from dmuon.group_options import MATH_KEYS
@@ -143,7 +143,7 @@ def test_param_groups_override_math_fields():
     first, second = model[0], model[2]
     opt = dmuon.DMuon([{"params": [first.weight], "use_muon": True, "ns_steps": 3, "ns_restarts": [1]},
                        {"params": [second.weight], "use_muon": True}], math=MuonMath(ns_steps=6))
-    schedules = [opt._group_schedule(i, g) for i, g in enumerate(opt.param_groups)]
+    schedules = [runtime_builder.group_schedule(opt, i, g) for i, g in enumerate(opt.param_groups)]
     assert [len(s.coefficients) for s in schedules] == [3, 6]
     assert [list(s.restart_after) for s in schedules] == [[1], [2]]
     with pytest.raises(ValueError, match=r"param group 0: ns_restarts must be strictly increasing"):
@@ -169,8 +169,8 @@ def test_presets_are_typed_and_unpack_as_keywords():
 # ----------------------------------------------------- the schedule, built once
 def test_schedule_is_built_when_the_group_is_added_not_per_step(monkeypatch):
     builds = []
-    real = optimizer_module._build_schedule
-    monkeypatch.setattr(optimizer_module, "_build_schedule", lambda key: builds.append(key) or real(key))
+    real = runtime_builder._build_schedule
+    monkeypatch.setattr(runtime_builder, "_build_schedule", lambda key: builds.append(key) or real(key))
     model = make_model()
     opt = dmuon.DMuon(model, lr=0.02)
     assert len(builds) == 1  # one Muon group
@@ -180,7 +180,7 @@ def test_schedule_is_built_when_the_group_is_added_not_per_step(monkeypatch):
     opt.param_groups[0]["ns_steps"] = 3
     trained(model, opt, steps=2)
     assert len(builds) == 2 and builds[-1][1] == 3
-    options, _ = opt._muon_group_options()
+    options, _ = runtime_builder.group_rules(opt)
     assert len(options[0].schedule.coefficients) == 3
 
 
@@ -261,7 +261,7 @@ def _variables_in_sources() -> set[str]:
 def test_every_variable_is_listed_once_and_documented():
     knobs = _C.env_knobs()
     names = [k["name"] for k in knobs]
-    assert len(names) == len(set(names)) == 12
+    assert len(names) == len(set(names)) == 13
     assert _variables_in_sources() == set(names)
     assert sorted(k["name"] for k in knobs if k["kind"] == "override") == sorted(
         ["DMUON_FUSED_STREAMS", "DMUON_PIPELINE_DEPTH", "DMUON_NS_BATCH_MB", "DMUON_CUDA_GRAPHS"])
@@ -299,7 +299,7 @@ def test_a_checkpoint_saved_before_ns_restarts_loads_with_the_default():
     fresh = dmuon.DMuon(fresh_model, lr=0.02)
     fresh.load_state_dict(saved)
     assert fresh.param_groups[0]["ns_restarts"] is None
-    assert list(fresh._group_schedule(0, fresh.param_groups[0]).restart_after) == [2]
+    assert list(runtime_builder.group_schedule(fresh, 0, fresh.param_groups[0]).restart_after) == [2]
     trained(fresh_model, fresh, steps=1)
 
 

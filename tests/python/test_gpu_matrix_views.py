@@ -29,7 +29,7 @@ def test_transposed_and_row_block_views_match_the_reference_on_gpu(algorithm):
     opt = dmuon.DMuon([{"params": list(gpu.items()), "use_muon": True}], lr=0.02, weight_decay=0.1,
                       ns_algorithm=algorithm, adjust_lr="original")
     for n, p in gpu.items():
-        opt._views[id(p)] = views[n]  # NOTE: the views routing gives Conv1D and MHA, set directly
+        opt._params.set_view(p, views[n])  # NOTE: the views routing gives Conv1D and MHA, set directly
     group = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
     refs = []
     for dtype in (torch.float64, torch.float16 if algorithm == "gram" else torch.bfloat16):

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import dmuon
+from dmuon import runtime_builder
 import split_workers as w
 from dist_harness import run_distributed
 
@@ -190,7 +191,7 @@ def test_column_blocks_on_a_mesh_of_several_dims_are_refused():
     tp = Placement(global_shape=(12, 36), sharded=True, group=None, mesh_shape=(2, 2),
                    mesh_placements=(("shard", 0, 1), ("shard", 1, 1)), rank_coords=((0, 0), (0, 1), (1, 0), (1, 1)))
     with pytest.raises(ValueError, match=r"split_heads=4, split_dim=1 for parameter 'o_proj.weight': .*2-D mesh"):
-        optimizer._layout(model.o_proj.weight, tp)
+        runtime_builder.layout(optimizer, model.o_proj.weight, tp)
 
 
 def test_state_dict_round_trip_keeps_whole_momentum():

@@ -20,6 +20,7 @@
 #include "ns/cuda/cuda_check.h"
 #include "ns/cuda/elementwise.h"
 #include "ns/cuda/sm90_sym_product.h"
+#include "ns/cuda/tri_sym_product.h"
 
 #ifndef DMUON_VERSION
 #define DMUON_VERSION "unknown"
@@ -83,16 +84,6 @@ size_t span_bytes(int64_t batch, int64_t rows, int64_t ld, int64_t stride) {
 bool broken_for_testing(const std::string& config) {
   const std::string prefix = env::kAutotuneTestBreak.get();
   return !prefix.empty() && config.rfind(prefix, 0) == 0;
-}
-
-GemmDesc dense_of(const SymProductArgs& args) {
-  GemmDesc g;
-  g.dtype = args.dtype;
-  g.transpose_b = true;
-  g.batch = args.batch, g.m = args.m, g.n = args.m, g.k = args.k;
-  g.lda = args.lda, g.stride_a = args.stride_a, g.ldb = args.ldb, g.stride_b = args.stride_b;
-  g.ldc = args.ldc, g.stride_c = args.stride_c, g.ldd = args.ldd, g.stride_d = args.stride_d;
-  return g;
 }
 
 // The kernel's scratch (split-K slices) is the cuBLASLt workspace unless the call brings its
@@ -165,10 +156,17 @@ void sym_product_with(const SymProductArgs& args, const std::string& config, voi
                       size_t lt_workspace_bytes, cudaStream_t stream) {
   const int lt = parse_lt(config);
   if (lt >= 0) {
-    const GemmDesc g = dense_of(args);
+    const GemmDesc g = dense_desc(args);
     gemm(g, args.alpha, args.a, args.b, args.c == nullptr ? 0.0 : args.beta, args.c, args.d,
          lt_workspace, lt_workspace_bytes, stream, lt);
     mirror_lower(args.dtype, args.d, args.batch, args.m, args.ldd, args.stride_d, stream);
+    return;
+  }
+  const int64_t block = parse_tri(config);
+  DMUON_CHECK(block > 0 || config.rfind("tri:", 0) != 0, "symmetric-product configuration ", config,
+              ": the block must be a positive multiple of ", kTriBlockQuantum, " rows");
+  if (block > 0) {
+    tri_sym_product(args, block, lt_workspace, lt_workspace_bytes, stream);
     return;
   }
   Sm90SymConfig kernel;
@@ -245,12 +243,12 @@ void Autotuner::record(const TuneKey& key, const TuneEntry& entry) {
 void Autotuner::sym_product(const SymProductArgs& call_args, SymMode mode, void* lt_workspace,
                             size_t lt_workspace_bytes, cudaStream_t stream) {
   const SymProductArgs args = with_scratch(call_args, lt_workspace, lt_workspace_bytes);
-  const bool kernel_mode = mode == SymMode::kKernel;
-  const std::string fallback = sym_default_config(mode);
+  const std::string fallback = sym_default_config(mode, args.m);
   TuneKey key{"sym", args.m, args.m, args.k, args.batch, dtype_name(args.dtype),
-              std::string(args.beta != 0.0 ? "beta" : "nobeta") + (kernel_mode ? "" : ":dense")};
+              std::string(args.beta != 0.0 ? "beta" : "nobeta") + sym_mode_tag(mode)};
   const auto num_lt_algos = [&] {
-    return gemm_num_algos(dense_of(args), args.beta != 0.0 && args.c != nullptr,
+    if (!sym_paths(mode).dense) return 0;
+    return gemm_num_algos(dense_desc(args), args.beta != 0.0 && args.c != nullptr,
                           lt_workspace == nullptr ? 0 : lt_workspace_bytes);
   };
   if (auto hit = lookup(key)) {

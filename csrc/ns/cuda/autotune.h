@@ -2,9 +2,10 @@
 // (torch-free). Problem descriptor → candidate configs → checked, timed → winner cached.
 //
 // Candidates per key (op, m, n, k, batch, dtype):
-//   "sym"  symmetric products: every built sm_90a kernel config that applies
-//          ("sm90:<epilogue>:s<stages>:c0") and cuBLASLt's dense product + mirror with each
-//          of the heuristic's algorithms ("lt:<i>");
+//   "sym"  symmetric products, each path where the SymMode allows it: every built sm_90a
+//          kernel config that applies ("sm90:<epilogue>:s<stages>:c0"), the portable
+//          row-panel product with each candidate block ("tri:<block>", tri_plan.h) and
+//          cuBLASLt's dense product + mirror with each of the heuristic's algorithms ("lt:<i>");
 //   "gemm" dense products: cuBLASLt's algorithms ("lt:<i>");
 //   "ns"   Gram vs standard iteration for a Gram schedule ("gram" / "standard").
 // A candidate may win only after matching a dense reference (cuBLASLt's first algorithm,
@@ -52,8 +53,8 @@ class Autotuner {
   bool enabled() const;
 
   /// D = α·A·Bᵀ + β·C (symmetric result) with the tuned configuration of its key; the
-  /// first call of a key measures every candidate on these operands (kKernel mode:
-  /// sm_90a configs and cuBLASLt; kDenseMirror: cuBLASLt algorithms only).
+  /// first call of a key measures every candidate of the paths `mode` allows on these
+  /// operands (sym_candidates, autotune_rules.h).
   void sym_product(const SymProductArgs& args, SymMode mode, void* lt_workspace,
                    size_t lt_workspace_bytes, cudaStream_t stream);
 
@@ -88,7 +89,7 @@ class Autotuner {
                       size_t lt_workspace_bytes, cudaStream_t stream);
 };
 
-/// Run one symmetric product with a named configuration ("sm90:…" or "lt:<i>"); throws
+/// Run one symmetric product with a named configuration ("sm90:…", "tri:<block>" or "lt:<i>"); throws
 /// when it does not apply to args (tests and the tuner).
 void sym_product_with(const SymProductArgs& args, const std::string& config, void* lt_workspace,
                       size_t lt_workspace_bytes, cudaStream_t stream);

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/check.h"
+
 namespace dmuon::ns::cuda {
 
 // NOTE: both sides are fp32-accumulated and rounded once to 16 bits, so they differ by
@@ -30,26 +32,87 @@ int parse_lt(const std::string& config) {
   return value;
 }
 
-std::string sym_default_config(SymMode mode) { return mode == SymMode::kKernel ? Sm90SymConfig{}.name() : "lt:0"; }
+SymPaths sym_paths(SymMode mode) {
+  switch (mode) {
+    case SymMode::kKernel: return {true, true, true};
+    case SymMode::kDenseMirror: return {false, false, true};
+    case SymMode::kPortable: return {false, true, true};
+    case SymMode::kKernelOnly: return {true, false, false};
+    case SymMode::kPortableOnly: return {false, true, false};
+  }
+  return {};
+}
+
+const char* sym_mode_tag(SymMode mode) {
+  switch (mode) {
+    case SymMode::kKernel: return "";
+    case SymMode::kDenseMirror: return ":dense";
+    case SymMode::kPortable: return ":portable";
+    case SymMode::kKernelOnly: return ":sm90-only";
+    case SymMode::kPortableOnly: return ":portable-only";
+  }
+  return "?";
+}
+
+const char* sym_mode_description(SymMode mode) {
+  switch (mode) {
+    case SymMode::kKernel:
+      return "the sm_90a kernel, portable row panels or dense cuBLASLt, picked per shape by the autotuner";
+    case SymMode::kDenseMirror: return "dense cuBLASLt, mirrored";
+    case SymMode::kPortable: return "portable row panels or dense cuBLASLt, picked per shape by the autotuner";
+    case SymMode::kKernelOnly: return "the sm_90a kernel only (DMUON_SYM_PATH=sm90)";
+    case SymMode::kPortableOnly: return "portable row panels only (DMUON_SYM_PATH=portable)";
+  }
+  return "?";
+}
+
+SymMode choose_sym_mode(const std::string& forced, bool kernel_usable, bool sym_kernel) {
+  if (forced.empty() || forced == "auto") {
+    if (!sym_kernel) return SymMode::kDenseMirror;
+    return kernel_usable ? SymMode::kKernel : SymMode::kPortable;
+  }
+  if (forced == "portable") return SymMode::kPortableOnly;
+  if (forced == "dense") return SymMode::kDenseMirror;
+  DMUON_CHECK(forced == "sm90", "DMUON_SYM_PATH=", forced, ": expected auto, sm90, portable or dense");
+  DMUON_CHECK(kernel_usable, "DMUON_SYM_PATH=sm90: the sm_90a symmetric kernel cannot run here (not built, not an "
+              "sm_90 GPU, or its self-check failed)");
+  return SymMode::kKernelOnly;
+}
+
+std::string sym_default_config(SymMode mode, int64_t m) {
+  const SymPaths paths = sym_paths(mode);
+  if (paths.kernel) return Sm90SymConfig{}.name();
+  if (paths.portable && (!paths.dense || m >= kPortableDefaultMinM)) return tri_name(tri_default_block(m));
+  return "lt:0";
+}
 
 bool may_tune(bool enabled, bool capturing) { return enabled && !capturing; }
 
 std::vector<std::string> sym_candidates(const SymProductArgs& args, SymMode mode, bool kernel_built,
                                         const std::vector<Sm90SymConfig>& configs, int num_lt_algos, int num_sms) {
+  const SymPaths paths = sym_paths(mode);
   std::vector<std::string> candidates;
-  if (mode == SymMode::kKernel && kernel_built)
+  if (paths.kernel && kernel_built)
     for (const Sm90SymConfig& c : configs)
       if (sm90_sym_config_rejects(args, c, num_sms).empty()) candidates.push_back(c.name());
-  for (int i = 0; i < num_lt_algos; ++i) candidates.push_back("lt:" + std::to_string(i));
+  if (paths.portable) {
+    std::vector<int64_t> blocks = tri_block_candidates(args.m);
+    if (blocks.empty() && !paths.dense) blocks.push_back(tri_default_block(args.m));
+    for (int64_t block : blocks) candidates.push_back(tri_name(block));
+  }
+  if (paths.dense)
+    for (int i = 0; i < num_lt_algos; ++i) candidates.push_back("lt:" + std::to_string(i));
   return candidates;
 }
 
 bool cached_sym_winner_applies(const std::string& config, const SymProductArgs& args, SymMode mode,
                                int num_lt_algos, const std::vector<Sm90SymConfig>& configs, int num_sms) {
+  const SymPaths paths = sym_paths(mode);
   const int lt = parse_lt(config);
-  if (lt >= 0) return lt < num_lt_algos;
+  if (lt >= 0) return paths.dense && lt < num_lt_algos;
+  if (parse_tri(config) > 0) return paths.portable;
   Sm90SymConfig c;
-  if (mode != SymMode::kKernel || !Sm90SymConfig::parse(config, &c) || !sm90_sym_config_rejects(args, c, num_sms).empty())
+  if (!paths.kernel || !Sm90SymConfig::parse(config, &c) || !sm90_sym_config_rejects(args, c, num_sms).empty())
     return false;
   return std::any_of(configs.begin(), configs.end(), [&](const Sm90SymConfig& k) { return k.name() == c.name(); });
 }

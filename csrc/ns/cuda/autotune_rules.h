@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "ns/cuda/sm90_sym_config.h"
 #include "ns/cuda/sym_product_args.h"
+#include "ns/cuda/tri_plan.h"
 
 namespace dmuon::ns::cuda {
 
@@ -34,25 +36,52 @@ std::string check_rejects(const CompareStats& stats, DType dtype, bool symmetric
 /// The cuBLASLt algorithm index that a configuration name "lt:<i>" stands for; −1 otherwise.
 int parse_lt(const std::string& config);
 
-/// What a symmetric product runs untuned: the kernel's default configuration in kernel
-/// mode, cuBLASLt's first algorithm (mirrored) otherwise.
-std::string sym_default_config(SymMode mode);
+/// The paths a mode lets a symmetric product take (sym_product_args.h).
+struct SymPaths {
+  bool kernel = false, portable = false, dense = false;
+};
+SymPaths sym_paths(SymMode mode);
+
+/// The suffix of a mode in tune-cache keys ("" for kKernel, whose keys predate the others).
+const char* sym_mode_tag(SymMode mode);
+
+/// One line naming a mode's paths (the step's log of the path chosen for a GPU).
+const char* sym_mode_description(SymMode mode);
+
+/// The mode of a GPU's symmetric products. `forced`: DMUON_SYM_PATH's value ("" or "auto": the
+/// kernel where `kernel_usable` and `sym_kernel`, dense only where not `sym_kernel`, else the
+/// portable product or dense; "sm90", "portable", "dense": that path alone). Throws, naming
+/// DMUON_SYM_PATH, on any other value and on "sm90" where the kernel is not usable.
+SymMode choose_sym_mode(const std::string& forced, bool kernel_usable, bool sym_kernel);
+
+/// What a symmetric product of m×m results runs untuned: the kernel's default configuration
+/// where the mode allows the kernel; the portable product's default block where it allows
+/// that and m ≥ kPortableDefaultMinM (always when forced); else cuBLASLt's first algorithm.
+std::string sym_default_config(SymMode mode, int64_t m);
+
+/// Below this m an untuned product takes the dense path rather than the portable one.
+/// NOTE: not measured yet: below it a product of the NS step takes tens of microseconds, where
+/// the portable product's extra launches (one GEMM per panel, then the mirror) may cost what
+/// its saved FLOPs gain; the tuner measures both wherever it runs.
+inline constexpr int64_t kPortableDefaultMinM = 1024;
 
 /// Whether a call may tune now: the tuner is on (DMUON_AUTOTUNE) and the stream is not
 /// capturing a CUDA graph (tuning synchronizes); otherwise the default runs.
 bool may_tune(bool enabled, bool capturing);
 
-/// The candidates of a symmetric product, in the order they are tried: in kernel mode (and
-/// with the kernel built) every one of `configs` that can run `args` on `num_sms` SMs, then
-/// cuBLASLt's algorithms "lt:0" … "lt:<num_lt_algos − 1>".
+/// The candidates of a symmetric product, in the order they are tried, each where the mode
+/// allows its path: (with the kernel built) every one of `configs` that can run `args` on
+/// `num_sms` SMs; the portable product with each block of tri_block_candidates(args.m) (the
+/// default block alone when there is none and the portable path is forced); cuBLASLt's
+/// algorithms "lt:0" … "lt:<num_lt_algos − 1>".
 std::vector<std::string> sym_candidates(const SymProductArgs& args, SymMode mode, bool kernel_built,
                                         const std::vector<Sm90SymConfig>& configs, int num_lt_algos, int num_sms);
 
-/// Whether a cached winner of a symmetric product may run `args` now: "lt:<i>" while the
-/// heuristic still offers algorithm i; a kernel configuration only in kernel mode, when it
-/// can run `args` and is one of `configs` (the candidates now: a winner cached by a build
-/// with DMUON_EXPERIMENTAL_KERNELS=ON does not run in one without). Otherwise the key is
-/// tuned again.
+/// Whether a cached winner of a symmetric product may run `args` now, in a mode that allows
+/// its path: "lt:<i>" while the heuristic still offers algorithm i; "tri:<block>" always; a
+/// kernel configuration when it can run `args` and is one of `configs` (the candidates now: a
+/// winner cached by a build with DMUON_EXPERIMENTAL_KERNELS=ON does not run in one without).
+/// Otherwise the key is tuned again.
 bool cached_sym_winner_applies(const std::string& config, const SymProductArgs& args, SymMode mode,
                                int num_lt_algos, const std::vector<Sm90SymConfig>& configs, int num_sms);
 

@@ -112,6 +112,16 @@ Plan* plan_for(const GemmDesc& desc, size_t workspace_bytes, cublasLtHandle_t* h
 
 }  // namespace
 
+GemmDesc dense_desc(const SymProductArgs& args) {
+  GemmDesc g;
+  g.dtype = args.dtype;
+  g.transpose_b = true;
+  g.batch = args.batch, g.m = args.m, g.n = args.m, g.k = args.k;
+  g.lda = args.lda, g.stride_a = args.stride_a, g.ldb = args.ldb, g.stride_b = args.stride_b;
+  g.ldc = args.ldc, g.stride_c = args.stride_c, g.ldd = args.ldd, g.stride_d = args.stride_d;
+  return g;
+}
+
 int gemm_num_algos(const GemmDesc& g, bool has_c, size_t workspace_bytes) {
   GemmDesc desc = g;
   if (!has_c) desc.ldc = desc.ldd, desc.stride_c = desc.stride_d;

@@ -20,6 +20,9 @@ struct GemmDesc {
           stride_d = 0;
 };
 
+/// The dense product A·Bᵀ (m×m) of a symmetric product's operands and layouts.
+GemmDesc dense_desc(const SymProductArgs& args);
+
 /// Enqueue the product on `stream` (fp32 accumulation, fp32 α/β, β·C in the epilogue).
 /// `c` may be null when beta == 0. The cuBLASLt plan of each descriptor is cached.
 /// `workspace` (may be null) lets cuBLASLt pick algorithms that need scratch space.

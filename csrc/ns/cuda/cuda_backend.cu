@@ -15,6 +15,7 @@
 
 #include "common/check.h"
 #include "ns/cuda/autotune.h"
+#include "ns/cuda/autotune_rules.h"
 #include "ns/cuda/cublaslt_gemm.h"
 #include "ns/cuda/cuda_check.h"
 #include "ns/cuda/elementwise.h"
@@ -72,8 +73,8 @@ struct CudaBackend {
 
   static void run_sym_product(const SymProductArgs& args, SymMode mode, void* workspace,
                               cudaStream_t stream) {
-    // Untuned: the kernel's default configuration, or cuBLASLt's first algorithm mirrored.
-    sym_product_with(args, mode == SymMode::kKernel ? Sm90SymConfig{}.name() : "lt:0", workspace,
+    // Untuned: the mode's default (sym_default_config).
+    sym_product_with(args, sym_default_config(mode, args.m), workspace,
                      workspace == nullptr ? 0 : kCublasWorkspaceBytes, stream);
   }
 };
@@ -191,7 +192,7 @@ autotune::TuneKey ns_key(const Schedule& schedule, DType dtype, SymMode sym_mode
   for (int r : schedule.restart_after) mix(static_cast<double>(r));
   char extra[64];
   std::snprintf(extra, sizeof(extra), "x%zu:%016llx%s", schedule.steps.size(),
-                static_cast<unsigned long long>(h), sym_mode == SymMode::kKernel ? "" : ":dense");
+                static_cast<unsigned long long>(h), sym_mode_tag(sym_mode));
   return {"ns", w.m, w.n, 0, batch, dtype_name(dtype), extra};
 }
 

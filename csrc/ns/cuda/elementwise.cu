@@ -7,6 +7,7 @@
 #include "ns/cuda/alignment.h"
 #include "ns/cuda/cuda_check.h"
 #include "ns/cuda/half_types.cuh"
+#include "ns/cuda/tri_plan.h"
 
 namespace dmuon::ns::cuda {
 namespace {
@@ -143,13 +144,14 @@ __global__ void add_identity_vec_kernel(const T* __restrict__ z, float a, T* __r
 }
 
 // Upper-triangle tiles (tile row < tile col, and the diagonal tiles' upper part) copy
-// from the transposed lower triangle through shared memory.
+// from the transposed lower triangle through shared memory; one block per upper tile
+// (tri_plan.h's upper_tile).
 template <typename T>
 __global__ void mirror_lower_kernel(T* __restrict__ d,  // [batch, m, ld]
                                     int64_t m, int64_t ld, int64_t stride) {
   __shared__ T tile[kTile][kTile + 1];  // [32, 33]
-  const int64_t tr = blockIdx.y, tc = blockIdx.x;
-  if (tr > tc) return;
+  int64_t tr = 0, tc = 0;
+  upper_tile(blockIdx.x, &tr, &tc);
   T* mat = d + static_cast<int64_t>(blockIdx.z) * stride;
   // Read the lower source tile (tile row tc, tile col tr).
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
@@ -300,8 +302,9 @@ void mirror_lower(DType dtype, void* d, int64_t batch, int64_t m, int64_t ld, in
                   cudaStream_t stream) {
   dispatch_half(dtype, [&](auto zero) {
     using T = decltype(zero);
-    mirror_lower_kernel<T><<<tiles(m, m, batch), dim3(kTile, kTileRows), 0, stream>>>(
-        static_cast<T*>(d), m, ld, stride);
+    const dim3 grid = tiles(m, m, batch);
+    mirror_lower_kernel<T><<<dim3(static_cast<unsigned>(num_upper_tiles(grid.x)), 1, grid.z),
+                             dim3(kTile, kTileRows), 0, stream>>>(static_cast<T*>(d), m, ld, stride);
   });
   DMUON_CHECK_CUDA(cudaGetLastError());
 }

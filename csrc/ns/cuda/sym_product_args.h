@@ -12,10 +12,16 @@ namespace dmuon::ns::cuda {
 /// Element type of the half-precision iterate.
 enum class DType { kFloat16, kBFloat16 };
 
-/// How symmetric products are computed.
+/// Which symmetric-product paths a product may take; the autotuner picks among them per shape.
+/// Paths: the sm_90a one-triangle kernel (TMA + WGMMA, "sm90:…"), the portable row-panel
+/// product (any CUDA GPU, "tri:<block>", tri_plan.h) and cuBLASLt's dense product (lower →
+/// upper mirror, "lt:<i>").
 enum class SymMode {
-  kKernel,       ///< the sm_90a one-triangle kernel (TMA + WGMMA).
-  kDenseMirror,  ///< cuBLASLt dense product, then lower → upper mirror (portable).
+  kKernel,        ///< sm_90a kernel, portable or dense (sm_90 GPUs).
+  kDenseMirror,   ///< dense only.
+  kPortable,      ///< portable or dense (every other GPU, or the kernel unusable).
+  kKernelOnly,    ///< sm_90a kernel only (forced).
+  kPortableOnly,  ///< portable only (forced).
 };
 
 /// One symmetric product D = α·A·Bᵀ + β·C over a batch of m×m results (A, B: m×k), all

@@ -7,10 +7,13 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <string>
 #include <tuple>
 
 #include "common/check.h"
+#include "common/env.h"
 #include "ns/cuda/autotune.h"
+#include "ns/cuda/autotune_rules.h"
 #include "ns/cuda/cuda_backend.h"
 #include "ns/cuda/cuda_check.h"
 #include "ns/cuda/matrix_list.h"
@@ -81,6 +84,7 @@ bool cuda_device_available() {
 
 struct CudaOps::Impl {
   CudaOpsOptions options;
+  std::string sym_path;  // DMUON_SYM_PATH when the ops were made
   std::unique_ptr<cuda::Allocator> own_allocator;
   cuda::Allocator* allocator = nullptr;
   cudaStream_t main = nullptr;
@@ -107,6 +111,9 @@ struct CudaOps::Impl {
 
 CudaOps::CudaOps(CudaOpsOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->options = options;
+  // NOTE: read once, as every code-path knob is; a bad value is refused here, naming the variable.
+  impl_->sym_path = env::kSymPath.get();
+  ns::cuda::choose_sym_mode(impl_->sym_path, /*kernel_usable=*/true, options.sym_kernel);
   DMUON_CHECK(options.graph_cache_bytes >= 0, "CudaOps: graph_cache_bytes must be >= 0, got ",
               options.graph_cache_bytes);
   DeviceGuard guard(options.device);
@@ -269,9 +276,8 @@ void CudaOps::orthogonalize(const NsBatchDesc& batch, const std::function<void(c
   DeviceGuard guard(impl_->options.device);
   const DType half = cuda_iterate_dtype(batch.schedule->algorithm);
   const ns::cuda::DType nsd = ns_dtype(half);
-  const ns::cuda::SymMode mode = impl_->options.sym_kernel && cuda::sym_kernel_usable(impl_->options.device, nsd)
-                                     ? ns::cuda::SymMode::kKernel
-                                     : ns::cuda::SymMode::kDenseMirror;
+  const ns::cuda::SymMode mode = cuda::sym_mode_for(impl_->options.device, nsd, impl_->options.sym_kernel,
+                                                    impl_->sym_path);
   const int64_t m = std::min(batch.rows, batch.cols);
   const bool transposed = batch.rows > batch.cols;
   bool first = true;

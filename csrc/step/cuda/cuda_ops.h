@@ -29,8 +29,9 @@ struct CudaOpsOptions {
   cuda::Allocator* allocator = nullptr;
   /// Bound on the workspaces the graph cache keeps (the adapter reads DMUON_GRAPH_CACHE_MB).
   int64_t graph_cache_bytes = int64_t{8192} << 20;
-  /// The sm_90a symmetric kernel where it is built, the GPU is sm_90 and its self-check
-  /// passed; false: dense cuBLASLt products, mirrored.
+  /// Symmetric products tuned among the sm_90a kernel (where it is built, the GPU is sm_90
+  /// and its self-check passed), the portable row-panel product and dense cuBLASLt; false:
+  /// dense cuBLASLt products, mirrored. DMUON_SYM_PATH forces one path.
   bool sym_kernel = true;
 };
 

@@ -10,10 +10,13 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "ns/cuda/autotune.h"
+#include "ns/cuda/autotune_rules.h"
 #include "ns/cuda/cuda_check.h"
 #include "ns/cuda/elementwise.h"
 #include "step/cpu/cpu_elements.h"
@@ -117,6 +120,24 @@ bool sym_kernel_usable(int device, ns::cuda::DType dtype) {
   cudaSetDevice(previous);
   verdicts[key] = ok;
   return ok;
+}
+
+ns::cuda::SymMode sym_mode_for(int device, ns::cuda::DType dtype, bool sym_kernel, const std::string& forced) {
+  // NOTE: the kernel's self-check runs only where its verdict can matter.
+  const bool ask_kernel = forced == "sm90" || (sym_kernel && (forced.empty() || forced == "auto"));
+  const ns::cuda::SymMode mode =
+      ns::cuda::choose_sym_mode(forced, ask_kernel && sym_kernel_usable(device, dtype), sym_kernel);
+  static std::mutex mutex;
+  static std::set<std::tuple<int, int, int>> logged;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (logged.insert({device, static_cast<int>(dtype), static_cast<int>(mode)}).second) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) cudaGetLastError();
+    std::fprintf(stderr, "dmuon: symmetric products (%s) on GPU %d, %s (sm_%d%d): %s\n",
+                 ns::cuda::dtype_name(dtype), device, prop.name, prop.major, prop.minor,
+                 ns::cuda::sym_mode_description(mode));
+  }
+  return mode;
 }
 
 }  // namespace dmuon::step::cuda

@@ -15,6 +15,7 @@
 #include "ns/cuda/autotune.h"
 #include "ns/cuda/cuda_backend.h"
 #include "ns/cuda/sm90_sym_config.h"
+#include "ns/cuda/tri_plan.h"
 #include "op_errors.h"
 #include "orthogonalize.h"
 #include "step/cuda/sym_self_check.h"
@@ -88,6 +89,16 @@ std::vector<std::string> sym_configs_op() {
   return names;
 }
 
+// The portable product's candidate configurations for m×m products (the default block alone
+// where the tuner would try none).
+std::vector<std::string> sym_portable_configs_op(int64_t m) {
+  std::vector<int64_t> blocks = ns::cuda::tri_block_candidates(m);
+  if (blocks.empty()) blocks.push_back(ns::cuda::tri_default_block(m));
+  std::vector<std::string> names;
+  for (int64_t block : blocks) names.push_back(ns::cuda::tri_name(block));
+  return names;
+}
+
 bool sym_kernel_usable_op(const at::Tensor& x, c10::string_view dtype) {
   return translate_errors(
       [&] { return step::cuda::sym_kernel_usable(x.get_device(), half_dtype(std::string(dtype))); });
@@ -151,6 +162,7 @@ TORCH_LIBRARY(dmuon_testing, m) {
       "cuda_sym_product_config(Tensor a, Tensor b, Tensor? c, float alpha, float beta, str config, bool poison=True) "
       "-> Tensor");
   m.def("cuda_sym_configs() -> str[]", &dmuon::torch_adapter::sym_configs_op);
+  m.def("cuda_sym_portable_configs(int m) -> str[]", &dmuon::torch_adapter::sym_portable_configs_op);
   m.def("cuda_sym_kernel_usable(Tensor x, str dtype) -> bool");
   m.def("cuda_autotune_measurements(Tensor like) -> int");
   m.def("cuda_graph_stats(Tensor like) -> int[]");

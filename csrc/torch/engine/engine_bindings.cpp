@@ -5,33 +5,15 @@
 #include "bindings.h"
 #include "optional_tensors.h"
 #include "engine/engine_runtime.h"
+#include "option_choices.h"
 
 namespace py = pybind11;
 
 namespace dmuon::torch_adapter {
-namespace {
-
-// Why the engine does not step a parameter of this device, dtype and layout ("" when it does).
-std::string unsupported_reason(const std::string& device_type, const std::string& dtype,
-                               const dist::ParamLayout& layout) {
-  const step::DeviceKind device = device_type == "cuda" ? step::DeviceKind::kCuda : step::DeviceKind::kCpu;
-  step::DType type = step::DType::kFloat32;
-  if (dtype == "float64") type = step::DType::kFloat64;
-  else if (dtype == "bfloat16") type = step::DType::kBFloat16;
-  else if (dtype == "float16") type = step::DType::kFloat16;
-  else if (dtype != "float32") return "dtype " + dtype + " is not a Muon dtype";
-  // NOTE: float64 through ATen on every device (engine/aten_float64_ops.h); any row blocks:
-  // each block is an item of its own rows (step/items.h).
-  (void)device, (void)type, (void)layout;
-  return std::string();
-}
-
-}  // namespace
 
 void register_engine_bindings(py::module_& m) {
   py::module_ e = m.def_submodule("engine", "the step engine's torch adapter");
-  e.def("unsupported_reason", &unsupported_reason, py::arg("device_type"), py::arg("dtype"), py::arg("layout"),
-        "why the step engine cannot step such a parameter ('' when it can)");
+  register_option_bindings(e);
 
   py::class_<StepChecks>(e, "StepChecks",
                          "what the caller checked before a step, agreed in its start agreement")
@@ -45,9 +27,15 @@ void register_engine_bindings(py::module_& m) {
       .def_readwrite("describe", &StepChecks::describe)
       .def_readwrite("changed", &StepChecks::changed);
 
-  e.def("agree_start", &EngineRuntime::agree_start, py::arg("group_name"), py::arg("device_type"), py::arg("checks"),
-        py::arg("step_idx"), py::call_guard<py::gil_scoped_release>(),
-        "the start agreement alone (collective), before a runtime is made: raises as a step does");
+  e.def(
+      "agree_start",
+      [](const std::string& group_name, const py::object& device_type, const StepChecks& checks, int64_t step_idx) {
+        const step::DeviceKind device = choice<step::DeviceKind, parse_device_kind>(device_type);
+        py::gil_scoped_release release;
+        EngineRuntime::agree_start(group_name, device, checks, step_idx);
+      },
+      py::arg("group_name"), py::arg("device_type"), py::arg("checks"), py::arg("step_idx"),
+      "the start agreement alone (collective), before a runtime is made: raises as a step does");
 
   py::class_<EngineRuntime>(e, "EngineRuntime")
       .def(py::init<const std::string&, std::vector<std::string>, std::vector<dist::ParamLayout>,
@@ -62,7 +50,7 @@ void register_engine_bindings(py::module_& m) {
           "step",
           [](EngineRuntime& runtime, std::vector<std::optional<at::Tensor>> params,
              std::vector<std::optional<at::Tensor>> grads, std::vector<std::optional<at::Tensor>> momentum,
-             std::vector<MuonGroupOptions> groups, int64_t step_idx, std::vector<std::string> extra_names,
+             std::vector<step::GroupRule> groups, int64_t step_idx, std::vector<std::string> extra_names,
              std::vector<std::optional<at::Tensor>> extra_grads, std::vector<std::optional<at::Tensor>> row_states,
              bool defer_result_agreement, const StepChecks& checks) {
             const std::vector<at::Tensor> p = or_undefined(params), g = or_undefined(grads), b = or_undefined(momentum);

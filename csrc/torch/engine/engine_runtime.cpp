@@ -26,7 +26,7 @@ step::StartChecks start_checks(const StepChecks& checks) {
   return {static_cast<uint64_t>(checks.signature), checks.error, checks.describe, checks.changed};
 }
 
-bool same_options(const MuonGroupOptions& a, const MuonGroupOptions& b) {
+bool same_rule(const step::GroupRule& a, const step::GroupRule& b) {
   const ns::Schedule &x = a.schedule, &y = b.schedule;
   bool same_steps = x.steps.size() == y.steps.size();
   for (size_t k = 0; same_steps && k < x.steps.size(); ++k)
@@ -36,14 +36,15 @@ bool same_options(const MuonGroupOptions& a, const MuonGroupOptions& b) {
          x.eps == y.eps && a.normuon == b.normuon;
 }
 
-// The NS streams: `requested` when not 0, else `knob` (DMUON_FUSED_STREAMS); the error
-// names the one that is not between 1 and 8.
-int stream_count(int64_t requested, int64_t knob) {
-  if (requested != 0) {
-    DMUON_CHECK(requested >= 1 && requested <= 8, "fused_streams must be between 1 and 8 (0: DMUON_FUSED_STREAMS), got ",
-                requested);
-    return static_cast<int>(requested);
+// The NS streams: `requested` when set, else DMUON_FUSED_STREAMS; the error names the one
+// that is not between 1 and 8.
+int stream_count(std::optional<int64_t> requested) {
+  if (requested) {
+    DMUON_CHECK(*requested >= 1 && *requested <= 8,
+                "fused_streams must be between 1 and 8 (None: DMUON_FUSED_STREAMS), got ", *requested);
+    return static_cast<int>(*requested);
   }
+  const int64_t knob = env::get_int("DMUON_FUSED_STREAMS", 2);
   DMUON_CHECK(knob >= 1 && knob <= 8, "DMUON_FUSED_STREAMS must be between 1 and 8, got ", knob);
   return static_cast<int>(knob);
 }
@@ -59,10 +60,10 @@ at::Tensor writable(const at::Tensor& t, std::vector<std::pair<at::Tensor, at::T
 
 }  // namespace
 
-void EngineRuntime::agree_start(const std::string& group_name, const std::string& device_type,
-                                const StepChecks& checks, int64_t step_idx) {
+void EngineRuntime::agree_start(const std::string& group_name, step::DeviceKind device, const StepChecks& checks,
+                                int64_t step_idx) {
   C10dTransport transport(group_name.empty() ? nullptr : c10d::resolve_process_group(group_name),
-                          torch_step_device(device_type));
+                          torch_step_device(device));
   step::agree_start(transport, start_checks(checks), {}, step_idx, [](int) { return std::string(); });
 }
 
@@ -75,9 +76,7 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
                   group_slot.size() == layouts_.size(),
               "EngineRuntime: ", names.size(), " names, ", layouts_.size(), " layouts, ", dtypes.size(), " dtypes and ",
               group_slot.size(), " group slots");
-  DMUON_CHECK(options_.plan_source == "auto" || options_.plan_source == "broadcast" || options_.plan_source == "local",
-              "plan_source must be 'auto', 'broadcast' or 'local', got '", options_.plan_source, "'");
-  const step::Device device = torch_step_device(options_.device_type);
+  const step::Device device = torch_step_device(options_.device);
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   if (!group_name.empty()) group = c10d::resolve_process_group(group_name);
   transport_ = std::make_unique<C10dTransport>(group, device);
@@ -120,15 +119,13 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
     specs.push_back({name, layouts_.back(), step_dtype(dtypes_.back(), "parameter '" + name + "'"),
                      static_cast<int>(owned_group_slot[i]), owned_->owners()[i]});
   }
-  step::EngineOptions e;
-  e.mode = step::parse_mode(options_.mode);
-  e.wire_dtype = step::parse_wire_dtype(options_.wire_dtype);
-  e.stage_bytes = options_.bucket_bytes;
+  // The engine's options as given, the rest resolved now. NOTE: DMUON_* knobs are read when
+  // the runtime is made.
+  step::EngineOptions e = options_.engine;
   const int64_t depth = env::resolve(options_.pipeline_depth, env::kPipelineDepth);
   DMUON_CHECK(depth >= 0, "DMUON_PIPELINE_DEPTH must be >= 0 (0: twice the world size), got ", depth);
   e.pipeline_depth = static_cast<int>(depth);
-  e.num_streams = stream_count(options_.fused_streams,
-                               options_.fused_streams != 0 ? 0 : env::get_int("DMUON_FUSED_STREAMS", 2));
+  e.num_streams = stream_count(options_.fused_streams);
   const int64_t ns_batch_mb = env::resolve(options_.ns_batch_mb, env::kNsBatchMb);
   DMUON_CHECK(ns_batch_mb >= 1, "DMUON_NS_BATCH_MB must be at least 1, got ", ns_batch_mb);
   e.ns_batch_bytes = ns_batch_mb << 20;
@@ -138,15 +135,9 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
   e.timing = options_.profile || env::kProfile.get() ? step::PhaseTiming::kSynchronized
              : options_.record_timeline             ? step::PhaseTiming::kDevice
                                                     : step::PhaseTiming::kEnqueue;
-  e.backward_order = options_.backward_order;
-  e.solver = plan::parse_solver(options_.solver);
   e.milp = plan::MilpOptions::from_env();
-  e.plan_locally = options_.plan_source == "local";
-  DMUON_CHECK(options_.cost_model == "auto" || options_.cost_model == "analytic" || options_.cost_model == "profile",
-              "cost_model must be 'auto', 'analytic' or 'profile', got '", options_.cost_model, "'");
-  e.cost.measure =
-      options_.cost_model == "profile" || (options_.cost_model == "auto" && device.kind == step::DeviceKind::kCuda);
-  e.cost.schedules = options_.cost_schedules;
+  e.cost.measure = options_.cost_model == CostModel::kProfile ||
+                   (options_.cost_model == CostModel::kAuto && device.kind == step::DeviceKind::kCuda);
   engine_ = std::make_unique<step::StepEngine>(*transport_, *ops_, std::move(specs), e);
 
   const step::ItemTable& table = engine_->items();
@@ -167,21 +158,21 @@ EngineRuntime::~EngineRuntime() {
   if (owned_) owned_->detach(this);
 }
 
-void EngineRuntime::update_rules(const std::vector<MuonGroupOptions>& groups) {
+void EngineRuntime::update_rules(const std::vector<step::GroupRule>& groups) {
   bool same = groups.size() == rule_source_.size();
-  for (size_t g = 0; same && g < groups.size(); ++g) same = same_options(groups[g], rule_source_[g]);
+  for (size_t g = 0; same && g < groups.size(); ++g) same = same_rule(groups[g], rule_source_[g]);
   if (same) return;
   DMUON_CHECK(static_cast<int64_t>(groups.size()) >= num_base_groups_, "EngineRuntime::step: ", groups.size(),
-              " Muon groups' options for group slots up to ", num_base_groups_ - 1);
-  std::vector<step::GroupRule> rules;
-  for (int64_t g = 0; g < num_base_groups_; ++g) rules.push_back(group_rule(groups[static_cast<size_t>(g)]));
+              " Muon groups' rules for group slots up to ", num_base_groups_ - 1);
+  std::vector<step::GroupRule> rules(groups.begin(), groups.begin() + num_base_groups_);
+  for (const step::GroupRule& rule : rules) rule.validate();
   rules_ = std::move(rules);
   rule_source_ = groups;
 }
 
 EngineStepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                                       const std::vector<at::Tensor>& momentum,
-                                      const std::vector<MuonGroupOptions>& groups, int64_t step_idx,
+                                      const std::vector<step::GroupRule>& groups, int64_t step_idx,
                                       const std::vector<std::string>& extra_names,
                                       const std::vector<at::Tensor>& extra_grads,
                                       const std::vector<at::Tensor>& row_state, bool defer_result_agreement,
@@ -328,7 +319,7 @@ std::vector<int64_t> EngineRuntime::agree_results(const std::vector<int64_t>& ex
   return engine_->agree_committed(extra_max);
 }
 
-void EngineRuntime::begin_step(const std::vector<MuonGroupOptions>& groups, int64_t step_idx) {
+void EngineRuntime::begin_step(const std::vector<step::GroupRule>& groups, int64_t step_idx) {
   update_rules(groups);
   early_keep_.clear();
   engine_->begin_step(rules_, step_idx);

@@ -22,7 +22,6 @@
 #include "dist/shard_layout.h"
 #include "engine/c10d_transport.h"
 #include "engine/owned_exchange.h"
-#include "group_options.h"
 #include "runtime_options.h"
 #include "sim/stage_layout.h"
 #include "step/engine.h"
@@ -65,7 +64,7 @@ class EngineRuntime {
   /// The start agreement alone, before a runtime is made (collective over `group_name`):
   /// throws as a step does when `checks` fail on some rank (a runtime made again on some
   /// ranks only then meets the others' step in the same collective).
-  static void agree_start(const std::string& group_name, const std::string& device_type, const StepChecks& checks,
+  static void agree_start(const std::string& group_name, step::DeviceKind device, const StepChecks& checks,
                           int64_t step_idx);
 
   /// One step: params[i], grads[i] (undefined: no gradient this step), momentum[i] (the
@@ -78,7 +77,7 @@ class EngineRuntime {
   /// gradients, a momentum buffer holds NaN/Inf or an input is invalid (nothing changed),
   /// and after the rest was applied when an orthogonalized update was not finite.
   EngineStepOutcome step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
-                         const std::vector<at::Tensor>& momentum, const std::vector<MuonGroupOptions>& groups,
+                         const std::vector<at::Tensor>& momentum, const std::vector<step::GroupRule>& groups,
                          int64_t step_idx, const std::vector<std::string>& extra_names,
                          const std::vector<at::Tensor>& extra_grads,
                          const std::vector<at::Tensor>& row_state = {}, bool defer_result_agreement = false,
@@ -93,7 +92,7 @@ class EngineRuntime {
 
   // ---- The step begun inside backward (issue 27; docs/design/step_engine.md, "Early work").
   /// Opens a step whose parameters may be made ready before step() (which completes it).
-  void begin_step(const std::vector<MuonGroupOptions>& groups, int64_t step_idx);
+  void begin_step(const std::vector<step::GroupRule>& groups, int64_t step_idx);
   /// The matrices of parameters `ready` (indices) are final on this rank: their stages'
   /// forward exchanges leave as soon as complete, in stage order. params/grads/momentum:
   /// those of ready[k] at k (local tensors, as step()'s); the gradient and momentum tensors
@@ -136,7 +135,7 @@ class EngineRuntime {
   sim::StageLayout stage_layout() const;
 
  private:
-  void update_rules(const std::vector<MuonGroupOptions>& groups);
+  void update_rules(const std::vector<step::GroupRule>& groups);
   void record_stats();
 
   RuntimeOptions options_;
@@ -152,7 +151,7 @@ class EngineRuntime {
   // from the engine, which knows the model shape).
   int64_t num_base_groups_ = 0;
   // NOTE: the NS schedule of a group is built when the group's options change, not every step.
-  std::vector<MuonGroupOptions> rule_source_;
+  std::vector<step::GroupRule> rule_source_;
   std::vector<step::GroupRule> rules_;
   std::vector<bool> last_active_;
   std::vector<at::Tensor> early_keep_;  // converted gradients the begun step reads until step()/discard()

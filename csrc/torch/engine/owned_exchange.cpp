@@ -32,9 +32,8 @@ OwnedExchange::OwnedExchange(const OwnershipGroups& groups, std::vector<std::str
   const size_t n = names_.size();
   DMUON_CHECK(layouts_.size() == n && layer_of.size() == n && dtypes.size() == n, "OwnedExchange: ", n, " names, ",
               layouts_.size(), " layouts, ", layer_of.size(), " layer ids (layer_of) and ", dtypes.size(), " dtypes");
-  const step::Device device = torch_step_device(options.device_type);
-  const step::DType reduce_dtype = parse_step_dtype(options.reduce_dtype, "reduce_dtype");
-  DMUON_CHECK(reduce_dtype != step::DType::kFloat64, "reduce_dtype must be float32, bfloat16 or float16, got float64");
+  const step::Device device = torch_step_device(options.device);
+  const step::DType reduce_dtype = options.reduce_dtype;
   world_ = std::make_unique<C10dTransport>(resolve(groups.world), device);
   // NOTE: owners publish whole weights that every rank computes with; over the fake
   // backend they would never arrive (the sharded mode runs there, dist/world_model.h).
@@ -60,7 +59,7 @@ OwnedExchange::OwnedExchange(const OwnershipGroups& groups, std::vector<std::str
     params.push_back({names_[i], layouts_[i].numel(), dtype, 0});
   }
   step::EngineOptions plan_options;
-  plan_options.solver = plan::parse_solver(options.solver);
+  plan_options.solver = options.solver;
   plan_options.milp = plan::MilpOptions::from_env();
   const step::OwnerPlan plan = step::plan_whole_owners(*world_, specs, layer_of, plan_options, device.kind,
                                                        step::dtype_size(reduce_dtype), options.spread_layers);

@@ -19,16 +19,18 @@
 
 #include "dist/shard_layout.h"
 #include "engine/c10d_transport.h"
+#include "plan/solvers.h"
 #include "step/ownership_exchange.h"
+#include "step/types.h"
 
 namespace dmuon::torch_adapter {
 
-/// Fixed when the exchange is made.
+/// Fixed when the exchange is made (typed: parsed in the binding, dmuon._C.ownership.Options).
 struct OwnershipOptions {
   int64_t bucket_bytes = int64_t{25} << 20;  ///< gradient bytes per reduction bucket (≤ 0: one)
-  std::string reduce_dtype = "float32";      ///< buckets and wire of the gradient reduction
-  std::string solver = "milp";               ///< "milp" | "lpt" | "round_robin"
-  std::string device_type = "cpu";           ///< "cpu" | "cuda" (the current CUDA device)
+  step::DType reduce_dtype = step::DType::kFloat32;   ///< buckets and wire of the gradient reduction
+  plan::SolverKind solver = plan::SolverKind::kMilp;  ///< the owner planner
+  step::DeviceKind device = step::DeviceKind::kCpu;   ///< CUDA: the current CUDA device
   bool spread_layers = true;                 ///< matrices of one layer on different owners
 };
 

@@ -50,10 +50,8 @@ class TorchCpuOps : public step::CpuOps {
 
 }  // namespace
 
-step::Device torch_step_device(const std::string& device_type) {
-  DMUON_CHECK(device_type == "cpu" || device_type == "cuda", "device_type must be 'cpu' or 'cuda', got '",
-              device_type, "'");
-  if (device_type == "cpu") return {};
+step::Device torch_step_device(step::DeviceKind kind) {
+  if (kind == step::DeviceKind::kCpu) return {};
   return {step::DeviceKind::kCuda, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index()};
 }
 

@@ -30,9 +30,8 @@ struct TorchOpsOptions {
   bool sym_kernel = true;
 };
 
-/// The engine's device of a runtime's device_type: "cpu", or "cuda" (torch's current CUDA
-/// device); the error names device_type.
-step::Device torch_step_device(const std::string& device_type);
+/// The engine's device of a runtime's device kind: the CPU, or torch's current CUDA device.
+step::Device torch_step_device(step::DeviceKind kind);
 
 /// DeviceOps of `device` (CPU, or a CUDA device when this build has torch's CUDA side;
 /// else throws naming the device).

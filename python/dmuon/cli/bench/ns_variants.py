@@ -114,7 +114,8 @@ def make_step(groups: Groups, device: torch.device) -> tuple[Callable[[], Any], 
             numel += rows * cols
         param_groups.append({"params": params, "use_muon": True, **options})
     # NOTE: one process: the plan is trivial, so the analytic cost model (no profiling).
-    optimizer = dmuon.DMuon(param_groups, lr=0.02, weight_decay=0.0, cost_model="analytic")
+    optimizer = dmuon.DMuon(param_groups, lr=0.02, weight_decay=0.0,
+                            execution=dmuon.Execution(cost_model="analytic"))
     return optimizer.step, numel
 
 

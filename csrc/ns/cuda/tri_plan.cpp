@@ -1,0 +1,61 @@
+// dmuon/ns/cuda/tri_plan.cpp — the portable symmetric product's plan (see tri_plan.h).
+#include "ns/cuda/tri_plan.h"
+
+#include <algorithm>
+
+#include "common/check.h"
+
+namespace dmuon::ns::cuda {
+
+std::vector<TriPanel> tri_panels(int64_t m, int64_t block) {
+  DMUON_CHECK(m >= 1, "tri_panels: m = ", m, " (must be >= 1)");
+  DMUON_CHECK(block >= kTriBlockQuantum && block % kTriBlockQuantum == 0, "tri_panels: block = ", block,
+              " (must be a positive multiple of ", kTriBlockQuantum, ")");
+  std::vector<TriPanel> panels;
+  for (int64_t row0 = 0; row0 < m; row0 += block) {
+    const int64_t rows = std::min(block, m - row0);
+    panels.push_back({row0, rows, row0 + rows});
+  }
+  return panels;
+}
+
+double tri_work_fraction(int64_t m, int64_t block) {
+  double work = 0.0;
+  for (const TriPanel& p : tri_panels(m, block)) work += static_cast<double>(p.rows) * static_cast<double>(p.cols);
+  return work / (static_cast<double>(m) * static_cast<double>(m));
+}
+
+std::string tri_name(int64_t block) { return "tri:" + std::to_string(block); }
+
+int64_t parse_tri(const std::string& config) {
+  if (config.rfind("tri:", 0) != 0 || config.size() == 4 || config.size() > 4 + 9) return -1;
+  int64_t value = 0;
+  for (size_t i = 4; i < config.size(); ++i) {
+    if (config[i] < '0' || config[i] > '9') return -1;
+    value = value * 10 + (config[i] - '0');
+  }
+  return value >= kTriBlockQuantum && value % kTriBlockQuantum == 0 ? value : -1;
+}
+
+namespace {
+
+int64_t round_up_block(int64_t rows) { return (rows + kTriBlockQuantum - 1) / kTriBlockQuantum * kTriBlockQuantum; }
+
+}  // namespace
+
+std::vector<int64_t> tri_block_candidates(int64_t m) {
+  std::vector<int64_t> blocks;
+  if (m < 2 * kTriBlockQuantum) return blocks;
+  for (int64_t k : {2, 3, 4, 6, 8, 12, 16}) {
+    const int64_t block = round_up_block((m + k - 1) / k);
+    if (block < m && std::find(blocks.begin(), blocks.end(), block) == blocks.end()) blocks.push_back(block);
+  }
+  return blocks;
+}
+
+int64_t tri_default_block(int64_t m) {
+  if (m < 2 * kTriBlockQuantum) return round_up_block(std::max<int64_t>(m, 1));
+  return round_up_block((m + 3) / 4);
+}
+
+}  // namespace dmuon::ns::cuda

@@ -1,0 +1,78 @@
+// dmuon/ns/cuda/tri_plan.h — the portable symmetric product's plan (host and device code, no
+// CUDA headers, so that it is unit-tested on the CPU: tests/cpp/test_tri_plan.cpp).
+//
+// The portable product ("tri:<block>", any CUDA GPU) computes the lower triangle of
+// D = α·A·Bᵀ + β·C through the vendor GEMM, one row panel of `block` rows at a time:
+//   panel p: D[r0 : r0+rows, 0 : r0+rows] = α·A[r0 : r0+rows]·B[0 : r0+rows]ᵀ + β·C[same],
+// r0 = p·block, so panel p also covers the diagonal block (p, p) whole; then the mirror
+// copies the lower triangle onto the upper one. With k = ceil(m / block) panels of equal
+// height the GEMMs perform (k + 1) / (2k) of the dense product's FLOPs.
+// NOTE: row panels (one GEMM per panel, batched over the matrices with their own strides)
+// rather than the k(k+1)/2 blocks: k launches however large the batch, each a GEMM at
+// least block × block × K, so the library's tiles stay full.
+//
+// The mirror's grid enumerates only the upper tiles (tile row ≤ tile column) of a T×T
+// tiling, column by column: tile (tr, tc) has index tc(tc+1)/2 + tr.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#if defined(__CUDACC__)
+#define DMUON_TRI_HD __host__ __device__ __forceinline__
+#else
+#define DMUON_TRI_HD inline
+#endif
+
+namespace dmuon::ns::cuda {
+
+/// One GEMM of the plan: rows [row0, row0 + rows) of D, columns [0, cols) (cols = row0 + rows).
+struct TriPanel {
+  int64_t row0 = 0, rows = 0, cols = 0;
+};
+
+/// Block heights are multiples of this many rows.
+/// NOTE: a panel's A, C and D start row0·ld elements into their matrix; with row0 a multiple
+/// of 128 that offset is a multiple of 256 bytes for 16-bit elements (any ld), the alignment
+/// cuBLASLt's heuristic assumes of every operand by default.
+inline constexpr int64_t kTriBlockQuantum = 128;
+
+/// The panels of an m×m product with `block`-row panels (block a positive multiple of
+/// kTriBlockQuantum; block ≥ m: one panel, the dense product).
+std::vector<TriPanel> tri_panels(int64_t m, int64_t block);
+
+/// Fraction of the dense product's multiply-adds the panels perform.
+double tri_work_fraction(int64_t m, int64_t block);
+
+/// "tri:<block>".
+std::string tri_name(int64_t block);
+
+/// The block of a name "tri:<block>" (a positive multiple of kTriBlockQuantum); −1 for any
+/// other name.
+int64_t parse_tri(const std::string& config);
+
+/// The blocks the autotuner tries for m×m products: ceil(m / k) rounded up to the quantum for
+/// k = 2, 3, 4, 6, 8, 12, 16 panels, distinct, below m; empty when m < 2·kTriBlockQuantum.
+std::vector<int64_t> tri_block_candidates(int64_t m);
+
+/// The block an untuned run uses: four panels (5/8 of the dense FLOPs); m itself (one panel)
+/// when m < 2·kTriBlockQuantum.
+int64_t tri_default_block(int64_t m);
+
+/// Number of upper tiles (tr ≤ tc) of a T×T tiling.
+DMUON_TRI_HD int64_t num_upper_tiles(int64_t tiles) { return tiles * (tiles + 1) / 2; }
+
+/// The upper tile (tr ≤ tc) of a column-by-column index (tile (tr, tc) ↔ tc(tc+1)/2 + tr).
+DMUON_TRI_HD void upper_tile(int64_t index, int64_t* tr, int64_t* tc) {
+  // NOTE: the square root's estimate is corrected by integer steps (exact for any index
+  // whose double is within a tile column of the truth, i.e. far beyond 2^40 tiles).
+  int64_t c = static_cast<int64_t>((sqrt(8.0 * static_cast<double>(index) + 1.0) - 1.0) / 2.0);
+  while (c * (c + 1) / 2 > index) --c;
+  while ((c + 1) * (c + 2) / 2 <= index) ++c;
+  *tc = c;
+  *tr = index - c * (c + 1) / 2;
+}
+
+}  // namespace dmuon::ns::cuda

@@ -1,0 +1,149 @@
+// dmuon._C.engine's options: the enums of every option that names a choice, a Muon group's
+// rule (GroupRule) and the runtime's options (RuntimeOptions, the engine's EngineOptions in
+// it). Strings are parsed here, once, with errors that name the option.
+#include <pybind11/stl.h>
+
+#include <initializer_list>
+#include <utility>
+
+#include "common/check.h"
+#include "ns/schedule.h"
+#include "option_choices.h"
+#include "optim/update_rule.h"
+#include "plan/solvers.h"
+#include "step/options.h"
+
+namespace py = pybind11;
+
+namespace dmuon::torch_adapter {
+
+step::DeviceKind parse_device_kind(const std::string& name) {
+  if (name == "cpu") return step::DeviceKind::kCpu;
+  if (name == "cuda") return step::DeviceKind::kCuda;
+  DMUON_FAIL("device_type must be 'cpu' or 'cuda', got '", name, "'");
+}
+
+CostModel parse_cost_model(const std::string& name) {
+  if (name == "auto") return CostModel::kAuto;
+  if (name == "analytic") return CostModel::kAnalytic;
+  if (name == "profile") return CostModel::kProfile;
+  DMUON_FAIL("cost_model must be 'auto', 'analytic' or 'profile', got '", name, "'");
+}
+
+namespace {
+
+// "auto" | "broadcast" (rank 0 plans where the transport moves data) | "local" (every rank
+// plans): whether every rank plans itself.
+bool parse_plan_locally(const std::string& name) {
+  DMUON_CHECK(name == "auto" || name == "broadcast" || name == "local",
+              "plan_source must be 'auto', 'broadcast' or 'local', got '", name, "'");
+  return name == "local";
+}
+
+// An option's enum under `name`: its values under their Python spellings, and made from
+// one of them (E("owner")) through `Parse`.
+template <typename E, E (*Parse)(const std::string&)>
+void bind_choice(py::module_& m, const char* name, std::initializer_list<std::pair<const char*, E>> values) {
+  py::enum_<E> e(m, name);
+  for (const auto& [spelling, value] : values) e.value(spelling, value);
+  e.def(py::init([](const std::string& spelling) { return Parse(spelling); }), py::arg("name"));
+}
+
+}  // namespace
+
+void register_option_bindings(py::module_& e) {
+  using step::DeviceKind, step::Mode, step::WireDType, plan::SolverKind, optim::AdjustLr, ns::Algorithm;
+  bind_choice<Mode, step::parse_mode>(e, "Mode", {{"owner", Mode::kOwner}, {"gather", Mode::kGather}});
+  bind_choice<WireDType, step::parse_wire_dtype>(e, "WireDType",
+                                                 {{"auto", WireDType::kAuto},
+                                                  {"float32", WireDType::kFloat32},
+                                                  {"bfloat16", WireDType::kBFloat16},
+                                                  {"float16", WireDType::kFloat16}});
+  bind_choice<SolverKind, plan::parse_solver>(
+      e, "Solver", {{"round_robin", SolverKind::kRoundRobin}, {"lpt", SolverKind::kLpt}, {"milp", SolverKind::kMilp}});
+  bind_choice<DeviceKind, parse_device_kind>(e, "DeviceKind", {{"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}});
+  bind_choice<AdjustLr, optim::parse_adjust_lr>(e, "AdjustLr",
+                                                {{"none", AdjustLr::kNone},
+                                                 {"original", AdjustLr::kOriginal},
+                                                 {"match_rms_adamw", AdjustLr::kMatchRmsAdamW},
+                                                 {"spectral", AdjustLr::kSpectral}});
+  bind_choice<Algorithm, ns::parse_algorithm>(e, "NsAlgorithm",
+                                              {{"gram", Algorithm::kGram}, {"standard", Algorithm::kStandard}});
+  bind_choice<CostModel, parse_cost_model>(
+      e, "CostModel",
+      {{"auto", CostModel::kAuto}, {"analytic", CostModel::kAnalytic}, {"profile", CostModel::kProfile}});
+
+  // NOTE: the range checks of lr, weight_decay and momentum run in the step (their error
+  // joins the start agreement, so that every rank raises); adjust_lr and NorMuon's
+  // options are checked here.
+  py::class_<step::GroupRule>(e, "GroupRule", "the update rule of one Muon param group (step/options.h)")
+      .def(py::init([](double lr, double weight_decay, double momentum, bool nesterov, const py::object& adjust_lr,
+                       ns::Schedule schedule, bool normuon, double normuon_beta2, double normuon_eps) {
+             step::GroupRule rule;
+             rule.lr = lr, rule.weight_decay = weight_decay, rule.momentum = momentum, rule.nesterov = nesterov;
+             rule.adjust_lr = choice<AdjustLr, optim::parse_adjust_lr>(adjust_lr);
+             rule.schedule = std::move(schedule);
+             rule.normuon = {normuon, normuon_beta2, normuon_eps};
+             if (normuon) rule.normuon.validate();  // names normuon_beta2 / normuon_eps
+             return rule;
+           }),
+           py::arg("lr"), py::arg("weight_decay"), py::arg("momentum"), py::arg("nesterov"), py::arg("adjust_lr"),
+           py::arg("schedule"), py::arg("normuon") = false, py::arg("normuon_beta2") = 0.95,
+           py::arg("normuon_eps") = 1e-8)
+      .def_readonly("lr", &step::GroupRule::lr)
+      .def_readonly("weight_decay", &step::GroupRule::weight_decay)
+      .def_readonly("momentum", &step::GroupRule::momentum)
+      .def_readonly("nesterov", &step::GroupRule::nesterov)
+      .def_readonly("adjust_lr", &step::GroupRule::adjust_lr)
+      .def_readonly("schedule", &step::GroupRule::schedule);
+
+  py::class_<step::EngineOptions>(e, "EngineOptions", "how the step engine runs (step/options.h), as given")
+      .def_readonly("mode", &step::EngineOptions::mode)
+      .def_readonly("wire_dtype", &step::EngineOptions::wire_dtype)
+      .def_readonly("stage_bytes", &step::EngineOptions::stage_bytes)
+      .def_readonly("solver", &step::EngineOptions::solver)
+      .def_readonly("backward_order", &step::EngineOptions::backward_order)
+      .def_readonly("plan_locally", &step::EngineOptions::plan_locally);
+
+  py::class_<RuntimeOptions>(e, "RuntimeOptions", "how the step runtime runs (runtime_options.h)")
+      .def(py::init([](const py::object& mode, int64_t bucket_bytes, const py::object& wire_dtype,
+                       const py::object& solver, const py::object& device_type, bool profile,
+                       const py::object& cost_model, std::vector<ns::Schedule> cost_schedules,
+                       std::optional<int64_t> fused_streams, const std::string& plan_source, bool record_timeline,
+                       std::optional<int64_t> pipeline_depth, std::optional<int64_t> ns_batch_mb,
+                       std::optional<bool> cuda_graphs, bool backward_order) {
+             RuntimeOptions o;
+             o.engine.mode = choice<Mode, step::parse_mode>(mode);
+             o.engine.stage_bytes = bucket_bytes;
+             o.engine.wire_dtype = choice<WireDType, step::parse_wire_dtype>(wire_dtype);
+             o.engine.solver = choice<SolverKind, plan::parse_solver>(solver);
+             o.engine.plan_locally = parse_plan_locally(plan_source);
+             o.engine.backward_order = backward_order;
+             o.engine.cost.schedules = std::move(cost_schedules);
+             o.device = choice<DeviceKind, parse_device_kind>(device_type);
+             o.profile = profile;
+             o.cost_model = choice<CostModel, parse_cost_model>(cost_model);
+             o.record_timeline = record_timeline;
+             o.fused_streams = fused_streams;
+             o.pipeline_depth = pipeline_depth;
+             o.ns_batch_mb = ns_batch_mb;
+             o.cuda_graphs = cuda_graphs;
+             return o;
+           }),
+           py::arg("mode") = "owner", py::arg("bucket_bytes") = int64_t{64} << 20, py::arg("wire_dtype") = "auto",
+           py::arg("solver") = "milp", py::arg("device_type") = "cpu", py::arg("profile") = false,
+           py::arg("cost_model") = "analytic", py::arg("cost_schedules") = std::vector<ns::Schedule>{},
+           py::arg("fused_streams") = py::none(), py::arg("plan_source") = "auto", py::arg("record_timeline") = false,
+           py::arg("pipeline_depth") = py::none(), py::arg("ns_batch_mb") = py::none(),
+           py::arg("cuda_graphs") = py::none(), py::arg("backward_order") = false)
+      .def_readonly("engine", &RuntimeOptions::engine)
+      .def_readonly("device", &RuntimeOptions::device)
+      .def_property_readonly("device_type",
+                             [](const RuntimeOptions& o) { return o.device == DeviceKind::kCuda ? "cuda" : "cpu"; })
+      .def_readonly("cost_model", &RuntimeOptions::cost_model)
+      .def_readonly("profile", &RuntimeOptions::profile)
+      .def_readonly("record_timeline", &RuntimeOptions::record_timeline)
+      .def_property_readonly("backward_order", [](const RuntimeOptions& o) { return o.engine.backward_order; });
+}
+
+}  // namespace dmuon::torch_adapter
