@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (one H200): where the step begun from backward spends its time (issue 27).
+# One device call (one H200): where the step begun from backward spends its time.
 # Builds dmuon, then runs each case of $CASES: a model's training step on the fake rank of
 # world D, the optimizers in turns, backward_step on or off, in a build order, optionally
 # with one profiled step per optimizer (--profile). Prints a short table last: per run the

@@ -6,7 +6,7 @@
 # NOTE: the GPU machine's environment sets CC/CXX to /opt/gcc, a toolchain that links
 # libstdc++ statically into shared objects. dmuon._C then carries its own libstdc++
 # beside the one Python and torch load, and the first iostream use (the planner's
-# Plan::serialize) segfaults inside codecvt (seen 2026-11-29 with cuda-gdb: frames of
+# Plan::serialize) segfaults inside codecvt (seen with cuda-gdb: frames of
 # libstdc++'s read_utf8_code_point resolved inside _C.so). Build with the system compilers.
 if [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then
   export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++

@@ -81,9 +81,9 @@ PY
 
 # compute-sanitizer on every kernel: symmetric-kernel configurations, one NS run, the fused
 # step (lab/kernels/sanitize_kernels.py, small shapes).
-# NOTE: racecheck runs a part at a time: all three in one run went past 170 s (H200,
-# 2026-11-30); with this environment the sym and ns parts took 20 s and the fused part 18 s
-# (H200, 2026-12-01); memcheck of all three about 11 s.
+# NOTE: racecheck runs a part at a time: all three in one run went past 170 s (H200);
+# with this environment the sym and ns parts took 20 s and the fused part 18 s
+# (H200); memcheck of all three about 11 s.
 if [ "$SANITIZE" = 1 ]; then
   DMUON_AUTOTUNE=0 DMUON_AUTOTUNE_CACHE=none timeout 200 compute-sanitizer --tool memcheck --print-limit 10 \
     python3 lab/kernels/sanitize_kernels.py 2>&1 | tail -3 | tee "$OUT/sanitize_memcheck.log"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call: build the step engine's GoogleTests on a GPU machine and run them
-# (issue 26, phase 1): the CUDA step ops against the CPU ops, the NS of a batch with its
+# One device call: build the step engine's GoogleTests on a GPU machine and run them:
+# the CUDA step ops against the CPU ops, the NS of a batch with its
 # graph, the engine on one GPU; then the CPU step tests for comparison. Optional:
 # compute-sanitizer memcheck of the CUDA step tests (--sanitize).
 # Needs (carried): .gtest, a copy of GoogleTest's sources (cp -r /usr/src/googletest .gtest

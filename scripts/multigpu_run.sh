@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The several-GPU run (issue 30) in one device call: build dmuon, check it over NCCL, time the
+# The several-GPU run in one device call: build dmuon, check it over NCCL, time the
 # optimizer step at every world size, time the training step, check the fake-world
 # projection against what was measured in the same call; a short summary table last.
 # Usage (device tool; carry [".cutlass"] so the sm_90a kernel is built; kind nvidia-h200-x2,
@@ -137,7 +137,7 @@ if wants project; then
   python3 lab/reports/projection_check.py "$OUT" | tee "$OUT/projection_check.txt"
 fi
 
-# 6. (issue 7) The same training step on one GPU: weight-ownership vs owner mode vs AdamW.
+# 6. The same training step on one GPU: weight-ownership vs owner mode vs AdamW.
 if wants e2e1; then
   run_stage "bench e2e qwen2.5-0.5b, 1 GPU" 200 \
     bash -c "python3 -m dmuon bench e2e --model qwen2.5-0.5b --world 1 --seq 4096 --micro-batch auto \

@@ -3,8 +3,8 @@
 // CUDA-free: the order and the medians are unit-tested on the CPU,
 // tests/cpp/test_timing_rounds.cpp).
 // NOTE: why: under an H200's power limit the clock follows the recent load (Nsight Compute
-// read 1.30–1.50 GHz across GEMM kernels, 2026-11-30); candidates timed one after another
-// drifted by up to 8% (the same kernel twice, 3584×18944 X·Xᵀ b15, 2026-11-30), as much as the
+// read 1.30–1.50 GHz across GEMM kernels); candidates timed one after another
+// drifted by up to 8% (the same kernel twice, 3584×18944 X·Xᵀ b15), as much as the
 // configurations differ.
 #pragma once
 

@@ -57,7 +57,7 @@ std::vector<KernelWork> ns_kernel_work(const Schedule& schedule, Algorithm algor
 double kernels_bound_seconds(const std::vector<KernelWork>& kernels, double flops_per_second,
                              double bytes_per_second);
 
-/// Bytes a parameter costs the fused single-GPU step's memory passes (matrix_list.h):
+/// Bytes a parameter costs the fused single-GPU step's memory passes (step/cuda/piece_kernels.h):
 /// the check reads gradient and momentum (8), the normalized update reads them, writes the
 /// momentum and the 16-bit iterate (14), the apply reads the result and the parameter
 /// and writes the parameter (10).

@@ -72,10 +72,6 @@ void CostTable::set(int64_t rows, int64_t cols, int64_t num_matrices, double sec
   table_[{rows, cols}][num_matrices] = seconds;
 }
 
-bool CostTable::has_shape(int64_t rows, int64_t cols) const {
-  return table_.count({rows, cols}) > 0;
-}
-
 size_t CostTable::size() const {
   size_t total = 0;
   for (const auto& [shape, points] : table_) total += points.size();

@@ -55,7 +55,6 @@ class CostTable {
   void set(int64_t rows, int64_t cols, int64_t num_matrices, double seconds);
   /// Seconds for rows×cols×num_matrices; throws naming the shape if it was never measured.
   double seconds(int64_t rows, int64_t cols, int64_t num_matrices) const;
-  bool has_shape(int64_t rows, int64_t cols) const;
   size_t size() const;
   /// (rows, cols, num_matrices, seconds) for every entry, sorted.
   std::vector<std::tuple<int64_t, int64_t, int64_t, double>> entries() const;

@@ -6,7 +6,7 @@
 //   load_r ≥ load_{r+1}                                    (symmetry breaking)
 //   Σ_{s,b} b·memory_s·x[r,s,b] ≤ cap                      (optional memory cap)
 // Stage 1 minimizes L; stage 2 minimizes Σ_r load_r with L ≤ L*·(1 + tolerance).
-// With homes (units a rank already holds whole, issue 27): on a rank home to h[r,s] units
+// With homes (units a rank already holds whole): on a rank home to h[r,s] units
 // of shape s, batches cost compute only and a continuous m[r,s] ≥ Σ_b b·x[r,s,b] − h[r,s]
 // counts the units it receives, each adding recv_s to load_r; ranks then differ, so the
 // symmetry rows are left out.

@@ -5,7 +5,7 @@
 // is orthogonalized in one batched launch that costs batch_seconds[b-1] on one rank.
 // A matrix may have a home: the rank that already holds it whole (an MoE expert under
 // FSDP2's Shard(0) on the expert dim, or on an EP split). Owning it there receives nothing;
-// anywhere else its receive term is paid as for any matrix (issue 27's locality term).
+// anywhere else its receive term is paid as for any matrix (the locality term).
 #pragma once
 
 #include <cstdint>

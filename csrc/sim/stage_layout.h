@@ -46,7 +46,7 @@ struct StageLayout {
   /// Throws dmuon::Error naming the field that is inconsistent.
   void validate() const;
   /// Stages [first, num_stages()) alone: what runs at step() when the first stages were
-  /// exchanged inside backward (issue 27). Throws dmuon::Error when first > num_stages().
+  /// exchanged inside backward. Throws dmuon::Error when first > num_stages().
   StageLayout from_stage(size_t first) const;
 };
 

@@ -168,7 +168,7 @@ class DeviceOps {
   virtual void fill_zero(const Buffer& buffer) = 0;
   /// Pseudo-random values of unit variance (uniform on ±√3), a function of `seed` and the
   /// element index only: what a transport that moves no data (a fake world) leaves in the
-  /// updates an owner orthogonalizes (full rank, as real data; see dist/world_model.h).
+  /// updates an owner orthogonalizes (full rank, as real data; see layout/world_model.h).
   virtual void fill_synthetic(const Buffer& buffer, uint64_t seed) = 0;
   /// dst ← src (same dtype and size).
   virtual void copy(const Buffer& src, const Buffer& dst) = 0;

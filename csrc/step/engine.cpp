@@ -42,7 +42,7 @@ StepEngine::StepEngine(Transport& transport, DeviceOps& ops, std::vector<ParamSp
   make_plan();
 }
 
-// NOTE: a matrix stored transposed (HF Conv1D, dist::ParamLayout::transposed) takes the lr
+// NOTE: a matrix stored transposed (HF Conv1D, layout::ParamLayout::transposed) takes the lr
 // ratio of its (cols, rows), the shape the model uses it in.
 double StepEngine::item_scale(const GroupRule& rule, int item) const {
   const Item& it = table_.item(item);
@@ -69,7 +69,7 @@ void StepEngine::validate(const std::vector<ParamTensors>& tensors, const std::v
     const ParamSpec& spec = table_.param(p);
     const ParamTensors& t = tensors[static_cast<size_t>(p)];
     const int64_t numel = table_.local_numel(p, rank_);
-    const dist::RowBlock rows = table_.local_rows(p, rank_), cols = table_.local_cols(p, rank_);
+    const layout::RowBlock rows = table_.local_rows(p, rank_), cols = table_.local_cols(p, rank_);
     DMUON_CHECK(spec.group >= 0 && static_cast<size_t>(spec.group) < rules.size(), "parameter '", spec.name,
                 "': group index ", spec.group, " but ", rules.size(), " group rules");
     std::string why;
@@ -157,8 +157,8 @@ StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
 void StepEngine::issue_exchange(Flight& f, const Buffer& send, const ExchangeCounts& counts, const std::string& what,
                                 std::vector<int64_t>& sent_to, std::vector<int64_t>& received_from,
                                 uint64_t synthetic_seed) {
-  // NOTE: a transport that moves nothing leaves the receive buffer as it was. The model
-  // (dist/world_model.h) fills it: synthetic full-rank updates for an owner's NS (an
+  // NOTE: a transport that moves nothing leaves the receive buffer as it was. The fake
+  // world's model (layout/world_model.h) says what arrived: synthetic full-rank updates for an owner's NS (an
   // assembled matrix of zeros would draw less power and time its GEMMs too short),
   // zeros for returned results (the apply's time does not depend on values). Not real
   // work: outside every phase, its time in model_fill_s (timed as EngineOptions::timing says).

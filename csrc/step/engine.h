@@ -129,7 +129,7 @@ class StepEngine {
                    const StartChecks& checks = {});
 
   // ---- Early work and the two-phase step (the weight-ownership mode's local items; the
-  // sharded step begun inside backward, issue 27: stages of items that travel).
+  // sharded step begun inside backward: stages of items that travel).
   /// Opens a step whose items may be made ready before step(): `rules` give their momentum
   /// and NS (step_idx names it in errors until finish() names it); throws when a step is
   /// already open.

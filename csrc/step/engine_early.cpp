@@ -202,7 +202,7 @@ void StepEngine::commit_early(StepState& st, Early& early) {
   clock_.stop(start, {{PhaseField::kApply}});
 }
 
-// ---- Early stages: items that travel (issue 27).
+// ---- Early stages: items that travel.
 
 // Issues the forward of every stage whose items are all marked, strictly in stage order
 // (the collective order every rank shares), and runs the NS of the stage before the

@@ -205,7 +205,7 @@ void StepEngine::make_plan() {
   }
   const int64_t wire_size = dtype_size(wire_dtype_);
   // NOTE: every item is planned; one whole on some ranks has its home there, and the
-  // planner keeps it there unless moving it balances the loads better (issue 27).
+  // planner keeps it there unless moving it balances the loads better.
   // NOTE: collective over a transport that moves data (rank 0's table); a failure is
   // raised on every rank by the agreement below.
   std::string error;
@@ -268,9 +268,9 @@ OwnerPlan plan_whole_owners(Transport& transport, const std::vector<ParamSpec>& 
   // so that it still gets an owner.
   std::vector<plan::MatrixSpec> matrices;
   for (const ParamSpec& p : params) {
-    const dist::ParamLayout& layout = p.layout;
+    const layout::ParamLayout& layout = p.layout;
     int64_t rows = layout.matrix_rows();
-    for (const dist::RowBlock& block : layout.matrix_blocks()) rows = std::max(rows, block.count);
+    for (const layout::RowBlock& block : layout.matrix_blocks()) rows = std::max(rows, block.count);
     const int64_t numel = layout.numel();
     matrices.push_back({p.name, std::max<int64_t>(1, rows), std::max<int64_t>(1, layout.matrix_cols()),
                         std::max<int64_t>(1, layout.num_matrices()), std::max<int64_t>(1, numel * wire_element_bytes),

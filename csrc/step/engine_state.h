@@ -55,7 +55,7 @@ struct StepEngine::StepState {
   std::vector<int64_t> normuon_at;
   OwnedBuffer normuon_full;
   bool normuon_exchanged = false;  // the gather's all_to_all ran: the return's runs too
-  // NOTE: early stages (issue 27): run_stage keeps its results (own rows and the return
+  // NOTE: early stages: run_stage keeps its results (own rows and the return
   // buffer) instead of applying and returning them; commit() does both after the agreement.
   bool hold = false;
 };
@@ -82,7 +82,7 @@ struct StepEngine::Early {
   std::vector<OwnedBuffer> held;      // one per early NS batch: its results, row-major per item
   std::vector<Buffer> result;         // [item] its O (rows×cols) inside `held`
   int64_t num_batches = 0, num_items = 0;
-  // Stages exchanged early (items that travel, issue 27): a stage's forward is issued once
+  // Stages exchanged early (items that travel): a stage's forward is issued once
   // every item in it is marked ready, stages strictly in order; its NS runs one stage
   // later (or in finish()), its return and apply wait for commit().
   std::vector<bool> marked;           // [item] the caller made it ready

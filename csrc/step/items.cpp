@@ -19,14 +19,14 @@ struct BoxView {
 
 // Columns are the flattened trailing dims: a box must hold a range of the first of them
 // and all of the others, or its local tensor is not a column range of the flat matrix.
-BoxView view_of(const ParamSpec& spec, const dist::Box& box) {
+BoxView view_of(const ParamSpec& spec, const layout::Box& box) {
   const std::vector<int64_t>& shape = spec.layout.global_shape;
   BoxView v;
   v.row_dim = spec.layout.batch_dims;
   const size_t first_col = static_cast<size_t>(v.row_dim) + 1;
   int64_t inner = 1;
   for (size_t d = first_col + 1; d < shape.size(); ++d) {
-    DMUON_CHECK(box[d].count == shape[d] || dist::box_numel(box) == 0, "parameter '", spec.name,
+    DMUON_CHECK(box[d].count == shape[d] || layout::box_numel(box) == 0, "parameter '", spec.name,
                 "': its placements split tensor dim ", d, ", which DMuon flattens into the columns of its matrices "
                 "(only the first column dim, ", first_col, ", may be split",
                 spec.layout.mesh ? "; placements " + spec.layout.mesh->describe() : std::string(), ")");
@@ -48,9 +48,9 @@ ItemTable::ItemTable(std::vector<ParamSpec> params, int world_size)
     DMUON_CHECK(spec.group >= 0, "parameter '", spec.name, "': group index ", spec.group, " is negative");
     DMUON_CHECK(spec.dtype != DType::kInt32, "parameter '", spec.name, "': dtype int32 is not a floating-point type");
     const std::vector<int64_t>& shape = spec.layout.global_shape;
-    dist::Box whole, none;
+    layout::Box whole, none;
     for (int64_t d : shape) whole.push_back({0, d}), none.push_back({0, 0});
-    std::vector<dist::Box> boxes;
+    std::vector<layout::Box> boxes;
     if (spec.whole_on_rank >= 0) {
       DMUON_CHECK(spec.whole_on_rank < world_size_, "parameter '", spec.name, "': whole on rank ", spec.whole_on_rank,
                   ", outside a world of ", world_size_);
@@ -64,27 +64,27 @@ ItemTable::ItemTable(std::vector<ParamSpec> params, int world_size)
       boxes = spec.layout.rank_boxes(world_size_, "parameter '" + spec.name + "'");
     }
     // NOTE: an empty box (a trailing chunk) holds nothing, wherever torch.chunk put it.
-    for (dist::Box& b : boxes)
-      if (dist::box_numel(b) == 0) b = none;
+    for (layout::Box& b : boxes)
+      if (layout::box_numel(b) == 0) b = none;
     boxes_.push_back(boxes);
 
     const int first = static_cast<int>(items_.size());
     const int64_t m = spec.layout.matrix_rows(), n = spec.layout.matrix_cols();
     if (m > 0 && n > 0) {
-      const std::vector<dist::RowBlock> blocks = spec.layout.matrix_blocks();
+      const std::vector<layout::RowBlock> blocks = spec.layout.matrix_blocks();
       for (int64_t e = 0; e < spec.layout.num_matrices(); ++e) {
         const int64_t rows = blocks[static_cast<size_t>(e)].count;
         items_.push_back({static_cast<int>(p), e, rows, n, spec.group, spec.dtype});
         for (int r = 0; r < world_size_; ++r) {
-          const dist::Box& box = boxes[static_cast<size_t>(r)];
+          const layout::Box& box = boxes[static_cast<size_t>(r)];
           Piece piece;
-          if (dist::box_numel(box) > 0) {
+          if (layout::box_numel(box) > 0) {
             const BoxView v = view_of(spec, box);
             if (spec.layout.batch_dims == 1) {
               // Matrix e of a stack (a row block of one of its matrices): the box's rows inside it
               // when it holds that matrix of the stack.
               const int64_t per_dim0 = spec.layout.rows_per_dim0();
-              const dist::RowBlock& block = blocks[static_cast<size_t>(e)];
+              const layout::RowBlock& block = blocks[static_cast<size_t>(e)];
               const int64_t stacked = block.begin / per_dim0, begin = block.begin % per_dim0;
               const int64_t lo = std::max(box[1].begin, begin);
               const int64_t hi = std::min(box[1].begin + box[1].count, begin + rows);
@@ -155,18 +155,18 @@ int ItemTable::first_whole_holder(int item_idx) const {
   return -1;
 }
 
-dist::RowBlock ItemTable::local_rows(int param_idx, int rank) const {
+layout::RowBlock ItemTable::local_rows(int param_idx, int rank) const {
   const ParamSpec& spec = param(param_idx);
-  const dist::Box& box = boxes_.at(static_cast<size_t>(param_idx)).at(static_cast<size_t>(rank));
-  if (dist::box_numel(box) == 0) return {0, 0};
+  const layout::Box& box = boxes_.at(static_cast<size_t>(param_idx)).at(static_cast<size_t>(rank));
+  if (layout::box_numel(box) == 0) return {0, 0};
   if (spec.layout.batch_dims == 1)
     return {box[0].begin * spec.layout.rows_per_dim0() + box[1].begin, box[0].count * box[1].count};
   return {box[0].begin, box[0].count};
 }
 
-dist::RowBlock ItemTable::local_cols(int param_idx, int rank) const {
-  const dist::Box& box = boxes_.at(static_cast<size_t>(param_idx)).at(static_cast<size_t>(rank));
-  if (dist::box_numel(box) == 0) return {0, 0};
+layout::RowBlock ItemTable::local_cols(int param_idx, int rank) const {
+  const layout::Box& box = boxes_.at(static_cast<size_t>(param_idx)).at(static_cast<size_t>(rank));
+  if (layout::box_numel(box) == 0) return {0, 0};
   const BoxView v = view_of(param(param_idx), box);
   return {v.col_begin, v.local_cols};
 }
@@ -179,7 +179,7 @@ bool ItemTable::strided_on(int param_idx, int rank) const {
 }
 
 int64_t ItemTable::local_numel(int param_idx, int rank) const {
-  return dist::box_numel(boxes_.at(static_cast<size_t>(param_idx)).at(static_cast<size_t>(rank)));
+  return layout::box_numel(boxes_.at(static_cast<size_t>(param_idx)).at(static_cast<size_t>(rank)));
 }
 
 std::string ItemTable::item_name(int item_idx) const {

@@ -3,13 +3,13 @@
 //
 // An item is one matrix: a 2-D parameter (or one with trailing dims flattened, e.g. a 4-D
 // conv weight [out, in·kh·kw]), one matrix of a 3-D stack (MoE experts: one item per
-// matrix), one row block or one column block of a split parameter (issue 29: a column
+// matrix), one row block or one column block of a split parameter (a column
 // block j of a [rows, k·d] weight is the rows×d item at column j·d). It is planned,
 // exchanged and orthogonalized as a whole by one owner.
 // A piece is what one rank holds of an item: a block, rows [row_begin, row_begin +
 // row_count) × columns [col_begin, col_begin + col_count) of it (a row range is a block of
 // all columns: FSDP2's Shard(0) chunk, all rows when replicated, possibly none; a mesh
-// placement may split columns too, dist/placement.h), stored ([row_count, col_count],
+// placement may split columns too, layout/placement.h), stored ([row_count, col_count],
 // row-major) at an element offset of that rank's local tensors, its rows contiguous but
 // for a column block's, which lie `ld` elements apart (the local tensor's row length:
 // strided views, step/types.h). The wire carries every piece contiguous. Ranks that
@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "dist/shard_layout.h"
+#include "layout/shard_layout.h"
 #include "step/types.h"
 
 namespace dmuon::step {
@@ -33,7 +33,7 @@ namespace dmuon::step {
 /// One Muon parameter as every rank sees it (identical on every rank).
 struct ParamSpec {
   std::string name;
-  dist::ParamLayout layout;
+  layout::ParamLayout layout;
   DType dtype = DType::kFloat32;  ///< of the parameter, its gradient and momentum buffer
   int group = 0;                  ///< index into the step's GroupRules
   /// ≥ 0: the layout kind "whole on rank r" (the weight-ownership mode): every matrix of
@@ -103,11 +103,11 @@ class ItemTable {
   std::pair<int, int> items_of(int param_idx) const { return item_range_.at(static_cast<size_t>(param_idx)); }
   /// Flat rows of a parameter that `rank` holds (its local tensors are [count, local
   /// cols]; `begin` is the flat row of its first, meaningful for row ranges).
-  dist::RowBlock local_rows(int param_idx, int rank) const;
+  layout::RowBlock local_rows(int param_idx, int rank) const;
   /// Columns of the flat matrix of a parameter that `rank` holds.
-  dist::RowBlock local_cols(int param_idx, int rank) const;
+  layout::RowBlock local_cols(int param_idx, int rank) const;
   /// The box of a parameter's tensor that `rank` holds (every count 0: none).
-  const dist::Box& box(int param_idx, int rank) const {
+  const layout::Box& box(int param_idx, int rank) const {
     return boxes_.at(static_cast<size_t>(param_idx)).at(static_cast<size_t>(rank));
   }
   /// Whether any piece of a parameter's items on `rank` is strided (column blocks).
@@ -123,7 +123,7 @@ class ItemTable {
   std::vector<ParamSpec> params_;
   std::vector<Item> items_;
   std::vector<std::pair<int, int>> item_range_;     // [param] → (first item, count)
-  std::vector<std::vector<dist::Box>> boxes_;      // [param][rank] its box of the tensor
+  std::vector<std::vector<layout::Box>> boxes_;      // [param][rank] its box of the tensor
   std::vector<Piece> pieces_;                      // [item · world + rank]
   std::vector<int> lowest_holder_;                 // [item · world + rank] lowest rank with the same block, −1: none
 };

@@ -101,7 +101,7 @@ struct EngineOptions {
   /// How the phases are timed (StepStats, the per-stage timeline): PhaseTiming.
   PhaseTiming timing = PhaseTiming::kEnqueue;
   /// Stages in backward order (StageLimits::backward_order): for a step begun inside
-  /// backward (issue 27), whose stages leave as backward completes them.
+  /// backward, whose stages leave as backward completes them.
   bool backward_order = false;
   /// Owner planner and the NS costs it balances.
   plan::SolverKind solver = plan::SolverKind::kMilp;

@@ -19,12 +19,6 @@ OwnershipMesh OwnershipMesh::flat(int world_size) {
   return mesh;
 }
 
-int OwnershipMesh::rank_at(int replica, int shard) const {
-  for (int r = 0; r < world_size(); ++r)
-    if (replica_of[static_cast<size_t>(r)] == replica && shard_of[static_cast<size_t>(r)] == shard) return r;
-  DMUON_FAIL("OwnershipMesh: no rank at replica ", replica, ", shard ", shard, " of a ", replicas, "×", shards, " mesh");
-}
-
 void OwnershipMesh::validate() const {
   DMUON_CHECK(shards >= 1 && replicas >= 1, "OwnershipMesh: the mesh must be at least 1×1, got ", replicas, "×", shards);
   const size_t world = static_cast<size_t>(world_size());

@@ -29,8 +29,6 @@ struct OwnershipMesh {
   /// One row of `world_size` ranks.
   static OwnershipMesh flat(int world_size);
   int world_size() const { return shards * replicas; }
-  /// The world rank at (replica, shard).
-  int rank_at(int replica, int shard) const;
   /// Throws dmuon::Error unless every (replica, shard) holds exactly one rank.
   void validate() const;
 };

@@ -53,7 +53,7 @@ struct StageLimits {
   int64_t wire_element_bytes = 4;
   int64_t stage_bytes = 0;     ///< ≤ 0: no bound
   int64_t ns_batch_bytes = 0;  ///< ≤ 0: no bound
-  /// Stages in backward order (issue 27): each owner's NS batches hold items from the last
+  /// Stages in backward order: each owner's NS batches hold items from the last
   /// (highest index) down, and run latest first, so that stage 0 holds the matrices
   /// backward finishes first (items follow parameter registration order).
   bool backward_order = false;

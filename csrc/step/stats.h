@@ -1,6 +1,6 @@
 // dmuon/step/stats.h — where one rank's step went: phase totals (today's StepStats) and a
 // per-stage timeline with the bytes exchanged with each peer, which the fake-world
-// projection of issue 31 turns into a step time at a given link bandwidth.
+// projection (csrc/sim) turns into a step time at a given link bandwidth.
 //
 // Times are as EngineOptions::timing takes them (step/phase_clock.h): by default the host
 // time to enqueue each phase (on a GPU not the device's time); synchronized after each
@@ -39,7 +39,7 @@ struct StepStats {
   int64_t num_stages = 0, num_ns_batches = 0, num_orthogonalized = 0;
   int64_t pipeline_depth = 0;
   int64_t num_streams = 0;  ///< most streams one stage's NS batches ran on
-  /// Work begun inside backward (issue 27): the stages exchanged early; the NS seconds and
+  /// Work begun inside backward: the stages exchanged early; the NS seconds and
   /// matrices that ran inside items_ready (before finish()): the early stages' and those of
   /// items whole on this rank (all of them at world 1); the model fills among model_fill_s
   /// that ran there.

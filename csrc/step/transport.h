@@ -36,7 +36,7 @@ class Transport {
   virtual ~Transport() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  /// False where the backend moves no data (torch's fake process group, issue 31):
+  /// False where the backend moves no data (torch's fake process group):
   /// receive buffers keep what the engine wrote there (it zero-fills them first), and
   /// reductions return this rank's values as if every rank behaved like this one.
   virtual bool moves_data() const { return true; }

@@ -1,5 +1,6 @@
-// dmuon._C module entry: pybind11 bindings of the core. Ops are registered separately
-// through TORCH_LIBRARY (ops.cpp: torch.ops.dmuon.*; cuda/testing_ops.cpp: torch.ops.dmuon_testing.*).
+// dmuon._C module entry: the torch-free core's bindings (csrc/python) and the adapter's. Ops
+// are registered separately through TORCH_LIBRARY (ops.cpp: torch.ops.dmuon.*;
+// cuda/testing_ops.cpp: torch.ops.dmuon_testing.*).
 // NOTE: pybind11 alone (bindings.h): this file binds no tensor. torch/extension.h (all of the
 // C++ frontend) made it one of the build's longest files; the binding files include
 // torch/python.h, the tensor casters, for the same reason.
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "bindings.h"
+#include "python/bindings.h"
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "dmuon C++ core and torch ops";
@@ -19,10 +21,11 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.attr("built_with_cuda") = false;
 #endif
-  dmuon::torch_adapter::register_core_bindings(m);
-  dmuon::torch_adapter::register_plan_bindings(m);
+  dmuon::bindings::register_core_bindings(m);
+  dmuon::bindings::register_layout_bindings(m);
+  dmuon::bindings::register_plan_bindings(m);
+  dmuon::bindings::register_sim_bindings(m);
   dmuon::torch_adapter::register_cost_bindings(m);
-  dmuon::torch_adapter::register_sim_bindings(m);
   dmuon::torch_adapter::register_dist_bindings(m);
   // NOTE: the ownership exchange before the engine, whose runtime takes one.
   dmuon::torch_adapter::register_ownership_bindings(m);

@@ -54,7 +54,7 @@ void register_ownership_bindings(py::module_& m) {
       });
 
   py::class_<OwnedExchange, std::shared_ptr<OwnedExchange>>(o, "Exchange")
-      .def(py::init<const OwnershipGroups&, std::vector<std::string>, std::vector<dist::ParamLayout>, std::vector<int>,
+      .def(py::init<const OwnershipGroups&, std::vector<std::string>, std::vector<layout::ParamLayout>, std::vector<int>,
                     const std::vector<std::string>&, OwnershipOptions>(),
            py::arg("groups"), py::arg("names"), py::arg("layouts"), py::arg("layer_of"), py::arg("dtypes"),
            py::arg("options"), Gil())

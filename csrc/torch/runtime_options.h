@@ -58,7 +58,7 @@ struct StepStats {
   /// (prepare, ns, 0, apply), and of the fake world's model fills (no phase: not real work).
   std::vector<sim::BucketTimes> bucket_times;
   double model_fill_s = 0;
-  /// The step begun inside backward (issue 27): stages exchanged early, the NS seconds and
+  /// The step begun inside backward: stages exchanged early, the NS seconds and
   /// matrices that ran before step() (inside backward's hooks: early stages' and items whole
   /// on this rank), and the model fills (of model_fill_s) that ran there.
   int64_t early_stages = 0, early_orthogonalized = 0;

@@ -28,11 +28,11 @@ bool is_fake_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const st
   return backend_name(group, device_type == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU) == "fake";
 }
 
-dist::WorldModel detect_world_model(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+layout::WorldModel detect_world_model(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                                     const std::string& device_type) {
-  if (!group) return dist::WorldModel();
-  const dist::Transport transport = is_fake_group(group, device_type) ? dist::Transport::kFake : dist::Transport::kReal;
-  return dist::WorldModel(transport, group->getRank(), group->getSize());
+  if (!group) return layout::WorldModel();
+  const layout::Transport transport = is_fake_group(group, device_type) ? layout::Transport::kFake : layout::Transport::kReal;
+  return layout::WorldModel(transport, group->getRank(), group->getSize());
 }
 
 }  // namespace dmuon::torch_adapter

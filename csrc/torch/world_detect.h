@@ -1,4 +1,4 @@
-// dmuon/torch/world_detect.h — which transport a c10d process group is (dist/world_model.h),
+// dmuon/torch/world_detect.h — which transport a c10d process group is (layout/world_model.h),
 // decided once when a runtime is made.
 #pragma once
 
@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "dist/world_model.h"
+#include "layout/world_model.h"
 
 namespace dmuon::torch_adapter {
 
@@ -15,7 +15,7 @@ namespace dmuon::torch_adapter {
 bool is_fake_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::string& device_type);
 
 /// single (null group), fake (is_fake_group) or real, with the group's rank and size.
-dist::WorldModel detect_world_model(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+layout::WorldModel detect_world_model(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                                     const std::string& device_type);
 
 }  // namespace dmuon::torch_adapter

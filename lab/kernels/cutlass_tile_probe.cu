@@ -21,7 +21,7 @@
 //
 // NOTE: -DNDEBUG matters: without it CUTLASS's device-side asserts are function calls inside
 // the mainloop and ptxas serializes every instance's WGMMAs (C7510). The run-G figures of
-// docs/benchmarks/history.md (2026-11-29) came from such a build.
+// docs/benchmarks/history.md came from such a build.
 //
 // Run (on an H100/H200):
 //   build/probe/cutlass_tile_probe                                   # the three default problems, batch 1

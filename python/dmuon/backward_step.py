@@ -1,4 +1,4 @@
-"""The sharded step started from backward (issue 27): hooks that hand a parameter's final
+"""The sharded step started from backward: hooks that hand a parameter's final
 gradient to the step engine as soon as its reduction is done, so that its stage's pieces
 travel to their owners, and owners orthogonalize, while backward continues.
 

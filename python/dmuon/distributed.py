@@ -8,7 +8,7 @@ Layouts of a Muon parameter:
 - any other DTensor (a mesh of several dims: FSDP2 × TP, HSDP, HSDP × TP, EP × FSDP; or
   DTensors on different meshes in one optimizer): placed on its mesh with ``Shard(d)``,
   FSDP2's ``_StridedShard`` and ``Replicate()`` on any mesh dims (the mesh layout, C++
-  ``dmuon/dist/placement.h``); every parameter's ranks must lie in one group, the union
+  ``dmuon/layout/placement.h``); every parameter's ranks must lie in one group, the union
   (the default group, a mesh's group that spans them all, or ``process_group=``), which
   carries the exchange; ``Partial`` and other placements are refused, naming the
   parameter and its placements;

@@ -19,7 +19,7 @@ and of a matrix stored transposed (HF ``Conv1D``, whose dim 0 is the input); col
 of a parameter that has row blocks, of one with more than 2 dims, or of a DTensor on a mesh
 of several dims (FSDP2 × TP).
 
-How column blocks run: each block is an item of the C++ step engine (dist::ParamLayout::
+How column blocks run: each block is an item of the C++ step engine (layout::ParamLayout::
 col_blocks, step/items.h): a rank's piece of block j is its rows × columns [j·d, (j+1)·d)
 of its local tensor, read and written in place as a strided view (rows `cols` elements
 apart) and exchanged as a contiguous slice, so nothing is copied for the split.

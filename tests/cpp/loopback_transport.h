@@ -4,7 +4,7 @@
 //                    (every collective of step::Transport), so GoogleTest can run worlds of
 //                    1–4; the axes of a mesh are LoopbackWorlds of their own;
 //   NoDataTransport  rank r of a world of D that moves nothing (the model of torch's fake
-//                    process group, issue 31).
+//                    process group).
 // A rank that throws, calls a different collective than the others, or finishes while the
 // others wait for it fails every rank's pending and later collectives with a named error:
 // a broken rank never leaves the others hanging.

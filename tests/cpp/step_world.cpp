@@ -93,12 +93,12 @@ int64_t World::numel(int p) const {
 
 // The elements of `box` of a row-major tensor of `shape` (box order, row-major), or the
 // reverse: `local` written into `global` at the box.
-static void for_box(const std::vector<int64_t>& shape, const dist::Box& box,
+static void for_box(const std::vector<int64_t>& shape, const layout::Box& box,
                     const std::function<void(int64_t global_idx, int64_t local_idx)>& fn) {
-  if (dist::box_numel(box) == 0) return;
+  if (layout::box_numel(box) == 0) return;
   const size_t nd = shape.size();
   std::vector<int64_t> idx(nd, 0);
-  for (int64_t local = 0; local < dist::box_numel(box); ++local) {
+  for (int64_t local = 0; local < layout::box_numel(box); ++local) {
     int64_t global = 0;
     for (size_t d = 0; d < nd; ++d) global = global * shape[d] + box[d].begin + idx[d];
     fn(global, local);
@@ -110,8 +110,8 @@ static void for_box(const std::vector<int64_t>& shape, const dist::Box& box,
 }
 
 static std::vector<double> box_of(const std::vector<double>& global, const std::vector<int64_t>& shape,
-                                  const dist::Box& box) {
-  std::vector<double> out(static_cast<size_t>(dist::box_numel(box)));
+                                  const layout::Box& box) {
+  std::vector<double> out(static_cast<size_t>(layout::box_numel(box)));
   for_box(shape, box, [&](int64_t g, int64_t l) { out[static_cast<size_t>(l)] = global[static_cast<size_t>(g)]; });
   return out;
 }
@@ -119,12 +119,12 @@ static std::vector<double> box_of(const std::vector<double>& global, const std::
 RankTensors World::local(int rank) const {
   RankTensors t;
   for (int p = 0; p < static_cast<int>(model_.size()); ++p) {
-    const dist::Box& box = table_.box(p, rank);
+    const layout::Box& box = table_.box(p, rank);
     const std::vector<int64_t>& shape = model_[static_cast<size_t>(p)].shape;
     const DType dtype = model_[static_cast<size_t>(p)].dtype;
     t.param.emplace_back(box_of(initial_param[static_cast<size_t>(p)], shape, box), dtype);
     t.momentum.emplace_back(box_of(initial_momentum[static_cast<size_t>(p)], shape, box), dtype);
-    t.grad.emplace_back(std::vector<double>(static_cast<size_t>(dist::box_numel(box)), 0.0), dtype);
+    t.grad.emplace_back(std::vector<double>(static_cast<size_t>(layout::box_numel(box)), 0.0), dtype);
     t.has_grad.push_back(true);
   }
   return t;
@@ -170,7 +170,7 @@ ReferenceResult reference_muon(const World& world, const std::vector<step::Group
         u[i] = rule.nesterov ? lerp(g[i], m[i], rule.momentum) : m[i];
       }
       const auto [first, count] = table.items_of(p);
-      const dist::ParamLayout& layout = table.param(p).layout;
+      const layout::ParamLayout& layout = table.param(p).layout;
       for (int item = first; item < first + count; ++item) {
         const step::Item& it = table.item(item);
         // Element i (row-major in the item) of the flat parameter. NOTE: matrices of a

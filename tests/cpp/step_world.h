@@ -32,10 +32,10 @@ struct ModelParam {
   step::DType dtype = step::DType::kFloat32;
   int group = 0;
   int whole_on_rank = -1;  ///< ≥ 0: the weight-ownership layout (ParamSpec::whole_on_rank)
-  bool transposed = false;  ///< stored (in, out), as HF Conv1D (dist::ParamLayout::transposed)
-  std::optional<dist::MeshPlacement> mesh;  ///< set: placed on a device mesh (`sharded` ignored)
-  std::vector<int64_t> row_blocks{};  ///< rows of each block orthogonalized alone (dist::ParamLayout::row_blocks)
-  int64_t col_blocks = 0;  ///< equal column blocks orthogonalized alone (dist::ParamLayout::col_blocks)
+  bool transposed = false;  ///< stored (in, out), as HF Conv1D (layout::ParamLayout::transposed)
+  std::optional<layout::MeshPlacement> mesh;  ///< set: placed on a device mesh (`sharded` ignored)
+  std::vector<int64_t> row_blocks{};  ///< rows of each block orthogonalized alone (layout::ParamLayout::row_blocks)
+  int64_t col_blocks = 0;  ///< equal column blocks orthogonalized alone (layout::ParamLayout::col_blocks)
 };
 
 /// Host memory of one tensor of `dtype`.
@@ -147,8 +147,8 @@ step::GroupRule gram_rule(double lr, double weight_decay, bool nesterov = true, 
 step::GroupRule standard_rule(double lr, double weight_decay, bool nesterov = true, const char* adjust_lr = "none");
 
 /// A mesh of `shape` (placements per mesh dim) whose rank r sits at its row-major coordinates.
-inline dist::MeshPlacement row_major_mesh(std::vector<int64_t> shape, std::vector<dist::DimPlacement> placements) {
-  dist::MeshPlacement mp{shape, std::move(placements), {}};
+inline layout::MeshPlacement row_major_mesh(std::vector<int64_t> shape, std::vector<layout::DimPlacement> placements) {
+  layout::MeshPlacement mp{shape, std::move(placements), {}};
   int64_t size = 1;
   for (int64_t s : shape) size *= s;
   for (int64_t r = 0; r < size; ++r) {

@@ -1,4 +1,4 @@
-// Owner planner with homes (issue 27): a matrix already whole on one rank receives nothing
+// Owner planner with homes: a matrix already whole on one rank receives nothing
 // when owned there. Kept at home when that balances, moved when it would overload; the
 // problem hash covers homes; every solver's plan accounts receive bytes per owner.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Column blocks (issue 29: split_heads=n, split_dim=1, o_proj per head): the item table
+// Column blocks (split_heads=n, split_dim=1, o_proj per head): the item table
 // makes block j of a [rows, k·d] parameter a rows×d item of its own, each rank's piece its
 // rows × the block's columns, strided in the local tensor (rows `local cols` apart); the
 // whole engine (CPU ops, loopback transport) steps them in place against the fp64 Muon
@@ -16,8 +16,8 @@
 
 namespace {
 
-using dmuon::dist::DimPlacement;
-using dmuon::dist::PlacementKind;
+using dmuon::layout::DimPlacement;
+using dmuon::layout::PlacementKind;
 using dmuon::step::DType;
 using dmuon::step::EngineOptions;
 using dmuon::step::GroupRule;
@@ -27,8 +27,8 @@ using dmuon::testing::EngineRun;
 using dmuon::testing::ModelParam;
 using dmuon::testing::World;
 
-dmuon::dist::ParamLayout col_block_layout(std::vector<int64_t> shape, bool sharded, int64_t blocks) {
-  dmuon::dist::ParamLayout layout{std::move(shape), 0, sharded};
+dmuon::layout::ParamLayout col_block_layout(std::vector<int64_t> shape, bool sharded, int64_t blocks) {
+  dmuon::layout::ParamLayout layout{std::move(shape), 0, sharded};
   layout.col_blocks = blocks;
   return layout;
 }
@@ -104,7 +104,7 @@ TEST(ColBlockItems, ShardedRowsOfEveryBlockAreStridedPiecesAtWorld3) {
 TEST(ColBlockItems, ColumnShardsCutBlocksIntoTwoDimensionalPieces) {
   // [4, 12] in 2 blocks of 6 columns, Shard(1) over 3 ranks: columns [0,4) [4,8) [8,12).
   const DimPlacement cols{PlacementKind::kShard, 1, 1};
-  dmuon::dist::ParamLayout layout = col_block_layout({4, 12}, true, 2);
+  dmuon::layout::ParamLayout layout = col_block_layout({4, 12}, true, 2);
   layout.mesh = dmuon::testing::row_major_mesh({3}, {cols});
   const ItemTable t({{"tp", layout, DType::kFloat32, 0}}, 3);
   expect_pieces(t, {
@@ -118,7 +118,7 @@ TEST(ColBlockItems, ColumnShardsCutBlocksIntoTwoDimensionalPieces) {
 }
 
 TEST(ColBlockItems, BadColumnBlocksAreNamed) {
-  const auto error_of = [](dmuon::dist::ParamLayout layout) {
+  const auto error_of = [](dmuon::layout::ParamLayout layout) {
     try {
       ItemTable({{"o_proj", std::move(layout), DType::kFloat32, 0}}, 2);
     } catch (const dmuon::Error& e) {
@@ -128,10 +128,10 @@ TEST(ColBlockItems, BadColumnBlocksAreNamed) {
   };
   EXPECT_NE(error_of(col_block_layout({4, 10}, true, 3)).find("o_proj: 10 columns are not divisible into 3"),
             std::string::npos);
-  dmuon::dist::ParamLayout rows = col_block_layout({4, 12}, true, 2);
+  dmuon::layout::ParamLayout rows = col_block_layout({4, 12}, true, 2);
   rows.row_blocks = {2, 2};
   EXPECT_NE(error_of(rows).find("o_proj: 2 column blocks need one 2-D matrix without row blocks"), std::string::npos);
-  dmuon::dist::ParamLayout stack{{2, 4, 6}, 1, true};
+  dmuon::layout::ParamLayout stack{{2, 4, 6}, 1, true};
   stack.col_blocks = 2;
   EXPECT_NE(error_of(stack).find("o_proj: 2 column blocks need one 2-D matrix"), std::string::npos);
 }

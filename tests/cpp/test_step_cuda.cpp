@@ -838,17 +838,17 @@ TEST(StepCudaEngine, ColumnBlocksAsStridedPiecesMatchFp64Muon) {
   }
 }
 
-// Issue 28's layouts on the CUDA ops: column blocks (TP rowwise), FSDP2's strided shard
+// The mesh layouts on the CUDA ops: column blocks (TP rowwise), FSDP2's strided shard
 // over TP, HSDP and TP replicas, experts whole on a rank, on a 2x2 mesh (world 4, one GPU);
 // replicas must stay bit-identical under the 16-bit wire (gather() throws where not).
 TEST(StepCudaEngine, MeshPlacementsMatchFp64MuonAtWorldFour) {
   SKIP_WITHOUT_GPU();
-  using dmuon::dist::DimPlacement;
-  using dmuon::dist::PlacementKind;
+  using dmuon::layout::DimPlacement;
+  using dmuon::layout::PlacementKind;
   const DimPlacement rep{PlacementKind::kReplicate, 0, 1}, s0{PlacementKind::kShard, 0, 1},
       s1{PlacementKind::kShard, 1, 1}, strided{PlacementKind::kStridedShard, 0, 2};
   auto placed = [](dmuon::testing::ModelParam m, std::vector<DimPlacement> placements) {
-    m.mesh = dmuon::dist::MeshPlacement{{2, 2}, std::move(placements), {{0, 0}, {0, 1}, {1, 0}, {1, 1}}};
+    m.mesh = dmuon::layout::MeshPlacement{{2, 2}, std::move(placements), {{0, 0}, {0, 1}, {1, 0}, {1, 1}}};
     return m;
   };
   const DType f32 = DType::kFloat32;

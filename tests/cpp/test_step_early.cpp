@@ -168,7 +168,7 @@ void expect_matches_fp64(const World& world, const EarlyRun& run, int num_steps)
     const auto& initial = world.initial_param[static_cast<size_t>(p)];
     const double error = dmuon::testing::relative_error(dmuon::testing::difference(param, initial),
                                                        dmuon::testing::difference(ref.param[static_cast<size_t>(p)], initial));
-    // NOTE: bfloat16 weights round each step's update to 8 bits (measured 2026-12-02:
+    // NOTE: bfloat16 weights round each step's update to 8 bits (measured:
     // 4.1e-3 on "half"); float32 NS against fp64 below 1e-4, as test_step_engine's.
     const double tolerance = world.model()[static_cast<size_t>(p)].dtype == DType::kBFloat16 ? 2e-2 : 1e-4;
     EXPECT_LE(error, tolerance) << "parameter " << world.model()[static_cast<size_t>(p)].name << ", world "
@@ -507,13 +507,13 @@ TEST(WholeOnRank, NonOwnersPassAnyEmptyView) {
 
 namespace {
 
-// ---------------------------------------------------------------- early exchange (issue 27)
+// ---------------------------------------------------------------- early exchange
 // Items that travel (sharded, replicated, 2-D pieces) made ready inside "backward": each
 // stage's forward leaves once its items are marked, its NS runs before finish(), returns
 // and apply in commit(). Bit for bit the one-shot step of the same plan on CPU ops.
 
-using dmuon::dist::DimPlacement;
-using dmuon::dist::PlacementKind;
+using dmuon::layout::DimPlacement;
+using dmuon::layout::PlacementKind;
 
 // Sharded (even, uneven, empty shards), a stack, a replica (DDP), bfloat16, and a matrix
 // in 2-D pieces (rows × columns over the mesh).
@@ -636,7 +636,7 @@ TEST(EarlyExchange, BackwardOrderSpreadsThePlanOverWindows) {
   const World world(model, kWorld, 1, 95);
   std::vector<std::vector<int>> owners(2 * kWorld);
   std::vector<std::vector<std::vector<int>>> stage_items(kWorld);
-  for (bool backward : {false, true}) {
+  for (bool backward: {false, true}) {
     dmuon::testing::LoopbackWorld loopback(kWorld);
     const auto errors = loopback.run([&](int r) {
       dmuon::step::CpuOps cpu;

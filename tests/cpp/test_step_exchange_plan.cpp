@@ -25,8 +25,8 @@
 
 namespace {
 
-using dmuon::dist::DimPlacement;
-using dmuon::dist::PlacementKind;
+using dmuon::layout::DimPlacement;
+using dmuon::layout::PlacementKind;
 using dmuon::step::BatchPlan;
 using dmuon::step::ComputePlan;
 using dmuon::step::DType;

@@ -1,4 +1,4 @@
-// Parameters placed on a device mesh (dist/placement.h): the boxes of hand-computed
+// Parameters placed on a device mesh (layout/placement.h): the boxes of hand-computed
 // layouts (torch.chunk per mesh dim, FSDP2's strided shard over TP, uneven and empty
 // shards), the item table's column blocks and replica sets, and the whole engine (CPU
 // ops, loopback transport) against the fp64 Muon on 2-D and 3-D meshes, with replicas
@@ -11,17 +11,17 @@
 #include <vector>
 
 #include "common/check.h"
-#include "dist/placement.h"
+#include "layout/placement.h"
 #include "step_expect.h"
 #include "step_world.h"
 
 namespace {
 
-using dmuon::dist::Box;
-using dmuon::dist::DimPlacement;
-using dmuon::dist::DimRange;
-using dmuon::dist::MeshPlacement;
-using dmuon::dist::PlacementKind;
+using dmuon::layout::Box;
+using dmuon::layout::DimPlacement;
+using dmuon::layout::DimRange;
+using dmuon::layout::MeshPlacement;
+using dmuon::layout::PlacementKind;
 using dmuon::step::DType;
 using dmuon::step::EngineOptions;
 using dmuon::step::GroupRule;
@@ -49,7 +49,7 @@ std::vector<DimRange> dim_ranges(const std::vector<Box>& boxes, size_t dim) {
 // ---------------------------------------------------------------- boxes
 TEST(MeshPlacement, SameTensorDimOnTwoMeshDimsLeftToRight) {
   // 8 rows, mesh 2x2, (Shard(0), Shard(0)): rank (i, j) holds rows [4i + 2j, +2).
-  const auto boxes = dmuon::dist::rank_boxes({8, 3}, mesh({2, 2}, {shard(0), shard(0)}), "w");
+  const auto boxes = dmuon::layout::rank_boxes({8, 3}, mesh({2, 2}, {shard(0), shard(0)}), "w");
   EXPECT_EQ(dim_ranges(boxes, 0), (std::vector<DimRange>{{0, 2}, {2, 2}, {4, 2}, {6, 2}}));
   EXPECT_EQ(dim_ranges(boxes, 1), (std::vector<DimRange>(4, {0, 3})));
 }
@@ -57,38 +57,38 @@ TEST(MeshPlacement, SameTensorDimOnTwoMeshDimsLeftToRight) {
 TEST(MeshPlacement, Fsdp2StridedShardOverTpIsRightToLeft) {
   // torch's _StridedShard docstring: mesh (dp, tp) = 2x2, [_StridedShard(0, 2), Shard(0)]:
   // rank (i, j) holds rows [4j + 2i, +2) (FSDP2 chunks the TP-local rows).
-  const auto boxes = dmuon::dist::rank_boxes({8, 8}, mesh({2, 2}, {strided(0, 2), shard(0)}), "w");
+  const auto boxes = dmuon::layout::rank_boxes({8, 8}, mesh({2, 2}, {strided(0, 2), shard(0)}), "w");
   EXPECT_EQ(dim_ranges(boxes, 0), (std::vector<DimRange>{{0, 2}, {4, 2}, {2, 2}, {6, 2}}));
   // Uneven: 5 rows; TP chunks [0, 3) [3, 5); FSDP chunks of each: [0, 2) [2, 3) | [3, 4) [4, 5).
-  const auto uneven = dmuon::dist::rank_boxes({5, 2}, mesh({2, 2}, {strided(0, 2), shard(0)}), "w");
+  const auto uneven = dmuon::layout::rank_boxes({5, 2}, mesh({2, 2}, {strided(0, 2), shard(0)}), "w");
   EXPECT_EQ(dim_ranges(uneven, 0), (std::vector<DimRange>{{0, 2}, {3, 1}, {2, 1}, {4, 1}}));
 }
 
 TEST(MeshPlacement, RowsAndColumnsAndReplicasAndEmptyShards) {
   // FSDP2 Shard(0) over TP's Shard(1) (a row-parallel o_proj): rows by dp, columns by tp.
-  const auto rowwise = dmuon::dist::rank_boxes({6, 7}, mesh({2, 2}, {shard(0), shard(1)}), "o");
+  const auto rowwise = dmuon::layout::rank_boxes({6, 7}, mesh({2, 2}, {shard(0), shard(1)}), "o");
   EXPECT_EQ(rowwise[3], (Box{{3, 3}, {4, 3}}));
   EXPECT_EQ(rowwise[2], (Box{{3, 3}, {0, 4}}));
   // HSDP × TP: mesh (replicate, shard, tp) = 2x1x2 → ranks 0 and 2 hold the same box.
-  const auto hsdp = dmuon::dist::rank_boxes({4, 6}, mesh({2, 1, 2}, {kRep, shard(0), shard(1)}), "w");
+  const auto hsdp = dmuon::layout::rank_boxes({4, 6}, mesh({2, 1, 2}, {kRep, shard(0), shard(1)}), "w");
   EXPECT_EQ(hsdp[0], hsdp[2]);
   EXPECT_EQ(hsdp[1], hsdp[3]);
   EXPECT_EQ(hsdp[1], (Box{{0, 4}, {3, 3}}));
   // 3 rows on (Shard(0), Shard(0)) 2x2: [0, 2) → [0, 1) [1, 2); [2, 3) → [2, 3) and empty.
-  const auto empty = dmuon::dist::rank_boxes({3, 2}, mesh({2, 2}, {shard(0), shard(0)}), "w");
+  const auto empty = dmuon::layout::rank_boxes({3, 2}, mesh({2, 2}, {shard(0), shard(0)}), "w");
   EXPECT_EQ(dim_ranges(empty, 0), (std::vector<DimRange>{{0, 1}, {1, 1}, {2, 1}, {3, 0}}));
-  EXPECT_EQ(dmuon::dist::box_numel(empty[3]), 0);
+  EXPECT_EQ(dmuon::layout::box_numel(empty[3]), 0);
   // A rank outside the mesh holds nothing.
   MeshPlacement part = mesh({2}, {shard(0)});
   part.rank_coords.push_back({});
-  const auto outside = dmuon::dist::rank_boxes({4, 2}, part, "w");
-  EXPECT_EQ(dmuon::dist::box_numel(outside[2]), 0);
+  const auto outside = dmuon::layout::rank_boxes({4, 2}, part, "w");
+  EXPECT_EQ(dmuon::layout::box_numel(outside[2]), 0);
 }
 
 TEST(MeshPlacement, BadPlacementsAreNamedErrors) {
   auto message = [](const MeshPlacement& mp, std::vector<int64_t> shape) {
     try {
-      dmuon::dist::rank_boxes(shape, mp, "parameter 'w'");
+      dmuon::layout::rank_boxes(shape, mp, "parameter 'w'");
     } catch (const dmuon::Error& e) {
       return std::string(e.what());
     }
@@ -135,7 +135,8 @@ TEST(MeshItems, ColumnBlocksReplicaSetsAndSources) {
 }
 
 // ---------------------------------------------------------------- the engine
-// Every layout of issue 28 on a 2x2 mesh (world 4) or a 2x2x2 one (world 8).
+// Every mesh layout (FSDP2, TP, HSDP and their products) on a 2x2 mesh (world 4) or a
+// 2x2x2 one (world 8).
 std::vector<ModelParam> mesh_model(int world) {
   auto placed = [](ModelParam m, MeshPlacement mp) {
     m.mesh = std::move(mp);
@@ -217,7 +218,7 @@ TEST_P(MeshEngine, MatchesFp64MuonAndSendsReplicasOnce) {
     return;
   }
   // Owner mode: every matrix once. NOTE: a matrix some ranks hold whole has its home
-  // there, but the planner may move it when that balances (issue 27); the bytes below
+  // there, but the planner may move it when that balances; the bytes below
   // count whatever it chose.
   EXPECT_EQ(total, int64_t{kSteps} * table.num_items());
   // Bytes: each block the owner lacks arrives once (its lowest holder sends it), and every

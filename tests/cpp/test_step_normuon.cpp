@@ -153,7 +153,7 @@ TEST(StepNormuon, ShardedAndReplicatedMatchOneProcessBitwise) {
       v[rank].resize(mats.size());
       row0[rank].resize(mats.size());
       for (size_t i = 0; i < mats.size(); ++i) {
-        const dist::RowBlock rows = engine.items().local_rows(static_cast<int>(i), rank);
+        const layout::RowBlock rows = engine.items().local_rows(static_cast<int>(i), rank);
         const int64_t cols = mats[i].shape[1];
         row0[rank][i] = rows.begin;
         p[rank][i].assign(p0[i].begin() + rows.begin * cols, p0[i].begin() + (rows.begin + rows.count) * cols);

@@ -80,7 +80,7 @@ TEST(StepItems, AStackShardedWithinExpertsGivesPiecesWithOffsets) {
 
 TEST(StepItems, RowBlocksOfAShardedStackGivePiecesOfEachExpertsBlocks) {
   // 3 experts of 2 + 2 rows × 5 (gate, up), Shard(0) over 2 ranks: experts 0, 1 on rank 0.
-  dmuon::dist::ParamLayout layout{{3, 4, 5}, 1, true, {2, 2}};
+  dmuon::layout::ParamLayout layout{{3, 4, 5}, 1, true, {2, 2}};
   const ItemTable table({{"gate_up", layout, DType::kFloat32, 0}}, 2);
   ASSERT_EQ(table.num_items(), 6);
   EXPECT_EQ(table.item(3).rows, 2);
@@ -94,11 +94,11 @@ TEST(StepItems, RowBlocksOfAShardedStackGivePiecesOfEachExpertsBlocks) {
   EXPECT_TRUE(table.whole_on(4, 1));
 }
 
-// Split orthogonalization (issue 29): every row block is an item of its own; a rank's piece
+// Split orthogonalization: every row block is an item of its own; a rank's piece
 // of a block is the block's rows inside the rank's Shard(0) chunk, so a chunk may hold the
 // end of one block and the start of the next (two pieces at offsets of one local tensor).
-dmuon::dist::ParamLayout row_block_layout(std::vector<int64_t> shape, bool sharded, std::vector<int64_t> blocks) {
-  dmuon::dist::ParamLayout layout;
+dmuon::layout::ParamLayout row_block_layout(std::vector<int64_t> shape, bool sharded, std::vector<int64_t> blocks) {
+  dmuon::layout::ParamLayout layout;
   layout.global_shape = std::move(shape);
   layout.sharded = sharded;
   layout.row_blocks = std::move(blocks);
@@ -158,8 +158,8 @@ TEST(StepItems, RowBlocksCutByShardsGivePiecesOfBlocks) {
 TEST(StepItems, StackShardedOnItsRowDimGivesRowPiecesOfEveryMatrix) {
   // A stack [3, 7 rows, 2] whose dim 1 (every matrix's rows) is chunked over a 1-D mesh of
   // 3 ranks (torch.chunk: 3, 3, 1 rows): each matrix is an item with a row piece per rank.
-  dmuon::dist::ParamLayout layout{{3, 7, 2}, 1, true};
-  layout.mesh = dmuon::dist::MeshPlacement{{3}, {{dmuon::dist::PlacementKind::kShard, 1, 1}}, {{0}, {1}, {2}}};
+  dmuon::layout::ParamLayout layout{{3, 7, 2}, 1, true};
+  layout.mesh = dmuon::layout::MeshPlacement{{3}, {{dmuon::layout::PlacementKind::kShard, 1, 1}}, {{0}, {1}, {2}}};
   const ItemTable staged({{"o_proj", layout, DType::kFloat32, 0}}, 3);
   ASSERT_EQ(staged.num_items(), 3);
   const int64_t begin[] = {0, 3, 6}, count[] = {3, 3, 1};

@@ -1,4 +1,4 @@
-// Learning-rate adjustment per shape, against the formulas in the README.
+// Learning-rate adjustment per shape, against the formulas in docs/configuration.md (adjust_lr).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,16 +1,14 @@
-// The fake world's model (dist/world_model): agreements, received data, refusals.
+// The fake world's model (layout/world_model): agreements, refusals.
 #include <gtest/gtest.h>
 
 #include "common/check.h"
-#include "dist/world_model.h"
+#include "layout/world_model.h"
 
 namespace {
 
-using dmuon::dist::ExchangeKind;
-using dmuon::dist::FlagOp;
-using dmuon::dist::ReceivedData;
-using dmuon::dist::Transport;
-using dmuon::dist::WorldModel;
+using dmuon::layout::FlagOp;
+using dmuon::layout::Transport;
+using dmuon::layout::WorldModel;
 
 TEST(WorldModel, FakeSumsAreLocalTimesWorldAndMaxesLocal) {
   const WorldModel fake(Transport::kFake, 3, 8);
@@ -28,14 +26,6 @@ TEST(WorldModel, RealGroupsAgreeByCollectivesNotByTheModel) {
   EXPECT_THROW(real.modelled_agreement({1}, FlagOp::kSum), dmuon::Error);
   // A real group of one rank moves nothing either: its agreement is the local value.
   EXPECT_EQ(WorldModel(Transport::kReal, 0, 1).modelled_agreement({2}, FlagOp::kSum), (std::vector<int64_t>{2}));
-}
-
-TEST(WorldModel, ReceivedDataFollowsTheExchange) {
-  const WorldModel fake(Transport::kFake, 1, 2);
-  EXPECT_EQ(fake.received_data(ExchangeKind::kUpdatesToOwners), ReceivedData::kSynthetic);
-  EXPECT_EQ(fake.received_data(ExchangeKind::kResultsFromOwners), ReceivedData::kZeros);
-  const WorldModel real(Transport::kReal, 1, 2);
-  EXPECT_EQ(real.received_data(ExchangeKind::kUpdatesToOwners), ReceivedData::kDelivered);
 }
 
 TEST(WorldModel, BadRanksAndRefusedWorkAreNamed) {
@@ -56,7 +46,6 @@ TEST(WorldModel, BadRanksAndRefusedWorkAreNamed) {
         << error.what();
   }
   EXPECT_NO_THROW(WorldModel(Transport::kReal, 0, 2).require_data_movement("publishing weights"));
-  EXPECT_THROW(dmuon::dist::parse_flag_op("min"), dmuon::Error);
 }
 
 }  // namespace

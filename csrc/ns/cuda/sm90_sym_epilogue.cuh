@@ -27,7 +27,7 @@ __device__ __forceinline__ int epilogue_index(int r, int c) {
 // 128-byte swizzle: 16-byte chunk (c/8)%8 of row r XOR r%8; column halves 8192 apart).
 // NOTE: computed here rather than through the CuTe tensor: indexing that tensor for the 64
 // accumulator values kept 128 smem offsets live across the tile loop (168 registers,
-// 640 bytes of spills per thread in ptxas -v, nvcc 13, 2026-11-29).
+// 640 bytes of spills per thread in ptxas -v, nvcc 13).
 __host__ __device__ __forceinline__ int tma_tile_index(int r, int c) {
   return ((c >> 6) << 13) + (r << 6) + ((((c >> 3) ^ r) & 7) << 3) + (c & 7);
 }
@@ -42,7 +42,7 @@ __host__ __device__ __forceinline__ int tma_tile_index(int r, int c) {
 // swizzled tile (tma_tile_index of a column multiple of 8).
 // NOTE: why: the per-element epilogue issued 192 shared-memory accesses and 128 index
 // computations per thread and tile; in 8×8 blocks it is 24 instructions. Measured on an
-// H200 (2026-11-30, lab/kernels/sym_kernel_bench.py): β·C products 896³ b72 14–17% and 1536³ b56 6–15%
+// H200 (lab/kernels/sym_kernel_bench.py): β·C products 896³ b72 14–17% and 1536³ b56 6–15%
 // faster on every tmastore configuration, long-k X·Xᵀ within ±3%.
 __device__ __forceinline__ void load_blocks_x4(const void* row, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.x4.m8n8.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -322,7 +322,7 @@ __device__ __forceinline__ void tmastore_epilogue(const typename T::Params& p, c
   // diagonal, (r, c) becomes mirror (r, c), the value computed for (c, r). The mirror is
   // not stored. 16-byte chunks; a chunk the diagonal cuts is merged element by element.
   // NOTE: per element, the lower values would need 32 single-block instructions with
-  // branches: ptxas then spilled 1.4 KiB (nvcc 13, 2026-11-30).
+  // branches: ptxas then spilled 1.4 KiB (nvcc 13).
   if (diagonal) {
     consumer_barrier();  // NOTE: every warp's mirror blocks are written
     constexpr int kChunks = kTile * kTile / 8;

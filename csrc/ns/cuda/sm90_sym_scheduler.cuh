@@ -94,8 +94,8 @@ constexpr int kMaxSplit = 16;
 // (tail·split ≤ wave), at most kMaxSplit, slices of at least kMinSliceKTiles k-tiles.
 // NOTE: one round only. Several rounds of slices, where they would cut the tail's time on
 // paper (39 pairs of 128×256 units on 66 clusters, 3584 × 18944 b1: 3 slices in 2 rounds,
-// 0.67 of a unit against 1.0 whole), ran slower than no split (0.5222 against 0.4697 ms; H200,
-// 2026-11-30): under the power limit a partly idle last wave runs
+// 0.67 of a unit against 1.0 whole), ran slower than no split (0.5222 against 0.4697 ms; H200):
+// under the power limit a partly idle last wave runs
 // faster clocks, so its idle part costs less than its share of the time.
 inline int64_t choose_tail_split(int64_t tail, int64_t wave, int num_k_tiles) {
   return std::max<int64_t>(std::min<int64_t>({wave / tail, num_k_tiles / kMinSliceKTiles, kMaxSplit}), 1);

@@ -52,7 +52,7 @@ struct Traits {
                 "128x256 units: 1-CTA with any epilogue, 2-CTA clusters with tmastore");
   // Instances with the tail split-K compiled in: the 128×128 tmastore ones and mc2's wide one.
   // NOTE: in the 1-CTA wide instance its registers made ptxas serialize the WGMMAs (C7511,
-  // 2 KiB of spills; nvcc 13, 2026-11-30), in the staged and direct ones likewise.
+  // 2 KiB of spills; nvcc 13), in the staged and direct ones likewise.
   static constexpr bool kCanSplit = kTmaStore && (kColTiles == 1 || kCluster == 2);
   static constexpr int kNumConsumerThreads = 256;
   static constexpr int kNumThreads = 128 + kNumConsumerThreads;

@@ -324,7 +324,7 @@ void CudaOps::prepare_to_iterate(const std::vector<LocalMatrix>& matrices, const
     // pass (ns/cuda/matrix_list.h), which also writes the padding columns.
     std::vector<ns::cuda::StepMatrix> list;
     for (const LocalMatrix& m : matrices)
-      list.push_back({nullptr, m.grad.as<const float>(), m.momentum.as<float>()});
+      list.push_back({m.grad.as<const float>(), m.momentum.as<float>()});
     const LocalMatrix& first = matrices.front();
     ns::cuda::normalized_update(ns_dtype(it.dtype), list.data(), batch.count, batch.rows, batch.cols,
                                 {first.rule.momentum, first.rule.nesterov}, update_momentum, scales.get().as<float>(),

@@ -57,7 +57,7 @@ std::vector<int64_t> GraphCache::stats() const {
 
 // NOTE: captured on a private non-blocking stream: the caller's may be the legacy default
 // stream, which cannot capture (cudaErrorStreamCaptureUnsupported: every graph test failed
-// so on the H200, 2026-11-29); capturing runs nothing, and the graph is launched on the
+// so on the H200); capturing runs nothing, and the graph is launched on the
 // caller's stream, in its order.
 bool GraphCache::capture(Entry& entry, const ns::Schedule& schedule, ns::cuda::DType dtype, ns::cuda::SymMode mode,
                          int64_t count, int64_t rows, int64_t cols) {

@@ -132,7 +132,7 @@ std::unique_ptr<step::Pending> C10dTransport::broadcast_buffer(const step::Buffe
 std::vector<int64_t> C10dTransport::all_reduce(const std::vector<int64_t>& local, step::ReduceOp op,
                                                const std::string& what) {
   if (local.empty() || !model_.communicates()) return local;
-  const dist::FlagOp flag_op = op == step::ReduceOp::kSum ? dist::FlagOp::kSum : dist::FlagOp::kMax;
+  const layout::FlagOp flag_op = op == step::ReduceOp::kSum ? layout::FlagOp::kSum : layout::FlagOp::kMax;
   if (!model_.moves_data()) return model_.modelled_agreement(local, flag_op);
   c10d::AllreduceOptions opts;
   opts.reduceOp = op == step::ReduceOp::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;

@@ -11,7 +11,7 @@
 // Pending::ready() is isCompleted() on the CPU, always true on CUDA (wait() is a stream's).
 // Over torch's fake backend (csrc/torch/world_detect.h) nothing moves: moves_data() is
 // false, all_to_all completes at once, all_reduce returns the model "every rank holds
-// these values" (dist::WorldModel::modelled_agreement), broadcast returns the text.
+// these values" (layout::WorldModel::modelled_agreement), broadcast returns the text.
 // Every failure throws dmuon::Error naming the collective (`what`) and the rank.
 #pragma once
 
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/world_model.h"
+#include "layout/world_model.h"
 #include "step/transport.h"
 
 namespace dmuon::torch_adapter {
@@ -38,7 +38,7 @@ class C10dTransport : public step::Transport {
   int world_size() const override { return model_.world_size(); }
   bool moves_data() const override { return model_.moves_data(); }
   /// How dmuon treats the group (single, real, fake).
-  const dist::WorldModel& world_model() const { return model_; }
+  const layout::WorldModel& world_model() const { return model_; }
   const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return group_; }
 
   std::unique_ptr<step::Pending> all_to_all(const step::Buffer& send, const std::vector<int64_t>& send_counts,
@@ -60,7 +60,7 @@ class C10dTransport : public step::Transport {
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   step::Device device_;
-  dist::WorldModel model_;
+  layout::WorldModel model_;
 };
 
 /// A flat at::Tensor viewing `buffer` (no copy; the buffer must outlive it).

@@ -38,7 +38,7 @@ void register_engine_bindings(py::module_& m) {
       "the start agreement alone (collective), before a runtime is made: raises as a step does");
 
   py::class_<EngineRuntime>(e, "EngineRuntime")
-      .def(py::init<const std::string&, std::vector<std::string>, std::vector<dist::ParamLayout>,
+      .def(py::init<const std::string&, std::vector<std::string>, std::vector<layout::ParamLayout>,
                     const std::vector<std::string>&, std::vector<int64_t>, RuntimeOptions,
                     std::shared_ptr<OwnedExchange>, std::vector<int64_t>>(),
            py::arg("group_name"), py::arg("names"), py::arg("layouts"), py::arg("dtypes"), py::arg("group_slot"),
@@ -97,7 +97,7 @@ void register_engine_bindings(py::module_& m) {
       .def_property_readonly("buckets", &EngineRuntime::stage_params)
       .def_property_readonly("last_stats", &EngineRuntime::last_stats)
       .def_property_readonly("transport",
-                             [](const EngineRuntime& r) { return dist::transport_name(r.world_model().transport()); })
+                             [](const EngineRuntime& r) { return layout::transport_name(r.world_model().transport()); })
       .def_property_readonly("options", &EngineRuntime::options)
       .def_property_readonly("stage_layout", &EngineRuntime::stage_layout,
                              "the last step's stages on every rank (dmuon._C.sim.StageLayout) for the projection")

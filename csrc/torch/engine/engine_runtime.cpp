@@ -68,7 +68,7 @@ void EngineRuntime::agree_start(const std::string& group_name, step::DeviceKind 
 }
 
 EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::string> names,
-                             std::vector<dist::ParamLayout> layouts, const std::vector<std::string>& dtypes,
+                             std::vector<layout::ParamLayout> layouts, const std::vector<std::string>& dtypes,
                              std::vector<int64_t> group_slot, RuntimeOptions options,
                              std::shared_ptr<OwnedExchange> owned, std::vector<int64_t> owned_group_slot)
     : options_(std::move(options)), layouts_(std::move(layouts)), owned_(std::move(owned)) {

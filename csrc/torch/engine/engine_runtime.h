@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/shard_layout.h"
+#include "layout/shard_layout.h"
 #include "engine/c10d_transport.h"
 #include "engine/owned_exchange.h"
 #include "runtime_options.h"
@@ -54,7 +54,7 @@ class EngineRuntime {
   /// into step()'s `groups`. device: "cpu" or "cuda" (the current CUDA device).
   /// `owned` (may be null): the weight-ownership mode's parameters, stepped after these
   /// (their Muon groups' slots in owned_group_slot); group_name must then be its world group.
-  EngineRuntime(const std::string& group_name, std::vector<std::string> names, std::vector<dist::ParamLayout> layouts,
+  EngineRuntime(const std::string& group_name, std::vector<std::string> names, std::vector<layout::ParamLayout> layouts,
                 const std::vector<std::string>& dtypes, std::vector<int64_t> group_slot, RuntimeOptions options,
                 std::shared_ptr<OwnedExchange> owned = nullptr, std::vector<int64_t> owned_group_slot = {});
   ~EngineRuntime();
@@ -90,7 +90,7 @@ class EngineRuntime {
   /// nothing is pending or with one rank.
   std::vector<int64_t> agree_results(const std::vector<int64_t>& extra_max = {});
 
-  // ---- The step begun inside backward (issue 27; docs/design/step_engine.md, "Early work").
+  // ---- The step begun inside backward (docs/design/step_engine.md, "Early work").
   /// Opens a step whose parameters may be made ready before step() (which completes it).
   void begin_step(const std::vector<step::GroupRule>& groups, int64_t step_idx);
   /// The matrices of parameters `ready` (indices) are final on this rank: their stages'
@@ -107,7 +107,7 @@ class EngineRuntime {
 
   int rank() const { return transport_->rank(); }
   int world_size() const { return transport_->world_size(); }
-  const dist::WorldModel& world_model() const { return transport_->world_model(); }
+  const layout::WorldModel& world_model() const { return transport_->world_model(); }
   const RuntimeOptions& options() const { return options_; }
   /// The engine's options as resolved when the runtime was made (options, else DMUON_*).
   const step::EngineOptions& engine_options() const { return engine_->options(); }
@@ -139,7 +139,7 @@ class EngineRuntime {
   void record_stats();
 
   RuntimeOptions options_;
-  std::vector<dist::ParamLayout> layouts_;
+  std::vector<layout::ParamLayout> layouts_;
   std::vector<at::ScalarType> dtypes_;
   std::unique_ptr<C10dTransport> transport_;
   std::shared_ptr<OwnedExchange> owned_;

@@ -26,7 +26,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> resolve(const std::string& name) {
 }  // namespace
 
 OwnedExchange::OwnedExchange(const OwnershipGroups& groups, std::vector<std::string> names,
-                             std::vector<dist::ParamLayout> layouts, std::vector<int> layer_of,
+                             std::vector<layout::ParamLayout> layouts, std::vector<int> layer_of,
                              const std::vector<std::string>& dtypes, OwnershipOptions options)
     : world_group_(groups.world), names_(std::move(names)), layouts_(std::move(layouts)), dtype_names_(dtypes) {
   const size_t n = names_.size();
@@ -36,7 +36,7 @@ OwnedExchange::OwnedExchange(const OwnershipGroups& groups, std::vector<std::str
   const step::DType reduce_dtype = options.reduce_dtype;
   world_ = std::make_unique<C10dTransport>(resolve(groups.world), device);
   // NOTE: owners publish whole weights that every rank computes with; over the fake
-  // backend they would never arrive (the sharded mode runs there, dist/world_model.h).
+  // backend they would never arrive (the sharded mode runs there, layout/world_model.h).
   world_->world_model().require_data_movement("the weight-ownership mode (dmuon.own_matrices; use FSDP2's sharding "
                                               "with DMuon)");
   auto axis = [&](const std::string& name, int size) -> std::unique_ptr<C10dTransport> {

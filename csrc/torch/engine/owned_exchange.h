@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/shard_layout.h"
+#include "layout/shard_layout.h"
 #include "engine/c10d_transport.h"
 #include "plan/solvers.h"
 #include "step/ownership_exchange.h"
@@ -49,7 +49,7 @@ class OwnedExchange {
   /// Collective over the world group (the owners are planned and agreed here). layouts:
   /// global, unsharded; layer_of: layer id per parameter (−1: none); dtypes of the master
   /// weights ("float32" | "float64" | "bfloat16" | "float16").
-  OwnedExchange(const OwnershipGroups& groups, std::vector<std::string> names, std::vector<dist::ParamLayout> layouts,
+  OwnedExchange(const OwnershipGroups& groups, std::vector<std::string> names, std::vector<layout::ParamLayout> layouts,
                 std::vector<int> layer_of, const std::vector<std::string>& dtypes, OwnershipOptions options);
   ~OwnedExchange();
 
@@ -86,7 +86,7 @@ class OwnedExchange {
   int world_size() const { return world_->world_size(); }
   const std::string& world_group() const { return world_group_; }
   const std::vector<std::string>& names() const { return names_; }
-  const std::vector<dist::ParamLayout>& layouts() const { return layouts_; }
+  const std::vector<layout::ParamLayout>& layouts() const { return layouts_; }
   const std::vector<std::string>& dtypes() const { return dtype_names_; }
   const std::vector<int>& owners() const { return owners_; }
   const std::string& plan_text() const { return plan_text_; }
@@ -100,7 +100,7 @@ class OwnedExchange {
 
   std::string world_group_;
   std::vector<std::string> names_;
-  std::vector<dist::ParamLayout> layouts_;
+  std::vector<layout::ParamLayout> layouts_;
   std::vector<std::string> dtype_names_;
   std::vector<int> owners_;
   std::string plan_text_;

@@ -5,7 +5,7 @@ and `bench e2e --fake-world` share.
 Under the fake backend (``torch.testing._internal.distributed.fake_pg``) collectives
 complete at once and move nothing; FSDP2, DTensor and DMuon run rank r's real work. DMuon's
 runtime detects the backend when it is made and plays the other ranks by the model "every
-rank behaves like this one" (csrc/dist/world_model.h). What the collectives would have cost
+rank behaves like this one" (csrc/layout/world_model.h). What the collectives would have cost
 comes from the projection (csrc/sim, ``dmuon.analysis.sim``), on the topology given here.
 """
 

@@ -7,7 +7,7 @@
 #include <tuple>
 #include <vector>
 
-#include "bindings.h"
+#include "python/bindings.h"
 #include "common/check.h"
 #include "common/env.h"
 #include "ns/ns_bound.h"
@@ -17,7 +17,7 @@
 
 namespace py = pybind11;
 
-namespace dmuon::torch_adapter {
+namespace dmuon::bindings {
 namespace {
 
 py::dict step_bound_dict(const ns::StepBound& b) {
@@ -160,4 +160,4 @@ void register_core_bindings(py::module_& m) {
         "One factor per row of rows [row_begin, row_begin + row_count) of a [heads·head_dim, cols] weight");
 }
 
-}  // namespace dmuon::torch_adapter
+}  // namespace dmuon::bindings

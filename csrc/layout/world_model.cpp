@@ -1,9 +1,9 @@
-// dmuon/dist/world_model.cpp — the fake world's model: agreements and received data.
-#include "dist/world_model.h"
+// dmuon/layout/world_model.cpp — the fake world's model: agreements and refusals.
+#include "layout/world_model.h"
 
 #include "common/check.h"
 
-namespace dmuon::dist {
+namespace dmuon::layout {
 
 const char* transport_name(Transport transport) {
   switch (transport) {
@@ -12,12 +12,6 @@ const char* transport_name(Transport transport) {
     case Transport::kFake: return "fake";
   }
   return "unknown";
-}
-
-FlagOp parse_flag_op(const std::string& name) {
-  if (name == "sum") return FlagOp::kSum;
-  if (name == "max") return FlagOp::kMax;
-  DMUON_FAIL("op must be 'sum' or 'max', got '", name, "'");
 }
 
 WorldModel::WorldModel(Transport transport, int rank, int world_size)
@@ -38,15 +32,10 @@ std::vector<int64_t> WorldModel::modelled_agreement(const std::vector<int64_t>& 
   return agreed;
 }
 
-ReceivedData WorldModel::received_data(ExchangeKind kind) const {
-  if (transport_ != Transport::kFake) return ReceivedData::kDelivered;
-  return kind == ExchangeKind::kUpdatesToOwners ? ReceivedData::kSynthetic : ReceivedData::kZeros;
-}
-
 void WorldModel::require_data_movement(const std::string& what) const {
   DMUON_CHECK(transport_ != Transport::kFake, what,
               " cannot run over torch's fake process-group backend: its collectives move no data, so "
               "what other ranks send would never arrive (rank ", rank_, " of a fake world of ", world_size_, ")");
 }
 
-}  // namespace dmuon::dist
+}  // namespace dmuon::layout

@@ -1,11 +1,11 @@
 // dmuon._C.sim: the projection of a step at any world size (csrc/sim) for the benchmarks.
-// NOTE: pybind11 and core headers only (no torch), like plan_bindings.cpp.
+// NOTE: pybind11 and core headers only (no torch), like every file here.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <map>
 
-#include "bindings.h"
+#include "python/bindings.h"
 #include "common/check.h"
 #include "plan/cost_model.h"
 #include "sim/collective_cost.h"
@@ -16,7 +16,7 @@
 
 namespace py = pybind11;
 
-namespace dmuon::torch_adapter {
+namespace dmuon::bindings {
 namespace {
 
 using PhaseTuple = std::array<double, sim::kNumPhases>;
@@ -199,4 +199,4 @@ void register_sim_bindings(py::module_& m) {
         "pipeline of depth `depth` with the layout's agreements (sim/pipeline.h)");
 }
 
-}  // namespace dmuon::torch_adapter
+}  // namespace dmuon::bindings

@@ -1,11 +1,11 @@
-// dmuon/dist/shard_layout.cpp — row blocks of sharded and replicated parameters.
-#include "dist/shard_layout.h"
+// dmuon/layout/shard_layout.cpp — row blocks of sharded and replicated parameters.
+#include "layout/shard_layout.h"
 
 #include <algorithm>
 
 #include "common/check.h"
 
-namespace dmuon::dist {
+namespace dmuon::layout {
 
 std::vector<RowBlock> chunk_rows(int64_t dim0, int world_size) {
   DMUON_CHECK(world_size >= 1, "world size must be >= 1, got ", world_size);
@@ -108,15 +108,15 @@ std::vector<RowBlock> ParamLayout::rank_rows(int world_size) const {
   return blocks;
 }
 
-}  // namespace dmuon::dist
+}  // namespace dmuon::layout
 
-namespace dmuon::dist {
+namespace dmuon::layout {
 
 std::vector<Box> ParamLayout::rank_boxes(int world_size, const std::string& what) const {
   if (mesh) {
     DMUON_CHECK(mesh->world_size() == world_size, what, ": placements ", mesh->describe(), " list ",
                 mesh->world_size(), " ranks, but the group has ", world_size);
-    return dist::rank_boxes(global_shape, *mesh, what);
+    return layout::rank_boxes(global_shape, *mesh, what);
   }
   std::vector<Box> boxes;
   Box whole;
@@ -131,4 +131,4 @@ std::vector<Box> ParamLayout::rank_boxes(int world_size, const std::string& what
   return boxes;
 }
 
-}  // namespace dmuon::dist
+}  // namespace dmuon::layout

@@ -5,7 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "bindings.h"
+#include "python/bindings.h"
 #include "plan/layer_spread.h"
 #include "plan/planner.h"
 #include "plan/stage_windows.h"
@@ -13,7 +13,7 @@
 
 namespace py = pybind11;
 
-namespace dmuon::torch_adapter {
+namespace dmuon::bindings {
 
 void register_plan_bindings(py::module_& m) {
   using namespace dmuon::plan;
@@ -191,9 +191,6 @@ void register_plan_bindings(py::module_& m) {
   p.def("layer_spread_stats", &layer_spread_stats, py::arg("problem"), py::arg("layer_of"), py::arg("plan"));
 
   // Stage spreading (a step begun from backward): backward windows spread, their stages measured.
-  p.def("backward_stage_windows", &backward_stage_windows, py::arg("problem"), py::arg("stage_bytes"),
-        "window id of every matrix: consecutive matrices from the last down, each window's wire bytes "
-        ">= stage_bytes and >= world_size x its largest matrix (plan/stage_windows.h)");
   p.def(
       "spread_backward_stages",
       [](const Problem& problem, int64_t stage_bytes, Plan plan) {
@@ -215,7 +212,6 @@ void register_plan_bindings(py::module_& m) {
   p.def("plan_stage_loads", &step::plan_stage_loads, py::arg("problem"), py::arg("plan"), py::arg("stage_bytes"),
         py::arg("wire_element_bytes") = 2, py::arg("backward_order") = true, py::arg("windowed") = true,
         "the engine's stages of plan and each rank's NS seconds in them (step/stage_loads.h)");
-  p.def("milp_available", &milp_available);
   py::class_<PlanCache>(p, "PlanCache")
       .def(py::init<std::string>(), py::arg("directory") = "")
       .def(
@@ -230,4 +226,4 @@ void register_plan_bindings(py::module_& m) {
       .def_property_readonly("num_misses", &PlanCache::num_misses);
 }
 
-}  // namespace dmuon::torch_adapter
+}  // namespace dmuon::bindings

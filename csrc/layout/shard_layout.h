@@ -1,4 +1,4 @@
-// dmuon/dist/shard_layout.h — where the rows of each Muon parameter live across ranks.
+// dmuon/layout/shard_layout.h — where the rows of each Muon parameter live across ranks.
 //
 // Every Muon parameter is viewed as a 2-D "flat" matrix [flat_rows, cols]:
 //   one matrix (batch_dims = 0):   [d0, d1·d2·…]            rows_per_dim0 = 1
@@ -12,7 +12,7 @@
 // Sharded on dim 0 (DTensor Shard(0), FSDP2), rank r holds a contiguous block of dim 0 —
 // torch.chunk's split, trailing ranks possibly empty — hence a contiguous block of flat
 // rows. Replicated, every rank holds every row. Placed on a device mesh (`mesh`: any
-// DTensor placements, dist/placement.h), rank r holds a box of the tensor: a range of
+// DTensor placements, layout/placement.h), rank r holds a box of the tensor: a range of
 // rows and a range of columns of each matrix (rank_boxes()).
 #pragma once
 
@@ -22,9 +22,9 @@
 #include <utility>
 #include <vector>
 
-#include "dist/placement.h"
+#include "layout/placement.h"
 
-namespace dmuon::dist {
+namespace dmuon::layout {
 
 /// A contiguous range of rows [begin, begin + count).
 struct RowBlock {
@@ -86,4 +86,4 @@ struct ParamLayout {
   std::vector<Box> rank_boxes(int world_size, const std::string& what) const;
 };
 
-}  // namespace dmuon::dist
+}  // namespace dmuon::layout

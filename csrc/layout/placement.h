@@ -1,4 +1,4 @@
-// dmuon/dist/placement.h — where the pieces of a DTensor live on a device mesh.
+// dmuon/layout/placement.h — where the pieces of a DTensor live on a device mesh.
 //
 // A parameter of global shape S is placed on a mesh of shape M (any number of dims) with
 // one placement per mesh dim: Replicate, Shard(d) (torch.chunk of tensor dim d over that
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-namespace dmuon::dist {
+namespace dmuon::layout {
 
 enum class PlacementKind : int { kReplicate = 0, kShard = 1, kStridedShard = 2 };
 
@@ -69,4 +69,4 @@ Box box_at(const std::vector<int64_t>& global_shape, const MeshPlacement& placem
 std::vector<Box> rank_boxes(const std::vector<int64_t>& global_shape, const MeshPlacement& placement,
                             const std::string& what);
 
-}  // namespace dmuon::dist
+}  // namespace dmuon::layout

@@ -1,4 +1,4 @@
-// dmuon/dist/world_model.h — what the other ranks of a step's process group are to this
+// dmuon/layout/world_model.h — what the other ranks of a step's process group are to this
 // process, decided once when a runtime is made.
 //
 // Three transports:
@@ -9,15 +9,16 @@
 //           the model "every rank behaves like this one": every rank holds the same
 //           parameters and options and decides the same plan (so decisions are computed
 //           locally, never broadcast), a sum over ranks of a per-rank flag is local × D, a
-//           max is local, and a received buffer holds what the model says arrived (below),
-//           so that the rank's own work runs on defined data and takes its real time.
+//           max is local, and the engine fills a received buffer with what the model says
+//           arrived (step/engine.cpp), so that the rank's own work runs on defined data and
+//           takes its real time.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace dmuon::dist {
+namespace dmuon::layout {
 
 enum class Transport { kSingle, kReal, kFake };
 
@@ -26,19 +27,6 @@ const char* transport_name(Transport transport);
 
 /// Element-wise reductions of per-rank flags.
 enum class FlagOp { kSum, kMax };
-
-/// Parses "sum" | "max"; errors name the argument op.
-FlagOp parse_flag_op(const std::string& name);
-
-/// What a buffer received from the other ranks holds where they exist only in the model.
-enum class ReceivedData {
-  kDelivered,  ///< real transport: what the senders sent
-  kSynthetic,  ///< fake: full-rank pseudo-random values (updates an owner orthogonalizes)
-  kZeros,      ///< fake: zeros (results a rank only applies)
-};
-
-/// Which exchange a received buffer belongs to.
-enum class ExchangeKind { kUpdatesToOwners, kResultsFromOwners };
 
 /// The relation of this process to its group's ranks; immutable once made.
 class WorldModel {
@@ -51,7 +39,6 @@ class WorldModel {
   Transport transport() const { return transport_; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
-  bool is_fake() const { return transport_ == Transport::kFake; }
 
   /// Whether the step issues collectives at all (more than one rank, real or fake).
   bool communicates() const { return transport_ != Transport::kSingle && world_size_ > 1; }
@@ -63,14 +50,6 @@ class WorldModel {
   /// transport that does not move data (fake, or one rank); throws otherwise.
   std::vector<int64_t> modelled_agreement(const std::vector<int64_t>& local, FlagOp op) const;
 
-  /// What a buffer of `kind` received from the other ranks holds.
-  /// NOTE: synthetic updates, not zeros, for the owners' Newton–Schulz: an assembled matrix
-  /// that is almost all zeros (D − 1 of D row blocks) draws less power than real data, and
-  /// GEMMs on an H200 under its power limit run measurably faster then (DESIGN.md §5: up to
-  /// 8% drift from power alone); results only feed the element-wise apply, whose time does
-  /// not depend on the values.
-  ReceivedData received_data(ExchangeKind kind) const;
-
   /// Throws dmuon::Error naming `what` when the transport is fake: for work whose results
   /// must arrive from other ranks (e.g. weights published by their owners).
   void require_data_movement(const std::string& what) const;
@@ -81,4 +60,4 @@ class WorldModel {
   int world_size_ = 1;
 };
 
-}  // namespace dmuon::dist
+}  // namespace dmuon::layout

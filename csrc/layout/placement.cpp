@@ -1,11 +1,11 @@
-// dmuon/dist/placement.cpp — boxes of a tensor placed on a device mesh (see placement.h).
-#include "dist/placement.h"
+// dmuon/layout/placement.cpp — boxes of a tensor placed on a device mesh (see placement.h).
+#include "layout/placement.h"
 
 #include <sstream>
 
 #include "common/check.h"
 
-namespace dmuon::dist {
+namespace dmuon::layout {
 namespace {
 
 std::string placement_name(const DimPlacement& p) {
@@ -111,4 +111,4 @@ std::vector<Box> rank_boxes(const std::vector<int64_t>& global_shape, const Mesh
   return boxes;
 }
 
-}  // namespace dmuon::dist
+}  // namespace dmuon::layout
