@@ -12,7 +12,7 @@
 #include "common/env.h"
 #include "ns/ns_bound.h"
 #include "ns/schedule.h"
-#include "option_choices.h"
+#include "torch/option_choices.h"
 #include "optim/qk_clip.h"
 
 namespace py = pybind11;
