@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <set>
@@ -202,6 +204,13 @@ std::optional<std::map<std::string, std::pair<TuneKey, TuneEntry>>> parse_cache_
 }
 
 bool TuneCache::load(const std::string& path) {
+  // NOTE: only a regular file is read (a FIFO at the path would block the open forever).
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+    warn_once(path, "ignoring the autotune cache " + path + ": " +
+                        (S_ISDIR(info.st_mode) ? "a directory" : "not a regular file") + " is at that path");
+    return false;
+  }
   bool exists = false;
   const std::string text = read_file(path, &exists);
   if (!exists) return true;
@@ -257,24 +266,35 @@ void TuneCache::save(const std::string& path) const {
                           std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()) % 100000) +
                           "." + std::to_string(counter++);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  DMUON_CHECK(fd >= 0, "autotune cache: cannot create ", tmp);
+  DMUON_CHECK(fd >= 0, "autotune cache: cannot write ", path, " (creating ", tmp, "): ", std::strerror(errno));
+  const auto fail = [&](const char* what) {
+    const int code = errno;
+    ::unlink(tmp.c_str());
+    DMUON_FAIL("autotune cache: cannot write ", path, " (", what, " ", tmp, "): ", std::strerror(code));
+  };
   size_t written = 0;
   while (written < text.size()) {
     const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
+      const int code = n == 0 ? ENOSPC : errno;
       ::close(fd);
-      ::unlink(tmp.c_str());
-      DMUON_FAIL("autotune cache: cannot write ", tmp);
+      errno = code;
+      fail("writing");
     }
     written += static_cast<size_t>(n);
   }
-  // NOTE: fsync before rename so that a crash never leaves a truncated file under `path`.
-  ::fsync(fd);
-  ::close(fd);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    DMUON_FAIL("autotune cache: cannot rename ", tmp, " to ", path);
+  // NOTE: fsync before rename so that a crash never leaves a truncated file under `path`;
+  // a full disk may only tell at fsync or close (delayed allocation, network filesystems),
+  // and a file that was not wholly written never replaces the one at `path`.
+  if (::fsync(fd) != 0) {
+    const int code = errno;
+    ::close(fd);
+    errno = code;
+    fail("syncing");
   }
+  if (::close(fd) != 0) fail("closing");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("renaming");
 }
 
 void TuneCache::save_or_warn(const std::string& path) const {

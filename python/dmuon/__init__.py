@@ -4,7 +4,7 @@
 >>> optimizer = dmuon.DMuon(model, lr=3e-3)   # Muon for matrices, AdamW for the rest
 """
 
-from dmuon import presets
+from dmuon import checkpoint, presets
 from dmuon.config import Execution, MuonMath, Ownership
 from dmuon.optimizer import DMuon, NonFiniteGradientError
 from dmuon.ownership import OwnedMatrices, own_matrices
@@ -14,6 +14,6 @@ from dmuon.routing import MatrixView, RoutedParam, route_module, route_named, ro
 from dmuon.routing_summary import RoutingSummary
 
 __all__ = ["DMuon", "Execution", "LOCAL", "MatrixView", "MuonMath", "NonFiniteGradientError", "OwnedMatrices",
-           "Ownership", "QKClip", "QKLayer", "RoutedParam", "RoutingSummary", "own_matrices", "presets", "route_module", "route_named",
+           "Ownership", "QKClip", "QKLayer", "RoutedParam", "RoutingSummary", "checkpoint", "own_matrices", "presets", "route_module", "route_named",
            "route_params"]
 __version__ = "0.1.0"

@@ -262,7 +262,10 @@ class BackwardStep:
             then.append(norm)
             now.append(local_grad)
         if not changed and then:
-            changed = bool((torch.stack(then) != torch.stack(_norms(now))).any().item())
+            # NOTE: a NaN norm stays NaN with the same gradient (NaN ≠ NaN would redo every
+            # begun step of a NaN gradient, and the begun step's own check would never see it).
+            before, after = torch.stack(then), torch.stack(_norms(now))
+            changed = bool(((before != after) & ~(before.isnan() & after.isnan())).any().item())
         fresh = self.fresh
         self._reset()
         return fresh, changed

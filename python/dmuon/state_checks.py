@@ -121,6 +121,26 @@ def check_state_dict(state_dict: Any, param_groups: list[dict[str, Any]], name_o
         if error:
             raise ValueError(f"{where}'s state of parameter {name_of(param)!r} (param group {g_idx}, index {p_idx}) "
                              f"{error}; was it saved for another model?")
+        error = _value_error(entry)
+        if error:
+            raise ValueError(f"{where}'s state of parameter {name_of(param)!r} (param group {g_idx}, index {p_idx}) "
+                             f"{error}; nothing was loaded")
+
+
+def _value_error(entry: dict[str, Any]) -> str:
+    """Why the values of a state entry cannot be stepped from ("" if they can): a moment or
+    momentum holding NaN or Inf, a second moment (exp_avg_sq, normuon_v) below zero. NOTE: a
+    sharded entry (DTensor) is checked on this rank's shard."""
+    for key in ("momentum_buffer", "exp_avg", "exp_avg_sq", "normuon_v"):
+        value = entry.get(key)
+        if value is None:
+            continue
+        local = value.to_local() if hasattr(value, "to_local") else value
+        if not bool(torch.isfinite(local).all()):
+            return f"{key} holds NaN or Inf"
+        if key in ("exp_avg_sq", "normuon_v") and bool((local < 0).any()):
+            return f"{key} holds negative values (a second moment is never negative)"
+    return ""
 
 
 def step_state_error(param_groups: list[dict[str, Any]], state: dict[torch.Tensor, dict[str, Any]],

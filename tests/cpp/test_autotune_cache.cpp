@@ -1,8 +1,14 @@
 // Tests of the on-disk autotune cache: round trip, corrupt / truncated / stale files
 // ignored with one warning and rebuilt, concurrent writers never leave a torn file.
 #include <gtest/gtest.h>
+#include <dirent.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
+#include <functional>
 
 #include <cstdio>
 #include <fstream>
@@ -18,9 +24,13 @@ namespace {
 
 TuneEnvironment env_a() { return {"NVIDIA H200", "13000", "13000", "0.1.0"}; }
 
-std::string temp_path(const std::string& name) {
+std::string temp_dir() {
   const char* dir = std::getenv("TMPDIR");
-  return std::string(dir ? dir : "/tmp") + "/dmuon_autotune_test_" + std::to_string(::getpid()) + "_" + name;
+  return dir ? dir : "/tmp";
+}
+
+std::string temp_path(const std::string& name) {
+  return temp_dir() + "/dmuon_autotune_test_" + std::to_string(::getpid()) + "_" + name;
 }
 
 std::string read_all(const std::string& path) {
@@ -71,6 +81,124 @@ TEST(AutotuneCache, UnwritableFileIsOneWarningWhenSavedOrWarned) {
   ASSERT_EQ(warnings.seen.size(), 1u);
   EXPECT_NE(warnings.seen[0].find("cannot write the cache"), std::string::npos) << warnings.seen[0];
   EXPECT_NE(warnings.seen[0].find(path), std::string::npos) << warnings.seen[0];
+}
+
+// `save` into `path` in a child process after `limit` (the child's own resource limits or
+// user): 0 when it threw an Error naming `path` and `reason`, 1 when it did not throw, 2
+// when the error named neither. A child, so that the limits end with it.
+int save_fails_in_child(const std::string& path, const std::string& reason, const std::function<void()>& limit) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    limit();
+    TuneCache cache(env_a());
+    cache.put({"sym", 3, 3, 3, 1, "float16", ""}, {"kernel", 3.0});
+    int rc = 1;
+    try {
+      cache.save(path);
+    } catch (const Error& error) {
+      const std::string text = error.what();
+      rc = text.find(path) != std::string::npos && text.find(reason) != std::string::npos ? 0 : 2;
+      if (rc != 0) std::fprintf(stderr, "unexpected error: %s\n", text.c_str());
+    }
+    ::_exit(rc);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+
+// The one entry a valid file at `path` holds, or an empty string.
+std::string only_config(const std::string& path) {
+  TuneCache cache(env_a());
+  if (!cache.load(path) || cache.size() != 1) return {};
+  const auto entry = cache.get({"sym", 1, 1, 1, 1, "float16", ""});
+  return entry ? entry->config : std::string();
+}
+
+// Names in `dir` that start with `prefix` (temporary files a failed save left).
+int files_starting_with(const std::string& dir, const std::string& prefix) {
+  int count = 0;
+  DIR* d = ::opendir(dir.c_str());
+  for (dirent* e = d ? ::readdir(d) : nullptr; e != nullptr; e = ::readdir(d))
+    count += std::string(e->d_name).rfind(prefix, 0) == 0;
+  if (d) ::closedir(d);
+  return count;
+}
+
+// A disk that fills while the cache is written (the file-size limit: write fails with
+// EFBIG after the first bytes): the save throws naming the file, the cache already at the
+// path is kept whole, and no temporary file is left.
+TEST(AutotuneCache, AFailedWriteKeepsThePreviousFileAndLeavesNoTemporary) {
+  Warnings warnings;
+  const std::string dir = temp_path("full"), path = dir + "/cache.txt";
+  TuneCache before(env_a());
+  before.put({"sym", 1, 1, 1, 1, "float16", ""}, {"previous", 1.0});
+  before.save(path);
+  EXPECT_EQ(save_fails_in_child(path, "File too large", [] {
+              std::signal(SIGXFSZ, SIG_IGN);  // NOTE: else the limit kills instead of failing the write
+              const rlimit small{16, 16};
+              ::setrlimit(RLIMIT_FSIZE, &small);
+            }), 0);
+  EXPECT_EQ(only_config(path), "previous");
+  EXPECT_EQ(files_starting_with(dir, "cache.txt.tmp."), 0);
+  EXPECT_TRUE(warnings.seen.empty());
+  std::remove(path.c_str());
+  std::remove((path + ".lock").c_str());
+  ::rmdir(dir.c_str());
+}
+
+// A directory or a FIFO where the cache file should be: loading it is one warning naming
+// it (not a "corrupt file"; a FIFO is never opened, which would wait for a writer forever);
+// saving over the directory throws naming it, save_or_warn warns once.
+TEST(AutotuneCache, ADirectoryOrAFifoAtThePathIsNamedAtLoadAndSave) {
+  Warnings warnings;
+  const std::string fifo = temp_path("fifo"), path = temp_path("is_a_dir");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  ASSERT_EQ(::mkdir(path.c_str(), 0755), 0);
+  TuneCache cache(env_a());
+  EXPECT_FALSE(cache.load(fifo));
+  EXPECT_FALSE(cache.load(path));
+  ASSERT_EQ(warnings.seen.size(), 2u);
+  EXPECT_NE(warnings.seen[0].find(fifo + ": not a regular file is at that path"), std::string::npos)
+      << warnings.seen[0];
+  EXPECT_NE(warnings.seen[1].find(path + ": a directory is at that path"), std::string::npos) << warnings.seen[1];
+  cache.put({"sym", 1, 1, 1, 1, "float16", ""}, {"kernel", 1.0});
+  const std::string error = [&] {
+    try {
+      cache.save(path);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  }();
+  EXPECT_NE(error.find("cannot write " + path), std::string::npos) << error;
+  EXPECT_NE(error.find("Is a directory"), std::string::npos) << error;
+  cache.save_or_warn(path);
+  cache.save_or_warn(path);
+  ASSERT_EQ(warnings.seen.size(), 3u);
+  EXPECT_NE(warnings.seen[2].find(path), std::string::npos) << warnings.seen[2];
+  EXPECT_EQ(files_starting_with(temp_dir(), "dmuon_autotune_test_" + std::to_string(::getpid()) + "_is_a_dir.tmp"), 0);
+  std::remove(fifo.c_str());
+  std::remove((path + ".lock").c_str());
+  ::rmdir(path.c_str());
+}
+
+// A read-only directory (entered as an unprivileged user where the test runs as root, who
+// writes anywhere): the save throws naming the file and the reason; the file there is kept.
+TEST(AutotuneCache, AReadOnlyDirectoryIsNamed) {
+  const std::string dir = temp_path("read_only"), path = dir + "/cache.txt";
+  TuneCache before(env_a());
+  before.put({"sym", 1, 1, 1, 1, "float16", ""}, {"previous", 1.0});
+  before.save(path);
+  ASSERT_EQ(::chmod(dir.c_str(), 0555), 0);
+  EXPECT_EQ(save_fails_in_child(path, "Permission denied", [] {
+              if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(3);
+            }), 0);
+  ::chmod(dir.c_str(), 0755);
+  EXPECT_EQ(only_config(path), "previous");
+  std::remove(path.c_str());
+  std::remove((path + ".lock").c_str());
+  ::rmdir(dir.c_str());
 }
 
 TEST(AutotuneCache, MissingFileIsNotAWarning) {

@@ -4,7 +4,13 @@
 // the table shared from rank 0 (loopback world), measured by every rank alone where the
 // transport moves no data, with a failure or mismatched options raised on every rank.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
+#include <functional>
 
 #include <algorithm>
 #include <atomic>
@@ -280,6 +286,68 @@ TEST(CostProfile, FailureOrMismatchedOptionsRaiseOnEveryRank) {
       }
     }
   }
+}
+
+// A store rank 0 cannot write (a directory at its path, a path no directory can be made
+// for, a disk that fills while it is written): one warning naming the file, and every rank
+// of a loopback world of 3 plans with rank 0's measured table, no rank failing. Each case
+// in a child process, so that the file-size limit ends with it; exit code 0: as expected.
+TEST(CostProfile, AStoreRank0CannotWriteIsOneWarningAndEveryRankPlansOn) {
+  const std::string dir_at_path = temp_path("dir_at_path");
+  ASSERT_EQ(::mkdir(dir_at_path.c_str(), 0755), 0);
+  const std::vector<std::pair<std::string, std::function<void()>>> cases = {
+      {dir_at_path, [] {}},
+      {"/proc/self/dmuon_no_such_dir/costs.txt", [] {}},
+      {temp_path("full.txt"),
+       [] {
+         std::signal(SIGXFSZ, SIG_IGN);  // NOTE: else the limit kills instead of failing the write
+         const rlimit small{16, 16};
+         ::setrlimit(RLIMIT_FSIZE, &small);
+       }},
+  };
+  constexpr int kWorld = 3;
+  const World world(eleven_and_one(), kWorld, 1, 4);
+  for (const auto& [path, spoil] : cases) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      spoil();
+      Warnings warnings;
+      dmuon::testing::LoopbackWorld loopback(kWorld);
+      std::vector<size_t> table_sizes(kWorld);
+      std::vector<uint64_t> hashes(kWorld);
+      const auto errors = loopback.run([&](int r) {
+        ScriptedOps ops({0.25});
+        const dmuon::step::StepEngine engine(loopback.transport(r), ops, world.specs(),
+                                             measuring(path, int64_t{1} << 30));
+        table_sizes[static_cast<size_t>(r)] = engine.measured_costs().size();
+        hashes[static_cast<size_t>(r)] = engine.plan_hash();
+      });
+      int rc = 0;
+      for (int r = 0; r < kWorld; ++r) {
+        if (!errors[static_cast<size_t>(r)].empty() || table_sizes[static_cast<size_t>(r)] == 0 ||
+            hashes[static_cast<size_t>(r)] != hashes[0]) {
+          std::fprintf(stderr, "%s: rank %d: '%s', %zu entries\n", path.c_str(), r, errors[static_cast<size_t>(r)].c_str(),
+                       table_sizes[static_cast<size_t>(r)]);
+          rc = 1;
+        }
+      }
+      // NOTE: a directory at the path is also warned of when the store is read.
+      int write_warnings = 0;
+      for (const std::string& w : warnings.seen) {
+        write_warnings += w.find("cannot write the cache") != std::string::npos;
+        if (w.find(path) == std::string::npos) rc = 2;
+      }
+      if (write_warnings != 1) rc = 2;
+      if (rc == 2)
+        for (const std::string& w : warnings.seen) std::fprintf(stderr, "%s: warning '%s'\n", path.c_str(), w.c_str());
+      ::_exit(rc);
+    }
+    ASSERT_GT(pid, 0);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << path << ": status " << status;
+  }
+  ::rmdir(dir_at_path.c_str());
 }
 
 }  // namespace

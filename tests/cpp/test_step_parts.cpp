@@ -416,6 +416,32 @@ TEST(StepCpuOps, HalfPrecisionMomentumRoundsLikeTorchLerp) {
   }
 }
 
+// Subnormals in the momentum update read and are written as zero (flush-to-zero and
+// denormals-are-zero while the pass runs), and the calling thread's mode is restored.
+// Catches: the flush removed (a subnormal momentum entry, which makes every later step on
+// it slow) or left set after the pass.
+TEST(StepCpuOps, MomentumUpdateFlushesSubnormalsAndRestoresTheThreadsMode) {
+  dmuon::step::CpuOps ops;
+  const float tiny = std::numeric_limits<float>::min();  // the smallest normal float
+  // 0: a normal entry whose lerp result, 0.5·m, is subnormal → 0; 1: a subnormal entry
+  // (a loaded state) → 0; 2: an entry whose decrement (1 − μ)·m is subnormal → it stays
+  // (the decay stops near tiny/(1 − μ)).
+  std::vector<float> grad = {0.f, 0.f, 0.f}, momentum = {1.5f * tiny, 1e-40f, 1.5f * tiny};
+  for (const auto& [mu, i] : {std::pair<double, int>{0.5, 0}, {0.99, 1}, {0.95, 2}}) {
+    dmuon::step::PreparePiece piece{{&grad[static_cast<size_t>(i)], DType::kFloat32, 1, {}},
+                                    {&momentum[static_cast<size_t>(i)], DType::kFloat32, 1, {}},
+                                    {mu, false},
+                                    {}};
+    ops.prepare_pieces({piece}, {});
+  }
+  EXPECT_EQ(momentum[0], 0.f);
+  EXPECT_EQ(momentum[1], 0.f);
+  EXPECT_EQ(momentum[2], 1.5f * tiny);
+  volatile float half_tiny = tiny;
+  half_tiny = half_tiny * 0.5f;
+  EXPECT_NE(half_tiny, 0.f) << "the thread still flushes subnormals after the pass";
+}
+
 // sum_into: parts `stride` apart summed, scaled and rounded once into another dtype, or
 // added to what dst holds; a size that does not fit is named.
 TEST(StepCpuOps, SumIntoAddsPartsAcrossDtypes) {

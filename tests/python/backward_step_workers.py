@@ -37,13 +37,14 @@ def _wrap(model: nn.Module, mode: str, world: int) -> nn.Module:
                                                device_ids=[device.index] if device.type == "cuda" else None)
 
 
-def _backward(wrapped: nn.Module, mode: str, step: int, micro: int, poison: bool = False) -> None:
-    """`micro` micro-batches (gradients summed; only the last one synced)."""
+def _backward(wrapped: nn.Module, mode: str, step: int, micro: int, poison: float | None = None) -> None:
+    """`micro` micro-batches (gradients summed; only the last one synced); `poison`: a value
+    put into the last layer's target of the last one."""
     for k in range(micro):
         last = k == micro - 1
         targets = [(t * (1.0 + 0.25 * k)).to(_device()) for t in _targets(10 * step + k)]
-        if poison and last:
-            targets[-1][0, 0] = float("nan")
+        if poison is not None and last:
+            targets[-1][0, 0] = poison
         if mode == "ddp" and not last:
             with wrapped.no_sync():
                 wrapped(targets).backward()
@@ -87,9 +88,9 @@ def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int,
                 attached=list(opts[True]._backward.attached), off=opts[False]._backward_step_on)
 
 
-def nan_in_late_layer(rank: int, world: int, mode: str) -> dict:
-    """A step, then one whose last layer's gradient holds a NaN: the error on this rank and
-    whether anything changed."""
+def nan_in_late_layer(rank: int, world: int, mode: str, poison: float = float("nan")) -> dict:
+    """A step, then one whose last layer's gradient holds `poison` (NaN or Inf): the error on
+    this rank, whether anything changed, and whether step() redid the begun step."""
     torch.manual_seed(0)
     model = ProbeModel()
     wrapped = _wrap(model, mode, world)
@@ -104,8 +105,18 @@ def nan_in_late_layer(rank: int, world: int, mode: str) -> dict:
     buffers = [opt.state[p]["momentum_buffer"] for p in model.parameters() if "momentum_buffer" in opt.state[p]]
     buffers_before = [_full(b) for b in buffers]
     opt.zero_grad()
-    _backward(wrapped, mode, 1, 1, poison=True)
+    _backward(wrapped, mode, 1, 1, poison=poison)
     early_open = opt.runtime.step_open
+    # Whether step() found the begun work stale (then it is dropped and the step redone
+    # from the gradients, and the begun step's own check is never what refuses it).
+    take, redone = opt._backward.take, []
+
+    def spy():
+        fresh, changed = take()
+        redone.append(changed)
+        return fresh, changed
+
+    opt._backward.take = spy
     error = ""
     try:
         opt.step()
@@ -113,7 +124,7 @@ def nan_in_late_layer(rank: int, world: int, mode: str) -> dict:
         error = str(e)
     unchanged = all(torch.equal(a, _full(p)) for a, p in zip(before, model.parameters()))
     unchanged = unchanged and all(torch.equal(a, _full(b)) for a, b in zip(buffers_before, buffers))
-    return dict(error=error, unchanged=unchanged, early_open=early_open, num_layers=len(SHAPES))
+    return dict(error=error, unchanged=unchanged, early_open=early_open, redone=redone, num_layers=len(SHAPES))
 
 
 # Same-shape layers (one shape class of six), so that stage spreading moves owners, and a

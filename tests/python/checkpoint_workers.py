@@ -1,5 +1,6 @@
 """Workers for the checkpoint tests: train a small model under FSDP2, DDP or on one
-process, save or load through torch.distributed.checkpoint, and continue training."""
+process, save or load through dmuon.checkpoint (torch.distributed.checkpoint into a directory
+swapped in whole), and continue training."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 from torch import nn
 
 import dmuon
+import dmuon.checkpoint
 
 
 def make_model() -> nn.Module:
@@ -74,8 +76,6 @@ def save_then_continue(rank: int, world: int, wrapper: str, path: str, full: boo
                        extra: dict | None = None) -> dict:
     """3 steps, checkpoint, 3 more steps: the uninterrupted trajectory. `extra`: more DMuon
     options (e.g. normuon=True; the load takes them from the checkpoint)."""
-    import torch.distributed.checkpoint as dcp
-
     model = wrap(make_model(), wrapper, world)
     opt = dmuon.DMuon(model, lr=0.02, weight_decay=0.1, **(extra or {}))
     train(model, opt, 0, 3)
@@ -84,7 +84,7 @@ def save_then_continue(rank: int, world: int, wrapper: str, path: str, full: boo
         if rank == 0:
             torch.save({"model": msd, "optim": osd}, path)
     else:
-        dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+        dmuon.checkpoint.save({"model": msd, "optim": osd}, path)
     train(model, opt, 3, 3)
     return snapshot(model, opt)
 
@@ -96,7 +96,6 @@ def load_then_continue(rank: int, world: int, wrapper: str, path: str, full: boo
     has (torch initializes it by a zero step), so an option that adds state (normuon) must be
     given, as a training script would; lr and weight decay come from the checkpoint."""
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     model = wrap(make_model(), wrapper, world)
@@ -108,7 +107,7 @@ def load_then_continue(rank: int, world: int, wrapper: str, path: str, full: boo
     else:
         msd, osd = _state(model, opt, False)
         state = {"model": msd, "optim": osd}
-        dcp.load(state, checkpoint_id=path)
+        dmuon.checkpoint.load(state, path)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     assert opt.param_groups[0]["lr"] == 0.02 and opt.param_groups[0]["weight_decay"] == 0.1
     dist.barrier()

@@ -465,3 +465,22 @@ def one_rank_fails_while_the_other_waits(rank: int, world: int) -> str:
         raise RuntimeError(f"rank {rank} gives up")
     time.sleep(120)
     return "no error"
+
+
+def ddp_replicas_after_bf16_wire_steps(rank: int, world: int, num_steps: int = 4) -> dict:
+    """DDP (replicated matrices, each orthogonalized on its owner and sent to the others on a
+    bfloat16 wire) for `num_steps` steps of different data per rank: every parameter's bytes
+    (to compare between ranks), the owners, and whether the steps moved the parameters."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 24, bias=False), nn.Tanh(), nn.Linear(24, 20, bias=False), nn.Tanh(),
+                          nn.Linear(20, 12, bias=False))
+    initial = [p.detach().clone() for p in model.parameters()]
+    wrapped = nn.parallel.DistributedDataParallel(model)
+    opt = dmuon.DMuon(model, lr=0.02, weight_decay=0.1, execution=dmuon.Execution(wire_dtype="bfloat16", planner="lpt"))
+    for step in range(num_steps):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(100 * step + rank))
+        opt.zero_grad()
+        wrapped(x).pow(2).mean().backward()
+        opt.step()
+    return {"bytes": [p.detach().numpy().tobytes() for p in model.parameters()], "owners": list(opt.runtime.owners),
+            "moved": all(not torch.equal(p, q) for p, q in zip(model.parameters(), initial))}

@@ -283,7 +283,6 @@ def pipeline_stages(rank: int, world: int, num_steps: int = 2) -> dict:
 # ---------------------------------------------------------------- DCP
 def checkpoint_save(rank: int, world: int, path: str, num_steps: int) -> dict:
     """FSDP2 × TP on 2×2: `num_steps` steps, then model and optimizer saved through DCP."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model, reference = _dense_case("fsdp2_tp")
@@ -291,14 +290,13 @@ def checkpoint_save(rank: int, world: int, path: str, num_steps: int) -> dict:
     opt = dmuon.DMuon(model, muon_filter=_is_muon, **OPTIONS)
     _steps(model, opt, reference, ref_opt, 0, num_steps)
     model_sd, optim_sd = get_state_dict(model, opt)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+    dmuon.checkpoint.save({"model": model_sd, "optim": optim_sd}, path)
     return {"saved": True}
 
 
 def checkpoint_resume(rank: int, world: int, path: str, num_saved: int, num_more: int) -> dict:
     """The checkpoint of checkpoint_save loaded into FSDP2 on a 1-D world of 2, then
     `num_more` steps: against the reference run straight through."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.fsdp import fully_shard
 
@@ -312,7 +310,7 @@ def checkpoint_resume(rank: int, world: int, path: str, num_saved: int, num_more
     opt = dmuon.DMuon(model, muon_filter=_is_muon, **OPTIONS)
     model_sd, optim_sd = get_state_dict(model, opt)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=path)
+    dmuon.checkpoint.load(state, path)
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     # The reference's first num_saved steps, then both go on.
     names = [n for n, _ in reference.named_parameters()]

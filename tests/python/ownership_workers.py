@@ -117,7 +117,6 @@ def ownership_checkpoint_resumes(rank: int, world: int, path: str, phase: str) -
     """DCP through materialized(): phase "save" trains 2 steps and saves, then trains 2
     more; phase "load" (world 1, 2 or 4: another plan) loads and trains the same 2 steps.
     Returns this rank's whole parameters and optimizer state (checkpoint_workers.snapshot)."""
-    import torch.distributed.checkpoint as dcp
 
     torch.manual_seed(0)
     model = TinyTransformer()
@@ -141,12 +140,12 @@ def ownership_checkpoint_resumes(rank: int, world: int, path: str, phase: str) -
         train(range(2))
         with owned.materialized(opt):
             model_state, optim_state = get_state_dict(model, opt)
-            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+            dmuon.checkpoint.save({"model": model_state, "optim": optim_state}, path)
     else:
         with owned.materialized(opt):
             model_state, optim_state = get_state_dict(model, opt)
             state = {"model": model_state, "optim": optim_state}
-            dcp.load(state, checkpoint_id=path)
+            dmuon.checkpoint.load(state, path)
             set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     train(range(2, 4))
     with owned.materialized(opt):

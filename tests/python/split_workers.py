@@ -120,7 +120,6 @@ def checkpoint_round_trip(rank: int, world: int, path: str) -> dict:
     """FSDP2: 2 steps, a DCP save, 2 more (the uninterrupted run); a fresh model and
     optimizer load the checkpoint and take the same 2 steps."""
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     def fresh(lr: float):
@@ -132,7 +131,7 @@ def checkpoint_round_trip(rank: int, world: int, path: str) -> dict:
     for step in range(2):
         loss_step(model, optimizer, step)
     msd, osd = get_state_dict(model, optimizer)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+    dmuon.checkpoint.save({"model": msd, "optim": osd}, path)
     shapes = {k: tuple(v.shape) for k, v in optimizer.state[model.qkv_proj.weight].items() if torch.is_tensor(v)}
     for step in range(2, 4):
         loss_step(model, optimizer, step)
@@ -141,7 +140,7 @@ def checkpoint_round_trip(rank: int, world: int, path: str) -> dict:
     loaded, loaded_opt = fresh(0.5)
     msd, osd = get_state_dict(loaded, loaded_opt)
     state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=path)
+    dmuon.checkpoint.load(state, path)
     set_state_dict(loaded, loaded_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     groups = [(g.get("split_rows"), g.get("split_heads"), g["lr"]) for g in loaded_opt.param_groups]
     for step in range(2, 4):

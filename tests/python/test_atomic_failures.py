@@ -86,6 +86,55 @@ def test_checkpoint_group_structure_kind_and_options_are_checked_before_loading(
     optimizer.load_state_dict(good)  # the good one still loads
 
 
+@pytest.mark.parametrize("key, value, pattern", [
+    ("exp_avg", float("inf"), r"exp_avg holds NaN or Inf"),
+    ("exp_avg_sq", -1e-3, r"exp_avg_sq holds negative values"),
+    ("momentum_buffer", float("nan"), r"momentum_buffer holds NaN or Inf"),
+], ids=["inf-exp-avg", "negative-exp-avg-sq", "nan-momentum"])
+def test_a_checkpoint_with_unsteppable_state_values_is_refused_by_name(key, value, pattern):
+    # Catches: a load that checks only keys, shapes and dtypes (the next step would write
+    # NaN into the weight).
+    model = TinyDecoder()
+    optimizer = trained(model)
+    bad = copy.deepcopy(optimizer.state_dict())
+    group = 0 if key == "momentum_buffer" else 1
+    first = bad["param_groups"][group]["params"][0]
+    bad["state"][first][key].view(-1)[3] = value
+    before = snapshot(optimizer, model)
+    with pytest.raises(ValueError, match=rf"state of parameter '[\w.]+' .*{pattern}.*nothing was loaded"):
+        optimizer.load_state_dict(bad)
+    assert_unchanged(optimizer, model, before)
+
+
+def test_a_loaded_state_holds_the_checkpoints_values_for_every_parameter():
+    # Loaded into an optimizer whose state holds other values (one step of other data):
+    # every entry's values come back as saved, and the next step of both is bitwise the
+    # same. Catches: a load that checks shapes and keeps (or reorders among same-shape
+    # parameters, as q/k/v here) the values it had.
+    model = TinyDecoder()
+    optimizer = trained(model, steps=3)
+    saved = copy.deepcopy(optimizer.state_dict())
+    other_model = TinyDecoder()
+    other = trained(other_model, steps=1)
+    other_model.load_state_dict(model.state_dict())
+    other.load_state_dict(saved)
+    now = other.state_dict()
+    assert now["param_groups"] == saved["param_groups"]
+    assert now["state"].keys() == saved["state"].keys()
+    for key, entry in saved["state"].items():
+        assert now["state"][key].keys() == entry.keys(), key
+        for k, v in entry.items():
+            assert torch.equal(now["state"][key][k], v), (key, k)
+    grads = {n: torch.randn(p.shape) for n, p in model.named_parameters()}
+    for m in (model, other_model):
+        for n, p in m.named_parameters():
+            p.grad = grads[n].clone()
+    optimizer.step()
+    other.step()
+    for (n, p), q in zip(model.named_parameters(), other_model.parameters()):
+        assert torch.equal(p, q), n
+
+
 # ---------------------------------------------------------------------------- step
 def test_a_step_that_would_fail_in_the_adamw_half_writes_nothing():
     model = TinyDecoder()

@@ -35,11 +35,17 @@ def test_backward_step_matches_the_post_backward_step(mode, world, micro):
             assert 0 < early_stages <= stages, result["early"]
 
 
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")], ids=["nan", "inf"])
 @pytest.mark.parametrize("mode", ["fsdp2", "ddp"])
-def test_nan_in_a_late_layer_raises_on_every_rank_and_writes_nothing(mode):
-    results = run_distributed(backward_step_workers.nan_in_late_layer, 2, mode)
+def test_nan_in_a_late_layer_raises_on_every_rank_and_writes_nothing(mode, poison):
+    # The begun step is kept (not redone at step()), so the check that refuses it is the
+    # one of the work begun inside backward. Catches: that check removed (the begun update
+    # would be applied), or a NaN gradient's norm taken as changed (NaN ≠ NaN: then every
+    # such step is redone and the check is never reached).
+    results = run_distributed(backward_step_workers.nan_in_late_layer, 2, mode, poison)
     for rank, result in results.items():
         assert result["early_open"], (rank, result)
+        assert result["redone"] == [False], (rank, result)
         assert "non-finite gradient" in result["error"] and "layers.3.weight" in result["error"], (rank, result)
         assert result["unchanged"], (rank, result)
 

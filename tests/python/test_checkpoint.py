@@ -2,12 +2,21 @@
 save under FSDP2 at world 4 (or DDP), load at world 2, 3, 1 (or FSDP2), train 3 more
 steps, and land on the uninterrupted trajectory (CPU fp32: within 1e-6 relative); at the
 same world size resumed training is bitwise identical. The ownership plan is not saved:
-every load recomputes it for the new world."""
+every load recomputes it for the new world. Saves go through dmuon.checkpoint: a save killed
+at any point leaves the previous checkpoint loadable, and a torn one is refused."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+import dmuon.checkpoint
 
 import checkpoint_workers
 from dist_harness import run_distributed
@@ -67,3 +76,81 @@ def test_full_state_dict_with_cpu_offload_round_trip(tmp_path):
     reference = run_distributed(checkpoint_workers.save_then_continue, 2, "fsdp2", path, True)
     resumed = run_distributed(checkpoint_workers.load_then_continue, 2, "fsdp2", path, True)
     assert_every_rank_matches(resumed, reference, 1e-6)
+
+
+# A save killed at each point of dmuon.checkpoint.save (a child process, SIGKILL): inside
+# DCP's write (data files written, DCP's metadata not), before the marker, between the two
+# renames. Catches: a save into the checkpoint's own directory (it would load torn), the
+# marker written before DCP finished or not checked at load, the previous checkpoint
+# removed before the new one is in place.
+_KILLED_SAVE = """
+import os, signal, sys
+import torch
+import torch.distributed.checkpoint.filesystem as fs
+import dmuon.checkpoint as ckpt
+
+directory, where = sys.argv[1], sys.argv[2]
+ckpt.save({"w": torch.full((64, 64), 1.0), "step": torch.tensor(1)}, directory)
+
+def die(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def half_swap(staging, directory, previous):
+    os.rename(directory, previous)
+    die()
+
+if where == "in-dcp":
+    fs.FileSystemWriter.finish = die
+elif where == "before-marker":
+    ckpt._mark_complete = die
+else:
+    ckpt._swap_in = half_swap
+ckpt.save({"w": torch.full((64, 64), 2.0), "step": torch.tensor(2)}, directory)
+"""
+
+
+def _loaded(directory) -> tuple[float, int]:
+    state = {"w": torch.zeros(64, 64), "step": torch.tensor(0)}
+    dmuon.checkpoint.load(state, directory)
+    assert torch.all(state["w"] == state["w"][0, 0])  # whole, never mixed
+    return float(state["w"][0, 0]), int(state["step"])
+
+
+@pytest.mark.parametrize("where", ["in-dcp", "before-marker", "between-renames"])
+def test_a_killed_save_keeps_the_previous_checkpoint_and_its_torn_one_is_refused(tmp_path, where):
+    directory = tmp_path / "ckpt"
+    child = subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(directory), where], capture_output=True,
+                           text=True, timeout=120)
+    assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
+    assert _loaded(directory) == (1.0, 1)
+    staging = tmp_path / "ckpt.saving"
+    if where != "between-renames":
+        assert staging.is_dir()
+        with pytest.raises(dmuon.checkpoint.CheckpointError, match="ckpt.saving is not a complete checkpoint: no"):
+            _loaded(staging)
+    # The next save replaces it whole, whatever the killed one left.
+    dmuon.checkpoint.save({"w": torch.full((64, 64), 3.0), "step": torch.tensor(3)}, directory)
+    assert _loaded(directory) == (3.0, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_torn_foreign_and_missing_checkpoints_are_refused_with_a_catchable_error(tmp_path):
+    directory = tmp_path / "ckpt"
+    dmuon.checkpoint.save({"w": torch.ones(8)}, directory)
+    data = next(p for p in directory.iterdir() if p.suffix == ".distcp")
+    data.write_bytes(data.read_bytes()[:-1])  # a copy cut short
+    with pytest.raises(Exception, match=f"{data.name} holds .* bytes, the save wrote"):
+        _loaded(directory)
+    raw = tmp_path / "raw"  # saved by DCP alone: nothing says it is complete
+    dcp.save({"w": torch.ones(8)}, checkpoint_id=str(raw))
+    with pytest.raises(dmuon.checkpoint.CheckpointError, match="no dmuon_checkpoint.json"):
+        _loaded(raw)
+    with pytest.raises(dmuon.checkpoint.CheckpointError, match="no such directory"):
+        _loaded(tmp_path / "missing")
+    # Nor is a directory of other files replaced by a save.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(dmuon.checkpoint.CheckpointError, match="no complete dmuon checkpoint.*not replacing it"):
+        dmuon.checkpoint.save({"w": torch.ones(8)}, other)
+    assert (other / "notes.txt").read_text() == "mine"

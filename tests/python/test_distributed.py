@@ -138,3 +138,16 @@ def test_a_stalled_rank_makes_the_others_fail_within_the_timeout():
                               timeout_s=90, collective_timeout_s=5)
     for rank in (0, 1):
         assert "step 2: all_reduce of the start agreement failed" in results[rank], results[rank]
+
+
+def test_ddp_replicas_stay_bitwise_equal_after_steps_on_a_bfloat16_wire():
+    # Each replicated matrix is orthogonalized on one owner and reaches the others rounded to
+    # bfloat16; the owner applies its own result rounded the same way. Catches: an owner that
+    # applies its unrounded result (the replicas drift apart from the first step).
+    results = run_distributed(dist_workers.ddp_replicas_after_bf16_wire_steps, 2)
+    assert sorted(set(results[0]["owners"])) == [0, 1], results[0]["owners"]  # each rank owns some
+    assert results[0]["moved"]
+    for rank, result in results.items():
+        assert result["owners"] == results[0]["owners"], rank
+        for i, (mine, first) in enumerate(zip(result["bytes"], results[0]["bytes"])):
+            assert mine == first, (rank, i)

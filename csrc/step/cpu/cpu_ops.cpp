@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "step/cpu/cpu_elements.h"
+#include "step/cpu/flush_denormals.h"
 #include "step/synthetic.h"
 
 namespace dmuon::step {
@@ -74,6 +75,15 @@ DType cpu_iterate_dtype(DType param_dtype) {
 
 CpuOps::CpuOps(CpuOpsOptions options) : options_(std::move(options)) {
   if (!options_.parallel_for) options_.parallel_for = ns::serial_for;
+  // NS chunks flush subnormals on whichever thread runs them (a pool's workers keep
+  // their own floating-point mode).
+  options_.parallel_for = [inner = std::move(options_.parallel_for)](
+                              int64_t n, const std::function<void(int64_t, int64_t)>& body) {
+    inner(n, [&body](int64_t begin, int64_t end) {
+      const cpu::FlushDenormals flush;
+      body(begin, end);
+    });
+  };
 }
 
 OwnedBuffer CpuOps::allocate(DType dtype, int64_t numel) {
@@ -176,6 +186,7 @@ OwnedBuffer CpuOps::make_gate(const Buffer& flags) {
 }
 
 void CpuOps::prepare_pieces(const std::vector<PreparePiece>& pieces, const Buffer& gate) {
+  const cpu::FlushDenormals flush;
   if (gate_closed(gate)) return;
   for (const PreparePiece& piece : pieces) {
     check_same(piece.grad, piece.momentum, "CpuOps::prepare_pieces: gradient and momentum");
@@ -210,6 +221,7 @@ int64_t CpuOps::ns_workspace_bytes(int64_t rows, int64_t cols, int64_t count, DT
 
 void CpuOps::orthogonalize(const NsBatchDesc& batch, const std::function<void(const NsView&, bool first)>& fill,
                            const std::function<void(const NsView&)>& consume) {
+  const cpu::FlushDenormals flush;
   DMUON_CHECK(batch.schedule != nullptr && batch.count >= 1 && batch.rows >= 1 && batch.cols >= 1,
               "CpuOps::orthogonalize: invalid batch [", batch.count, ", ", batch.rows, ", ", batch.cols, "]");
   const DType dtype = cpu_iterate_dtype(batch.param_dtype);
@@ -248,6 +260,7 @@ void CpuOps::orthogonalize(const NsBatchDesc& batch, const std::function<void(co
 
 void CpuOps::prepare_to_iterate(const std::vector<LocalMatrix>& matrices, const Partials&, const NsBatchDesc& batch,
                                 const NsView& iterate, bool update_momentum, const Buffer& gate) {
+  const cpu::FlushDenormals flush;
   const bool closed = gate_closed(gate);
   const int64_t stride = batch.rows * batch.cols;
   dispatch_compute(iterate.dtype, [&](auto iz) {
@@ -318,6 +331,7 @@ void CpuOps::result_to_pieces(const NsView& result, const NsBatchDesc& batch, co
 
 void CpuOps::apply_result(const NsView& result, const NsBatchDesc& batch, const std::vector<ApplyPiece>& pieces,
                           const Buffer& gate, const Buffer& result_flags) {
+  const cpu::FlushDenormals flush;
   DMUON_CHECK(result.row_scale == nullptr, "CpuOps::apply_result: a result with row factors of other ops");
   if (gate_closed(gate)) return;
   dispatch_compute(result.dtype, [&](auto rz) {
@@ -356,6 +370,7 @@ void CpuOps::apply_result(const NsView& result, const NsBatchDesc& batch, const 
 }
 
 void CpuOps::apply_pieces(const std::vector<ApplyPiece>& pieces, const Buffer& gate, const Buffer& result_flags) {
+  const cpu::FlushDenormals flush;
   if (gate_closed(gate)) return;
   for (const ApplyPiece& piece : pieces) {
     DMUON_CHECK(piece.wire.numel == piece.param.numel, "CpuOps::apply_pieces: ", piece.wire.numel,
@@ -381,6 +396,7 @@ void CpuOps::apply_pieces(const std::vector<ApplyPiece>& pieces, const Buffer& g
 
 OwnedBuffer CpuOps::normuon(NsView& result, const NsBatchDesc& batch, const std::vector<NormuonMatrix>& matrices,
                             const optim::NormuonRule& rule, const Buffer& gate, const Buffer& result_flags) {
+  const cpu::FlushDenormals flush;
   if (gate_closed(gate)) return {};
   dispatch_compute(result.dtype, [&](auto rz) {
     using R = decltype(rz);

@@ -7,7 +7,9 @@
 // does (float arithmetic, one rounding per result). The iterate holds U itself (not yet
 // normalized): orthogonalize_cpu divides by max(‖U‖_F, eps) as its first step, so the
 // check's partial sums are not needed here. A matrix whose iterate is not finite (a wire
-// that overflowed) gets a NaN result, which apply refuses and flags.
+// that overflowed) gets a NaN result, which apply refuses and flags. Every pass that
+// computes reads and writes subnormals as zero (cpu/flush_denormals.h), on the pool's
+// threads too.
 #pragma once
 
 #include <cstdint>
