@@ -65,7 +65,7 @@ void register_core_bindings(py::module_& m) {
          std::optional<std::vector<int>> restart_after, double eps) {
         DMUON_CHECK(num_steps >= 1, "ns_steps must be at least 1, got ", num_steps);
         ns::Schedule schedule =
-            ns::default_schedule(choice<ns::Algorithm, ns::parse_algorithm>(algorithm), num_steps, eps);
+            ns::default_schedule(torch_adapter::choice<ns::Algorithm, ns::parse_algorithm>(algorithm), num_steps, eps);
         if (coefficients) {
           DMUON_CHECK(static_cast<int>(coefficients->size()) == num_steps, "ns_coefficients must hold ns_steps=",
                       num_steps, " (a, b, c) triples, got ", coefficients->size());
