@@ -37,15 +37,14 @@ void ParamLayout::validate(const char* what) const {
                 col_blocks, " column blocks");
   }
   if (row_blocks.empty()) return;
-  DMUON_CHECK(batch_dims == 0, what, ": row blocks need batch_dims 0 (one matrix cut into blocks), got ",
-              batch_dims);
   int64_t total = 0;
   for (int64_t rows : row_blocks) {
     DMUON_CHECK(rows > 0, what, ": every row block needs at least one row, got ", rows);
     total += rows;
   }
-  DMUON_CHECK(total == global_shape[0], what, ": row blocks sum to ", total, " rows but dim 0 has ",
-              global_shape[0]);
+  // One matrix: blocks of dim 0; a stack: the same blocks of every matrix's rows (dim 1).
+  const int64_t rows = global_shape[static_cast<size_t>(batch_dims)];
+  DMUON_CHECK(total == rows, what, ": row blocks sum to ", total, " rows but dim ", batch_dims, " has ", rows);
 }
 
 int64_t ParamLayout::rows_per_dim0() const { return batch_dims == 1 ? global_shape[1] : 1; }
@@ -59,14 +58,14 @@ int64_t ParamLayout::cols() const {
 }
 
 int64_t ParamLayout::num_matrices() const {
-  if (batch_dims == 1) return global_shape[0];
   if (splits_cols()) return col_blocks;
-  return row_blocks.empty() ? 1 : static_cast<int64_t>(row_blocks.size());
+  const int64_t blocks = row_blocks.empty() ? 1 : static_cast<int64_t>(row_blocks.size());
+  return batch_dims == 1 ? global_shape[0] * blocks : blocks;
 }
 
 int64_t ParamLayout::matrix_rows() const {
-  if (batch_dims == 1) return global_shape[1];
-  return row_blocks.empty() ? global_shape[0] : row_blocks.front();
+  if (!row_blocks.empty()) return row_blocks.front();
+  return global_shape[static_cast<size_t>(batch_dims)];
 }
 
 int64_t ParamLayout::matrix_cols() const { return splits_cols() ? cols() / col_blocks : cols(); }
@@ -75,15 +74,20 @@ std::vector<RowBlock> ParamLayout::matrix_blocks() const {
   std::vector<RowBlock> blocks;
   if (splits_cols()) {
     blocks.assign(static_cast<size_t>(col_blocks), {0, global_shape[0]});
-  } else if (batch_dims == 1) {
-    for (int64_t e = 0; e < global_shape[0]; ++e) blocks.push_back({e * global_shape[1], global_shape[1]});
-  } else if (row_blocks.empty()) {
-    blocks.push_back({0, global_shape[0]});
-  } else {
-    int64_t begin = 0;
-    for (int64_t rows : row_blocks) {
-      blocks.push_back({begin, rows});
-      begin += rows;
+    return blocks;
+  }
+  // Every matrix of a stack (one for batch_dims 0), each cut into its row blocks.
+  const int64_t rows = global_shape[static_cast<size_t>(batch_dims)];
+  const int64_t num_stacked = batch_dims == 1 ? global_shape[0] : 1;
+  for (int64_t e = 0; e < num_stacked; ++e) {
+    if (row_blocks.empty()) {
+      blocks.push_back({e * rows, rows});
+      continue;
+    }
+    int64_t begin = e * rows;
+    for (int64_t count : row_blocks) {
+      blocks.push_back({begin, count});
+      begin += count;
     }
   }
   return blocks;

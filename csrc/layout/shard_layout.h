@@ -43,8 +43,9 @@ struct ParamLayout {
   std::vector<int64_t> global_shape;
   int64_t batch_dims = 0;  ///< 1: a stack of matrices [E, m, n…]; 0: one matrix
   bool sharded = false;    ///< Shard(0) over the group; otherwise replicated on every rank
-  /// batch_dims = 0 only: rows of dim 0 in each block orthogonalized on its own, in order,
-  /// summing to dim 0 (empty: the whole matrix is one block).
+  /// Rows of each block orthogonalized on its own, in order, summing to a matrix's rows: dim 0
+  /// of one matrix, dim 1 of every matrix of a stack (a fused gate/up expert stack); empty:
+  /// every matrix is one block.
   std::vector<int64_t> row_blocks;
   /// Each matrix is stored transposed, (in, out) (HF Conv1D): the lr adjustment takes the
   /// matrix as (cols, rows). Newton–Schulz needs no change: orth(Xᵀ) = orth(X)ᵀ.
@@ -62,7 +63,7 @@ struct ParamLayout {
   int64_t rows_per_dim0() const;
   int64_t flat_rows() const;
   int64_t cols() const;
-  int64_t num_matrices() const;   ///< E for a stack, the number of row or column blocks, else 1
+  int64_t num_matrices() const;   ///< E (times the row blocks) for a stack, the row or column blocks, else 1
   int64_t matrix_rows() const;    ///< rows of the first matrix (of every matrix when uniform())
   int64_t matrix_cols() const;    ///< columns of every matrix (cols() / col_blocks for column blocks)
   bool splits_cols() const { return col_blocks > 1; }

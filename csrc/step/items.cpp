@@ -81,9 +81,16 @@ ItemTable::ItemTable(std::vector<ParamSpec> params, int world_size)
           if (layout::box_numel(box) > 0) {
             const BoxView v = view_of(spec, box);
             if (spec.layout.batch_dims == 1) {
-              // Matrix e of a stack: the box's rows of it when it holds expert e.
-              if (e >= box[0].begin && e < box[0].begin + box[0].count)
-                piece = {box[1].begin, box[1].count, (e - box[0].begin) * box[1].count * v.local_cols, v.col_begin,
+              // Matrix e of a stack (a row block of one of its matrices): the box's rows inside it
+              // when it holds that matrix of the stack.
+              const int64_t per_dim0 = spec.layout.rows_per_dim0();
+              const layout::RowBlock& block = blocks[static_cast<size_t>(e)];
+              const int64_t stacked = block.begin / per_dim0, begin = block.begin % per_dim0;
+              const int64_t lo = std::max(box[1].begin, begin);
+              const int64_t hi = std::min(box[1].begin + box[1].count, begin + rows);
+              if (stacked >= box[0].begin && stacked < box[0].begin + box[0].count && hi > lo)
+                piece = {lo - begin, hi - lo,
+                         ((stacked - box[0].begin) * box[1].count + lo - box[1].begin) * v.local_cols, v.col_begin,
                          v.local_cols};
             } else if (spec.layout.splits_cols()) {
               // Column block e: the box's rows × its columns inside [e·n, (e+1)·n), rows
@@ -180,7 +187,9 @@ std::string ItemTable::item_name(int item_idx) const {
   const ParamSpec& spec = param(it.param_idx);
   if (spec.layout.splits_cols()) return spec.name + "[:, " + std::to_string(it.matrix_idx) + "]";
   if (spec.layout.batch_dims == 0) return spec.name;
-  return spec.name + "[" + std::to_string(it.matrix_idx) + "]";
+  // A stack's matrix by its index in the stack (its row blocks share it).
+  const int64_t blocks = spec.layout.row_blocks.empty() ? 1 : static_cast<int64_t>(spec.layout.row_blocks.size());
+  return spec.name + "[" + std::to_string(it.matrix_idx / blocks) + "]";
 }
 
 }  // namespace dmuon::step

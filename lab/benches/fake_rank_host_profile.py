@@ -73,19 +73,24 @@ def phase_marks(opt: Any, marks: dict[str, float]):
             return out
         return call
 
-    engine_call = opt._engine_call
+    # NOTE: the engine's calls (its step, the result agreement) go through
+    # dmuon.engine_step.engine_call, a module function: patched there for the step.
+    from dmuon import engine_step
+
+    engine_call = engine_step.engine_call
 
     def engine_or_agree(call: Callable, *args: Any) -> Any:
         name = "agree" if getattr(call, "__name__", "") == "agree_results" else "engine"
         return stamped(name, engine_call)(call, *args)
 
-    opt._engine_call = engine_or_agree
+    engine_step.engine_call = engine_or_agree
     opt._adamw_group_step = stamped("adamw", opt._adamw_group_step, first=True)
     opt._step_checks = stamped("inputs", opt._step_checks)
     try:
         yield
     finally:
-        del opt._engine_call, opt._adamw_group_step, opt._step_checks
+        engine_step.engine_call = engine_call
+        del opt._adamw_group_step, opt._step_checks
 
 
 def phase_seconds(marks: dict[str, float], start: float, stop: float) -> dict[str, float]:

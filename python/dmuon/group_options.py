@@ -30,6 +30,16 @@ ADAMW_KEYS = ("lr", "weight_decay", "betas", "eps")
 COUNTER_KEYS = ("num_steps", "num_skipped_steps")
 # What torch's schedulers and DMuon itself add to groups.
 EXTRA_KEYS = ("params", "use_muon", "initial_lr", *COUNTER_KEYS)
+# torch.optim's own group keys, taken by groups of either kind: ``param_names`` (recorded as
+# torch.optim records it when built from (name, tensor) pairs; torchtitan's checkpoint keys
+# the state by it) and the implementation switches ``fused`` and ``foreach`` (torchtitan
+# passes them to every optimizer). NOTE: the switches are kept in the group and change
+# nothing: the Muon part runs on the step engine, and the AdamW part picks torch's fused
+# kernel on one CUDA device and its foreach passes elsewhere by itself.
+TORCH_KEYS = ("param_names", "fused", "foreach")
+# Keys a group that DMuon splits (no ``use_muon``) or an AdamW group may carry for its AdamW
+# part, named as DMuon's keywords: the AdamW part's key each one sets.
+ADAMW_GROUP_KEYS = {"adamw_lr": "lr", "adamw_weight_decay": "weight_decay"}
 
 # The DMuon keyword that sets each AdamW group key (for errors at construction).
 ADAMW_OPTION_NAMES = {"lr": "adamw_lr", "weight_decay": "adamw_weight_decay", "betas": "adamw_betas",
@@ -140,16 +150,24 @@ def check_adamw_group(group: dict[str, Any], where: str, names: dict[str, str] |
 
 
 def check_unknown_keys(group: dict[str, Any], group_idx: int, use_muon: bool) -> None:
-    """Options a group of this kind does not take (typos, the other kind's options)."""
-    allowed = set(MUON_KEYS if use_muon else ADAMW_KEYS) | set(EXTRA_KEYS)
+    """Options a group of this kind does not take (typos, the other kind's options), and
+    torch's implementation switches that are not None or a bool."""
+    allowed = set(MUON_KEYS if use_muon else ADAMW_KEYS) | set(EXTRA_KEYS) | set(TORCH_KEYS)
     unknown = sorted(set(group) - allowed)
     if unknown:
         kind = "Muon" if use_muon else "AdamW"
         hint = " (AdamW's momentum is betas[0])" if not use_muon and "momentum" in unknown else ""
         if use_muon and "split_cols" in unknown:
             hint = " (column blocks, e.g. o_proj per head: split_heads=n with split_dim=1)"
+        if use_muon and set(unknown) & set(ADAMW_GROUP_KEYS):
+            hint = (" (a use_muon=True group has no AdamW part; set adamw_* in a group DMuon routes, one without "
+                    "use_muon, or lr in a use_muon=False group)")
         raise ValueError(f"param group {group_idx} ({kind}) has unknown option(s) {unknown}; allowed: "
                          f"{sorted(allowed - {'params'})}{hint}")
+    for key in ("fused", "foreach"):
+        if group.get(key) is not None and not isinstance(group[key], bool):
+            raise ValueError(f"param group {group_idx}: {key} must be None, True or False (torch's implementation "
+                             f"switch; it changes nothing in DMuon), got {group[key]!r}")
 
 
 class AdamWGroup(dict):

@@ -29,7 +29,8 @@ from dmuon.engine_step import NonFiniteGradientError
 from dmuon.group_options import (ADAMW_OPTION_NAMES, COUNTER_KEYS, as_adamw_group, check_adamw_group,
                                  check_muon_group, check_unknown_keys)
 from dmuon.ownership import find_ownership, ownership_of
-from dmuon.param_groups import initial_groups
+from dmuon.normuon import normuon_state_like
+from dmuon.param_groups import check_names_recorded, initial_groups, named_entries, resolve_adamw_keys
 from dmuon.params import ParamInfo, ParamRegistry, route_group
 from dmuon.qk_clip import QKClip
 from dmuon.routing import MatrixView
@@ -104,7 +105,7 @@ class DMuon(torch.optim.Optimizer):
         self._verified_state: dict[int, tuple] = {}  # id(param) → ids of its state tensors checked
         self._group = None  # the Muon parameters' process group (None: one process)
         self._placement_cache = None  # (ids of the Muon parameters, their placements, the group)
-        initial = initial_groups(params, muon_filter)
+        initial = initial_groups(params, muon_filter, {"lr": adamw_lr, "weight_decay": adamw_weight_decay})
         self._routed = {key: ParamInfo(r.name, r.view if r.use_muon else None, r.reason, tuple(r.param.shape))
                         for key, r in initial.routes.items()}
         # NOTE: torch's OneCycleLR/CyclicLR cycle momentum when `defaults` has it.
@@ -127,16 +128,22 @@ class DMuon(torch.optim.Optimizer):
         if "params" not in group:
             raise ValueError(f"param group {group_idx} has no 'params'")
         routed = getattr(self, "_routed", {})
-        tensors, infos, use_muon = route_group(group["params"], group_idx,
+        entries, named = named_entries(group, group_idx)
+        check_names_recorded(self.param_groups, named, group_idx, entries)
+        tensors, infos, use_muon = route_group(entries, group_idx,
                                                lambda p: routed.get(id(p)) or self._params.info(p),
                                                None if "use_muon" not in group else bool(group["use_muon"]))
         group["use_muon"] = group.get("use_muon", use_muon)
+        resolve_adamw_keys(group, group_idx)
         check_unknown_keys(group, group_idx, use_muon)
         for key, value in (self._muon_defaults if use_muon else self._adamw_defaults).items():
             group.setdefault(key, value)
         for key in COUNTER_KEYS:
             group.setdefault(key, 0)
         group["params"] = tensors
+        group.pop("param_names", None)
+        if named:
+            group["param_names"] = [info.name for info in infos]  # NOTE: as torch.optim records them
         where = f"param group {group_idx}{'' if use_muon else ' (AdamW)'}: "
         if use_muon:
             check_muon_group(group, where)
@@ -202,7 +209,9 @@ class DMuon(torch.optim.Optimizer):
     @torch.no_grad()
     def init_state(self) -> None:
         """Creates every state entry a step would create (zeros), without stepping: the
-        target structure for loading a checkpoint into a fresh optimizer."""
+        target structure for loading a checkpoint into a fresh optimizer. NOTE: no collective
+        and no counter changes: what it creates follows from the param groups alone (the same
+        on every rank), and a step from it computes what a step from no state does."""
         self._follow_params()
         handle = self._ownership
         for group in self.param_groups:
@@ -212,8 +221,11 @@ class DMuon(torch.optim.Optimizer):
                     adamw_steps.adamw_state(self.state, p)
                 elif handle is not None and ownership_of(p) is handle and not handle.is_owner(p):
                     continue  # the owner holds it (materialized() shares it)
-                elif "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                else:
+                    if "momentum_buffer" not in state:
+                        state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    if group.get("normuon") and "normuon_v" not in state:
+                        state["normuon_v"] = normuon_state_like(p, self._params.batch_dims(p))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load_state_dict, after checking the whole checkpoint against these param

@@ -128,10 +128,12 @@ def as_matrices(t: torch.Tensor, batch_dims: int) -> torch.Tensor:
 
 def matrix_blocks(t: torch.Tensor, batch_dims: int, row_blocks, col_blocks: int = 0) -> list[torch.Tensor]:
     """The matrices Muon orthogonalizes, as views of `t` (contiguous): the stack's or the one
-    matrix's, or the row blocks of dim 0 when given, or `col_blocks` > 1 equal blocks of the
+    matrix's, or the row blocks of dim 0 (of each matrix of a stack) when given, or `col_blocks` > 1 equal blocks of the
     columns of a 2-D `t` (strided views)."""
     if col_blocks > 1:
         return list(t.split(t.shape[1] // col_blocks, dim=1))
+    if row_blocks and batch_dims == 1:
+        return [block for m in as_matrices(t, 1) for block in m.split(list(row_blocks), dim=0)]
     if row_blocks:
         return list(t.reshape(t.shape[0], -1).split(list(row_blocks), dim=0))
     return list(as_matrices(t, batch_dims))

@@ -5,7 +5,13 @@ Rules for a module (`route_module`), by the module that registers each parameter
   matrix); ``nn.MultiheadAttention``'s ``in_proj_weight`` (its q, k and v row blocks are
   orthogonalized as three matrices) and ``q/k/v_proj_weight``; convolution weights
   (flattened to ``[out_channels, in_channels·kernel]``); 3-D parameters recognised as expert
-  stacks ``[E, m, n]`` (a module whose class name says Expert/MoE, or a name with "expert").
+  stacks ``[E, m, n]`` (a module whose class name says Expert/MoE, or a name with "expert"); a
+  fused expert stack ``gate_up_proj [E, 2I, H]`` beside a ``down_proj [E, H, I]`` (HF
+  transformers' MoE experts) is orthogonalized per expert as two matrices, gate (rows
+  ``[0, I)``) and up (``[I, 2I)``), as dense models' gate_proj and up_proj are (torchtitan holds
+  them as two stacks w1 and w3, and Moonlight's experts as two Linear layers); the
+  ``[E, H, 2I]`` layout (gpt-oss, Llama 4, Aria: stored (in, out), gpt-oss's interleaved)
+  stays one matrix per expert.
 - AdamW: embeddings; the output head (a Linear tied to an embedding, one whose
   ``out_features`` is an embedding's vocabulary, one named ``lm_head``, ``output``, ``head``,
   ``classifier`` or ``score`` (or inside ``lm_head``/``classifier``/``score``), a top-level
@@ -13,15 +19,19 @@ Rules for a module (`route_module`), by the module that registers each parameter
   or of nn.Sequential containers from it); input projections named like
   embeddings (``patch_embed``…); positional embeddings and tokens (``pos_embed``,
   ``cls_token``…); norms, biases, scalars; any other parameter of ndim ≥ 3 (not an expert
-  stack) and any other 2-D parameter of a module that is not a known matrix layer.
+  stack) and any other 2-D parameter of a module that is not a known matrix layer; a matrix of
+  one row or one column (an MoE's ``shared_expert_gate`` ``[1, H]``): Muon would only
+  normalize it, as it does a vector.
 
 Rules for ``(name, tensor)`` pairs (`route_named`, used for ``named_parameters()`` and named
 param groups): the same rules read from the names (embeddings, positional embeddings and
 tokens, heads by name or vocabulary size, the last ``….weight`` of a list without
-embeddings); other matrices go to Muon by shape, as for bare tensors.
+embeddings, a ``….weight`` of one row or column, fused ``gate_up_proj`` stacks); other
+matrices go to Muon by shape, as for bare tensors.
 
-Rules for bare tensors (`route_params`): by shape (``ndim ≥ 2`` → Muon; 3-D: a stack of
-matrices; ≥ 4-D: a convolution flattened after dim 0), with one warning naming the
+Rules for bare tensors (`route_params`): by shape (``ndim ≥ 2`` → Muon, a matrix of one row
+too: without a name its role is unknown; 3-D: a stack of matrices; ≥ 4-D: a convolution
+flattened after dim 0), with one warning naming the
 matrices whose role (embedding, head…) cannot be known without names.
 """
 
@@ -112,6 +122,24 @@ def _names_head(module_path: str) -> str:
     return ""
 
 
+_VECTOR_REASON = "a matrix of one row or column (a gate with one output): Muon would only normalize it"
+
+
+def _gate_up_blocks(attr: str, param: torch.Tensor, siblings: dict[str, torch.Tensor]) -> tuple[int, ...]:
+    """(I, I): `param` is a fused expert stack gate_up_proj [E, 2I, H] whose sibling down_proj is
+    [E, H, I] (gate rows first, as HF's experts chunk it); () otherwise."""
+    down = siblings.get("down_proj")
+    if attr != "gate_up_proj" or param.dim() != 3 or down is None or down.dim() != 3:
+        return ()
+    (experts, rows, cols), (down_experts, hidden, inner) = param.shape, down.shape
+    if experts != down_experts or rows != 2 * inner or cols != hidden:
+        return ()
+    return (inner, inner)
+
+
+_GATE_UP_REASON = "fused expert stack gate_up_proj [E, 2I, H]: gate and up orthogonalized separately per expert"
+
+
 @dataclasses.dataclass
 class _Decision:
     use_muon: bool = False
@@ -139,10 +167,12 @@ def _bare_decision(name: str, param: torch.Tensor, expert: bool) -> _Decision:
 
 
 def _linear_decision(module_path: str, out_features: int, in_features: int, head_ids: dict[str, str],
-                     vocab_sizes: set[int], transposed: bool) -> _Decision:
-    """A Linear-like weight (nn.Linear, HF Conv1D, or a `….weight` by name): Muon unless a head
-    or an input projection named like an embedding. `vocab_sizes`: empty when a head was found
-    by name or tying (an MLP's width may equal the vocabulary)."""
+                     vocab_sizes: set[int], transposed: bool, layer_weight: bool = True) -> _Decision:
+    """A Linear-like weight (nn.Linear, HF Conv1D, or a `….weight` by name): Muon unless a head,
+    an input projection named like an embedding or, for a layer's weight, one of one output or
+    input. `vocab_sizes`: empty when a head was found by name or tying (an MLP's width may
+    equal the vocabulary). `layer_weight`: False for a 2-D tensor named otherwise (its role
+    unknown: its shape decides, as for a bare tensor)."""
     head = head_ids.get(module_path) or _names_head(module_path)
     if not head and out_features in vocab_sizes and out_features > in_features:
         head = "output head (out_features equals an embedding's vocabulary)"
@@ -151,6 +181,8 @@ def _linear_decision(module_path: str, out_features: int, in_features: int, head
     components = _components(module_path)
     if _names_embedding(components) or _names_positional(components):
         return _Decision(reason="input embedding projection (by name)")
+    if layer_weight and min(out_features, in_features) == 1:
+        return _Decision(reason=_VECTOR_REASON)
     kind = "HF Conv1D weight (stored (in, out): transposed)" if transposed else "Linear weight"
     return _Decision(use_muon=True, reason=kind, transposed=transposed)
 
@@ -211,6 +243,9 @@ def route_module(module: nn.Module, muon_filter: Callable[[str, nn.Parameter], b
         else:
             expert = bool(_EXPERT_MODULE.search(type(sub).__name__)) or "expert" in name.lower()
             d = _bare_decision(name, param, expert)
+            blocks = _gate_up_blocks(attr, param, dict(sub.named_parameters(recurse=False))) if d.use_muon else ()
+            if blocks:
+                d = _Decision(use_muon=True, batch_dims=1, row_blocks=blocks, reason=_GATE_UP_REASON)
         if muon_filter is not None:
             d = _apply_filter(d, name, param, bool(muon_filter(name, param)), is_conv)
         routed.append(RoutedParam(name=name, param=param, use_muon=d.use_muon, batch_dims=d.batch_dims,
@@ -260,6 +295,10 @@ def route_named(pairs: list[tuple[str, torch.Tensor]]) -> list[RoutedParam]:
     if (not has_embedding and layer_weights and layer_weights[-1].count(".") == 1
             and not any(_names_head(n.rsplit(".", 1)[0]) for n in layer_weights)):
         head_ids[layer_weights[-1].rsplit(".", 1)[0]] = "output head (the last layer weight, no embeddings)"
+    siblings: dict[str, dict[str, torch.Tensor]] = {}
+    for name, param in pairs:
+        module_path, _, attr = name.rpartition(".")
+        siblings.setdefault(module_path, {})[attr] = param
     routed = []
     for name, param in pairs:
         module_path, _, attr = name.rpartition(".")
@@ -277,9 +316,12 @@ def route_named(pairs: list[tuple[str, torch.Tensor]]) -> list[RoutedParam]:
         elif param.dim() == 2:
             path = module_path if attr == "weight" else name
             d = _linear_decision(path, int(param.shape[0]), int(param.shape[1]), head_ids, vocab_sizes,
-                                 transposed=False)
+                                 transposed=False, layer_weight=attr == "weight")
             if d.use_muon:
                 d.reason = "matrix (by name)"
+        elif param.dim() == 3 and _gate_up_blocks(attr, param, siblings[module_path]):
+            d = _Decision(use_muon=True, batch_dims=1, row_blocks=_gate_up_blocks(attr, param, siblings[module_path]),
+                          reason=_GATE_UP_REASON + " (by name and shape)")
         elif param.dim() == 3 and (attr != "weight" or "expert" in name.lower()):
             d = _Decision(use_muon=True, batch_dims=1, reason="3-D stack of matrices (by name and shape)")
         else:

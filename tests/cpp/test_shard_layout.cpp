@@ -65,8 +65,14 @@ TEST(ShardLayout, RowBlocksAreCheckedAndTransposedSwapsTheUpdateShape) {
   EXPECT_THROW(short_blocks.validate("w"), dmuon::Error);
   dmuon::layout::ParamLayout empty_block{{8, 4}, 0, false, {8, 0}};
   EXPECT_THROW(empty_block.validate("w"), dmuon::Error);
-  dmuon::layout::ParamLayout stacked_blocks{{2, 8, 4}, 1, false, {4, 4}};
-  EXPECT_THROW(stacked_blocks.validate("w"), dmuon::Error);
+  // A stack's row blocks cut every matrix's rows (dim 1): a fused gate/up expert stack.
+  dmuon::layout::ParamLayout gate_up{{2, 8, 4}, 1, false, {4, 4}};
+  gate_up.validate("gate_up");
+  EXPECT_EQ(gate_up.num_matrices(), 4);
+  EXPECT_EQ(gate_up.matrix_rows(), 4);
+  EXPECT_EQ(gate_up.matrix_blocks(), (std::vector<RowBlock>{{0, 4}, {4, 4}, {8, 4}, {12, 4}}));
+  dmuon::layout::ParamLayout stacked_short{{2, 8, 4}, 1, false, {4, 2}};
+  EXPECT_THROW(stacked_short.validate("w"), dmuon::Error);
   // HF Conv1D stores (in, out): a 3·768 × 768 projection is held as [768, 2304].
   dmuon::layout::ParamLayout conv1d{{768, 2304}, 0, false, {}, true};
   EXPECT_EQ(conv1d.update_shape(conv1d.matrix_rows()), (std::pair<int64_t, int64_t>{2304, 768}));

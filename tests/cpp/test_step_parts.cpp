@@ -78,6 +78,22 @@ TEST(StepItems, AStackShardedWithinExpertsGivesPiecesWithOffsets) {
   EXPECT_EQ(table.piece(1, 1).local_offset, 0);
 }
 
+TEST(StepItems, RowBlocksOfAShardedStackGivePiecesOfEachExpertsBlocks) {
+  // 3 experts of 2 + 2 rows × 5 (gate, up), Shard(0) over 2 ranks: experts 0, 1 on rank 0.
+  dmuon::layout::ParamLayout layout{{3, 4, 5}, 1, true, {2, 2}};
+  const ItemTable table({{"gate_up", layout, DType::kFloat32, 0}}, 2);
+  ASSERT_EQ(table.num_items(), 6);
+  EXPECT_EQ(table.item(3).rows, 2);
+  EXPECT_EQ(table.item_name(3), "gate_up[1]");
+  // Item 3: expert 1's up rows, at local rows 1·4 + 2 of rank 0; item 5: expert 2's up, rank 1.
+  EXPECT_EQ(table.piece(3, 0).row_begin, 0);
+  EXPECT_EQ(table.piece(3, 0).row_count, 2);
+  EXPECT_EQ(table.piece(3, 0).local_offset, (1 * 4 + 2) * 5);
+  EXPECT_TRUE(table.piece(3, 1).empty());
+  EXPECT_EQ(table.piece(5, 1).local_offset, 2 * 5);
+  EXPECT_TRUE(table.whole_on(4, 1));
+}
+
 // Split orthogonalization: every row block is an item of its own; a rank's piece
 // of a block is the block's rows inside the rank's Shard(0) chunk, so a chunk may hold the
 // end of one block and the start of the next (two pieces at offsets of one local tensor).

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import sys
 from collections import Counter
 
 import pytest
@@ -223,8 +224,8 @@ def test_hugging_face_decoder_trains_under_fsdp2():
             assert entry["step_s"] > 0 and 0 < entry["loss"] < 20, (rank, name, entry)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is not None, reason="transformers is installed")
-def test_hugging_face_model_without_transformers_is_a_clear_error():
+def test_hugging_face_model_without_transformers_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # NOTE: `import transformers` raises ImportError
     with pytest.raises(ImportError, match="--model qwen2.5-1.5b .* needs the 'transformers' package"):
         main(["bench", "e2e", "--model", "qwen2.5-1.5b", "--device", "cpu", "--world", "1"])
 

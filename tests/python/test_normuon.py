@@ -170,3 +170,20 @@ def test_normuon_in_gather_mode_refused_by_name(wrapper):
 
     for rank, message in run_distributed(normuon_gather_refused, 2, wrapper).items():
         assert "normuon=True" in message and "gather mode" in message and "0.weight" in message, (rank, message)
+
+
+def test_init_state_makes_the_row_state_and_a_step_from_it_is_a_fresh_step():
+    """A checkpoint made before the first step (torchtitan's) holds normuon_v, and loading
+    it changes nothing: the step from the made state is the step from none."""
+    torch.manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(6, 10)) for _ in range(2)]
+    weights[1].data.copy_(weights[0].data)
+    made, fresh = (dmuon.DMuon([{"params": [w], "use_muon": True, "normuon": True}], lr=0.05) for w in weights)
+    made.init_state()
+    assert made.state[weights[0]]["normuon_v"].shape == (6,)
+    made.load_state_dict(made.state_dict())
+    grad = torch.randn(6, 10)
+    for w, opt in zip(weights, (made, fresh)):
+        w.grad = grad.clone()
+        opt.step()
+    assert torch.equal(weights[0], weights[1])
