@@ -37,25 +37,25 @@ wait $old_pid || { tail -30 "$OUT/build_old.log"; echo "BUILD (before) FAILED"; 
 echo "builds: $(( $(date +%s) - start )) s"
 grep -h "CUTLASS" "$OUT"/build_*.log | head -2
 
-run() {  # label (new|old), timeout, args...
+run() {  # label (new|old), timeout, python3 args... (the tree's install on the path)
   local label=$1 limit=$2; shift 2
   # NOTE: a HOME per tree: the planner's cost table is cached under ~/.cache/dmuon, and the
   # first-step peak must include building it.
   mkdir -p /tmp/home_$label
   (cd /tmp && HOME=/tmp/home_$label PYTHONPATH=/tmp/site_$label DMUON_AUTOTUNE_CACHE=/tmp/autotune_$label.txt \
-     timeout "$limit" python3 -m dmuon "$@")
+     timeout "$limit" python3 "$@")
 }
 STAGES=" ${STAGES:-ns fake e2e host} "
 stage() { [[ "$STAGES" == *" $1 "* ]]; }
 stage ns && for label in old new; do
   echo "== bench ns ($label)"
-  run $label 150 bench ns --model qwen2.5-0.5b --model qwen2.5-1.5b --model qwen2.5-7b --iters 5 --warmup 2 \
+  run $label 150 -m dmuon bench ns --model qwen2.5-0.5b --model qwen2.5-1.5b --model qwen2.5-7b --iters 5 --warmup 2 \
     --skip-baselines --sym-shapes 2>&1 | tee "$OUT/ns_$label.log" | grep -E "^model |^dmuon|^torch AdamW" 
 done
 stage fake && for label in old new; do
   for world in ${WORLDS:-4 8}; do
     echo "== bench step --fake-world $world ($label)"
-    run $label 120 bench step --device cuda --model qwen2.5-7b --fake-world $world --gpus-per-node 8 \
+    run $label 120 -m dmuon bench step --device cuda --model qwen2.5-7b --fake-world $world --gpus-per-node 8 \
       --intra-gbps 2960 --inter-gbps 388 --steps 3 --warmup 1 --json "$OUT/fake_${label}_w$world.json" \
       2>&1 | tee "$OUT/fake_${label}_w$world.log" | grep -E "^owner|^gather|^adamw|^NS of|^planner"
   done
@@ -63,7 +63,7 @@ done
 if stage e2e; then
   for label in old new; do
     echo "== bench e2e --world 1, qwen2.5-1.5b ($label)"
-    run $label 200 bench e2e --model qwen2.5-1.5b --world 1 --device cuda --optimizers dmuon-ownership,dmuon \
+    run $label 200 -m dmuon bench e2e --model qwen2.5-1.5b --world 1 --device cuda --optimizers dmuon-ownership,dmuon \
       --steps 5 --warmup 2 --seq 1024 --micro-batch 4 --json "$OUT/e2e_$label.json" 2>&1 | tee "$OUT/e2e_$label.log" | tail -12
   done
 fi
@@ -71,9 +71,8 @@ if stage host; then
   for label in old new; do
     echo "== host time of DMuon.step, fake world 64, qwen2.5-7b ($label)"
     tree=$ROOT; [ $label = old ] && tree=$ROOT/.old_tree
-    (cd /tmp && HOME=/tmp/home_$label PYTHONPATH=/tmp/site_$label DMUON_AUTOTUNE_CACHE=/tmp/autotune_$label.txt \
-       timeout 200 python3 "$tree/lab/benches/fake_rank_host_profile.py" --model qwen2.5-7b --world 64 --device cuda \
-       --steps 10) 2>&1 | tee "$OUT/host_$label.log" | tail -12
+    run $label 200 "$tree/lab/benches/fake_rank_host_profile.py" --model qwen2.5-7b --world 64 --device cuda \
+      --steps 10 2>&1 | tee "$OUT/host_$label.log" | tail -12
   done
 fi
 echo "=== summary ==="
