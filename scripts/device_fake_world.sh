@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fake-world projection in one device call on ONE H200: build dmuon, then `bench step --fake-world` —
-#   1. the check against the measured multi-GPU runs (docs/benchmarks/history.md "Multi-GPU run"):
+#   1. the check against the measured multi-GPU runs (BENCHMARKS.md "Distributed optimizer step"):
 #      qwen2.5-7b and qwen2.5-1.5b, owner + gather + AdamW, every rank run (--ranks all), on
 #      the topology of the 4-H200 host those runs used (one NVLink node): fake world 2 with
 #      the depth-1 pipeline the world-2 runs were measured with, fake world 4 with today's

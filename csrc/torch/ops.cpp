@@ -1,5 +1,5 @@
 // dmuon/torch/ops.cpp — TORCH_LIBRARY schemas and implementations of torch.ops.dmuon.*, the
-// product's ops (test and bench ops: torch.ops.dmuon_testing, cuda/testing_ops.cpp).
+// product's ops (test and bench ops: torch.ops.dmuon_testing, csrc/torch_testing/testing_ops.cpp).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 

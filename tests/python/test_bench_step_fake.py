@@ -57,6 +57,8 @@ def test_the_default_runs_rank_zero_and_the_rank_the_planner_predicts_slowest(tm
     assert owner["rank"] == slowest and set(record["methods"]) == {"owner", "adamw"}
     # The ranks not run are predicted from the measured ones.
     assert sorted(owner["predicted_ranks"]) == sorted(set(range(8)) - {0, slowest})
+    # The one-GPU NS of the reported rank times the matrices its plan gives it (never none).
+    assert owner["local_ns_items"] == [i for i, o in enumerate(owner["item_owners"]) if o == slowest] != []
     # NOTE: the fit picks fixed + rate, rate alone or fixed alone by residual; on a busy CPU
     # the tiny shapes' NS time is mostly overhead, so which one wins is timing noise.
     ns_fit = owner["calibration"]["ns"]

@@ -248,8 +248,8 @@ def _train_sequential(config: dict, mesh, topology: ClusterTopology) -> dict:
 def _train_in_turns(config: dict, mesh, topology: ClusterTopology, names: list[str] | None = None) -> dict:
     """Every optimizer's model (of `names`, default all) alive at once, one step of each in
     turn, the order rotated every step. NOTE: trained one after the other, the same forward + backward moved from
-    197 to 272 ms between the optimizers of one run on an H200 (BENCHMARKS.md, "The step
-    begun from backward, run on the fake rank"): the device's clocks drift over a run
+    197 to 272 ms between the optimizers of one run on an H200 (docs/benchmarks/history.md,
+    "Sections moved out"): the device's clocks drift over a run
     (power limit), so a comparison within 1% needs both sides in the same stretch of it."""
     trainers = [_FakeRankTrainer(name, config, mesh, topology) for name in names or config["optimizers"]]
     for i in range(config["warmup"] + config["steps"]):

@@ -12,8 +12,8 @@ the summary gives:
   the host waited for the device (synchronize calls: each one drains the queue the host
   had run ahead with);
 - the phase's top operators by self device time (GPUs) or self host time (CPUs).
-NOTE: made to find the cost of the step begun from backward at fake world 64 (BENCHMARKS.md,
-"The step begun from backward, optimizers in turns": +20 ms of forward + backward for 0.7 ms
+NOTE: made to find the cost of the step begun from backward at fake world 64
+(docs/benchmarks/history.md, "Sections moved out": +20 ms of forward + backward for 0.7 ms
 of Newton–Schulz moved into it): the figures say whether the device idles inside backward
 (host waits, syncs) or works more (other streams' work waited on).
 """

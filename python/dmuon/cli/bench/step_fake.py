@@ -372,16 +372,20 @@ def run_fake(args) -> int:
                    "measured_ns_ms": records["owner"][slowest]["ns_s"] * 1e3 if slowest in records["owner"] else None,
                    "reported_rank": r, "reported_rank_predicted_ns_ms":
                        predicted[group_rank] * 1e3 if predicted else None}
-    if "owner" in methods and device == "cuda":
-        # The same matrices through the one-GPU path, in the same run.
-        from dmuon.cli.bench.local_ns import local_ns_ms
-
+    if "owner" in methods:
         owner = methods_json["owner"]
         mine = records["owner"][owner["rank"]]
-        # NOTE: the rank's matrices (items: one per matrix of a stack), as it orthogonalized them.
-        local = local_ns_ms([tuple(settings.shapes[mine["item_params"][i]][-2:]) for i in mine["orthogonalized"]],
-                            device)
-        owner.update(local_ns_ms=local, ns_vs_local=owner["ns_ms"] / local if local > 0 else None)
+        # NOTE: the rank's matrices (items: one per matrix of a stack) as the plan gives them, not
+        # the step's list of what it orthogonalized: on an H100 (fake world 8, Qwen2.5-7B) that
+        # list came back empty for rank 0 while its NS took 53.7 ms, and local NS read 0.0 ms.
+        owner["local_ns_items"] = [i for i, o in enumerate(mine["owners"]) if o == mine["group_rank"]]
+        if device == "cuda":
+            # The same matrices through the one-GPU path, in the same run.
+            from dmuon.cli.bench.local_ns import local_ns_ms
+
+            local = local_ns_ms([tuple(settings.shapes[mine["item_params"][i]][-2:]) for i in owner["local_ns_items"]],
+                                device)
+            owner.update(local_ns_ms=local, ns_vs_local=owner["ns_ms"] / local if local > 0 else None)
     mesh_record = None
     if fake_mesh:
         mesh_record = {"dp": fake_mesh[0], "tp": fake_mesh[1], "styles": settings.styles,

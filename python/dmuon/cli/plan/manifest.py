@@ -190,21 +190,3 @@ def manifest_from_config(config: dict, *, name: str = "config", source: str = "c
                 Matrix(name=f"{prefix}.mlp.down_proj", rows=h, cols=i),
             ]
     return Manifest(name=name, matrices=tuple(matrices))
-
-
-def manifest_to_json(manifest: Manifest) -> dict:
-    """The compact JSON form (consecutive per-layer repeats are not merged: one entry per
-    distinct name pattern with its count)."""
-    groups: dict[tuple, int] = {}
-    for m in manifest.matrices:
-        parts = m.name.split(".")
-        pattern = ".".join("{i}" if p.isdigit() else p for p in parts)
-        key = (pattern, m.rows, m.cols, m.batch)
-        groups[key] = groups.get(key, 0) + 1
-    return {
-        "name": manifest.name,
-        "matrices": [
-            {"name": pattern, "rows": rows, "cols": cols, "count": count, "batch": batch}
-            for (pattern, rows, cols, batch), count in groups.items()
-        ],
-    }

@@ -142,7 +142,3 @@ class TrainConfig:
     def tokens_per_step(self) -> int:
         """Training tokens consumed by one optimizer step."""
         return self.batch_size * self.seq_len
-
-    def lr_for(self, optimizer_name: str) -> float:
-        """Peak learning rate of the named optimizer."""
-        return self.adamw_lr if optimizer_name == "adamw" else self.lr

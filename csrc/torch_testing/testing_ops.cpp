@@ -1,4 +1,4 @@
-// dmuon/torch/cuda/testing_ops.cpp — torch.ops.dmuon_testing.*: the CUDA backend's parts
+// dmuon/torch_testing/testing_ops.cpp — torch.ops.dmuon_testing.*: the CUDA backend's parts
 // for tests and benchmarks (one symmetric product, the kernel configurations, cuBLASLt's
 // algorithms, the autotuner's and graph caches' counters); never used by the product.
 #include <ATen/ATen.h>
