@@ -80,6 +80,8 @@ inline std::string Knob<const char*>::get() const { return get_string(name, fall
     "synchronize the device between step phases so that their times are real (read at runtime creation)")           \
   X(kAutotuneTestBreak, const char*, "DMUON_AUTOTUNE_TEST_BREAK", "", kDiagnostic,                                   \
     "test hook: perturb every autotune candidate whose name starts with this prefix")                               \
+  X(kTestExit, const char*, "DMUON_TEST_EXIT", "", kDiagnostic,                                                      \
+    "test hook: PHASE@STEP ends the process (code 17) when engine step STEP reaches PHASE (exchange or ns)")         \
   X(kSymPath, const char*, "DMUON_SYM_PATH", "auto", kDiagnostic,                                                 \
     "force the symmetric-product path (auto, sm90, portable, dense) of the CUDA ops made while it is set")         \
   X(kPlanTimeLimit, double, "DMUON_PLAN_TIME_LIMIT", 0.0, kDiagnostic,                                              \

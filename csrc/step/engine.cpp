@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <sstream>
 #include <tuple>
 #include <utility>
 
 #include "common/check.h"
+#include "common/env.h"
 #include "ns/batch_streams.h"
 #include "ns/ns_bound.h"
 #include "step/engine_state.h"
@@ -39,7 +41,23 @@ StepEngine::StepEngine(Transport& transport, DeviceOps& ops, std::vector<ParamSp
                   " step ops do not read for ", dtype_name(spec.dtype),
                   " parameters yet; leave its group unsplit (split_dim=None)");
   }
+  // Test hook: where this process ends as a crashed rank would (read when the engine is made).
+  const std::string exit_at = env::kTestExit.get();
+  if (!exit_at.empty()) {
+    const size_t at = exit_at.find('@');
+    test_exit_phase_ = exit_at.substr(0, at);
+    DMUON_CHECK(at != std::string::npos && (test_exit_phase_ == "exchange" || test_exit_phase_ == "ns") &&
+                    exit_at.find_first_not_of("0123456789", at + 1) == std::string::npos && at + 1 < exit_at.size(),
+                "DMUON_TEST_EXIT must be PHASE@STEP with PHASE exchange or ns, got '", exit_at, "'");
+    test_exit_step_ = std::stoll(exit_at.substr(at + 1));
+  }
   make_plan();
+}
+
+// NOTE: std::_Exit, not an error: the fault tests need a rank that vanishes mid-step (no
+// unwinding, no Python handler, its sockets closed by the kernel), as a crashed one does.
+void StepEngine::exit_if_asked(const char* phase, int64_t step_idx) const {
+  if (step_idx == test_exit_step_ && test_exit_phase_ == phase) std::_Exit(17);
 }
 
 // NOTE: a matrix stored transposed (HF Conv1D, layout::ParamLayout::transposed) takes the lr
@@ -145,6 +163,7 @@ StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
   for (const auto& [from, to] : copies) ops_.copy(from, to);
   clock_.stop(prepare_start, {{PhaseField::kMomentum}, {PhaseField::kStagePrepare, s}});
 
+  exit_if_asked("exchange", st.step_idx);
   issue_exchange(f, f.send.get().slice(0, plan.forward.send_numel), plan.forward,
                  "all_to_all of stage " + std::to_string(s) + "'s pieces to their owners (" + step_name(st.step_idx) +
                      ")",
@@ -250,6 +269,7 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
   const std::vector<int> stream_of = warm ? stream_assignment(order, rules) : std::vector<int>(order.size(), 0);
   const Buffer gate = st.gate.get();
   const Buffer flags = st.result_flags.get();
+  if (!order.empty()) exit_if_asked("ns", st.step_idx);
   // Held own rows (st.hold), per batch: written by its result pass, applied by commit().
   std::vector<std::vector<std::tuple<OwnedBuffer, ApplyPiece, int>>> held(order.size());
   const int num_streams = ops_.run_on_streams(stream_of, [&](size_t k) {

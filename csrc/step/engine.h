@@ -173,6 +173,13 @@ class StepEngine {
   std::vector<int64_t> agree_committed(const std::vector<int64_t>& extra_max = {});
   /// Whether a step was committed without its result agreement.
   bool results_pending() const { return committed_ != nullptr; }
+  /// Whether this rank's writes of the current step began: set when the first momentum,
+  /// parameter or state write is enqueued (commit(), or the one-process step's gated
+  /// pipeline), cleared when a step opens, when its result agreement completes, and when
+  /// the one-process step's gate closed (nothing was written). A step that throws while it
+  /// is set may have left momentum and parameters torn (docs/design/step_engine.md,
+  /// "A step that fails").
+  bool writes_began() const { return writes_began_; }
   /// Closes the open step without writing anything (early results dropped).
   void discard();
 
@@ -293,6 +300,11 @@ class StepEngine {
   std::unique_ptr<Early> early_;       // the open step's early work (begin_step → commit/discard)
   std::unique_ptr<StepState> agreed_;  // finish() → commit()
   std::unique_ptr<StepState> committed_;  // commit(false) → agree_committed()
+  bool writes_began_ = false;
+  // Test hook (DMUON_TEST_EXIT=PHASE@STEP): the phase and step at which this process ends.
+  std::string test_exit_phase_;
+  int64_t test_exit_step_ = -1;
+  void exit_if_asked(const char* phase, int64_t step_idx) const;
 };
 
 }  // namespace dmuon::step

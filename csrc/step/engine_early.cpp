@@ -18,6 +18,7 @@ void StepEngine::begin_step(const std::vector<GroupRule>& rules, int64_t step_id
               step_name(early_ ? early_->step_idx : agreed_->step_idx),
               " is still open (finish and commit it, or discard it)");
   for (const GroupRule& rule : rules) rule.validate();
+  writes_began_ = false;
   // NOTE: early results are held as NS left them; NorMuon's transform (and its state) is
   // not wired into early work yet.
   for (size_t g = 0; g < rules.size(); ++g)

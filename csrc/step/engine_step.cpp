@@ -114,6 +114,9 @@ std::vector<int64_t> StepEngine::agree_results(StepState& st, const std::vector<
     first_bad = agreed[0] != 0 ? static_cast<int>(num_params - agreed[0]) : -1;
     extra.assign(agreed.begin() + 1, agreed.end());
   }
+  // NOTE: every rank knows the step's outcome now: an update that was not finite is raised
+  // below on every rank alike, with the rest of the step applied everywhere (not torn).
+  writes_began_ = false;
   // NOTE: the device is past the step's last pass here (read_flags waited for it).
   clock_.resolve();
   stats_.total_s = seconds_since(st.start);
@@ -128,6 +131,7 @@ StepOutcome StepEngine::step(const std::vector<ParamTensors>& tensors, const std
                              const StartChecks& checks) {
   DMUON_CHECK(!committed_, "StepEngine::step(", step_name(step_idx), "): the last step's results are not agreed yet "
               "(call agree_committed first)");
+  writes_began_ = false;
   if (world_ == 1 && !step_open()) {
     DMUON_CHECK(checks.error.empty(), checks.error);
     return step_gated(tensors, rules, step_idx, extra);
@@ -163,9 +167,12 @@ StepOutcome StepEngine::step_gated(const std::vector<ParamTensors>& tensors, con
   st->result_flags = ops_.allocate(DType::kInt32, std::max(1, num_params));
   ops_.fill_zero(st->result_flags.get());
   stats_.check_s = seconds_since(st->start);
+  writes_began_ = true;  // NOTE: enqueued behind the gate
   run_pipeline(*st);
 
   const std::vector<int32_t> host = ops_.read_flags({st->flags.get()});
+  // NOTE: a closed gate wrote nothing.
+  if (std::any_of(host.begin(), host.end(), [](int32_t flag) { return flag != 0; })) writes_began_ = false;
   for (int p = 0; p < num_params; ++p)
     DMUON_CHECK(host[static_cast<size_t>(2 * p + 1)] == 0, "the momentum buffer of parameter '", table_.param(p).name,
                 "' holds NaN or Inf at ", step_name(step_idx), " (corrupt optimizer state); nothing was updated");
@@ -320,6 +327,10 @@ void StepEngine::commit(bool agree) {
               "when it returned kAgreed)");
   std::unique_ptr<StepState> st = std::move(agreed_);
   std::unique_ptr<Early> early = std::move(early_);
+  // NOTE: set for the whole of commit(): its first pass writes (staged momentum, or the
+  // first stage's momentum before its forward exchange), a rank without pieces of its own
+  // there a little later.
+  writes_began_ = true;
   st->result_flags = ops_.allocate(DType::kInt32, std::max(1, table_.num_params()));
   ops_.fill_zero(st->result_flags.get());
   if (early) {

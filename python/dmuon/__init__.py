@@ -6,7 +6,7 @@
 
 from dmuon import checkpoint, presets
 from dmuon.config import Execution, MuonMath, Ownership
-from dmuon.optimizer import DMuon, NonFiniteGradientError
+from dmuon.optimizer import DMuon, NonFiniteGradientError, TornStateError
 from dmuon.ownership import OwnedMatrices, own_matrices
 from dmuon.qk_clip import QKClip, QKLayer
 from dmuon.rank_agreement import LOCAL
@@ -14,6 +14,6 @@ from dmuon.routing import MatrixView, RoutedParam, route_module, route_named, ro
 from dmuon.routing_summary import RoutingSummary
 
 __all__ = ["DMuon", "Execution", "LOCAL", "MatrixView", "MuonMath", "NonFiniteGradientError", "OwnedMatrices",
-           "Ownership", "QKClip", "QKLayer", "RoutedParam", "RoutingSummary", "checkpoint", "own_matrices", "presets", "route_module", "route_named",
-           "route_params"]
+           "Ownership", "QKClip", "QKLayer", "RoutedParam", "RoutingSummary", "TornStateError", "checkpoint",
+           "own_matrices", "presets", "route_module", "route_named", "route_params"]
 __version__ = "0.1.0"

@@ -5,7 +5,9 @@ writes a marker file last (the name and size of every file the save wrote), and 
 swaps it in by renames: the previous checkpoint at ``directory`` stays whole until the new
 one is complete. ``load(state, directory)`` refuses a directory without a valid marker, or
 whose files differ from it, with `CheckpointError` (an ``Exception``; DCP's own
-``CheckpointException`` derives from ``BaseException`` and is wrapped in it).
+``CheckpointException`` derives from ``BaseException`` and is wrapped in it). A save of a
+torn optimizer's state (dmuon.torn_state: a step failed after it began writing) is
+refused on every rank before anything is written, unless ``torn_ok=True``.
 
 NOTE: DCP saved straight over a previous checkpoint and killed halfway loads without an
 error, 21 of 27 tensors from one step and the rest from the other (measured on 3 Gloo ranks,
@@ -25,6 +27,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch.distributed as dist
+
+from dmuon import torn_state
 
 MARKER = "dmuon_checkpoint.json"
 _FORMAT = "dmuon-checkpoint 1"
@@ -114,10 +118,11 @@ def _prepare(staging: Path, directory: Path, previous: Path) -> None:
     staging.parent.mkdir(parents=True, exist_ok=True)
 
 
-def _on_rank0(fn: Callable[[], Any], what: str, group: Any) -> Any:
+def _on_rank0(fn: Callable[[], Any], what: str, group: Any, refusal: str | None = None) -> Any:
     """fn() on rank 0 of `group` (the only process without one), its value returned on every
     rank; its error raised on every rank as CheckpointError naming `what` (the other ranks
-    wait for it here)."""
+    wait for it here). `refusal`: why this rank refuses the operation (None: it does not);
+    raised as TornStateError there and as CheckpointError naming it on the other ranks."""
     distributed = dist.is_available() and dist.is_initialized()
     value, error = None, None
     if not distributed or dist.get_rank(group) == 0:
@@ -125,10 +130,17 @@ def _on_rank0(fn: Callable[[], Any], what: str, group: Any) -> Any:
             value = fn()
         except Exception as e:  # noqa: BLE001 - every failure is named on every rank
             error = e if isinstance(e, CheckpointError) else f"{what} failed on rank 0: {type(e).__name__}: {e}"
+    refusals = [(0, refusal)]
     if distributed:
-        box = [(value, str(error) if error is not None else None)]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(group or dist.group.WORLD, 0), group=group)
-        value, error = box[0]
+        boxes: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(boxes, (value, str(error) if error is not None else None, refusal), group=group)
+        value, error, _ = boxes[0]
+        refusals = list(enumerate(box[2] for box in boxes))
+    if refusal is not None:
+        raise torn_state.TornStateError(refusal)
+    for rank, why in refusals:
+        if why is not None:
+            raise CheckpointError(f"{what}: rank {rank} refused it: {why}")
     if error is not None:
         raise CheckpointError(str(error))
     return value
@@ -142,17 +154,27 @@ def _dcp(call: Callable[..., None], state: dict[str, Any], path: str, process_gr
         call(state, checkpoint_id=path, process_group=process_group)
 
 
-def save(state: dict[str, Any], directory: str | os.PathLike, *, process_group: Any = None) -> None:
+def save(state: dict[str, Any], directory: str | os.PathLike, *, process_group: Any = None,
+         torn_ok: bool = False) -> None:
     """torch.distributed.checkpoint.save of `state` (e.g. {"model": msd, "optim": osd} from
     get_state_dict), collective over `process_group`, into a fresh sibling directory marked
     complete last, then renamed to `directory`; the checkpoint it replaces is kept until the
-    new one is complete. Raises CheckpointError on every rank if any part fails."""
+    new one is complete. Raises CheckpointError on every rank if any part fails; where
+    `state` holds a torn DMuon's tensors (dmuon.torn_state), TornStateError there and
+    CheckpointError on the others, before anything is written, unless `torn_ok`."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     directory = Path(directory).absolute()
     staging, previous = _siblings(directory)
-    _on_rank0(lambda: _prepare(staging, directory, previous), f"preparing to save {directory}", process_group)
+    # NOTE: a torn state after a failed collective is refused at once (the world is broken);
+    # after a failure of this rank's own, the refusal rides on the first collective, so that
+    # no rank waits for one that refused.
+    torn = None if torn_ok else torn_state.refusal(state)
+    if torn is not None and not torn.agree:
+        raise torn_state.TornStateError(torn.message("dmuon.checkpoint.save"))
+    _on_rank0(lambda: _prepare(staging, directory, previous), f"preparing to save {directory}", process_group,
+              None if torn is None else torn.message("dmuon.checkpoint.save"))
     try:
         _dcp(dcp.save, state, str(staging), process_group)
     except CheckpointException as error:

@@ -48,8 +48,11 @@ def step_checks(opt: Any) -> Any:
 
 
 def _step_input_error(opt: Any) -> str:
-    """Why this rank cannot step ("" if it can): a bad group option (a scheduler or the user
-    may have set it), or a gradient or state tensor that does not fit its parameter."""
+    """Why this rank cannot step ("" if it can): its state may be torn by a failed step, a
+    bad group option (a scheduler or the user may have set it), or a gradient or state
+    tensor that does not fit its parameter."""
+    if opt._torn is not None:
+        return opt._torn.message("step()")
     for g_idx, group in enumerate(opt.param_groups):
         try:
             if group["use_muon"]:

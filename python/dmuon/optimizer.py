@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dmuon import adamw_steps, engine_step, rank_agreement, runtime_builder
+from dmuon import adamw_steps, engine_step, rank_agreement, runtime_builder, torn_state
 from dmuon.backward_step import BackwardStep
 from dmuon.config import Execution, MuonMath, merge_flat
 from dmuon.engine_step import NonFiniteGradientError
@@ -37,8 +37,9 @@ from dmuon.routing import MatrixView
 from dmuon.routing_summary import RoutingSummary, announce, entries_of
 from dmuon.split_options import SPLIT_DEFAULTS, split_view
 from dmuon.state_checks import check_state_dict, keep_float32_moments
+from dmuon.torn_state import TornStateError, TornStep, first_line
 
-__all__ = ["DMuon", "NonFiniteGradientError"]
+__all__ = ["DMuon", "NonFiniteGradientError", "TornStateError"]
 
 
 class DMuon(torch.optim.Optimizer):
@@ -56,7 +57,10 @@ class DMuon(torch.optim.Optimizer):
     rank the planner chose. torch's conventions hold: frozen parameters stay (and train once
     unfrozen); ``momentum`` is a key of every group (AdamW's β1) and of ``defaults``, for
     schedulers that cycle it; ``load_state_dict`` checks the whole checkpoint and a step
-    everything it touches before anything is written.
+    everything it touches before anything is written. A step that fails after this rank
+    began writing (a rank lost mid-step) leaves the state torn: ``torn_step`` says where,
+    and ``step()``, ``state_dict()`` and ``dmuon.checkpoint.save`` raise `TornStateError`
+    until ``load_state_dict`` (dmuon.torn_state).
     """
 
     def __init__(
@@ -105,6 +109,7 @@ class DMuon(torch.optim.Optimizer):
         self._verified_state: dict[int, tuple] = {}  # id(param) → ids of its state tensors checked
         self._group = None  # the Muon parameters' process group (None: one process)
         self._placement_cache = None  # (ids of the Muon parameters, their placements, the group)
+        self._torn: TornStep | None = None  # the step that failed after this rank began writing
         initial = initial_groups(params, muon_filter, {"lr": adamw_lr, "weight_decay": adamw_weight_decay})
         self._routed = {key: ParamInfo(r.name, r.view if r.use_muon else None, r.reason, tuple(r.param.shape))
                         for key, r in initial.routes.items()}
@@ -227,12 +232,26 @@ class DMuon(torch.optim.Optimizer):
                     if group.get("normuon") and "normuon_v" not in state:
                         state["normuon_v"] = normuon_state_like(p, self._params.batch_dims(p))
 
+    @property
+    def torn_step(self) -> TornStep | None:
+        """The step that failed after this rank began writing (its index, phase and error),
+        None while the state is whole: dmuon.torn_state."""
+        return self._torn
+
+    def state_dict(self, *, torn_ok: bool = False) -> dict[str, Any]:
+        """torch's state_dict; raises TornStateError while the state may be torn (torn_step),
+        unless `torn_ok` (a post-mortem)."""
+        if self._torn is not None and not torn_ok:
+            raise TornStateError(self._torn.message("state_dict()"))
+        return super().state_dict()
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load_state_dict, after checking the whole checkpoint against these param
         groups (structure, options, every state entry's keys, shapes and dtypes): a mismatch
         raises ValueError naming it, and nothing is changed. Floating-point state is cast to
         its parameter's dtype as torch does, except AdamW moments of float16 parameters, which
-        stay float32. NOTE: load_state_dict pre-hooks run after the check."""
+        stay float32; a torn state (torn_step) is whole again once loaded. NOTE:
+        load_state_dict pre-hooks run after the check."""
         self._follow_params()
         check_state_dict(state_dict, self.param_groups, self.param_name,
                          lambda use_muon: dict(self._muon_defaults if use_muon else self._adamw_defaults))
@@ -249,6 +268,7 @@ class DMuon(torch.optim.Optimizer):
                 group.setdefault(key, 0)
         keep_float32_moments(state_dict, self.param_groups, self.state)
         self._signature = None
+        torn_state.clear(self)
 
     # ----------------------------------------------------------------------- step
     @property
@@ -272,6 +292,13 @@ class DMuon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        torn = self._torn
+        # NOTE: a failed collective left the process group broken: raised here, at once. A
+        # failure of this rank's own (the step's collectives completed, the other ranks may
+        # step on) is this rank's failed check in the next start agreement instead, so that
+        # every rank raises naming it (engine_step.step_checks).
+        if torn is not None and not torn.agree:
+            raise TornStateError(torn.message("step()"))
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -286,7 +313,7 @@ class DMuon(torch.optim.Optimizer):
             checks = self._step_checks()
         try:
             return self._step(runtime_builder.ensure_runtime(self, checks), step_idx, loss, checks)
-        except BaseException:
+        except BaseException as error:
             if self.qk_clip is not None:
                 self.qk_clip.reset()
             if self._ownership is not None:
@@ -296,6 +323,8 @@ class DMuon(torch.optim.Optimizer):
                 # collective that fails here has failed on the way to the error raised.
                 with contextlib.suppress(Exception):
                     self._ownership.exchange.end_window(step_idx)
+            if torn is not None:
+                raise TornStateError(torn.message("step()")) from error
             raise
 
     def _step_checks(self) -> Any:
@@ -304,7 +333,8 @@ class DMuon(torch.optim.Optimizer):
     def _step(self, runtime: Any, step_idx: int, loss: Any, checks: Any) -> Any:
         """Every Muon parameter's check, momentum, NS and apply through the engine (the owned
         matrices' too), the AdamW gradients checked in the same pass and start agreement; then
-        AdamW; then the result agreement (QK-clip's maxima in it)."""
+        AdamW; then the result agreement (QK-clip's maxima in it). An error after this rank
+        began writing marks the state torn (torn_step)."""
         # NOTE: with several ranks the engine returns before its result agreement, whose host
         # read waits for the device: the AdamW part (its gradients agreed finite already) is
         # enqueued meanwhile, then the results are agreed. A non-finite orthogonalized update
@@ -314,6 +344,10 @@ class DMuon(torch.optim.Optimizer):
         try:
             with torch.profiler.record_function("dmuon.step.engine"):
                 applied = engine_step.run(self, runtime, step_idx, defer, checks)
+        except BaseException as error:
+            if runtime.writes_began:
+                self._mark_torn(step_idx, "the Muon part (momentum, exchanges, Newton–Schulz, apply)", error)
+            raise
         finally:
             if self._ownership is not None:
                 self._ownership._after_step()
@@ -325,7 +359,7 @@ class DMuon(torch.optim.Optimizer):
         # NOTE: the clip's maxima ride in the result agreement where it spans the clip's
         # group; a clip given its own process_group agrees over it itself (QKClip.apply).
         folded = clip is not None and clip.agrees_with(runtime.world_size)
-        agreed = None
+        adamw_error = None
         try:
             with torch.profiler.record_function("dmuon.step.adamw"):
                 for group in self.param_groups:
@@ -333,13 +367,33 @@ class DMuon(torch.optim.Optimizer):
                     active = [p for p in group["params"] if p.grad is not None] if not group["use_muon"] else []
                     if active:
                         self._adamw_group_step(group, active)
-        finally:
-            # NOTE: collective: every rank agrees even when its AdamW part raised.
+        except BaseException as error:
+            adamw_error = error
+        # NOTE: collective: every rank agrees even when its AdamW part raised.
+        try:
             with torch.profiler.record_function("dmuon.step.agree_results"):
                 agreed = engine_step.engine_call(runtime.agree_results, clip.local_keys() if folded else [])
+        except BaseException as error:
+            # NOTE: still set: the agreement did not complete (a collective failed). Clear:
+            # every rank agreed that an update was not finite (applied alike everywhere).
+            if runtime.writes_began:
+                self._mark_torn(step_idx, "the result agreement", error)
+            elif adamw_error is not None:
+                self._mark_torn(step_idx, "the AdamW part", adamw_error, agree=True)
+            raise error from adamw_error
+        if adamw_error is not None:
+            self._mark_torn(step_idx, "the AdamW part", adamw_error, agree=True)
+            raise adamw_error
         if clip is not None:
-            clip.apply(agreed if folded else None)
+            try:
+                clip.apply(agreed if folded else None)
+            except BaseException as error:
+                self._mark_torn(step_idx, "QK-clip", error)
+                raise
         return loss
+
+    def _mark_torn(self, step_idx: int, phase: str, error: BaseException, agree: bool = False) -> None:
+        torn_state.mark(self, TornStep(step_idx, phase, first_line(error), agree))
 
     def _adamw_group_step(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
         adamw_steps.adamw_group_step(group, params, self.state, self._adamw_device_steps)

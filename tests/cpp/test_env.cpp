@@ -71,7 +71,7 @@ TEST(Env, ResolveGivesTheExplicitOptionPrecedence) {
 
 TEST(Env, ListsEveryKnobOnceWithItsKind) {
   const auto knobs = dmuon::env::all_knobs();
-  EXPECT_EQ(knobs.size(), 13u);
+  EXPECT_EQ(knobs.size(), 14u);
   std::set<std::string> names;
   int overrides = 0;
   for (const auto& k : knobs) {

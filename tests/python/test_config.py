@@ -261,7 +261,7 @@ def _variables_in_sources() -> set[str]:
 def test_every_variable_is_listed_once_and_documented():
     knobs = _C.env_knobs()
     names = [k["name"] for k in knobs]
-    assert len(names) == len(set(names)) == 13
+    assert len(names) == len(set(names)) == 14
     assert _variables_in_sources() == set(names)
     assert sorted(k["name"] for k in knobs if k["kind"] == "override") == sorted(
         ["DMUON_FUSED_STREAMS", "DMUON_PIPELINE_DEPTH", "DMUON_NS_BATCH_MB", "DMUON_CUDA_GRAPHS"])

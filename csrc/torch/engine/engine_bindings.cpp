@@ -86,6 +86,9 @@ void register_engine_bindings(py::module_& m) {
           py::arg("ready"), py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"))
       .def("discard", &EngineRuntime::discard, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("step_open", &EngineRuntime::step_open)
+      .def_property_readonly("writes_began", &EngineRuntime::writes_began,
+                             "whether the last step's writes on this rank began and its result agreement did not "
+                             "complete (after an error: momentum and parameters may be torn)")
       .def_property_readonly("rank", &EngineRuntime::rank)
       .def_property_readonly("world_size", &EngineRuntime::world_size)
       .def_property_readonly("owners", &EngineRuntime::owners)

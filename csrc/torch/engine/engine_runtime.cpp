@@ -177,6 +177,7 @@ EngineStepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
                                       const std::vector<at::Tensor>& extra_grads,
                                       const std::vector<at::Tensor>& row_state, bool defer_result_agreement,
                                       const StepChecks& checks) {
+  writes_began_ = false;
   const step::ItemTable& table = engine_->items();
   const size_t n = static_cast<size_t>(table.num_params());
   DMUON_CHECK(params.size() == n && grads.size() == n && momentum.size() == n, "EngineRuntime::step: ",
@@ -288,6 +289,7 @@ EngineStepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
   // NOTE: the stats are recorded once the step's results are agreed (its device-timed
   // phases are read then).
   auto finish = [&] {
+    writes_began_ = engine_->writes_began();
     for (auto& [target, copy] : write_back) target.copy_(copy);
     early_keep_.clear();
     if (!engine_->results_pending()) record_stats();
@@ -314,12 +316,16 @@ std::vector<int64_t> EngineRuntime::agree_results(const std::vector<int64_t>& ex
   if (!engine_->results_pending()) return extra_max;
   struct Record {
     EngineRuntime& runtime;
-    ~Record() { runtime.record_stats(); }
+    ~Record() {
+      runtime.writes_began_ = runtime.engine_->writes_began();
+      runtime.record_stats();
+    }
   } record{*this};
   return engine_->agree_committed(extra_max);
 }
 
 void EngineRuntime::begin_step(const std::vector<step::GroupRule>& groups, int64_t step_idx) {
+  writes_began_ = false;
   update_rules(groups);
   early_keep_.clear();
   engine_->begin_step(rules_, step_idx);

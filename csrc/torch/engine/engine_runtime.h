@@ -104,6 +104,11 @@ class EngineRuntime {
   /// Closes a begun step with nothing written.
   void discard();
   bool step_open() const { return engine_->step_open(); }
+  /// Whether the last step()'s (or agree_results()') writes on this rank began and its
+  /// result agreement did not complete (step::StepEngine::writes_began): read after either
+  /// threw, true means momentum and parameters may be torn; false, nothing was written or
+  /// every rank agreed on the step's outcome.
+  bool writes_began() const { return writes_began_; }
 
   int rank() const { return transport_->rank(); }
   int world_size() const { return transport_->world_size(); }
@@ -155,6 +160,7 @@ class EngineRuntime {
   std::vector<step::GroupRule> rules_;
   std::vector<bool> last_active_;
   std::vector<at::Tensor> early_keep_;  // converted gradients the begun step reads until step()/discard()
+  bool writes_began_ = false;  // the engine's, as the last step() or agree_results() left it
   StepStats stats_;
 };
 
