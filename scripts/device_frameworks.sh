@@ -7,7 +7,7 @@
 #   GPU machine: bash scripts/device_frameworks.sh [pytest arguments…]   (carry .wheels, .cutlass)
 #                installs what its Python lacks, builds dmuon, runs the test; logs under $OUT
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 WHEELS=.wheels
 # The frameworks the test imports, at the versions tests/requirements.txt pins.
 PINNED=$(grep -E '^(transformers|accelerate)==' tests/requirements.txt)
@@ -19,6 +19,7 @@ PINNED=$(grep -E '^(transformers|accelerate)==' tests/requirements.txt)
 download() {
   local python=${PYTHON:-python3}
   local wanted
+  # shellcheck disable=SC2086
   wanted=$("$python" - $PINNED <<'EOF'
 import importlib.metadata as metadata
 import re
@@ -53,7 +54,7 @@ EOF
   "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS" $wanted || return 1
-  echo "$(ls "$WHEELS" | wc -l) wheels, $(du -sh "$WHEELS" | cut -f1) in $WHEELS"
+  echo "$(find "$WHEELS" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELS" | cut -f1) in $WHEELS"
 }
 
 # GPU machine: install into a folder on PYTHONPATH exactly the wheels its Python lacks (pip's
@@ -81,6 +82,7 @@ print(' '.join(item['download_info']['url'].removeprefix('file://') for item in 
   export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
   python3 -c "import torch, transformers, accelerate; print('torch', torch.__version__, 'transformers',
 transformers.__version__, 'accelerate', accelerate.__version__, 'gpus', torch.cuda.device_count())" || exit 1
+  # shellcheck source=scripts/device_build.sh
   source scripts/device_build.sh || exit 1
   python3 -m pytest -q -rA tests/python/test_accelerate_fsdp2.py "$@" 2>&1 | tee "$OUT/pytest.log"
 }

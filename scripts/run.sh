@@ -14,6 +14,15 @@ TORCH_SPEC=$(sed -n 's/^dependencies = \[.*"\(torch[^"]*\)".*/\1/p' pyproject.to
 
 log() { printf '[dmuon] %s\n' "$*" >&2; }
 
+# Runs a phase and logs its elapsed seconds (so CI logs show where the time goes).
+# NOTE: not inside `||` or `if`: there bash would ignore set -e in the phase's functions.
+timed() {
+  local phase=$1 start=$SECONDS
+  shift
+  "$@"
+  log "$phase: $((SECONDS - start)) s"
+}
+
 # System packages: compiler, CMake, GoogleTest, COIN-OR CBC (MILP planner).
 ensure_system_packages() {
   local wanted=(g++ cmake ninja-build pkg-config googletest libgtest-dev coinor-libcbc-dev)
@@ -87,16 +96,20 @@ if [ "${1:-}" = --torch ]; then
   shift 2
   use_newest_torch
 fi
+install() {
+  ensure_system_packages; ensure_python_packages
+  if [ "$cmd" = test ]; then ensure_test_packages; fi
+}
 case "$cmd" in
   build)
-    ensure_system_packages; ensure_python_packages; build ;;
+    timed install install; timed build build ;;
   train)
-    ensure_system_packages; ensure_python_packages; build
+    timed install install; timed build build
     exec "$PYTHON" -m dmuon train "$@" ;;
   test)
-    ensure_system_packages; ensure_python_packages; ensure_test_packages; build
+    timed install install; timed build build
     log "C++ tests (ctest)"
-    ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2
+    timed ctest ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2
     log "Python tests (pytest)"
-    exec "$PYTHON" -m pytest -q tests/python "$@" ;;
+    timed pytest "$PYTHON" -m pytest -q tests/python "$@" ;;
 esac
