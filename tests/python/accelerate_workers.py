@@ -1,9 +1,11 @@
 """The rank of test_accelerate_fsdp2 (world 1): the same model and batches trained by DMuon
-twice, once sharded by plain fully_shard and once prepared by accelerate's FSDP2 prepare."""
+twice, once sharded by plain fully_shard and once prepared by accelerate's FSDP2 prepare; and
+the HF Trainer's run with dmuon.integrations.hf, unsharded and under its FSDP2."""
 
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import torch
@@ -103,3 +105,52 @@ def plain_and_accelerate(rank: int, world: int, device_type: str) -> dict[str, A
     plain = plain_fsdp2(copy.deepcopy(model), device)
     prepared = accelerate_fsdp2(model, on_cpu=device_type == "cpu")
     return {"initial": initial, "plain": plain, **prepared}
+
+
+class TokenBlocks(torch.utils.data.Dataset):
+    """Random token blocks; labels are the inputs (the Trainer's causal-LM loss)."""
+
+    def __init__(self, rows: int = 12) -> None:
+        self.ids = torch.randint(0, VOCAB, (rows, SEQ), generator=torch.Generator().manual_seed(7))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[idx], "labels": self.ids[idx]}
+
+
+def trainer_run(device_type: str, fsdp2: bool, output_dir: str) -> dict[str, Any]:
+    """HF Trainer with dmuon.integrations.hf.create_optimizer(trainer): under FSDP2 the Trainer
+    makes DMuon from the model and then prepares both (accelerate replaces the parameters)."""
+    from accelerate.state import AcceleratorState
+
+    from dmuon.integrations import unwrap
+    from dmuon.integrations.hf import create_optimizer
+
+    AcceleratorState._reset_state()  # NOTE: each Trainer makes its own Accelerator; the state is the process's
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    torch.manual_seed(0)
+    model = GPT2WithMHA().gpt2
+    seen = {id(p) for p in model.parameters()}
+    fsdp = dict(fsdp="full_shard", fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["GPT2Block"]})
+    args = transformers.TrainingArguments(
+        output_dir=output_dir, max_steps=STEPS, per_device_train_batch_size=4, learning_rate=1e-2,
+        lr_scheduler_type="constant", report_to=[], seed=0, data_seed=0, use_cpu=device_type == "cpu",
+        save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, **(fsdp if fsdp2 else {}))
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=TokenBlocks())
+    create_optimizer(trainer, math=OPTIONS["math"])
+    trainer.train()
+    optimizer = unwrap(trainer.optimizer)
+    conv1d = dict(trainer.model.named_parameters())[CONV1D.removeprefix("gpt2.")]
+    return {"weights": full_weights(trainer.model),
+            "replaced": not seen & {id(p) for g in optimizer.param_groups for p in g["params"]},
+            "conv1d_name": optimizer.param_name(conv1d), "conv1d_view": optimizer.matrix_view(conv1d)}
+
+
+def trainer_with_and_without_fsdp2(rank: int, world: int, device_type: str, output_dir: str,
+                                   fsdp2: bool = True) -> dict[str, Any]:
+    """The same Trainer run unsharded (parameters kept) and under FSDP2 (`fsdp2`; False: twice
+    unsharded, which a machine without an accelerator can run)."""
+    return {"plain": trainer_run(device_type, False, f"{output_dir}/plain"),
+            "fsdp2": trainer_run(device_type, fsdp2, f"{output_dir}/fsdp2")}
