@@ -5,7 +5,7 @@
 #   here:        PYTHON=<the test venv's python> bash scripts/device_frameworks.sh download
 #                writes .wheels/ (git-ignored) for the GPU machine's Python 3.12, linux x86_64
 #   GPU machine: bash scripts/device_frameworks.sh [pytest arguments…]   (carry .wheels, .cutlass)
-#                installs what its Python lacks, builds dmuon, runs the test; logs under $OUT
+#                builds dmuon, installs what its Python lacks, runs the test; logs under $OUT
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 WHEELS=.wheels
@@ -57,13 +57,16 @@ EOF
   echo "$(find "$WHEELS" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELS" | cut -f1) in $WHEELS"
 }
 
-# GPU machine: install into a folder on PYTHONPATH exactly the wheels its Python lacks (pip's
-# resolver against the installed packages, from $WHEELS only), build dmuon, run the test.
+# GPU machine: build dmuon, install into a folder on PYTHONPATH exactly the wheels its Python
+# lacks (pip's resolver against the installed packages, from $WHEELS only), run the test.
 on_device() {
   OUT=${OUT:-/tmp/dmuon_out}
   mkdir -p "$OUT"
   export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   [ -d "$WHEELS" ] || { echo "no $WHEELS: run 'bash scripts/device_frameworks.sh download' here and carry it"; exit 2; }
+  # NOTE: built first, with the machine's own packages (nothing of $WHEELS on the path yet).
+  # shellcheck source=scripts/device_build.sh
+  source scripts/device_build.sh || exit 1
   local site=/tmp/dmuon_frameworks
   # shellcheck disable=SC2086
   python3 -m pip install -q --dry-run --no-index --find-links "$WHEELS" --report "$OUT/pip_report.json" \
@@ -82,8 +85,6 @@ print(' '.join(item['download_info']['url'].removeprefix('file://') for item in 
   export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
   python3 -c "import torch, transformers, accelerate; print('torch', torch.__version__, 'transformers',
 transformers.__version__, 'accelerate', accelerate.__version__, 'gpus', torch.cuda.device_count())" || exit 1
-  # shellcheck source=scripts/device_build.sh
-  source scripts/device_build.sh || exit 1
   python3 -m pytest -q -rA tests/python/test_accelerate_fsdp2.py "$@" 2>&1 | tee "$OUT/pytest.log"
 }
 
