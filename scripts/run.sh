@@ -14,6 +14,15 @@ TORCH_SPEC=$(sed -n 's/^dependencies = \[.*"\(torch[^"]*\)".*/\1/p' pyproject.to
 
 log() { printf '[dmuon] %s\n' "$*" >&2; }
 
+# Runs a phase and logs its elapsed seconds (so CI logs show where the time goes).
+# NOTE: not inside `||` or `if`: there bash would ignore set -e in the phase's functions.
+timed() {
+  local phase=$1 start=$SECONDS
+  shift
+  "$@"
+  log "$phase: $((SECONDS - start)) s"
+}
+
 # System packages: compiler, CMake, GoogleTest, COIN-OR CBC (MILP planner).
 ensure_system_packages() {
   local wanted=(g++ cmake ninja-build pkg-config googletest libgtest-dev coinor-libcbc-dev)
@@ -42,11 +51,13 @@ ensure_python_packages() {
 }
 
 # The frameworks the integration tests run against (tests/requirements*.txt), so that none
-# of them skips. NOTE: 266 MB on top of torch, installed in 3 min 37 s from PyPI without
-# pip's cache (a fresh environment on a shared, loaded 2-core machine).
+# of them skips. NOTE: with the packages above, 58 wheels on top of torch: from PyPI with an
+# empty pip cache on a 2-core machine under load 13-43, 78 s installed as pip does by default,
+# 31 s without compiling their .py files (326 MB), which only the modules the tests import
+# then need (Python compiles those on first import).
 ensure_test_packages() {
-  "$PYTHON" -m pip install -q -r tests/requirements.txt
-  "$PYTHON" -m pip install -q --no-deps -r tests/requirements-no-deps.txt
+  "$PYTHON" -m pip install -q --no-compile -r tests/requirements.txt
+  "$PYTHON" -m pip install -q --no-compile --no-deps -r tests/requirements-no-deps.txt
 }
 
 # Build the core, its tests and dmuon._C into $BUILD_DIR; editable install of the package.
@@ -87,16 +98,20 @@ if [ "${1:-}" = --torch ]; then
   shift 2
   use_newest_torch
 fi
+install() {
+  ensure_system_packages; ensure_python_packages
+  if [ "$cmd" = test ]; then ensure_test_packages; fi
+}
 case "$cmd" in
   build)
-    ensure_system_packages; ensure_python_packages; build ;;
+    timed install install; timed build build ;;
   train)
-    ensure_system_packages; ensure_python_packages; build
+    timed install install; timed build build
     exec "$PYTHON" -m dmuon train "$@" ;;
   test)
-    ensure_system_packages; ensure_python_packages; ensure_test_packages; build
+    timed install install; timed build build
     log "C++ tests (ctest)"
-    ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2
+    timed ctest ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2
     log "Python tests (pytest)"
-    exec "$PYTHON" -m pytest -q tests/python "$@" ;;
+    timed pytest "$PYTHON" -m pytest -q tests/python "$@" ;;
 esac

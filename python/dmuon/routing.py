@@ -11,7 +11,8 @@ Rules for a module (`route_module`), by the module that registers each parameter
   ``[0, I)``) and up (``[I, 2I)``), as dense models' gate_proj and up_proj are (torchtitan holds
   them as two stacks w1 and w3, and Moonlight's experts as two Linear layers); the
   ``[E, H, 2I]`` layout (gpt-oss, Llama 4, Aria: stored (in, out), gpt-oss's interleaved)
-  stays one matrix per expert.
+  stays one matrix per expert; an MoE router's ``[E, H]`` weight (a module named ``router`` or
+  ``gate``: HF's TopKRouter modules, torchtitan's ``router.gate`` Linear) as one matrix.
 - AdamW: embeddings; the output head (a Linear tied to an embedding, one whose
   ``out_features`` is an embedding's vocabulary, one named ``lm_head``, ``output``, ``head``,
   ``classifier`` or ``score`` (or inside ``lm_head``/``classifier``/``score``), a top-level
@@ -26,8 +27,10 @@ Rules for a module (`route_module`), by the module that registers each parameter
 Rules for ``(name, tensor)`` pairs (`route_named`, used for ``named_parameters()`` and named
 param groups): the same rules read from the names (embeddings, positional embeddings and
 tokens, heads by name or vocabulary size, the last ``….weight`` of a list without
-embeddings, a ``….weight`` of one row or column, fused ``gate_up_proj`` stacks); other
-matrices go to Muon by shape, as for bare tensors.
+embeddings, a ``….weight`` of one row or column, fused ``gate_up_proj`` stacks, routers); other
+matrices go to Muon by shape, as for bare tensors. Each role has one reason text in both forms,
+so a model and its names give the same decisions but where only the module knows (a Conv1D's
+transposition, a 2-D parameter of a module that is not a matrix layer).
 
 Rules for bare tensors (`route_params`): by shape (``ndim ≥ 2`` → Muon, a matrix of one row
 too: without a name its role is unknown; 3-D: a stack of matrices; ≥ 4-D: a convolution
@@ -50,8 +53,9 @@ _HEAD_CONTAINERS = frozenset({"lm_head", "classifier", "score"})
 _TOP_LEVEL_HEADS = frozenset({"fc"})
 _EMBEDDING_NAMES = frozenset({"wte", "emb", "tok_emb"})
 _CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
-# Positional embeddings and learned tokens: pos_embed, position_embeddings, cls_token, register_tokens…
-_POSITIONAL = re.compile(r"(^|_)(pos|position|positional)(_|$)|^pos[a-z]*emb")
+# Positional embeddings, learned tokens and position bias tables: pos_embed, position_embeddings,
+# cls_token, register_tokens, T5's relative_attention_bias…
+_POSITIONAL = re.compile(r"(^|_)(pos|position|positional|relative)(_|$)|^pos[a-z]*emb")
 _TOKENS = re.compile(r"(^|_)tokens?$")
 _EXPERT_MODULE = re.compile(r"expert|moe", re.IGNORECASE)
 
@@ -107,6 +111,13 @@ def _names_positional(components: list[str]) -> bool:
     return any(c == "wpe" or _POSITIONAL.search(c) or (_TOKENS.search(c) and "embed" not in c) for c in components)
 
 
+def _names_router(module_path: str) -> bool:
+    """An MoE router's gate: HF's ``mlp.gate`` (Qwen2-MoE, Mixtral's ``block_sparse_moe.gate``),
+    torchtitan's ``moe.router.gate``, a module named ``router``."""
+    components = _components(module_path)
+    return bool(components) and (components[-1] in ("gate", "router") or "router" in components[:-1])
+
+
 def _names_head(module_path: str) -> str:
     """Why the module at `module_path` is an output head by its name ("" if it is not)."""
     components = _components(module_path)
@@ -122,7 +133,22 @@ def _names_head(module_path: str) -> str:
     return ""
 
 
+# The reasons every input form gives (a module, names, param groups with names): one text per role.
 _VECTOR_REASON = "a matrix of one row or column (a gate with one output): Muon would only normalize it"
+_SCALAR_REASON = "fewer than 2 dims (bias, norm, scalar)"
+_POSITIONAL_REASON = "positional embedding or learned token (by name)"
+_EMBEDDING_REASON = "embedding"
+_INPUT_EMBEDDING_REASON = "input embedding projection (by name)"
+_MATRIX_REASON = "matrix"
+_STACK_REASON = "3-D stack of matrices (one per expert)"
+_CONV_REASON = "convolution weight (flattened)"
+_QKV_REASON = "MultiheadAttention in_proj_weight (q, k, v orthogonalized separately)"
+_LAST_LAYER_HEAD_REASON = "output head (the last layer of a model without embeddings)"
+# NOTE: a router is a matrix on Muon, as everywhere else: Moonlight's example routes every
+# ndim >= 2 parameter but the embedding and the head to Muon, torchtitan's Kimi recipe puts
+# moe.router.gate.weight on Muon (its Figure 4: the router's SVD entropy gains most), and
+# dion asks for every block matrix on Muon.
+_ROUTER_REASON = "MoE router (module named 'router' or 'gate'): a matrix"
 
 
 def _gate_up_blocks(attr: str, param: torch.Tensor, siblings: dict[str, torch.Tensor]) -> tuple[int, ...]:
@@ -153,13 +179,13 @@ def _bare_decision(name: str, param: torch.Tensor, expert: bool) -> _Decision:
     """A parameter that no known layer type explains, by its name and shape."""
     components = _components(name)
     if param.dim() < 2:
-        return _Decision(reason="fewer than 2 dims (bias, norm, scalar)")
+        return _Decision(reason=_SCALAR_REASON)
     if _names_positional(components):
-        return _Decision(reason="positional embedding or learned token (by name)")
+        return _Decision(reason=_POSITIONAL_REASON)
     if _names_embedding(components):
-        return _Decision(reason="embedding (by name)")
+        return _Decision(reason=_EMBEDDING_REASON)
     if param.dim() == 3 and expert:
-        return _Decision(use_muon=True, batch_dims=1, reason="3-D stack of expert matrices")
+        return _Decision(use_muon=True, batch_dims=1, reason=_STACK_REASON)
     if param.dim() >= 3:
         return _Decision(reason=f"{param.dim()}-D parameter not recognised as an expert stack "
                                 "(no Expert/MoE module, no 'expert' in its name)")
@@ -180,11 +206,13 @@ def _linear_decision(module_path: str, out_features: int, in_features: int, head
         return _Decision(reason=head)
     components = _components(module_path)
     if _names_embedding(components) or _names_positional(components):
-        return _Decision(reason="input embedding projection (by name)")
+        return _Decision(reason=_INPUT_EMBEDDING_REASON)
     if layer_weight and min(out_features, in_features) == 1:
         return _Decision(reason=_VECTOR_REASON)
-    kind = "HF Conv1D weight (stored (in, out): transposed)" if transposed else "Linear weight"
-    return _Decision(use_muon=True, reason=kind, transposed=transposed)
+    if transposed:
+        return _Decision(use_muon=True, reason="HF Conv1D weight (stored (in, out): transposed)", transposed=True)
+    return _Decision(use_muon=True, reason=_ROUTER_REASON if layer_weight and _names_router(module_path) else
+                     _MATRIX_REASON)
 
 
 def _apply_filter(decision: _Decision, name: str, param: torch.Tensor, chosen: bool, is_conv: bool) -> _Decision:
@@ -220,9 +248,9 @@ def route_module(module: nn.Module, muon_filter: Callable[[str, nn.Parameter], b
         attr = name.rsplit(".", 1)[-1]
         is_conv = isinstance(sub, _CONV_TYPES) and attr == "weight"
         if param.dim() < 2:
-            d = _Decision(reason="fewer than 2 dims (bias, norm, scalar)")
+            d = _Decision(reason=_SCALAR_REASON)
         elif id(param) in embedding_weights:
-            d = _Decision(reason="embedding")
+            d = _Decision(reason=_POSITIONAL_REASON if _names_positional(_components(name)) else _EMBEDDING_REASON)
         elif isinstance(sub, nn.Linear) and attr == "weight":
             d = _linear_decision(module_name, sub.out_features, sub.in_features, head_ids, vocab_sizes,
                                  transposed=False)
@@ -231,15 +259,18 @@ def route_module(module: nn.Module, muon_filter: Callable[[str, nn.Parameter], b
                                  transposed=True)
         elif isinstance(sub, nn.MultiheadAttention) and attr in ("in_proj_weight", "q_proj_weight",
                                                                  "k_proj_weight", "v_proj_weight"):
-            d = _Decision(use_muon=True, reason=f"MultiheadAttention {attr}")
+            d = _Decision(use_muon=True, reason=_MATRIX_REASON)
             if attr == "in_proj_weight":
                 rows = param.shape[0] // 3
-                d = _Decision(use_muon=True, row_blocks=(rows, rows, rows),
-                              reason="MultiheadAttention in_proj_weight (q, k, v orthogonalized separately)")
+                d = _Decision(use_muon=True, row_blocks=(rows, rows, rows), reason=_QKV_REASON)
         elif is_conv:
             components = _components(module_name)
-            d = (_Decision(reason="input embedding convolution (by name)") if _names_embedding(components)
-                 else _Decision(use_muon=True, reason="convolution weight (flattened)"))
+            d = (_Decision(reason=_INPUT_EMBEDDING_REASON) if _names_embedding(components)
+                 else _Decision(use_muon=True, reason=_CONV_REASON))
+        elif attr == "weight" and param.dim() == 2 and _names_router(module_name):
+            # NOTE: HF's routers (Qwen2MoeTopKRouter, MixtralTopKRouter) hold their [E, H] weight
+            # themselves, as a Linear would.
+            d = _linear_decision(module_name, param.shape[0], param.shape[1], head_ids, vocab_sizes, transposed=False)
         else:
             expert = bool(_EXPERT_MODULE.search(type(sub).__name__)) or "expert" in name.lower()
             d = _bare_decision(name, param, expert)
@@ -277,7 +308,7 @@ def _last_layer_head(module: nn.Module, embeddings: list[nn.Module]) -> dict[str
     parents = [".".join(last.split(".")[:k]) for k in range(len(last.split(".")))]
     if not all(isinstance(modules[p], nn.Sequential) for p in parents[1:]):
         return {}
-    return {last: "output head (the last Linear of a model without embeddings)"}
+    return {last: _LAST_LAYER_HEAD_REASON}
 
 
 def route_named(pairs: list[tuple[str, torch.Tensor]]) -> list[RoutedParam]:
@@ -294,7 +325,7 @@ def route_named(pairs: list[tuple[str, torch.Tensor]]) -> list[RoutedParam]:
     # NOTE: as _last_layer_head, for a weight of a top-level module only ("fc", an MLP's "4").
     if (not has_embedding and layer_weights and layer_weights[-1].count(".") == 1
             and not any(_names_head(n.rsplit(".", 1)[0]) for n in layer_weights)):
-        head_ids[layer_weights[-1].rsplit(".", 1)[0]] = "output head (the last layer weight, no embeddings)"
+        head_ids[layer_weights[-1].rsplit(".", 1)[0]] = _LAST_LAYER_HEAD_REASON
     siblings: dict[str, dict[str, torch.Tensor]] = {}
     for name, param in pairs:
         module_path, _, attr = name.rpartition(".")
@@ -304,28 +335,25 @@ def route_named(pairs: list[tuple[str, torch.Tensor]]) -> list[RoutedParam]:
         module_path, _, attr = name.rpartition(".")
         components = _components(name)
         if param.dim() < 2:
-            d = _Decision(reason="fewer than 2 dims (bias, norm, scalar)")
+            d = _Decision(reason=_SCALAR_REASON)
         elif _names_positional(components):
-            d = _Decision(reason="positional embedding or learned token (by name)")
+            d = _Decision(reason=_POSITIONAL_REASON)
         elif _names_embedding(components):
-            d = _Decision(reason="embedding (by name)")
+            d = _Decision(reason=_EMBEDDING_REASON if param.dim() == 2 and attr == "weight" else _INPUT_EMBEDDING_REASON)
         elif param.dim() == 2 and attr == "in_proj_weight" and param.shape[0] % 3 == 0:
             rows = param.shape[0] // 3
-            d = _Decision(use_muon=True, row_blocks=(rows, rows, rows),
-                          reason="MultiheadAttention in_proj_weight (q, k, v orthogonalized separately)")
+            d = _Decision(use_muon=True, row_blocks=(rows, rows, rows), reason=_QKV_REASON)
         elif param.dim() == 2:
             path = module_path if attr == "weight" else name
             d = _linear_decision(path, int(param.shape[0]), int(param.shape[1]), head_ids, vocab_sizes,
                                  transposed=False, layer_weight=attr == "weight")
-            if d.use_muon:
-                d.reason = "matrix (by name)"
         elif param.dim() == 3 and _gate_up_blocks(attr, param, siblings[module_path]):
             d = _Decision(use_muon=True, batch_dims=1, row_blocks=_gate_up_blocks(attr, param, siblings[module_path]),
-                          reason=_GATE_UP_REASON + " (by name and shape)")
+                          reason=_GATE_UP_REASON)
         elif param.dim() == 3 and (attr != "weight" or "expert" in name.lower()):
-            d = _Decision(use_muon=True, batch_dims=1, reason="3-D stack of matrices (by name and shape)")
+            d = _Decision(use_muon=True, batch_dims=1, reason=_STACK_REASON)
         else:
-            d = _Decision(use_muon=True, reason="convolution weight (flattened, by name and shape)")
+            d = _Decision(use_muon=True, reason=_CONV_REASON)
         routed.append(RoutedParam(name=name, param=param, use_muon=d.use_muon, batch_dims=d.batch_dims,
                                   reason=d.reason, row_blocks=d.row_blocks, transposed=d.transposed))
     return routed

@@ -85,11 +85,8 @@ def test_qwen2_moe_routes_its_experts_like_dense_gate_and_up_and_its_one_row_gat
     model = transformers.Qwen2MoeForCausalLM(config)
     optimizer = dmuon.DMuon(model)
     side = sides(optimizer)
-    # NOTE: the routers (mlp.gate, a Qwen2MoeTopKRouter's [E, H] weight) go to AdamW by module
-    # (not a known matrix layer) and to Muon by names; every other decision agrees.
-    routers = {n for n in side if n.endswith("mlp.gate.weight")}
-    assert {n: s for n, s in by_name_routes(model).items() if n not in routers} == \
-        {n: s for n, s in side.items() if n not in routers}
+    assert by_name_routes(model) == side
+    assert side["model.layers.0.mlp.gate.weight"]  # the router, [E, H]: test_moe_router_routing
     gate_up = dict(model.named_parameters())["model.layers.0.mlp.experts.gate_up_proj"]
     assert side["model.layers.0.mlp.experts.gate_up_proj"]
     assert optimizer.matrix_view(gate_up) == dmuon.MatrixView(batch_dims=1, row_blocks=(24, 24))

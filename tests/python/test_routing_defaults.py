@@ -191,7 +191,9 @@ def test_routing_summary_and_the_construction_log_line(caplog):
     assert {e.name for e in summary.adamw_matrices} == {"embed_tokens.weight", "lm_head.weight"}
     lines = [rec.getMessage() for rec in caplog.records if rec.name == "dmuon"]
     assert len(lines) == 1 and "Muon 4 parameters" in lines[0] and "embed_tokens.weight" in lines[0]
-    assert "lm_head.weight" in str(summary) and "Linear weight" in str(summary)
+    rows = {row.split()[0]: row for row in str(summary).splitlines()[2:]}
+    assert rows["lm_head.weight"].endswith("AdamW  output head (module named 'lm_head')")
+    assert rows["q_proj.weight"].endswith("Muon   matrix")
 
 
 def test_warns_when_muon_gets_nothing_or_under_half_of_the_matrices():
