@@ -223,6 +223,19 @@ def test_record_timeline_fills_the_stage_timeline_of_the_last_step():
         assert (len(times) > 0 and all(len(t) == 4 and min(t) >= 0 for t in times)) if record else times == []
 
 
+def test_last_stats_name_this_steps_matrices():
+    # One process records its stats inside step(): they must name the matrices this step
+    # orthogonalized (a stale active set named the previous step's).
+    a, b = nn.Parameter(torch.randn(8, 4)), nn.Parameter(torch.randn(6, 4))
+    opt = dmuon.DMuon([a, b], lr=0.02)
+    a.grad, b.grad = torch.randn_like(a), torch.randn_like(b)
+    opt.step()
+    assert len(opt.runtime.last_stats.orthogonalized) == 2
+    b.grad = None
+    opt.step()
+    assert len(opt.runtime.last_stats.orthogonalized) == 1
+
+
 def test_variables_override_unset_fields_only(monkeypatch):
     monkeypatch.setenv("DMUON_PIPELINE_DEPTH", "4")
     monkeypatch.setenv("DMUON_CUDA_GRAPHS", "0")

@@ -301,6 +301,9 @@ EngineStepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
     finish();
     throw;
   }
+  // NOTE: before finish(): a step whose results are not deferred records its stats there,
+  // and they name the matrices of this step's active parameters, not the last step's.
+  last_active_ = outcome.active;
   finish();
   EngineStepOutcome out;
   out.applied = outcome.applied();
@@ -308,7 +311,6 @@ EngineStepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
   out.nonfinite_extra.assign(outcome.nonfinite_extra.begin(), outcome.nonfinite_extra.end());
   for (bool a : outcome.active) out.active.push_back(a ? 1 : 0);
   out.message = outcome.message;
-  last_active_ = outcome.active;
   return out;
 }
 
