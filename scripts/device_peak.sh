@@ -12,10 +12,7 @@
 # Writes logs under $OUT when set.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-OUT=${OUT:-/tmp/dmuon_out}
-mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 source scripts/device_build.sh || exit 1
 export DMUON_AUTOTUNE_CACHE=/tmp/dmuon_autotune_peak.txt
