@@ -51,8 +51,8 @@ class GraphCache {
 
   /// Problems whose graphs are kept.
   /// NOTE: a graph holds no workspace of its own; a model's step has one problem per NS
-  /// batch size and stream (7 for Qwen2.5-1.5B on two streams); the bound is for a process
-  /// that orthogonalizes many shapes (torch.ops.dmuon.orthogonalize).
+  /// batch size and stream (8 for Qwen2.5-1.5B: 5 batch sizes, 3 of them on both streams);
+  /// the bound is for a process that orthogonalizes many shapes (torch.ops.dmuon.orthogonalize).
   static constexpr size_t kMaxProblems = 256;
 
  private:
