@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build dmuon on a GPU machine (editable install into build/device) for the device scripts.
-# Sourced by scripts/device_check.sh and scripts/multigpu_run.sh; needs OUT set.
+# Sourced by the device scripts; its log goes under $OUT (default /tmp/dmuon_out).
 # Carry .cutlass (the unpacked nvidia-cutlass headers) so the sm_90a kernel is built.
 # EXPERIMENTAL_KERNELS=1: also its experimental instances (-DDMUON_EXPERIMENTAL_KERNELS=ON).
 # NOTE: the GPU machine's environment sets CC/CXX to /opt/gcc, a toolchain that links
@@ -13,6 +13,8 @@ if [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then
 fi
 
 # Build (no GoogleTest or CBC on the GPU machine: the core tests and MILP are skipped there).
+OUT=${OUT:-/tmp/dmuon_out}
+mkdir -p "$OUT"
 start=$(date +%s)
 if ! python3 -m pip install -q --no-build-isolation --no-deps -e . -Cbuild-dir=build/device \
       -Ccmake.define.DMUON_BUILD_TESTS=OFF \

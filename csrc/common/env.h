@@ -73,7 +73,7 @@ inline std::string Knob<const char*>::get() const { return get_string(name, fall
   X(kAutotuneCache, const char*, "DMUON_AUTOTUNE_CACHE", "", kCache,                                                 \
     "path of the on-disk tune cache (none: memory only; default $XDG_CACHE_HOME/dmuon/autotune.txt)")               \
   X(kGraphCacheMb, int64_t, "DMUON_GRAPH_CACHE_MB", 8192, kCache,                                                    \
-    "MiB of workspaces the CUDA-graph cache of Newton-Schulz keeps (least recently used evicted first)")             \
+    "MiB of workspaces the CUDA-graph cache of Newton-Schulz keeps (one per stream)")                                \
   X(kPrintConfigs, bool, "DMUON_PRINT_CONFIGS", false, kDiagnostic,                                                  \
     "print each autotuned kernel configuration once per key")                                                      \
   X(kProfile, bool, "DMUON_PROFILE", false, kDiagnostic,                                                             \

@@ -8,8 +8,8 @@ target_include_directories(dmuon_test_support PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 target_link_libraries(dmuon_test_support PUBLIC dmuon::core)
 
 # GoogleTest tests of the step engine (csrc/step): its parts, its exchange plan, the
-# loopback transport, and the whole engine on the CPU ops against an fp64 Muon, and its
-# phase times.
+# loopback transport, and the whole engine on the CPU ops against an fp64 Muon, its
+# phase times, and the one-GPU step's device memory (counted, on any machine).
 add_executable(dmuon_step_tests
   ${CMAKE_CURRENT_LIST_DIR}/test_step_parts.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_step_exchange_plan.cpp
@@ -23,6 +23,7 @@ add_executable(dmuon_step_tests
   ${CMAKE_CURRENT_LIST_DIR}/test_step_col_blocks.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_phase_clock.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_cost_profile.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_step_memory.cpp
 )
 target_link_libraries(dmuon_step_tests PRIVATE dmuon_test_support GTest::gtest GTest::gtest_main)
 gtest_discover_tests(dmuon_step_tests DISCOVERY_TIMEOUT 60)

@@ -11,19 +11,15 @@
 
 namespace dmuon::step::cuda {
 
-// One cached problem: its workspace and, once captured, its graph.
+// One cached problem: once captured, its graph (on its stream's workspace of `generation`).
 struct GraphCache::Entry {
-  Allocator* allocator = nullptr;
-  void* workspace = nullptr;
-  size_t bytes = 0;
-  cudaStream_t stream = nullptr;  // where the workspace was last used (for its release)
   int calls = 0;
   bool capture_failed = false;
   cudaGraphExec_t exec = nullptr;
+  uint64_t generation = 0;
   void* result = nullptr;
   ~Entry() {
     if (exec != nullptr) cudaGraphExecDestroy(exec);
-    if (workspace != nullptr) allocator->release(workspace, bytes, stream);
   }
 };
 
@@ -43,7 +39,7 @@ std::string problem_key(const ns::Schedule& schedule, ns::cuda::DType dtype, ns:
 
 }  // namespace
 
-GraphCache::GraphCache(Allocator& allocator, size_t budget_bytes) : allocator_(allocator), budget_bytes_(budget_bytes) {}
+GraphCache::GraphCache(Allocator& allocator, size_t budget_bytes) : workspaces_(allocator, budget_bytes) {}
 
 GraphCache::~GraphCache() {
   entries_.clear();
@@ -52,7 +48,8 @@ GraphCache::~GraphCache() {
 
 std::vector<int64_t> GraphCache::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return {static_cast<int64_t>(entries_.size()), num_captures_, num_replays_, static_cast<int64_t>(total_bytes_)};
+  return {static_cast<int64_t>(entries_.size()), num_captures_, num_replays_,
+          static_cast<int64_t>(workspaces_.kept_bytes())};
 }
 
 // NOTE: captured on a private non-blocking stream: the caller's may be the legacy default
@@ -60,7 +57,7 @@ std::vector<int64_t> GraphCache::stats() const {
 // so on the H200); capturing runs nothing, and the graph is launched on the
 // caller's stream, in its order.
 bool GraphCache::capture(Entry& entry, const ns::Schedule& schedule, ns::cuda::DType dtype, ns::cuda::SymMode mode,
-                         int64_t count, int64_t rows, int64_t cols) {
+                         int64_t count, int64_t rows, int64_t cols, void* workspace, size_t bytes) {
   if (capture_stream_ == nullptr) DMUON_CHECK_CUDA(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking));
   if (cudaStreamBeginCapture(capture_stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
     cudaGetLastError();
@@ -69,7 +66,7 @@ bool GraphCache::capture(Entry& entry, const ns::Schedule& schedule, ns::cuda::D
   void* result = nullptr;
   bool ok = true;
   try {
-    result = ns::cuda::orthogonalize_iterate(schedule, dtype, mode, count, rows, cols, entry.workspace, entry.bytes,
+    result = ns::cuda::orthogonalize_iterate(schedule, dtype, mode, count, rows, cols, workspace, bytes,
                                              capture_stream_);
   } catch (const std::exception&) {
     ok = false;
@@ -99,58 +96,49 @@ void GraphCache::run(const ns::Schedule& schedule, ns::cuda::DType dtype, ns::cu
     finish(ns::cuda::orthogonalize_prepared(schedule, dtype, mode, count, rows, cols, workspace, bytes, stream, prepare),
            ld, stream);
   };
-  if (!graphs || bytes > budget_bytes_ || ns::cuda::stream_is_capturing(stream)) {
-    void* workspace = allocator_.allocate(bytes, stream);
-    struct Release {
-      Allocator& allocator;
-      void* ptr;
-      size_t bytes;
-      cudaStream_t stream;
-      ~Release() { allocator.release(ptr, bytes, stream); }
-    } release{allocator_, workspace, bytes, stream};
-    eager(workspace);
+  // NOTE: the workspace is the stream's kept one, or (no graphs, a capture under way, past
+  // the budget) one of this run's own, released after it.
+  std::unique_lock<std::mutex> lock(mutex_);
+  const StreamWorkspaces::Lease ws = workspaces_.take(stream, bytes, graphs && !ns::cuda::stream_is_capturing(stream));
+  if (!ws.kept()) {
+    lock.unlock();
+    eager(ws.data());
     return;
   }
-
-  std::lock_guard<std::mutex> lock(mutex_);
   const std::string key = problem_key(schedule, dtype, mode, count, rows, cols, stream);
   auto it = std::find_if(entries_.begin(), entries_.end(), [&](const auto& e) { return e.first == key; });
   if (it == entries_.end()) {
-    // Make room (least recently used last), then keep a workspace for this problem.
-    while (!entries_.empty() && total_bytes_ + bytes > budget_bytes_) {
-      total_bytes_ -= entries_.back().second->bytes;
-      entries_.pop_back();
-    }
-    auto entry = std::make_unique<Entry>();
-    entry->allocator = &allocator_;
-    entry->bytes = bytes;
-    entry->stream = stream;
-    entry->workspace = allocator_.allocate(bytes, stream);
-    total_bytes_ += bytes;
-    entries_.emplace_front(key, std::move(entry));
+    if (entries_.size() >= kMaxProblems) entries_.pop_back();
+    entries_.emplace_front(key, std::make_unique<Entry>());
   } else if (it != entries_.begin()) {
     entries_.splice(entries_.begin(), entries_, it);
   }
   Entry& entry = *entries_.front().second;
   // NOTE: the first call runs eagerly (it tunes the configurations, which synchronizes);
-  // the second captures; later ones replay.
+  // the second captures; later ones replay. A graph of an older workspace (the stream's
+  // grew since) is captured again.
   if (entry.calls++ == 0 || entry.capture_failed) {
-    eager(entry.workspace);
+    eager(ws.data());
     return;
   }
-  prepare(ns::cuda::iterate_buffer(schedule, count, rows, cols, entry.workspace, bytes), ld, stream);
+  prepare(ns::cuda::iterate_buffer(schedule, count, rows, cols, ws.data(), bytes), ld, stream);
+  if (entry.exec != nullptr && entry.generation != ws.generation()) {
+    cudaGraphExecDestroy(entry.exec);
+    entry.exec = nullptr;
+  }
   if (entry.exec == nullptr) {
-    if (!capture(entry, schedule, dtype, mode, count, rows, cols)) {
+    if (!capture(entry, schedule, dtype, mode, count, rows, cols, ws.data(), bytes)) {
       entry.capture_failed = true;
       static bool warned = false;
       if (!warned) {
         warned = true;
         std::fprintf(stderr, "dmuon: CUDA-graph capture of the Newton-Schulz iteration failed; running it eagerly\n");
       }
-      finish(ns::cuda::orthogonalize_iterate(schedule, dtype, mode, count, rows, cols, entry.workspace, bytes, stream),
-             ld, stream);
+      finish(ns::cuda::orthogonalize_iterate(schedule, dtype, mode, count, rows, cols, ws.data(), bytes, stream), ld,
+             stream);
       return;
     }
+    entry.generation = ws.generation();
     ++num_captures_;
   }
   DMUON_CHECK_CUDA(cudaGraphLaunch(entry.exec, stream));
