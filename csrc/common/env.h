@@ -81,7 +81,8 @@ inline std::string Knob<const char*>::get() const { return get_string(name, fall
   X(kAutotuneTestBreak, const char*, "DMUON_AUTOTUNE_TEST_BREAK", "", kDiagnostic,                                   \
     "test hook: perturb every autotune candidate whose name starts with this prefix")                               \
   X(kSymPath, const char*, "DMUON_SYM_PATH", "auto", kDiagnostic,                                                 \
-    "force the symmetric-product path (auto, sm90, portable, dense) of the CUDA ops made while it is set")         \
+    "force the symmetric-product path (auto, sm90, portable, blocks, panels, dense) of the CUDA ops made while it "  \
+    "is set")                                                                                                       \
   X(kPlanTimeLimit, double, "DMUON_PLAN_TIME_LIMIT", 0.0, kDiagnostic,                                              \
     "seconds the MILP owner planner may search (unset, shown as 0: MilpOptions' 2 s)")                                     \
   X(kPlanMaxNodes, int64_t, "DMUON_PLAN_MAX_NODES", 0, kDiagnostic,                                                 \
