@@ -83,7 +83,8 @@ inline std::string Knob<const char*>::get() const { return get_string(name, fall
   X(kTestExit, const char*, "DMUON_TEST_EXIT", "", kDiagnostic,                                                      \
     "test hook: PHASE@STEP ends the process (code 17) when engine step STEP reaches PHASE (exchange or ns)")         \
   X(kSymPath, const char*, "DMUON_SYM_PATH", "auto", kDiagnostic,                                                 \
-    "force the symmetric-product path (auto, sm90, portable, dense) of the CUDA ops made while it is set")         \
+    "force the symmetric-product path (auto, sm90, portable, blocks, panels, dense) of the CUDA ops made while it "  \
+    "is set")                                                                                                       \
   X(kPlanTimeLimit, double, "DMUON_PLAN_TIME_LIMIT", 0.0, kDiagnostic,                                              \
     "seconds the MILP owner planner may search (unset, shown as 0: MilpOptions' 2 s)")                                     \
   X(kPlanMaxNodes, int64_t, "DMUON_PLAN_MAX_NODES", 0, kDiagnostic,                                                 \

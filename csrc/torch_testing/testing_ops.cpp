@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "ns/cuda/autotune.h"
+#include "ns/cuda/autotune_rules.h"
 #include "ns/cuda/cuda_backend.h"
 #include "ns/cuda/sm90_sym_config.h"
-#include "ns/cuda/tri_plan.h"
 #include "op_errors.h"
 #include "orthogonalize.h"
 #include "step/cuda/sym_self_check.h"
@@ -89,14 +89,12 @@ std::vector<std::string> sym_configs_op() {
   return names;
 }
 
-// The portable product's candidate configurations for m×m products (the default block alone
-// where the tuner would try none).
+// The portable products' candidate configurations for m×m products: those the tuner tries where
+// DMUON_SYM_PATH=portable (lower blocks, then row panels; the default alone where there is none).
 std::vector<std::string> sym_portable_configs_op(int64_t m) {
-  std::vector<int64_t> blocks = ns::cuda::tri_block_candidates(m);
-  if (blocks.empty()) blocks.push_back(ns::cuda::tri_default_block(m));
-  std::vector<std::string> names;
-  for (int64_t block : blocks) names.push_back(ns::cuda::tri_name(block));
-  return names;
+  ns::cuda::SymProductArgs args;
+  args.m = m;
+  return ns::cuda::sym_candidates(args, ns::cuda::SymMode::kPortableOnly, /*kernel_built=*/false, {}, 0, 0);
 }
 
 bool sym_kernel_usable_op(const at::Tensor& x, c10::string_view dtype) {

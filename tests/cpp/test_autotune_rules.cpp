@@ -71,6 +71,10 @@ TEST(AutotuneRules, UntunedCallsRunTheDefaultOfTheirMode) {
   EXPECT_EQ(sym_default_config(SymMode::kPortable, 4097), "tri:1152");
   EXPECT_EQ(sym_default_config(SymMode::kPortableOnly, 100), "tri:128");
   EXPECT_EQ(sym_default_config(SymMode::kPortableOnly, 1001), "tri:256");
+  EXPECT_EQ(sym_default_config(SymMode::kPanelsOnly, 1001), "tri:256");
+  // The lower blocks only where they alone are allowed.
+  EXPECT_EQ(sym_default_config(SymMode::kBlocksOnly, 511), "blk:128");
+  EXPECT_EQ(sym_default_config(SymMode::kBlocksOnly, 4096), "blk:256");
   EXPECT_TRUE(may_tune(true, false));
   EXPECT_FALSE(may_tune(false, false));  // DMUON_AUTOTUNE=0
   EXPECT_FALSE(may_tune(true, true));    // a CUDA graph is being captured
@@ -115,26 +119,34 @@ TEST(AutotuneRules, CandidatesAreTheApplicableKernelConfigsThenEveryLtAlgorithm)
 TEST(AutotuneRules, EachModeOffersTheCandidatesOfItsPaths) {
   const std::vector<Sm90SymConfig> configs = sm90_sym_configs();
   const SymProductArgs args = dmuon::testing::aligned_sym_args(1, 1001, 64, 1008);
+  const std::vector<std::string> blk = {"blk:128", "blk:256", "blk:384"};
   const std::vector<std::string> tri = {"tri:512", "tri:384", "tri:256", "tri:128"};
+  std::vector<std::string> portable = blk;
+  portable.insert(portable.end(), tri.begin(), tri.end());
   auto with_lt = [&](std::vector<std::string> names) {
     names.push_back("lt:0"), names.push_back("lt:1");
     return names;
   };
-  EXPECT_EQ(sym_candidates(args, SymMode::kPortable, true, configs, 2, 132), with_lt(tri));
-  EXPECT_EQ(sym_candidates(args, SymMode::kPortableOnly, true, configs, 2, 132), tri);
+  EXPECT_EQ(sym_candidates(args, SymMode::kPortable, true, configs, 2, 132), with_lt(portable));
+  EXPECT_EQ(sym_candidates(args, SymMode::kPortableOnly, true, configs, 2, 132), portable);
+  EXPECT_EQ(sym_candidates(args, SymMode::kBlocksOnly, true, configs, 2, 132), blk);
+  EXPECT_EQ(sym_candidates(args, SymMode::kPanelsOnly, true, configs, 2, 132), tri);
   EXPECT_EQ(sym_candidates(args, SymMode::kDenseMirror, true, configs, 2, 132), with_lt({}));
-  // Kernel mode: the kernel's configurations first, then the portable blocks and cuBLASLt.
+  // Kernel mode: the kernel's configurations first, then the portable products and cuBLASLt.
   const auto all = sym_candidates(args, SymMode::kKernel, true, configs, 2, 132);
-  ASSERT_GT(all.size(), tri.size() + 2);
-  EXPECT_EQ(std::vector<std::string>(all.end() - 6, all.end()), with_lt(tri));
+  const size_t num_rest = portable.size() + 2;
+  ASSERT_GT(all.size(), num_rest);
+  EXPECT_EQ(std::vector<std::string>(all.end() - num_rest, all.end()), with_lt(portable));
   const auto kernel_only = sym_candidates(args, SymMode::kKernelOnly, true, configs, 2, 132);
-  EXPECT_EQ(kernel_only, std::vector<std::string>(all.begin(), all.end() - 6));
+  EXPECT_EQ(kernel_only, std::vector<std::string>(all.begin(), all.end() - num_rest));
   EXPECT_TRUE(sym_candidates(args, SymMode::kKernelOnly, false, configs, 2, 132).empty());
-  // Too small for two panels: the portable path adds nothing unless it is forced.
+  // Too small for two panels or block rows: the portable path adds nothing unless it is forced.
   const SymProductArgs small = dmuon::testing::aligned_sym_args(1, 255, 64, 256);
   EXPECT_EQ(sym_candidates(small, SymMode::kPortable, true, configs, 1, 132), (std::vector<std::string>{"lt:0"}));
   EXPECT_EQ(sym_candidates(small, SymMode::kPortableOnly, true, configs, 1, 132),
             (std::vector<std::string>{"tri:256"}));
+  EXPECT_EQ(sym_candidates(small, SymMode::kBlocksOnly, true, configs, 1, 132),
+            (std::vector<std::string>{"blk:128"}));
 }
 
 TEST(AutotuneRules, DmuonSymPathChoosesTheModeAndRefusesWhatCannotRun) {
@@ -143,6 +155,8 @@ TEST(AutotuneRules, DmuonSymPathChoosesTheModeAndRefusesWhatCannotRun) {
   EXPECT_EQ(choose_sym_mode("auto", false, true), SymMode::kPortable);
   EXPECT_EQ(choose_sym_mode("auto", true, false), SymMode::kDenseMirror);
   EXPECT_EQ(choose_sym_mode("portable", true, true), SymMode::kPortableOnly);
+  EXPECT_EQ(choose_sym_mode("blocks", true, true), SymMode::kBlocksOnly);
+  EXPECT_EQ(choose_sym_mode("panels", true, true), SymMode::kPanelsOnly);
   EXPECT_EQ(choose_sym_mode("dense", true, true), SymMode::kDenseMirror);
   EXPECT_EQ(choose_sym_mode("sm90", true, true), SymMode::kKernelOnly);
   auto error_of = [](const std::string& forced, bool usable) {
@@ -154,14 +168,15 @@ TEST(AutotuneRules, DmuonSymPathChoosesTheModeAndRefusesWhatCannotRun) {
     return std::string();
   };
   EXPECT_NE(error_of("sm90", false).find("DMUON_SYM_PATH=sm90"), std::string::npos);
-  EXPECT_NE(error_of("tri", true).find("DMUON_SYM_PATH=tri: expected auto, sm90, portable or dense"),
+  EXPECT_NE(error_of("tri", true).find("DMUON_SYM_PATH=tri: expected auto, sm90, portable, blocks, panels or dense"),
             std::string::npos);
   // Every mode has its own tune-cache keys; kKernel keeps the keys it had.
   std::vector<std::string> tags;
   for (SymMode m : {SymMode::kKernel, SymMode::kDenseMirror, SymMode::kPortable, SymMode::kKernelOnly,
-                    SymMode::kPortableOnly})
+                    SymMode::kPortableOnly, SymMode::kBlocksOnly, SymMode::kPanelsOnly})
     tags.push_back(sym_mode_tag(m));
-  EXPECT_EQ(tags, (std::vector<std::string>{"", ":dense", ":portable", ":sm90-only", ":portable-only"}));
+  EXPECT_EQ(tags, (std::vector<std::string>{"", ":dense", ":portable", ":sm90-only", ":portable-only",
+                                            ":blocks-only", ":panels-only"}));
 }
 
 TEST(AutotuneRules, ACachedWinnerRunsAgainOnlyWhereItIsStillACandidate) {
@@ -194,12 +209,19 @@ TEST(AutotuneRules, ACachedWinnerRunsAgainOnlyWhereItIsStillACandidate) {
   EXPECT_TRUE(cached_sym_winner_applies("tri:384", args, SymMode::kKernel, 1, configs, 132));
   EXPECT_FALSE(cached_sym_winner_applies("tri:384", args, SymMode::kDenseMirror, 1, configs, 132));
   EXPECT_FALSE(cached_sym_winner_applies("tri:384", args, SymMode::kKernelOnly, 1, configs, 132));
+  EXPECT_FALSE(cached_sym_winner_applies("tri:384", args, SymMode::kBlocksOnly, 1, configs, 132));
+  EXPECT_TRUE(cached_sym_winner_applies("tri:384", args, SymMode::kPanelsOnly, 1, configs, 132));
+  EXPECT_TRUE(cached_sym_winner_applies("blk:256", args, SymMode::kPortable, 1, configs, 132));
+  EXPECT_TRUE(cached_sym_winner_applies("blk:256", args, SymMode::kKernel, 1, configs, 132));
+  EXPECT_TRUE(cached_sym_winner_applies("blk:256", args, SymMode::kBlocksOnly, 1, configs, 132));
+  EXPECT_FALSE(cached_sym_winner_applies("blk:256", args, SymMode::kPanelsOnly, 1, configs, 132));
+  EXPECT_FALSE(cached_sym_winner_applies("blk:256", args, SymMode::kDenseMirror, 1, configs, 132));
   EXPECT_FALSE(cached_sym_winner_applies("lt:0", args, SymMode::kPortableOnly, 1, configs, 132));
   EXPECT_FALSE(cached_sym_winner_applies("sm90:direct:s5:c0", args, SymMode::kPortable, 1, configs, 132));
   EXPECT_TRUE(cached_sym_winner_applies("sm90:direct:s5:c0", args, SymMode::kKernelOnly, 1, configs, 132));
   // Names that mean nothing are tuned again.
   for (const char* name : {"", "lt:", "lt:x", "lt:-1", "lt:1x", "sm90:fancy:s5:c0", "standard", "tri:", "tri:100",
-                           "tri:0", "tri:12x"})
+                           "tri:0", "tri:12x", "blk:", "blk:100", "blk:0"})
     EXPECT_FALSE(cached_sym_winner_applies(name, args, SymMode::kKernel, 4, configs, 132)) << name;
   // Dense products: "lt:<i>" with i below the heuristic's count.
   EXPECT_TRUE(cached_gemm_winner_applies("lt:1", 2));

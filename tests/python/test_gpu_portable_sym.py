@@ -1,7 +1,8 @@
-"""The portable symmetric product ("tri:<block>": row panels of the lower triangle through
-cuBLASLt, then the mirror) on a GPU, on any GPU and forced on sm_90: every dtype, batch and odd
-size against fp64, poisoned outputs and padding, the C entries it must not read; and the
-DMUON_SYM_PATH knob forcing each path of the step's products."""
+"""The portable symmetric products ("blk:<block>": the lower blocks in one pointer-array GEMM, and
+"tri:<block>": row panels of the lower triangle, both through cuBLASLt, then the mirror) on a
+GPU, on any GPU and forced on sm_90: every dtype, batch and odd size against fp64, poisoned
+outputs and padding, the C entries they must not read; and the DMUON_SYM_PATH knob forcing each
+path of the step's products."""
 
 from __future__ import annotations
 
@@ -18,15 +19,16 @@ from test_gpu_autotune import assert_like_dense, gram_problem, is_sm90, needs_ba
 
 pytestmark = pytest.mark.gpu
 
-# NOTE: (m, k) of odd sizes: m below one panel, a remainder panel of one row (4097), k not a
-# multiple of 8; 3×5000 has one short panel whatever the block.
+# NOTE: (m, k) of odd sizes: m below one block, a remainder of one row (4097), k not a multiple
+# of 8; 3×5000 has one short panel (no whole block) whatever the block.
 PORTABLE_SHAPES = [(1, 127, 1001), (3, 127, 1001), (1, 3, 5000), (2, 300, 200), (1, 4097, 4095), (5, 640, 72)]
 BLOCKS = [128, 256, 384, 1024, 4096]
+CONFIGS = [f"{family}:{block}" for family in ("blk", "tri") for block in BLOCKS]
 
 
 def upper_outside_diagonal_blocks(m: int, block: int, device="cuda") -> torch.Tensor:
-    """True above the diagonal except inside the diagonal blocks (block × block): the C
-    entries the portable product must never read."""
+    """True above the diagonal except inside the diagonal blocks (block × block; the last one
+    holds the remaining rows): the C entries the portable products must never read."""
     r = torch.arange(m, device=device)
     return (r[:, None] < r[None, :]) & (r[:, None] // block != r[None, :] // block)
 
@@ -38,8 +40,8 @@ def upper_outside_diagonal_blocks(m: int, block: int, device="cuda") -> torch.Te
 @pytest.mark.parametrize("operands", ["same", "distinct", "strided"])
 def test_portable_product_matches_fp64(dtype, shape, with_c, operands):
     a, b, c, alpha, beta, exact, same = gram_problem(dtype, shape, with_c, operands=operands)
-    for block in BLOCKS:
-        config = f"tri:{block}"
+    for config in CONFIGS:
+        block = int(config.split(":")[1])
         c_read = c
         if c is not None:
             # The C entries outside what the panels cover are NaN: they must not be read. (A copy
@@ -57,7 +59,7 @@ def test_portable_product_matches_fp64(dtype, shape, with_c, operands):
 @needs_backend
 def test_portable_names_that_do_not_run_are_clear_errors():
     a = torch.randn(1, 64, 64, device="cuda", dtype=torch.float16)
-    for name in ["tri:100", "tri:0", "tri:"]:
+    for name in ["tri:100", "tri:0", "tri:", "blk:100", "blk:0", "blk:"]:
         with pytest.raises(Exception, match="symmetric-product configuration"):
             testing_ops.cuda_sym_product_config(a, a, None, 1.0, 0.0, name)
 
@@ -89,9 +91,11 @@ def sym_picks(stderr: str) -> list[str]:
 
 
 @needs_backend
-@pytest.mark.parametrize("path,prefix,log", [("portable", "tri:", "portable row panels only"),
-                                             ("dense", "lt:", "dense cuBLASLt, mirrored"),
-                                             ("sm90", "sm90:", "the sm_90a kernel only")])
+@pytest.mark.parametrize("path,prefix,log", [("portable", ("blk:", "tri:"), "portable lower blocks or row panels only"),
+                                             ("blocks", ("blk:",), "portable lower blocks only"),
+                                             ("panels", ("tri:",), "portable row panels only"),
+                                             ("dense", ("lt:",), "dense cuBLASLt, mirrored"),
+                                             ("sm90", ("sm90:",), "the sm_90a kernel only")])
 def test_dmuon_sym_path_forces_every_product_of_the_step(tmp_path, path, prefix, log):
     if path == "sm90" and not is_sm90():
         bad = run_forced(tmp_path, path)
@@ -116,15 +120,15 @@ def test_dmuon_sym_path_forces_every_product_of_the_step(tmp_path, path, prefix,
 def test_an_unknown_dmuon_sym_path_is_refused_by_name(tmp_path):
     run = run_forced(tmp_path, "triangle")
     assert run.returncode != 0
-    assert "DMUON_SYM_PATH=triangle: expected auto, sm90, portable or dense" in run.stderr, run.stderr[-2000:]
+    assert "DMUON_SYM_PATH=triangle: expected auto, sm90, portable, blocks, panels or dense" in run.stderr, run.stderr[-2000:]
 
 
 @needs_kernel
 def test_the_tuner_chooses_among_every_path_on_sm90(tmp_path):
-    # auto on sm_90: the kernel's configurations, the portable blocks and cuBLASLt are all
+    # auto on sm_90: the kernel's configurations, the portable products and cuBLASLt are all
     # candidates of the 520×520 products (k = 1300 and 520), and every one is checked.
     run = run_forced(tmp_path, "auto")
     assert run.returncode == 0, run.stderr[-3000:]
     picks = sym_picks(run.stderr)
-    assert picks and all(p.split(":")[0] in ("sm90", "tri", "lt") for p in picks), picks
-    assert "the sm_90a kernel, portable row panels or dense cuBLASLt" in run.stderr
+    assert picks and all(p.split(":")[0] in ("sm90", "blk", "tri", "lt") for p in picks), picks
+    assert "the sm_90a kernel, portable lower blocks or row panels, or dense cuBLASLt" in run.stderr

@@ -162,11 +162,16 @@ void sym_product_with(const SymProductArgs& args, const std::string& config, voi
     mirror_lower(args.dtype, args.d, args.batch, args.m, args.ldd, args.stride_d, stream);
     return;
   }
-  const int64_t block = parse_tri(config);
-  DMUON_CHECK(block > 0 || config.rfind("tri:", 0) != 0, "symmetric-product configuration ", config,
-              ": the block must be a positive multiple of ", kTriBlockQuantum, " rows");
-  if (block > 0) {
-    tri_sym_product(args, block, lt_workspace, lt_workspace_bytes, stream);
+  const int64_t panels = parse_tri(config), blocks = parse_blk(config);
+  DMUON_CHECK((panels > 0 || config.rfind("tri:", 0) != 0) && (blocks > 0 || config.rfind("blk:", 0) != 0),
+              "symmetric-product configuration ", config, ": the block must be a positive multiple of ",
+              kTriBlockQuantum, " rows");
+  if (panels > 0) {
+    tri_sym_product(args, panels, lt_workspace, lt_workspace_bytes, stream);
+    return;
+  }
+  if (blocks > 0) {
+    block_sym_product(args, blocks, lt_workspace, lt_workspace_bytes, stream);
     return;
   }
   Sm90SymConfig kernel;

@@ -4,8 +4,9 @@
 // Candidates per key (op, m, n, k, batch, dtype):
 //   "sym"  symmetric products, each path where the SymMode allows it: every built sm_90a
 //          kernel config that applies ("sm90:<epilogue>:s<stages>:c0"), the portable
-//          row-panel product with each candidate block ("tri:<block>", tri_plan.h) and
-//          cuBLASLt's dense product + mirror with each of the heuristic's algorithms ("lt:<i>");
+//          lower-block and row-panel products with each candidate block ("blk:<block>",
+//          "tri:<block>", tri_plan.h) and cuBLASLt's dense product + mirror with each of the
+//          heuristic's algorithms ("lt:<i>");
 //   "gemm" dense products: cuBLASLt's algorithms ("lt:<i>");
 //   "ns"   Gram vs standard iteration for a Gram schedule ("gram" / "standard").
 // A candidate may win only after matching a dense reference (cuBLASLt's first algorithm,
@@ -89,7 +90,8 @@ class Autotuner {
                       size_t lt_workspace_bytes, cudaStream_t stream);
 };
 
-/// Run one symmetric product with a named configuration ("sm90:…", "tri:<block>" or "lt:<i>"); throws
+/// Run one symmetric product with a named configuration ("sm90:…", "blk:<block>", "tri:<block>" or
+/// "lt:<i>"); throws
 /// when it does not apply to args (tests and the tuner).
 void sym_product_with(const SymProductArgs& args, const std::string& config, void* lt_workspace,
                       size_t lt_workspace_bytes, cudaStream_t stream);

@@ -34,11 +34,13 @@ int parse_lt(const std::string& config) {
 
 SymPaths sym_paths(SymMode mode) {
   switch (mode) {
-    case SymMode::kKernel: return {true, true, true};
-    case SymMode::kDenseMirror: return {false, false, true};
-    case SymMode::kPortable: return {false, true, true};
-    case SymMode::kKernelOnly: return {true, false, false};
-    case SymMode::kPortableOnly: return {false, true, false};
+    case SymMode::kKernel: return {true, true, true, true};
+    case SymMode::kDenseMirror: return {false, false, false, true};
+    case SymMode::kPortable: return {false, true, true, true};
+    case SymMode::kKernelOnly: return {true, false, false, false};
+    case SymMode::kPortableOnly: return {false, true, true, false};
+    case SymMode::kBlocksOnly: return {false, true, false, false};
+    case SymMode::kPanelsOnly: return {false, false, true, false};
   }
   return {};
 }
@@ -50,6 +52,8 @@ const char* sym_mode_tag(SymMode mode) {
     case SymMode::kPortable: return ":portable";
     case SymMode::kKernelOnly: return ":sm90-only";
     case SymMode::kPortableOnly: return ":portable-only";
+    case SymMode::kBlocksOnly: return ":blocks-only";
+    case SymMode::kPanelsOnly: return ":panels-only";
   }
   return "?";
 }
@@ -57,11 +61,15 @@ const char* sym_mode_tag(SymMode mode) {
 const char* sym_mode_description(SymMode mode) {
   switch (mode) {
     case SymMode::kKernel:
-      return "the sm_90a kernel, portable row panels or dense cuBLASLt, picked per shape by the autotuner";
+      return "the sm_90a kernel, portable lower blocks or row panels, or dense cuBLASLt, picked per shape by the "
+             "autotuner";
     case SymMode::kDenseMirror: return "dense cuBLASLt, mirrored";
-    case SymMode::kPortable: return "portable row panels or dense cuBLASLt, picked per shape by the autotuner";
+    case SymMode::kPortable:
+      return "portable lower blocks or row panels, or dense cuBLASLt, picked per shape by the autotuner";
     case SymMode::kKernelOnly: return "the sm_90a kernel only (DMUON_SYM_PATH=sm90)";
-    case SymMode::kPortableOnly: return "portable row panels only (DMUON_SYM_PATH=portable)";
+    case SymMode::kPortableOnly: return "portable lower blocks or row panels only (DMUON_SYM_PATH=portable)";
+    case SymMode::kBlocksOnly: return "portable lower blocks only (DMUON_SYM_PATH=blocks)";
+    case SymMode::kPanelsOnly: return "portable row panels only (DMUON_SYM_PATH=panels)";
   }
   return "?";
 }
@@ -72,8 +80,10 @@ SymMode choose_sym_mode(const std::string& forced, bool kernel_usable, bool sym_
     return kernel_usable ? SymMode::kKernel : SymMode::kPortable;
   }
   if (forced == "portable") return SymMode::kPortableOnly;
+  if (forced == "blocks") return SymMode::kBlocksOnly;
+  if (forced == "panels") return SymMode::kPanelsOnly;
   if (forced == "dense") return SymMode::kDenseMirror;
-  DMUON_CHECK(forced == "sm90", "DMUON_SYM_PATH=", forced, ": expected auto, sm90, portable or dense");
+  DMUON_CHECK(forced == "sm90", "DMUON_SYM_PATH=", forced, ": expected auto, sm90, portable, blocks, panels or dense");
   DMUON_CHECK(kernel_usable, "DMUON_SYM_PATH=sm90: the sm_90a symmetric kernel cannot run here (not built, not an "
               "sm_90 GPU, or its self-check failed)");
   return SymMode::kKernelOnly;
@@ -82,7 +92,8 @@ SymMode choose_sym_mode(const std::string& forced, bool kernel_usable, bool sym_
 std::string sym_default_config(SymMode mode, int64_t m) {
   const SymPaths paths = sym_paths(mode);
   if (paths.kernel) return Sm90SymConfig{}.name();
-  if (paths.portable && (!paths.dense || m >= kPortableDefaultMinM)) return tri_name(tri_default_block(m));
+  if (paths.panels && (!paths.dense || m >= kPortableDefaultMinM)) return tri_name(tri_default_block(m));
+  if (paths.blocks && !paths.dense) return blk_name(blk_default_block(m));
   return "lt:0";
 }
 
@@ -95,11 +106,12 @@ std::vector<std::string> sym_candidates(const SymProductArgs& args, SymMode mode
   if (paths.kernel && kernel_built)
     for (const Sm90SymConfig& c : configs)
       if (sm90_sym_config_rejects(args, c, num_sms).empty()) candidates.push_back(c.name());
-  if (paths.portable) {
-    std::vector<int64_t> blocks = tri_block_candidates(args.m);
-    if (blocks.empty() && !paths.dense) blocks.push_back(tri_default_block(args.m));
-    for (int64_t block : blocks) candidates.push_back(tri_name(block));
-  }
+  if (paths.blocks)
+    for (int64_t block : blk_block_candidates(args.m)) candidates.push_back(blk_name(block));
+  if (paths.panels)
+    for (int64_t block : tri_block_candidates(args.m)) candidates.push_back(tri_name(block));
+  if (candidates.empty() && !paths.kernel && !paths.dense)
+    candidates.push_back(sym_default_config(mode, args.m));
   if (paths.dense)
     for (int i = 0; i < num_lt_algos; ++i) candidates.push_back("lt:" + std::to_string(i));
   return candidates;
@@ -110,7 +122,8 @@ bool cached_sym_winner_applies(const std::string& config, const SymProductArgs& 
   const SymPaths paths = sym_paths(mode);
   const int lt = parse_lt(config);
   if (lt >= 0) return paths.dense && lt < num_lt_algos;
-  if (parse_tri(config) > 0) return paths.portable;
+  if (parse_blk(config) > 0) return paths.blocks;
+  if (parse_tri(config) > 0) return paths.panels;
   Sm90SymConfig c;
   if (!paths.kernel || !Sm90SymConfig::parse(config, &c) || !sm90_sym_config_rejects(args, c, num_sms).empty())
     return false;

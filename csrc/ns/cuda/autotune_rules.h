@@ -38,7 +38,7 @@ int parse_lt(const std::string& config);
 
 /// The paths a mode lets a symmetric product take (sym_product_args.h).
 struct SymPaths {
-  bool kernel = false, portable = false, dense = false;
+  bool kernel = false, blocks = false, panels = false, dense = false;
 };
 SymPaths sym_paths(SymMode mode);
 
@@ -50,13 +50,15 @@ const char* sym_mode_description(SymMode mode);
 
 /// The mode of a GPU's symmetric products. `forced`: DMUON_SYM_PATH's value ("" or "auto": the
 /// kernel where `kernel_usable` and `sym_kernel`, dense only where not `sym_kernel`, else the
-/// portable product or dense; "sm90", "portable", "dense": that path alone). Throws, naming
-/// DMUON_SYM_PATH, on any other value and on "sm90" where the kernel is not usable.
+/// portable products or dense; "sm90", "portable" (blocks or panels), "blocks", "panels",
+/// "dense": that path alone). Throws, naming DMUON_SYM_PATH, on any other value and on "sm90"
+/// where the kernel is not usable.
 SymMode choose_sym_mode(const std::string& forced, bool kernel_usable, bool sym_kernel);
 
 /// What a symmetric product of m×m results runs untuned: the kernel's default configuration
-/// where the mode allows the kernel; the portable product's default block where it allows
-/// that and m ≥ kPortableDefaultMinM (always when forced); else cuBLASLt's first algorithm.
+/// where the mode allows the kernel; the row panels' default block where the mode allows them
+/// and m ≥ kPortableDefaultMinM (always when forced); the lower blocks' default block where
+/// they alone are allowed; else cuBLASLt's first algorithm.
 std::string sym_default_config(SymMode mode, int64_t m);
 
 /// Below this m an untuned product takes the dense path rather than the portable one.
@@ -71,14 +73,15 @@ bool may_tune(bool enabled, bool capturing);
 
 /// The candidates of a symmetric product, in the order they are tried, each where the mode
 /// allows its path: (with the kernel built) every one of `configs` that can run `args` on
-/// `num_sms` SMs; the portable product with each block of tri_block_candidates(args.m) (the
-/// default block alone when there is none and the portable path is forced); cuBLASLt's
-/// algorithms "lt:0" … "lt:<num_lt_algos − 1>".
+/// `num_sms` SMs; the lower blocks with each block of blk_block_candidates(args.m); the row
+/// panels with each block of tri_block_candidates(args.m); (when a forced portable path has no
+/// candidate) its default block alone; cuBLASLt's algorithms "lt:0" … "lt:<num_lt_algos − 1>".
 std::vector<std::string> sym_candidates(const SymProductArgs& args, SymMode mode, bool kernel_built,
                                         const std::vector<Sm90SymConfig>& configs, int num_lt_algos, int num_sms);
 
 /// Whether a cached winner of a symmetric product may run `args` now, in a mode that allows
-/// its path: "lt:<i>" while the heuristic still offers algorithm i; "tri:<block>" always; a
+/// its path: "lt:<i>" while the heuristic still offers algorithm i; "blk:<block>" and
+/// "tri:<block>" always; a
 /// kernel configuration when it can run `args` and is one of `configs` (the candidates now: a
 /// winner cached by a build with DMUON_EXPERIMENTAL_KERNELS=ON does not run in one without).
 /// Otherwise the key is tuned again.

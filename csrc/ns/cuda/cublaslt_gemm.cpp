@@ -37,15 +37,22 @@ std::mutex g_mutex;
 std::map<int, cublasLtHandle_t> g_handles;            // device → handle (never destroyed)
 std::map<Key, std::unique_ptr<Plan>> g_plans;         // guarded by g_mutex
 
-// A column-major cuBLASLt layout of rows×cols with leading dimension ld, batched.
+// A column-major cuBLASLt layout of rows×cols with leading dimension ld, batched (strided, or
+// through pointer arrays).
 cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
-                                   int64_t batch, int64_t stride) {
+                                   int64_t batch, int64_t stride, bool pointer_array) {
   cublasLtMatrixLayout_t layout = nullptr;
   DMUON_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows),
                                                 static_cast<uint64_t>(cols), ld));
   const int32_t count = static_cast<int32_t>(batch);
   DMUON_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
                                                       &count, sizeof(count)));
+  if (pointer_array) {
+    const uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+    DMUON_CHECK_CUBLAS(
+        cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof(mode)));
+    return layout;
+  }
   DMUON_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(
       layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
   return layout;
@@ -64,17 +71,26 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmDesc& g, size
   DMUON_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB,
                                                     &trans_second, sizeof(trans_second)));
   // First operand: B's buffer, column-major n×k (k×n when transposed).
-  plan->a = g.transpose_b ? make_layout(type, g.k, g.n, g.ldb, g.batch, g.stride_b)
-                          : make_layout(type, g.n, g.k, g.ldb, g.batch, g.stride_b);
+  const bool ptrs = g.pointer_array;
+  plan->a = g.transpose_b ? make_layout(type, g.k, g.n, g.ldb, g.batch, g.stride_b, ptrs)
+                          : make_layout(type, g.n, g.k, g.ldb, g.batch, g.stride_b, ptrs);
   // Second operand: A's buffer, column-major k×m.
-  plan->b = make_layout(type, g.k, g.m, g.lda, g.batch, g.stride_a);
-  plan->c = make_layout(type, g.n, g.m, g.ldc, g.batch, g.stride_c);
-  plan->d = make_layout(type, g.n, g.m, g.ldd, g.batch, g.stride_d);
+  plan->b = make_layout(type, g.k, g.m, g.lda, g.batch, g.stride_a, ptrs);
+  plan->c = make_layout(type, g.n, g.m, g.ldc, g.batch, g.stride_c, ptrs);
+  plan->d = make_layout(type, g.n, g.m, g.ldd, g.batch, g.stride_d, ptrs);
 
   cublasLtMatmulPreference_t pref = nullptr;
   DMUON_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
   DMUON_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof(workspace_bytes)));
+  if (ptrs) {
+    // NOTE: the heuristic cannot see the pointers of an array; it assumes 256-byte alignment
+    // unless told the alignment they have.
+    const uint32_t alignment = static_cast<uint32_t>(g.alignment);
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      DMUON_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &alignment, sizeof(alignment)));
+  }
   cublasLtMatmulHeuristicResult_t results[kMaxAlgos] = {};
   int num_results = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
@@ -104,7 +120,7 @@ Plan* plan_for(const GemmDesc& desc, size_t workspace_bytes, cublasLtHandle_t* h
   *handle_out = h;
   const Key key{device, static_cast<int>(desc.dtype), desc.transpose_b, desc.batch, desc.m,
                 desc.n, desc.k, desc.lda, desc.stride_a, desc.ldb, desc.stride_b, desc.ldc,
-                desc.stride_c, desc.ldd, desc.stride_d, 0, workspace_bytes};
+                desc.stride_c, desc.ldd, desc.stride_d, desc.pointer_array ? desc.alignment : 0, workspace_bytes};
   auto& slot = g_plans[key];
   if (!slot) slot = make_plan(h, desc, workspace_bytes);
   return slot.get();

@@ -12,12 +12,16 @@ namespace dmuon::ns::cuda {
 
 /// Problem descriptor of D = α·A·op(B) + β·C over a batch, all row-major 16-bit:
 /// A m×k, B k×n (or n×k when transpose_b), C and D m×n. Strides in elements.
+/// With `pointer_array`, a, b, c and d of gemm() are device arrays of `batch` pointers (one
+/// matrix each; the strides are unused) that are all `alignment`-byte aligned.
 struct GemmDesc {
   DType dtype = DType::kFloat16;
   bool transpose_b = false;
   int64_t batch = 1, m = 0, n = 0, k = 0;
   int64_t lda = 0, stride_a = 0, ldb = 0, stride_b = 0, ldc = 0, stride_c = 0, ldd = 0,
           stride_d = 0;
+  bool pointer_array = false;
+  int64_t alignment = 256;
 };
 
 /// The dense product A·Bᵀ (m×m) of a symmetric product's operands and layouts.

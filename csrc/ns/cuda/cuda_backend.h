@@ -2,8 +2,9 @@
 //
 // The iterate is fp16 (Gram NS) or bf16 (standard NS); products accumulate in fp32.
 // Symmetric products take the paths their SymMode allows (sym_product_args.h), tuned per
-// shape: the sm_90a kernel (sm90_sym_product.cu) on sm_90, the portable row-panel product
-// (tri_sym_product.h) on any GPU, or a dense cuBLASLt product whose lower triangle is mirrored.
+// shape: the sm_90a kernel (sm90_sym_product.cu) on sm_90, the portable lower-block and
+// row-panel products (tri_sym_product.h) on any GPU, or a dense cuBLASLt product whose lower
+// triangle is mirrored.
 #pragma once
 
 #include <cuda_runtime.h>

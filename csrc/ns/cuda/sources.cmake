@@ -3,7 +3,7 @@
 include(${PROJECT_SOURCE_DIR}/cmake/cutlass.cmake)
 target_sources(dmuon_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/cublaslt_gemm.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/tri_sym_product.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/tri_sym_product.cu
   ${CMAKE_CURRENT_LIST_DIR}/elementwise.cu
   ${CMAKE_CURRENT_LIST_DIR}/matrix_list.cu
   ${CMAKE_CURRENT_LIST_DIR}/cuda_backend.cu

@@ -13,15 +13,17 @@ namespace dmuon::ns::cuda {
 enum class DType { kFloat16, kBFloat16 };
 
 /// Which symmetric-product paths a product may take; the autotuner picks among them per shape.
-/// Paths: the sm_90a one-triangle kernel (TMA + WGMMA, "sm90:…"), the portable row-panel
-/// product (any CUDA GPU, "tri:<block>", tri_plan.h) and cuBLASLt's dense product (lower →
-/// upper mirror, "lt:<i>").
+/// Paths: the sm_90a one-triangle kernel (TMA + WGMMA, "sm90:…"), the portable products (any
+/// CUDA GPU, tri_plan.h: lower blocks "blk:<block>" and row panels "tri:<block>") and
+/// cuBLASLt's dense product (lower → upper mirror, "lt:<i>").
 enum class SymMode {
   kKernel,        ///< sm_90a kernel, portable or dense (sm_90 GPUs).
   kDenseMirror,   ///< dense only.
   kPortable,      ///< portable or dense (every other GPU, or the kernel unusable).
   kKernelOnly,    ///< sm_90a kernel only (forced).
-  kPortableOnly,  ///< portable only (forced).
+  kPortableOnly,  ///< portable only, blocks or panels (forced).
+  kBlocksOnly,    ///< portable lower blocks only (forced).
+  kPanelsOnly,    ///< portable row panels only (forced).
 };
 
 /// One symmetric product D = α·A·Bᵀ + β·C over a batch of m×m results (A, B: m×k), all

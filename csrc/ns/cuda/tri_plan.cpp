@@ -1,4 +1,4 @@
-// dmuon/ns/cuda/tri_plan.cpp — the portable symmetric product's plan (see tri_plan.h).
+// dmuon/ns/cuda/tri_plan.cpp — the portable symmetric products' plans (see tri_plan.h).
 #include "ns/cuda/tri_plan.h"
 
 #include <algorithm>
@@ -27,21 +27,25 @@ double tri_work_fraction(int64_t m, int64_t block) {
 
 std::string tri_name(int64_t block) { return "tri:" + std::to_string(block); }
 
-int64_t parse_tri(const std::string& config) {
-  if (config.rfind("tri:", 0) != 0 || config.size() == 4 || config.size() > 4 + 9) return -1;
+namespace {
+
+// The block of "<prefix><block>" (a positive multiple of kTriBlockQuantum); −1 otherwise.
+int64_t parse_block_name(const std::string& config, const std::string& prefix) {
+  const size_t n = prefix.size();
+  if (config.rfind(prefix, 0) != 0 || config.size() == n || config.size() > n + 9) return -1;
   int64_t value = 0;
-  for (size_t i = 4; i < config.size(); ++i) {
+  for (size_t i = n; i < config.size(); ++i) {
     if (config[i] < '0' || config[i] > '9') return -1;
     value = value * 10 + (config[i] - '0');
   }
   return value >= kTriBlockQuantum && value % kTriBlockQuantum == 0 ? value : -1;
 }
 
-namespace {
-
 int64_t round_up_block(int64_t rows) { return (rows + kTriBlockQuantum - 1) / kTriBlockQuantum * kTriBlockQuantum; }
 
 }  // namespace
+
+int64_t parse_tri(const std::string& config) { return parse_block_name(config, "tri:"); }
 
 std::vector<int64_t> tri_block_candidates(int64_t m) {
   std::vector<int64_t> blocks;
@@ -56,6 +60,46 @@ std::vector<int64_t> tri_block_candidates(int64_t m) {
 int64_t tri_default_block(int64_t m) {
   if (m < 2 * kTriBlockQuantum) return round_up_block(std::max<int64_t>(m, 1));
   return round_up_block((m + 3) / 4);
+}
+
+BlockPlan block_plan(int64_t m, int64_t block) {
+  DMUON_CHECK(m >= 1, "block_plan: m = ", m, " (must be >= 1)");
+  DMUON_CHECK(block >= kTriBlockQuantum && block % kTriBlockQuantum == 0, "block_plan: block = ", block,
+              " (must be a positive multiple of ", kTriBlockQuantum, ")");
+  BlockPlan plan;
+  plan.block = block;
+  plan.num_block_rows = m / block;
+  plan.num_blocks = plan.num_block_rows * (plan.num_block_rows + 1) / 2;
+  const int64_t row0 = plan.num_block_rows * block;
+  plan.remainder = {row0, m - row0, row0 == m ? 0 : m};
+  return plan;
+}
+
+double block_work_fraction(int64_t m, int64_t block) {
+  const BlockPlan plan = block_plan(m, block);
+  const double blocks = static_cast<double>(plan.num_blocks) * static_cast<double>(block * block);
+  const double rest = static_cast<double>(plan.remainder.rows) * static_cast<double>(plan.remainder.cols);
+  return (blocks + rest) / (static_cast<double>(m) * static_cast<double>(m));
+}
+
+std::string blk_name(int64_t block) { return "blk:" + std::to_string(block); }
+
+int64_t parse_blk(const std::string& config) { return parse_block_name(config, "blk:"); }
+
+std::vector<int64_t> blk_block_candidates(int64_t m) {
+  std::vector<int64_t> blocks;
+  for (int64_t block : {128, 256, 384, 512})
+    if (2 * block <= m) blocks.push_back(block);
+  return blocks;
+}
+
+int64_t blk_default_block(int64_t m) { return m >= 4 * kTriBlockQuantum ? 2 * kTriBlockQuantum : kTriBlockQuantum; }
+
+int64_t common_alignment(const std::vector<uint64_t>& byte_offsets) {
+  uint64_t alignment = 256;
+  for (uint64_t offset : byte_offsets)
+    while (offset % alignment != 0) alignment /= 2;
+  return static_cast<int64_t>(alignment);
 }
 
 }  // namespace dmuon::ns::cuda

@@ -1,5 +1,5 @@
-// dmuon/ns/cuda/tri_sym_product.h — the portable symmetric product: the lower triangle's row
-// panels (tri_plan.h) through cuBLASLt, then the mirror; runs on every CUDA GPU.
+// dmuon/ns/cuda/tri_sym_product.h — the portable symmetric products: the lower triangle's row
+// panels or lower blocks (tri_plan.h) through cuBLASLt, then the mirror; run on every CUDA GPU.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,5 +19,12 @@ namespace dmuon::ns::cuda {
 /// of kTriBlockQuantum (checked). `lt_workspace` (may be null) is cuBLASLt's scratch.
 void tri_sym_product(const SymProductArgs& args, int64_t block, void* lt_workspace, size_t lt_workspace_bytes,
                      cudaStream_t stream);
+
+/// The same product through the lower blocks of block_plan(m, block) (one pointer-array
+/// GEMM, then the remainder rows' panel, then the mirror). C is read in the lower triangle and
+/// the diagonal blocks (the remainder's included) only. The pointer arrays take the head of
+/// `lt_workspace`, which must hold them (checked).
+void block_sym_product(const SymProductArgs& args, int64_t block, void* lt_workspace, size_t lt_workspace_bytes,
+                       cudaStream_t stream);
 
 }  // namespace dmuon::ns::cuda

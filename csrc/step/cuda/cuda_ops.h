@@ -30,7 +30,7 @@ struct CudaOpsOptions {
   /// Bound on the workspaces the graph cache keeps (the adapter reads DMUON_GRAPH_CACHE_MB).
   int64_t graph_cache_bytes = int64_t{8192} << 20;
   /// Symmetric products tuned among the sm_90a kernel (where it is built, the GPU is sm_90
-  /// and its self-check passed), the portable row-panel product and dense cuBLASLt; false:
+  /// and its self-check passed), the portable products and dense cuBLASLt; false:
   /// dense cuBLASLt products, mirrored. DMUON_SYM_PATH forces one path.
   bool sym_kernel = true;
 };

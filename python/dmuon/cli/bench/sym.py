@@ -4,11 +4,12 @@ one-GPU optimizer step with each path forced, in one process.
 For every distinct symmetric product of a model's Gram NS step (dmuon.analysis.step_products:
 X·Xᵀ and the β·C products in the Gram space), timed in turns on the same operands: cuBLAS's
 dense product (torch.bmm / baddbmm, the whole m×m result), dmuon's dense path ("lt:0":
-cuBLASLt, then the mirror), the portable row-panel product ("tri:<block>", every candidate
-block, the fastest reported) and, where the GPU runs it, the sm_90a kernel (every built
-configuration, the fastest reported). The ratio to cuBLAS's dense product on the same GPU is
-what carries over to other GPUs. Then dmuon.DMuon.step over the model's Muon matrices with
-DMUON_SYM_PATH forced to each path (tuned in the warm-up steps), the first path again last.
+cuBLASLt, then the mirror), the portable products — lower blocks in one pointer-array GEMM
+("blk:<block>") and row panels ("tri:<block>"), every candidate block, the fastest of each
+reported — and, where the GPU runs it, the sm_90a kernel (every built configuration, the fastest
+reported). The ratio to cuBLAS's dense product on the same GPU is what carries over to other
+GPUs. Then dmuon.DMuon.step over the model's Muon matrices with DMUON_SYM_PATH forced to each
+path (tuned in the warm-up steps), the first path again last.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ _PI0_SHAPES = [(18, 2048, 2048), (18, 256, 2048), (18, 256, 2048), (18, 2048, 20
                (18, 2048, 1024), (18, 256, 1024), (18, 256, 1024), (18, 1024, 2048), (18, 4096, 1024),
                (18, 4096, 1024), (18, 1024, 4096)]
 
-PATHS = ("dense", "portable", "sm90")
+PATHS = ("dense", "blocks", "panels", "sm90")
+# The portable families of bench sym's columns: configuration prefix → column.
+FAMILIES = {"blk": "blocks", "tri": "panels"}
 
 
 def model_matrices(name: str) -> list[tuple[int, int, int]]:
@@ -60,7 +63,8 @@ def _padded(batch: int, rows: int, cols: int, dtype) -> torch.Tensor:
 
 
 def time_product(p: dict, iters: int, kernel_configs: list[str]) -> dict:
-    """{"cublas", "lt:0", best portable (name, ms), best sm90 (name, ms)} of one product."""
+    """{"cublas", "lt:0", best of each portable family and of sm90 (name, ms)} of one product; a
+    configuration that fails its first run is left out and named in "failed"."""
     testing_ops = torch.ops.dmuon_testing
     b, m, k = p["batch"], p["m"], p["k"]
     dtype = torch.float16
@@ -84,15 +88,22 @@ def time_product(p: dict, iters: int, kernel_configs: list[str]) -> dict:
         # NOTE: unpoisoned output: the call holds the product alone, as torch's does.
         return lambda: testing_ops.cuda_sym_product_config(a, rhs, c, alpha, beta, config, poison=False)
 
-    portable = list(testing_ops.cuda_sym_portable_configs(m))
-    fns = {"cublas": cublas, "lt:0": named("lt:0"), **{n: named(n) for n in portable + kernel_configs}}
+    fns = {"cublas": cublas, "lt:0": named("lt:0")}
+    failed = []
+    for name in list(testing_ops.cuda_sym_portable_configs(m)) + kernel_configs:
+        try:
+            named(name)()
+            fns[name] = named(name)
+        except RuntimeError as error:  # NOTE: e.g. cuBLASLt offers no pointer-array algorithm here
+            failed.append(f"{name}: {str(error).splitlines()[0]}")
     timed = interleaved_ms(fns, iters, rounds=3)
-    out = {"cublas": timed["cublas"], "lt:0": timed["lt:0"]}
-    best = min(portable, key=timed.get)
-    out["portable"] = (best, timed[best])
-    if kernel_configs:
-        best = min(kernel_configs, key=timed.get)
-        out["sm90"] = (best, timed[best])
+    out = {"cublas": timed["cublas"], "lt:0": timed["lt:0"], "failed": failed}
+    groups = {column: [n for n in timed if n.split(":")[0] == prefix] for prefix, column in FAMILIES.items()}
+    groups["sm90"] = [n for n in timed if n in kernel_configs]
+    for column, names in groups.items():
+        if names:
+            best = min(names, key=timed.get)
+            out[column] = (best, timed[best])
     del a, rhs, c
     return out
 
@@ -101,29 +112,38 @@ def product_table(model: str, shapes, iters: int, kernel_configs: list[str]) -> 
     products = gram_products(shapes)
     print(f"\nmodel {model}: {len(products)} distinct symmetric products of the Gram NS step (fp16); "
           f"ms, in turns; x: time / cuBLAS dense", flush=True)
-    print(f"{'batch x m x k':>22s} {'β·C':>4s} {'cuBLAS':>8s} {'lt:0+mirror':>12s} {'portable':>22s} "
-          f"{'sm90':>30s}")
-    totals = {"cublas": 0.0, "lt:0": 0.0, "portable": 0.0, "sm90": 0.0}
+    columns = ["blocks", "panels", "portable"] + (["sm90"] if kernel_configs else [])
+    print(f"{'batch x m x k':>22s} {'β·C':>4s} {'cuBLAS':>8s} {'lt:0+mirror':>12s} "
+          + " ".join(f"{c:>24s}" for c in columns))
+    totals = {"cublas": 0.0, "lt:0": 0.0, **{c: 0.0 for c in columns}}
+    missing = set()  # columns without a time for some product: no sum
     for p in products:
         t = time_product(p, iters, kernel_configs)
+        # The portable path: the faster of the two families.
+        t["portable"] = min((t[c] for c in ("blocks", "panels") if c in t), key=lambda x: x[1], default=None)
         totals["cublas"] += t["cublas"]
         totals["lt:0"] += t["lt:0"]
-        totals["portable"] += t["portable"][1]
-        name, ms = t["portable"]
-        portable = f"{ms:.3f} {ms / t['cublas']:.2f}x {name}"
-        sm90 = "-"
-        if "sm90" in t:
-            totals["sm90"] += t["sm90"][1]
-            s_name, s_ms = t["sm90"]
-            sm90 = f"{s_ms:.3f} {s_ms / t['cublas']:.2f}x {s_name.split(':', 1)[1]}"
+        cells = []
+        for column in columns:
+            if t.get(column) is None:
+                missing.add(column)
+                cells.append(f"{'-':>24s}")
+                continue
+            name, ms = t[column]
+            totals[column] += ms
+            label = name.split(":", 1)[1] if column == "sm90" else name
+            cell = f"{ms:.3f} {ms / t['cublas']:.2f}x {label}"
+            cells.append(f"{cell:>24s}")
         shape = f"{p['batch']}x{p['m']}x{p['k']}"
         print(f"{shape:>22s} {'yes' if p['with_c'] else 'no':>4s} {t['cublas']:8.3f} {t['lt:0']:12.3f} "
-              f"{portable:>22s} {sm90:>30s}", flush=True)
+              + " ".join(cells), flush=True)
+        for failure in t["failed"]:
+            print(f"{'':>22s} failed: {failure}", flush=True)
         torch.cuda.empty_cache()
-    line = (f"  sum over the distinct products: cuBLAS {totals['cublas']:.2f} ms, lt:0+mirror {totals['lt:0']:.2f}, "
-            f"portable {totals['portable']:.2f} ({totals['portable'] / totals['cublas']:.2f}x)")
-    if kernel_configs:
-        line += f", sm90 {totals['sm90']:.2f} ({totals['sm90'] / totals['cublas']:.2f}x)"
+    line = f"  sum over the distinct products: cuBLAS {totals['cublas']:.2f} ms, lt:0+mirror {totals['lt:0']:.2f}"
+    for column in columns:
+        if column not in missing:
+            line += f", {column} {totals[column]:.2f} ({totals[column] / totals['cublas']:.2f}x)"
     print(line, flush=True)
 
 
@@ -180,7 +200,7 @@ def run(args) -> None:
     print(f"sm_90a kernel usable here: {kernel_ok}", flush=True)
     for model in args.model:
         product_table(model, model_matrices(model), args.iters, kernel_configs)
-    paths = [p for p in PATHS if p != "sm90" or kernel_ok]
+    paths = [p for p in args.paths if p != "sm90" or kernel_ok]
     for model in args.step_model:
         step_table(model, model_matrices(model), paths, args.iters, args.warmup)
 
@@ -192,6 +212,8 @@ def register(subparsers) -> None:
                         help="models whose Gram products are timed (manifest names or pi0)")
     parser.add_argument("--step-model", nargs="*", default=["qwen2.5-0.5b", "qwen2.5-1.5b", "pi0"],
                         help="models whose whole DMuon.step is timed with each path forced")
+    parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=["dense", "portable", "blocks", "panels", "sm90"],
+                        help="DMUON_SYM_PATH values of the step table, the first one timed again last")
     parser.add_argument("--iters", type=int, default=10, help="timed repetitions a round (median reported)")
     parser.add_argument("--warmup", type=int, default=4)
     parser.set_defaults(func=run)
