@@ -20,6 +20,8 @@ from collections import OrderedDict
 
 import torch
 
+from dmuon.cli.bench.environment import environment_line
+from dmuon.cli.bench.memory import release
 from dmuon.cli.bench.timing import alternating_ms, cuda_time_ms, interleaved_ms
 
 # DESIGN.md §6 decoder shapes, used when the planner's manifests are not importable:
@@ -126,26 +128,6 @@ def plain_batched_ns_(groups: dict, steps: int = 5) -> None:
             torch._foreach_add_([params[i] for i in part], list(x.float().unbind(0)), alpha=-0.02)
 
 
-def environment() -> str:
-    props = torch.cuda.get_device_properties(0)
-    try:
-        import subprocess
-
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, check=False).stdout.strip().splitlines()[0]
-    except (OSError, IndexError):
-        driver = "?"
-    return (f"GPU {props.name} ({props.multi_processor_count} SMs), driver {driver}, torch {torch.__version__}, "
-            f"CUDA {torch.version.cuda}")
-
-
-def _free() -> None:
-    import gc
-
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 def sym_kernel_table(args, testing_ops, kernel_ok: bool) -> None:
     """X·Xᵀ in fp16: cuBLAS dense vs every built configuration of the symmetric kernel, all
     timed in turns (interleaved_ms, 3 rotated rounds); then cuBLAS against the fastest of
@@ -176,7 +158,7 @@ def sym_kernel_table(args, testing_ops, kernel_ok: bool) -> None:
               f"alternating rounds: cuBLAS {dense_r:.3f} ms, {best} {best_r:.3f} ms, speed-up {dense_r / best_r:.2f}x; "
               + ", ".join(f"{c.split(':', 1)[1]} {t:.3f}" for c, t in timed.items()), flush=True)
         del x
-    _free()
+    release("cuda")
 
 
 def profile_step(step, warmup: int) -> None:
@@ -304,7 +286,7 @@ def run(args) -> None:
         raise SystemExit("bench ns needs a CUDA GPU")
     ops, testing_ops = torch.ops.dmuon, torch.ops.dmuon_testing
     torch.manual_seed(0)
-    print(environment())
+    print(environment_line("cuda"))
     peak = dense_bf16_peak_tflops()
     print(f"dense bf16 peak (8192^3 matmul, same run): {peak:.0f} TFLOP/s", flush=True)
     copy_gbs = copy_bandwidth_gbs()
@@ -345,7 +327,7 @@ def run(args) -> None:
                 results[f"{name}, host ahead"] = (ahead, executed, extra)
                 print(f"  {name}, host ahead: {ahead:.2f} ms (launch lead {ms - ahead:.2f} ms)", flush=True)
             del step
-            _free()
+            release("cuda")
 
         last_dmuon = {}
 
@@ -374,7 +356,7 @@ def run(args) -> None:
             print(f"    path: {type(runtime).__name__}, {stats.num_fused} of {len(params)} parameters fused "
                   f"({stats.num_fused_batches} batches on {stats.num_fused_streams} streams), "
                   f"{stats.num_buckets} buckets for the rest", flush=True)
-            _free()
+            release("cuda")
 
         def torch_muon_step():
             opt = torch.optim.Muon([p for p in params if p.dim() == 2], lr=0.02, weight_decay=0.0)
@@ -450,7 +432,7 @@ def run(args) -> None:
                            results[dmuon_name(args.bucket_mb[0])][0]), flush=True)
         # NOTE: the parameters go first: the 7B products need room next to nothing else.
         del params
-        _free()
+        release("cuda")
         if "batches" in last_dmuon:
             measured = measured_floor(last_dmuon.pop("batches"), algorithm, num_steps, copy_gbs)
             print(format_measured_floor(measured, results[dmuon_name(args.bucket_mb[0])][0]), flush=True)

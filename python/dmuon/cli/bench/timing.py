@@ -1,11 +1,16 @@
-"""CUDA-event timing for the benchmarks: one function's median, and several functions timed
-in turns (every function once a round), the way `bench ns` compares methods."""
+"""Timing for the benchmarks: CUDA-event timing of one function's median, and several
+functions timed in turns (every function once a round), the way `bench ns` compares
+methods; and the wall time of optimizer steps with their peak memory (`bench step`)."""
 
 from __future__ import annotations
 
 import statistics
+import time
+from typing import NamedTuple
 
 import torch
+
+from dmuon.cli.bench.memory import memory_in_use, peak, reset_peak
 
 
 # Spin-kernel length that keeps the device busy while the host enqueues a whole step
@@ -59,3 +64,42 @@ def alternating_ms(fn_a, fn_b, iters: int, rounds: int = 5) -> tuple[float, floa
     `iters` timings each (interleaved_ms, a before b in every round)."""
     out = interleaved_ms({"a": fn_a, "b": fn_b}, iters, rounds, rotate=False)
     return out["a"], out["b"]
+
+
+class StepTimes(NamedTuple):
+    times: list  # wall seconds of each timed step
+    first_peak_extra: int  # peak bytes above the start over every step, the warm-up's included
+    peak_extra: int  # peak bytes above the start over the timed steps
+
+
+def wall_steps(step, num_steps: int, warmup: int, device: str, *, barrier: bool = False,
+               before: int | None = None, after_timed=None) -> StepTimes:
+    """Wall time of each of `num_steps` calls of step() after `warmup` untimed ones, and the
+    peak memory above `before` (default: what is in use now). On CUDA each step is
+    synchronized, so a time covers the device work too; `barrier`: the ranks of the default
+    group start each step together; `after_timed()` runs after each timed step, untimed.
+    NOTE: the warm-up steps build the runtime (plan, cost table, tuning, graphs): their peak
+    is reported apart from the steady step's."""
+    before = memory_in_use(device) if before is None else before
+    reset_peak(device)
+    times, first_peak = [], 0
+    for i in range(warmup + num_steps):
+        if barrier:
+            import torch.distributed as dist
+
+            dist.barrier()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+            if after_timed is not None:
+                after_timed()
+        elif i == warmup - 1:
+            first_peak = max(0, peak(device) - before)
+            reset_peak(device)
+    steady = max(0, peak(device) - before)
+    return StepTimes(times, max(first_peak, steady), steady)
