@@ -128,6 +128,9 @@ struct EngineRun {
 struct RunHooks {
   std::function<step::DeviceOps&(int rank, step::CpuOps& cpu)> ops;
   std::function<void(int rank, int step, RankTensors& t)> before_step;
+  /// Set: runs rank r's step in place of engine.step (early work, two-phase steps) and
+  /// returns its outcome.
+  std::function<step::StepOutcome(int rank, int step, step::StepEngine& engine, RankTensors& t)> step;
   /// Set: each step's result agreement is deferred (step(..., agree_results=false)); this
   /// runs between the step and agree_committed() (while the results are pending).
   std::function<void(int rank, int step, step::StepEngine& engine)> before_results;
