@@ -21,6 +21,7 @@ from collections import OrderedDict
 import torch
 
 from dmuon.cli.bench.environment import environment_line
+from dmuon.cli.bench.local_ns import chunks, orthogonalize_all
 from dmuon.cli.bench.memory import release
 from dmuon.cli.bench.timing import alternating_ms, cuda_time_ms, interleaved_ms
 
@@ -61,19 +62,6 @@ def model_shapes(name: str) -> list[tuple[int, int, int]]:
     d = h // heads
     per_layer = [(1, h, h), (1, kv * d, h), (1, kv * d, h), (1, h, h), (1, i, h), (1, i, h), (1, h, i)]
     return per_layer * layers
-
-
-# NOTE: same-shape matrices are orthogonalized in batches of at most 2 GiB of fp32 input
-# (the runtime's buckets are smaller still): one batch of all 56 Qwen2.5-7B gate/up
-# matrices would need 15 GiB for its input alone and ran out of memory next to the
-# parameters, gradients and momentum on an H200 (141 GB).
-_CHUNK_BYTES = 2 << 30
-
-
-def chunks(indices: list[int], matrix_numel: int) -> list[list[int]]:
-    """indices split into runs whose fp32 matrices total at most _CHUNK_BYTES."""
-    per_chunk = max(1, _CHUNK_BYTES // (4 * matrix_numel))
-    return [indices[i : i + per_chunk] for i in range(0, len(indices), per_chunk)]
 
 
 def dense_bf16_peak_tflops() -> float:
@@ -284,7 +272,7 @@ def run(args) -> None:
             model_shapes(model)
     if not torch.cuda.is_available():
         raise SystemExit("bench ns needs a CUDA GPU")
-    ops, testing_ops = torch.ops.dmuon, torch.ops.dmuon_testing
+    testing_ops = torch.ops.dmuon_testing
     torch.manual_seed(0)
     print(environment_line("cuda"))
     peak = dense_bf16_peak_tflops()
@@ -400,19 +388,15 @@ def run(args) -> None:
 
         if args.ns_only:
             # NS alone per backend, on same-shape batches (≤ 2 GiB each).
-            coefficients, restarts = analysis.default_schedule("gram", 5)
-            flat = [x for c in coefficients for x in c]
             groups: dict = OrderedDict()
             for p in params:
                 groups.setdefault(tuple(p.shape[-2:]), []).append(p.grad.reshape(-1, *p.shape[-2:]))
             stacks = [torch.cat([g[j] for j in part]) for g in groups.values()
                       for part in chunks(list(range(len(g))), g[0].shape[-2] * g[0].shape[-1])]
             for backend in (["cuda"] if kernel_ok else []) + ["cuda_dense"]:
-                def ns_only(backend=backend):
-                    return lambda: [ops.orthogonalize(s, "gram", flat, list(restarts), 1e-7, backend, "float16")
-                                    for s in stacks]
                 executed = gram_symmetric_flops(shapes) * (1 if backend == "cuda" else 2)
-                measure(f"NS only (orthogonalize op), backend {backend}", ns_only, executed, warm=warmup)
+                measure(f"NS only (orthogonalize op), backend {backend}",
+                        lambda backend=backend: orthogonalize_all(stacks, backend), executed, warm=warmup)
             del stacks, groups
 
         base = results["torch.optim.Muon"][0] if "torch.optim.Muon" in results else float("nan")

@@ -40,22 +40,36 @@ def cuda_time_ms(fn, warmup: int, iters: int, host_ahead: bool = False) -> float
     return statistics.median(times)
 
 
-def interleaved_ms(fns: dict, iters, rounds: int = 5, rotate: bool = True) -> dict:
-    """Median CUDA-event time of every function of `fns` (name → callable) over `rounds`
-    rounds; in each round every function is timed once (one warm-up, then `iters` timings:
-    an int, or name → int), in turns. With `rotate`, round r starts at the r-th function, so
-    that no function always follows the same one.
+def wall_time_ms(fn, warmup: int, iters: int) -> float:
+    """Median wall-clock milliseconds of `iters` calls of fn() after `warmup` (cuda_time_ms
+    where no GPU is: the host's work is all there is)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def interleaved_ms(fns: dict, iters, rounds: int = 5, rotate: bool = True, timer=None) -> dict:
+    """Median time (`timer`: cuda_time_ms by default, or wall_time_ms) of every function of `fns` (name →
+    callable) over `rounds` rounds; in each round every function is timed once (one warm-up,
+    then `iters` timings: an int, or name → int), in turns. With `rotate`, round r starts at
+    the r-th function, so that no function always follows the same one.
     NOTE: why: under the H200's power limit the clock follows the recent load (Nsight Compute
     read 1.30–1.50 GHz across GEMM kernels), so methods timed one after the other can see
     different clocks (the same kernel timed twice in a row of configurations came out 8%
     apart: 3584×18944 X·Xᵀ b15); in turns they all see the same mix."""
+    timer = timer or cuda_time_ms
     names = list(fns)
     times = {name: [] for name in names}
     for r in range(rounds):
         for i in range(len(names)):
             name = names[(r + i) % len(names)] if rotate else names[i]
             count = iters[name] if isinstance(iters, dict) else iters
-            times[name].append(cuda_time_ms(fns[name], 1, count))
+            times[name].append(timer(fns[name], 1, count))
     return {name: statistics.median(values) for name, values in times.items()}
 
 
