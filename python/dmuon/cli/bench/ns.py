@@ -116,6 +116,11 @@ def plain_batched_ns_(groups: dict, steps: int = 5) -> None:
             torch._foreach_add_([params[i] for i in part], list(x.float().unbind(0)), alpha=-0.02)
 
 
+def environment() -> str:
+    """The header of a GPU run (environment.environment_line); bench sym prints it too."""
+    return environment_line("cuda")
+
+
 def sym_kernel_table(args, testing_ops, kernel_ok: bool) -> None:
     """X·Xᵀ in fp16: cuBLAS dense vs every built configuration of the symmetric kernel, all
     timed in turns (interleaved_ms, 3 rotated rounds); then cuBLAS against the fastest of
@@ -274,7 +279,7 @@ def run(args) -> None:
         raise SystemExit("bench ns needs a CUDA GPU")
     testing_ops = torch.ops.dmuon_testing
     torch.manual_seed(0)
-    print(environment_line("cuda"))
+    print(environment())
     peak = dense_bf16_peak_tflops()
     print(f"dense bf16 peak (8192^3 matmul, same run): {peak:.0f} TFLOP/s", flush=True)
     copy_gbs = copy_bandwidth_gbs()
