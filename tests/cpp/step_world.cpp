@@ -229,7 +229,8 @@ EngineRun run_engine(const World& world, const step::EngineOptions& options, con
     for (int s = 1; s <= num_steps; ++s) {
       world.set_grads(r, s, t);
       if (hooks.before_step) hooks.before_step(r, s, t);
-      run.outcomes[static_cast<size_t>(r)].push_back(engine.step(t.views(), rules, s, {}, !hooks.before_results));
+      run.outcomes[static_cast<size_t>(r)].push_back(hooks.step ? hooks.step(r, s, engine, t)
+                                                                 : engine.step(t.views(), rules, s, {}, !hooks.before_results));
       if (hooks.before_results) {
         hooks.before_results(r, s, engine);
         if (engine.results_pending()) engine.agree_committed();

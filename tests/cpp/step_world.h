@@ -10,9 +10,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "step/cpu/cpu_elements.h"
@@ -128,6 +130,9 @@ struct EngineRun {
 struct RunHooks {
   std::function<step::DeviceOps&(int rank, step::CpuOps& cpu)> ops;
   std::function<void(int rank, int step, RankTensors& t)> before_step;
+  /// Set: runs rank r's step in place of engine.step (early work, two-phase steps) and
+  /// returns its outcome.
+  std::function<step::StepOutcome(int rank, int step, step::StepEngine& engine, RankTensors& t)> step;
   /// Set: each step's result agreement is deferred (step(..., agree_results=false)); this
   /// runs between the step and agree_committed() (while the results are pending).
   std::function<void(int rank, int step, step::StepEngine& engine)> before_results;
@@ -140,6 +145,30 @@ EngineRun run_engine(const World& world, const step::EngineOptions& options, con
 
 /// A forwarding DeviceOps: tests override the passes they watch or break.
 using step::ForwardingOps;
+
+/// RunHooks::ops making each rank's ops an `Ops` (a ForwardingOps over the rank's CpuOps,
+/// constructed with `args`), kept in `out[rank]` for the test to read after the run.
+template <typename Ops, typename... Args>
+std::function<step::DeviceOps&(int, step::CpuOps&)> per_rank_ops(std::vector<std::unique_ptr<Ops>>& out,
+                                                                 int world_size, Args... args) {
+  out.resize(static_cast<size_t>(world_size));
+  return [&out, args...](int rank, step::CpuOps& cpu) -> step::DeviceOps& {
+    out[static_cast<size_t>(rank)] = std::make_unique<Ops>(cpu, args...);
+    return *out[static_cast<size_t>(rank)];
+  };
+}
+
+/// Ops that record the shape of every matrix they orthogonalize.
+class CountingOps : public ForwardingOps {
+ public:
+  using ForwardingOps::ForwardingOps;
+  void orthogonalize(const step::NsBatchDesc& batch, const std::function<void(const step::NsView&, bool)>& fill,
+                     const std::function<void(const step::NsView&)>& consume) override {
+    for (int64_t k = 0; k < batch.count; ++k) shapes.emplace_back(batch.rows, batch.cols);
+    inner_.orthogonalize(batch, fill, consume);
+  }
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+};
 
 /// A group rule with Gram NS (Polar Express, restart after 2), 5 steps.
 step::GroupRule gram_rule(double lr, double weight_decay, bool nesterov = true, const char* adjust_lr = "none");

@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "step/phase_clock.h"
@@ -124,46 +126,35 @@ TEST(PhaseClock, HostTimingsAddAtOnceAndOnlySynchronizedOnesWait) {
 }
 
 // ---------------------------------------------------------------- in the engine
-struct TimedRun {
-  std::vector<RankTensors> tensors;
-  std::vector<dmuon::step::StepStats> stats;  // [rank] of the last step
-  std::vector<int> syncs_while_ready, marks_read_while_ready;
-  std::vector<std::string> errors;
+struct TimedRun : dmuon::testing::EngineRun {
+  std::vector<int> syncs_while_ready, marks_read_while_ready;  // [rank]
 };
 
 // Two steps begun early (every item made ready one at a time in backward order, then
 // step()), each rank's ops a MarkingOps with `marks`, timed as `timing`.
 TimedRun run_early(const World& world, PhaseTiming timing, bool marks) {
   const int n = world.world_size();
-  TimedRun run;
-  run.stats.resize(static_cast<size_t>(n));
-  run.syncs_while_ready.assign(static_cast<size_t>(n), 0);
-  run.marks_read_while_ready.assign(static_cast<size_t>(n), 0);
-  for (int r = 0; r < n; ++r) run.tensors.push_back(world.local(r));
+  std::vector<int> syncs(static_cast<size_t>(n), 0), reads(static_cast<size_t>(n), 0);
   const std::vector<dmuon::step::GroupRule> rules = {dmuon::testing::gram_rule(0.3, 0.05, true, "original")};
-  dmuon::testing::LoopbackWorld loopback(n);
-  run.errors = loopback.run([&](int r) {
-    dmuon::step::CpuOps cpu;
-    MarkingOps ops(cpu, marks);
-    EngineOptions options;
-    options.solver = dmuon::plan::SolverKind::kLpt;
-    options.stage_bytes = 512;  // NOTE: a few items per stage: many stages leave early
-    options.backward_order = true;
-    options.timing = timing;
-    dmuon::step::StepEngine engine(loopback.transport(r), ops, world.specs(), options);
-    RankTensors& t = run.tensors[static_cast<size_t>(r)];
-    for (int s = 1; s <= 2; ++s) {
-      world.set_grads(r, s, t);
-      engine.begin_step(rules, s);
-      const int syncs = ops.syncs, reads = ops.mark_reads;
-      for (int item = world.table().num_items() - 1; item >= 0; --item) engine.items_ready({item}, t.views());
-      run.syncs_while_ready[static_cast<size_t>(r)] += ops.syncs - syncs;
-      run.marks_read_while_ready[static_cast<size_t>(r)] += ops.mark_reads - reads;
-      engine.step(t.views(), rules, s);
-    }
-    run.stats[static_cast<size_t>(r)] = engine.last_stats();
-  });
-  return run;
+  std::vector<std::unique_ptr<MarkingOps>> ops;
+  dmuon::testing::RunHooks hooks;
+  hooks.ops = dmuon::testing::per_rank_ops(ops, n, marks);
+  hooks.step = [&](int r, int s, dmuon::step::StepEngine& engine, RankTensors& t) {
+    const MarkingOps& o = *ops[static_cast<size_t>(r)];
+    engine.begin_step(rules, s);
+    const int syncs_before = o.syncs, reads_before = o.mark_reads;
+    for (int item = world.table().num_items() - 1; item >= 0; --item) engine.items_ready({item}, t.views());
+    syncs[static_cast<size_t>(r)] += o.syncs - syncs_before;
+    reads[static_cast<size_t>(r)] += o.mark_reads - reads_before;
+    return engine.step(t.views(), rules, s);
+  };
+  EngineOptions options;
+  options.solver = dmuon::plan::SolverKind::kLpt;
+  options.stage_bytes = 512;  // NOTE: a few items per stage: many stages leave early
+  options.backward_order = true;
+  options.timing = timing;
+  // NOTE: braced initialization runs left to right: the counts are moved after the run.
+  return {dmuon::testing::run_engine(world, options, rules, 2, hooks), std::move(syncs), std::move(reads)};
 }
 
 TEST(PhaseClock, EarlyStagesTimedByDeviceMarksWaitForNothingInsideBackward) {

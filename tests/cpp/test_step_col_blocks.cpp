@@ -196,11 +196,8 @@ TEST(ColBlockEngine, OpsWithoutStridedViewsRefuseColumnBlocksByName) {
   };
   const World world(col_block_model(), 3, 1, 5);
   dmuon::testing::RunHooks hooks;
-  std::vector<std::unique_ptr<ContiguousOnly>> ops(3);
-  hooks.ops = [&](int rank, dmuon::step::CpuOps& cpu) -> dmuon::step::DeviceOps& {
-    ops[static_cast<size_t>(rank)] = std::make_unique<ContiguousOnly>(cpu);
-    return *ops[static_cast<size_t>(rank)];
-  };
+  std::vector<std::unique_ptr<ContiguousOnly>> ops;
+  hooks.ops = dmuon::testing::per_rank_ops(ops, 3);
   const EngineRun run = dmuon::testing::run_engine(world, EngineOptions{}, col_block_rules(), 1, hooks);
   for (const std::string& e : run.errors)
     EXPECT_NE(e.find("parameter 'o_proj': its 3 column blocks are strided pieces"), std::string::npos) << e;

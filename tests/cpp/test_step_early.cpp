@@ -23,6 +23,7 @@ using dmuon::step::EngineOptions;
 using dmuon::step::GroupRule;
 using dmuon::step::StepEngine;
 using dmuon::step::StepOutcome;
+using dmuon::testing::EngineRun;
 using dmuon::testing::ModelParam;
 using dmuon::testing::RankTensors;
 using dmuon::testing::World;
@@ -62,82 +63,47 @@ struct Drive {
   bool changed_on_changed_ranks = false;
 };
 
-struct EarlyRun {
-  std::vector<std::string> errors;
-  std::vector<std::vector<StepOutcome>> outcomes;  // [rank][step]
-  std::vector<RankTensors> tensors;
-  std::vector<std::vector<int>> owners;
-  std::vector<dmuon::step::StepStats> stats;  // [rank] of the last step
-};
-
-EarlyRun drive(const World& world, const std::vector<GroupRule>& rules, int num_steps, const Drive& how,
-          const std::function<void(int rank, int step, RankTensors& t)>& before_step = nullptr) {
-  const int n = world.world_size();
-  EarlyRun run;
-  run.outcomes.resize(static_cast<size_t>(n));
-  run.owners.resize(static_cast<size_t>(n));
-  run.stats.resize(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) run.tensors.push_back(world.local(r));
-  dmuon::testing::LoopbackWorld loopback(n);
-  run.errors = loopback.run([&](int r) {
-    dmuon::step::CpuOpsOptions cpu_options;
-    cpu_options.poison_allocations = true;
-    dmuon::step::CpuOps cpu(cpu_options);
-    StepEngine engine(loopback.transport(r), cpu, world.specs(), how.options);
-    run.owners[static_cast<size_t>(r)] = engine.owners();
-    RankTensors& t = run.tensors[static_cast<size_t>(r)];
-    struct KeepStats {
-      const StepEngine& engine;
-      dmuon::step::StepStats& out;
-      ~KeepStats() { out = engine.last_stats(); }
-    } keep{engine, run.stats[static_cast<size_t>(r)]};
-    for (int s = 1; s <= num_steps; ++s) {
-      world.set_grads(r, s, t);
-      if (before_step) before_step(r, s, t);
-      if (how.ready_calls.empty() && !how.two_phase) {
-        run.outcomes[static_cast<size_t>(r)].push_back(engine.step(t.views(), rules, s));
-        continue;
-      }
-      if (!how.ready_calls.empty()) {
-        engine.begin_step(rules, s);
-        for (const std::vector<int>& ids : how.ready_calls) {
-          std::vector<dmuon::step::ParamTensors> views = t.views();
-          if (how.sparse_views) {
-            std::vector<dmuon::step::ParamTensors> only(views.size());
-            for (int id : ids) {
-              const size_t p = static_cast<size_t>(world.table().item(id).param_idx);
-              only[p] = views[p];
-            }
-            views = only;
+// The run of `how` on every rank (run_engine with `how`'s step in place of the one-shot one).
+EngineRun drive(const World& world, const std::vector<GroupRule>& rules, int num_steps, const Drive& how,
+                const std::function<void(int rank, int step, RankTensors& t)>& before_step = nullptr) {
+  dmuon::testing::RunHooks hooks;
+  hooks.before_step = before_step;
+  if (!how.ready_calls.empty() || how.two_phase) hooks.step = [&](int r, int s, StepEngine& engine, RankTensors& t) {
+    if (!how.ready_calls.empty()) {
+      engine.begin_step(rules, s);
+      for (const std::vector<int>& ids : how.ready_calls) {
+        std::vector<dmuon::step::ParamTensors> views = t.views();
+        if (how.sparse_views) {
+          std::vector<dmuon::step::ParamTensors> only(views.size());
+          for (int id : ids) {
+            const size_t p = static_cast<size_t>(world.table().item(id).param_idx);
+            only[p] = views[p];
           }
-          engine.items_ready(ids, views);
+          views = only;
         }
+        engine.items_ready(ids, views);
       }
-      if (how.discard_before_finish) {
-        engine.discard();
-        run.outcomes[static_cast<size_t>(r)].push_back(StepOutcome{});
-        continue;
-      }
-      dmuon::step::StartChecks checks;
-      if (how.after_ready) {
-        const std::vector<unsigned char> before = t.grad.empty() ? std::vector<unsigned char>{} : t.grad[0].bytes();
-        how.after_ready(r, t);
-        checks.changed = how.changed_on_changed_ranks && !t.grad.empty() && t.grad[0].bytes() != before;
-      }
-      if (!how.two_phase) {
-        run.outcomes[static_cast<size_t>(r)].push_back(engine.step(t.views(), rules, s, {}, true, checks));
-        continue;
-      }
-      StepOutcome o = engine.finish(t.views(), rules, s);
-      if (o.status == StepOutcome::Status::kAgreed) {
-        if (how.discard_after_finish) engine.discard();
-        else engine.commit();
-      }
-      EXPECT_FALSE(engine.step_open()) << "rank " << r << " step " << s;
-      run.outcomes[static_cast<size_t>(r)].push_back(o);
     }
-  });
-  return run;
+    if (how.discard_before_finish) {
+      engine.discard();
+      return StepOutcome{};
+    }
+    dmuon::step::StartChecks checks;
+    if (how.after_ready) {
+      const std::vector<unsigned char> before = t.grad.empty() ? std::vector<unsigned char>{} : t.grad[0].bytes();
+      how.after_ready(r, t);
+      checks.changed = how.changed_on_changed_ranks && !t.grad.empty() && t.grad[0].bytes() != before;
+    }
+    if (!how.two_phase) return engine.step(t.views(), rules, s, {}, true, checks);
+    StepOutcome o = engine.finish(t.views(), rules, s);
+    if (o.status == StepOutcome::Status::kAgreed) {
+      if (how.discard_after_finish) engine.discard();
+      else engine.commit();
+    }
+    EXPECT_FALSE(engine.step_open()) << "rank " << r << " step " << s;
+    return o;
+  };
+  return run_engine(world, how.options, rules, num_steps, hooks);
 }
 
 std::vector<std::vector<unsigned char>> bytes_of(const std::vector<RankTensors>& ranks) {
@@ -156,12 +122,12 @@ std::vector<RankTensors> initial_of(const World& world) {
   return out;
 }
 
-void expect_no_errors(const EarlyRun& run) {
+void expect_no_errors(const EngineRun& run) {
   for (size_t r = 0; r < run.errors.size(); ++r) EXPECT_EQ(run.errors[r], "") << "rank " << r;
 }
 
 // Every parameter's update over `num_steps` steps against fp64 Muon's (owned_rules()).
-void expect_matches_fp64(const World& world, const EarlyRun& run, int num_steps) {
+void expect_matches_fp64(const World& world, const EngineRun& run, int num_steps) {
   const auto ref = dmuon::testing::reference_muon(world, owned_rules(), num_steps);
   for (int p = 0; p < world.table().num_params(); ++p) {
     const auto param = world.gather(p, run.tensors, false);
@@ -192,7 +158,7 @@ TEST(WholeOnRank, OwnersComeFromTheSpecsAndTheStepMatchesFp64Muon) {
   constexpr int kSteps = 2;
   for (int world_size : {1, 3}) {
     const World world(owned_model(world_size), world_size, kSteps, 77);
-    const EarlyRun run = drive(world, owned_rules(), kSteps, Drive{});
+    const EngineRun run = drive(world, owned_rules(), kSteps, Drive{});
     expect_no_errors(run);
     const auto& table = world.table();
     for (int r = 0; r < world_size; ++r)
@@ -256,7 +222,7 @@ TEST(WholeOnRank, GivenOwnersBesideSolvedOnesInOneEngine) {
     const World world(model, world_size, kSteps, 78);
     Drive how;
     how.options.solver = dmuon::plan::SolverKind::kLpt;
-    const EarlyRun run = drive(world, owned_rules(), kSteps, how);
+    const EngineRun run = drive(world, owned_rules(), kSteps, how);
     expect_no_errors(run);
     const auto& table = world.table();
     for (int i = 0; i < table.num_items(); ++i) {
@@ -273,7 +239,7 @@ TEST(EarlyWork, ResultsEqualTheOneShotStepBitForBit) {
   for (int world_size : {1, 3}) {
     const World world(owned_model(world_size), world_size, kSteps, 91);
     const int num_items = world.table().num_items();
-    const EarlyRun one_shot = drive(world, owned_rules(), kSteps, Drive{});
+    const EngineRun one_shot = drive(world, owned_rules(), kSteps, Drive{});
     expect_no_errors(one_shot);
     // Every item early in calls of 2 and 3 (batching differs from the one-shot step's),
     // some items left to step(), and the two-phase form.
@@ -282,7 +248,7 @@ TEST(EarlyWork, ResultsEqualTheOneShotStepBitForBit) {
                                  {reverse_calls(num_items, 5, 0), true},
                                  {{}, true}};
     for (size_t d = 0; d < drives.size(); ++d) {
-      const EarlyRun early = drive(world, owned_rules(), kSteps, drives[d]);
+      const EngineRun early = drive(world, owned_rules(), kSteps, drives[d]);
       expect_no_errors(early);
       for (const auto& rank : early.outcomes)
         for (const StepOutcome& o : rank)
@@ -320,7 +286,7 @@ TEST(EarlyWork, NanInOneEarlyBatchRefusesTheStepOnEveryRank) {
       // The bad item is in the first early call; the later calls' batches run behind the
       // closed gate.
       Drive how{{{0, 1, 2, 3}, reverse_calls(num_items, 100, 4).front()}, two_phase};
-      const EarlyRun run = drive(world, owned_rules(), 1, how, poison);
+      const EngineRun run = drive(world, owned_rules(), 1, how, poison);
       expect_no_errors(run);
       for (int r = 0; r < world_size; ++r) {
         ASSERT_EQ(run.outcomes[static_cast<size_t>(r)].size(), 1u);
@@ -342,7 +308,7 @@ TEST(EarlyWork, DiscardLeavesMomentumAndWeightsUntouched) {
       Drive how{reverse_calls(num_items, 3, 0), after_finish};
       how.discard_after_finish = after_finish;
       how.discard_before_finish = !after_finish;
-      const EarlyRun run = drive(world, owned_rules(), 2, how);
+      const EngineRun run = drive(world, owned_rules(), 2, how);
       expect_no_errors(run);
       EXPECT_EQ(bytes_of(run.tensors), bytes_of(initial_of(world))) << "world " << world_size;
     }
@@ -351,7 +317,7 @@ TEST(EarlyWork, DiscardLeavesMomentumAndWeightsUntouched) {
 
 TEST(EarlyWork, AStepAfterADiscardedOneIsTheOneShotStep) {
   const World world(owned_model(2), 2, 1, 21);
-  const EarlyRun one_shot = drive(world, owned_rules(), 1, Drive{});
+  const EngineRun one_shot = drive(world, owned_rules(), 1, Drive{});
   dmuon::testing::LoopbackWorld loopback(2);
   std::vector<RankTensors> tensors = initial_of(world);
   const auto errors = loopback.run([&](int r) {
@@ -425,7 +391,7 @@ TEST(EarlyWork, CorruptMomentumIsReportedByFinishAndNothingChanges) {
   std::vector<RankTensors> expected = initial_of(world);
   poison(corrupt % 2, 1, expected[static_cast<size_t>(corrupt % 2)]);
   const int num_items = world.table().num_items();
-  const EarlyRun two_phase = drive(world, owned_rules(), 1, Drive{reverse_calls(num_items, 4, 0), true}, poison);
+  const EngineRun two_phase = drive(world, owned_rules(), 1, Drive{reverse_calls(num_items, 4, 0), true}, poison);
   expect_no_errors(two_phase);
   for (const auto& rank : two_phase.outcomes) {
     ASSERT_EQ(rank.size(), 1u);
@@ -435,7 +401,7 @@ TEST(EarlyWork, CorruptMomentumIsReportedByFinishAndNothingChanges) {
         << rank[0].message;
   }
   EXPECT_EQ(bytes_of(two_phase.tensors), bytes_of(expected));
-  const EarlyRun one_shot = drive(world, owned_rules(), 1, Drive{reverse_calls(num_items, 4, 0)}, poison);
+  const EngineRun one_shot = drive(world, owned_rules(), 1, Drive{reverse_calls(num_items, 4, 0)}, poison);
   for (const std::string& e : one_shot.errors)
     EXPECT_NE(e.find("the momentum buffer of parameter 'v' holds NaN or Inf"), std::string::npos) << e;
   EXPECT_EQ(bytes_of(one_shot.tensors), bytes_of(expected));
@@ -457,7 +423,7 @@ TEST(WholeOnRank, TransposedMatricesTakeTheLrRatioOfTheirModelShape) {
   world.grads[0][1] = world.grads[0][0];
   const std::vector<GroupRule> rules = {dmuon::testing::gram_rule(0.1, 0.0, true, "original")};
   for (const Drive& how : {Drive{}, Drive{{{0, 1}}}}) {
-    const EarlyRun run = drive(world, rules, 1, how);
+    const EngineRun run = drive(world, rules, 1, how);
     expect_no_errors(run);
     const auto plain = dmuon::testing::difference(world.gather(0, run.tensors, false), world.initial_param[0]);
     const auto conv = dmuon::testing::difference(world.gather(1, run.tensors, false), world.initial_param[1]);
@@ -484,7 +450,7 @@ TEST(WholeOnRank, NonOwnersPassAnyEmptyView) {
                                    {"mine", {5, 5}, 0, false, DType::kFloat32, 0, 0}};
   const World world(model, 2, 1, 6);
   const std::vector<GroupRule> rules = {dmuon::testing::gram_rule(0.1, 0.0)};
-  const EarlyRun reference = drive(world, rules, 1, Drive{});
+  const EngineRun reference = drive(world, rules, 1, Drive{});
   expect_no_errors(reference);
   std::vector<RankTensors> tensors = initial_of(world);
   dmuon::testing::LoopbackWorld loopback(2);
@@ -552,7 +518,7 @@ TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
       const int n = world.table().num_items();
       Drive one_shot;
       one_shot.options = many_stages(mode);
-      const EarlyRun expected = drive(world, owned_rules(), kSteps, one_shot);
+      const EngineRun expected = drive(world, owned_rules(), kSteps, one_shot);
       expect_no_errors(expected);
       ASSERT_GT(expected.stats[0].num_stages, 3) << "world " << world_size;
       // Backward order one item or three at a time; some left to step(); forward order
@@ -568,7 +534,7 @@ TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
       drives[5].sparse_views = true;
       for (size_t d = 0; d < drives.size(); ++d) {
         drives[d].options = many_stages(mode);
-        const EarlyRun run = drive(world, owned_rules(), kSteps, drives[d]);
+        const EngineRun run = drive(world, owned_rules(), kSteps, drives[d]);
         expect_no_errors(run);
         const std::string where = "world " + std::to_string(world_size) + ", mode " +
                                   dmuon::step::mode_name(mode) + ", drive " + std::to_string(d);
@@ -609,14 +575,14 @@ TEST(EarlyExchange, ColumnBlocksExchangedEarlyMatchTheOneShotStepBitForBit) {
     const int n = world.table().num_items();
     Drive one_shot;
     one_shot.options = many_stages(mode);
-    const EarlyRun expected = drive(world, owned_rules(), kSteps, one_shot);
+    const EngineRun expected = drive(world, owned_rules(), kSteps, one_shot);
     expect_no_errors(expected);
     for (const bool two_phase : {false, true}) {
       Drive how;
       how.options = many_stages(mode);
       how.ready_calls = reverse_calls(n, 2, 0);
       how.two_phase = two_phase;
-      const EarlyRun run = drive(world, owned_rules(), kSteps, how);
+      const EngineRun run = drive(world, owned_rules(), kSteps, how);
       expect_no_errors(run);
       EXPECT_EQ(bytes_of(run.tensors), bytes_of(expected.tensors)) << dmuon::step::mode_name(mode);
       EXPECT_GT(run.stats[0].early_stages, 0);
@@ -701,7 +667,7 @@ TEST(EarlyExchange, NanInALateLayerRefusesTheStepOnEveryRankWithNothingWritten) 
     how.options = many_stages(dmuon::step::Mode::kOwner);
     how.ready_calls = reverse_calls(n, 2, 0);
     how.two_phase = two_phase;
-    const EarlyRun run = drive(world, owned_rules(), 1, how, poison);
+    const EngineRun run = drive(world, owned_rules(), 1, how, poison);
     expect_no_errors(run);
     for (int r = 0; r < kWorld; ++r) {
       const StepOutcome& o = run.outcomes[static_cast<size_t>(r)][0];
@@ -722,13 +688,13 @@ TEST(EarlyExchange, DiscardAfterStagesLeftWritesNothingAndTheNextStepIsWhole) {
   how.options = many_stages(dmuon::step::Mode::kOwner);
   how.ready_calls = reverse_calls(n, 2, 0);
   how.discard_before_finish = true;
-  const EarlyRun discarded = drive(world, owned_rules(), 1, how);
+  const EngineRun discarded = drive(world, owned_rules(), 1, how);
   expect_no_errors(discarded);
   EXPECT_EQ(bytes_of(discarded.tensors), bytes_of(initial_of(world)));
   // A discarded step, then the same step again from backward: as the one-shot step.
   Drive one_shot;
   one_shot.options = how.options;
-  const EarlyRun expected = drive(world, owned_rules(), 1, one_shot);
+  const EngineRun expected = drive(world, owned_rules(), 1, one_shot);
   std::vector<RankTensors> tensors = initial_of(world);
   dmuon::testing::LoopbackWorld loopback(kWorld);
   const auto errors = loopback.run([&](int r) {
@@ -764,13 +730,13 @@ TEST(EarlyExchange, AStaleBegunStepOnOneRankMakesEveryRankStepFromTheGradientsAs
   };
   Drive one_shot;
   one_shot.options = many_stages(dmuon::step::Mode::kOwner);
-  const EarlyRun expected = drive(world, owned_rules(), 1, one_shot, halve_on_rank_1);
+  const EngineRun expected = drive(world, owned_rules(), 1, one_shot, halve_on_rank_1);
   expect_no_errors(expected);
   Drive stale = one_shot;
   stale.ready_calls = reverse_calls(n, 2, 0);
   stale.after_ready = [&](int r, RankTensors& t) { halve_on_rank_1(r, 1, t); };
   stale.changed_on_changed_ranks = true;
-  const EarlyRun run = drive(world, owned_rules(), 1, stale);
+  const EngineRun run = drive(world, owned_rules(), 1, stale);
   expect_no_errors(run);
   EXPECT_EQ(bytes_of(run.tensors), bytes_of(expected.tensors));
   for (const auto& stats : run.stats) EXPECT_EQ(stats.early_orthogonalized, 0);
@@ -791,7 +757,7 @@ TEST(EarlyExchange, LrAndDecayAreFinishsForStagesThatLeftEarly) {
                                           dmuon::testing::standard_rule(0.07, 0.3, false, "match_rms_adamw")};
   Drive one_shot;
   one_shot.options = many_stages(dmuon::step::Mode::kOwner);
-  const EarlyRun expected = drive(world, at_step, 1, one_shot);
+  const EngineRun expected = drive(world, at_step, 1, one_shot);
   expect_no_errors(expected);
   std::vector<RankTensors> tensors = initial_of(world);
   dmuon::testing::LoopbackWorld loopback(kWorld);

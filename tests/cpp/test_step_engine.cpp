@@ -71,19 +71,6 @@ void expect_no_errors(const EngineRun& run) {
     for (const StepOutcome& o : run.outcomes[r]) EXPECT_TRUE(o.applied()) << "rank " << r << ": " << o.message;
 }
 
-// The (rows, cols) of every NS'd matrix, per rank, as the ops saw them.
-class CountingOps : public dmuon::testing::ForwardingOps {
- public:
-  using ForwardingOps::ForwardingOps;
-  void orthogonalize(const dmuon::step::NsBatchDesc& batch,
-                     const std::function<void(const dmuon::step::NsView&, bool)>& fill,
-                     const std::function<void(const dmuon::step::NsView&)>& consume) override {
-    for (int64_t k = 0; k < batch.count; ++k) shapes.emplace_back(batch.rows, batch.cols);
-    inner_.orthogonalize(batch, fill, consume);
-  }
-  std::vector<std::pair<int64_t, int64_t>> shapes;
-};
-
 // ---------------------------------------------------------------- against the reference
 struct EngineCase {
   int world;
@@ -110,12 +97,9 @@ TEST_P(EngineReference, MatchesFp64MuonOnAwkwardShapes) {
   options.pipeline_depth = c.depth;
   options.stage_bytes = c.stage_bytes;
   options.solver = dmuon::plan::SolverKind::kLpt;
-  std::vector<std::unique_ptr<CountingOps>> counting(static_cast<size_t>(c.world));
+  std::vector<std::unique_ptr<dmuon::testing::CountingOps>> counting;
   dmuon::testing::RunHooks hooks;
-  hooks.ops = [&](int r, dmuon::step::CpuOps& cpu) -> dmuon::step::DeviceOps& {
-    counting[static_cast<size_t>(r)] = std::make_unique<CountingOps>(cpu);
-    return *counting[static_cast<size_t>(r)];
-  };
+  hooks.ops = dmuon::testing::per_rank_ops(counting, c.world);
   const EngineRun run = dmuon::testing::run_engine(world, options, rules, kSteps, hooks);
   expect_no_errors(run);
   // NOTE: measured (this model, every case): float32 NS errs at most 1.4e-5
@@ -445,13 +429,10 @@ TEST(StepEngine, NonFiniteResultIsNotAppliedAndRaisesOnEveryRank) {
   for (const auto& [world_size, defer] : {std::pair{1, false}, std::pair{3, false}, std::pair{3, true}}) {
     const World world(awkward_model(DType::kFloat32), world_size, 1, 9);
     const int bad = param_index(world, "tall");  // the only 12 × 5 matrix
-    std::vector<std::unique_ptr<PoisonResultOps>> poison(static_cast<size_t>(world_size));
+    std::vector<std::unique_ptr<PoisonResultOps>> poison;
     dmuon::testing::RunHooks hooks;
     if (defer) hooks.before_results = [](int, int, dmuon::step::StepEngine&) {};
-    hooks.ops = [&](int r, dmuon::step::CpuOps& cpu) -> dmuon::step::DeviceOps& {
-      poison[static_cast<size_t>(r)] = std::make_unique<PoisonResultOps>(cpu, 12, 5);
-      return *poison[static_cast<size_t>(r)];
-    };
+    hooks.ops = dmuon::testing::per_rank_ops(poison, world_size, 12, 5);
     EngineOptions options;
     options.solver = dmuon::plan::SolverKind::kLpt;
     options.stage_bytes = 256;
@@ -566,13 +547,10 @@ class LiveBytesOps : public dmuon::testing::ForwardingOps {
 TEST(StepEngine, WireMemoryIsBoundedByThePipelineDepth) {
   const World world(awkward_model(DType::kFloat32), 2, 1, 12);
   for (int depth : {1, 2}) {
-    std::vector<std::unique_ptr<LiveBytesOps>> live(2);
+    std::vector<std::unique_ptr<LiveBytesOps>> live;
     dmuon::testing::RunHooks hooks;
     // NOTE: a bfloat16 wire with float32 parameters: only the wire buffers are counted.
-    hooks.ops = [&](int r, dmuon::step::CpuOps& cpu) -> dmuon::step::DeviceOps& {
-      live[static_cast<size_t>(r)] = std::make_unique<LiveBytesOps>(cpu, DType::kBFloat16);
-      return *live[static_cast<size_t>(r)];
-    };
+    hooks.ops = dmuon::testing::per_rank_ops(live, 2, DType::kBFloat16);
     EngineOptions options;
     options.solver = dmuon::plan::SolverKind::kLpt;
     options.wire_dtype = dmuon::step::WireDType::kBFloat16;

@@ -174,19 +174,6 @@ struct MeshCase {
 
 class MeshEngine : public ::testing::TestWithParam<MeshCase> {};
 
-// The ops' record of how many matrices each rank orthogonalized.
-class CountingOps : public dmuon::testing::ForwardingOps {
- public:
-  using ForwardingOps::ForwardingOps;
-  void orthogonalize(const dmuon::step::NsBatchDesc& batch,
-                     const std::function<void(const dmuon::step::NsView&, bool)>& fill,
-                     const std::function<void(const dmuon::step::NsView&)>& consume) override {
-    count += batch.count;
-    inner_.orthogonalize(batch, fill, consume);
-  }
-  int64_t count = 0;
-};
-
 TEST_P(MeshEngine, MatchesFp64MuonAndSendsReplicasOnce) {
   const MeshCase& c = GetParam();
   constexpr int kSteps = 2;
@@ -197,12 +184,9 @@ TEST_P(MeshEngine, MatchesFp64MuonAndSendsReplicasOnce) {
   options.mode = c.mode;
   options.stage_bytes = c.stage_bytes;
   options.solver = dmuon::plan::SolverKind::kLpt;
-  std::vector<std::unique_ptr<CountingOps>> counting(static_cast<size_t>(c.world));
+  std::vector<std::unique_ptr<dmuon::testing::CountingOps>> counting;
   dmuon::testing::RunHooks hooks;
-  hooks.ops = [&](int r, dmuon::step::CpuOps& cpu) -> dmuon::step::DeviceOps& {
-    counting[static_cast<size_t>(r)] = std::make_unique<CountingOps>(cpu);
-    return *counting[static_cast<size_t>(r)];
-  };
+  hooks.ops = dmuon::testing::per_rank_ops(counting, c.world);
   const EngineRun run = dmuon::testing::run_engine(world, options, rules, kSteps, hooks);
   for (size_t r = 0; r < run.errors.size(); ++r) ASSERT_EQ(run.errors[r], "") << "rank " << r;
 
@@ -212,7 +196,7 @@ TEST_P(MeshEngine, MatchesFp64MuonAndSendsReplicasOnce) {
   const auto& table = world.table();
   const std::vector<int>& owners = run.owners[0];
   int64_t total = 0;
-  for (int r = 0; r < c.world; ++r) total += counting[static_cast<size_t>(r)]->count;
+  for (int r = 0; r < c.world; ++r) total += static_cast<int64_t>(counting[static_cast<size_t>(r)]->shapes.size());
   if (c.mode == Mode::kGather) {
     EXPECT_EQ(total, int64_t{kSteps} * c.world * table.num_items());
     return;

@@ -18,6 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import dmuon
 from dmuon.reference import ReferenceDMuon
+from worker_tensors import default_reference_groups, whole
 
 # (out, in) of each layer: tall, dim 0 smaller than world 3 (an empty shard), uneven under
 # world 3 (7 = 3 + 3 + 1), wide.
@@ -54,19 +55,12 @@ ROW_BLOCKS = (8, 5, 3)
 
 def _reference_groups(model: nn.Module, row_blocks: bool = False) -> list[dict]:
     """DMuon's defaults (and OPTIONS) as ReferenceDMuon groups: weights Muon, bias AdamW."""
-    muon = dict(use_muon=True, lr=OPTIONS["lr"], weight_decay=OPTIONS["weight_decay"], momentum=0.95, nesterov=True,
-                ns_algorithm=OPTIONS["ns_algorithm"], ns_coefficients=None, ns_steps=5, eps=1e-7,
-                adjust_lr="match_rms_adamw")
-    adamw = dict(use_muon=False, lr=OPTIONS["lr"], weight_decay=OPTIONS["weight_decay"], betas=(0.9, 0.999), eps=1e-8)
     weights = [layer.weight for layer in model.layers]
-    biases = [layer.bias for layer in model.layers if layer.bias is not None]
+    groups = default_reference_groups(weights, [layer.bias for layer in model.layers if layer.bias is not None],
+                                      OPTIONS)
     if row_blocks:
-        muon["row_blocks"] = [()] * (len(weights) - 1) + [ROW_BLOCKS]
-    return [{**muon, "params": weights}, {**adamw, "params": biases}]
-
-
-def _full(p: torch.Tensor) -> torch.Tensor:
-    return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        groups[0]["row_blocks"] = [()] * (len(weights) - 1) + [ROW_BLOCKS]
+    return groups
 
 
 def mode_matches_reference(rank: int, world: int, mode: str) -> dict:
@@ -128,9 +122,9 @@ def mode_matches_reference(rank: int, world: int, mode: str) -> dict:
         opt.step()
     if owned is not None:
         with owned.materialized(opt):
-            final = [_full(p) for p in model.parameters()]
+            final = [whole(p) for p in model.parameters()]
     else:
-        final = [_full(p) for p in model.parameters()]
+        final = [whole(p) for p in model.parameters()]
     names = [name for name, _ in model.named_parameters()]
     errors = {}
     for name, p, q, q0 in zip(names, final, reference.parameters(), initial):

@@ -13,8 +13,9 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 import dmuon
-from all_modes_workers import SHAPES, ProbeModel, _full, _targets
+from all_modes_workers import SHAPES, ProbeModel, _targets
 from dist_workers import _device
+from worker_tensors import whole
 
 NUM_STEPS = 3
 OPTIONS = dict(lr=0.02, weight_decay=0.1, ns_algorithm="gram", bucket_size_mb=0.0005)
@@ -60,7 +61,7 @@ def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int,
     torch.manual_seed(0)
     base = ProbeModel()
     models = {on: copy.deepcopy(base) for on in (True, False)}
-    initial = {on: [_full(p) for p in m.parameters()] for on, m in models.items()}
+    initial = {on: [whole(p) for p in m.parameters()] for on, m in models.items()}
     wrapped = {on: _wrap(m, mode, world) for on, m in models.items()}
     opts = {}
     for on, m in models.items():
@@ -81,8 +82,8 @@ def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int,
         early.append((stats.early_stages, stats.num_buckets, stats.early_orthogonalized, stats.num_orthogonalized))
     errors = {}
     for k, (p_on, p_off) in enumerate(zip(models[True].parameters(), models[False].parameters())):
-        d_on = _full(p_on).cpu() - initial[True][k]
-        d_off = _full(p_off).cpu() - initial[False][k]
+        d_on = whole(p_on).cpu() - initial[True][k]
+        d_off = whole(p_off).cpu() - initial[False][k]
         errors[k] = float((d_on - d_off).norm() / d_off.norm().clamp_min(1e-30))
     return dict(errors=errors, early=early, backward_on=opts[True]._backward_step_on,
                 attached=list(opts[True]._backward.attached), off=opts[False]._backward_step_on)
@@ -101,9 +102,9 @@ def nan_in_late_layer(rank: int, world: int, mode: str, poison: float = float("n
     opt.zero_grad()
     _backward(wrapped, mode, 0, 1)
     opt.step()
-    before = [_full(p) for p in model.parameters()]
+    before = [whole(p) for p in model.parameters()]
     buffers = [opt.state[p]["momentum_buffer"] for p in model.parameters() if "momentum_buffer" in opt.state[p]]
-    buffers_before = [_full(b) for b in buffers]
+    buffers_before = [whole(b) for b in buffers]
     opt.zero_grad()
     _backward(wrapped, mode, 1, 1, poison=poison)
     early_open = opt.runtime.step_open
@@ -122,8 +123,8 @@ def nan_in_late_layer(rank: int, world: int, mode: str, poison: float = float("n
         opt.step()
     except dmuon.NonFiniteGradientError as e:
         error = str(e)
-    unchanged = all(torch.equal(a, _full(p)) for a, p in zip(before, model.parameters()))
-    unchanged = unchanged and all(torch.equal(a, _full(b)) for a, b in zip(buffers_before, buffers))
+    unchanged = all(torch.equal(a, whole(p)) for a, p in zip(before, model.parameters()))
+    unchanged = unchanged and all(torch.equal(a, whole(b)) for a, b in zip(buffers_before, buffers))
     return dict(error=error, unchanged=unchanged, early_open=early_open, redone=redone, num_layers=len(SHAPES))
 
 
@@ -153,7 +154,7 @@ def spread_plan_matches_post_backward(rank: int, world: int) -> dict:
     torch.manual_seed(0)
     base = LayersModel(SPREAD_SHAPES)
     models = {on: copy.deepcopy(base) for on in (True, False)}
-    initial = {on: [_full(p) for p in m.parameters()] for on, m in models.items()}
+    initial = {on: [whole(p) for p in m.parameters()] for on, m in models.items()}
     wrapped = {on: _wrap(m, "fsdp2", world) for on, m in models.items()}
     opts = {on: dmuon.DMuon(m, execution=dmuon.Execution(backward_step=on, planner="lpt", bucket_size_mb=0.0005),
                             **{k: v for k, v in OPTIONS.items() if k != "bucket_size_mb"})
@@ -170,6 +171,6 @@ def spread_plan_matches_post_backward(rank: int, world: int) -> dict:
         early.append((stats.early_stages, stats.num_buckets))
     errors = {}
     for k, (p_on, p_off) in enumerate(zip(models[True].parameters(), models[False].parameters())):
-        d_on, d_off = _full(p_on) - initial[True][k], _full(p_off) - initial[False][k]
+        d_on, d_off = whole(p_on) - initial[True][k], whole(p_off) - initial[False][k]
         errors[k] = float((d_on - d_off).norm() / d_off.norm().clamp_min(1e-30))
     return dict(errors=errors, early=early, owners={on: list(opts[on].runtime.item_owners) for on in (True, False)})

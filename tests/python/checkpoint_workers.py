@@ -4,12 +4,12 @@ swapped in whole), and continue training."""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
 import dmuon
 import dmuon.checkpoint
+from worker_tensors import whole_numpy
 
 
 def make_model() -> nn.Module:
@@ -50,14 +50,10 @@ def snapshot(model: nn.Module, opt: torch.optim.Optimizer | None = None) -> dict
     by parameter and key) and the param groups' options ("groups")."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    def whole(t: torch.Tensor) -> np.ndarray:
-        t = t.full_tensor() if hasattr(t, "full_tensor") else t
-        return t.detach().cpu().double().numpy().copy()
-
-    out = {"params": {name.removeprefix("module."): whole(p) for name, p in model.named_parameters()}}
+    out = {"params": {name.removeprefix("module."): whole_numpy(p) for name, p in model.named_parameters()}}
     if opt is not None:
         _, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
-        out["state"] = {f"{str(fqn).removeprefix('module.')}.{key}": whole(value) if torch.is_tensor(value) else value
+        out["state"] = {f"{str(fqn).removeprefix('module.')}.{key}": whole_numpy(value) if torch.is_tensor(value) else value
                         for fqn, entries in osd["state"].items() for key, value in entries.items()}
         # NOTE: a full state dict's load gives tuples back as lists (betas): compared as lists.
         out["groups"] = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items() if k != "params"}

@@ -11,6 +11,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import dmuon
 from dmuon.reference import qk_clip_reference
+from worker_tensors import whole
 
 
 class Attention(nn.Module):
@@ -49,10 +50,8 @@ def sharded_clip_matches_reference(rank: int, world: int, wrapper: str, num_kv_h
         agreed = (maxima[:world] * (step + 1)).amax(0)
         qk_clip_reference(ref.q_proj.weight, ref.k_proj.weight, agreed.tolist(), 5.0, num_heads, num_kv_heads,
                           head_dim)
-    full_q = model.q_proj.weight.full_tensor() if hasattr(model.q_proj.weight, "full_tensor") else model.q_proj.weight
-    full_k = model.k_proj.weight.full_tensor() if hasattr(model.k_proj.weight, "full_tensor") else model.k_proj.weight
-    return {"q": float((full_q - ref.q_proj.weight).abs().max()),
-            "k": float((full_k - ref.k_proj.weight).abs().max()),
+    return {"q": float((whole(model.q_proj.weight) - ref.q_proj.weight).abs().max()),
+            "k": float((whole(model.k_proj.weight) - ref.k_proj.weight).abs().max()),
             "changed": float((ref.q_proj.weight - Attention(hidden, num_heads, num_kv_heads, head_dim).q_proj.weight)
                              .abs().max())}
 

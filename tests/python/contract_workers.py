@@ -13,6 +13,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 import dmuon
 from contract_models import TinyDecoder
 from dmuon.reference import ReferenceDMuon
+from worker_tensors import reference_of
 
 
 def _loss_step(model, optimizer, ids) -> None:
@@ -21,11 +22,15 @@ def _loss_step(model, optimizer, ids) -> None:
     optimizer.step()
 
 
-def _reference(optimizer, model_copy) -> ReferenceDMuon:
-    by_name = dict(model_copy.named_parameters())
-    return ReferenceDMuon([{**{k: copy.deepcopy(v) for k, v in g.items() if k != "params"},
-                            "params": [by_name[optimizer.param_name(p)] for p in g["params"]]}
-                           for g in optimizer.param_groups])
+def _step_outcome(model, step) -> dict:
+    """step()'s error ("" when it passed) and whether every parameter of `model` is unchanged."""
+    before = [p.detach().clone() for p in model.parameters()]
+    try:
+        step()
+        error = ""
+    except RuntimeError as e:
+        error = str(e)
+    return {"error": error, "unchanged": all(torch.equal(p, b) for p, b in zip(model.parameters(), before))}
 
 
 def replicas_that_differ_are_refused(rank: int, world: int) -> dict:
@@ -41,7 +46,7 @@ def replicas_that_differ_are_refused(rank: int, world: int) -> dict:
         out["error"] = str(error)
     optimizer = dmuon.DMuon(model, lr=0.02, process_group="local")
     exact = copy.deepcopy(model)
-    reference = _reference(optimizer, exact)
+    reference = reference_of(optimizer, exact)
     ids = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(rank))
     for _ in range(2):
         _loss_step(model, optimizer, ids)
@@ -69,14 +74,7 @@ def add_param_group_on_some_ranks(rank: int, world: int) -> dict:
     _loss_step(model, optimizer, ids)
     if rank == 0:
         optimizer.add_param_group({"params": [("extra.weight", nn.Parameter(torch.randn(8, 8)))], "use_muon": True})
-    before = [p.detach().clone() for p in model.parameters()]
-    try:
-        _loss_step(model, optimizer, ids)
-        error = ""
-    except RuntimeError as e:
-        error = str(e)
-    unchanged = all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
-    return {"error": error, "unchanged": unchanged}
+    return _step_outcome(model, lambda: _loss_step(model, optimizer, ids))
 
 
 def a_failed_check_on_one_rank_stops_every_rank(rank: int, world: int) -> dict:
@@ -90,13 +88,7 @@ def a_failed_check_on_one_rank_stops_every_rank(rank: int, world: int) -> dict:
     model(ids).logsumexp(-1).mean().backward()
     if rank == 1:
         optimizer.state[model.lm_head.weight]["exp_avg"] = torch.zeros(3, 3)
-    before = [p.detach().clone() for p in model.parameters()]
-    try:
-        optimizer.step()
-        error = ""
-    except RuntimeError as e:
-        error = str(e)
-    return {"error": error, "unchanged": all(torch.equal(p, b) for p, b in zip(model.parameters(), before))}
+    return _step_outcome(model, optimizer.step)
 
 
 def row_blocks_sharded_match_the_reference(rank: int, world: int) -> dict:
@@ -144,12 +136,6 @@ def adamw_gradient_on_some_ranks_only(rank: int, world: int) -> dict:
     model(ids).logsumexp(-1).mean().backward()
     if rank == 1:
         model.embed_tokens.weight.grad = None
-    before = [p.detach().clone() for p in model.parameters()]
-    try:
-        optimizer.step()
-        error = ""
-    except RuntimeError as e:
-        error = str(e)
-    return {"error": error, "unchanged": all(torch.equal(p, b) for p, b in zip(model.parameters(), before)),
+    return {**_step_outcome(model, optimizer.step),
             "adamw": not any(g["use_muon"] for g in optimizer.param_groups
                              if any(p is model.embed_tokens.weight for p in g["params"]))}

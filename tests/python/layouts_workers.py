@@ -23,6 +23,7 @@ import dmuon
 from dmuon import distributed as dmuon_distributed
 from dmuon import runtime_builder
 from dmuon.reference import ReferenceDMuon
+from worker_tensors import default_reference_groups, whole
 
 OPTIONS = dict(lr=0.02, weight_decay=0.1, ns_algorithm="gram", bucket_size_mb=0.0005)
 
@@ -64,17 +65,9 @@ def _is_muon(name: str, p: torch.Tensor) -> bool:
 
 
 def _reference_groups(model: nn.Module) -> list[dict]:
-    muon = dict(use_muon=True, lr=OPTIONS["lr"], weight_decay=OPTIONS["weight_decay"], momentum=0.95, nesterov=True,
-                ns_algorithm=OPTIONS["ns_algorithm"], ns_coefficients=None, ns_steps=5, eps=1e-7,
-                adjust_lr="match_rms_adamw")
-    adamw = dict(use_muon=False, lr=OPTIONS["lr"], weight_decay=OPTIONS["weight_decay"], betas=(0.9, 0.999), eps=1e-8)
     named = list(model.named_parameters())
-    return [{**muon, "params": [p for n, p in named if _is_muon(n, p)]},
-            {**adamw, "params": [p for n, p in named if not _is_muon(n, p)]}]
-
-
-def _full(p: torch.Tensor) -> torch.Tensor:
-    return (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+    return default_reference_groups([p for n, p in named if _is_muon(n, p)],
+                                    [p for n, p in named if not _is_muon(n, p)], OPTIONS)
 
 
 def _like(p: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
@@ -108,7 +101,7 @@ def _errors(model: nn.Module, reference: nn.Module, initial: dict[str, torch.Ten
     errors = {}
     for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
         want = q.detach() - initial[name]
-        errors[name] = float((_full(p) - initial[name] - want).norm() / want.norm())
+        errors[name] = float((whole(p) - initial[name] - want).norm() / want.norm())
     return errors
 
 
@@ -122,7 +115,7 @@ def _boxes_hold_locals(opt: Any) -> dict[str, bool]:
     for (_, p), placement in zip(opt._muon_params(), placements):
         layout = runtime_builder.layout(opt, p, placement)
         box = layout.rank_boxes(world, opt.param_name(p))[rank]
-        full = _full(p)
+        full = whole(p)
         index = tuple(slice(b, b + c) for b, c in box)
         local = dmuon_distributed.local(p)
         out[opt.param_name(p)] = bool(local.shape == full[index].shape and torch.equal(local, full[index]))
@@ -165,7 +158,7 @@ def layout_matches_reference(rank: int, world: int, case: str, num_steps: int = 
         model, reference = _fsdp2_experts_case()
     else:
         model, reference = _dense_case(case)
-    initial = {n: _full(p) for n, p in reference.named_parameters()}
+    initial = {n: whole(p) for n, p in reference.named_parameters()}
     ref_opt = ReferenceDMuon(_reference_groups(reference))
     opt = dmuon.DMuon(model, muon_filter=_is_muon, **OPTIONS)
     _steps(model, opt, reference, ref_opt, 0, num_steps)
@@ -235,12 +228,12 @@ def misplaced_gradient_is_refused(rank: int, world: int) -> dict:
     parallelize_module(model, mesh, {"0": ColwiseParallel()})
     opt = dmuon.DMuon(model, muon_filter=_is_muon, **OPTIONS)
     weight = model[0].weight
-    before = _full(weight)
+    before = whole(weight)
     weight.grad = distribute_tensor(torch.ones(4, 4), mesh, [Shard(1)])
     try:
         opt.step()
     except RuntimeError as error:
-        return {"error": str(error), "unchanged": bool(torch.equal(_full(weight), before))}
+        return {"error": str(error), "unchanged": bool(torch.equal(whole(weight), before))}
     return {"error": "", "unchanged": False}
 
 
@@ -270,7 +263,7 @@ def pipeline_stages(rank: int, world: int, num_steps: int = 2) -> dict:
             fully_shard(layer, mesh=sub)
     else:
         parallelize_module(model, sub, {"0": ColwiseParallel(), "1": RowwiseParallel(), "2": ColwiseParallel()})
-    initial = {n: _full(p) for n, p in reference.named_parameters()}
+    initial = {n: whole(p) for n, p in reference.named_parameters()}
     ref_opt = ReferenceDMuon(_reference_groups(reference))
     opt = dmuon.DMuon(model, muon_filter=_is_muon, **OPTIONS)
     _steps(model, opt, reference, ref_opt, 0, num_steps + stage)
@@ -302,7 +295,7 @@ def checkpoint_resume(rank: int, world: int, path: str, num_saved: int, num_more
 
     torch.manual_seed(0)
     reference = Block()
-    initial = {n: _full(p) for n, p in reference.named_parameters()}
+    initial = {n: whole(p) for n, p in reference.named_parameters()}
     model = Block()  # NOTE: other values than the saved ones (seed 0 draws differ after the reference's)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("layouts_resume",))
     fully_shard(model, mesh=mesh)

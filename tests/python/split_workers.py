@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import dmuon
-from dmuon.reference import ReferenceDMuon
+from worker_tensors import reference_of, whole_numpy
 
 # Rows: fused q, k, v = 12 + 6 + 6 (GQA: 4 q heads, 2 kv heads of 3 rows); gate/up = 2 × 20.
 QKV_ROWS = (12, 6, 6)
@@ -58,14 +58,6 @@ def split_groups(model: nn.Module, **options) -> list[dict]:
             {"params": rest}]
 
 
-def reference_of(optimizer: dmuon.DMuon, model_copy: nn.Module) -> ReferenceDMuon:
-    """The plain-loop reference on `model_copy`, with `optimizer`'s groups (split options too)."""
-    by_name = {n.removeprefix("module."): p for n, p in model_copy.named_parameters()}
-    return ReferenceDMuon([{**{k: copy.deepcopy(v) for k, v in g.items() if k != "params"},
-                            "params": [by_name[optimizer.param_name(p).removeprefix("module.")] for p in g["params"]]}
-                           for g in optimizer.param_groups])
-
-
 def batch(step: int) -> torch.Tensor:
     return torch.randint(0, 32, (4, 5), generator=torch.Generator().manual_seed(step))
 
@@ -74,11 +66,6 @@ def loss_step(model: nn.Module, optimizer, step: int) -> None:
     optimizer.zero_grad(set_to_none=True)
     model(batch(step)).pow(2).mean().backward()
     optimizer.step()
-
-
-def whole(t: torch.Tensor) -> np.ndarray:
-    t = t.full_tensor() if hasattr(t, "full_tensor") else t
-    return t.detach().double().numpy().copy()
 
 
 def wrap(model: nn.Module, wrapper: str, world: int) -> nn.Module:
@@ -109,8 +96,8 @@ def sharded_matches_the_reference(rank: int, world: int, wrapper: str) -> dict:
         exact.zero_grad(set_to_none=True)
         exact(batch(step)).pow(2).mean().backward()
         reference.step()
-    ours = {n.removeprefix("module."): whole(p) for n, p in model.named_parameters()}
-    theirs = {n: whole(p) for n, p in exact.named_parameters()}
+    ours = {n.removeprefix("module."): whole_numpy(p) for n, p in model.named_parameters()}
+    theirs = {n: whole_numpy(p) for n, p in exact.named_parameters()}
     local_rows = {n.removeprefix("module."): (p.to_local() if hasattr(p, "to_local") else p).shape[0]
                   for n, p in model.named_parameters()}
     return {"ours": ours, "theirs": theirs, "local_rows": local_rows}
@@ -135,7 +122,7 @@ def checkpoint_round_trip(rank: int, world: int, path: str) -> dict:
     shapes = {k: tuple(v.shape) for k, v in optimizer.state[model.qkv_proj.weight].items() if torch.is_tensor(v)}
     for step in range(2, 4):
         loss_step(model, optimizer, step)
-    straight = {n: whole(p) for n, p in model.named_parameters()}
+    straight = {n: whole_numpy(p) for n, p in model.named_parameters()}
     dist.barrier()
     loaded, loaded_opt = fresh(0.5)
     msd, osd = get_state_dict(loaded, loaded_opt)
@@ -145,7 +132,7 @@ def checkpoint_round_trip(rank: int, world: int, path: str) -> dict:
     groups = [(g.get("split_rows"), g.get("split_heads"), g["lr"]) for g in loaded_opt.param_groups]
     for step in range(2, 4):
         loss_step(loaded, loaded_opt, step)
-    resumed = {n: whole(p) for n, p in loaded.named_parameters()}
+    resumed = {n: whole_numpy(p) for n, p in loaded.named_parameters()}
     return {"straight": straight, "resumed": resumed, "groups": groups, "momentum_shapes": shapes,
             "param_shape": tuple(model.qkv_proj.weight.shape)}
 
@@ -158,7 +145,7 @@ def backward_step_matches_post_backward(rank: int, world: int, wrapper: str) -> 
     models, opts, initial = {}, {}, {}
     for on in (True, False):
         model = copy.deepcopy(base)
-        initial[on] = {n: whole(p) for n, p in model.named_parameters()}
+        initial[on] = {n: whole_numpy(p) for n, p in model.named_parameters()}
         models[on] = (wrap(model, "fsdp2", world) if wrapper == "fsdp2"
                       else nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True, bucket_cap_mb=1e-4))
         opts[on] = dmuon.DMuon(split_groups(models[on], ns_algorithm="standard"), lr=0.05, weight_decay=0.1,
@@ -172,6 +159,6 @@ def backward_step_matches_post_backward(rank: int, world: int, wrapper: str) -> 
     errors = {}
     for (name, p_on), (_, p_off) in zip(models[True].named_parameters(), models[False].named_parameters()):
         key = name.removeprefix("module.")
-        d_on, d_off = whole(p_on) - initial[True][key], whole(p_off) - initial[False][key]
+        d_on, d_off = whole_numpy(p_on) - initial[True][key], whole_numpy(p_off) - initial[False][key]
         errors[key] = float(np.linalg.norm(d_on - d_off) / max(np.linalg.norm(d_off), 1e-30))
     return {"errors": errors, "early": early}

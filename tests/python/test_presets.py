@@ -127,26 +127,26 @@ def test_torch_muon_preset_matches_torch_optim_muon(adjust_lr_fn):
             assert cosine(changes[0][name], changes[1][name]) >= 0.9999, shape
 
 
-def test_moonlight_preset_matches_moonlights_rule():
-    named = make_params(REALISTIC[:1] + SMALL)
-    ours_p, peer_p, exact_p = copies(named, 3)
-    ours = dmuon.DMuon(ours_p, **presets.moonlight(lr=0.01))
-    assert ours.param_groups[1]["betas"] == (0.9, 0.95) and ours.param_groups[1]["weight_decay"] == 0.1
-    peer = MoonlightReference(peer_groups(ours, peer_p))
-    exact = MoonlightReference(peer_groups(ours, exact_p), ns_dtype=torch.float64)
-    for changes in run_steps([(ours_p, ours), (peer_p, peer), (exact_p, exact)], 4):
-        check_within_peer_precision(changes, muon_param_names(ours))
-        assert_as_close_as_its_exact_rule(changes, "layers.0.weight")
+# Each peer's preset: its options, a realistic shape, its published rule, and the group
+# options the preset must set (group index → options).
+PEER_PRESETS = {
+    "moonlight": (lambda: presets.moonlight(lr=0.01), REALISTIC[:1], MoonlightReference,
+                  {1: {"betas": (0.9, 0.95), "weight_decay": 0.1}}),
+    "keller_jordan": (presets.keller_jordan, REALISTIC[1:2], KellerJordanReference, {0: {"lr": 0.02}, 1: {"lr": 3e-4}}),
+}
 
 
-def test_keller_jordan_preset_matches_his_rule():
-    named = make_params(REALISTIC[1:2] + SMALL)
+@pytest.mark.parametrize("peer", list(PEER_PRESETS))
+def test_peer_preset_matches_the_peers_rule(peer):
+    options, shapes, rule, group_options = PEER_PRESETS[peer]
+    named = make_params(shapes + SMALL)
     ours_p, peer_p, exact_p = copies(named, 3)
-    ours = dmuon.DMuon(ours_p, **presets.keller_jordan())
-    assert ours.param_groups[0]["lr"] == 0.02 and ours.param_groups[1]["lr"] == 3e-4
-    peer = KellerJordanReference(peer_groups(ours, peer_p))
-    exact = KellerJordanReference(peer_groups(ours, exact_p), ns_dtype=torch.float64)
-    for changes in run_steps([(ours_p, ours), (peer_p, peer), (exact_p, exact)], 4):
+    ours = dmuon.DMuon(ours_p, **options())
+    for index, expected in group_options.items():
+        assert {k: ours.param_groups[index][k] for k in expected} == expected
+    theirs = rule(peer_groups(ours, peer_p))
+    exact = rule(peer_groups(ours, exact_p), ns_dtype=torch.float64)
+    for changes in run_steps([(ours_p, ours), (peer_p, theirs), (exact_p, exact)], 4):
         check_within_peer_precision(changes, muon_param_names(ours))
         assert_as_close_as_its_exact_rule(changes, "layers.0.weight")
 

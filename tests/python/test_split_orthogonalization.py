@@ -17,6 +17,7 @@ import dmuon
 from dmuon import runtime_builder
 import split_workers as w
 from dist_harness import run_distributed
+from worker_tensors import reference_of, whole_numpy
 
 # fp32 parameters, NS in fp32 (DMuon, CPU) vs fp64 (reference): relative to the weight's scale.
 TOLERANCE = 1e-5
@@ -31,7 +32,7 @@ def _train_one_process(groups_of, steps: int = 3):
     model = w.SplitBlock()
     exact = copy.deepcopy(model)
     optimizer = dmuon.DMuon(groups_of(model), lr=0.05, weight_decay=0.1)
-    reference = w.reference_of(optimizer, exact)
+    reference = reference_of(optimizer, exact)
     for step in range(steps):
         w.loss_step(model, optimizer, step)
         exact.zero_grad(set_to_none=True)
@@ -44,8 +45,8 @@ def _train_one_process(groups_of, steps: int = 3):
 def test_one_process_matches_the_plain_loop_reference(adjust_lr):
     model, exact, optimizer = _train_one_process(
         lambda m: w.split_groups(m, ns_algorithm="standard", adjust_lr=adjust_lr))
-    errors = _relative({n: w.whole(p) for n, p in model.named_parameters()},
-                       {n: w.whole(p) for n, p in exact.named_parameters()})
+    errors = _relative({n: whole_numpy(p) for n, p in model.named_parameters()},
+                       {n: whole_numpy(p) for n, p in exact.named_parameters()})
     assert max(errors.values()) < TOLERANCE, errors
     assert optimizer.matrix_view(model.qkv_proj.weight).row_blocks == w.QKV_ROWS
     assert optimizer.matrix_view(model.q_proj.weight).row_blocks == (3, 3, 3, 3)
@@ -61,7 +62,7 @@ def test_the_split_changes_the_update():
     split, _, _ = _train_one_process(w.split_groups)
     whole, _, _ = _train_one_process(unsplit)
     for name in ("qkv_proj.weight", "q_proj.weight", "gate_up_proj.weight", "o_proj.weight"):
-        a, b = (w.whole(dict(m.named_parameters())[name]) for m in (split, whole))
+        a, b = (whole_numpy(dict(m.named_parameters())[name]) for m in (split, whole))
         assert np.abs(a - b).max() > 1e-3, name
 
 

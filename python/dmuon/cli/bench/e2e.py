@@ -20,7 +20,6 @@ stopped, and the run restarts in fresh processes at the next smaller micro-batch
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import re
@@ -34,7 +33,7 @@ from dmuon.cli.bench.e2e_setup import (backward_step_on, build_sharded, check_ar
                                        mixed_precision)
 from dmuon.cli.bench.environment import environment_line
 from dmuon.cli.bench.fake_world import add_fake_world_arguments
-from dmuon.cli.bench.memory import peak, reset_peak
+from dmuon.cli.bench.memory import peak, release, reset_peak
 
 # NOTE: the share of GPU memory the predicted micro-batch may fill: the allocator's
 # fragmentation and NCCL's buffers live outside what the probes measure.
@@ -99,12 +98,6 @@ def _out_of_memory(fn) -> bool:
         return False
     except torch.cuda.OutOfMemoryError:
         return True
-
-
-def _free(device: str) -> None:
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------------ the worker
@@ -188,7 +181,7 @@ class _Run:
         import torch.distributed as dist
 
         state: dict = {}
-        _free(self.device)
+        release(self.device)
         reset_peak(self.device)
 
         def build():
@@ -248,7 +241,7 @@ class _Run:
             if not math.isfinite(state["loss"]):
                 raise FloatingPointError(f"{name}: loss is {state['loss']} after {warmup + num_steps} steps")
         state.clear()
-        _free(self.device)
+        release(self.device)
         return result
 
     def predict_micro_batch(self) -> tuple[int, dict]:
@@ -259,7 +252,7 @@ class _Run:
         cap = self.config["max_micro_batch"]
         if self.device != "cuda":
             return 1, {"note": "CPU: micro-batch 1 (no memory search on CPUs)"}
-        _free(self.device)
+        release(self.device)
         free, _ = torch.cuda.mem_get_info()
         budget = _MEMORY_BUDGET * (free + torch.cuda.memory_reserved())
         peaks = {}

@@ -49,7 +49,6 @@ BENCHMARKS.md "Host time of the step, and the step begun from backward").
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import statistics
 import time
@@ -61,6 +60,7 @@ from dmuon.cli.bench.e2e_setup import backward_step_on
 from dmuon.cli.bench.environment import environment_line
 from dmuon.cli.bench.fake_world import (PROJECTION_MODEL, ClusterTopology, check_rank, check_world, fake_rank,
                                     require_no_process_group, topology_from_args)
+from dmuon.cli.bench.memory import release
 
 # c10d ops by collective kind (the ring formula they are projected with).
 _KINDS = {
@@ -222,9 +222,7 @@ class _FakeRankTrainer:
 
     def close(self) -> None:
         del self.model, self.opt, self.tokens
-        gc.collect()
-        if self.device == "cuda":
-            torch.cuda.empty_cache()
+        release(self.device)
 
 
 def _profile(trainer: _FakeRankTrainer) -> None:

@@ -12,7 +12,8 @@ def environment_line(device: str) -> str:
     parts = [datetime.date.today().isoformat(), f"torch {torch.__version__}"]
     if device == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        parts += [f"GPU {props.name} x{torch.cuda.device_count()}", f"CUDA {torch.version.cuda}"]
+        parts += [f"GPU {props.name} ({props.multi_processor_count} SMs) x{torch.cuda.device_count()}",
+                  f"CUDA {torch.version.cuda}"]
         try:
             parts.append("NCCL " + ".".join(str(x) for x in torch.cuda.nccl.version()))
         except Exception:  # noqa: BLE001 - NCCL absent

@@ -1,9 +1,10 @@
 """The one-GPU reference for a fake rank's Newton–Schulz: the time the local path takes to
 orthogonalize the same matrices a rank owns, measured in the same run.
 
-The matrices are grouped by shape into batches of at most ``bench ns``'s chunk size (the
-``NS only`` line of ``bench ns``, which uses the same op and batching), and each batch goes
-through ``torch.ops.dmuon.orthogonalize`` with the tuned CUDA backend, timed with CUDA events.
+The matrices are grouped by shape into batches of at most 2 GiB (`chunks`, which ``bench
+ns`` batches by too; its ``NS only`` line runs the same `orthogonalize_all`), and each batch
+goes through ``torch.ops.dmuon.orthogonalize`` with the tuned CUDA backend, timed with CUDA
+events.
 """
 
 from __future__ import annotations
@@ -12,20 +13,44 @@ from collections import OrderedDict
 
 import torch
 
+# NOTE: same-shape matrices are orthogonalized in batches of at most 2 GiB of fp32 input
+# (the runtime's buckets are smaller still): one batch of all 56 Qwen2.5-7B gate/up
+# matrices would need 15 GiB for its input alone and ran out of memory next to the
+# parameters, gradients and momentum on an H200 (141 GB).
+_CHUNK_BYTES = 2 << 30
+
+
+def chunks(indices: list[int], matrix_numel: int) -> list[list[int]]:
+    """indices split into runs whose fp32 matrices total at most _CHUNK_BYTES."""
+    per_chunk = max(1, _CHUNK_BYTES // (4 * matrix_numel))
+    return [indices[i : i + per_chunk] for i in range(0, len(indices), per_chunk)]
+
+
+def orthogonalize_all(stacks: list, backend: str):
+    """A function that runs every same-shape batch of `stacks` through
+    torch.ops.dmuon.orthogonalize on `backend` (Gram NS, the default 5-step schedule, a
+    float16 iterate): the one-GPU path a fake rank's NS and `bench ns --ns-only` are timed on."""
+    from dmuon.analysis import default_schedule
+
+    coefficients, restarts = default_schedule("gram", 5)
+    flat, restarts = [x for c in coefficients for x in c], list(restarts)
+    ops = torch.ops.dmuon
+
+    def run():
+        for s in stacks:
+            ops.orthogonalize(s, "gram", flat, restarts, 1e-7, backend, "float16")
+    return run
+
 
 def local_ns_ms(shapes: list[tuple[int, ...]], device: str, warmup: int = 1, iters: int = 3) -> float:
     """Median milliseconds of one pass over every matrix of `shapes` ((rows, cols) or
     (batch, rows, cols)), orthogonalized in same-shape batches on one `device`."""
-    from dmuon.analysis import default_schedule
-    from dmuon.cli.bench.ns import chunks
     from dmuon.cli.bench.timing import cuda_time_ms
 
     if device != "cuda":
         raise ValueError(f"local_ns_ms measures the CUDA path; got device {device!r}")
     if not shapes:
         return 0.0
-    coefficients, restarts = default_schedule("gram", 5)
-    flat = [x for c in coefficients for x in c]
     counts: dict[tuple[int, int], int] = OrderedDict()
     for shape in shapes:
         rows, cols = shape[-2:]
@@ -34,16 +59,11 @@ def local_ns_ms(shapes: list[tuple[int, ...]], device: str, warmup: int = 1, ite
     for (rows, cols), count in counts.items():
         for part in chunks(list(range(count)), rows * cols):
             stacks.append(torch.randn(len(part), rows, cols, device=device))
-    ops, testing_ops = torch.ops.dmuon, torch.ops.dmuon_testing
+    testing_ops = torch.ops.dmuon_testing
     kernel = hasattr(testing_ops, "cuda_sym_kernel_usable") and bool(testing_ops.cuda_sym_kernel_usable(stacks[0], "float16"))
-    backend = "cuda" if kernel else "cuda_dense"
-
-    def run():
-        for s in stacks:
-            ops.orthogonalize(s, "gram", flat, list(restarts), 1e-7, backend, "float16")
-
     try:
-        return cuda_time_ms(run, warmup, iters, host_ahead=True)
+        return cuda_time_ms(orthogonalize_all(stacks, "cuda" if kernel else "cuda_dense"), warmup, iters,
+                            host_ahead=True)
     finally:
         del stacks
         torch.cuda.empty_cache()

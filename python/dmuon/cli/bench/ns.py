@@ -20,6 +20,9 @@ from collections import OrderedDict
 
 import torch
 
+from dmuon.cli.bench.environment import environment_line
+from dmuon.cli.bench.local_ns import chunks, orthogonalize_all
+from dmuon.cli.bench.memory import release
 from dmuon.cli.bench.timing import alternating_ms, cuda_time_ms, interleaved_ms
 
 # DESIGN.md §6 decoder shapes, used when the planner's manifests are not importable:
@@ -59,19 +62,6 @@ def model_shapes(name: str) -> list[tuple[int, int, int]]:
     d = h // heads
     per_layer = [(1, h, h), (1, kv * d, h), (1, kv * d, h), (1, h, h), (1, i, h), (1, i, h), (1, h, i)]
     return per_layer * layers
-
-
-# NOTE: same-shape matrices are orthogonalized in batches of at most 2 GiB of fp32 input
-# (the runtime's buckets are smaller still): one batch of all 56 Qwen2.5-7B gate/up
-# matrices would need 15 GiB for its input alone and ran out of memory next to the
-# parameters, gradients and momentum on an H200 (141 GB).
-_CHUNK_BYTES = 2 << 30
-
-
-def chunks(indices: list[int], matrix_numel: int) -> list[list[int]]:
-    """indices split into runs whose fp32 matrices total at most _CHUNK_BYTES."""
-    per_chunk = max(1, _CHUNK_BYTES // (4 * matrix_numel))
-    return [indices[i : i + per_chunk] for i in range(0, len(indices), per_chunk)]
 
 
 def dense_bf16_peak_tflops() -> float:
@@ -127,23 +117,8 @@ def plain_batched_ns_(groups: dict, steps: int = 5) -> None:
 
 
 def environment() -> str:
-    props = torch.cuda.get_device_properties(0)
-    try:
-        import subprocess
-
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, check=False).stdout.strip().splitlines()[0]
-    except (OSError, IndexError):
-        driver = "?"
-    return (f"GPU {props.name} ({props.multi_processor_count} SMs), driver {driver}, torch {torch.__version__}, "
-            f"CUDA {torch.version.cuda}")
-
-
-def _free() -> None:
-    import gc
-
-    gc.collect()
-    torch.cuda.empty_cache()
+    """The header of a GPU run (environment.environment_line); bench sym prints it too."""
+    return environment_line("cuda")
 
 
 def sym_kernel_table(args, testing_ops, kernel_ok: bool) -> None:
@@ -176,7 +151,7 @@ def sym_kernel_table(args, testing_ops, kernel_ok: bool) -> None:
               f"alternating rounds: cuBLAS {dense_r:.3f} ms, {best} {best_r:.3f} ms, speed-up {dense_r / best_r:.2f}x; "
               + ", ".join(f"{c.split(':', 1)[1]} {t:.3f}" for c, t in timed.items()), flush=True)
         del x
-    _free()
+    release("cuda")
 
 
 def profile_step(step, warmup: int) -> None:
@@ -302,7 +277,7 @@ def run(args) -> None:
             model_shapes(model)
     if not torch.cuda.is_available():
         raise SystemExit("bench ns needs a CUDA GPU")
-    ops, testing_ops = torch.ops.dmuon, torch.ops.dmuon_testing
+    testing_ops = torch.ops.dmuon_testing
     torch.manual_seed(0)
     print(environment())
     peak = dense_bf16_peak_tflops()
@@ -345,7 +320,7 @@ def run(args) -> None:
                 results[f"{name}, host ahead"] = (ahead, executed, extra)
                 print(f"  {name}, host ahead: {ahead:.2f} ms (launch lead {ms - ahead:.2f} ms)", flush=True)
             del step
-            _free()
+            release("cuda")
 
         last_dmuon = {}
 
@@ -374,7 +349,7 @@ def run(args) -> None:
             print(f"    path: {type(runtime).__name__}, {stats.num_fused} of {len(params)} parameters fused "
                   f"({stats.num_fused_batches} batches on {stats.num_fused_streams} streams), "
                   f"{stats.num_buckets} buckets for the rest", flush=True)
-            _free()
+            release("cuda")
 
         def torch_muon_step():
             opt = torch.optim.Muon([p for p in params if p.dim() == 2], lr=0.02, weight_decay=0.0)
@@ -418,19 +393,15 @@ def run(args) -> None:
 
         if args.ns_only:
             # NS alone per backend, on same-shape batches (≤ 2 GiB each).
-            coefficients, restarts = analysis.default_schedule("gram", 5)
-            flat = [x for c in coefficients for x in c]
             groups: dict = OrderedDict()
             for p in params:
                 groups.setdefault(tuple(p.shape[-2:]), []).append(p.grad.reshape(-1, *p.shape[-2:]))
             stacks = [torch.cat([g[j] for j in part]) for g in groups.values()
                       for part in chunks(list(range(len(g))), g[0].shape[-2] * g[0].shape[-1])]
             for backend in (["cuda"] if kernel_ok else []) + ["cuda_dense"]:
-                def ns_only(backend=backend):
-                    return lambda: [ops.orthogonalize(s, "gram", flat, list(restarts), 1e-7, backend, "float16")
-                                    for s in stacks]
                 executed = gram_symmetric_flops(shapes) * (1 if backend == "cuda" else 2)
-                measure(f"NS only (orthogonalize op), backend {backend}", ns_only, executed, warm=warmup)
+                measure(f"NS only (orthogonalize op), backend {backend}",
+                        lambda backend=backend: orthogonalize_all(stacks, backend), executed, warm=warmup)
             del stacks, groups
 
         base = results["torch.optim.Muon"][0] if "torch.optim.Muon" in results else float("nan")
@@ -450,7 +421,7 @@ def run(args) -> None:
                            results[dmuon_name(args.bucket_mb[0])][0]), flush=True)
         # NOTE: the parameters go first: the 7B products need room next to nothing else.
         del params
-        _free()
+        release("cuda")
         if "batches" in last_dmuon:
             measured = measured_floor(last_dmuon.pop("batches"), algorithm, num_steps, copy_gbs)
             print(format_measured_floor(measured, results[dmuon_name(args.bucket_mb[0])][0]), flush=True)

@@ -24,8 +24,6 @@ without a GPU, on the CPU (wall-clock medians; for a smoke run with --model tiny
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Any, Callable
 
 import torch
@@ -119,25 +117,9 @@ def make_step(groups: Groups, device: torch.device) -> tuple[Callable[[], Any], 
     return optimizer.step, numel
 
 
-def _cpu_interleaved_ms(fns: dict, warmup: int, iters: int, rounds: int) -> dict:
-    """Wall-clock medians, every function timed once per round, rounds rotated (as interleaved_ms)."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    names, times = list(fns), {name: [] for name in fns}
-    for r in range(rounds):
-        for i in range(len(names)):
-            name = names[(r + i) % len(names)]
-            for _ in range(iters):
-                start = time.perf_counter()
-                fns[name]()
-                times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(values) for name, values in times.items()}
-
-
 def run_variants(args, dims_of: Callable[[str], tuple]) -> None:
     """The variants table of every --model (the time of each step and its ratio to default)."""
-    from dmuon.cli.bench.timing import interleaved_ms
+    from dmuon.cli.bench.timing import interleaved_ms, wall_time_ms
 
     names = parse_variants(args.variants)
     cuda = torch.cuda.is_available()
@@ -156,7 +138,7 @@ def run_variants(args, dims_of: Callable[[str], tuple]) -> None:
             torch.cuda.synchronize()
             times = interleaved_ms(steps, args.iters, rounds=5)
         else:
-            times = _cpu_interleaved_ms(steps, 1, args.iters, rounds=3)
+            times = interleaved_ms(steps, args.iters, rounds=3, timer=wall_time_ms)
         base = times["default"]
         print(f"\nmodel {model} variants on {device.type} ({'CUDA-event' if cuda else 'wall-clock'} medians, "
               "timed in turns):")

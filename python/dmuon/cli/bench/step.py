@@ -20,17 +20,16 @@ overlapped steps. On the CPU every phase is synchronous and the timed steps give
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from dmuon.cli.bench.environment import environment_line
 from dmuon.cli.bench.fake_world import add_fake_world_arguments
-from dmuon.cli.bench.memory import memory_in_use, peak, reset_peak
-from dmuon.cli.bench.step_inputs import check_counts, matrices_of, parse_methods, sharded_tensors, write_json
+from dmuon.cli.bench.memory import release
+from dmuon.cli.bench.step_inputs import bench_model, check_counts, dmuon_of, parse_methods, sharded_tensors, write_json
+from dmuon.cli.bench.timing import wall_steps
 
 
 def register(subparsers) -> None:
@@ -86,39 +85,7 @@ def resolve_worlds(args, device: str) -> tuple[list[int], list[int]]:
     return worlds, skipped
 
 
-# ------------------------------------------------------------------------- timing
-def _time_steps(step, num_steps: int, warmup: int, device: str, after_warmup=None) -> list[float]:
-    """Wall time of each step after `warmup` untimed ones (then `after_warmup()` is called);
-    ranks start together, and on CUDA each step is synchronized, so a time covers the
-    device work too."""
-    import torch.distributed as dist
-
-    times = []
-    for i in range(warmup + num_steps):
-        dist.barrier()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-        elif i == warmup - 1 and after_warmup is not None:
-            after_warmup()
-    return times
-
-
 # ------------------------------------------------------------------------ the worker
-def _dmuon(params: list, names: list, mode: str, options: dict, profile: bool):
-    import dmuon
-
-    # NOTE: profile: the runtime synchronizes between phases (Execution.profile), for the split.
-    return dmuon.DMuon(list(zip(names, params)), lr=1e-3, execution=dmuon.Execution(
-        mode=mode, bucket_size_mb=options["bucket_mb"], planner=options["planner"], wire_dtype=options["wire_dtype"],
-        profile=profile))
-
-
 def _profiling_mesh(world: int, device: str):
     """A second 1-D mesh over every rank for the synchronized steps; on GPUs its NCCL group
     blocks the host in wait(), so that a profiled step's "comm wait" is the transfer."""
@@ -157,7 +124,7 @@ def _run_method(method: str, shapes: list, names: list, mesh, rank: int, world: 
     if method == "adamw":
         opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
     else:
-        opt = _dmuon(params, names, method, options, profile=False)
+        opt = dmuon_of(names, params, method, options)
     splits = []
 
     def step():
@@ -167,25 +134,14 @@ def _run_method(method: str, shapes: list, names: list, mesh, rank: int, world: 
             splits.append((s.momentum_s, s.pack_s, s.comm_wait_s, s.ns_s, s.apply_s, s.bytes_sent, s.bytes_received))
 
     # Timed steps; peak memory above what parameters and gradients hold.
-    # NOTE: the first steps build the runtime (plan, cost table, tuning, graphs): their
-    # peak is reported apart from the steady step's.
-    before = memory_in_use(device)
-    reset_peak(device)
-    first = []
-
-    def after_warmup():
-        first.append(max(0, peak(device) - before))
-        reset_peak(device)
-
-    times = _time_steps(step, options["steps"], options["warmup"], device, after_warmup)
-    steady = max(0, peak(device) - before)
-    entry = {"step_s": statistics.median(times), "peak_extra_bytes": steady,
-             "first_step_peak_extra_bytes": max([steady, *first])}
+    timed = wall_steps(step, options["steps"], options["warmup"], device, barrier=True)
+    entry = {"step_s": statistics.median(timed.times), "peak_extra_bytes": timed.peak_extra,
+             "first_step_peak_extra_bytes": timed.first_peak_extra}
     if method != "adamw":
-        timed = [statistics.median(col) for col in zip(*splits[options["warmup"]:])]
+        split = [statistics.median(col) for col in zip(*splits[options["warmup"]:])]
         source = "the timed steps" if device == "cpu" else "the timed steps (host time only: not synchronized)"
-        entry.update(split_s=timed[:5], split_source=source, bytes_sent=int(timed[5]),
-                     bytes_received=int(timed[6]), num_buckets=opt.runtime.num_buckets,
+        entry.update(split_s=split[:5], split_source=source, bytes_sent=int(split[5]),
+                     bytes_received=int(split[6]), num_buckets=opt.runtime.num_buckets,
                      pipeline_depth=opt.runtime.last_stats.pipeline_depth,
                      predicted_ns_s=opt.runtime.predicted_makespan_s if method == "owner" else None)
         # The split from extra steps that synchronize after each phase (GPUs by default).
@@ -194,17 +150,16 @@ def _run_method(method: str, shapes: list, names: list, mesh, rank: int, world: 
             profiled_params = [torch.nn.Parameter(_on_mesh(p, profiling_mesh)) for p in params]
             for q, p in zip(profiled_params, params):
                 q.grad = _on_mesh(p.grad, profiling_mesh)
-            opt = _dmuon(profiled_params, names, method, options, profile=True)
+            # NOTE: profile: the runtime synchronizes between phases (Execution.profile), for the split.
+            opt = dmuon_of(names, profiled_params, method, options, profile=True)
             splits.clear()
-            profiled = _time_steps(step, options["profile_steps"], 1, device)
+            profiled = wall_steps(step, options["profile_steps"], 1, device, barrier=True).times
             entry.update(split_s=[statistics.median(col) for col in zip(*splits[1:])][:5],
                          split_source=f"{options['profile_steps']} synchronized steps"
                          + (" (NCCL wait blocking)" if device == "cuda" else ""),
                          profiled_step_s=statistics.median(profiled))
     del opt, params
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    release(device)
     return entry
 
 
@@ -321,38 +276,32 @@ def run(args: argparse.Namespace) -> int:
         check_counts(args)
         device = resolve_device(args.device)
         worlds, skipped = resolve_worlds(args, device)
-        name, matrices = matrices_of(args)
+        model = bench_model(args, device)
     profile_steps = args.profile_steps if args.profile_steps is not None else (3 if device == "cuda" else 0)
-    shapes = [(m.batch, m.rows, m.cols) if m.batch > 1 else (m.rows, m.cols) for m in matrices]
-    names = [m.name for m in matrices]
     methods = parse_methods(args.mode) + ["adamw"]
-    wire = args.wire_dtype if args.wire_dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     context = dict(device=device, steps=args.steps,
                    cost_model="profiled NS cost table" if device == "cuda" else "analytic CPU cost model")
     options = dict(device=device, bucket_mb=args.bucket_mb, planner=args.planner, steps=args.steps,
                    warmup=args.warmup, profile_steps=profile_steps, wire_dtype=args.wire_dtype)
 
     # Header, then one table per world size as it finishes.
-    num_params = sum(m.rows * m.cols * m.batch for m in matrices)
     env = environment_line(device)
     print(f"dmuon bench step | {env}")
-    print(f"model {name}: {len(matrices)} Muon matrices, {num_params / 1e6:.1f} M parameters, float32, sharded on "
-          f"dim 0 (FSDP2) | wire {wire} | buckets of {args.bucket_mb:g} MiB | planner {args.planner} | "
-          f"median of {args.steps} steps after {args.warmup} warm-up")
+    print(model.line(args, "sharded on dim 0 (FSDP2)"))
     if skipped:
         print(f"skipped world sizes {skipped}: only {torch.cuda.device_count()} GPU(s) visible")
     print(flush=True)
-    record = {"environment": env, "model": name, "num_matrices": len(matrices), "num_params": num_params,
-              "device": device, "wire_dtype": wire, "bucket_mb": args.bucket_mb, "planner": args.planner,
+    record = {"environment": env, "model": model.name, "num_matrices": len(model.shapes),
+              "num_params": model.num_params, "device": device, "wire_dtype": model.wire, "bucket_mb": args.bucket_mb, "planner": args.planner,
               "steps": args.steps, "warmup": args.warmup, "skipped_worlds": skipped, "worlds": {}}
     done = {}
     for world in worlds:
-        results = launch(_worker, world, shapes, names, methods, options,
+        results = launch(_worker, world, model.shapes, model.names, methods, options,
                          backend="nccl" if device == "cuda" else "gloo", timeout_s=args.timeout)
         done[world] = _slowest(results, world, methods)
         _print_world(world, done[world], context)
         record["worlds"][str(world)] = {"slowest_rank": done[world], "per_rank": {str(r): results[r] for r in results}}
         write_json(args.json, record)
     if len(done) > 1:
-        _print_scaling(done, name)
+        _print_scaling(done, model.name)
     return 0

@@ -18,10 +18,8 @@ orthogonalizes everything) and fused AdamW on the same shard run the same way.
 
 from __future__ import annotations
 
-import gc
 import math
 import statistics
-import time
 
 import torch
 
@@ -29,9 +27,10 @@ from dmuon.cli.bench.environment import environment_line
 from dmuon.cli.bench import fake_mesh as fake_mesh_rules
 from dmuon.cli.bench.fake_world import (PROJECTION_MODEL, ClusterTopology, check_fits, check_rank, check_world,
                                         fake_rank, parse_fake_mesh, require_no_process_group, topology_from_args)
-from dmuon.cli.bench.memory import memory_in_use, peak, reset_peak
-from dmuon.cli.bench.step_inputs import (check_counts, chunk_length, matrices_of, parse_methods, sharded_tensors,
-                                         write_json)
+from dmuon.cli.bench.memory import memory_in_use, release
+from dmuon.cli.bench.step_inputs import (bench_model, check_counts, chunk_length, dmuon_of, parse_methods,
+                                         sharded_tensors, write_json)
+from dmuon.cli.bench.timing import wall_steps
 
 # NOTE: fp32 parameter, gradient and two AdamW moments per element: the largest state of
 # the methods run (DMuon keeps one momentum buffer).
@@ -127,11 +126,6 @@ class _Settings:
 
 
 # --------------------------------------------------------------------------- one rank
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def _median_timeline(timelines: list[list[tuple]]) -> list[tuple]:
     """Per bucket and phase, the median over steps."""
     return [tuple(statistics.median(step[b][p] for step in timelines) for p in range(4))
@@ -141,8 +135,6 @@ def _median_timeline(timelines: list[list[tuple]]) -> list[tuple]:
 def run_rank(settings: _Settings, method: str, rank: int) -> dict:
     """One rank's `method` ("owner" | "gather" | "adamw") at the fake world size: medians of
     the timed steps, its counted bytes, the orthogonalized parameters, its peak memory."""
-    import dmuon
-
     device = settings.device
     with fake_rank(rank, settings.world):
         mesh = settings.mesh()
@@ -154,33 +146,19 @@ def run_rank(settings: _Settings, method: str, rank: int) -> dict:
             opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
         else:
             # NOTE: record_timeline: the stage timeline the projection reads (Execution.record_timeline).
-            opt = dmuon.DMuon(list(zip(settings.names, params)), lr=1e-3, execution=dmuon.Execution(
-                mode=method, bucket_size_mb=settings.options["bucket_mb"], planner=settings.options["planner"],
-                wire_dtype=settings.options["wire_dtype"], record_timeline=True))
-        reset_peak(device)
-        walls, stats = [], []
-        first_peak = None
-        for i in range(settings.warmup + settings.steps):
-            _sync(device)
-            start = time.perf_counter()
-            opt.step()
-            _sync(device)
-            if i < settings.warmup:
-                if i == settings.warmup - 1:
-                    # NOTE: the first steps build the runtime (plan, cost table, tuning,
-                    # graphs): their peak is reported apart from the steady step's.
-                    first_peak = max(0, peak(device) - before)
-                    reset_peak(device)
-                continue
-            walls.append(time.perf_counter() - start)
+            opt = dmuon_of(settings.names, params, method, settings.options, record_timeline=True)
+        stats = []
+
+        def keep_stats():
             if method != "adamw":
                 s = opt.runtime.last_stats
                 stats.append(dict(ns_s=s.ns_s, fill_s=s.model_fill_s, bytes_sent=s.bytes_sent,
                                   bytes_received=s.bytes_received, timeline=s.bucket_times,
                                   orthogonalized=list(s.orthogonalized), pipeline_depth=s.pipeline_depth))
-        steady_peak = max(0, peak(device) - before)
-        record = {"rank": rank, "step_s": statistics.median(walls), "peak_extra_bytes": steady_peak,
-                  "first_step_peak_extra_bytes": max(steady_peak, first_peak or 0)}
+
+        timed = wall_steps(opt.step, settings.steps, settings.warmup, device, before=before, after_timed=keep_stats)
+        record = {"rank": rank, "step_s": statistics.median(timed.times), "peak_extra_bytes": timed.peak_extra,
+                  "first_step_peak_extra_bytes": timed.first_peak_extra}
         if method != "adamw":
             runtime = opt.runtime
             if runtime.transport != "fake" and runtime.world_size > 1:
@@ -202,9 +180,7 @@ def run_rank(settings: _Settings, method: str, rank: int) -> dict:
                 cost_entries=list(runtime.cost_entries), device_type=runtime.options.device_type,
                 _layout=runtime.stage_layout)
         del opt, params
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    release(device)
     return record
 
 
@@ -304,13 +280,9 @@ def run_fake(args) -> int:
         require_no_process_group()
         device = resolve_device(args.device)
         methods = parse_methods(args.mode)
-        model_name, matrices = matrices_of(args)
-    shapes = [(m.batch, m.rows, m.cols) if m.batch > 1 else (m.rows, m.cols) for m in matrices]
-    names = [m.name for m in matrices]
-    settings = _Settings(args, device, world, shapes, names, fake_mesh)
+        model = bench_model(args, device)
+    settings = _Settings(args, device, world, model.shapes, model.names, fake_mesh)
     env = environment_line(device)
-    wire = args.wire_dtype if args.wire_dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
-    num_params = sum(m.rows * m.cols * m.batch for m in matrices)
     if fake_mesh:
         counts = {s: settings.styles.count(s) for s in fake_mesh_rules.STYLES}
         print(f"dmuon bench step --fake-mesh {fake_mesh[0]}x{fake_mesh[1]} (world {world}: FSDP2 {fake_mesh[0]} x "
@@ -321,9 +293,7 @@ def run_fake(args) -> int:
         hsdp = f" (HSDP {settings.replicas} x {settings.shards})" if settings.replicas > 1 else ""
         print(f"dmuon bench step --fake-world {world}{hsdp} | {env}")
         layout = "sharded on dim 0"
-    print(f"model {model_name}: {len(matrices)} Muon matrices, {num_params / 1e6:.1f} M parameters, float32, {layout}"
-          f" | wire {wire} | buckets of {args.bucket_mb:g} MiB | planner {args.planner} | median of "
-          f"{args.steps} steps after {args.warmup} warm-up, each rank in turn on one {device} device", flush=True)
+    print(f"{model.line(args, layout)}, each rank in turn on one {device} device", flush=True)
 
     # The ranks to run: given, all (the whole world, HSDP replicas included), or rank 0 and
     # the rank the planner predicts slowest (known once rank 0 has planned).
@@ -390,9 +360,9 @@ def run_fake(args) -> int:
     if fake_mesh:
         mesh_record = {"dp": fake_mesh[0], "tp": fake_mesh[1], "styles": settings.styles,
                        "placements": {s: fake_mesh_rules.describe(s) for s in fake_mesh_rules.STYLES}}
-    record = {"world": world, "model": model_name, "hsdp": {"replicas": settings.replicas, "shards": settings.shards},
+    record = {"world": world, "model": model.name, "hsdp": {"replicas": settings.replicas, "shards": settings.shards},
               "fake_mesh": mesh_record,
-              "device": device, "environment": env, "wire_dtype": wire, "bucket_mb": args.bucket_mb,
+              "device": device, "environment": env, "wire_dtype": model.wire, "bucket_mb": args.bucket_mb,
               "planner": args.planner, "steps": args.steps, "warmup": args.warmup, "ranks_run": ranks,
               "topology": topology.describe(), "projection_model": PROJECTION_MODEL, "methods": methods_json,
               "planner_prediction": planner}

@@ -1,9 +1,11 @@
 """What `bench step` and `bench step --fake-world` share: the manifest's matrices, the
-argument checks, the shards FSDP2 lays out, and the JSON record written whole."""
+argument checks, the shards FSDP2 lays out, the DMuon they time, and the JSON record
+written whole."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,6 +22,41 @@ def matrices_of(args) -> tuple[str, list]:
     if args.max_matrices:
         matrices = matrices[: args.max_matrices]
     return manifest.name, matrices
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """The matrices a run steps, as the workers and the report need them."""
+
+    name: str
+    shapes: list  # (rows, cols), or (batch, rows, cols) for a stack, of every Muon matrix
+    names: list
+    num_params: int
+    wire: str  # --wire-dtype resolved: bfloat16 on CUDA, float32 on the CPU
+
+    def line(self, args, layout: str) -> str:
+        """The report's model line: matrices, their layout and the settings every method shares."""
+        return (f"model {self.name}: {len(self.shapes)} Muon matrices, {self.num_params / 1e6:.1f} M parameters, "
+                f"float32, {layout} | wire {self.wire} | buckets of {args.bucket_mb:g} MiB | planner {args.planner} "
+                f"| median of {args.steps} steps after {args.warmup} warm-up")
+
+
+def bench_model(args, device: str) -> BenchModel:
+    """The BenchModel of --model or --manifest (matrices_of) on `device`."""
+    name, matrices = matrices_of(args)
+    wire = args.wire_dtype if args.wire_dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    return BenchModel(name, [(m.batch, m.rows, m.cols) if m.batch > 1 else (m.rows, m.cols) for m in matrices],
+                      [m.name for m in matrices], sum(m.rows * m.cols * m.batch for m in matrices), wire)
+
+
+def dmuon_of(names: list, params: list, mode: str, options: dict, **execution):
+    """DMuon over the named parameters in `mode` with the run's --bucket-mb, --planner and
+    --wire-dtype (`options`) and `execution`'s further Execution fields."""
+    import dmuon
+
+    return dmuon.DMuon(list(zip(names, params)), lr=1e-3, execution=dmuon.Execution(
+        mode=mode, bucket_size_mb=options["bucket_mb"], planner=options["planner"], wire_dtype=options["wire_dtype"],
+        **execution))
 
 
 def check_counts(args) -> None:
