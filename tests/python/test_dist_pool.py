@@ -28,8 +28,17 @@ def test_tasks_of_any_world_size_reuse_the_started_processes():
 
 
 def test_a_task_finds_nothing_an_earlier_task_left():
-    left = run_distributed(pool_workers.leave_state_behind, 3)
-    found = run_distributed(pool_workers.what_was_left, 3)
+    # NOTE: the check needs the second task on the first one's processes; a world that had to
+    # be made again on new processes (dist_pool.pooled_run's retry, seen on a loaded machine)
+    # proves nothing, so the pair runs again.
+    for _ in range(3):
+        retries = dist_pool.num_retries()
+        left = run_distributed(pool_workers.leave_state_behind, 3)
+        found = run_distributed(pool_workers.what_was_left, 3)
+        if dist_pool.num_retries() == retries:
+            break
+    else:
+        pytest.fail("the 3-rank world had to be made again in each of 3 tries")
     for rank, r in found.items():
         assert r["pid"] == left[rank], rank  # the same process, cleaned
         assert r == {"pid": left[rank], "env": None, "cwd": os.getcwd(), "dtype": "torch.float32", "grad": True,
