@@ -20,11 +20,11 @@ Contract (docs/configuration.md, ``Execution.backward_step``):
   the first ``step()``).
 
 The stages: the hooks of the backward before the runtime is made record which parameters
-each FSDP2 group / DDP bucket hands over, in hook order; the engine forms the stages of
-runs of whole groups (plan/stage_windows.h), so that every stage but the last can leave
-inside backward whatever the model's size. Where the last stage holds more than half the
-matrices' bytes (one FSDP2 unit for the whole model, one DDP bucket), the runtime warns
-once, naming what to change.
+each FSDP2 group hands over, in hook order (DDP: none; each matrix a group, the last one
+first); the engine forms the stages of runs of whole groups (plan/stage_windows.h), so
+that every stage but the last can leave inside backward whatever the model's size. Where
+the last stage holds more than half the matrices' bytes (one FSDP2 unit for the whole
+model), the runtime warns once, naming what to change.
 
 Where the final gradient comes from:
 - FSDP2 / HSDP (``fully_shard``): after each FSDP parameter group's post-backward (its
@@ -89,11 +89,15 @@ class BackwardStep:
         self.ready: dict[int, tuple] = {}
         self.fresh: dict[int, torch.Tensor] = {}  # engine index → zeros buffer made for the begun step
         self.pending: list[tuple[list[torch.Tensor], Any]] = []  # DDP buckets whose all-reduce is in flight
-        # FSDP2 groups reduced but not handed over yet: (sharded params, post-reduce event or None)
+        # FSDP2 groups reduced but not handed over yet: (sharded params, post-reduce event or None, group)
         self.pending_fsdp: list[tuple[list[torch.Tensor], Any]] = []
         self._index: dict[int, int] | None = None
-        # id(param) → position of the first group (FSDP2) or bucket (DDP) that handed it
-        # over in a backward before the runtime was made: the engine's stages are made of them.
+        # id(param) → position of the first FSDP2 group that handed it over in a backward
+        # before the runtime was made: the engine's stages are made of them.
+        # NOTE: DDP's buckets are not recorded: DDP rebuilds them after its first iteration
+        # in the order gradients became ready (measured on torch 2.11: the first backward's
+        # one bucket of every parameter, capped at 1 MiB, became one per parameter at
+        # bucket_cap_mb=1e-4), so its stages are made per matrix, the last one first.
         self.group_of: dict[int, int] = {}
         self._num_groups = 0
         # NOTE: the Muon parameters, read once per begun step (the groups cannot change
@@ -135,11 +139,14 @@ class BackwardStep:
             final = group.reduce_grads and (not getattr(group, "_is_hsdp", False) or group.all_reduce_grads)
             # NOTE: nothing is queued (and no stream waits) while no hand-over reaches the
             # engine: before the first step() and with the step kept after backward.
-            if final and self.hands_over():
+            # NOTE: torch 2.11 runs the post-backward of a unit of several modules
+            # (fully_shard([a, b])) twice in a row at the end of backward: once is handed over.
+            again = bool(self.pending_fsdp) and self.pending_fsdp[-1][2] is group
+            if final and self.hands_over() and not again:
                 # NOTE: the group reduced before this one first (see the module docstring).
                 self.flush_fsdp()
                 self.pending_fsdp.append(([fp.sharded_param for fp in group.fsdp_params],
-                                          getattr(group, "_post_reduce_event", None)))
+                                          getattr(group, "_post_reduce_event", None), group))
             elif final and self.opt._runtime is None:
                 self.observe([fp.sharded_param for fp in group.fsdp_params])
             return out
@@ -155,12 +162,10 @@ class BackwardStep:
             # Earlier buckets' all-reduces completed before this one's (one process group, in order).
             self.flush_ddp()
             self.pending.append((list(bucket.parameters()), fut))
-        elif self.opt._runtime is None:
-            self.observe(bucket.parameters())
         return fut
 
     def observe(self, params: Any) -> None:
-        """Records a group or bucket that a backward handed over (see group_of)."""
+        """Records a group that a backward handed over (see group_of)."""
         new = [id(p) for p in params if id(p) not in self.group_of]
         for key in new:
             self.group_of[key] = self._num_groups
@@ -175,7 +180,7 @@ class BackwardStep:
         """Hands over the FSDP2 groups reduced and not handed over yet (on GPUs once the
         compute stream has waited for their post-reduce event)."""
         pending, self.pending_fsdp = self.pending_fsdp, []
-        for params, event in pending:
+        for params, event, _ in pending:
             if event is not None:
                 torch.cuda.current_stream().wait_event(event)
             self.params_final(params)

@@ -211,6 +211,6 @@ def ensure_runtime(opt: Any, checks: Any = None) -> Any:
     note = opt._runtime.backward_stage_note
     if note and (group is None or dist.get_rank(group) == 0):
         warnings.warn(f"Execution.backward_step=True: {note}. The stages are runs of what backward hands over "
-                      "together (each fully_shard unit, each DDP bucket): apply fully_shard to each block (DDP: "
-                      "a smaller bucket_cap_mb), or set backward_step=False", UserWarning, stacklevel=4)
+                      "together (each fully_shard unit): apply fully_shard to each block, or set "
+                      "backward_step=False", UserWarning, stacklevel=4)
     return opt._runtime

@@ -184,23 +184,31 @@ def spread_plan_matches_post_backward(rank: int, world: int) -> dict:
     return dict(errors=errors, early=early, owners={on: list(opts[on].runtime.item_owners) for on in (True, False)})
 
 
+class Block(nn.Module):
+    """Six Muon matrices (q, k, v, o: width², up and down: 4 width × width), residual."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width, bias=False) for _ in range(4))
+        self.up, self.down = nn.Linear(width, 4 * width, bias=False), nn.Linear(4 * width, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.o(self.q(x) * torch.sigmoid(self.k(x)) + self.v(x))
+        return x + self.down(torch.relu(self.up(x)))
+
+
 class BlocksModel(nn.Module):
-    """`num_blocks` residual blocks of six Muon matrices each (q, k, v, o: width², up and
-    down: 4 width × width), then a LayerNorm: the root's own FSDP2 group, as a decoder's
+    """`num_blocks` Blocks, then a LayerNorm: the root's own FSDP2 group, as a decoder's
     final norm, so that the last block is handed over at the end of backward."""
 
     def __init__(self, num_blocks: int, width: int = 32) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(nn.ModuleDict({
-            **{name: nn.Linear(width, width, bias=False) for name in ("q", "k", "v", "o")},
-            "up": nn.Linear(width, 4 * width, bias=False), "down": nn.Linear(4 * width, width, bias=False)})
-            for _ in range(num_blocks))
+        self.blocks = nn.ModuleList(Block(width) for _ in range(num_blocks))
         self.norm = nn.LayerNorm(width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = x + b["o"](b["q"](x) * torch.sigmoid(b["k"](x)) + b["v"](x))
-            x = x + b["down"](torch.relu(b["up"](x)))
+        for block in self.blocks:
+            x = block(x)
         return self.norm(x).square().mean()
 
 
