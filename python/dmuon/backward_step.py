@@ -75,7 +75,7 @@ def _norms(local_grads: list[torch.Tensor]) -> list[torch.Tensor]:
     scales them in place without moving either version counter, so the values themselves
     are compared (read once at step()). One pass per call, not one norm per parameter: the
     hooks run inside backward, where a host-bound loop waits for every launch."""
-    return list(torch._foreach_norm([g.detach() for g in local_grads], 2, dtype=torch.float64))
+    return list(torch._foreach_norm(local_grads, 2, dtype=torch.float64))
 
 
 class BackwardStep:
