@@ -10,15 +10,15 @@
 # 7 minutes on one H100 with a warm build cache.
 # Usage (through the device tool; carry .cutlass): bash scripts/device_backward_step.sh
 # Environment: CASES (whitespace-separated MODEL:D:on|off:ORDER[:profile]; default below),
-# SEQ (4096), STEPS (5), RUN_TIMEOUT (s per run, 150), TIMING_AB (1: one more 1.5B run at
+# SEQ (4096), STEPS (5), RUN_TIMEOUT (s per run, 150), TIMING_AB (0; 1: one more 1.5B run at
 # fake 64 with DMUON_PROFILE=1, the phases synchronized as before device marks),
 # HOST_PROFILE (MODEL:D[:NARROW], e.g. qwen2.5-7b:64: then DMuon's host time by phase on
 # that fake rank, lab/benches/fake_rank_host_profile.py, widths divided by NARROW);
-# a CPU smoke run: CASES="tiny:4:on:adamw,dmuon" SEQ=16 STEPS=1 TIMING_AB=0 HOST_PROFILE=qwen2.5-0.5b:4:32 \
-#   bash scripts/device_backward_step.sh
+# a CPU smoke run: CASES="tiny8:8:on:adamw,dmuon:profile tiny8:8:off:adamw,dmuon" SEQ=16 STEPS=1 \
+#   HOST_PROFILE=qwen2.5-0.5b:4:32 bash scripts/device_backward_step.sh
 # NOTE: the build order matters on its own (BENCHMARKS.md, "The step begun from backward,
 # optimizers in turns": the model built first ran 15 ms slower in one run): the default
-# cases run 1.5B at fake 64 with both orders.
+# cases build AdamW's model first in every run, so on and off compare alike.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/dmuon_out}
