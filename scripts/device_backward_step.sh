@@ -16,8 +16,8 @@
 # that fake rank, lab/benches/fake_rank_host_profile.py, widths divided by NARROW);
 # a CPU smoke run: CASES="tiny8:8:on:adamw,dmuon:profile tiny8:8:off:adamw,dmuon" SEQ=16 STEPS=1 \
 #   HOST_PROFILE=qwen2.5-0.5b:4:32 bash scripts/device_backward_step.sh
-# NOTE: the build order matters on its own (BENCHMARKS.md, "The step begun from backward,
-# optimizers in turns": the model built first ran 15 ms slower in one run): the default
+# NOTE: the build order matters on its own (docs/benchmarks/history.md, "Sections moved
+# out": the model built first ran 15 ms slower in one run): the default
 # cases build AdamW's model first in every run, so on and off compare alike.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
