@@ -14,16 +14,18 @@
 # fake 64 with DMUON_PROFILE=1, the phases synchronized as before device marks),
 # HOST_PROFILE (MODEL:D[:NARROW], e.g. qwen2.5-7b:64: then DMuon's host time by phase on
 # that fake rank, lab/benches/fake_rank_host_profile.py, widths divided by NARROW);
-# a CPU smoke run: CASES="tiny8:8:on:adamw,dmuon:profile tiny8:8:off:adamw,dmuon" SEQ=16 STEPS=1 \
-#   HOST_PROFILE=qwen2.5-0.5b:4:32 bash scripts/device_backward_step.sh
+# a CPU smoke run: CASES="tiny:4:on:adamw,dmuon" SEQ=16 STEPS=1 TIMING_AB=0 HOST_PROFILE=qwen2.5-0.5b:4:32 \
+#   bash scripts/device_backward_step.sh
 # NOTE: the build order matters on its own (docs/benchmarks/history.md, "Sections moved
 # out": the model built first ran 15 ms slower in one run): the default
-# cases build AdamW's model first in every run, so on and off compare alike.
+# cases run 1.5B at fake 64 with both orders.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/dmuon_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+# NOTE: the default cases now build AdamW's model first in every run (on and off compare
+# alike) and run 1.5B at fake 8 and 64 only, to fit one 10-minute call.
 DEFAULT_CASES="qwen2.5-1.5b:64:on:adamw,dmuon:profile qwen2.5-1.5b:64:off:adamw,dmuon
 qwen2.5-1.5b:8:on:adamw,dmuon:profile qwen2.5-1.5b:8:off:adamw,dmuon"
 CASES=${CASES:-$DEFAULT_CASES}
