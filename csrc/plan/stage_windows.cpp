@@ -2,35 +2,57 @@
 #include "plan/stage_windows.h"
 
 #include <algorithm>
+#include <map>
 
+#include "common/check.h"
 #include "plan/layer_spread.h"
 
 namespace dmuon::plan {
 
-std::vector<int> backward_stage_windows(const Problem& problem, int64_t stage_bytes) {
-  const int D = problem.world_size();
-  std::vector<int> window(problem.matrices.size(), 0);
-  // From the last matrix down: a window closes at ≥ stage_bytes and ≥ D times its largest matrix.
+std::vector<int> backward_stage_windows(const Problem& problem, const std::vector<int>& group_of) {
+  const size_t n = problem.matrices.size();
+  DMUON_CHECK(group_of.empty() || group_of.size() == n, "backward_stage_windows: group_of has ", group_of.size(),
+              " entries for ", n, " matrices");
+  // Each matrix's group in hand-over order; none known: one group per matrix, the last first.
+  std::vector<int> group(n);
+  const bool known = std::any_of(group_of.begin(), group_of.end(), [](int g) { return g >= 0; });
+  for (size_t k = 0; k < n; ++k) {
+    DMUON_CHECK(group_of.empty() || group_of[k] >= -1, "backward_stage_windows: group_of[", k, "] is ", group_of[k],
+                " (ids are >= 0, or -1 for none)");
+    group[k] = known ? group_of[k] : static_cast<int>(n - 1 - k);
+  }
+  // Wire bytes per group, in hand-over order; matrices of no group after every group.
+  std::map<int, int64_t> bytes_of;
+  int64_t total = 0;
+  for (size_t k = 0; k < n; ++k) {
+    if (group[k] < 0) continue;
+    bytes_of[group[k]] += problem.matrices[k].wire_bytes;
+    total += problem.matrices[k].wire_bytes;
+  }
+  // Runs of whole groups: a window closes at a group's end once it holds half a mean group.
+  const int64_t enough = bytes_of.empty() ? 1 : std::max<int64_t>(1, total / (2 * static_cast<int64_t>(bytes_of.size())));
+  std::map<int, int> window_of_group;
   int id = 0;
-  int64_t bytes = 0, largest = 0;
-  for (size_t k = problem.matrices.size(); k-- > 0;) {
-    window[k] = id;
-    bytes += problem.matrices[k].wire_bytes;
-    largest = std::max(largest, problem.matrices[k].wire_bytes);
-    if (bytes >= stage_bytes && bytes >= D * largest) {
+  int64_t bytes = 0;
+  for (const auto& [g, b] : bytes_of) {
+    window_of_group[g] = id;
+    bytes += b;
+    if (bytes >= enough) {
       ++id;
       bytes = 0;
-      largest = 0;
     }
   }
+  // NOTE: matrices of no group take the window still open, or one after the last.
+  std::vector<int> window(n);
+  for (size_t k = 0; k < n; ++k) window[k] = group[k] >= 0 ? window_of_group[group[k]] : id;
   return window;
 }
 
 bool uses_backward_windows(const Problem& problem) { return problem.world_size() > 1 && !problem.has_homes(); }
 
-void spread_backward_stages(const Problem& problem, int64_t stage_bytes, Plan& plan) {
+void spread_backward_stages(const Problem& problem, const std::vector<int>& group_of, Plan& plan) {
   if (!uses_backward_windows(problem)) return;
-  spread_layers(problem, backward_stage_windows(problem, stage_bytes), plan);
+  spread_layers(problem, backward_stage_windows(problem, group_of), plan);
 }
 
 }  // namespace dmuon::plan

@@ -17,19 +17,27 @@
 // matrices (StageLimits::window_of): stage w leaves once backward is through window w, and
 // its NS runs on every rank at once.
 //
-// How stages map to windows: walking from the last matrix down, a window closes once its
-// wire bytes reach both stage_bytes and world_size times its largest matrix. NOTE: the
-// second bound is what lets a window split evenly: a Qwen2.5-1.5B window of only 8
-// matrices (3 MLP, 5 attention) at D = 8 leaves 3 ranks with 27.5 MB and 5 with at most
-// 4.7 MB whatever the owners; at ≥ D × 27.5 MB (about two layers) every rank can get
-// about the mean. Window ids count from the last matrix (window 0: the ones backward
-// finishes first). The layer of a matrix is thus its position, not its name: nothing is
-// parsed, and every rank computes the same. A stage's wire bytes stay below
-// max(stage_bytes, D × largest) + one matrix, as a stage of one batch per owner was.
+// How stages map to windows: backward hands the matrices over in groups (an FSDP2 unit's
+// parameters, a DDP bucket; `group_of`, in the order backward hands them over), and a stage
+// cannot leave before its last group is handed over, so a window is a run of whole groups.
+// A window closes at the end of a group once its wire bytes reach half the mean group's.
+// NOTE: a stage costs a forward and a return all_to_all whatever it carries, so a group
+// far lighter than the others (a root with one small matrix, a bias-sized layer) is merged
+// with the next; the equal blocks of a transformer are a window each.
+// The earlier rule, windows of at least stage_bytes and of world × the largest matrix
+// (so that every stage could spread over all ranks), made one window of everything on
+// an 8-block model at 64 MiB (0 of 24 NS matrices inside backward) and two of Qwen2.5-1.5B
+// at D = 64; the stage's balance does not matter inside backward, where the plan's per-rank
+// loads (kept by the spreading) do. Matrices of no known group (−1: no gradient in the
+// backward observed) are handed over by no hook: they join the window left open, or a last
+// one of their own. With no group known at all, every matrix is a group of its own, the
+// last first (parameter registration order reversed, backward's order for a sequential
+// model). Window ids count from the first handed over (window 0); the layer of a matrix is
+// thus its window, not its name: nothing is parsed, and every rank computes the same from the same groups.
 //
 // Typical use (the engine's plan, csrc/step/engine_plan.cpp):
 //   Plan plan = solve(problem, solver);
-//   spread_backward_stages(problem, stage_bytes, plan);  // same loads, stages spread
+//   spread_backward_stages(problem, group_of, plan);  // same loads, stages spread
 #pragma once
 
 #include <cstdint>
@@ -40,9 +48,11 @@
 
 namespace dmuon::plan {
 
-/// Window id of every matrix of `problem` (see the file header); stage_bytes ≤ 0: bounded
-/// by world_size × the largest matrix alone. Deterministic; the same on every rank.
-std::vector<int> backward_stage_windows(const Problem& problem, int64_t stage_bytes);
+/// Window id of every matrix of `problem` (see the file header) from `group_of[k]`, the
+/// position of matrix k's group in backward's hand-over order (0: first), −1 for none;
+/// empty or all −1: one group per matrix, the last matrix first. Deterministic; the same on
+/// every rank. Errors name the argument: group_of of another size or below −1.
+std::vector<int> backward_stage_windows(const Problem& problem, const std::vector<int>& group_of);
 
 /// Whether a step begun from backward spreads this problem's plan and makes its stages of
 /// the windows: several ranks and no homes. NOTE: with homes (MoE experts whole on a rank)
@@ -51,10 +61,10 @@ std::vector<int> backward_stage_windows(const Problem& problem, int64_t stage_by
 /// stack) come from the same layer.
 bool uses_backward_windows(const Problem& problem);
 
-/// spread_layers(problem, backward_stage_windows(problem, stage_bytes), plan): the plan's
+/// spread_layers(problem, backward_stage_windows(problem, group_of), plan): the plan's
 /// per-rank class counts, batches, loads and makespan bit for bit, each window's matrices
 /// on different owners. Unchanged where !uses_backward_windows(problem) (spread_layers keeps plans
 /// with homes as they are).
-void spread_backward_stages(const Problem& problem, int64_t stage_bytes, Plan& plan);
+void spread_backward_stages(const Problem& problem, const std::vector<int>& group_of, Plan& plan);
 
 }  // namespace dmuon::plan

@@ -193,12 +193,12 @@ void register_plan_bindings(py::module_& m) {
   // Stage spreading (a step begun from backward): backward windows spread, their stages measured.
   p.def(
       "spread_backward_stages",
-      [](const Problem& problem, int64_t stage_bytes, Plan plan) {
+      [](const Problem& problem, const std::vector<int>& group_of, Plan plan) {
         py::gil_scoped_release release;
-        spread_backward_stages(problem, stage_bytes, plan);
+        spread_backward_stages(problem, group_of, plan);
         return plan;
       },
-      py::arg("problem"), py::arg("stage_bytes"), py::arg("plan"),
+      py::arg("problem"), py::arg("group_of"), py::arg("plan"),
       "a copy of plan with each backward window spread over owners, as the step engine plans a step "
       "begun from backward; loads, batch sizes and makespan unchanged");
   py::class_<step::StageLoad>(p, "StageLoad")
@@ -211,6 +211,7 @@ void register_plan_bindings(py::module_& m) {
       .def_readonly("mean_seconds", &step::StageLoad::mean_seconds);
   p.def("plan_stage_loads", &step::plan_stage_loads, py::arg("problem"), py::arg("plan"), py::arg("stage_bytes"),
         py::arg("wire_element_bytes") = 2, py::arg("backward_order") = true, py::arg("windowed") = true,
+        py::arg("group_of") = std::vector<int>{},
         "the engine's stages of plan and each rank's NS seconds in them (step/stage_loads.h)");
   py::class_<PlanCache>(p, "PlanCache")
       .def(py::init<std::string>(), py::arg("directory") = "")

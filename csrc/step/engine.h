@@ -190,6 +190,10 @@ class StepEngine {
   /// Fingerprint of the plan (problem, owners, batches), agreed by every rank.
   uint64_t plan_hash() const { return plan_hash_; }
   double predicted_makespan_s() const { return predicted_makespan_s_; }
+  /// Where a step begun from backward can start at most half its work before backward
+  /// ends (its last stage, which leaves only then, holds more than half the wire bytes of
+  /// the planned items): a sentence saying so; empty otherwise.
+  const std::string& backward_stage_note() const { return backward_stage_note_; }
   /// The planner's predicted NS seconds of every rank (a solved plan; else empty).
   const std::vector<double>& predicted_rank_seconds() const { return predicted_rank_s_; }
   /// The NS times the plan was made with (EngineOptions::cost; empty: the analytic model).
@@ -273,6 +277,7 @@ class StepEngine {
   /// [item] → backward window when the step may begin from backward and the plan was solved
   /// (StageLimits::window_of); empty otherwise.
   std::vector<int> stage_windows_;
+  std::string backward_stage_note_;
   std::string plan_text_;
   uint64_t plan_hash_ = 0;
   double predicted_makespan_s_ = 0.0;

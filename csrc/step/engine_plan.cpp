@@ -99,7 +99,29 @@ uint64_t with_step_options(uint64_t hash, const EngineOptions& options, DType wi
   for (int64_t v : {static_cast<int64_t>(options.mode), static_cast<int64_t>(wire), options.stage_bytes,
                     options.ns_batch_bytes, static_cast<int64_t>(depth), int64_t{options.backward_order ? 1 : 0}})
     hasher.i64(v);
+  // NOTE: the stages of a step begun from backward are runs of these groups.
+  hasher.i64(static_cast<int64_t>(options.backward_groups.size()));
+  for (int g : options.backward_groups) hasher.i64(g);
   return hasher.digest();
+}
+
+// The backward_stage_note() of `windows` (plan/stage_windows.h) over `problem`: said where
+// the last window, which leaves only when backward has ended, holds more than half the
+// wire bytes.
+std::string late_stage_note(const plan::Problem& problem, const std::vector<int>& windows) {
+  const int last = windows.empty() ? 0 : *std::max_element(windows.begin(), windows.end());
+  int64_t total = 0, late = 0, late_matrices = 0;
+  for (size_t k = 0; k < windows.size(); ++k) {
+    total += problem.matrices[k].wire_bytes;
+    if (windows[k] == last) {
+      late += problem.matrices[k].wire_bytes;
+      ++late_matrices;
+    }
+  }
+  if (total == 0 || 2 * late <= total) return "";
+  return "the last of its " + std::to_string(last + 1) + " backward stages holds " + std::to_string(late_matrices) +
+         " of " + std::to_string(windows.size()) + " matrices (" + std::to_string(100 * late / total) +
+         "% of their wire bytes), and it starts only when backward has ended";
 }
 
 // One all_reduce: no rank failed to make its plan and every rank holds the same hash.
@@ -218,12 +240,20 @@ void StepEngine::make_plan() {
   // window w (make_stages), so that it leaves once backward is through it. Given owners
   // keep their own batches: windows are for planned items only.
   const bool windows = options_.backward_order && given.empty();
-  if (windows && plan::uses_backward_windows(problem))
-    stage_windows_ = plan::backward_stage_windows(problem, options_.stage_bytes);
+  std::vector<int> group_of;
+  if (windows && !options_.backward_groups.empty()) {
+    DMUON_CHECK(static_cast<int>(options_.backward_groups.size()) == table_.num_params(), "backward_groups has ",
+                options_.backward_groups.size(), " entries for ", table_.num_params(), " parameters");
+    for (int i : rest) group_of.push_back(options_.backward_groups[static_cast<size_t>(table_.item(i).param_idx)]);
+  }
+  if (windows && plan::uses_backward_windows(problem)) {
+    stage_windows_ = plan::backward_stage_windows(problem, group_of);
+    backward_stage_note_ = late_stage_note(problem, stage_windows_);
+  }
   const AgreedPlan agreed = solve_agreed(
       transport_, problem, options_,
       [&](plan::Plan& solved) {
-        if (windows) plan::spread_backward_stages(problem, options_.stage_bytes, solved);
+        if (windows) plan::spread_backward_stages(problem, group_of, solved);
       },
       [&](uint64_t fingerprint) {
         plan::Hasher hasher;

@@ -48,6 +48,9 @@ void EngineOptions::validate() const {
   DMUON_CHECK(ns_batch_bytes >= 1, "ns_batch_bytes must be at least 1, got ", ns_batch_bytes);
   DMUON_CHECK(std::isfinite(bandwidth_bytes_per_s) && bandwidth_bytes_per_s > 0.0,
               "bandwidth_bytes_per_s must be a positive finite number, got ", bandwidth_bytes_per_s);
+  for (size_t p = 0; p < backward_groups.size(); ++p)
+    DMUON_CHECK(backward_groups[p] >= -1, "backward_groups[", p, "] must be >= -1 (-1: no group), got ",
+                backward_groups[p]);
   milp.validate();
   cost.validate();
 }

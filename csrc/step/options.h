@@ -103,6 +103,11 @@ struct EngineOptions {
   /// Stages in backward order (StageLimits::backward_order): for a step begun inside
   /// backward, whose stages leave as backward completes them.
   bool backward_order = false;
+  /// With backward_order: [param] the position of its group (an FSDP2 unit, a DDP bucket)
+  /// in the order backward hands gradients over (0: first), −1 where none is known; the
+  /// stages are runs of whole groups (plan/stage_windows.h). Empty: none known. Every
+  /// rank must pass the same (agreed with the plan).
+  std::vector<int> backward_groups;
   /// Owner planner and the NS costs it balances.
   plan::SolverKind solver = plan::SolverKind::kMilp;
   plan::MilpOptions milp{};

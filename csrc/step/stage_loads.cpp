@@ -10,8 +10,8 @@
 namespace dmuon::step {
 
 std::vector<StageLoad> plan_stage_loads(const plan::Problem& problem, const plan::Plan& plan, int64_t stage_bytes,
-                                        int64_t wire_element_bytes, bool backward_order,
-                                        bool windowed) {
+                                        int64_t wire_element_bytes, bool backward_order, bool windowed,
+                                        const std::vector<int>& group_of) {
   const int D = problem.world_size();
   DMUON_CHECK(plan.problem_hash == problem.hash && plan.owner.size() == problem.matrices.size() &&
                   plan.ranks.size() == static_cast<size_t>(D),
@@ -52,7 +52,7 @@ std::vector<StageLoad> plan_stage_loads(const plan::Problem& problem, const plan
   // (stacks: every item of a unit in its window).
   std::vector<int> window_of;
   if (backward_order && windowed && plan::uses_backward_windows(problem)) {
-    const std::vector<int> windows = plan::backward_stage_windows(problem, stage_bytes);
+    const std::vector<int> windows = plan::backward_stage_windows(problem, group_of);
     for (int item = 0; item < table.num_items(); ++item)
       window_of.push_back(windows[static_cast<size_t>(table.item(item).param_idx)]);
   }

@@ -32,10 +32,12 @@ struct StageLoad {
 /// The stages of `plan` (its problem `problem`) with stage_bytes of wire per stage and
 /// `wire_element_bytes` per element, in backward order when `backward_order`
 /// (StageLimits), stage w = backward window w when also `windowed` and the problem
-/// uses_backward_windows() (the engine's stages of a step that may begin from backward;
-/// else stage s = every owner's s-th NS batch, as before the windows). Errors name the argument: a plan of another problem,
-/// wire_element_bytes < 1.
+/// uses_backward_windows() (the engine's stages of a step that may begin from backward,
+/// windows of backward's hand-over groups `group_of`, plan/stage_windows.h; else stage s =
+/// every owner's s-th NS batch, as before the windows). Errors name the argument: a plan
+/// of another problem, wire_element_bytes < 1.
 std::vector<StageLoad> plan_stage_loads(const plan::Problem& problem, const plan::Plan& plan, int64_t stage_bytes,
-                                        int64_t wire_element_bytes, bool backward_order, bool windowed);
+                                        int64_t wire_element_bytes, bool backward_order, bool windowed,
+                                        const std::vector<int>& group_of = {});
 
 }  // namespace dmuon::step

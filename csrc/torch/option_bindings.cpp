@@ -111,7 +111,7 @@ void register_option_bindings(py::module_& e) {
                        const py::object& cost_model, std::vector<ns::Schedule> cost_schedules,
                        std::optional<int64_t> fused_streams, const std::string& plan_source, bool record_timeline,
                        std::optional<int64_t> pipeline_depth, std::optional<int64_t> ns_batch_mb,
-                       std::optional<bool> cuda_graphs, bool backward_order) {
+                       std::optional<bool> cuda_graphs, bool backward_order, std::vector<int> backward_groups) {
              RuntimeOptions o;
              o.engine.mode = choice<Mode, step::parse_mode>(mode);
              o.engine.stage_bytes = bucket_bytes;
@@ -119,6 +119,7 @@ void register_option_bindings(py::module_& e) {
              o.engine.solver = choice<SolverKind, plan::parse_solver>(solver);
              o.engine.plan_locally = parse_plan_locally(plan_source);
              o.engine.backward_order = backward_order;
+             o.engine.backward_groups = std::move(backward_groups);
              o.engine.cost.schedules = std::move(cost_schedules);
              o.device = choice<DeviceKind, parse_device_kind>(device_type);
              o.profile = profile;
@@ -135,7 +136,8 @@ void register_option_bindings(py::module_& e) {
            py::arg("cost_model") = "analytic", py::arg("cost_schedules") = std::vector<ns::Schedule>{},
            py::arg("fused_streams") = py::none(), py::arg("plan_source") = "auto", py::arg("record_timeline") = false,
            py::arg("pipeline_depth") = py::none(), py::arg("ns_batch_mb") = py::none(),
-           py::arg("cuda_graphs") = py::none(), py::arg("backward_order") = false)
+           py::arg("cuda_graphs") = py::none(), py::arg("backward_order") = false,
+           py::arg("backward_groups") = std::vector<int>{})
       .def_readonly("engine", &RuntimeOptions::engine)
       .def_readonly("device", &RuntimeOptions::device)
       .def_property_readonly("device_type",

@@ -19,11 +19,20 @@ Contract (docs/configuration.md, ``Execution.backward_step``):
 - The first step of a runtime runs after backward (the runtime is made collectively at
   the first ``step()``).
 
+The stages: the hooks of the backward before the runtime is made record which parameters
+each FSDP2 group hands over, in hook order (DDP: none; each matrix a group, the last one
+first); the engine forms the stages of runs of whole groups (plan/stage_windows.h), so
+that every stage but the last can leave inside backward whatever the model's size. Where
+the last stage holds more than half the matrices' bytes (one FSDP2 unit for the whole
+model), the runtime warns once, naming what to change.
+
 Where the final gradient comes from:
 - FSDP2 / HSDP (``fully_shard``): after each FSDP parameter group's post-backward (its
   reduce-scatter and, for HSDP, all-reduce), the sharded parameters' ``.grad``. A group is
-  handed over from the next group's post-backward (the last one from ``step()``), once the
-  compute stream has waited for its reduce-scatter.
+  handed over from the next group's post-backward (the root's runs at the end of
+  backward), once the compute stream has waited for its reduce-scatter; the last one is
+  not handed over: ``step()``'s pipeline steps its matrices (and those of any stage it
+  completes).
   NOTE: a wrapper of the group's ``post_backward`` (FSDP2 calls it through the instance);
   FSDP2 exposes no public hook after its reduce-scatter. A wrapper installed there before
   DMuon attaches (e.g. the fake-world benchmark's, dmuon.bench.fake_grads) runs inside
@@ -38,8 +47,8 @@ Where the final gradient comes from:
   only at the end of backward).
 - DDP with ``gradient_as_bucket_view=True``: a communication hook (the default all-reduce)
   whose bucket, once its all-reduce completed, holds the parameters' final gradients; a
-  bucket is handed over from the next bucket's hook (the autograd thread), the last ones
-  from ``step()``. Without bucket views DDP copies gradients at the end of backward:
+  bucket is handed over from the next bucket's hook (the autograd thread); the last ones
+  are stepped by ``step()``'s pipeline. Without bucket views DDP copies gradients at the end of backward:
   nothing is attached (the step runs after backward).
 - The weight-ownership mode (dmuon.own_matrices): each owned matrix's gradient hook begins
   the step (`owned_ready`) and gives the owner's momentum buffer; the exchange hands the
@@ -66,7 +75,7 @@ def _norms(local_grads: list[torch.Tensor]) -> list[torch.Tensor]:
     scales them in place without moving either version counter, so the values themselves
     are compared (read once at step()). One pass per call, not one norm per parameter: the
     hooks run inside backward, where a host-bound loop waits for every launch."""
-    return list(torch._foreach_norm([g.detach() for g in local_grads], 2, dtype=torch.float64))
+    return list(torch._foreach_norm(local_grads, 2, dtype=torch.float64))
 
 
 class BackwardStep:
@@ -80,9 +89,17 @@ class BackwardStep:
         self.ready: dict[int, tuple] = {}
         self.fresh: dict[int, torch.Tensor] = {}  # engine index → zeros buffer made for the begun step
         self.pending: list[tuple[list[torch.Tensor], Any]] = []  # DDP buckets whose all-reduce is in flight
-        # FSDP2 groups reduced but not handed over yet: (sharded params, post-reduce event or None)
+        # FSDP2 groups reduced but not handed over yet: (sharded params, post-reduce event or None, group)
         self.pending_fsdp: list[tuple[list[torch.Tensor], Any]] = []
         self._index: dict[int, int] | None = None
+        # id(param) → position of the first FSDP2 group that handed it over in a backward
+        # before the runtime was made: the engine's stages are made of them.
+        # NOTE: DDP's buckets are not recorded: DDP rebuilds them after its first iteration
+        # in the order gradients became ready (measured on torch 2.11: the first backward's
+        # one bucket of every parameter, capped at 1 MiB, became one per parameter at
+        # bucket_cap_mb=1e-4), so its stages are made per matrix, the last one first.
+        self.group_of: dict[int, int] = {}
+        self._num_groups = 0
         # NOTE: the Muon parameters, read once per begun step (the groups cannot change
         # inside backward).
         self._muon: list[tuple[int, torch.Tensor]] | None = None
@@ -122,11 +139,16 @@ class BackwardStep:
             final = group.reduce_grads and (not getattr(group, "_is_hsdp", False) or group.all_reduce_grads)
             # NOTE: nothing is queued (and no stream waits) while no hand-over reaches the
             # engine: before the first step() and with the step kept after backward.
-            if final and self.hands_over():
+            # NOTE: torch 2.11 runs the post-backward of a unit of several modules
+            # (fully_shard([a, b])) twice in a row at the end of backward: once is handed over.
+            again = bool(self.pending_fsdp) and self.pending_fsdp[-1][2] is group
+            if final and self.hands_over() and not again:
                 # NOTE: the group reduced before this one first (see the module docstring).
                 self.flush_fsdp()
                 self.pending_fsdp.append(([fp.sharded_param for fp in group.fsdp_params],
-                                          getattr(group, "_post_reduce_event", None)))
+                                          getattr(group, "_post_reduce_event", None), group))
+            elif final and self.opt._runtime is None:
+                self.observe([fp.sharded_param for fp in group.fsdp_params])
             return out
 
         post_backward._dmuon_backward_step = True
@@ -135,27 +157,39 @@ class BackwardStep:
     # NOTE: no annotations: DDP checks them against dist.GradBucket and Future.
     def _ddp_hook(self, state, bucket):
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-        # Earlier buckets' all-reduces completed before this one's (one process group, in order).
-        self.flush_ddp(wait=True)
         fut = allreduce_hook(state, bucket)
-        self.pending.append((list(bucket.parameters()), fut))
+        if self.hands_over():
+            # Earlier buckets' all-reduces completed before this one's (one process group, in order).
+            self.flush_ddp()
+            self.pending.append((list(bucket.parameters()), fut))
         return fut
+
+    def observe(self, params: Any) -> None:
+        """Records a group that a backward handed over (see group_of)."""
+        new = [id(p) for p in params if id(p) not in self.group_of]
+        for key in new:
+            self.group_of[key] = self._num_groups
+        self._num_groups += bool(new)
+
+    def backward_groups(self) -> list[int]:
+        """Each Muon parameter's group position (group_of; -1: never handed over), the
+        runtime's RuntimeOptions.backward_groups."""
+        return [self.group_of.get(id(p), -1) for _, p in self.opt._muon_params()]
 
     def flush_fsdp(self) -> None:
         """Hands over the FSDP2 groups reduced and not handed over yet (on GPUs once the
         compute stream has waited for their post-reduce event)."""
         pending, self.pending_fsdp = self.pending_fsdp, []
-        for params, event in pending:
+        for params, event, _ in pending:
             if event is not None:
                 torch.cuda.current_stream().wait_event(event)
             self.params_final(params)
 
-    def flush_ddp(self, wait: bool) -> None:
-        """Hands over the DDP buckets in flight (`wait`: after their all-reduce)."""
+    def flush_ddp(self) -> None:
+        """Hands over the DDP buckets in flight, after their all-reduce."""
         pending, self.pending = self.pending, []
         for params, fut in pending:
-            if wait:
-                fut.wait()
+            fut.wait()
             self.params_final(params)
 
     # ------------------------------------------------------------------ the begun step
@@ -232,9 +266,14 @@ class BackwardStep:
             params.append(distributed.local(p))
             grads.append(distributed.local(p.grad))
             buffers.append(distributed.local(buffer))
-        for i, local_grad, norm in zip(idxs, grads, _norms(grads)):
+        # NOTE: host ranges of their own, so that a profile splits the hook's time between
+        # the fingerprint norms and the engine (its stage's check, exchange and NS).
+        with torch.profiler.record_function("dmuon.backward_step.norms"):
+            norms = _norms(grads)
+        for i, local_grad, norm in zip(idxs, grads, norms):
             self.ready[i] = (muon[i][1].grad, local_grad.data_ptr(), norm)
-        runtime.params_ready(idxs, params, grads, buffers)
+        with torch.profiler.record_function("dmuon.backward_step.engine"):
+            runtime.params_ready(idxs, params, grads, buffers)
 
     def take(self) -> tuple[dict[int, torch.Tensor], bool]:
         """At step(): the begun step's fresh momentum buffers (by engine index), and whether
@@ -244,8 +283,10 @@ class BackwardStep:
             return self._take()
 
     def _take(self) -> tuple[dict[int, torch.Tensor], bool]:
-        self.flush_fsdp()
-        self.flush_ddp(wait=True)
+        # NOTE: the groups and buckets not handed over yet are dropped (_reset) and stay with
+        # step()'s pipeline: handed over here, their stage would leave, and the NS of the
+        # stage before it run, only now, as the pipeline does, yet be counted as work begun
+        # inside backward.
         runtime = self.opt._runtime
         if runtime is None or not runtime.step_open:
             self._reset()
@@ -280,5 +321,5 @@ class BackwardStep:
     def _reset(self) -> None:
         """Forgets the begun step's hand-overs (the engine's side is closed or taken)."""
         self.ready, self.fresh = {}, {}
-        self.pending_fsdp = []
+        self.pending_fsdp, self.pending = [], []
         self._muon = None

@@ -6,6 +6,7 @@ holds the same parameters, replicas are equal)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -152,7 +153,8 @@ def _backward_step_on(opt: Any, handle: Any) -> bool:
     """Whether the step begins inside backward (Execution.backward_step); ValueError where it
     was asked for and cannot, or where the owned matrices meet NorMuon."""
     # NOTE: None: off (measured default, docs/configuration.md: on the fake ranks of
-    # worlds 8 and 64 the step begun from backward never beat the step after it).
+    # worlds 8 and 64, and on 2 Gloo CPU processes with a stage per block, the step begun
+    # from backward never beat the step after it).
     wanted = opt.execution.backward_step
     # NOTE: NorMuon's row state is made at step(): the step of such groups cannot begin
     # inside backward (column blocks can: they are pieces of the tensors).
@@ -198,12 +200,18 @@ def ensure_runtime(opt: Any, checks: Any = None) -> Any:
     # NOTE: the engine times each Muon group's NS batches itself when it plans
     # (cost_model "profile"; rank 0 times them and shares them: step/cost_profile.h).
     rules, slot = group_rules(opt)
-    options = _C.engine.RuntimeOptions(device_type=device_type, backward_order=opt._backward_step_on,
-                                       cost_schedules=[r.schedule for r in rules], **opt._runtime_options)
+    options = _C.engine.RuntimeOptions(
+        device_type=device_type, backward_order=opt._backward_step_on, cost_schedules=[r.schedule for r in rules],
+        backward_groups=opt._backward.backward_groups() if opt._backward_step_on else [], **opt._runtime_options)
     group_of = {id(p): g_idx for g_idx, g in enumerate(opt.param_groups) for p in g["params"]}
     opt._runtime = _C.engine.EngineRuntime(
         distributed.group_name(group), [opt.param_name(p) for _, p in muon], layouts,
         [str(p.dtype).removeprefix("torch.") for _, p in muon], [slot[g_idx] for g_idx, _ in muon], options,
         owned=handle.exchange if handle is not None else None,
         owned_group_slot=[slot[group_of[id(p)]] for p in owned])
+    note = opt._runtime.backward_stage_note
+    if note and (group is None or dist.get_rank(group) == 0):
+        warnings.warn(f"Execution.backward_step=True: {note}. The stages are runs of what backward hands over "
+                      "together (each fully_shard unit): apply fully_shard to each block, or set "
+                      "backward_step=False", UserWarning, stacklevel=4)
     return opt._runtime

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/check.h"
 #include "plan/layer_spread.h"
 #include "plan/planner.h"
 #include "plan/stage_windows.h"
@@ -47,23 +48,41 @@ void expect_same_loads(const Plan& before, const Plan& after) {
   }
 }
 
-// Hand-checked, D = 2, wire bytes 2·rows·cols: from the last matrix down a window closes at
-// ≥ stage_bytes and ≥ 2 × its largest.
-TEST(PlanStageWindows, WindowsCloseAtStageBytesAndWorldTimesLargest) {
-  // Bytes 2048 (32x32), 512 (16x16), 512, 2048, 512: from the last, 512, 2560, 3072 and
-  // 3584 stay below 2 × 2048 once d is in; with a, 5632: one window.
+// Each layer a group of backward's hand-over, the last layer first (fully_shard per layer).
+std::vector<int> layer_groups(int num_layers) {
+  std::vector<int> group_of;
+  for (int l = 0; l < num_layers; ++l) group_of.insert(group_of.end(), 7, num_layers - 1 - l);
+  return group_of;
+}
+
+// Hand-checked, wire bytes 2·rows·cols: in hand-over order, a window of whole groups closes
+// once it holds half the mean group's bytes.
+TEST(PlanStageWindows, WindowsAreRunsOfGroupsOfAtLeastHalfTheMeanGroup) {
+  // Bytes 2048 (a), 512 (b), 512 (c), 2048 (d), 512 (e).
   const std::vector<MatrixSpec> matrices = {{"a", 32, 32}, {"b", 16, 16}, {"c", 16, 16}, {"d", 32, 32}, {"e", 16, 16}};
   ProblemOptions options;
   options.world_size = 2;
   const Problem two = build_problem(matrices, options, AnalyticCostModel::gpu_default().as_cost_fn());
-  EXPECT_EQ(backward_stage_windows(two, 0), (std::vector<int>{0, 0, 0, 0, 0}));
-  // Same-size matrices: windows of 2 (D × largest), or of stage_bytes when larger.
+  // Groups {e}, {d}, {b, c}, {a}, half the mean 704: e (512) stays open, d closes window
+  // 0; b + c (1024) window 1; a window 2.
+  EXPECT_EQ(backward_stage_windows(two, {3, 2, 2, 1, 0}), (std::vector<int>{2, 1, 1, 0, 0}));
+  // A group is never cut: {d, e} then {a, b, c} in one group each.
+  EXPECT_EQ(backward_stage_windows(two, {1, 1, 1, 0, 0}), (std::vector<int>{1, 1, 1, 0, 0}));
+  EXPECT_EQ(backward_stage_windows(two, {0, 0, 0, 0, 0}), (std::vector<int>{0, 0, 0, 0, 0}));
+  // No group known: one per matrix, the last first (half the mean 563: e + d, c + b, a).
+  EXPECT_EQ(backward_stage_windows(two, {}), (std::vector<int>{2, 1, 1, 0, 0}));
+  EXPECT_EQ(backward_stage_windows(two, {-1, -1, -1, -1, -1}), (std::vector<int>{2, 1, 1, 0, 0}));
+  // A matrix of no group joins the window left open, or one of its own after the last.
+  EXPECT_EQ(backward_stage_windows(two, {-1, 1, 1, 0, 0}), (std::vector<int>{2, 1, 1, 0, 0}));
+  EXPECT_EQ(backward_stage_windows(two, {-1, 0, 0, 0, 0}), (std::vector<int>{1, 0, 0, 0, 0}));
+  // Same-size matrices: each its own window, whatever the world size.
   const std::vector<MatrixSpec> same(6, MatrixSpec{"w", 16, 16});
+  options.world_size = 8;
   const Problem six = build_problem(same, options, AnalyticCostModel::gpu_default().as_cost_fn());
-  EXPECT_EQ(backward_stage_windows(six, 0), (std::vector<int>{2, 2, 1, 1, 0, 0}));
-  EXPECT_EQ(backward_stage_windows(six, 3 * 512), (std::vector<int>{1, 1, 1, 0, 0, 0}));
-  // A trailing partial window keeps its own id.
-  EXPECT_EQ(backward_stage_windows(six, 4 * 512), (std::vector<int>{1, 1, 0, 0, 0, 0}));
+  EXPECT_EQ(backward_stage_windows(six, {}), (std::vector<int>{5, 4, 3, 2, 1, 0}));
+  // Errors name the argument.
+  EXPECT_THROW(backward_stage_windows(two, {0, 0}), dmuon::Error);
+  EXPECT_THROW(backward_stage_windows(two, {0, 0, -2, 0, 0}), dmuon::Error);
 }
 
 TEST(PlanStageWindows, SpreadKeepsLoadsDeterministicIdempotentAndRoundTrips) {
@@ -73,17 +92,17 @@ TEST(PlanStageWindows, SpreadKeepsLoadsDeterministicIdempotentAndRoundTrips) {
       const Problem problem = decoder(12, 512, 128, 1536, D);
       const Plan before = solve(problem, solver);
       Plan first = before, second = before;
-      spread_backward_stages(problem, int64_t{4} << 20, first);
-      spread_backward_stages(problem, int64_t{4} << 20, second);
+      spread_backward_stages(problem, layer_groups(12), first);
+      spread_backward_stages(problem, layer_groups(12), second);
       expect_same_loads(before, first);
       EXPECT_EQ(first.serialize(), second.serialize());
       Plan again = first;
-      spread_backward_stages(problem, int64_t{4} << 20, again);
+      spread_backward_stages(problem, layer_groups(12), again);
       EXPECT_EQ(again.serialize(), first.serialize());
       // Another rank rebuilds exactly this plan from the text (the engine's broadcast).
       const Plan received = deserialize_plan(decoder(12, 512, 128, 1536, D), first.serialize());
       EXPECT_EQ(received.owner, first.owner);
-      const std::vector<int> windows = backward_stage_windows(problem, int64_t{4} << 20);
+      const std::vector<int> windows = backward_stage_windows(problem, layer_groups(12));
       EXPECT_LT(layer_spread_stats(problem, windows, first).max_bytes_per_owner,
                 layer_spread_stats(problem, windows, before).max_bytes_per_owner);
     }
@@ -97,7 +116,7 @@ TEST(PlanStageWindows, ProblemsWithHomesOrOneRankAreLeftAlone) {
   const Problem homed = build_problem(matrices, options, AnalyticCostModel::gpu_default().as_cost_fn());
   Plan plan = solve(homed, SolverKind::kLpt);
   const std::string text = plan.serialize();
-  spread_backward_stages(homed, 0, plan);
+  spread_backward_stages(homed, {}, plan);
   EXPECT_EQ(plan.serialize(), text);
   EXPECT_FALSE(uses_backward_windows(homed));
   // Its stages stay every owner's s-th batch.
@@ -108,7 +127,7 @@ TEST(PlanStageWindows, ProblemsWithHomesOrOneRankAreLeftAlone) {
   const Problem one = decoder(3, 64, 16, 128, 1);
   Plan single = solve(one, SolverKind::kLpt);
   const std::string single_text = single.serialize();
-  spread_backward_stages(one, 0, single);
+  spread_backward_stages(one, {}, single);
   EXPECT_EQ(single.serialize(), single_text);
   EXPECT_FALSE(uses_backward_windows(one));
   EXPECT_TRUE(uses_backward_windows(decoder(3, 64, 16, 128, 2)));
@@ -124,9 +143,10 @@ TEST(PlanStageWindows, StagesAreTheWindowsAndLeaveEarlier) {
     const int n = static_cast<int>(problem.matrices.size());
     const Plan before = solve(problem, SolverKind::kLpt);
     Plan after = before;
-    spread_backward_stages(problem, stage_bytes, after);
-    const std::vector<int> windows = backward_stage_windows(problem, stage_bytes);
-    const auto stages = step::plan_stage_loads(problem, after, stage_bytes, 2, true, true);
+    spread_backward_stages(problem, layer_groups(16), after);
+    const std::vector<int> windows = backward_stage_windows(problem, layer_groups(16));
+    ASSERT_EQ(windows.front(), 15);  // one window per layer
+    const auto stages = step::plan_stage_loads(problem, after, stage_bytes, 2, true, true, layer_groups(16));
     ASSERT_EQ(static_cast<int>(stages.size()), windows.front() + 1);
     int64_t matrices = 0;
     for (size_t w = 0; w < stages.size(); ++w) {

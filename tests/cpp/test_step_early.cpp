@@ -509,9 +509,9 @@ TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
   constexpr int kSteps = 2;
   for (int world_size : {3, 4})
     for (dmuon::step::Mode mode : {dmuon::step::Mode::kOwner, dmuon::step::Mode::kGather}) {
-      // NOTE: same-shape layers after the mixed ones: the stages are backward windows of at
-      // least world × the largest item (plan/stage_windows.h), so these make several, and
-      // the spreading moves their owners.
+      // NOTE: same-shape layers after the mixed ones: with no hand-over groups given each
+      // item is a group, and a window holds at least the largest item (plan/stage_windows.h),
+      // so these make several, and the spreading moves their owners.
       std::vector<ModelParam> model = travelling_model(world_size);
       for (int k = 0; k < 8; ++k) model.push_back({"layers." + std::to_string(k), {8, 8}});
       const World world(model, world_size, kSteps, 91);
@@ -590,10 +590,11 @@ TEST(EarlyExchange, ColumnBlocksExchangedEarlyMatchTheOneShotStepBitForBit) {
   }
 }
 
-// The engine's plan with backward_order is the planner's, spread over backward windows:
-// the same owners on every rank, every rank's items per shape unchanged, the eight
-// same-shape layers' owners moved (LPT deals them in contiguous runs), and stages that
-// hold items of one window each, the highest first. NOTE: no stack (its experts, whole
+// The engine's plan with backward_order is the planner's, spread over backward windows
+// (backward hands the same-shape layers over in pairs, the last pair first): the same
+// owners on every rank, every rank's items per shape unchanged, the eight same-shape
+// layers' owners moved (LPT deals them in contiguous runs), and stages that hold items of
+// one window each, the highest first. NOTE: no stack (its experts, whole
 // on one rank each, are homes: such plans are kept).
 TEST(EarlyExchange, BackwardOrderSpreadsThePlanOverWindows) {
   constexpr int kWorld = 3;
@@ -608,6 +609,7 @@ TEST(EarlyExchange, BackwardOrderSpreadsThePlanOverWindows) {
       dmuon::step::CpuOps cpu;
       EngineOptions options = many_stages(dmuon::step::Mode::kOwner);
       options.backward_order = backward;
+      options.backward_groups = {6, 5, 4, 3, 3, 2, 2, 1, 1, 0, 0};
       StepEngine engine(loopback.transport(r), cpu, world.specs(), options);
       owners[static_cast<size_t>((backward ? kWorld : 0) + r)] = engine.owners();
       if (backward) {
@@ -650,6 +652,56 @@ TEST(EarlyExchange, BackwardOrderSpreadsThePlanOverWindows) {
   }
   EXPECT_EQ(next, -1);
   EXPECT_GT(stage_items[0].size(), 3u);
+}
+
+// EngineOptions::backward_groups: the stages are runs of whole groups in hand-over order,
+// the same on every rank; one group of everything is one stage, which the engine's note
+// names; groups that differ between ranks fail the plan's agreement on every rank, and a
+// list of another length names the option.
+TEST(EarlyExchange, BackwardGroupsMakeTheStages) {
+  constexpr int kWorld = 2;
+  std::vector<ModelParam> model;
+  for (int k = 0; k < 8; ++k) model.push_back({"layers." + std::to_string(k), {8, 8}});
+  const World world(model, kWorld, 1, 96);
+  // Runs the engine with each rank's groups: its stages' items (rank 0), note and errors.
+  const auto run = [&](const std::function<std::vector<int>(int)>& groups_of_rank) {
+    std::vector<std::vector<int>> stage_items;
+    std::string note;
+    dmuon::testing::LoopbackWorld loopback(kWorld);
+    const auto errors = loopback.run([&](int r) {
+      dmuon::step::CpuOps cpu;
+      EngineOptions options = many_stages(dmuon::step::Mode::kOwner);
+      options.backward_groups = groups_of_rank(r);
+      StepEngine engine(loopback.transport(r), cpu, world.specs(), options);
+      engine.begin_step(owned_rules(), 1);
+      if (r == 0) {
+        for (const auto& stage : engine.stages()) {
+          std::vector<int> items;
+          for (const auto& batch : stage.batches) items.insert(items.end(), batch.items.begin(), batch.items.end());
+          std::sort(items.begin(), items.end());
+          stage_items.push_back(items);
+        }
+        note = engine.backward_stage_note();
+      }
+      engine.discard();
+    });
+    return std::make_tuple(stage_items, note, errors);
+  };
+  // Two layers per group, the last pair handed over first: four stages of two.
+  const auto [pairs, pairs_note, pairs_errors] = run([](int) { return std::vector<int>{3, 3, 2, 2, 1, 1, 0, 0}; });
+  for (const std::string& e : pairs_errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(pairs, (std::vector<std::vector<int>>{{6, 7}, {4, 5}, {2, 3}, {0, 1}}));
+  EXPECT_EQ(pairs_note, "");
+  // One group: one stage, left only when backward has ended.
+  const auto [one, one_note, one_errors] = run([](int) { return std::vector<int>(8, 0); });
+  for (const std::string& e : one_errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(one.size(), 1u);
+  EXPECT_NE(one_note.find("holds 8 of 8 matrices"), std::string::npos) << one_note;
+  // Groups that differ between ranks: every rank fails the plan's agreement.
+  const auto [_, __, differ] = run([](int r) { return r == 0 ? std::vector<int>(8, 0) : std::vector<int>{3, 3, 2, 2, 1, 1, 0, 0}; });
+  for (const std::string& e : differ) EXPECT_NE(e.find("differs between ranks"), std::string::npos) << e;
+  const auto [___, ____, short_list] = run([](int) { return std::vector<int>{0, 0}; });
+  for (const std::string& e : short_list) EXPECT_NE(e.find("backward_groups has 2 entries"), std::string::npos) << e;
 }
 
 TEST(EarlyExchange, NanInALateLayerRefusesTheStepOnEveryRankWithNothingWritten) {

@@ -148,14 +148,23 @@ class LayersModel(nn.Module):
 
 
 def spread_plan_matches_post_backward(rank: int, world: int) -> dict:
-    """FSDP2: NUM_STEPS steps begun from backward (stage-spread plan, stages = backward
-    windows) against the post-backward step (the planner's plan as solved) of the same
-    gradients; per weight ‖Δon − Δoff‖ / ‖Δoff‖, both runtimes' owners, early stages."""
+    """FSDP2 with one unit per pair of same-shape layers: NUM_STEPS steps begun from backward
+    (stage-spread plan, stages = backward windows, one per unit) against the post-backward
+    step (the planner's plan as solved) of the same gradients; per weight ‖Δon − Δoff‖ /
+    ‖Δoff‖, both runtimes' owners, early stages."""
+    from torch.distributed.fsdp import fully_shard
+
     torch.manual_seed(0)
     base = LayersModel(SPREAD_SHAPES)
     models = {on: copy.deepcopy(base) for on in (True, False)}
     initial = {on: [whole(p) for p in m.parameters()] for on, m in models.items()}
-    wrapped = {on: _wrap(m, "fsdp2", world) for on, m in models.items()}
+    mesh = init_device_mesh("cpu", (world,))
+    wrapped = {}
+    for on, m in models.items():
+        for k in range(0, 6, 2):
+            fully_shard([m.layers[k], m.layers[k + 1]], mesh=mesh)
+        fully_shard(m.layers[6], mesh=mesh)
+        wrapped[on] = fully_shard(m, mesh=mesh)
     opts = {on: dmuon.DMuon(m, execution=dmuon.Execution(backward_step=on, planner="lpt", bucket_size_mb=0.0005),
                             **{k: v for k, v in OPTIONS.items() if k != "bucket_size_mb"})
             for on, m in models.items()}
@@ -174,3 +183,72 @@ def spread_plan_matches_post_backward(rank: int, world: int) -> dict:
         d_on, d_off = whole(p_on) - initial[True][k], whole(p_off) - initial[False][k]
         errors[k] = float((d_on - d_off).norm() / d_off.norm().clamp_min(1e-30))
     return dict(errors=errors, early=early, owners={on: list(opts[on].runtime.item_owners) for on in (True, False)})
+
+
+class Block(nn.Module):
+    """Six Muon matrices (q, k, v, o: width², up and down: 4 width × width), residual."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width, bias=False) for _ in range(4))
+        self.up, self.down = nn.Linear(width, 4 * width, bias=False), nn.Linear(4 * width, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.o(self.q(x) * torch.sigmoid(self.k(x)) + self.v(x))
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class BlocksModel(nn.Module):
+    """`num_blocks` Blocks, then a LayerNorm: the root's own FSDP2 group, as a decoder's
+    final norm, so that the last block is handed over at the end of backward."""
+
+    def __init__(self, num_blocks: int, width: int = 32) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width) for _ in range(num_blocks))
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x).square().mean()
+
+
+def default_blocks_match_post_backward(rank: int, world: int, clip: bool, units: str = "block") -> dict:
+    """An 8-block model under FSDP2 (fully_shard per block and the root; `units` "root":
+    the root only) with DMuon at its default options but backward_step on, against off:
+    NUM_STEPS steps, `clip` scaling the gradients after backward (clip_grad_norm_);
+    per weight ‖Δon − Δoff‖ / ‖Δoff‖, per step the share of this rank's NS matrices that
+    ran before backward ended, and the warnings the runtime gave."""
+    import warnings
+
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    base = BlocksModel(8)
+    models = {on: copy.deepcopy(base) for on in (True, False)}
+    initial = {on: [whole(p) for p in m.parameters()] for on, m in models.items()}
+    mesh = init_device_mesh("cpu", (world,))
+    for m in models.values():
+        for block in (m.blocks if units == "block" else []):
+            fully_shard(block, mesh=mesh)
+        fully_shard(m, mesh=mesh)
+    opts = {on: dmuon.DMuon(m, lr=0.02, execution=dmuon.Execution(backward_step=on)) for on, m in models.items()}
+    shares, caught = [], []
+    for step in range(NUM_STEPS):
+        x = torch.randn(4, 32, generator=torch.Generator().manual_seed(300 + 10 * step + rank))
+        for on in (True, False):
+            opts[on].zero_grad()
+            models[on](x).backward()
+            if clip:  # NOTE: scales the gradients in place after they were handed over
+                torch.nn.utils.clip_grad_norm_(models[on].parameters(), 0.05)
+            with warnings.catch_warnings(record=True) as got:
+                warnings.simplefilter("always")
+                opts[on].step()
+            caught += [str(w.message) for w in got if "backward_step" in str(w.message)]
+        stats = opts[True].runtime.last_stats
+        shares.append(stats.early_orthogonalized / stats.num_orthogonalized)
+    errors = {}
+    for k, (p_on, p_off) in enumerate(zip(models[True].parameters(), models[False].parameters())):
+        d_on, d_off = whole(p_on) - initial[True][k], whole(p_off) - initial[False][k]
+        errors[k] = float((d_on - d_off).norm() / d_off.norm().clamp_min(1e-30))
+    return dict(errors=errors, shares=shares, warnings=caught, stages=opts[True].runtime.num_buckets)

@@ -26,11 +26,9 @@ def test_backward_step_matches_the_post_backward_step(mode, world, micro):
         assert result["attached"] == ["ddp" if mode == "ddp" else "fsdp2"], result
         for name, error in result["errors"].items():
             assert error < TOLERANCE, (mode, rank, name, error)
-        # (early stages, stages, early NS matrices, NS matrices) per step. FSDP2's first step
-        # runs after backward (the runtime is made at step()); DDP hands its last buckets over
-        # at step(), the first step's included.
-        if mode != "ddp":
-            assert result["early"][0][0] == 0, result["early"]
+        # (early stages, stages, early NS matrices, NS matrices) per step. The first step
+        # runs after backward (the runtime is made at step(); step() hands nothing over).
+        assert result["early"][0][0] == 0, result["early"]
         for early_stages, stages, _, _ in result["early"][1:]:
             assert 0 < early_stages <= stages, result["early"]
 
@@ -60,10 +58,10 @@ def test_gradients_clipped_after_backward_are_stepped_as_clipped():
 
 
 def test_stage_spread_plan_matches_the_post_backward_step():
-    # Six same-shape layers at world 2: the planner gives rank 0 the first three and rank 1
-    # the last three; begun from backward, each backward window is spread over both ranks
-    # (same counts per rank), so owners differ while every update stays the post-backward
-    # step's within 1e-6.
+    # Six same-shape layers at world 2, an FSDP2 unit per pair: the planner gives rank 0 the
+    # first three and rank 1 the last three; begun from backward, each backward window (a
+    # unit) is spread over both ranks (same counts per rank), so owners differ while every
+    # update stays the post-backward step's within 1e-6.
     results = run_distributed(backward_step_workers.spread_plan_matches_post_backward, 2)
     for rank, result in results.items():
         for name, error in result["errors"].items():
@@ -75,3 +73,36 @@ def test_stage_spread_plan_matches_the_post_backward_step():
         assert all(on[k] != on[k + 1] for k in (0, 2, 4)), on
         for early_stages, stages in result["early"][1:]:
             assert 0 < early_stages <= stages and stages > 1, result["early"]
+
+
+@pytest.mark.parametrize("clip", [False, True], ids=["no-clip", "clip"])
+def test_default_options_start_most_of_an_8_block_models_ns_inside_backward(clip):
+    # NOTE: the stages are the FSDP2 groups (one per block), not 64 MiB of wire: at the
+    # default bucket size the whole model used to be one stage (0 of 24 NS matrices per
+    # rank inside backward). From the second step on (the first makes the runtime after
+    # backward) at least half of every rank's NS runs before backward ends; a clip that
+    # scales the gradients makes step() drop the begun work and redo it all, exactly.
+    results = run_distributed(backward_step_workers.default_blocks_match_post_backward, 2, clip)
+    for rank, result in results.items():
+        for name, error in result["errors"].items():
+            assert error < TOLERANCE, (rank, name, error)
+        assert result["stages"] == 8 and result["warnings"] == [], (rank, result)
+        assert result["shares"][0] == 0, result["shares"]
+        for share in result["shares"][1:]:
+            assert share == 0 if clip else share >= 0.5, (rank, result["shares"])
+
+
+def test_one_fsdp2_unit_for_the_whole_model_is_warned_about_once():
+    results = run_distributed(backward_step_workers.default_blocks_match_post_backward, 2, False, "root")
+    for rank, result in results.items():
+        for name, error in result["errors"].items():
+            assert error < TOLERANCE, (rank, name, error)
+        assert result["stages"] == 1 and all(share == 0 for share in result["shares"]), result
+        # NOTE: rank 0 warns; the message names the option and what to set.
+        if rank == 0:
+            assert len(result["warnings"]) == 1, result["warnings"]
+            assert "holds 48 of 48 matrices" in result["warnings"][0]
+            assert "fully_shard to each block" in result["warnings"][0]
+            assert "backward_step=False" in result["warnings"][0]
+        else:
+            assert result["warnings"] == []

@@ -247,15 +247,18 @@ def test_bad_arguments_name_the_argument(argv, message):
 def test_backward_step_switch_reports_the_share_of_ns_inside_backward(tmp_path, capsys, switch):
     out = tmp_path / "e2e.json"
     assert main([*_TINY_RUN, "--world", "2", "--micro-batch", "1", "--optimizers", "dmuon",
-                 "--backward-step", switch, "--bucket-mb", "0.01", "--json", str(out)]) == 0
+                 "--backward-step", switch, "--json", str(out)]) == 0
     text = capsys.readouterr().out
     entry = json.loads(out.read_text())["slowest_rank"]["dmuon"]
     assert entry["backward_step"] is (switch == "on")
     if switch == "on":
-        # NOTE: every stage but the last leaves inside backward on the tiny model's many stages;
-        # the share is the lowest rank's, a fraction in (0, 1].
+        # NOTE: every stage but the last leaves inside backward (a stage per block); the
+        # share is the lowest rank's, a fraction in (0, 1], and each rank's is printed.
         assert 0 < entry["hidden"] <= 1, entry
-        assert "matrices ran inside backward" in text
+        per_rank = json.loads(out.read_text())["per_rank"]
+        assert sorted(per_rank) == ["0", "1"] and all(0 < r["dmuon"]["hidden"] <= 1 for r in per_rank.values())
+        assert "matrices ran before backward ended (step begun from backward; median step): rank 0 " in text
+        assert ", rank 1 " in text
     else:
         assert entry["hidden"] is None, entry
 

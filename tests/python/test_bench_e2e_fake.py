@@ -198,26 +198,20 @@ def test_the_step_begun_from_backward_runs_on_gradients_sanitized_before_dmuons_
     # handed over on gradients the overwrite had written: the last sanitized event of its
     # parameters comes before it, with no hand-over of them in between. A group is handed
     # over one group later (dmuon.backward_step): from the hook of the group reduced next,
-    # right after that group's overwrite, or, the last group of a backward, at step(), after
-    # the one before.
-    assert len(finals) == 3 * (len(blocks) + 1)
-    for n, k in enumerate(finals):
+    # right after that group's overwrite; the last group of a backward (the root) is not
+    # handed over (step()'s pipeline steps it).
+    assert len(finals) == 3 * len(blocks)
+    for k in finals:
         ids = events[k][1]
         j = max(i for i in range(k) if events[i] == ("sanitized", ids))
         assert events[k][2] and not any(e[0] == "final" and e[1] == ids for e in events[j + 1:k]), events[j:k + 1]
-        last_of_backward = n % (len(blocks) + 1) == len(blocks)
         before = events[k - 1]
-        if last_of_backward:
-            assert before[0] == "final" and before[1] != ids, events[k - 2:k + 1]
-        else:
-            assert before[0] == "sanitized" and before[1] != ids, events[k - 2:k + 1]
+        assert before[0] == "sanitized" and before[1] != ids, events[k - 2:k + 1]
     dmuon = json.loads(out.read_text())["optimizers"]["dmuon"]
     m = dmuon["muon"]
-    # NOTE: the step begun from backward makes its stages of backward windows
-    # (plan/stage_windows.h), which close at world x the largest matrix: 4 x 192 x 48
-    # elements, from the last matrix down, leaves the tiny GPT's 2 x 27648 Muon elements
-    # two windows (the last block and down_proj of the first, then the rest).
-    assert dmuon["backward_step"] and m["num_stages"] == 2
+    # NOTE: the step begun from backward makes its stages of the FSDP2 groups backward
+    # hands over (plan/stage_windows.h): one per block.
+    assert dmuon["backward_step"] and m["num_stages"] == len(blocks)
     # Stages really left inside backward, and this owner's NS ran there (rank 0 may own
     # nothing in the last stage, whose forward leaves as backward ends).
     assert 0 < m["early_stages"] <= m["num_stages"]
@@ -259,8 +253,8 @@ def test_what_is_left_at_step_adds_the_early_returns_to_the_late_pipeline():
 def test_profile_summarizes_one_more_step_of_each_optimizer_per_phase(capsys):
     # CPU: no device timeline; the library's host ranges and the top host ops. The step
     # begun from backward hands each FSDP2 group over from the next group's hook: the blocks
-    # inside backward, the root (reduced last) from take() at step(), inside step()'s
-    # engine call, between its input checks and its AdamW part.
+    # inside backward; the root (reduced last) is left to step()'s pipeline, and take()
+    # runs inside step()'s engine call, between its input checks and its AdamW part.
     assert main([*_TINY, "--fake-world", "4", "--optimizers", "dmuon,adamw", "--backward-step", "on",
                  "--profile"]) == 0
     printed = capsys.readouterr().out
@@ -271,7 +265,8 @@ def test_profile_summarizes_one_more_step_of_each_optimizer_per_phase(capsys):
     opt = dmuon.split(" bench.opt_step: ")[1].split("\n")[0]
     assert "backward_step.params_final " in fwd_bwd and f" in {len(blocks)} calls" in fwd_bwd, fwd_bwd
     assert " step." not in fwd_bwd, fwd_bwd
-    for name in ("backward_step.params_final", "backward_step.take", "step.inputs", "step.engine", "step.adamw"):
+    assert "backward_step.params_final" not in opt, opt
+    for name in ("backward_step.take", "step.inputs", "step.engine", "step.adamw"):
         assert f"{name} " in opt and opt.split(f"{name} ")[1].split(",")[0].split(";")[0].endswith(" in 1 calls"), (name, opt)
     assert "host waits: none" in fwd_bwd  # NOTE: the CPU has no device to wait for
     assert "DMuon's ranges: none" in adamw.split(" bench.fwd_bwd: ")[1].split("\n")[0]

@@ -359,7 +359,8 @@ def test_cli_reports_backward_stages(capsys):
 def test_cli_text_shows_backward_stages(capsys):
     assert main(["plan", "--model", "qwen2.5-0.5b", "--world", "4", "--solvers", "lpt", "--stages"]) == 0
     out = capsys.readouterr().out
-    assert "backward stages (step begun from backward, 64 MiB stages" in out
+    assert "backward stages (step begun from backward, matrices in parameter order; before: 64 MiB stages" in out
+    assert "after: windows of whole layers" in out
     assert "lpt before: stage" in out and "lpt after: stage" in out
     assert main(["plan", "--model", "qwen2.5-0.5b", "--world", "1", "--solvers", "lpt"]) == 0
     assert "backward stages" not in capsys.readouterr().out

@@ -125,6 +125,9 @@ class EngineRuntime {
   std::vector<int> item_params() const;
   const std::string& plan_text() const { return engine_->plan_text(); }
   double predicted_makespan_s() const { return engine_->predicted_makespan_s(); }
+  /// step::StepEngine::backward_stage_note (empty: the step begun from backward starts
+  /// most of its work inside backward).
+  const std::string& backward_stage_note() const { return engine_->backward_stage_note(); }
   /// The planner's predicted NS seconds of every rank (a solved plan; else empty).
   const std::vector<double>& predicted_rank_seconds() const { return engine_->predicted_rank_seconds(); }
   /// The NS times the plan was made with (RuntimeOptions::cost_model; empty: analytic).

@@ -343,6 +343,7 @@ def _slowest(results: dict) -> dict:
         merged[name]["loss"] = per_rank[0]["loss"]
         hidden = [e["hidden"] for e in per_rank if e.get("hidden") is not None]
         merged[name]["hidden"] = min(hidden) if hidden else None
+        merged[name]["hidden_per_rank"] = [e.get("hidden") for e in per_rank]
         merged[name]["backward_step"] = any(e.get("backward_step") for e in per_rank)
     return merged
 
@@ -360,10 +361,11 @@ def _print_table(merged: dict, context: dict) -> None:
               f"{tokens / e['step_s']:11,.0f} {e['peak_bytes'] / 1e9:8.2f} {e['loss']:7.3f} {versus}")
     for name, e in merged.items():
         if e.get("hidden") is not None:
-            what = ("matrices ran inside backward (step begun from backward; lowest rank, median step)"
+            what = ("matrices ran before backward ended (step begun from backward; median step)"
                     if e.get("backward_step") else
-                    "time ran before backward ended (lowest rank, median step; from the runtime's timeline)")
-            print(f"{name}: {e['hidden'] * 100:.0f}% of the owners' Newton–Schulz {what}")
+                    "time ran before backward ended (median step; from the runtime's timeline)")
+            shares = ", ".join(f"rank {r} {h * 100:.0f}%" for r, h in enumerate(e["hidden_per_rank"]) if h is not None)
+            print(f"{name}: share of the owners' Newton–Schulz {what}: {shares}")
             if e.get("backward_step") and context["world"] == 1:
                 # NOTE: one rank holds every matrix whole: no exchange to hide.
                 print(f"{name}: world 1: the NS begun from backward runs on this device inside backward "

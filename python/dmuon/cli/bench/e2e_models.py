@@ -39,8 +39,10 @@ HF_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
 # MLP width of 4·64 = 256 would equal the byte vocabulary, and routing takes such a Linear
 # for an output head (AdamW).
 TINY = dict(d_model=48, num_layers=2, num_heads=4, mlp_ratio=4)
+# Its blocks by name: `tiny8` is the same GPT with 8 blocks (48 Muon matrices).
+TINY_BLOCKS = {"tiny": 2, "tiny8": 8}
 
-MODEL_NAMES = ("tiny", *HF_CONFIGS)
+MODEL_NAMES = (*TINY_BLOCKS, *HF_CONFIGS)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -67,14 +69,14 @@ def require_transformers(name: str) -> Any:
 
 def model_spec(name: str, seq: int) -> ModelSpec:
     """The spec of --model `name` for sequences of `seq` tokens."""
-    if name == "tiny":
-        return _tiny_spec(seq)
+    if name in TINY_BLOCKS:
+        return _tiny_spec(name, seq)
     if name in HF_CONFIGS:
         return _hf_spec(name)
     raise ValueError(f"--model must be one of {', '.join(MODEL_NAMES)}, got {name!r}")
 
 
-def _tiny_spec(seq: int) -> ModelSpec:
+def _tiny_spec(name: str, seq: int) -> ModelSpec:
     from dmuon.cli.train.data import VOCAB_SIZE
     from dmuon.cli.train.model import GPT
 
@@ -82,8 +84,9 @@ def _tiny_spec(seq: int) -> ModelSpec:
         logits = model(tokens)  # [B, T, vocab]
         return nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
 
-    return ModelSpec(name="tiny", description=f"dmuon.cli.train.model.GPT {TINY}", vocab_size=VOCAB_SIZE,
-                     build=lambda: GPT(vocab_size=VOCAB_SIZE, max_seq_len=seq, **TINY),
+    shape = {**TINY, "num_layers": TINY_BLOCKS[name]}
+    return ModelSpec(name=name, description=f"dmuon.cli.train.model.GPT {shape}", vocab_size=VOCAB_SIZE,
+                     build=lambda: GPT(vocab_size=VOCAB_SIZE, max_seq_len=seq, **shape),
                      blocks=lambda model: list(model.blocks), loss=loss)
 
 

@@ -64,9 +64,10 @@ def build_sharded(spec, name: str, mesh, mp_policy, torch_device: torch.device, 
 
 
 def early_ns_share(stats) -> float | None:
-    """Share of this rank's Newton–Schulz matrices that ran inside backward's hooks (the
-    step begun from backward, dmuon.backward_step): its early stages', counted in matrices
-    (device-independent; seconds on GPUs would time enqueueing)."""
+    """Share of this rank's Newton–Schulz matrices that ran before backward ended, inside
+    its hooks (the step begun from backward, dmuon.backward_step; step() hands nothing
+    over): its early stages', counted in matrices (device-independent; seconds on GPUs
+    would time enqueueing)."""
     return stats.early_orthogonalized / stats.num_orthogonalized if stats.num_orthogonalized else None
 
 

@@ -34,7 +34,8 @@ def register(subparsers) -> None:
     parser.add_argument("--spread", action="store_true",
                         help="with --per-rank: show the plans after layer spreading (weight-ownership mode)")
     parser.add_argument("--stage-mb", type=float, default=64.0,
-                        help="wire MiB per pipeline stage (Execution.bucket_size_mb) for the backward-stage report")
+                        help="wire MiB per pipeline stage (Execution.bucket_size_mb) of the backward-stage report's "
+                             "stages before spreading (after: windows of whole layers)")
     parser.add_argument("--stages", action="store_true",
                         help="show every backward stage's NS seconds per rank (max and mean), before and after")
     parser.add_argument("--plot", metavar="FILE", help="draw every rank's load per solver (PNG)")
@@ -141,8 +142,10 @@ def _measured_cost(manifest, args):
 def _backward_stages(manifest, args, cost, milp_options, solvers) -> dict | None:
     """The engine's stages of a step begun from backward, per solver: before (the plan as
     solved, stage s = every owner's s-th NS batch) and after (backward windows spread, stage
-    w = window w: plan/stage_windows.h). Matrices in parameter order (the engine's items),
-    i.e. the manifest's stably sorted by layer; None at world 1 or with --experts stack."""
+    w = window w: plan/stage_windows.h, each decoder layer a group of backward's hand-over,
+    the last layer first, as fully_shard per layer gives). Matrices in parameter order (the
+    engine's items), i.e. the manifest's stably sorted by layer; None at world 1 or with
+    --experts stack."""
     from dmuon.cli.plan.planner import layer_index, make_problem, native
 
     if args.world < 2 or any(m.batch > 1 for m in manifest.matrices):
@@ -153,13 +156,17 @@ def _backward_stages(manifest, args, cost, milp_options, solvers) -> dict | None
                            memory_cap_bytes=int(args.memory_cap_gib * 2**30), max_batch=args.max_batch, cost=cost)
     stage_bytes = int(args.stage_mb * 2**20)
     n = len(ordered)
+    layers = [layer_index(m.name) for m in ordered]
+    # NOTE: matrices outside the layers (-1) are handed over by no layer's hook.
+    group_of = [max(layers) - layer if layer >= 0 else -1 for layer in layers]
     out = {"stage_bytes": stage_bytes, "num_matrices": n, "plans": {}}
     for name in solvers:
         solved = plan.solve(problem, name, milp_options)
-        spread = plan.spread_backward_stages(problem, stage_bytes, solved)
+        spread = plan.spread_backward_stages(problem, group_of, solved)
         out["plans"][name] = {
             "before": _stage_summary(plan.plan_stage_loads(problem, solved, stage_bytes, windowed=False), n),
-            "after": _stage_summary(plan.plan_stage_loads(problem, spread, stage_bytes, windowed=True), n),
+            "after": _stage_summary(plan.plan_stage_loads(problem, spread, stage_bytes, windowed=True,
+                                                          group_of=group_of), n),
         }
     return out
 
@@ -193,8 +200,9 @@ def _print_stages(stages: dict | None, per_stage: bool) -> None:
     """Backward stages before -> after stage spreading, per solver."""
     if stages is None:
         return
-    print(f"\nbackward stages (step begun from backward, {stages['stage_bytes'] / 2**20:g} MiB stages, "
-          f"matrices in parameter order; before -> after stage spreading, same loads)")
+    print(f"\nbackward stages (step begun from backward, matrices in parameter order; before: "
+          f"{stages['stage_bytes'] / 2**20:g} MiB stages of the plan as solved -> after: windows of whole layers, "
+          f"spread, same loads)")
     print(f"{'solver':<12} {'stages':>8} {'sum max/sum mean':>17} {'worst max/mean':>15} {'median':>12} "
           f"{'1st leaves at':>14} {'NS in stages leaving <90%':>26}")
     for name, p in stages["plans"].items():
