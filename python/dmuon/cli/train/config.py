@@ -103,6 +103,9 @@ class TrainConfig:
             )
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
+        if "torch-muon" in self.optimizers and (self.checkpoint_every or self.resume):
+            raise ValueError("checkpoint_every/resume: 'torch-muon' (two torch optimizers under one "
+                             "reference wrapper) has no state dict to checkpoint; drop it or the checkpoint options")
         if self.eval_max_batches is not None and self.eval_max_batches < 1:
             raise ValueError(f"eval_max_batches must be >= 1 or None, got {self.eval_max_batches}")
         if not 0.0 < self.val_fraction < 1.0:
