@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-import dmuon.checkpoint
+from dmuon import checkpoint
 
 
 def checkpoint_dir(out_dir: Path, optimizer_name: str) -> Path:
@@ -31,7 +31,7 @@ def _state(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, g
 def save_run(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
              generator: torch.Generator, progress: dict[str, Any]) -> None:
     """Save the run after progress["step"] steps (collective over every rank)."""
-    dmuon.checkpoint.save(_state(model, optimizer, scheduler, generator, progress), directory)
+    checkpoint.save(_state(model, optimizer, scheduler, generator, progress), directory)
 
 
 def resume_run(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
@@ -47,7 +47,7 @@ def resume_run(directory: Path, model: nn.Module, optimizer: torch.optim.Optimiz
         raise FileNotFoundError(f"resume: no checkpoint at {directory} (a run with --checkpoint-every N "
                                 "and the same --out saves one)")
     state = _state(model, optimizer, scheduler, generator, progress)
-    dmuon.checkpoint.load(state, directory)
+    checkpoint.load(state, directory)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     generator.set_state(state["generator"])
