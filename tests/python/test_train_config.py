@@ -37,6 +37,8 @@ from dmuon.cli.train.config import TrainConfig
     (dict(warmup_steps=-1), "warmup_steps must be >= 0"),
     (dict(min_lr_ratio=1.5), "min_lr_ratio must be in"),
     (dict(grad_clip=-1.0), "grad_clip must be >= 0"),
+    (dict(checkpoint_every=-1), "checkpoint_every must be >= 0"),
+    (dict(optimizers=("torch-muon",), resume=True), "'torch-muon'.*no state dict to checkpoint"),
 ], ids=lambda v: "-".join(f"{k}={v[k]}" for k in v) if isinstance(v, dict) else None)
 def test_every_bad_setting_names_its_field(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -19,6 +20,15 @@ _TINY = [
     "--heads", "2", "--warmup-steps", "2", "--eval-every", "4", "--eval-max-batches", "4",
     "--lr", "1e-2", "--adamw-lr", "1e-2", "--no-progress",
 ]
+
+
+def _train(out, *args: str) -> dict:
+    """`python -m dmuon train` with the tiny settings, then `args`, writing into `out`; its
+    results.json results by optimizer."""
+    from dmuon.cli.main import main
+
+    assert main(["train", *_TINY, "--device", "cpu", "--no-plot", *args, "--out", str(out)]) == 0
+    return json.loads((out / "results.json").read_text())["results"]
 
 
 # End to end through the real entry point: table, JSON, PNG, falling finite losses; in
@@ -64,17 +74,66 @@ def test_train_job_end_to_end(tmp_path, capsys, parallel):
 # Data parallelism changes the cost, not the math: 2 ranks (FSDP2) train like 1 rank.
 @pytest.mark.slow
 def test_two_ranks_train_like_one(tmp_path):
-    from dmuon.cli.main import main
-
-    losses = {}
-    for world in ("1", "2"):
-        out = tmp_path / world
-        assert main(["train", *_TINY, "--world", world, "--device", "cpu", "--optimizers", "dmuon",
-                     "--no-plot", "--out", str(out)]) == 0
-        losses[world] = json.loads((out / "results.json").read_text())["results"]["dmuon"]["train_losses"]
+    losses = {world: _train(tmp_path / world, "--world", world, "--optimizers", "dmuon")["dmuon"]["train_losses"]
+              for world in ("1", "2")}
     # NOTE: the ranks' forward passes see half batches, so sums are ordered differently:
     # float32 rounding differences, amplified over 8 steps, stay far below 1e-4.
     assert losses["1"] == pytest.approx(losses["2"], rel=1e-4)
+
+
+def _checkpoint(out, optimizer: str) -> dict:
+    """The whole checkpoint a run saved for `optimizer` (every tensor whole)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    whole = out / f"{optimizer}.pt"
+    dcp_to_torch_save(out / "checkpoints" / optimizer, whole)
+    return torch.load(whole, weights_only=False)
+
+
+def _assert_bitwise_equal(a, b, where: str = "") -> None:
+    """Nested dicts and lists of tensors and plain values: the same keys and the same bits."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            _assert_bitwise_equal(a[key], b[key], f"{where}.{key}")
+    elif torch.is_tensor(a):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+# Checkpoint and resume: a 3-step run checkpointed and resumed to 6 steps is the 6-step run,
+# bit for bit (every loss and lr, and the last checkpoint: weights, optimizer and scheduler
+# state, data generator), in one process and on 2 Gloo ranks under FSDP2.
+@pytest.mark.parametrize("parallel", [["--world", "1"], ["--world", "2", "--parallel", "fsdp2"]], ids=["single", "fsdp2"])
+def test_resumed_run_is_the_uninterrupted_run_bitwise(tmp_path, parallel):
+    # NOTE: a warm-up longer than the run keeps the lr schedule independent of --steps, and
+    # eval every 3 steps puts the 3-step run's last evaluation where the 6-step run has one.
+    args = [*parallel, "--optimizers", "dmuon,adamw", "--warmup-steps", "8", "--eval-every", "3",
+            "--checkpoint-every", "3"]
+    whole = _train(tmp_path / "whole", *args, "--steps", "6")
+    _train(tmp_path / "resumed", *args, "--steps", "3")
+    resumed = _train(tmp_path / "resumed", *args, "--steps", "6", "--resume")
+    for name in ("dmuon", "adamw"):
+        for key in ("train_losses", "lrs", "val_steps", "val_losses"):
+            assert resumed[name][key] == whole[name][key], (name, key)
+        assert len(whole[name]["train_losses"]) == 6 and whole[name]["val_steps"] == [0, 3, 6]
+        saved = _checkpoint(tmp_path / "whole", name)
+        assert saved["progress"]["step"] == 6 and saved["scheduler"]["last_epoch"] == 6
+        _assert_bitwise_equal(_checkpoint(tmp_path / "resumed", name), saved, name)
+
+
+# --resume without a checkpoint names the path; a torn checkpoint is refused by name.
+def test_resume_refuses_a_missing_or_torn_checkpoint(tmp_path):
+    from dmuon.checkpoint import MARKER, CheckpointError
+
+    args = ["--world", "1", "--optimizers", "adamw", "--steps", "2", "--checkpoint-every", "1"]
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "checkpoints" / "adamw"))):
+        _train(tmp_path, *args, "--resume")
+    _train(tmp_path, *args)
+    (tmp_path / "checkpoints" / "adamw" / MARKER).unlink()
+    with pytest.raises(CheckpointError, match=f"no {MARKER}"):
+        _train(tmp_path, *args, "--steps", "3", "--resume")
 
 
 # Entropy of known byte strings, in nats.

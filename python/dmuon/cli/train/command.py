@@ -44,6 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--eval-every", type=int, default=d.eval_every)
     parser.add_argument("--eval-max-batches", type=int, default=d.eval_max_batches,
                         help="cap on validation batches (default: the whole val split)")
+    parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
+                        help="save every N steps and at the last (0: never) into OUT/checkpoints/<optimizer>")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue each optimizer's run from its checkpoint in OUT/checkpoints/<optimizer>")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
@@ -70,6 +74,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         eval_every=args.eval_every,
         eval_max_batches=args.eval_max_batches,
         out_dir=args.out,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
         plot=not args.no_plot,
         progress=not args.no_progress,
     )

@@ -63,6 +63,12 @@ class TrainConfig:
     plot: bool = True
     progress: bool = True
 
+    # Checkpoints (dmuon.checkpoint, under out_dir/checkpoints/<optimizer>): every
+    # `checkpoint_every` steps and at the last step (0: none); `resume` continues each run
+    # from its latest one.
+    checkpoint_every: int = 0
+    resume: bool = False
+
     def __post_init__(self) -> None:
         # Validate every field; each error names the bad argument.
         if not self.optimizers:
@@ -95,6 +101,11 @@ class TrainConfig:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})"
             )
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
+        if "torch-muon" in self.optimizers and (self.checkpoint_every or self.resume):
+            raise ValueError("checkpoint_every/resume: 'torch-muon' (two torch optimizers under one "
+                             "reference wrapper) has no state dict to checkpoint; drop it or the checkpoint options")
         if self.eval_max_batches is not None and self.eval_max_batches < 1:
             raise ValueError(f"eval_max_batches must be >= 1 or None, got {self.eval_max_batches}")
         if not 0.0 < self.val_fraction < 1.0:

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from dmuon.cli.train.checkpoints import checkpoint_dir, resume_run, save_run
 from dmuon.cli.train.config import TrainConfig
 from dmuon.cli.train.data import Corpus, eval_batches, sample_batch
 from dmuon.cli.train.model import build_model, loss_fn
@@ -68,7 +69,9 @@ def evaluate(model: torch.nn.Module, batches, device: torch.device) -> float:
 def run_training(config: TrainConfig, optimizer_name: str, corpus: Corpus) -> RunResult:
     """Train a fresh model (seeded init) with `optimizer_name` on the seeded batch order.
     Under torch.distributed every rank calls this; each trains on its slice of every
-    global batch and rank 0's progress bar shows the loss averaged over ranks."""
+    global batch and rank 0's progress bar shows the loss averaged over ranks. With
+    config.resume it continues from the run's checkpoint (checkpoints.py), and with
+    config.checkpoint_every it saves one."""
     device = torch.device(config.resolved_device())
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: {config.device!r} requested but CUDA is not available")
@@ -85,16 +88,26 @@ def run_training(config: TrainConfig, optimizer_name: str, corpus: Corpus) -> Ru
         max_batches=config.eval_max_batches,
     )
 
-    train_losses: list[float] = []
-    lrs: list[float] = []
+    # A fresh start (val loss of the untrained model), or the run's latest checkpoint.
+    directory = checkpoint_dir(config.out_dir, optimizer_name)
+    history = {"step": 0, "train_losses": [], "lrs": [], "val_steps": [], "val_losses": []}
+    if config.resume:
+        history = resume_run(directory, model, optimizer, scheduler, generator, history)
+        if history["step"] >= config.steps:
+            raise ValueError(f"steps: the checkpoint at {directory} is at step {history['step']}; "
+                             f"--steps {config.steps} leaves nothing to train")
+    else:
+        history["val_steps"], history["val_losses"] = [0], [evaluate(model, val_set, device)]
+    first_step = history["step"]
+    train_losses, lrs = history["train_losses"], history["lrs"]
+    val_steps, val_losses = history["val_steps"], history["val_losses"]
     step_times: list[float] = []
-    val_steps, val_losses = [0], [evaluate(model, val_set, device)]
     eval_time = 0.0
     start = time.perf_counter()
 
     progress = tqdm(
-        range(config.steps), desc=f"{optimizer_name:>10}", disable=not (config.progress and is_main_rank()),
-        dynamic_ncols=True, leave=True,
+        range(first_step, config.steps), initial=first_step, total=config.steps, desc=f"{optimizer_name:>10}",
+        disable=not (config.progress and is_main_rank()), dynamic_ncols=True, leave=True,
     )
     for step in progress:
         # Forward/backward on the next batch of the shared order.
@@ -134,6 +147,11 @@ def run_training(config: TrainConfig, optimizer_name: str, corpus: Corpus) -> Ru
             progress.set_postfix(loss=f"{loss_value:.3f}", val=f"{val_losses[-1]:.3f}")
         elif step % 10 == 0:
             progress.set_postfix(loss=f"{loss_value:.3f}", val=f"{val_losses[-1]:.3f}")
+
+        # Periodic checkpoint (and one at the last step).
+        if config.checkpoint_every and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
+            history["step"] = step + 1
+            save_run(directory, model, optimizer, scheduler, generator, history)
     progress.close()
 
     # Summaries.
@@ -150,7 +168,7 @@ def run_training(config: TrainConfig, optimizer_name: str, corpus: Corpus) -> Ru
         val_losses=val_losses,
         final_val_loss=val_losses[-1],
         final_train_loss=sum(window) / len(window),
-        tokens_per_s=config.steps * config.tokens_per_step / train_time,
+        tokens_per_s=(config.steps - first_step) * config.tokens_per_step / train_time,
         step_time_median_ms=1e3 * statistics.median(timed),
         step_time_mean_ms=1e3 * statistics.fmean(timed),
         train_time_s=train_time,
