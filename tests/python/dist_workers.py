@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import dmuon
+from worker_tensors import whole
 
 # Awkward shapes: tiny, thin, dim 0 smaller than the world, not divisible by it, a 3-D
 # expert stack, a 4-D conv weight.
@@ -75,7 +76,7 @@ def _lr_scale(params: list[torch.Tensor], exact: list[torch.Tensor], initial: li
     SHAPES through dmuon.reference in float16 against float64, 3 steps), ~1e-6 in float32."""
     num = den = 0.0
     for p, q, p0 in zip(params, exact, initial):
-        u = ((p.full_tensor() if hasattr(p, "full_tensor") else p).detach() - p0).double().flatten().cpu()
+        u = (whole(p) - p0).double().flatten().cpu()
         r = (q.detach() - p0).double().flatten().cpu()
         num, den = num + float(u @ r), den + float(r @ r)
     return num / den
@@ -237,13 +238,9 @@ def wrapped_training_matches_single_process(rank: int, world: int, wrapper: str,
                            num_steps, per_rank=2)
     errors, update_errors = errors_against_reference(model, reference, initial)
     return {"errors": errors, "update_errors": update_errors, "owners": opt.runtime.owners,
-            "state_errors": {name: _rel(_whole(opt.state[p][key]), ref_opt.state[q][key])
+            "state_errors": {name: _rel(whole(opt.state[p][key]), ref_opt.state[q][key])
                              for (name, p), q in zip(model.named_parameters(), reference.parameters())
                              for key in opt.state.get(p, {}) if key == "normuon_v"}}
-
-
-def _whole(t: torch.Tensor) -> torch.Tensor:
-    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
 
 
 def train_beside_reference(rank: int, world: int, reference: nn.Module, ref_opt, opt, backward,

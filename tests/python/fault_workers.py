@@ -11,14 +11,11 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 import dmuon
+from dmuon.torn_state import first_line
 from dist_workers import TinyTransformer, _batches, _loss
 
 # NOTE: the victim stalls past the survivors' collective timeout, then goes on.
 STALL_S = 6.0
-
-
-def _first_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
 
 
 def killed_inside_step(rank: int, world: int, where: str, directory: str, ownership: bool = False) -> dict:
@@ -63,7 +60,7 @@ def killed_inside_step(rank: int, world: int, where: str, directory: str, owners
         train_step(1)
         out["step 2"] = "stepped"
     except Exception as error:  # noqa: BLE001 - reported to the test
-        out["step 2"] = _first_line(error)
+        out["step 2"] = first_line(error)
     torn = opt.torn_step
     out["torn"] = None if torn is None else (torn.step_idx, torn.phase, torn.error)
     for name, call in (("step", opt.step), ("state_dict", opt.state_dict),
@@ -73,7 +70,7 @@ def killed_inside_step(rank: int, world: int, where: str, directory: str, owners
             call()
             out[name] = "no error"
         except Exception as error:  # noqa: BLE001 - reported to the test
-            out[name] = _first_line(error)
+            out[name] = first_line(error)
             # NOTE: TornStateError only where raised before any collective (one on the broken
             # world would raise Gloo's error instead).
             out[f"{name} class"] = type(error).__name__
