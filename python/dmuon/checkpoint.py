@@ -187,6 +187,14 @@ def save(state: dict[str, Any], directory: str | os.PathLike, *, process_group: 
     _on_rank0(finish, f"completing the save of {directory}", process_group)
 
 
+def found(directory: str | os.PathLike) -> bool:
+    """Whether `load` has anything to read at `directory`: a checkpoint there, or (a save
+    killed between its two renames) at ``<directory>.previous``. Complete or not: `load`
+    names what is wrong with one that is not."""
+    path = Path(directory)
+    return path.exists() or _siblings(path)[1].exists()
+
+
 def load(state: dict[str, Any], directory: str | os.PathLike, *, process_group: Any = None) -> None:
     """torch.distributed.checkpoint.load into `state` (in place) from a checkpoint that
     `save` completed; a torn, incomplete or missing one raises CheckpointError, naming what

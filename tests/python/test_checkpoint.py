@@ -122,6 +122,7 @@ def test_a_killed_save_keeps_the_previous_checkpoint_and_its_torn_one_is_refused
     child = subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(directory), where], capture_output=True,
                            text=True, timeout=120)
     assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
+    assert dmuon.checkpoint.found(directory)  # at <directory>.previous after the first rename
     assert _loaded(directory) == (1.0, 1)
     staging = tmp_path / "ckpt.saving"
     if where != "between-renames":
@@ -145,6 +146,7 @@ def test_torn_foreign_and_missing_checkpoints_are_refused_with_a_catchable_error
     dcp.save({"w": torch.ones(8)}, checkpoint_id=str(raw))
     with pytest.raises(dmuon.checkpoint.CheckpointError, match="no dmuon_checkpoint.json"):
         _loaded(raw)
+    assert not dmuon.checkpoint.found(tmp_path / "missing")
     with pytest.raises(dmuon.checkpoint.CheckpointError, match="no such directory"):
         _loaded(tmp_path / "missing")
     # Nor is a directory of other files replaced by a save.

@@ -41,9 +41,7 @@ def resume_run(directory: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     naming the path; a torn or incomplete one: dmuon.checkpoint.CheckpointError."""
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    # NOTE: a save killed between its renames leaves the checkpoint at <directory>.previous,
-    # which dmuon.checkpoint.load takes.
-    if not directory.exists() and not directory.with_name(directory.name + ".previous").exists():
+    if not checkpoint.found(directory):
         raise FileNotFoundError(f"resume: no checkpoint at {directory} (a run with --checkpoint-every N "
                                 "and the same --out saves one)")
     state = _state(model, optimizer, scheduler, generator, progress)
