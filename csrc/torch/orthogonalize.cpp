@@ -70,6 +70,11 @@ at::Tensor orthogonalize_on(step::DeviceOps& ops, const at::Tensor& batch, const
     to.push_back({out.slice(k * numel, numel), k, 0, rows});
   }
   const step::NsBatchDesc desc{rows, cols, num, step::DType::kFloat32, &schedule, graphs};
+  // NOTE: on torch's default stream the ops run on a stream of their own (CudaOps makes one
+  // for a null stream): joined both ways, or the caller's next kernel reads the output
+  // before it is written (on an H100, 154 of 168 outputs read at once differed from the
+  // same outputs read after a synchronize, NaN in most).
+  const OpsStreamScope on_ops_stream(ops);
   ops.orthogonalize(
       desc, [&](const step::NsView& iterate, bool) { ops.iterate_from_pieces(from, desc, iterate, step::Buffer{}); },
       [&](const step::NsView& result) { ops.result_to_pieces(result, desc, to); });

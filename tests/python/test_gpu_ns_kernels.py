@@ -123,6 +123,26 @@ def make_input(kind: str, shape, device="cuda") -> torch.Tensor:
 NS_SHAPES = [(1, 256, 512), (4, 96, 96), (2, 64, 48), (1, 127, 1001), (64, 32, 80), (3, 1001, 127), (8, 384, 1152)]
 
 
+# The op's output is complete for the caller's next kernel on the caller's stream (the
+# default stream, where the step ops run on a stream of their own, or a side stream): a
+# copy made at once, with no synchronize, equals the output read after one.
+@needs_backend
+@pytest.mark.parametrize("backend", ["cuda", "cuda_dense"])
+@pytest.mark.parametrize("on_side_stream", [False, True], ids=["default_stream", "side_stream"])
+def test_output_is_ordered_on_the_callers_stream(backend, on_side_stream):
+    x = torch.randn(16, 1024, 3072, device="cuda")
+    coefficients, restarts = schedule("gram")
+    stream = torch.cuda.Stream() if on_side_stream else torch.cuda.current_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            poison_allocator()
+            out = ops.orthogonalize(x, "gram", coefficients, restarts, 1e-7, backend, "float16")
+            at_once = out.clone()
+            torch.cuda.synchronize()
+            assert torch.isfinite(out).all() and torch.equal(at_once, out), backend
+
+
 @needs_backend
 @pytest.mark.parametrize("algorithm", ["gram", "standard"])
 @pytest.mark.parametrize("kind", ["random", "ill_conditioned", "low_rank", "decaying"])
