@@ -58,6 +58,23 @@ ensure_python_packages() {
 ensure_test_packages() {
   "$PYTHON" -m pip install -q --no-compile -r tests/requirements.txt
   "$PYTHON" -m pip install -q --no-compile --no-deps -r tests/requirements-no-deps.txt
+  if trainer_importable; then
+    "$PYTHON" -m pip install -q --no-compile --no-deps -r tests/requirements-trainer.txt
+  fi
+}
+
+# Whether torchtitan's Trainer can import with this torch: its torch.distributed.fsdp exports
+# DataParallelMeshDims (torch 2.11's does not). NOTE: read from the file: importing
+# torch.distributed.fsdp to ask takes 3 s of CPU on a 2-core machine.
+trainer_importable() {
+  "$PYTHON" - <<'EOF'
+import importlib.util
+import pathlib
+import sys
+
+fsdp = pathlib.Path(importlib.util.find_spec("torch").origin).parent / "distributed" / "fsdp" / "__init__.py"
+sys.exit("DataParallelMeshDims" not in fsdp.read_text())
+EOF
 }
 
 # Build the core, its tests and dmuon._C into $BUILD_DIR; editable install of the package.

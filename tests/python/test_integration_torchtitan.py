@@ -1,11 +1,17 @@
 """dmuon.integrations.torchtitan against the real torchtitan (tests/requirements.txt): the
 container from its config, torchtitan's lr-scheduler container and clipping, FQN-keyed DCP
-checkpoints on 2 Gloo ranks under FSDP2, the state made before a first step."""
+checkpoints on 2 Gloo ranks under FSDP2, the state made before a first step; torchtitan's
+Trainer on its debug model where the torch can import it (tests/requirements-trainer.txt)."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed import fsdp
 
 pytest.importorskip("torchtitan.components.optimizer")
 
@@ -79,3 +85,31 @@ def test_a_step_zero_checkpoint_resumes_as_no_checkpoint():
     for p, q in zip(*(m.parameters() for m in models)):
         assert torch.equal(p, q)
     assert isinstance(containers[0].optimizers[0], dmuon.DMuon)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(fsdp, "DataParallelMeshDims"),
+                    reason=f"torchtitan 0.3.0's Trainer imports torch.distributed.fsdp.DataParallelMeshDims, which "
+                           f"torch {torch.__version__} lacks (bash scripts/run.sh test --torch newest runs it)")
+def test_trainer_trains_the_debug_model_and_resumes_its_checkpoint_as_the_whole_run(tmp_path, monkeypatch):
+    """The README's line in torchtitan's llama3_debugmodel config, its Trainer on 2 Gloo ranks
+    (FSDP2): the loss falls below its first step's, and a run the Trainer resumes from its
+    step-3 DCP checkpoint logs the same losses and ends with the same parameters, bit for bit."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # datasets' cache of the JSON dataset
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    torchtitan_workers.write_trainer_assets(str(tmp_path))
+    whole = run_distributed(torchtitan_workers.train_debug_model, 2, str(tmp_path), "whole", None,
+                            fresh=True, timeout_s=600)
+    resumed = run_distributed(torchtitan_workers.train_debug_model, 2, str(tmp_path), "resumed", "whole",
+                              fresh=True, timeout_s=600)
+    steps, saved = torchtitan_workers.TRAINER_STEPS, torchtitan_workers.CHECKPOINT_STEP
+    losses = whole[0]["losses"]
+    assert sorted(losses) == list(range(1, steps + 1)) and all(map(math.isfinite, losses.values()))
+    assert max(losses[s] for s in range(2, steps + 1)) < losses[1], losses
+    assert whole[0]["optimizers"] == ["DMuon"] and whole[1]["losses"] == losses
+    keys = dcp.FileSystemReader(str(tmp_path / "whole" / "checkpoint" / f"step-{saved}")).read_metadata().state_dict_metadata
+    assert "optimizer.state.layers.0.attention.qkv_linear.wqkv.weight.momentum_buffer" in keys  # DMuon's, by FQN
+    assert resumed[0]["losses"] == {s: losses[s] for s in range(saved + 1, steps + 1)}
+    params, resumed_params = whole[0]["params"], resumed[0]["params"]
+    assert params.keys() == resumed_params.keys()
+    assert all(np.array_equal(params[n], resumed_params[n]) for n in params)
