@@ -23,6 +23,15 @@ def input_checks() -> Iterator[None]:
         raise UsageError(str(error)) from None
 
 
+def check_at_least(args, **lows: float) -> None:
+    """Every named argument of `args` that is given (not None) at least its low bound, else
+    an error naming it (`--warmup must be >= 0, got -1`; NaN is refused too)."""
+    for name, low in lows.items():
+        value = getattr(args, name)
+        if value is not None and not value >= low:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+
+
 def leaf_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
     """The (sub)parser that parsed the chosen subcommand, following each subparsers choice."""
     while True:

@@ -20,7 +20,6 @@ stopped, and the run restarts in fresh processes at the next smaller micro-batch
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import statistics
@@ -30,10 +29,10 @@ from pathlib import Path
 import torch
 
 from dmuon.cli.bench.e2e_setup import (backward_step_on, build_sharded, check_args, early_ns_share, micro_batch_arg,
-                                       mixed_precision)
-from dmuon.cli.bench.environment import environment_line
+                                       mixed_precision, random_tokens, torch_device)
+from dmuon.cli.bench.environment import environment_line, write_json
 from dmuon.cli.bench.fake_world import add_fake_world_arguments
-from dmuon.cli.bench.memory import peak, release, reset_peak
+from dmuon.cli.bench.memory import peak, release, reset_peak, sync
 
 # NOTE: the share of GPU memory the predicted micro-batch may fill: the allocator's
 # fragmentation and NCCL's buffers live outside what the probes measure.
@@ -112,7 +111,7 @@ class _Run:
 
         self.rank, self.world, self.config = rank, world, config
         self.device = config["device"]
-        self.torch_device = torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
+        self.torch_device = torch_device(self.device)
         self.mesh = init_device_mesh(self.device, (world,))
         self.spec = model_spec(config["model"], config["seq"])
         self.settings = Settings(device_type=self.device,
@@ -166,15 +165,6 @@ class _Run:
         self.param_counts = self.param_counts or counts
         return model, opt, owned
 
-    def tokens(self, micro_batch: int) -> torch.Tensor:
-        gen = torch.Generator(device=self.torch_device).manual_seed(self.config["seed"] * 1000 + self.rank)
-        return torch.randint(0, self.spec.vocab_size, (micro_batch, self.config["seq"]), generator=gen,
-                             device=self.torch_device)
-
-    def sync(self) -> None:
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-
     def train(self, name: str, micro_batch: int, num_steps: int, warmup: int) -> dict | None:
         """Time `num_steps` steps after `warmup` with a fresh model; None (on every rank)
         if any rank ran out of memory."""
@@ -186,7 +176,8 @@ class _Run:
 
         def build():
             state["model"], state["opt"], state["owned"] = self.build(name)
-            state["tokens"] = self.tokens(micro_batch)
+            state["tokens"] = random_tokens(self.spec, micro_batch, self.config["seq"], self.config["seed"], self.rank,
+                                            self.torch_device)
 
         times: list[tuple[float, float, float]] = []
 
@@ -197,7 +188,7 @@ class _Run:
             # (backward ends by making the current stream wait for it).
             events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if self.device == "cuda" else None
             dist.barrier()
-            self.sync()
+            sync(self.device)
             start = time.perf_counter()
             if events:
                 events[0].record()
@@ -215,7 +206,7 @@ class _Run:
             opt.zero_grad(set_to_none=True)
             if events:
                 events[2].record()
-            self.sync()
+            sync(self.device)
             end = time.perf_counter()
             if events:
                 split = (events[0].elapsed_time(events[1]) / 1e3, events[1].elapsed_time(events[2]) / 1e3)
@@ -459,11 +450,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"micro-batch {first['micro_batch']} per rank ({how}) | median of {args.steps} steps after "
           f"{args.warmup} warm-up | optimizers: " + "; ".join(f"{n} = {OPTIMIZERS[n].description}" for n in optimizers))
     _print_table(merged, dict(world=world, micro_batch=first["micro_batch"], seq=args.seq))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        record = {"environment": env, "config": {**config, "world": world}, "micro_batch": first["micro_batch"],
-                  "probe": {k: v for k, v in probe.items()}, "out_of_memory_at": first["out_of_memory_at"],
-                  "param_counts": counts, "slowest_rank": merged,
-                  "per_rank": {str(r): results[r]["optimizers"] for r in results}}
-        args.json.write_text(json.dumps(record, indent=1, default=str))
+    write_json(args.json, {"environment": env, "config": {**config, "world": world}, "micro_batch": first["micro_batch"],
+                           "probe": probe, "out_of_memory_at": first["out_of_memory_at"], "param_counts": counts,
+                           "slowest_rank": merged, "per_rank": {str(r): results[r]["optimizers"] for r in results}})
     return 0

@@ -49,7 +49,6 @@ BENCHMARKS.md "Host time of the step, and the step begun from backward").
 from __future__ import annotations
 
 import contextlib
-import json
 import statistics
 import time
 
@@ -57,10 +56,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dmuon.cli.bench.e2e_setup import backward_step_on
-from dmuon.cli.bench.environment import environment_line
-from dmuon.cli.bench.fake_world import (PROJECTION_MODEL, ClusterTopology, check_rank, check_world, fake_rank,
-                                    require_no_process_group, topology_from_args)
-from dmuon.cli.bench.memory import release
+from dmuon.cli.bench.environment import environment_line, write_json
+from dmuon.cli.bench.fake_world import PROJECTION_MODEL, ClusterTopology, check_fake_run, fake_rank, world_mesh
+from dmuon.cli.bench.memory import release, sync
 
 # c10d ops by collective kind (the ring formula they are projected with).
 _KINDS = {
@@ -134,22 +132,21 @@ class _FakeRankTrainer:
     several optimizers can be trained in turns (`--order turns`)."""
 
     def __init__(self, name: str, config: dict, mesh, topology: ClusterTopology) -> None:
-        from dmuon.cli.bench.e2e_setup import build_sharded, mixed_precision
+        from dmuon.cli.bench.e2e_setup import build_sharded, mixed_precision, random_tokens, torch_device
         from dmuon.cli.bench.e2e_models import model_spec
         from dmuon.cli.bench.e2e_optimizers import Settings
         from dmuon.cli.bench.fake_grads import PostBackwardSanitizer
 
         self.name, self.config, self.topology = name, config, topology
         self.device = config["device"]
-        torch_device = (torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda"
-                        else torch.device("cpu"))
+        device = torch_device(self.device)
         self.spec = model_spec(config["model"], config["seq"])
         # NOTE: installed before the optimizer is built: it runs before DMuon's backward hooks.
-        self.sanitizer = PostBackwardSanitizer(torch.Generator(device=torch_device).manual_seed(config["seed"] + 17))
+        self.sanitizer = PostBackwardSanitizer(torch.Generator(device=device).manual_seed(config["seed"] + 17))
         try:
             # NOTE: record_timeline: the stage timeline the projection reads, as bench step --fake-world.
             self.model, self.opt, self.counts, _ = build_sharded(
-                self.spec, name, mesh, mixed_precision(self.device), torch_device,
+                self.spec, name, mesh, mixed_precision(self.device), device,
                 Settings(device_type=self.device, backward_step=config["backward_step_on"],
                          bucket_size_mb=config.get("bucket_mb"), record_timeline=True),
                 config["seed"], before_optimizer=self.sanitizer.install)
@@ -159,17 +156,12 @@ class _FakeRankTrainer:
             raise RuntimeError(f"--model {config['model']} does not fit the device at --fake-world "
                                f"{config['world']}{together}: building {name}'s model and its shards ran out of "
                                f"memory ({error})") from None
-        gen = torch.Generator(device=torch_device).manual_seed(config["seed"] * 1000 + config["rank"])
-        self.tokens = torch.randint(0, self.spec.vocab_size, (config["micro_batch"], config["seq"]), generator=gen,
-                                    device=torch_device)
+        self.tokens = random_tokens(self.spec, config["micro_batch"], config["seq"], config["seed"], config["rank"],
+                                    device)
         self.times: list[tuple[float, float]] = []
         self.muon: list[dict] = []
         self.sanitize: list[float] = []
         self.counter = CollectiveCounter()
-
-    def _sync(self) -> None:
-        if self.device == "cuda":
-            torch.cuda.synchronize()
 
     def step(self, timed: bool, counting: bool = False, phase=lambda name: contextlib.nullcontext()) -> None:
         """One training step: forward + backward, then the optimizer step, each timed;
@@ -180,7 +172,7 @@ class _FakeRankTrainer:
         from dmuon.cli.bench.fake_step_projection import muon_projection
 
         self.sanitizer.clear_log()
-        self._sync()
+        sync(self.device)
         start = time.perf_counter()
         with phase("bench.fwd_bwd"):
             if counting:
@@ -188,19 +180,19 @@ class _FakeRankTrainer:
                     self.spec.loss(self.model, self.tokens).backward()
             else:
                 self.spec.loss(self.model, self.tokens).backward()
-            self._sync()
+            sync(self.device)
         mid = time.perf_counter()
         with phase("bench.opt_step"):
             self.opt.step()
-            self._sync()
+            sync(self.device)
         end = time.perf_counter()
         if counting:
             # The overwrite's own time: one pass over every gradient (values unused now).
             for _ in range(3):
-                self._sync()
+                sync(self.device)
                 t0 = time.perf_counter()
                 sanitize_gradients(self.model.parameters(), self.sanitizer.generator)
-                self._sync()
+                sync(self.device)
                 self.sanitize.append(time.perf_counter() - t0)
         self.opt.zero_grad(set_to_none=True)
         if timed and not counting:
@@ -272,19 +264,14 @@ def run_fake(args) -> int:
     from dmuon.cli.bench.e2e_models import HF_CONFIGS, require_transformers
     from dmuon.cli.bench.e2e_optimizers import parse_optimizers
     from dmuon.cli.usage import input_checks
-    from dmuon.cli.launch import resolve_device
 
     with input_checks():
         if args.world is not None:
             raise ValueError("--fake-world runs one process; it cannot be combined with --world")
         check_args(args)
         world = args.fake_world
-        replicas, shards = check_world(world, args.hsdp)
+        replicas, shards, topology, device = check_fake_run(args, world)
         rank = 0 if args.rank is None else args.rank
-        check_rank(rank, world)
-        topology = topology_from_args(args)
-        require_no_process_group()
-        device = resolve_device(args.device)
         optimizers = parse_optimizers(args.optimizers)
         micro_batch = micro_batch_arg(args.micro_batch) or 1  # NOTE: no memory search on a fake rank
         if args.model in HF_CONFIGS:
@@ -299,19 +286,11 @@ def run_fake(args) -> int:
     print(f"dmuon bench e2e --fake-world {world}{hsdp}, rank {rank} | {env}", flush=True)
 
     with fake_rank(rank, world):
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = (init_device_mesh(device, (replicas, shards), mesh_dim_names=("replicate", "shard")) if replicas > 1
-                else init_device_mesh(device, (world,)))
+        mesh = world_mesh(device, world, replicas)
         train = _train_in_turns if config["order"] == "turns" else _train_sequential
         results = train(config, mesh, topology)
 
-    record = _report(results, config, topology, env, (replicas, shards))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(record, indent=1, default=str))
-        tmp.replace(args.json)
+    write_json(args.json, _report(results, config, topology, env, (replicas, shards)))
     return 0
 
 

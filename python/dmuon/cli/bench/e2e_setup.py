@@ -1,5 +1,6 @@
 """What `bench e2e` and `bench e2e --fake-world` share: the argument checks, the FSDP2-sharded
-model with its optimizer, and the share of the Newton–Schulz begun from backward."""
+model with its optimizer, the rank's tokens, and the share of the Newton–Schulz begun from
+backward."""
 
 from __future__ import annotations
 
@@ -17,9 +18,20 @@ def micro_batch_arg(value: str) -> int | None:
 
 def check_args(args) -> None:
     """--seq, --steps, --warmup and --max-micro-batch in range."""
-    for name, low in (("seq", 2), ("steps", 1), ("warmup", 0), ("max_micro_batch", 1)):
-        if getattr(args, name) < low:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    from dmuon.cli.usage import check_at_least
+
+    check_at_least(args, seq=2, steps=1, warmup=0, max_micro_batch=1)
+
+
+def torch_device(device: str) -> torch.device:
+    """This process's device of `device` ("cuda": its current GPU, or "cpu")."""
+    return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+
+
+def random_tokens(spec, micro_batch: int, seq: int, seed: int, rank: int, device: torch.device) -> torch.Tensor:
+    """A rank's [micro_batch, seq] token ids of `spec`'s vocabulary (its own generator per seed and rank)."""
+    gen = torch.Generator(device=device).manual_seed(seed * 1000 + rank)
+    return torch.randint(0, spec.vocab_size, (micro_batch, seq), generator=gen, device=device)
 
 
 def mixed_precision(device: str):

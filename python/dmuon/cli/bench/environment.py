@@ -1,9 +1,12 @@
-"""The header every benchmark table starts with: machine, GPU, driver, torch, CUDA, NCCL."""
+"""What every benchmark's output starts and ends with: the environment line heading its
+table (machine, GPU, driver, torch, CUDA, NCCL) and its JSON record, written whole."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import platform
+from pathlib import Path
 
 import torch
 
@@ -37,3 +40,13 @@ def environment_line(device: str) -> str:
 
         parts.append(f"CPU {cpu} ({os.cpu_count()} cores)")
     return " | ".join(parts)
+
+
+def write_json(path: Path | None, record: dict) -> None:
+    """`record` written to `path` (None: nowhere) through a temporary file, never half-written."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=str))
+    tmp.replace(path)

@@ -155,6 +155,28 @@ def parse_fake_mesh(text: str, world: int | None) -> tuple[int, int]:
     return dp, tp
 
 
+def check_fake_run(args, world: int) -> tuple[int, int, ClusterTopology, str]:
+    """The checks of every --fake-world run: (replicas, shards) of --hsdp, --rank inside the
+    world, the topology, no process group yet; then (replicas, shards, topology, device)."""
+    from dmuon.cli.launch import resolve_device
+
+    replicas, shards = check_world(world, args.hsdp)
+    if args.rank is not None:
+        check_rank(args.rank, world)
+    topology = topology_from_args(args)
+    require_no_process_group()
+    return replicas, shards, topology, resolve_device(args.device)
+
+
+def world_mesh(device: str, world: int, replicas: int):
+    """The fake world's mesh: 1-D over every rank, or HSDP's 2-D (replicate, shard) one."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if replicas > 1:
+        return init_device_mesh(device, (replicas, world // replicas), mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(device, (world,))
+
+
 def check_rank(rank: int, world: int) -> None:
     if not isinstance(rank, int) or not 0 <= rank < world:
         raise ValueError(f"--rank {rank} is outside the fake world of {world} (ranks 0..{world - 1})")

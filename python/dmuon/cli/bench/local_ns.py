@@ -1,5 +1,8 @@
-"""The one-GPU reference for a fake rank's Newton–Schulz: the time the local path takes to
-orthogonalize the same matrices a rank owns, measured in the same run.
+"""One process's Muon step over a model's matrices, and its Newton–Schulz alone: the
+parameters with random gradients (`model_params`) and the DMuon that steps them
+(`local_dmuon`), which ``bench ns``, ``bench ns --variants`` and ``bench sym`` time; and the
+one-GPU reference for a fake rank's Newton–Schulz (`local_ns_ms`): the time the local path
+takes to orthogonalize the same matrices a rank owns, measured in the same run.
 
 The matrices are grouped by shape into batches of at most 2 GiB (`chunks`, which ``bench
 ns`` batches by too; its ``NS only`` line runs the same `orthogonalize_all`), and each batch
@@ -18,6 +21,25 @@ import torch
 # matrices would need 15 GiB for its input alone and ran out of memory next to the
 # parameters, gradients and momentum on an H200 (141 GB).
 _CHUNK_BYTES = 2 << 30
+
+
+def model_params(shapes: list[tuple[int, int, int]], device: str = "cuda") -> list[torch.Tensor]:
+    """fp32 parameters of (batch, rows, cols) matrices (a stack where batch > 1), each with a
+    random gradient set."""
+    params = [torch.randn(*((b,) if b > 1 else ()), r, c, device=device) * 0.02 for b, r, c in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    return params
+
+
+def local_dmuon(params, **execution):
+    """dmuon.DMuon over `params` (tensors or param groups) as the one-process benches step it:
+    lr 0.02, no weight decay, `execution`'s further Execution fields.
+    NOTE: one process: the plan is trivial, so the analytic cost model (no profiling)."""
+    import dmuon
+
+    return dmuon.DMuon(params, lr=0.02, weight_decay=0.0,
+                       execution=dmuon.Execution(cost_model="analytic", **execution))
 
 
 def chunks(indices: list[int], matrix_numel: int) -> list[list[int]]:

@@ -1,4 +1,5 @@
-"""Memory figures for the benchmarks: the CUDA allocator's, or the process's resident set."""
+"""Memory figures for the benchmarks (the CUDA allocator's, or the process's resident set),
+and the device waited for before a figure or a time is read."""
 
 from __future__ import annotations
 
@@ -31,6 +32,12 @@ def peak(device: str) -> int:
     if device == "cuda":
         return torch.cuda.max_memory_allocated()
     return _proc_status_kib("VmHWM") * 1024
+
+
+def sync(device: str) -> None:
+    """The host waits for the device's work so far (nothing to wait for on the CPU)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def release(device: str) -> None:

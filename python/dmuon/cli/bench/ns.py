@@ -21,47 +21,33 @@ from collections import OrderedDict
 import torch
 
 from dmuon.cli.bench.environment import environment_line
-from dmuon.cli.bench.local_ns import chunks, orthogonalize_all
+from dmuon.cli.bench.local_ns import chunks, local_dmuon, model_params, orthogonalize_all
 from dmuon.cli.bench.memory import release
 from dmuon.cli.bench.timing import alternating_ms, cuda_time_ms, interleaved_ms
 
-# DESIGN.md §6 decoder shapes, used when the planner's manifests are not importable:
-# (hidden, intermediate, layers, heads, kv heads).
-_DESIGN_MODELS = {
-    "qwen2.5-0.5b": (896, 4864, 24, 14, 2),
-    "qwen2.5-1.5b": (1536, 8960, 28, 12, 2),
-    "qwen2.5-7b": (3584, 18944, 28, 28, 4),
-    "llama-3.1-8b": (4096, 14336, 32, 32, 8),
-    "tiny": (64, 160, 2, 4, 2),  # NOTE: for smoke runs (CPU) of --variants
-}
+# NOTE: for smoke runs (CPU) of --variants: (hidden, intermediate, layers, heads, kv heads).
+_TINY_DIMS = (64, 160, 2, 4, 2)
 
 
 def design_dims(name: str) -> tuple:
-    """(hidden, intermediate, layers, heads, kv heads) of a model of _DESIGN_MODELS."""
-    if name.lower() not in _DESIGN_MODELS:
-        raise ValueError(f"--model {name!r} has no decoder dimensions here; choose one of {', '.join(_DESIGN_MODELS)}")
-    return _DESIGN_MODELS[name.lower()]
+    """(hidden, intermediate, layers, heads, kv heads) of a shipped decoder (its public
+    config, e2e_models.HF_CONFIGS) or of "tiny"."""
+    from dmuon.cli.bench.e2e_models import HF_CONFIGS
+
+    if name.lower() == "tiny":
+        return _TINY_DIMS
+    if name.lower() not in HF_CONFIGS:
+        raise ValueError(f"--model {name!r} has no decoder dimensions here; choose one of tiny, {', '.join(HF_CONFIGS)}")
+    c = HF_CONFIGS[name.lower()][1]
+    return (c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["num_attention_heads"],
+            c["num_key_value_heads"])
 
 
 def model_shapes(name: str) -> list[tuple[int, int, int]]:
-    """[(batch, rows, cols)] of every Muon matrix of the model."""
-    try:
-        from dmuon.cli.plan.manifest import load_model
-    except ImportError:
-        load_model = None
-    if load_model is not None:
-        try:
-            manifest = load_model(name)
-            return [(m.batch, m.rows, m.cols) for m in manifest.matrices]
-        except ValueError:
-            if name.lower() not in _DESIGN_MODELS:
-                raise
-    if name.lower() not in _DESIGN_MODELS:
-        raise ValueError(f"--model {name!r} is unknown; choose one of {', '.join(_DESIGN_MODELS)}")
-    h, i, layers, heads, kv = _DESIGN_MODELS[name.lower()]
-    d = h // heads
-    per_layer = [(1, h, h), (1, kv * d, h), (1, kv * d, h), (1, h, h), (1, i, h), (1, i, h), (1, h, i)]
-    return per_layer * layers
+    """[(batch, rows, cols)] of every Muon matrix of a shipped model manifest."""
+    from dmuon.cli.plan.manifest import load_model
+
+    return [(m.batch, m.rows, m.cols) for m in load_model(name).matrices]
 
 
 def dense_bf16_peak_tflops() -> float:
@@ -114,11 +100,6 @@ def plain_batched_ns_(groups: dict, steps: int = 5) -> None:
             if key[1] > key[2]:
                 x = x.transpose(-2, -1)
             torch._foreach_add_([params[i] for i in part], list(x.float().unbind(0)), alpha=-0.02)
-
-
-def environment() -> str:
-    """The header of a GPU run (environment.environment_line); bench sym prints it too."""
-    return environment_line("cuda")
 
 
 def sym_kernel_table(args, testing_ops, kernel_ok: bool) -> None:
@@ -259,7 +240,6 @@ def format_measured_floor(bound: dict, step_ms: float) -> str:
 
 
 def run(args) -> None:
-    import dmuon
     from dmuon import analysis
     from dmuon.cli.usage import input_checks
 
@@ -279,7 +259,7 @@ def run(args) -> None:
         raise SystemExit("bench ns needs a CUDA GPU")
     testing_ops = torch.ops.dmuon_testing
     torch.manual_seed(0)
-    print(environment())
+    print(environment_line("cuda"))
     peak = dense_bf16_peak_tflops()
     print(f"dense bf16 peak (8192^3 matmul, same run): {peak:.0f} TFLOP/s", flush=True)
     copy_gbs = copy_bandwidth_gbs()
@@ -293,9 +273,7 @@ def run(args) -> None:
         shapes = model_shapes(model)
         ns_eq = ns_equivalent_flops(shapes)
         executed_dmuon = gram_symmetric_flops(shapes) * (1 if kernel_ok else 2)
-        params = [torch.randn(*((b,) if b > 1 else ()), r, c, device="cuda") * 0.02 for b, r, c in shapes]
-        for p in params:
-            p.grad = torch.randn_like(p) * 1e-3
+        params = model_params(shapes)
         numel = sum(p.numel() for p in params)
         results = OrderedDict()
         # NOTE: the first steps tune every configuration and capture the graphs (step 2 on
@@ -329,10 +307,8 @@ def run(args) -> None:
 
         def dmuon_step(bucket_mb, streams=0):
             def make():
-                # NOTE: one GPU: the plan is trivial, so the analytic cost model (no profiling).
                 # NOTE: fused_streams None (streams 0): DMUON_FUSED_STREAMS or its default.
-                opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, execution=dmuon.Execution(
-                    bucket_size_mb=bucket_mb, cost_model="analytic", fused_streams=streams or None))
+                opt = local_dmuon(params, bucket_size_mb=bucket_mb, fused_streams=streams or None)
                 last_dmuon["runtime"] = opt.runtime  # NOTE: built now, before the timed steps
                 # NOTE: the floor below counts the kernels of the schedule the step runs.
                 group = opt.param_groups[0]

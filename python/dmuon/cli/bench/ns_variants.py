@@ -99,7 +99,7 @@ def parse_variants(text: str) -> list[str]:
 
 def make_step(groups: Groups, device: torch.device) -> tuple[Callable[[], Any], int]:
     """DMuon.step over fresh fp32 parameters of `groups` (gradients set); and its parameter count."""
-    import dmuon
+    from dmuon.cli.bench.local_ns import local_dmuon
 
     gen = torch.Generator(device=device).manual_seed(0)
     param_groups, numel = [], 0
@@ -111,10 +111,7 @@ def make_step(groups: Groups, device: torch.device) -> tuple[Callable[[], Any], 
             params.append((f"g{g_idx}.m{k}", p))
             numel += rows * cols
         param_groups.append({"params": params, "use_muon": True, **options})
-    # NOTE: one process: the plan is trivial, so the analytic cost model (no profiling).
-    optimizer = dmuon.DMuon(param_groups, lr=0.02, weight_decay=0.0,
-                            execution=dmuon.Execution(cost_model="analytic"))
-    return optimizer.step, numel
+    return local_dmuon(param_groups).step, numel
 
 
 def run_variants(args, dims_of: Callable[[str], tuple]) -> None:

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from dmuon.cli.bench.environment import environment_line
+from dmuon.cli.bench.environment import environment_line, write_json
 from dmuon.cli.bench.fake_world import add_fake_world_arguments
 from dmuon.cli.bench.memory import release
-from dmuon.cli.bench.step_inputs import bench_model, check_counts, dmuon_of, parse_methods, sharded_tensors, write_json
+from dmuon.cli.bench.step_inputs import bench_model, check_counts, dmuon_of, parse_methods, sharded_tensors
 from dmuon.cli.bench.timing import wall_steps
 
 

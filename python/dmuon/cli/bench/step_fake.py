@@ -23,13 +23,13 @@ import statistics
 
 import torch
 
-from dmuon.cli.bench.environment import environment_line
+from dmuon.cli.bench.environment import environment_line, write_json
 from dmuon.cli.bench import fake_mesh as fake_mesh_rules
-from dmuon.cli.bench.fake_world import (PROJECTION_MODEL, ClusterTopology, check_fits, check_rank, check_world,
-                                        fake_rank, parse_fake_mesh, require_no_process_group, topology_from_args)
+from dmuon.cli.bench.fake_world import (PROJECTION_MODEL, ClusterTopology, check_fake_run, check_fits, fake_rank,
+                                        parse_fake_mesh, world_mesh)
 from dmuon.cli.bench.memory import memory_in_use, release
 from dmuon.cli.bench.step_inputs import (bench_model, check_counts, chunk_length, dmuon_of, parse_methods,
-                                         sharded_tensors, write_json)
+                                         sharded_tensors)
 from dmuon.cli.bench.timing import wall_steps
 
 # NOTE: fp32 parameter, gradient and two AdamW moments per element: the largest state of
@@ -52,10 +52,10 @@ def _local_numel(shapes: list, shard: int, shards: int) -> int:
 class _Settings:
     """What every rank run of one invocation shares."""
 
-    def __init__(self, args, device: str, world: int, shapes: list, names: list,
+    def __init__(self, args, device: str, world: int, replicas: int, shapes: list, names: list,
                  fake_mesh: tuple[int, int] | None = None) -> None:
         self.device, self.world, self.shapes, self.names = device, world, shapes, names
-        self.replicas, self.shards = check_world(world, args.hsdp)
+        self.replicas, self.shards = replicas, world // replicas
         # The fake mesh (DP x TP): every matrix's TP style; DMuon's group is the whole world.
         self.fake_mesh = fake_mesh
         self.styles = [fake_mesh_rules.tp_style(n, s) for n, s in zip(names, shapes)] if fake_mesh else []
@@ -72,9 +72,7 @@ class _Settings:
 
         if self.fake_mesh:
             return init_device_mesh(self.device, self.fake_mesh, mesh_dim_names=("dp", "tp"))
-        if self.replicas > 1:
-            return init_device_mesh(self.device, (self.replicas, self.shards), mesh_dim_names=("replicate", "shard"))
-        return init_device_mesh(self.device, (self.world,))
+        return world_mesh(self.device, self.world, self.replicas)
 
     def placements(self):
         from torch.distributed.tensor import Replicate, Shard
@@ -261,7 +259,6 @@ def _headline(entry: dict, rank: int) -> dict:
 def run_fake(args) -> int:
     """bench step --fake-world: validate, run the chosen ranks, project, print, write JSON."""
     from dmuon.cli.usage import input_checks
-    from dmuon.cli.launch import resolve_device
 
     with input_checks():
         if args.world is not None or args.worlds is not None:
@@ -273,15 +270,10 @@ def run_fake(args) -> int:
                 raise ValueError("--fake-mesh places FSDP2 x TP; it cannot be combined with --hsdp")
             fake_mesh = parse_fake_mesh(args.fake_mesh, args.fake_world)
         world = args.fake_world if fake_mesh is None else fake_mesh[0] * fake_mesh[1]
-        check_world(world, args.hsdp)
-        if args.rank is not None:
-            check_rank(args.rank, world)
-        topology = topology_from_args(args)
-        require_no_process_group()
-        device = resolve_device(args.device)
+        replicas, _, topology, device = check_fake_run(args, world)
         methods = parse_methods(args.mode)
         model = bench_model(args, device)
-    settings = _Settings(args, device, world, model.shapes, model.names, fake_mesh)
+    settings = _Settings(args, device, world, replicas, model.shapes, model.names, fake_mesh)
     env = environment_line(device)
     if fake_mesh:
         counts = {s: settings.styles.count(s) for s in fake_mesh_rules.STYLES}

@@ -1,12 +1,9 @@
 """What `bench step` and `bench step --fake-world` share: the manifest's matrices, the
-argument checks, the shards FSDP2 lays out, the DMuon they time, and the JSON record
-written whole."""
+argument checks, the shards FSDP2 lays out and the DMuon they time."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -61,14 +58,9 @@ def dmuon_of(names: list, params: list, mode: str, options: dict, **execution):
 
 def check_counts(args) -> None:
     """--steps, --warmup, --profile-steps and --bucket-mb in range."""
-    for name in ("steps", "warmup", "profile_steps"):
-        value = getattr(args, name)
-        if value is None:
-            continue
-        if value < (1 if name == "steps" else 0):
-            raise ValueError(f"--{name.replace('_', '-')} must be >= {1 if name == 'steps' else 0}, got {value}")
-    if not args.bucket_mb >= 0:
-        raise ValueError(f"--bucket-mb must be >= 0, got {args.bucket_mb}")
+    from dmuon.cli.usage import check_at_least
+
+    check_at_least(args, steps=1, warmup=0, profile_steps=0, bucket_mb=0)
 
 
 def parse_methods(text: str) -> list[str]:
@@ -104,12 +96,3 @@ def sharded_tensors(shapes: list, mesh, rank: int, world: int, seed: int, device
                                           shape=torch.Size(shape), stride=stride))
     return tensors
 
-
-def write_json(path: Path | None, record: dict) -> None:
-    """`record` written to `path` (None: nowhere) through a temporary file, never half-written."""
-    if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)

@@ -152,11 +152,9 @@ def step_table(model: str, shapes, paths, iters: int, warmup: int) -> None:
     holds its own state and graph workspaces), the first path timed again last."""
     import gc
 
-    import dmuon
+    from dmuon.cli.bench.local_ns import local_dmuon, model_params
 
-    params = [torch.randn(*((b,) if b > 1 else ()), r, c, device="cuda") * 0.02 for b, r, c in shapes]
-    for p in params:
-        p.grad = torch.randn_like(p) * 1e-3
+    params = model_params(shapes)
     print(f"\nmodel {model}: dmuon.DMuon.step ({len(params)} Muon tensors), median ms; x: time / the first path")
     saved = os.environ.get("DMUON_SYM_PATH")
     first = None
@@ -164,7 +162,7 @@ def step_table(model: str, shapes, paths, iters: int, warmup: int) -> None:
         for path in list(paths) + [paths[0]]:
             # NOTE: the knob is read when the step's CUDA ops are made (the optimizer's first step).
             os.environ["DMUON_SYM_PATH"] = path
-            opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, execution=dmuon.Execution(cost_model="analytic"))
+            opt = local_dmuon(params)
             # NOTE: the first steps tune every product of this path and capture the graphs.
             ms = cuda_time_ms(opt.step, max(warmup, 4), iters)
             first = ms if first is None else first
@@ -182,7 +180,7 @@ def step_table(model: str, shapes, paths, iters: int, warmup: int) -> None:
 
 
 def run(args) -> None:
-    from dmuon.cli.bench.ns import environment
+    from dmuon.cli.bench.environment import environment_line
     from dmuon.cli.usage import input_checks
 
     with input_checks():
@@ -194,7 +192,7 @@ def run(args) -> None:
     if not hasattr(testing_ops, "cuda_sym_portable_configs"):
         raise SystemExit("bench sym needs a build with the CUDA backend")
     torch.manual_seed(0)
-    print(environment())
+    print(environment_line("cuda"))
     kernel_ok = bool(testing_ops.cuda_sym_kernel_usable(torch.zeros(1, device="cuda"), "float16"))
     kernel_configs = list(testing_ops.cuda_sym_configs()) if kernel_ok else []
     print(f"sm_90a kernel usable here: {kernel_ok}", flush=True)

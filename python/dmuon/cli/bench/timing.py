@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-from dmuon.cli.bench.memory import memory_in_use, peak, reset_peak
+from dmuon.cli.bench.memory import memory_in_use, peak, reset_peak, sync
 
 
 # Spin-kernel length that keeps the device busy while the host enqueues a whole step
@@ -102,12 +102,10 @@ def wall_steps(step, num_steps: int, warmup: int, device: str, *, barrier: bool 
             import torch.distributed as dist
 
             dist.barrier()
-        if device == "cuda":
-            torch.cuda.synchronize()
+        sync(device)
         start = time.perf_counter()
         step()
-        if device == "cuda":
-            torch.cuda.synchronize()
+        sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - start)
             if after_timed is not None:
