@@ -21,9 +21,7 @@
 # cases run 1.5B at fake 64 with both orders.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-OUT=${OUT:-/tmp/dmuon_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+source scripts/device_env.sh
 # NOTE: the default cases now build AdamW's model first in every run (on and off compare
 # alike) and run 1.5B at fake 8 and 64 only, to fit one 10-minute call.
 DEFAULT_CASES="qwen2.5-1.5b:64:on:adamw,dmuon:profile qwen2.5-1.5b:64:off:adamw,dmuon
@@ -31,7 +29,6 @@ qwen2.5-1.5b:8:on:adamw,dmuon:profile qwen2.5-1.5b:8:off:adamw,dmuon"
 CASES=${CASES:-$DEFAULT_CASES}
 STEPS=${STEPS:-5}
 SEQ=${SEQ:-4096}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
 python3 -c "import dmuon._C" 2>/dev/null || source scripts/device_build.sh || exit 1
 
 runs=()

@@ -1,20 +1,12 @@
 #!/usr/bin/env bash
 # Build dmuon on a GPU machine (editable install into build/device) for the device scripts.
-# Sourced by the device scripts; its log goes under $OUT (default /tmp/dmuon_out).
-# Carry .cutlass (the unpacked nvidia-cutlass headers) so the sm_90a kernel is built.
-# EXPERIMENTAL_KERNELS=1: also its experimental instances (-DDMUON_EXPERIMENTAL_KERNELS=ON).
-# NOTE: the GPU machine's environment sets CC/CXX to /opt/gcc, a toolchain that links
-# libstdc++ statically into shared objects. dmuon._C then carries its own libstdc++
-# beside the one Python and torch load, and the first iostream use (the planner's
-# Plan::serialize) segfaults inside codecvt (seen with cuda-gdb: frames of
-# libstdc++'s read_utf8_code_point resolved inside _C.so). Build with the system compilers.
-if [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then
-  export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
-fi
+# Sourced by the device scripts from the repository root (with scripts/device_env.sh); its
+# log goes under $OUT. Carry .cutlass (the unpacked nvidia-cutlass headers) so the sm_90a
+# kernel is built. EXPERIMENTAL_KERNELS=1: also its experimental instances
+# (-DDMUON_EXPERIMENTAL_KERNELS=ON).
+source scripts/device_env.sh
 
 # Build (no GoogleTest or CBC on the GPU machine: the core tests and MILP are skipped there).
-OUT=${OUT:-/tmp/dmuon_out}
-mkdir -p "$OUT"
 start=$(date +%s)
 if ! python3 -m pip install -q --no-build-isolation --no-deps -e . -Cbuild-dir=build/device \
       -Ccmake.define.DMUON_BUILD_TESTS=OFF \

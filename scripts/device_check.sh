@@ -6,9 +6,6 @@
 # Writes logs under $OUT when set.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-OUT=${OUT:-/tmp/dmuon_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 SANITIZE=0
 MODELS=()
 while [ $# -gt 0 ]; do
@@ -20,9 +17,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+source scripts/device_env.sh
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
-
 source scripts/device_build.sh || exit 1
 
 # A C++ error raised through dmuon._C after CUDA is initialized must reach Python intact.

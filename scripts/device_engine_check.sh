@@ -14,13 +14,7 @@
 # Usage (device tool, carry [".cutlass", ".old_tree"]): bash scripts/device_engine_check.sh
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-OUT=${OUT:-/tmp/dmuon_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# NOTE: the system compilers, as scripts/device_build.sh explains.
-if [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then
-  export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
-fi
+source scripts/device_env.sh
 [ -d .old_tree ] || { echo "no .old_tree (git archive <commit> | tar -x -C .old_tree, then carry it)"; exit 2; }
 ROOT=$PWD
 cutlass=()

@@ -17,8 +17,6 @@
 # file (fake_world.json), the logs into run.log and build.log.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-OUT=${OUT:-/tmp/dmuon_out}
-mkdir -p "$OUT"
 START=$(date +%s)
 BUDGET=560
 DEVICE=${DEVICE:-cuda}
@@ -30,7 +28,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source scripts/device_env.sh
 WORK=$(mktemp -d /tmp/fake_world.XXXXXX)
 LOG="$OUT/run.log"
 : > "$LOG"
@@ -58,7 +56,6 @@ step() {
 }
 
 if [ "$DEVICE" = cuda ]; then
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$LOG"
   t0=$(date +%s)
   source scripts/device_build.sh || { echo "BUILD FAILED"; exit 1; }
   printf 'build\tok\t%s\n' "$(( $(date +%s) - t0 ))" >> "$WORK/stages.tsv"

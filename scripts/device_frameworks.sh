@@ -60,9 +60,6 @@ EOF
 # GPU machine: build dmuon, install into a folder on PYTHONPATH exactly the wheels its Python
 # lacks (pip's resolver against the installed packages, from $WHEELS only), run the test.
 on_device() {
-  OUT=${OUT:-/tmp/dmuon_out}
-  mkdir -p "$OUT"
-  export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   [ -d "$WHEELS" ] || { echo "no $WHEELS: run 'bash scripts/device_frameworks.sh download' here and carry it"; exit 2; }
   # NOTE: built first, with the machine's own packages (nothing of $WHEELS on the path yet).
   # shellcheck source=scripts/device_build.sh

@@ -12,8 +12,6 @@
 # Writes logs under $OUT when set.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 source scripts/device_build.sh || exit 1
 export DMUON_AUTOTUNE_CACHE=/tmp/dmuon_autotune_peak.txt
 rm -f "$DMUON_AUTOTUNE_CACHE"
@@ -29,15 +27,12 @@ python3 -m dmuon bench ns --model qwen2.5-1.5b --iters 5 --warmup 2 --skip-basel
 # stream's first runs), then one replayed step.
 python3 - <<'EOF' 2>&1 | tee "$OUT/memory_stats.log"
 import torch
-import dmuon
+from dmuon.cli.bench.local_ns import local_dmuon, model_params
 from dmuon.cli.bench.ns import model_shapes
 
 GiB = 2**30
 torch.manual_seed(0)
-params = [torch.randn(*((b,) if b > 1 else ()), r, c, device="cuda") * 0.02 for b, r, c in model_shapes("qwen2.5-1.5b")]
-for p in params:
-    p.grad = torch.randn_like(p) * 1e-3
-opt = dmuon.DMuon(params, lr=0.02, weight_decay=0.0, execution=dmuon.Execution(cost_model="analytic"))
+opt = local_dmuon(model_params(model_shapes("qwen2.5-1.5b")))
 keys = ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
         "reserved_bytes.all.peak", "active_bytes.all.peak", "num_alloc_retries", "num_ooms")
 for step in range(1, 7):

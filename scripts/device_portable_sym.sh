@@ -9,10 +9,6 @@
 # Writes logs under $OUT when set.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-OUT=${OUT:-/tmp/dmuon_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 source scripts/device_build.sh || exit 1
 SO=$(ls build/device/csrc/torch/_C*.so 2>/dev/null | head -1)
 [ -n "$SO" ] && command -v cuobjdump >/dev/null && echo "SASS targets: $(cuobjdump --list-elf "$SO" | grep -o 'sm_[0-9a]*' | sort -u | tr '\n' ' ')"

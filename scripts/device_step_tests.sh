@@ -9,16 +9,10 @@
 # Writes logs under $OUT when set.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-OUT=${OUT:-/tmp/dmuon_out}
-mkdir -p "$OUT"
+source scripts/device_env.sh
 SANITIZE=0
 [ "${1:-}" = "--sanitize" ] && SANITIZE=1
 [ -f .gtest/CMakeLists.txt ] || { echo "no .gtest (carry a copy of /usr/src/googletest)"; exit 2; }
-# NOTE: the system compilers, as scripts/device_build.sh explains.
-if [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then
-  export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
-fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 # CMake and Ninja from the system, else from their pip packages (what pip builds use).
 CMAKE=$(command -v cmake || python3 -c "import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, 'cmake'))" 2>/dev/null)
 [ -n "$CMAKE" ] || { echo "no cmake (system or pip)"; exit 2; }

@@ -18,12 +18,7 @@
 # the build included), so one hang cannot eat the call; logs and JSON go to $OUT.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-OUT=${OUT:-/tmp/dmuon_out}
-mkdir -p "$OUT"
 START=$(date +%s)
-
-# NVLink multicast stays off (the launcher sets these for its ranks too).
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 # Arguments.
 STAGES=test,step,e2e,e2e7b,project
@@ -49,13 +44,23 @@ while [ $# -gt 0 ]; do
 done
 wants() { [[ ",$STAGES," == *",$1,"* ]]; }
 
+source scripts/device_env.sh
+
 # Stage runner (scripts/stage_runner.sh). NOTE: 20 s of the budget are kept for the summary.
 STAGES_TSV="$OUT/stages.tsv" STAGE_RESERVE=20 STAGE_MIN=30
 : > "$STAGES_TSV"
 source scripts/stage_runner.sh
 
-# Environment: GPUs, driver, interconnect, torch/CUDA/NCCL, transformers.
-nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
+# One `python -m dmuon bench` command as a stage: its output into $OUT/LOG and, without
+# Python's warnings, on screen. Usage: bench_stage NAME LIMIT LOG BENCH-ARGS…
+bench_stage() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  run_stage "$name" "$limit" bash -c 'python3 -m dmuon bench "$@" 2>&1 | tee "$0" |
+    grep -v -E "UserWarning|FutureWarning|DeprecationWarning|warnings.warn"; exit ${PIPESTATUS[0]}' "$OUT/$log" "$@"
+}
+
+# Environment: the interconnect, torch/CUDA/NCCL, transformers.
 nvidia-smi topo -m 2>/dev/null | head -12
 python3 -c "
 import torch
@@ -95,26 +100,21 @@ fi
 # 2. Optimizer step (owner vs gather vs fused AdamW) per model at every world size.
 if wants step; then
   for model in ${STEP_MODELS//,/ }; do
-    run_stage "bench step $model" $(( 60 + 100 * NUM_WORLDS )) \
-      bash -c "python3 -m dmuon bench step --model '$model' --worlds '$WORLDS' --json '$OUT/step_$model.json' 2>&1 \
-               | tee '$OUT/step_$model.log' | grep -v -E 'UserWarning|FutureWarning|DeprecationWarning|warnings.warn'; exit \${PIPESTATUS[0]}"
+    bench_stage "bench step $model" $(( 60 + 100 * NUM_WORLDS )) "step_$model.log" \
+      step --model "$model" --worlds "$WORLDS" --json "$OUT/step_$model.json"
   done
 fi
 
 # 3. End-to-end training step on every GPU: each optimizer vs AdamW, largest micro-batch.
 if wants e2e; then
-  run_stage "bench e2e $E2E_MODEL" 300 \
-    bash -c "python3 -m dmuon bench e2e --model '$E2E_MODEL' --world auto --seq 4096 --micro-batch '$E2E_MICRO_BATCH' \
-             --optimizers '$E2E_OPTIMIZERS' --json '$OUT/e2e_$E2E_MODEL.json' 2>&1 \
-             | tee '$OUT/e2e_$E2E_MODEL.log' | grep -v -E 'UserWarning|FutureWarning|DeprecationWarning|warnings.warn'; exit \${PIPESTATUS[0]}"
+  bench_stage "bench e2e $E2E_MODEL" 300 "e2e_$E2E_MODEL.log" e2e --model "$E2E_MODEL" --world auto --seq 4096 \
+    --micro-batch "$E2E_MICRO_BATCH" --optimizers "$E2E_OPTIMIZERS" --json "$OUT/e2e_$E2E_MODEL.json"
 fi
 
 # 4. Qwen2.5-7B's training step at world 8 (only where 8 GPUs are present).
 if wants e2e7b && [ "$NUM_GPUS" -ge 8 ]; then
-  run_stage "bench e2e qwen2.5-7b, 8 GPUs" 300 \
-    bash -c "python3 -m dmuon bench e2e --model qwen2.5-7b --world 8 --seq 4096 --micro-batch 1 --steps 3 --warmup 2 \
-             --optimizers '$E2E_OPTIMIZERS' --json '$OUT/e2e_qwen2.5-7b.json' 2>&1 \
-             | tee '$OUT/e2e_qwen2.5-7b.log' | grep -v -E 'UserWarning|FutureWarning|DeprecationWarning|warnings.warn'; exit \${PIPESTATUS[0]}"
+  bench_stage "bench e2e qwen2.5-7b, 8 GPUs" 300 e2e_qwen2.5-7b.log e2e --model qwen2.5-7b --world 8 --seq 4096 \
+    --micro-batch 1 --steps 3 --warmup 2 --optimizers "$E2E_OPTIMIZERS" --json "$OUT/e2e_qwen2.5-7b.json"
 fi
 
 # 5. The fake-world projection of the same steps on one GPU of this machine, then its error
@@ -139,10 +139,8 @@ fi
 
 # 6. The same training step on one GPU: weight-ownership vs owner mode vs AdamW.
 if wants e2e1; then
-  run_stage "bench e2e qwen2.5-0.5b, 1 GPU" 200 \
-    bash -c "python3 -m dmuon bench e2e --model qwen2.5-0.5b --world 1 --seq 4096 --micro-batch auto \
-             --optimizers dmuon-ownership,dmuon,adamw --json '$OUT/e2e_1gpu.json' 2>&1 \
-             | tee '$OUT/e2e_1gpu.log' | grep -v -E 'UserWarning|FutureWarning|DeprecationWarning|warnings.warn'; exit \${PIPESTATUS[0]}"
+  bench_stage "bench e2e qwen2.5-0.5b, 1 GPU" 200 e2e_1gpu.log e2e --model qwen2.5-0.5b --world 1 --seq 4096 \
+    --micro-batch auto --optimizers dmuon-ownership,dmuon,adamw --json "$OUT/e2e_1gpu.json"
 fi
 
 echo "total: $(( $(date +%s) - START )) s"

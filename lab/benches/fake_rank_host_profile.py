@@ -106,7 +106,7 @@ def phase_seconds(marks: dict[str, float], start: float, stop: float) -> dict[st
 def main() -> None:
     from dmuon.cli.bench.e2e_fake import _FakeRankTrainer
     from dmuon.cli.bench.e2e_models import HF_CONFIGS
-    from dmuon.cli.bench.fake_world import ClusterTopology, fake_rank
+    from dmuon.cli.bench.fake_world import ClusterTopology, fake_rank, world_mesh
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-7b", choices=sorted(HF_CONFIGS))
@@ -125,10 +125,7 @@ def main() -> None:
                   backward_step_on=False)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     with fake_rank(0, args.world):
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh(args.device, (args.world,))
-        trainer = _FakeRankTrainer("dmuon", config, mesh, ClusterTopology())
+        trainer = _FakeRankTrainer("dmuon", config, world_mesh(args.device, args.world, 1), ClusterTopology())
         opt = trainer.opt
         for _ in range(2):  # NOTE: the plan, allocations and (on GPUs) kernel choices
             trainer.step(timed=False)

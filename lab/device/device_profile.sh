@@ -10,10 +10,6 @@
 # --multigpu last runs the multigpu tests over NCCL when the machine has several GPUs.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
-OUT=${OUT:-/tmp/dmuon_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-
 MULTIGPU=0
 SHAPES="896x896x72c 1536x1536x56c 896x4864x72 3584x18944x7"
 NCU_OURS=""
@@ -31,7 +27,6 @@ NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 NCU_ARGS=(--clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis
           --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats)
 
-nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 # NOTE: with the experimental instances (sym_kernel_bench.py --experimental below).
 EXPERIMENTAL_KERNELS=1 source scripts/device_build.sh || exit 1
 
