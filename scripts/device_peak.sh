@@ -27,8 +27,7 @@ python3 -m dmuon bench ns --model qwen2.5-1.5b --iters 5 --warmup 2 --skip-basel
 # stream's first runs), then one replayed step.
 python3 - <<'EOF' 2>&1 | tee "$OUT/memory_stats.log"
 import torch
-from dmuon.cli.bench.local_ns import local_dmuon, model_params
-from dmuon.cli.bench.ns import model_shapes
+from dmuon.cli.bench.local_ns import local_dmuon, model_params, model_shapes
 
 GiB = 2**30
 torch.manual_seed(0)

@@ -24,12 +24,11 @@ H200).
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
 
 from dmuon._ops import testing_ops
-from dmuon.cli.bench import timing
+from dmuon.cli.bench import sym, timing
 
 # (m, k, batch, with β·C): the Gram products X·Xᵀ and the m³ products of Qwen2.5 0.5B–7B.
 SHAPES = [
@@ -52,38 +51,17 @@ def timed_iters(probe_ms: float, rounds: int, budget_ms: float = 60.0) -> int:
     return int(min(50, max(5, budget_ms / rounds / max(probe_ms, 1e-3))))
 
 
-def operands(m: int, k: int, batch: int, with_c: bool):
-    """A, B ([batch, m, k] fp16, row stride a multiple of 8) and C (or None)."""
-    ld = (k + 7) // 8 * 8
-    a = (torch.randn(batch, m, ld, device="cuda") / math.sqrt(k)).half()[..., :k]
-    b = a if not with_c else (torch.randn(batch, m, ld, device="cuda") / math.sqrt(k)).half()[..., :k]
-    c = None
-    if with_c:
-        c = torch.randn(batch, m, m, device="cuda").half()
-        c = c + c.transpose(1, 2)
-    return a, b, c
-
-
 def time_shape(m, k, batch, with_c, configs, rounds=3):
-    """{name: ms} for cuBLAS ("cublas") and every configuration that runs, timed in turns."""
-    a, b, c = operands(m, k, batch, with_c)
-    alpha, beta = (1.0, 0.0) if not with_c else (0.75, -0.5)
-    if with_c:
-        dense = lambda: torch.baddbmm(c, a, b.transpose(1, 2), beta=beta, alpha=alpha)  # noqa: E731
-    else:
-        dense = lambda: torch.bmm(a, b.transpose(1, 2))  # noqa: E731
-    fns, iters = {"cublas": dense}, {"cublas": timed_iters(timing.cuda_time_ms(dense, 2, 1), rounds)}
-    for config in configs:
-        # NOTE: unpoisoned output: the timed call holds the product alone, as cuBLAS's does.
-        fn = lambda config=config: testing_ops.cuda_sym_product_config(a, b, c, alpha, beta, config, poison=False)  # noqa: E731
-        try:
-            probe = timing.cuda_time_ms(fn, 2, 1)  # two warm-ups, one probe
-        except RuntimeError as error:  # an unbuilt or inapplicable configuration
-            print(f"  {config}: {str(error).splitlines()[0][:120]}")
-            continue
-        fns[config], iters[config] = fn, timed_iters(probe, rounds)
+    """{name: ms} for cuBLAS ("cublas") and every configuration that runs, timed in turns on
+    bench sym's operands (rows padded to 8 elements), each with its own timing count."""
+    product = {"batch": batch, "m": m, "k": k, "with_c": with_c, "same_operands": not with_c}
+    fns, failed = sym.product_fns(product, configs)
+    for failure in failed:  # an unbuilt or inapplicable configuration
+        print(f"  {failure[:120]}")
+    # NOTE: two warm-ups, one probe: its time sets the configuration's timings a round.
+    iters = {name: timed_iters(timing.cuda_time_ms(fn, 2, 1), rounds) for name, fn in fns.items()}
     out = timing.interleaved_ms(fns, iters, rounds)
-    del a, b, c, fns
+    del fns
     torch.cuda.empty_cache()
     return out
 

@@ -395,7 +395,6 @@ def _launch_until_it_fits(config: dict, world: int, timeout_s: float, worker=Non
 
 
 def run(args: argparse.Namespace) -> int:
-    from dmuon.cli.bench.e2e_models import HF_CONFIGS, require_transformers
     from dmuon.cli.bench.e2e_optimizers import OPTIMIZERS, parse_optimizers
     from dmuon.cli.launch import resolve_device, resolve_world
 
@@ -417,8 +416,6 @@ def run(args: argparse.Namespace) -> int:
         world = resolve_world("auto" if args.world is None else args.world, device)
         micro_batch = micro_batch_arg(args.micro_batch)
         optimizers = parse_optimizers(args.optimizers)
-    if args.model in HF_CONFIGS:
-        require_transformers(args.model)  # NOTE: fail here, before any process starts
     config = dict(model=args.model, device=device, seq=args.seq, micro_batch=micro_batch,
                   max_micro_batch=args.max_micro_batch, optimizers=optimizers, steps=args.steps,
                   warmup=args.warmup, seed=args.seed, backward_step=args.backward_step,

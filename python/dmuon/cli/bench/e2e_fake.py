@@ -261,7 +261,6 @@ def _train_in_turns(config: dict, mesh, topology: ClusterTopology, names: list[s
 def run_fake(args) -> int:
     """bench e2e --fake-world: validate, train each optimizer on the fake rank, project, print."""
     from dmuon.cli.bench.e2e_setup import check_args, micro_batch_arg
-    from dmuon.cli.bench.e2e_models import HF_CONFIGS, require_transformers
     from dmuon.cli.bench.e2e_optimizers import parse_optimizers
     from dmuon.cli.usage import input_checks
 
@@ -274,13 +273,10 @@ def run_fake(args) -> int:
         rank = 0 if args.rank is None else args.rank
         optimizers = parse_optimizers(args.optimizers)
         micro_batch = micro_batch_arg(args.micro_batch) or 1  # NOTE: no memory search on a fake rank
-        if args.model in HF_CONFIGS:
-            require_transformers(args.model)
     config = dict(model=args.model, device=device, seq=args.seq, micro_batch=micro_batch, steps=args.steps,
                   warmup=args.warmup, seed=args.seed, world=world, rank=rank,
-                  bucket_mb=getattr(args, "bucket_mb", None), optimizers=optimizers,
-                  order=getattr(args, "order", None) or "turns", profile=bool(getattr(args, "profile", False)),
-                  backward_step_on=getattr(args, "backward_step", "auto") == "on")  # NOTE: auto: the library's default (off)
+                  bucket_mb=args.bucket_mb, optimizers=optimizers, order=args.order or "turns", profile=args.profile,
+                  backward_step_on=args.backward_step == "on")  # NOTE: auto: the library's default (off)
     env = environment_line(device)
     hsdp = f" (HSDP {replicas} x {shards})" if replicas > 1 else ""
     print(f"dmuon bench e2e --fake-world {world}{hsdp}, rank {rank} | {env}", flush=True)

@@ -17,10 +17,14 @@ def micro_batch_arg(value: str) -> int | None:
 
 
 def check_args(args) -> None:
-    """--seq, --steps, --warmup and --max-micro-batch in range."""
+    """--seq, --steps, --warmup and --max-micro-batch in range; a Hugging Face --model needs
+    `transformers` (an ImportError here, before any process starts)."""
+    from dmuon.cli.bench.e2e_models import HF_CONFIGS, require_transformers
     from dmuon.cli.usage import check_at_least
 
     check_at_least(args, seq=2, steps=1, warmup=0, max_micro_batch=1)
+    if args.model in HF_CONFIGS:
+        require_transformers(args.model)
 
 
 def torch_device(device: str) -> torch.device:

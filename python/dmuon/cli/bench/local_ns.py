@@ -23,6 +23,13 @@ import torch
 _CHUNK_BYTES = 2 << 30
 
 
+def model_shapes(name: str) -> list[tuple[int, int, int]]:
+    """[(batch, rows, cols)] of every Muon matrix of a shipped model manifest."""
+    from dmuon.cli.plan.manifest import load_model
+
+    return [(m.batch, m.rows, m.cols) for m in load_model(name).matrices]
+
+
 def model_params(shapes: list[tuple[int, int, int]], device: str = "cuda") -> list[torch.Tensor]:
     """fp32 parameters of (batch, rows, cols) matrices (a stack where batch > 1), each with a
     random gradient set."""

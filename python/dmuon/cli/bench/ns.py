@@ -21,7 +21,7 @@ from collections import OrderedDict
 import torch
 
 from dmuon.cli.bench.environment import environment_line
-from dmuon.cli.bench.local_ns import chunks, local_dmuon, model_params, orthogonalize_all
+from dmuon.cli.bench.local_ns import chunks, local_dmuon, model_params, model_shapes, orthogonalize_all
 from dmuon.cli.bench.memory import release
 from dmuon.cli.bench.timing import alternating_ms, cuda_time_ms, interleaved_ms
 
@@ -41,13 +41,6 @@ def design_dims(name: str) -> tuple:
     c = HF_CONFIGS[name.lower()][1]
     return (c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["num_attention_heads"],
             c["num_key_value_heads"])
-
-
-def model_shapes(name: str) -> list[tuple[int, int, int]]:
-    """[(batch, rows, cols)] of every Muon matrix of a shipped model manifest."""
-    from dmuon.cli.plan.manifest import load_model
-
-    return [(m.batch, m.rows, m.cols) for m in load_model(name).matrices]
 
 
 def dense_bf16_peak_tflops() -> float:
@@ -106,32 +99,29 @@ def sym_kernel_table(args, testing_ops, kernel_ok: bool) -> None:
     """X·Xᵀ in fp16: cuBLAS dense vs every built configuration of the symmetric kernel, all
     timed in turns (interleaved_ms, 3 rotated rounds); then cuBLAS against the fastest of
     them in 5 alternating rounds, the figure the kernel target is read from."""
+    from dmuon.cli.bench.sym import product_fns
+
     configs = list(testing_ops.cuda_sym_configs()) if kernel_ok and hasattr(testing_ops, "cuda_sym_configs") else []
     for m, k in [(int(s.split("x")[0]), int(s.split("x")[1])) for s in args.sym_shapes]:
-        x = torch.randn(1, m, k, device="cuda", dtype=torch.float16) / k**0.5
+        fns, _ = product_fns({"batch": 1, "m": m, "k": k, "with_c": False, "same_operands": True}, configs)
         iters = max(args.iters * 4, 20)
-        def dense():
-            return torch.bmm(x, x.transpose(1, 2))
         if not configs:
-            dense_ms = cuda_time_ms(dense, 3, iters)
+            dense_ms = cuda_time_ms(fns["cublas"], 3, iters)
             print(f"X·Xᵀ {m}x{k} fp16: cuBLAS dense {dense_ms:.3f} ms ({2 * m * m * k / dense_ms / 1e9:.0f} TFLOP/s), "
                   "dmuon sym kernel: not usable on this GPU/build", flush=True)
-            del x
+            del fns
             continue
-        def sym(config):
-            # NOTE: unpoisoned output: the call holds the product alone, as torch.bmm's does.
-            return lambda: testing_ops.cuda_sym_product_config(x, x, None, 1.0, 0.0, config, poison=False)
         # NOTE: in turns, not one after another: sequential timings drifted by up to 8%
         # under the power limit (the same kernel twice, H200), as much as the configurations differ.
-        timed = interleaved_ms({"cublas": dense, **{c: sym(c) for c in configs}}, iters, rounds=3)
+        timed = interleaved_ms(fns, iters, rounds=3)
         dense_ms = timed.pop("cublas")
         best = min(timed, key=timed.get)
-        dense_r, best_r = alternating_ms(dense, sym(best), iters)
+        dense_r, best_r = alternating_ms(fns["cublas"], fns[best], iters)
         print(f"X·Xᵀ {m}x{k} fp16: in turns cuBLAS dense {dense_ms:.3f} ms ({2 * m * m * k / dense_ms / 1e9:.0f} TFLOP/s), "
               f"best sym config {best} {timed[best]:.3f} ms (speed-up {dense_ms / timed[best]:.2f}x); "
               f"alternating rounds: cuBLAS {dense_r:.3f} ms, {best} {best_r:.3f} ms, speed-up {dense_r / best_r:.2f}x; "
               + ", ".join(f"{c.split(':', 1)[1]} {t:.3f}" for c, t in timed.items()), flush=True)
-        del x
+        del fns
     release("cuda")
 
 

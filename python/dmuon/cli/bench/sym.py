@@ -20,6 +20,7 @@ from collections import OrderedDict
 
 import torch
 
+from dmuon.cli.bench.local_ns import model_shapes
 from dmuon.cli.bench.timing import cuda_time_ms, interleaved_ms
 
 # NOTE: Pi0 (openpi's gemma.py configurations): the PaliGemma backbone is Gemma 2B (width 2048,
@@ -40,8 +41,6 @@ def model_matrices(name: str) -> list[tuple[int, int, int]]:
     """(batch, rows, cols) of every Muon matrix of a model manifest, or of Pi0 ("pi0")."""
     if name.lower() == "pi0":
         return list(_PI0_SHAPES)
-    from dmuon.cli.bench.ns import model_shapes
-
     return model_shapes(name)
 
 
@@ -62,9 +61,11 @@ def _padded(batch: int, rows: int, cols: int, dtype) -> torch.Tensor:
     return torch.zeros(batch, rows, ld, device="cuda", dtype=dtype)[..., :cols]
 
 
-def time_product(p: dict, iters: int, kernel_configs: list[str]) -> dict:
-    """{"cublas", "lt:0", best of each portable family and of sm90 (name, ms)} of one product; a
-    configuration that fails its first run is left out and named in "failed"."""
+def product_fns(p: dict, configs: list[str]) -> tuple[dict, list[str]]:
+    """Callables of one product (a dict of dmuon.analysis.step_products) on fp16 operands laid
+    out as the backend lays them: "cublas", cuBLAS's dense product (torch.bmm / baddbmm, the
+    whole m×m result), then each configuration of `configs` through the test op; one that
+    fails its first run is left out and named in the list returned beside them."""
     testing_ops = torch.ops.dmuon_testing
     b, m, k = p["batch"], p["m"], p["k"]
     dtype = torch.float16
@@ -88,14 +89,21 @@ def time_product(p: dict, iters: int, kernel_configs: list[str]) -> dict:
         # NOTE: unpoisoned output: the call holds the product alone, as torch's does.
         return lambda: testing_ops.cuda_sym_product_config(a, rhs, c, alpha, beta, config, poison=False)
 
-    fns = {"cublas": cublas, "lt:0": named("lt:0")}
-    failed = []
-    for name in list(testing_ops.cuda_sym_portable_configs(m)) + kernel_configs:
+    fns, failed = {"cublas": cublas}, []
+    for name in configs:
         try:
             named(name)()
             fns[name] = named(name)
         except RuntimeError as error:  # NOTE: e.g. cuBLASLt offers no pointer-array algorithm here
             failed.append(f"{name}: {str(error).splitlines()[0]}")
+    return fns, failed
+
+
+def time_product(p: dict, iters: int, kernel_configs: list[str]) -> dict:
+    """{"cublas", "lt:0", best of each portable family and of sm90 (name, ms)} of one product,
+    timed in turns; a configuration that fails its first run is named in "failed"."""
+    portable = list(torch.ops.dmuon_testing.cuda_sym_portable_configs(p["m"]))
+    fns, failed = product_fns(p, ["lt:0", *portable, *kernel_configs])
     timed = interleaved_ms(fns, iters, rounds=3)
     out = {"cublas": timed["cublas"], "lt:0": timed["lt:0"], "failed": failed}
     groups = {column: [n for n in timed if n.split(":")[0] == prefix] for prefix, column in FAMILIES.items()}
@@ -104,7 +112,7 @@ def time_product(p: dict, iters: int, kernel_configs: list[str]) -> dict:
         if names:
             best = min(names, key=timed.get)
             out[column] = (best, timed[best])
-    del a, rhs, c
+    del fns
     return out
 
 

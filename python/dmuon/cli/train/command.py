@@ -53,31 +53,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+# Arguments whose parsed name is the TrainConfig field's; the others are mapped below.
+_SAME_NAMES = ("steps", "device", "world", "parallel", "seed", "batch_size", "seq_len", "d_model", "lr", "adamw_lr",
+               "weight_decay", "warmup_steps", "eval_every", "eval_max_batches", "checkpoint_every", "resume")
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """TrainConfig from parsed arguments (validation errors name the field)."""
     return TrainConfig(
         optimizers=tuple(name.strip() for name in args.optimizers.split(",") if name.strip()),
-        steps=args.steps,
-        device=args.device,
-        world=args.world,
-        parallel=args.parallel,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        d_model=args.d_model,
         num_layers=args.layers,
         num_heads=args.heads,
-        lr=args.lr,
-        adamw_lr=args.adamw_lr,
-        weight_decay=args.weight_decay,
-        warmup_steps=args.warmup_steps,
-        eval_every=args.eval_every,
-        eval_max_batches=args.eval_max_batches,
         out_dir=args.out,
-        checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
         plot=not args.no_plot,
         progress=not args.no_progress,
+        **{name: getattr(args, name) for name in _SAME_NAMES},
     )
 
 
