@@ -26,7 +26,7 @@ python3 -c "
 import torch, dmuon._ops as o
 torch.zeros(1, device='cuda')
 try:
-    o.ops.orthogonalize(torch.randn(4, 4), 'gram', [1.0, 0.0, 0.0], [], 1e-7, 'nonsense')
+    o.testing_ops.orthogonalize(torch.randn(4, 4), 'gram', [1.0, 0.0, 0.0], [], 1e-7, 'nonsense')
 except RuntimeError as e:
     print('C++ error reaches Python:', str(e).split(': ')[-1][:60])
 " || echo "C++ ERROR PATH CRASHED"
@@ -57,7 +57,7 @@ timeout 200 python3 -m pytest -q -m gpu tests/python --ignore tests/python/test_
 DMUON_AUTOTUNE=0 DMUON_AUTOTUNE_CACHE=none timeout 120 python3 - <<'PY' 2>&1 | tee "$OUT/restarts.log"
 import torch
 from dmuon import _C
-from dmuon._ops import ops
+from dmuon._ops import testing_ops
 from dmuon.reference import default_coefficients, newton_schulz_gram
 c, _ = _C.default_schedule("gram", 5)
 flat = [v for t in c for v in t]
@@ -68,9 +68,9 @@ for m, n in [(96, 96), (128, 128), (896, 896), (64, 200), (896, 4864)]:
     exact = torch.stack([newton_schulz_gram(g, default_coefficients("gram", 5), [2], 1e-7, torch.float64) for g in x])
     def err(out):
         return float(((out.double() - exact).flatten(1).norm(dim=1) / exact.flatten(1).norm(dim=1)).mean())
-    r2 = ops.orthogonalize(x.float(), "gram", flat, [2], 1e-7, "cuda", "float16")
-    r24 = ops.orthogonalize(x.float(), "gram", flat, [2, 4], 1e-7, "cuda", "float16")
-    st = ops.orthogonalize(x.float(), "standard", flat, [], 1e-7, "aten", "float16")  # NOTE: the CUDA backend iterates standard NS in bf16
+    r2 = testing_ops.orthogonalize(x.float(), "gram", flat, [2], 1e-7, "cuda", "float16")
+    r24 = testing_ops.orthogonalize(x.float(), "gram", flat, [2, 4], 1e-7, "cuda", "float16")
+    st = testing_ops.orthogonalize(x.float(), "standard", flat, [], 1e-7, "aten", "float16")  # NOTE: the CUDA backend iterates standard NS in bf16
     ref16 = torch.stack([newton_schulz_gram(g, default_coefficients("gram", 5), [2], 1e-7, torch.float16) for g in x.float()])
     print(f"{m}x{n}: {err(r2):.4f} | {err(r24):.4f} | {err(st):.4f} | {err(ref16):.4f}")
 PY

@@ -1,6 +1,6 @@
-// dmuon._C module entry: the torch-free core's bindings (csrc/python) and the adapter's. Ops
-// are registered separately through TORCH_LIBRARY (ops.cpp: torch.ops.dmuon.*;
-// csrc/torch_testing/testing_ops.cpp: torch.ops.dmuon_testing.*).
+// dmuon._C module entry: the torch-free core's bindings (csrc/python) and the adapter's. The
+// test and bench ops are registered separately through TORCH_LIBRARY (csrc/torch_testing:
+// torch.ops.dmuon_testing.*).
 // NOTE: pybind11 alone (bindings.h): this file binds no tensor. torch/extension.h (all of the
 // C++ frontend) made it one of the build's longest files; the binding files include
 // torch/python.h, the tensor casters, for the same reason.

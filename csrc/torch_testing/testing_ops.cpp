@@ -1,6 +1,7 @@
-// dmuon/torch_testing/testing_ops.cpp — torch.ops.dmuon_testing.*: the CUDA backend's parts
-// for tests and benchmarks (one symmetric product, the kernel configurations, cuBLASLt's
-// algorithms, the autotuner's and graph caches' counters); never used by the product.
+// dmuon/torch_testing/testing_ops.cpp — torch.ops.dmuon_testing.*, CUDA builds: the CUDA
+// backend's parts for tests and benchmarks (one symmetric product, the kernel configurations,
+// cuBLASLt's algorithms, the autotuner's counters); never used by the product. The
+// namespace's orthogonalize op and graph caches' counters: orthogonalize_op.cpp.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -16,9 +17,8 @@
 #include "ns/cuda/autotune_rules.h"
 #include "ns/cuda/cuda_backend.h"
 #include "ns/cuda/sm90_sym_config.h"
-#include "op_errors.h"
-#include "orthogonalize.h"
 #include "step/cuda/sym_self_check.h"
+#include "torch_testing/op_errors.h"
 
 namespace dmuon::torch_adapter {
 namespace {
@@ -104,8 +104,6 @@ bool sym_kernel_usable_op(const at::Tensor& x, c10::string_view dtype) {
 
 int64_t autotune_measurements_op(const at::Tensor&) { return ns::cuda::Autotuner::instance().num_measurements(); }
 
-std::vector<int64_t> graph_stats_op(const at::Tensor&) { return orthogonalize_graph_stats(); }
-
 // The time in ms of every algorithm cuBLASLt's heuristic offers for D = A·op(B) + β·C
 // (A [batch, m, k]; B [batch, k, n], or [batch, n, k] when transpose_b), timed in turns as
 // the autotuner times its candidates; NaN for an algorithm that failed to run.
@@ -154,7 +152,7 @@ std::vector<double> gemm_algo_ms_op(const at::Tensor& a, const at::Tensor& b, co
 }  // namespace
 }  // namespace dmuon::torch_adapter
 
-TORCH_LIBRARY(dmuon_testing, m) {
+TORCH_LIBRARY_FRAGMENT(dmuon_testing, m) {
   m.def("cuda_sym_product(Tensor a, Tensor b, Tensor? c, float alpha, float beta, bool use_kernel) -> Tensor");
   m.def(
       "cuda_sym_product_config(Tensor a, Tensor b, Tensor? c, float alpha, float beta, str config, bool poison=True) "
@@ -163,7 +161,6 @@ TORCH_LIBRARY(dmuon_testing, m) {
   m.def("cuda_sym_portable_configs(int m) -> str[]", &dmuon::torch_adapter::sym_portable_configs_op);
   m.def("cuda_sym_kernel_usable(Tensor x, str dtype) -> bool");
   m.def("cuda_autotune_measurements(Tensor like) -> int");
-  m.def("cuda_graph_stats(Tensor like) -> int[]");
   m.def("cuda_gemm_algo_ms(Tensor a, Tensor b, Tensor? c, float beta, bool transpose_b) -> float[]");
 }
 
@@ -172,6 +169,5 @@ TORCH_LIBRARY_IMPL(dmuon_testing, CUDA, m) {
   m.impl("cuda_sym_product_config", &dmuon::torch_adapter::sym_product_config_op);
   m.impl("cuda_sym_kernel_usable", &dmuon::torch_adapter::sym_kernel_usable_op);
   m.impl("cuda_autotune_measurements", &dmuon::torch_adapter::autotune_measurements_op);
-  m.impl("cuda_graph_stats", &dmuon::torch_adapter::graph_stats_op);
   m.impl("cuda_gemm_algo_ms", &dmuon::torch_adapter::gemm_algo_ms_op);
 }

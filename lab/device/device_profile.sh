@@ -46,7 +46,7 @@ for item in $NCU_OURS; do
   timeout 180 "$NCU" "${NCU_ARGS[@]}" --kernel-name regex:sym_product_kernel --launch-skip 1 --launch-count 1 \
     python3 -c "
 import math, sys, torch
-from dmuon._ops import ops
+from dmuon._ops import testing_ops as ops
 config, shape = sys.argv[1], sys.argv[2]
 with_c = shape.endswith('c')
 m, k, b = (int(v) for v in shape.rstrip('c').split('x'))

@@ -1,5 +1,5 @@
-"""Loads dmuon._C (which registers torch.ops.dmuon.* and, in CUDA builds, the test and
-bench ops torch.ops.dmuon_testing.*) with an actionable error."""
+"""Loads dmuon._C (which registers the test and bench ops torch.ops.dmuon_testing.*) with
+an actionable error."""
 
 from __future__ import annotations
 
@@ -24,5 +24,4 @@ if _C.torch_version != _TORCH_RELEASE:  # pragma: no cover - only on a stale bui
         f"imported. {_BUILD_HINT}"
     )
 
-ops = torch.ops.dmuon
 testing_ops = torch.ops.dmuon_testing

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import dmuon
-from dmuon._ops import ops
+from dmuon._ops import testing_ops
 
 
 def matrix():
@@ -83,15 +83,15 @@ def test_sparse_gradient_names_the_parameter():
 def test_orthogonalize_op_checks_its_arguments():
     x = torch.randn(2, 4, 6)
     with pytest.raises(RuntimeError, match="3 numbers"):
-        ops.orthogonalize(x, "gram", [1.0, 2.0], [], 1e-7)
+        testing_ops.orthogonalize(x, "gram", [1.0, 2.0], [], 1e-7)
     with pytest.raises(RuntimeError, match="ns_algorithm"):
-        ops.orthogonalize(x, "newton", [1.0, 2.0, 3.0], [], 1e-7)
+        testing_ops.orthogonalize(x, "newton", [1.0, 2.0, 3.0], [], 1e-7)
     with pytest.raises(RuntimeError, match="restart"):
-        ops.orthogonalize(x, "gram", [1.0, 2.0, 3.0], [4], 1e-7)
+        testing_ops.orthogonalize(x, "gram", [1.0, 2.0, 3.0], [4], 1e-7)
     with pytest.raises(RuntimeError, match="compute_dtype"):
-        ops.orthogonalize(x, "gram", [1.0, 2.0, 3.0], [], 1e-7, "aten", "int8")
+        testing_ops.orthogonalize(x, "gram", [1.0, 2.0, 3.0], [], 1e-7, "aten", "int8")
     with pytest.raises(RuntimeError, match="matrices"):
-        ops.orthogonalize(torch.randn(5), "gram", [1.0, 2.0, 3.0], [], 1e-7)
+        testing_ops.orthogonalize(torch.randn(5), "gram", [1.0, 2.0, 3.0], [], 1e-7)
 
 
 @pytest.mark.slow

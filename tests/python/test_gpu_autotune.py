@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from dmuon._ops import ops, testing_ops
+from dmuon._ops import testing_ops
 from ns_helpers import reference, rel, schedule
 
 pytestmark = pytest.mark.gpu
@@ -287,12 +287,12 @@ def test_unknown_config_is_a_clear_error():
 _TUNE_SCRIPT = """
 import sys, torch
 from dmuon import _C
-from dmuon._ops import ops, testing_ops
+from dmuon._ops import testing_ops
 c, r = _C.default_schedule("gram", 5)
 flat = [v for t in c for v in t]
 torch.manual_seed(1)
 x = torch.randn(3, 200, 520, device="cuda")
-out = ops.orthogonalize(x, "gram", flat, list(r), 1e-7, "cuda", "float16")
+out = testing_ops.orthogonalize(x, "gram", flat, list(r), 1e-7, "cuda", "float16")
 torch.save(out.cpu(), sys.argv[1])
 print("measurements", testing_ops.cuda_autotune_measurements(x))
 """
@@ -386,9 +386,9 @@ def test_graph_replays_match_the_eager_run(algorithm):
     dtype = "float16" if algorithm == "gram" else "bfloat16"
     x = torch.randn(5, 136, 400, device="cuda")
     before = testing_ops.cuda_graph_stats(x)
-    eager = ops.orthogonalize(x, algorithm, coefficients, restarts, 1e-7, "cuda", dtype)  # tunes
-    captured = ops.orthogonalize(x, algorithm, coefficients, restarts, 1e-7, "cuda", dtype)  # captures
-    replayed = ops.orthogonalize(x, algorithm, coefficients, restarts, 1e-7, "cuda", dtype)  # replays
+    eager = testing_ops.orthogonalize(x, algorithm, coefficients, restarts, 1e-7, "cuda", dtype)  # tunes
+    captured = testing_ops.orthogonalize(x, algorithm, coefficients, restarts, 1e-7, "cuda", dtype)  # captures
+    replayed = testing_ops.orthogonalize(x, algorithm, coefficients, restarts, 1e-7, "cuda", dtype)  # replays
     after = testing_ops.cuda_graph_stats(x)
     assert after[1] >= before[1] + 1 and after[2] >= before[2] + 2, (before, after)
     # NOTE: not bitwise: on the H200 the bf16 standard run's replay differed
@@ -401,6 +401,6 @@ def test_graph_replays_match_the_eager_run(algorithm):
         assert torch.isfinite(out).all() and rel(out, expected) <= bound, (rel(out, expected), bound)
     # New inputs through the same graph.
     y = torch.randn(5, 136, 400, device="cuda")
-    out = ops.orthogonalize(y, algorithm, coefficients, restarts, 1e-7, "cuda", dtype)
+    out = testing_ops.orthogonalize(y, algorithm, coefficients, restarts, 1e-7, "cuda", dtype)
     expected = reference(y, algorithm)
     assert rel(out, expected) <= 3 * rel(reference(y, algorithm, half), expected) + 1e-3

@@ -67,12 +67,12 @@ def test_portable_names_that_do_not_run_are_clear_errors():
 _STEP_SCRIPT = """
 import sys, torch
 from dmuon import _C
-from dmuon._ops import ops
+from dmuon._ops import testing_ops
 c, r = _C.default_schedule("gram", 5)
 flat = [v for t in c for v in t]
 torch.manual_seed(1)
 x = torch.randn(2, 520, 1300, device="cuda")
-out = ops.orthogonalize(x, "gram", flat, list(r), 1e-7, sys.argv[2], "float16")
+out = testing_ops.orthogonalize(x, "gram", flat, list(r), 1e-7, sys.argv[2], "float16")
 torch.save((x.cpu(), out.cpu()), sys.argv[1])
 """
 

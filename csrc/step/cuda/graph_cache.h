@@ -1,6 +1,6 @@
 // dmuon/step/cuda/graph_cache.h — the Newton–Schulz run of one NS batch on CUDA: autotuned
 // on its first run, captured into a CUDA graph on its second, replayed after (torch-free;
-// the step's and torch.ops.dmuon.orthogonalize's one path).
+// the step's and torch.ops.dmuon_testing.orthogonalize's one path).
 //
 // A problem (stream, iterate dtype, symmetric mode, batch, shape, schedule) keeps its graph
 // while it is cached (the least recently used dropped past kMaxProblems); its workspace is
@@ -52,7 +52,7 @@ class GraphCache {
   /// Problems whose graphs are kept.
   /// NOTE: a graph holds no workspace of its own; a model's step has one problem per NS
   /// batch size and stream (8 for Qwen2.5-1.5B: 5 batch sizes, 3 of them on both streams);
-  /// the bound is for a process that orthogonalizes many shapes (torch.ops.dmuon.orthogonalize).
+  /// the bound is for a process that orthogonalizes many shapes (torch.ops.dmuon_testing.orthogonalize).
   static constexpr size_t kMaxProblems = 256;
 
  private:

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "common/check.h"
+#include "engine/aten_ns.h"
 #include "engine/c10d_transport.h"
-#include "orthogonalize.h"
 #include "step/forwarding_ops.h"
 #include "step_tensors.h"
 
@@ -145,7 +145,7 @@ class AtenFloat64Ops : public step::ForwardingOps {
     at::Tensor iterate = at::empty({batch.count, batch.rows, batch.cols}, options);
     fill(view_of(iterate, batch), true);
     // NOTE: normalized by its Frobenius norm (clamped at eps), made wide, iterated in float64.
-    at::Tensor result = torch_adapter::orthogonalize(iterate, *batch.schedule, "aten", "float64", false).contiguous();
+    at::Tensor result = aten_orthogonalize(iterate, *batch.schedule, at::kDouble).contiguous();
     consume(view_of(result, batch));
   }
 

@@ -1,7 +1,7 @@
 // dmuon/torch/engine/aten_float64_ops.h — float64 parameters on any device: a DeviceOps
 // that passes everything to the device's own ops except the work of float64 parameters,
 // which it does with ATen in float64 (momentum, the iterate, Newton–Schulz through
-// orthogonalize(…, "aten", "float64"), the result's rows, the apply).
+// aten_orthogonalize (engine/aten_ns.h), the result's rows, the apply).
 //
 // NOTE: why: the CUDA ops iterate in 16 bits and their fused passes are instantiated for
 // float32, bfloat16 and float16 parameters; a float64 parameter asks for float64

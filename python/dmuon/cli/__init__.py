@@ -8,7 +8,7 @@
   bench/     benchmarks: ns (one GPU), step (distributed step), e2e (training step)
 
 The tools use only the library's public API (dmuon's exports, dmuon.analysis: the C++
-planner and cost models, the runtime's statistics through DMuon.runtime, the torch.ops.dmuon
-and torch.ops.dmuon_testing ops);
+planner and cost models, the runtime's statistics through DMuon.runtime, the torch.ops.dmuon_testing
+ops);
 tests/python/test_cli_structure.py checks that and that no import cycle forms here.
 """

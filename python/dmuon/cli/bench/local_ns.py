@@ -6,7 +6,7 @@ takes to orthogonalize the same matrices a rank owns, measured in the same run.
 
 The matrices are grouped by shape into batches of at most 2 GiB (`chunks`, which ``bench
 ns`` batches by too; its ``NS only`` line runs the same `orthogonalize_all`), and each batch
-goes through ``torch.ops.dmuon.orthogonalize`` with the tuned CUDA backend, timed with CUDA
+goes through ``torch.ops.dmuon_testing.orthogonalize`` with the tuned CUDA backend, timed with CUDA
 events.
 """
 
@@ -57,17 +57,17 @@ def chunks(indices: list[int], matrix_numel: int) -> list[list[int]]:
 
 def orthogonalize_all(stacks: list, backend: str):
     """A function that runs every same-shape batch of `stacks` through
-    torch.ops.dmuon.orthogonalize on `backend` (Gram NS, the default 5-step schedule, a
+    torch.ops.dmuon_testing.orthogonalize on `backend` (Gram NS, the default 5-step schedule, a
     float16 iterate): the one-GPU path a fake rank's NS and `bench ns --ns-only` are timed on."""
     from dmuon.analysis import default_schedule
 
     coefficients, restarts = default_schedule("gram", 5)
     flat, restarts = [x for c in coefficients for x in c], list(restarts)
-    ops = torch.ops.dmuon
+    testing_ops = torch.ops.dmuon_testing
 
     def run():
         for s in stacks:
-            ops.orthogonalize(s, "gram", flat, restarts, 1e-7, backend, "float16")
+            testing_ops.orthogonalize(s, "gram", flat, restarts, 1e-7, backend, "float16")
     return run
 
 

@@ -1,22 +1,28 @@
-// dmuon/torch/orthogonalize.cpp — backend choice, normalization and workspace layout; on
-// CUDA the step engine's ops.
-#include "orthogonalize.h"
-
+// dmuon/torch_testing/orthogonalize_op.cpp — torch.ops.dmuon_testing.orthogonalize: Newton–
+// Schulz of a tensor of matrices on a chosen backend and iteration precision, for tests and
+// benchmarks (the step runs NS through its own engine). Backends: the CPU core, ATen's
+// batched products (engine/aten_ns.h) and, on CUDA, the step engine's ops (step/cuda).
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
 
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <tuple>
+#include <vector>
 
-#include "aten_ns_backend.h"
 #include "common/check.h"
 #include "common/env.h"
+#include "engine/aten_ns.h"
 #include "engine/torch_ops.h"
 #include "ns/cpu/cpu_backend.h"
-#include "ns/ns_algorithms.h"
+#include "ns/schedule.h"
 #include "step_tensors.h"
+#include "torch_testing/op_errors.h"
 
 #if defined(DMUON_WITH_CUDA) && defined(DMUON_WITH_STEP_CUDA)
 #include "step/cuda/cuda_ops.h"
@@ -80,55 +86,21 @@ at::Tensor orthogonalize_on(step::DeviceOps& ops, const at::Tensor& batch, const
       [&](const step::NsView& result) { ops.result_to_pieces(result, desc, to); });
   return output;
 }
+
+// [cached problems, captures, replays, bytes of kept workspaces] of the CUDA backend's
+// graph caches, over every stream it ran on.
+std::vector<int64_t> graph_stats_op(const at::Tensor&) {
+  std::vector<int64_t> total(4, 0);
+  std::lock_guard<std::mutex> lock(ops_mutex());
+  for (const auto& [key, ops] : kept_ops()) {
+    const std::vector<int64_t> stats = dynamic_cast<const step::CudaOps&>(*ops).graph_stats();
+    for (size_t i = 0; i < total.size(); ++i) total[i] += stats[i];
+  }
+  return total;
+}
 #endif
 
-at::ScalarType parse_compute_dtype(const std::string& name, const at::Tensor& x,
-                                   ns::Algorithm algorithm, bool use_core) {
-  if (name == "auto") {
-    if (x.scalar_type() == at::kDouble) return at::kDouble;
-    if (use_core || !x.is_cuda()) return at::kFloat;
-    return algorithm == ns::Algorithm::kGram ? at::kHalf : at::kBFloat16;
-  }
-  if (name == "float64") return at::kDouble;
-  if (name == "float32") return at::kFloat;
-  if (name == "float16") return at::kHalf;
-  if (name == "bfloat16") return at::kBFloat16;
-  DMUON_FAIL("compute_dtype must be auto, float64, float32, float16 or bfloat16, got '", name, "'");
-}
-
-// Run a schedule with the ATen backend on a normalized, wide, contiguous [B, m, n] iterate.
-template <typename Elem>
-at::Tensor run_aten(const ns::Schedule& schedule, at::Tensor x) {
-  const int64_t batch = x.size(0), m = x.size(1), n = x.size(2);
-  AtenNsBackend<Elem> backend(x.options());
-  const int64_t mn = batch * m * n, mm = batch * m * m;
-  auto at_offset = [](at::Tensor& t, int64_t offset) { return t.data_ptr<Elem>() + offset; };
-  auto mat = [&](Elem* p, int64_t rows, int64_t cols) {
-    return ns::packed_batch<Elem>(p, batch, rows, cols);
-  };
-  at::Tensor ws = at::empty({mn + 5 * mm}, x.options());
-  const auto input = mat(x.data_ptr<Elem>(), m, n);
-  ns::BatchedMatrix<Elem> result;
-  if (schedule.algorithm == ns::Algorithm::kStandard) {
-    ns::StandardWorkspace<Elem> w{mat(at_offset(ws, 0), m, n), mat(at_offset(ws, mn), m, m),
-                                  mat(at_offset(ws, mn + mm), m, m)};
-    result = ns::run_standard_ns(backend, schedule, input, w);
-  } else {
-    ns::GramWorkspace<Elem> w{mat(at_offset(ws, 0), m, n),
-                              mat(at_offset(ws, mn), m, m),
-                              mat(at_offset(ws, mn + mm), m, m),
-                              mat(at_offset(ws, mn + 2 * mm), m, m),
-                              mat(at_offset(ws, mn + 3 * mm), m, m),
-                              mat(at_offset(ws, mn + 4 * mm), m, m)};
-    result = ns::run_gram_ns(backend, schedule, input, w);
-  }
-  // Keep the workspace alive until the copy is enqueued.
-  at::Tensor out = backend.view(result).clone();
-  return out;
-}
-
-}  // namespace
-
+// A validated schedule from the op's arguments (coefficients flattened as a,b,c,…).
 ns::Schedule make_schedule(const std::string& algorithm, at::ArrayRef<double> coefficients,
                            at::IntArrayRef restart_after, double eps) {
   DMUON_CHECK(coefficients.size() % 3 == 0 && !coefficients.empty(),
@@ -144,9 +116,30 @@ ns::Schedule make_schedule(const std::string& algorithm, at::ArrayRef<double> co
   return schedule;
 }
 
-at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,
-                         const std::string& backend, const std::string& compute_dtype,
-                         std::optional<bool> cuda_graphs) {
+at::ScalarType parse_compute_dtype(const std::string& name, const at::Tensor& x,
+                                   ns::Algorithm algorithm, bool use_core) {
+  if (name == "auto") {
+    if (x.scalar_type() == at::kDouble) return at::kDouble;
+    if (use_core || !x.is_cuda()) return at::kFloat;
+    return algorithm == ns::Algorithm::kGram ? at::kHalf : at::kBFloat16;
+  }
+  if (name == "float64") return at::kDouble;
+  if (name == "float32") return at::kFloat;
+  if (name == "float16") return at::kHalf;
+  if (name == "bfloat16") return at::kBFloat16;
+  DMUON_FAIL("compute_dtype must be auto, float64, float32, float16 or bfloat16, got '", name, "'");
+}
+
+// Orthogonalize every matrix of x [..., m, n]; returns fp32 (fp64 for fp64 input) of x's
+// shape. backend: "auto" | "core" (CPU core) | "aten" (batched ATen products) | "cuda" (the
+// step's CUDA ops: sm_90a symmetric kernel where usable, else dense cuBLASLt products
+// mirrored) | "cuda_dense" (the step's CUDA ops, always dense products mirrored);
+// compute_dtype: "auto" | "float64" | "float32" | "float16" | "bfloat16". auto: CPU → core
+// in fp32 (fp64 for fp64 input); CUDA → the CUDA ops in fp16 for Gram NS and bf16 for
+// standard NS (DESIGN.md §3), other compute dtypes on ATen. The CUDA ops run on the current
+// stream, their NS replayed as CUDA graphs where DMUON_CUDA_GRAPHS (default on) allows.
+at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule, const std::string& backend,
+                         const std::string& compute_dtype) {
   DMUON_CHECK(x.dim() >= 2, "orthogonalize: expected a tensor of matrices [..., m, n], got ",
               x.dim(), " dims");
   DMUON_CHECK(x.is_floating_point(), "orthogonalize: expected a floating tensor, got ",
@@ -179,8 +172,7 @@ at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,
   }
 #if defined(DMUON_HAS_CUDA_BACKEND)
   if (x.is_cuda() && dtype == step_half && backend != "aten")
-    return orthogonalize_on(step_ops(x.device(), backend != "cuda_dense"), batch, schedule,
-                            env::resolve(cuda_graphs, env::kCudaGraphs))
+    return orthogonalize_on(step_ops(x.device(), backend != "cuda_dense"), batch, schedule, env::kCudaGraphs.get())
         .to(out_dtype)
         .reshape(x.sizes());
 #else
@@ -202,36 +194,36 @@ at::Tensor orthogonalize(const at::Tensor& x, const ns::Schedule& schedule,
       ns::orthogonalize_cpu<double>(schedule, work.data_ptr<double>(), work.size(0), rows, cols, parallel);
     return work.to(out_dtype).reshape(x.sizes());
   }
+  return aten_orthogonalize(batch, schedule, dtype).to(out_dtype).contiguous().reshape(x.sizes());
+}
 
-  // ATen: normalize in fp32 (fp64 for fp64), make the iterate wide, cast, iterate.
-  const bool transposed = rows > cols;
-  at::Tensor wide = transposed ? batch.transpose(1, 2) : batch;
-  const at::ScalarType norm_dtype = dtype == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor exact = wide.to(norm_dtype);
-  at::Tensor norms = exact.flatten(1).norm(2, {1}, /*keepdim=*/false).clamp_min(schedule.eps);
-  at::Tensor iterate = (exact / norms.view({-1, 1, 1})).to(dtype).contiguous();
-  at::Tensor result;
-  switch (dtype) {
-    case at::kDouble: result = run_aten<double>(schedule, iterate); break;
-    case at::kFloat: result = run_aten<float>(schedule, iterate); break;
-    case at::kHalf: result = run_aten<at::Half>(schedule, iterate); break;
-    case at::kBFloat16: result = run_aten<at::BFloat16>(schedule, iterate); break;
-    default: DMUON_FAIL("unsupported compute dtype ", dtype);
-  }
-  if (transposed) result = result.transpose(1, 2);
-  return result.to(out_dtype).contiguous().reshape(x.sizes());
+at::Tensor orthogonalize_op(const at::Tensor& x, c10::string_view algorithm, at::ArrayRef<double> coefficients,
+                            at::IntArrayRef restart_after, double eps, c10::string_view backend,
+                            c10::string_view compute_dtype) {
+  return translate_errors([&] {
+    const auto schedule = make_schedule(std::string(algorithm), coefficients, restart_after, eps);
+    return orthogonalize(x, schedule, std::string(backend), std::string(compute_dtype));
+  });
+}
+
+}  // namespace
+}  // namespace dmuon::torch_adapter
+
+// NOTE: the namespace's one TORCH_LIBRARY (built in every build); the CUDA test ops add
+// theirs as a fragment (testing_ops.cpp).
+TORCH_LIBRARY(dmuon_testing, m) {
+  m.def(
+      "orthogonalize(Tensor x, str algorithm, float[] coefficients, int[] restart_after, "
+      "float eps, str backend='auto', str compute_dtype='auto') -> Tensor");
+#if defined(DMUON_HAS_CUDA_BACKEND)
+  m.def("cuda_graph_stats(Tensor like) -> int[]");
+#endif
+}
+
+TORCH_LIBRARY_IMPL(dmuon_testing, CompositeExplicitAutograd, m) {
+  m.impl("orthogonalize", &dmuon::torch_adapter::orthogonalize_op);
 }
 
 #if defined(DMUON_HAS_CUDA_BACKEND)
-std::vector<int64_t> orthogonalize_graph_stats() {
-  std::vector<int64_t> total(4, 0);
-  std::lock_guard<std::mutex> lock(ops_mutex());
-  for (const auto& [key, ops] : kept_ops()) {
-    const std::vector<int64_t> stats = dynamic_cast<const step::CudaOps&>(*ops).graph_stats();
-    for (size_t i = 0; i < total.size(); ++i) total[i] += stats[i];
-  }
-  return total;
-}
+TORCH_LIBRARY_IMPL(dmuon_testing, CUDA, m) { m.impl("cuda_graph_stats", &dmuon::torch_adapter::graph_stats_op); }
 #endif
-
-}  // namespace dmuon::torch_adapter

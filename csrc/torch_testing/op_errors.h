@@ -1,4 +1,4 @@
-// dmuon/torch/op_errors.h — the errors of dmuon's torch ops, as torch's.
+// dmuon/torch_testing/op_errors.h — the errors of dmuon's test and bench ops, as torch's.
 #pragma once
 
 #include <c10/util/Exception.h>
