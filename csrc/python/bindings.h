@@ -29,4 +29,9 @@ void register_plan_bindings(pybind11::module_& m);
 /// The step projection at any world size: dmuon._C.sim (sim_bindings.cpp).
 void register_sim_bindings(pybind11::module_& m);
 
+/// The step runtime's typed options and statistics: dmuon._C.engine's enums, GroupRule,
+/// EngineOptions, RuntimeOptions and dmuon._C.dist.StepStats (runtime_bindings.cpp; makes
+/// dmuon._C.engine, after register_layout_bindings).
+void register_runtime_bindings(pybind11::module_& m);
+
 }  // namespace dmuon::bindings

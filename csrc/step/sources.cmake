@@ -9,6 +9,7 @@ target_sources(dmuon_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/exchange_plan.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage_layout.cpp
   ${CMAKE_CURRENT_LIST_DIR}/options.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/runtime_options.cpp
   ${CMAKE_CURRENT_LIST_DIR}/phase_clock.cpp
   ${CMAKE_CURRENT_LIST_DIR}/device_ops.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine.cpp

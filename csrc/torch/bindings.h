@@ -6,8 +6,8 @@
 
 namespace dmuon::torch_adapter {
 
-/// The step runtime's options and statistics, how dmuon treats a process group:
-/// dmuon._C.dist (dist_bindings.cpp; after bindings::register_layout_bindings).
+/// How dmuon treats a process group: dmuon._C.dist.transport_of (dist_bindings.cpp; after
+/// bindings::register_layout_bindings).
 void register_dist_bindings(pybind11::module_& m);
 
 /// The step engine's torch runtime: dmuon._C.engine (engine/engine_bindings.cpp).

@@ -27,9 +27,7 @@ void register_cost_bindings(py::module_& m) {
         step::Device where;
         if (device == "cuda")
           where = {step::DeviceKind::kCuda, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index()};
-        TorchOpsOptions ops_options;
-        ops_options.graph_cache_bytes = std::max<int64_t>(0, env::kGraphCacheMb.get()) << 20;
-        const std::unique_ptr<step::DeviceOps> ops = make_torch_ops(where, ops_options);
+        const std::unique_ptr<step::DeviceOps> ops = make_torch_ops(where);
         std::vector<step::CostPoint> batches;
         for (const auto& [rows, cols, count] : points)
           batches.push_back({rows, cols, count, step::DType::kFloat32, &schedule});

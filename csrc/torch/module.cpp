@@ -25,6 +25,7 @@ PYBIND11_MODULE(_C, m) {
   dmuon::bindings::register_layout_bindings(m);
   dmuon::bindings::register_plan_bindings(m);
   dmuon::bindings::register_sim_bindings(m);
+  dmuon::bindings::register_runtime_bindings(m);
   dmuon::torch_adapter::register_cost_bindings(m);
   dmuon::torch_adapter::register_dist_bindings(m);
   // NOTE: the ownership exchange before the engine, whose runtime takes one.

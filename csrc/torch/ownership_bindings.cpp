@@ -8,7 +8,8 @@
 #include "bindings.h"
 #include "common/check.h"
 #include "engine/owned_exchange.h"
-#include "option_choices.h"
+#include "python/bindings.h"
+#include "step/runtime_options.h"
 #include "step_tensors.h"
 #include "storage_control.h"
 
@@ -28,8 +29,9 @@ void register_ownership_bindings(py::module_& m) {
                        const py::object& device_type, bool spread_layers) {
              const step::DType reduce = parse_step_dtype(reduce_dtype, "reduce_dtype");
              DMUON_CHECK(reduce != step::DType::kFloat64, "reduce_dtype must be float32, bfloat16 or float16, got float64");
-             return OwnershipOptions{bucket_bytes, reduce, choice<plan::SolverKind, plan::parse_solver>(solver),
-                                     choice<step::DeviceKind, parse_device_kind>(device_type), spread_layers};
+             return OwnershipOptions{bucket_bytes, reduce, bindings::choice<plan::SolverKind, plan::parse_solver>(solver),
+                                     bindings::choice<step::DeviceKind, step::parse_device_kind>(device_type),
+                                     spread_layers};
            }),
            py::arg("bucket_bytes") = int64_t{25} << 20, py::arg("reduce_dtype") = "float32",
            py::arg("solver") = "milp", py::arg("device_type") = "cpu", py::arg("spread_layers") = true);

@@ -50,4 +50,15 @@ step::Buffer to_buffer(const at::Tensor& tensor, const std::string& what) {
   return b;
 }
 
+at::Device torch_device(const step::Device& device) {
+  if (device.kind == step::DeviceKind::kCuda) return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index));
+  return at::Device(at::kCPU);
+}
+
+at::Tensor tensor_view(const step::Buffer& buffer) {
+  const auto options = at::TensorOptions().dtype(scalar_type(buffer.dtype)).device(torch_device(buffer.device));
+  if (buffer.numel == 0) return at::empty({0}, options);
+  return at::from_blob(buffer.data, {buffer.numel}, options);
+}
+
 }  // namespace dmuon::torch_adapter

@@ -1,5 +1,5 @@
 // dmuon/torch/step_tensors.h — torch tensors as the step engine's descriptors (element
-// types, buffers). The engine's device ops: engine/torch_ops.h.
+// types, devices, buffers) and back. The engine's device ops: engine/torch_ops.h.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -21,5 +21,9 @@ step::DType parse_step_dtype(const std::string& name, const std::string& what);
 /// A view of a contiguous CPU or CUDA tensor; an empty one: an empty view of its dtype and
 /// device; an undefined one: an empty view. The errors name `what`.
 step::Buffer to_buffer(const at::Tensor& tensor, const std::string& what);
+/// A flat at::Tensor viewing `buffer` (no copy; the buffer must outlive it).
+at::Tensor tensor_view(const step::Buffer& buffer);
+/// The torch device of an engine device.
+at::Device torch_device(const step::Device& device);
 
 }  // namespace dmuon::torch_adapter

@@ -55,7 +55,6 @@ step::DeviceOps& step_ops(const at::Device& device, bool sym_kernel) {
   std::unique_ptr<step::DeviceOps>& ops = kept_ops()[{device.index(), stream.id(), sym_kernel}];
   if (!ops) {
     TorchOpsOptions options;
-    options.graph_cache_bytes = std::max<int64_t>(0, env::kGraphCacheMb.get()) << 20;
     options.stream = stream;
     options.aten_float64 = false;
     options.sym_kernel = sym_kernel;

@@ -10,7 +10,6 @@
 
 #include "common/check.h"
 #include "engine/aten_ns.h"
-#include "engine/c10d_transport.h"
 #include "step/forwarding_ops.h"
 #include "step_tensors.h"
 
@@ -138,10 +137,7 @@ class AtenFloat64Ops : public step::ForwardingOps {
                      const std::function<void(const step::NsView&)>& consume) override {
     if (batch.param_dtype != DType::kFloat64) return inner_.orthogonalize(batch, fill, consume);
     DMUON_CHECK(batch.schedule != nullptr, "AtenFloat64Ops::orthogonalize: a batch without a schedule");
-    const auto device = inner_.device();
-    const auto options = at::TensorOptions().dtype(at::kDouble).device(
-        device.kind == step::DeviceKind::kCuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index))
-                                               : at::Device(at::kCPU));
+    const auto options = at::TensorOptions().dtype(at::kDouble).device(torch_device(inner_.device()));
     at::Tensor iterate = at::empty({batch.count, batch.rows, batch.cols}, options);
     fill(view_of(iterate, batch), true);
     // NOTE: normalized by its Frobenius norm (clamped at eps), made wide, iterated in float64.

@@ -15,11 +15,6 @@
 namespace dmuon::torch_adapter {
 namespace {
 
-at::Device torch_device(const step::Device& device) {
-  if (device.kind == step::DeviceKind::kCuda) return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index));
-  return at::Device(at::kCPU);
-}
-
 // A collective of a group whose work already completed (or that had nothing to do).
 class Done : public step::Pending {
  public:
@@ -65,12 +60,6 @@ class InFlight : public step::Pending {
 int64_t total(const std::vector<int64_t>& counts) { return std::accumulate(counts.begin(), counts.end(), int64_t{0}); }
 
 }  // namespace
-
-at::Tensor tensor_view(const step::Buffer& buffer) {
-  const auto options = at::TensorOptions().dtype(scalar_type(buffer.dtype)).device(torch_device(buffer.device));
-  if (buffer.numel == 0) return at::empty({0}, options);
-  return at::from_blob(buffer.data, {buffer.numel}, options);
-}
 
 C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::ProcessGroup> group, step::Device device)
     : group_(std::move(group)), device_(device) {

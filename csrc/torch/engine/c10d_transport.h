@@ -39,7 +39,6 @@ class C10dTransport : public step::Transport {
   bool moves_data() const override { return model_.moves_data(); }
   /// How dmuon treats the group (single, real, fake).
   const layout::WorldModel& world_model() const { return model_; }
-  const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return group_; }
 
   std::unique_ptr<step::Pending> all_to_all(const step::Buffer& send, const std::vector<int64_t>& send_counts,
                                             const step::Buffer& recv, const std::vector<int64_t>& recv_counts,
@@ -62,8 +61,5 @@ class C10dTransport : public step::Transport {
   step::Device device_;
   layout::WorldModel model_;
 };
-
-/// A flat at::Tensor viewing `buffer` (no copy; the buffer must outlive it).
-at::Tensor tensor_view(const step::Buffer& buffer);
 
 }  // namespace dmuon::torch_adapter

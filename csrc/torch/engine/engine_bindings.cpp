@@ -3,17 +3,26 @@
 #include <torch/python.h>
 
 #include "bindings.h"
-#include "optional_tensors.h"
 #include "engine/engine_runtime.h"
-#include "option_choices.h"
+#include "python/bindings.h"
 
 namespace py = pybind11;
 
 namespace dmuon::torch_adapter {
+namespace {
+
+// Python's None tensors (a parameter without a gradient or buffer this step) as undefined
+// at::Tensors.
+std::vector<at::Tensor> or_undefined(const std::vector<std::optional<at::Tensor>>& tensors) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : tensors) out.push_back(t.has_value() ? *t : at::Tensor());
+  return out;
+}
+
+}  // namespace
 
 void register_engine_bindings(py::module_& m) {
-  py::module_ e = m.def_submodule("engine", "the step engine's torch adapter");
-  register_option_bindings(e);
+  py::module_ e = m.attr("engine");  // NOTE: made, with the runtime's options, by register_runtime_bindings
 
   py::class_<StepChecks>(e, "StepChecks",
                          "what the caller checked before a step, agreed in its start agreement")
@@ -30,7 +39,7 @@ void register_engine_bindings(py::module_& m) {
   e.def(
       "agree_start",
       [](const std::string& group_name, const py::object& device_type, const StepChecks& checks, int64_t step_idx) {
-        const step::DeviceKind device = choice<step::DeviceKind, parse_device_kind>(device_type);
+        const step::DeviceKind device = bindings::choice<step::DeviceKind, step::parse_device_kind>(device_type);
         py::gil_scoped_release release;
         EngineRuntime::agree_start(group_name, device, checks, step_idx);
       },
@@ -39,7 +48,7 @@ void register_engine_bindings(py::module_& m) {
 
   py::class_<EngineRuntime>(e, "EngineRuntime")
       .def(py::init<const std::string&, std::vector<std::string>, std::vector<layout::ParamLayout>,
-                    const std::vector<std::string>&, std::vector<int64_t>, RuntimeOptions,
+                    const std::vector<std::string>&, std::vector<int64_t>, step::RuntimeOptions,
                     std::shared_ptr<OwnedExchange>, std::vector<int64_t>>(),
            py::arg("group_name"), py::arg("names"), py::arg("layouts"), py::arg("dtypes"), py::arg("group_slot"),
            py::arg("options"), py::arg("owned") = nullptr, py::arg("owned_group_slot") = std::vector<int64_t>{},

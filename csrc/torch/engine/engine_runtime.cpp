@@ -9,11 +9,9 @@
 #include <set>
 
 #include "common/check.h"
-#include "common/env.h"
 #include "engine/torch_ops.h"
 #include "step/stage_layout.h"
 #include "step_tensors.h"
-#include "plan/solvers.h"
 
 namespace dmuon::torch_adapter {
 namespace {
@@ -36,19 +34,6 @@ bool same_rule(const step::GroupRule& a, const step::GroupRule& b) {
          x.eps == y.eps && a.normuon == b.normuon;
 }
 
-// The NS streams: `requested` when set, else DMUON_FUSED_STREAMS; the error names the one
-// that is not between 1 and 8.
-int stream_count(std::optional<int64_t> requested) {
-  if (requested) {
-    DMUON_CHECK(*requested >= 1 && *requested <= 8,
-                "fused_streams must be between 1 and 8 (None: DMUON_FUSED_STREAMS), got ", *requested);
-    return static_cast<int>(*requested);
-  }
-  const int64_t knob = env::get_int("DMUON_FUSED_STREAMS", 2);
-  DMUON_CHECK(knob >= 1 && knob <= 8, "DMUON_FUSED_STREAMS must be between 1 and 8, got ", knob);
-  return static_cast<int>(knob);
-}
-
 // A tensor the engine may write in place: `t` itself when contiguous, else a contiguous
 // copy that is written back after the step (kept in `write_back`).
 at::Tensor writable(const at::Tensor& t, std::vector<std::pair<at::Tensor, at::Tensor>>& write_back) {
@@ -69,7 +54,7 @@ void EngineRuntime::agree_start(const std::string& group_name, step::DeviceKind 
 
 EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::string> names,
                              std::vector<layout::ParamLayout> layouts, const std::vector<std::string>& dtypes,
-                             std::vector<int64_t> group_slot, RuntimeOptions options,
+                             std::vector<int64_t> group_slot, step::RuntimeOptions options,
                              std::shared_ptr<OwnedExchange> owned, std::vector<int64_t> owned_group_slot)
     : options_(std::move(options)), layouts_(std::move(layouts)), owned_(std::move(owned)) {
   DMUON_CHECK(names.size() == layouts_.size() && dtypes.size() == layouts_.size() &&
@@ -91,9 +76,7 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
     ops_ = owned_->ops();
   } else {
     // NOTE: DMUON_* knobs are read when the runtime is made.
-    TorchOpsOptions ops_options;
-    ops_options.graph_cache_bytes = std::max<int64_t>(0, env::get_int("DMUON_GRAPH_CACHE_MB", 8192)) << 20;
-    ops_ = make_torch_ops(device, ops_options);
+    ops_ = make_torch_ops(device);
   }
 
   for (int64_t slot : group_slot) {
@@ -121,24 +104,7 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
   }
   // The engine's options as given, the rest resolved now. NOTE: DMUON_* knobs are read when
   // the runtime is made.
-  step::EngineOptions e = options_.engine;
-  const int64_t depth = env::resolve(options_.pipeline_depth, env::kPipelineDepth);
-  DMUON_CHECK(depth >= 0, "DMUON_PIPELINE_DEPTH must be >= 0 (0: twice the world size), got ", depth);
-  e.pipeline_depth = static_cast<int>(depth);
-  e.num_streams = stream_count(options_.fused_streams);
-  const int64_t ns_batch_mb = env::resolve(options_.ns_batch_mb, env::kNsBatchMb);
-  DMUON_CHECK(ns_batch_mb >= 1, "DMUON_NS_BATCH_MB must be at least 1, got ", ns_batch_mb);
-  e.ns_batch_bytes = ns_batch_mb << 20;
-  e.graphs = env::resolve(options_.cuda_graphs, env::kCudaGraphs);
-  // NOTE: profiling synchronizes every phase; a recorded timeline takes device time
-  // between marks instead, so that work begun inside backward does not stall it.
-  e.timing = options_.profile || env::kProfile.get() ? step::PhaseTiming::kSynchronized
-             : options_.record_timeline             ? step::PhaseTiming::kDevice
-                                                    : step::PhaseTiming::kEnqueue;
-  e.milp = plan::MilpOptions::from_env();
-  e.cost.measure = options_.cost_model == CostModel::kProfile ||
-                   (options_.cost_model == CostModel::kAuto && device.kind == step::DeviceKind::kCuda);
-  engine_ = std::make_unique<step::StepEngine>(*transport_, *ops_, std::move(specs), e);
+  engine_ = std::make_unique<step::StepEngine>(*transport_, *ops_, std::move(specs), options_.resolve());
 
   const step::ItemTable& table = engine_->items();
   for (int p = 0; p < table.num_params(); ++p) {
@@ -207,9 +173,7 @@ EngineStepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
     }
   } close_window{owned_.get(), step_idx};
   OpsStreamScope scope(*ops_);
-  const at::Device device = ops_->device().kind == step::DeviceKind::kCuda
-                                ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(ops_->device().index))
-                                : at::Device(at::kCPU);
+  const at::Device device = torch_device(ops_->device());
   // The owned matrices: every bucket reduced (and handed to the begun step's early work).
   if (owned_) {
     owned_->exchange().record("finish", -1);
@@ -341,9 +305,7 @@ void EngineRuntime::params_ready(const std::vector<int64_t>& ready, at::TensorLi
               "EngineRuntime::params_ready: ", params.size(), " parameters, ", grads.size(), " gradients and ",
               momentum.size(), " momentum buffers for ", ready.size(), " ready parameter indices");
   OpsStreamScope scope(*ops_);
-  const at::Device device = ops_->device().kind == step::DeviceKind::kCuda
-                                ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(ops_->device().index))
-                                : at::Device(at::kCPU);
+  const at::Device device = torch_device(ops_->device());
   std::vector<step::ParamTensors> tensors(n);
   std::vector<int> items;
   for (size_t j = 0; j < ready.size(); ++j) {
@@ -409,49 +371,8 @@ std::vector<std::vector<int>> EngineRuntime::stage_params() const {
 }
 
 void EngineRuntime::record_stats() {
-  const step::StepStats& e = engine_->last_stats();
-  const step::ItemTable& table = engine_->items();
-  StepStats s;
-  s.momentum_s = e.momentum_s + e.check_s;
-  s.pack_s = e.pack_s;
-  s.comm_wait_s = e.comm_wait_s;
-  s.ns_s = e.ns_s;
-  s.apply_s = e.apply_s;
-  s.total_s = e.total_s;
-  s.bytes_sent = e.bytes_sent;
-  s.bytes_received = e.bytes_received;
-  s.num_buckets = e.num_stages;
-  s.num_orthogonalized = e.num_orthogonalized;
-  s.pipeline_depth = e.pipeline_depth;
-  s.model_fill_s = e.model_fill_s;
-  s.early_stages = e.early_stages;
-  s.early_orthogonalized = e.early_orthogonalized;
-  s.early_ns_s = e.early_ns_s;
-  s.early_fill_s = e.early_fill_s;
-  // The matrices (items) this rank orthogonalized, in stage order.
-  const int rank = transport_->rank();
-  for (const step::Stage& stage : engine_->stages())
-    for (const step::NsBatch& batch : stage.batches)
-      if (batch.computed_by(rank))
-        for (int item : batch.items) {
-          const size_t p = static_cast<size_t>(table.item(item).param_idx);
-          if (last_active_.empty() || p >= last_active_.size() || last_active_[p]) s.orthogonalized.push_back(item);
-        }
-  // NOTE: one process on a GPU is the fused one-GPU step (today's names for its figures).
-  if (transport_->world_size() == 1 && ops_->device().kind == step::DeviceKind::kCuda) {
-    std::set<int> params;
-    for (int64_t item : s.orthogonalized) params.insert(table.item(static_cast<int>(item)).param_idx);
-    s.num_fused = static_cast<int64_t>(params.size());
-    s.fused_batches = e.ns_batches;
-    s.num_fused_streams = e.num_streams;
-  }
-  if (options_.record_timeline)
-    for (const step::StageTimeline& line : e.stages) {
-      sim::BucketTimes t;
-      t.seconds = {line.prepare_s, line.ns_s, 0.0, line.apply_s};
-      s.bucket_times.push_back(t);
-    }
-  stats_ = std::move(s);
+  stats_ = step::runtime_stats(*engine_, transport_->rank(), transport_->world_size(), ops_->device().kind, last_active_,
+                               options_.record_timeline);
 }
 
 sim::StageLayout EngineRuntime::stage_layout() const {

@@ -1,7 +1,7 @@
 // dmuon/torch/engine/engine_runtime.h — the torch adapter of the step engine: c10d behind
 // step::Transport (C10dTransport), c10's allocators behind the device ops, torch tensors
 // turned into descriptors every step, and the engine's statistics as the runtime's
-// StepStats (runtime_options.h) that the benches and tests read. DMuon's one step runtime,
+// RuntimeStats (step/runtime_options.h) that the benches and tests read. DMuon's one step runtime,
 // in every mode: the weight-ownership mode's owned matrices are its parameters too ("whole
 // on rank owner", after the others), their gradients reduced by its OwnedExchange.
 //
@@ -22,9 +22,9 @@
 #include "layout/shard_layout.h"
 #include "engine/c10d_transport.h"
 #include "engine/owned_exchange.h"
-#include "runtime_options.h"
 #include "sim/stage_layout.h"
 #include "step/engine.h"
+#include "step/runtime_options.h"
 
 namespace dmuon::torch_adapter {
 
@@ -55,7 +55,7 @@ class EngineRuntime {
   /// `owned` (may be null): the weight-ownership mode's parameters, stepped after these
   /// (their Muon groups' slots in owned_group_slot); group_name must then be its world group.
   EngineRuntime(const std::string& group_name, std::vector<std::string> names, std::vector<layout::ParamLayout> layouts,
-                const std::vector<std::string>& dtypes, std::vector<int64_t> group_slot, RuntimeOptions options,
+                const std::vector<std::string>& dtypes, std::vector<int64_t> group_slot, step::RuntimeOptions options,
                 std::shared_ptr<OwnedExchange> owned = nullptr, std::vector<int64_t> owned_group_slot = {});
   ~EngineRuntime();
   EngineRuntime(const EngineRuntime&) = delete;
@@ -113,7 +113,7 @@ class EngineRuntime {
   int rank() const { return transport_->rank(); }
   int world_size() const { return transport_->world_size(); }
   const layout::WorldModel& world_model() const { return transport_->world_model(); }
-  const RuntimeOptions& options() const { return options_; }
+  const step::RuntimeOptions& options() const { return options_; }
   /// The engine's options as resolved when the runtime was made (options, else DMUON_*).
   const step::EngineOptions& engine_options() const { return engine_->options(); }
   int64_t pipeline_depth() const { return engine_->pipeline_depth(); }
@@ -136,7 +136,7 @@ class EngineRuntime {
   std::vector<std::vector<int>> stage_params() const;
   /// The items (matrices) of each stage of the last step, in NS-batch order.
   std::vector<std::vector<int>> stage_items() const;
-  const StepStats& last_stats() const { return stats_; }
+  const step::RuntimeStats& last_stats() const { return stats_; }
   const step::StepStats& engine_stats() const { return engine_->last_stats(); }
   /// The last step's stages on every rank for the projection (step/stage_layout.h):
   /// each stage's bytes per peer of its forward and return exchange, each rank's work.
@@ -146,7 +146,7 @@ class EngineRuntime {
   void update_rules(const std::vector<step::GroupRule>& groups);
   void record_stats();
 
-  RuntimeOptions options_;
+  step::RuntimeOptions options_;
   std::vector<layout::ParamLayout> layouts_;
   std::vector<at::ScalarType> dtypes_;
   std::unique_ptr<C10dTransport> transport_;
@@ -164,7 +164,7 @@ class EngineRuntime {
   std::vector<bool> last_active_;
   std::vector<at::Tensor> early_keep_;  // converted gradients the begun step reads until step()/discard()
   bool writes_began_ = false;  // the engine's, as the last step() or agree_results() left it
-  StepStats stats_;
+  step::RuntimeStats stats_;
 };
 
 }  // namespace dmuon::torch_adapter

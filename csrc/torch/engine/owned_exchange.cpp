@@ -9,7 +9,6 @@
 #include <algorithm>
 
 #include "common/check.h"
-#include "common/env.h"
 #include "engine/torch_ops.h"
 #include "plan/planner.h"
 #include "step/engine.h"
@@ -70,13 +69,12 @@ OwnedExchange::OwnedExchange(const OwnershipGroups& groups, std::vector<std::str
 
   // Ops: the gradients' on the current stream; the reductions' and the engine's on a side
   // stream of their own (GPU).
-  TorchOpsOptions ops_options;
   // NOTE: DMUON_* knobs are read when the runtime is made (these ops are the engine's).
-  ops_options.graph_cache_bytes = std::max<int64_t>(0, env::get_int("DMUON_GRAPH_CACHE_MB", 8192)) << 20;
+  TorchOpsOptions ops_options;
   grad_ops_ = make_torch_ops(device, ops_options);
   if (device.kind == step::DeviceKind::kCuda) {
     c10::impl::VirtualGuardImpl impl(at::kCUDA);
-    side_stream_ = impl.getStreamFromGlobalPool(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index)),
+    side_stream_ = impl.getStreamFromGlobalPool(torch_device(device),
                                                 /*isHighPriority=*/false);
     ops_options.stream = side_stream_;
   }
@@ -95,6 +93,11 @@ OwnedExchange::OwnedExchange(const OwnershipGroups& groups, std::vector<std::str
 
 OwnedExchange::~OwnedExchange() = default;
 
+size_t OwnedExchange::param_at(int64_t i, const char* call) const {
+  DMUON_CHECK(i >= 0 && static_cast<size_t>(i) < names_.size(), call, ": parameter index ", i, " out of range");
+  return static_cast<size_t>(i);
+}
+
 std::string OwnedExchange::at_step(const std::string& what) const {
   return "step " + std::to_string(step_idx_) + ": " + what;
 }
@@ -107,8 +110,7 @@ std::vector<std::vector<int>> OwnedExchange::buckets() const {
 
 // ----------------------------------------------------------------------------- publish
 void OwnedExchange::publish(int64_t i, const at::Tensor& compute, const at::Tensor& master) {
-  DMUON_CHECK(i >= 0 && static_cast<size_t>(i) < names_.size(), "publish: parameter index ", i, " out of range");
-  const size_t p = static_cast<size_t>(i);
+  const size_t p = param_at(i, "publish");
   DMUON_CHECK(compute.numel() == layouts_[p].numel(), "publish: the compute tensor of ", names_[p], " has ",
               compute.numel(), " elements, expected ", layouts_[p].numel());
   if (published_[p] || storage_is_allocated(compute)) return;  // in flight or present
@@ -123,9 +125,7 @@ void OwnedExchange::publish(int64_t i, const at::Tensor& compute, const at::Tens
 }
 
 void OwnedExchange::wait_published(int64_t i) {
-  DMUON_CHECK(i >= 0 && static_cast<size_t>(i) < names_.size(), "wait_published: parameter index ", i,
-              " out of range");
-  std::unique_ptr<step::Pending> pending = std::move(published_[static_cast<size_t>(i)]);
+  std::unique_ptr<step::Pending> pending = std::move(published_[param_at(i, "wait_published")]);
   if (pending) pending->wait();
 }
 
@@ -135,8 +135,7 @@ void OwnedExchange::release(int64_t i, const at::Tensor& compute) {
 }
 
 void OwnedExchange::materialize(int64_t i, const at::Tensor& tensor) {
-  DMUON_CHECK(i >= 0 && static_cast<size_t>(i) < names_.size(), "materialize: parameter index ", i, " out of range");
-  const size_t p = static_cast<size_t>(i);
+  const size_t p = param_at(i, "materialize");
   DMUON_CHECK(tensor.numel() == layouts_[p].numel(), "materialize: tensor of ", names_[p], " has ", tensor.numel(),
               " elements, expected ", layouts_[p].numel());
   DMUON_CHECK(owners_[p] != rank() || storage_is_allocated(tensor), "materialize: the owner's copy of ", names_[p],
@@ -151,8 +150,7 @@ void OwnedExchange::materialize(int64_t i, const at::Tensor& tensor) {
 
 // ----------------------------------------------------------------------------- backward
 void OwnedExchange::grad_ready(int64_t i, const at::Tensor& grad, const at::Tensor& momentum, bool sync) {
-  DMUON_CHECK(i >= 0 && static_cast<size_t>(i) < names_.size(), "grad_ready: parameter index ", i, " out of range");
-  const std::string& name = names_[static_cast<size_t>(i)];
+  const std::string& name = names_[param_at(i, "grad_ready")];
   // NOTE: the gradient is read on backward's stream (the gradients' ops' stream, ordered
   // both ways with the current one where they differ), where Python drops it.
   const at::Tensor g = grad.contiguous();

@@ -17,8 +17,8 @@
 
 namespace dmuon::torch_adapter {
 
+/// NOTE: the CUDA ops' graph cache is bounded by DMUON_GRAPH_CACHE_MB, read when the ops are made.
 struct TorchOpsOptions {
-  int64_t graph_cache_bytes = int64_t{8192} << 20;  ///< CUDA: DMUON_GRAPH_CACHE_MB
   /// CUDA: the stream every pass is enqueued on (a stream of `device`); none: torch's
   /// current stream of the device at the make_torch_ops call.
   std::optional<c10::Stream> stream;

@@ -6,11 +6,13 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <optional>
 
 #include "common/check.h"
+#include "common/env.h"
 #include "engine/torch_ops.h"
 #include "step/cuda/allocator.h"
 #include "step/cuda/cuda_ops.h"
@@ -51,7 +53,7 @@ std::unique_ptr<step::DeviceOps> make_torch_cuda_ops(int device, const TorchOpsO
   options.device = device;
   options.stream = (stream ? c10::cuda::CUDAStream(*stream) : c10::cuda::getCurrentCUDAStream(index)).stream();
   options.allocator = &caching_allocator();
-  options.graph_cache_bytes = o.graph_cache_bytes;
+  options.graph_cache_bytes = std::max<int64_t>(0, env::kGraphCacheMb.get()) << 20;
   options.sym_kernel = o.sym_kernel;
   return std::make_unique<step::CudaOps>(options);
 }

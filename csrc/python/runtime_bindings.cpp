@@ -1,35 +1,24 @@
 // dmuon._C.engine's options: the enums of every option that names a choice, a Muon group's
 // rule (GroupRule) and the runtime's options (RuntimeOptions, the engine's EngineOptions in
-// it). Strings are parsed here, once, with errors that name the option.
+// it); and the runtime's statistics (dmuon._C.dist.StepStats). Strings are parsed here,
+// once, with errors that name the option. The runtime itself: csrc/torch/engine.
 #include <pybind11/stl.h>
 
+#include <array>
 #include <initializer_list>
 #include <utility>
 
+#include "python/bindings.h"
 #include "common/check.h"
 #include "ns/schedule.h"
-#include "option_choices.h"
 #include "optim/update_rule.h"
 #include "plan/solvers.h"
 #include "step/options.h"
+#include "step/runtime_options.h"
 
 namespace py = pybind11;
 
-namespace dmuon::torch_adapter {
-
-step::DeviceKind parse_device_kind(const std::string& name) {
-  if (name == "cpu") return step::DeviceKind::kCpu;
-  if (name == "cuda") return step::DeviceKind::kCuda;
-  DMUON_FAIL("device_type must be 'cpu' or 'cuda', got '", name, "'");
-}
-
-CostModel parse_cost_model(const std::string& name) {
-  if (name == "auto") return CostModel::kAuto;
-  if (name == "analytic") return CostModel::kAnalytic;
-  if (name == "profile") return CostModel::kProfile;
-  DMUON_FAIL("cost_model must be 'auto', 'analytic' or 'profile', got '", name, "'");
-}
-
+namespace dmuon::bindings {
 namespace {
 
 // "auto" | "broadcast" (rank 0 plans where the transport moves data) | "local" (every rank
@@ -49,10 +38,19 @@ void bind_choice(py::module_& m, const char* name, std::initializer_list<std::pa
   e.def(py::init([](const std::string& spelling) { return Parse(spelling); }), py::arg("name"));
 }
 
+// Stage phase times as (prepare, ns, return_pack, apply) tuples.
+std::vector<std::array<double, sim::kNumPhases>> phase_tuples(const std::vector<sim::BucketTimes>& times) {
+  std::vector<std::array<double, sim::kNumPhases>> out;
+  for (const auto& t : times) out.push_back(t.seconds);
+  return out;
+}
+
 }  // namespace
 
-void register_option_bindings(py::module_& e) {
+void register_runtime_bindings(py::module_& m) {
   using step::DeviceKind, step::Mode, step::WireDType, plan::SolverKind, optim::AdjustLr, ns::Algorithm;
+  using step::CostModel, step::RuntimeOptions, step::RuntimeStats;
+  py::module_ e = m.def_submodule("engine", "the step engine's torch adapter");
   bind_choice<Mode, step::parse_mode>(e, "Mode", {{"owner", Mode::kOwner}, {"gather", Mode::kGather}});
   bind_choice<WireDType, step::parse_wire_dtype>(e, "WireDType",
                                                  {{"auto", WireDType::kAuto},
@@ -61,7 +59,8 @@ void register_option_bindings(py::module_& e) {
                                                   {"float16", WireDType::kFloat16}});
   bind_choice<SolverKind, plan::parse_solver>(
       e, "Solver", {{"round_robin", SolverKind::kRoundRobin}, {"lpt", SolverKind::kLpt}, {"milp", SolverKind::kMilp}});
-  bind_choice<DeviceKind, parse_device_kind>(e, "DeviceKind", {{"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}});
+  bind_choice<DeviceKind, step::parse_device_kind>(e, "DeviceKind",
+                                                   {{"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}});
   bind_choice<AdjustLr, optim::parse_adjust_lr>(e, "AdjustLr",
                                                 {{"none", AdjustLr::kNone},
                                                  {"original", AdjustLr::kOriginal},
@@ -69,7 +68,7 @@ void register_option_bindings(py::module_& e) {
                                                  {"spectral", AdjustLr::kSpectral}});
   bind_choice<Algorithm, ns::parse_algorithm>(e, "NsAlgorithm",
                                               {{"gram", Algorithm::kGram}, {"standard", Algorithm::kStandard}});
-  bind_choice<CostModel, parse_cost_model>(
+  bind_choice<CostModel, step::parse_cost_model>(
       e, "CostModel",
       {{"auto", CostModel::kAuto}, {"analytic", CostModel::kAnalytic}, {"profile", CostModel::kProfile}});
 
@@ -105,7 +104,7 @@ void register_option_bindings(py::module_& e) {
       .def_readonly("backward_order", &step::EngineOptions::backward_order)
       .def_readonly("plan_locally", &step::EngineOptions::plan_locally);
 
-  py::class_<RuntimeOptions>(e, "RuntimeOptions", "how the step runtime runs (runtime_options.h)")
+  py::class_<RuntimeOptions>(e, "RuntimeOptions", "how the step runtime runs (step/runtime_options.h)")
       .def(py::init([](const py::object& mode, int64_t bucket_bytes, const py::object& wire_dtype,
                        const py::object& solver, const py::object& device_type, bool profile,
                        const py::object& cost_model, std::vector<ns::Schedule> cost_schedules,
@@ -121,9 +120,9 @@ void register_option_bindings(py::module_& e) {
              o.engine.backward_order = backward_order;
              o.engine.backward_groups = std::move(backward_groups);
              o.engine.cost.schedules = std::move(cost_schedules);
-             o.device = choice<DeviceKind, parse_device_kind>(device_type);
+             o.device = choice<DeviceKind, step::parse_device_kind>(device_type);
              o.profile = profile;
-             o.cost_model = choice<CostModel, parse_cost_model>(cost_model);
+             o.cost_model = choice<CostModel, step::parse_cost_model>(cost_model);
              o.record_timeline = record_timeline;
              o.fused_streams = fused_streams;
              o.pipeline_depth = pipeline_depth;
@@ -146,6 +145,31 @@ void register_option_bindings(py::module_& e) {
       .def_readonly("profile", &RuntimeOptions::profile)
       .def_readonly("record_timeline", &RuntimeOptions::record_timeline)
       .def_property_readonly("backward_order", [](const RuntimeOptions& o) { return o.engine.backward_order; });
+
+  py::module_ d = m.attr("dist");  // NOTE: made by register_layout_bindings
+  py::class_<RuntimeStats>(d, "StepStats")
+      .def_readonly("momentum_s", &RuntimeStats::momentum_s)
+      .def_readonly("pack_s", &RuntimeStats::pack_s)
+      .def_readonly("comm_wait_s", &RuntimeStats::comm_wait_s)
+      .def_readonly("ns_s", &RuntimeStats::ns_s)
+      .def_readonly("early_stages", &RuntimeStats::early_stages)
+      .def_readonly("early_orthogonalized", &RuntimeStats::early_orthogonalized)
+      .def_readonly("early_ns_s", &RuntimeStats::early_ns_s)
+      .def_readonly("early_fill_s", &RuntimeStats::early_fill_s)
+      .def_readonly("apply_s", &RuntimeStats::apply_s)
+      .def_readonly("total_s", &RuntimeStats::total_s)
+      .def_readonly("bytes_sent", &RuntimeStats::bytes_sent)
+      .def_readonly("bytes_received", &RuntimeStats::bytes_received)
+      .def_readonly("num_buckets", &RuntimeStats::num_buckets)
+      .def_readonly("num_orthogonalized", &RuntimeStats::num_orthogonalized)
+      .def_readonly("num_fused", &RuntimeStats::num_fused)
+      .def_property_readonly("num_fused_batches", [](const RuntimeStats& s) { return s.fused_batches.size(); })
+      .def_readonly("num_fused_streams", &RuntimeStats::num_fused_streams)
+      .def_readonly("fused_batches", &RuntimeStats::fused_batches)
+      .def_readonly("pipeline_depth", &RuntimeStats::pipeline_depth)
+      .def_readonly("orthogonalized", &RuntimeStats::orthogonalized)
+      .def_property_readonly("bucket_times", [](const RuntimeStats& s) { return phase_tuples(s.bucket_times); })
+      .def_readonly("model_fill_s", &RuntimeStats::model_fill_s);
 }
 
-}  // namespace dmuon::torch_adapter
+}  // namespace dmuon::bindings
