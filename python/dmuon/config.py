@@ -20,13 +20,12 @@ step runtime is made (docs/configuration.md lists every field, default and varia
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from typing import Any, Iterator, Mapping
 
 import torch
 
-from dmuon.group_options import check_muon_math
+from dmuon.group_options import MATH_KEYS, check_muon_math, is_int, is_number
 
 NONFINITE = ("raise", "skip")
 MODES = ("owner", "gather")
@@ -38,14 +37,6 @@ REDUCE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def _fail(cls: type, name: str, requirement: str, value: Any) -> None:
     raise ValueError(f"{cls.__name__}.{name} must be {requirement}, got {value!r}")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_choice(obj: Any, name: str, allowed: tuple) -> None:
@@ -63,7 +54,7 @@ def _check_optional_int(obj: Any, name: str, low: int, high: int | None = None) 
     value = getattr(obj, name)
     if value is None:
         return
-    if not (_is_int(value) and value >= low and (high is None or value <= high)):
+    if not (is_int(value) and value >= low and (high is None or value <= high)):
         span = f">= {low}" if high is None else f"in {low}..{high}"
         _fail(type(obj), name, f"None or an integer {span}", value)
 
@@ -155,7 +146,7 @@ class Execution(_Options):
         for name, allowed in (("mode", MODES), ("wire_dtype", WIRE_DTYPES), ("planner", PLANNERS),
                               ("cost_model", COST_MODELS), ("nonfinite", NONFINITE)):
             _check_choice(self, name, allowed)
-        if not (_is_number(self.bucket_size_mb) and self.bucket_size_mb >= 0):
+        if not (is_number(self.bucket_size_mb) and self.bucket_size_mb >= 0):
             _fail(Execution, "bucket_size_mb", "a finite number >= 0 (0: one bucket)", self.bucket_size_mb)
         for name in ("profile", "record_timeline"):
             if not isinstance(getattr(self, name), bool):
@@ -199,9 +190,9 @@ class Ownership(_Options):
         for name in ("reshard_after_forward", "spread_layers", "replicate_others"):
             if not isinstance(getattr(self, name), bool):
                 _fail(Ownership, name, "True or False", getattr(self, name))
-        if not (_is_int(self.prefetch) and self.prefetch >= 0):
+        if not (is_int(self.prefetch) and self.prefetch >= 0):
             _fail(Ownership, "prefetch", "an integer >= 0", self.prefetch)
-        if not (_is_number(self.bucket_size_mb) and self.bucket_size_mb >= 0):
+        if not (is_number(self.bucket_size_mb) and self.bucket_size_mb >= 0):
             _fail(Ownership, "bucket_size_mb", "a finite number >= 0 (0: one bucket)", self.bucket_size_mb)
         if self.reduce_dtype not in REDUCE_DTYPES:
             _fail(Ownership, "reduce_dtype", f"one of {list(REDUCE_DTYPES)}", self.reduce_dtype)
@@ -212,9 +203,7 @@ class Ownership(_Options):
 
 # The deprecated flat keywords of DMuon, each setting a dataclass field: name → (argument, field).
 FLAT_OPTIONS: dict[str, tuple[str, str]] = {
-    **{name: ("math", name) for name in ("momentum", "nesterov", "ns_algorithm", "ns_steps", "ns_coefficients",
-                                         "ns_restarts", "eps", "adjust_lr", "normuon", "normuon_beta2",
-                                         "normuon_eps")},
+    **{name: ("math", name) for name in MATH_KEYS},
     **{name: ("execution", name) for name in ("mode", "bucket_size_mb", "wire_dtype", "planner", "cost_model",
                                               "nonfinite")},
 }

@@ -46,12 +46,18 @@ ADAMW_OPTION_NAMES = {"lr": "adamw_lr", "weight_decay": "adamw_weight_decay", "b
                       "eps": "adamw_eps", "momentum": "adamw_betas"}
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def is_int(value: Any) -> bool:
+    """An int that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_nonnegative(where: str, name: str, value: Any) -> None:
-    if not (_is_number(value) and value >= 0):
+    if not (is_number(value) and value >= 0):
         raise ValueError(f"{where}{name} must be a finite number >= 0, got {value!r}")
 
 
@@ -85,7 +91,7 @@ def check_muon_math(group: dict[str, Any], where: str, names: dict[str, str] | N
     _check_nonnegative(where, name("eps"), group["eps"])
     if group["eps"] <= 0:
         raise ValueError(f"{where}{name('eps')} must be > 0, got {group['eps']!r}")
-    if not (_is_number(group["momentum"]) and 0.0 <= group["momentum"] < 1.0):
+    if not (is_number(group["momentum"]) and 0.0 <= group["momentum"] < 1.0):
         raise ValueError(f"{where}{name('momentum')} must be a number in [0, 1), got {group['momentum']!r}")
     if not isinstance(group["nesterov"], bool):
         raise ValueError(f"{where}{name('nesterov')} must be True or False, got {group['nesterov']!r}")
@@ -98,10 +104,10 @@ def check_normuon(group: dict[str, Any], where: str, name: Any = lambda key: key
     if not isinstance(enabled, bool):
         raise ValueError(f"{where}{name('normuon')} must be True or False, got {enabled!r}")
     beta2 = group.get("normuon_beta2", MATH_DEFAULTS["normuon_beta2"])
-    if not (_is_number(beta2) and 0.0 <= beta2 < 1.0):
+    if not (is_number(beta2) and 0.0 <= beta2 < 1.0):
         raise ValueError(f"{where}{name('normuon_beta2')} must be a number in [0, 1), got {beta2!r}")
     eps = group.get("normuon_eps", MATH_DEFAULTS["normuon_eps"])
-    if not (_is_number(eps) and eps > 0):
+    if not (is_number(eps) and eps > 0):
         raise ValueError(f"{where}{name('normuon_eps')} must be a finite number > 0, got {eps!r}")
 
 
@@ -138,7 +144,7 @@ def check_adamw_group(group: dict[str, Any], where: str, names: dict[str, str] |
     """Raise ValueError naming the first bad option of an AdamW group."""
     names = names or {}
     betas = group["betas"]
-    if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(_is_number(b) and 0.0 <= b < 1.0
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(is_number(b) and 0.0 <= b < 1.0
                                                                           for b in betas)):
         raise ValueError(f"{where}{names.get('betas', 'betas')} must be a pair (beta1, beta2) of numbers in [0, 1), "
                          f"got {betas!r}")

@@ -36,12 +36,11 @@ from torch.utils._pytree import tree_flatten
 
 from dmuon._ops import _C
 from dmuon.config import Ownership, with_flat
+from dmuon.params import MUON_DTYPES, dtype_name as _dtype_name
 from dmuon.routing import route_module
 
 _ATTR = "_dmuon_ownership"
 _LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.")
-_REDUCE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-_DTYPE_NAMES = {**_REDUCE_DTYPES, torch.float64: "float64"}
 
 
 def layer_of_name(name: str) -> int:
@@ -413,15 +412,15 @@ def own_matrices(model: nn.Module, mesh: Any = None,
     layouts = [_C.dist.ParamLayout(list(r.param.shape), r.batch_dims, False, row_blocks=list(r.row_blocks),
                                    transposed=r.transposed) for r in routed]
     names = [r.name for r in routed]
-    options = _C.ownership.Options(bucket_bytes=int(bucket_size_mb * 2**20), reduce_dtype=_REDUCE_DTYPES[reduce_dtype],
+    options = _C.ownership.Options(bucket_bytes=int(bucket_size_mb * 2**20), reduce_dtype=_dtype_name(reduce_dtype),
                                    solver=planner, device_type=device_type, spread_layers=spread_layers)
     for r in routed:
-        if r.param.dtype not in _DTYPE_NAMES:
+        if r.param.dtype not in MUON_DTYPES:
             raise TypeError(f"parameter {r.name!r}: dtype {r.param.dtype} cannot be owned; "
-                            f"use one of {list(_DTYPE_NAMES)}")
+                            f"use one of {list(MUON_DTYPES)}")
     # NOTE: the owners are planned here, by the step engine's planner (collective).
     exchange = _C.ownership.Exchange(groups.groups(), names, layouts, [layer_of_name(n) for n in names],
-                                     [_DTYPE_NAMES[r.param.dtype] for r in routed], options)
+                                     [_dtype_name(r.param.dtype) for r in routed], options)
 
     # Compute tensors; non-owners drop the master's bytes.
     owners = exchange.owners

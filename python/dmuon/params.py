@@ -26,6 +26,11 @@ from dmuon.split_options import split_view
 MUON_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The C++ runtime's name of a dtype ("float32", "bfloat16"…)."""
+    return str(dtype).removeprefix("torch.")
+
+
 @dataclasses.dataclass(frozen=True)
 class ParamInfo:
     name: str

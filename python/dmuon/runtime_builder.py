@@ -15,7 +15,8 @@ from torch.distributed.tensor import DTensor
 
 from dmuon import distributed, rank_agreement
 from dmuon._ops import _C
-from dmuon.group_options import group_signature_options
+from dmuon.group_options import MATH_DEFAULTS, group_signature_options
+from dmuon.params import dtype_name
 from dmuon.split_options import split_key
 
 
@@ -58,8 +59,8 @@ def group_rules(opt: Any) -> tuple[list[Any], dict[int, int]]:
                 lr=float(group["lr"]), weight_decay=float(group["weight_decay"]),
                 momentum=float(group["momentum"]), nesterov=bool(group["nesterov"]),
                 adjust_lr=group["adjust_lr"] or "none", schedule=group_schedule(opt, g_idx, group),
-                normuon=bool(group.get("normuon", False)), normuon_beta2=float(group.get("normuon_beta2", 0.95)),
-                normuon_eps=float(group.get("normuon_eps", 1e-8))))
+                # NorMuon's options (a group saved before they existed has none: their defaults).
+                **{key: type(default)(group.get(key, default)) for key, default in MATH_DEFAULTS.items()}))
     return rules, slot
 
 
@@ -206,7 +207,7 @@ def ensure_runtime(opt: Any, checks: Any = None) -> Any:
     group_of = {id(p): g_idx for g_idx, g in enumerate(opt.param_groups) for p in g["params"]}
     opt._runtime = _C.engine.EngineRuntime(
         distributed.group_name(group), [opt.param_name(p) for _, p in muon], layouts,
-        [str(p.dtype).removeprefix("torch.") for _, p in muon], [slot[g_idx] for g_idx, _ in muon], options,
+        [dtype_name(p.dtype) for _, p in muon], [slot[g_idx] for g_idx, _ in muon], options,
         owned=handle.exchange if handle is not None else None,
         owned_group_slot=[slot[group_of[id(p)]] for p in owned])
     note = opt._runtime.backward_stage_note

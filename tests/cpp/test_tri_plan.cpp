@@ -19,6 +19,21 @@ namespace {
 // The mirror's tile edge (elementwise.cu's kTile).
 constexpr int64_t kMirrorTile = 32;
 
+// Fraction of the dense product's multiply-adds the row panels perform.
+double tri_work_fraction(int64_t m, int64_t block) {
+  double work = 0.0;
+  for (const TriPanel& p : tri_panels(m, block)) work += static_cast<double>(p.rows) * static_cast<double>(p.cols);
+  return work / (static_cast<double>(m) * static_cast<double>(m));
+}
+
+// Fraction of the dense product's multiply-adds the lower-block product performs.
+double block_work_fraction(int64_t m, int64_t block) {
+  const BlockPlan plan = block_plan(m, block);
+  const double blocks = static_cast<double>(plan.num_blocks) * static_cast<double>(block * block);
+  const double rest = static_cast<double>(plan.remainder.rows) * static_cast<double>(plan.remainder.cols);
+  return (blocks + rest) / (static_cast<double>(m) * static_cast<double>(m));
+}
+
 // One GEMM of a plan in fp64 (k in order): D[d0 + r·ldd + col] = α·Σ A[a0 + r·k + e]·B[b0 + col·k + e]
 // + β·C[c0 + r·m + col] for rows × cols (A, B: leading dimension k; C, D: m).
 void gemm_at(const std::vector<double>& a, const std::vector<double>& b, const std::vector<double>& c,

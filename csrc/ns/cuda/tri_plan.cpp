@@ -19,12 +19,6 @@ std::vector<TriPanel> tri_panels(int64_t m, int64_t block) {
   return panels;
 }
 
-double tri_work_fraction(int64_t m, int64_t block) {
-  double work = 0.0;
-  for (const TriPanel& p : tri_panels(m, block)) work += static_cast<double>(p.rows) * static_cast<double>(p.cols);
-  return work / (static_cast<double>(m) * static_cast<double>(m));
-}
-
 std::string tri_name(int64_t block) { return "tri:" + std::to_string(block); }
 
 namespace {
@@ -73,13 +67,6 @@ BlockPlan block_plan(int64_t m, int64_t block) {
   const int64_t row0 = plan.num_block_rows * block;
   plan.remainder = {row0, m - row0, row0 == m ? 0 : m};
   return plan;
-}
-
-double block_work_fraction(int64_t m, int64_t block) {
-  const BlockPlan plan = block_plan(m, block);
-  const double blocks = static_cast<double>(plan.num_blocks) * static_cast<double>(block * block);
-  const double rest = static_cast<double>(plan.remainder.rows) * static_cast<double>(plan.remainder.cols);
-  return (blocks + rest) / (static_cast<double>(m) * static_cast<double>(m));
 }
 
 std::string blk_name(int64_t block) { return "blk:" + std::to_string(block); }

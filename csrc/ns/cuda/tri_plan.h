@@ -53,9 +53,6 @@ inline constexpr int64_t kTriBlockQuantum = 128;
 /// kTriBlockQuantum; block ≥ m: one panel, the dense product).
 std::vector<TriPanel> tri_panels(int64_t m, int64_t block);
 
-/// Fraction of the dense product's multiply-adds the panels perform.
-double tri_work_fraction(int64_t m, int64_t block);
-
 /// "tri:<block>".
 std::string tri_name(int64_t block);
 
@@ -80,9 +77,6 @@ struct BlockPlan {
   TriPanel remainder;          ///< rows [F·block, m), columns [0, m); rows == 0 when block divides m
 };
 BlockPlan block_plan(int64_t m, int64_t block);
-
-/// Fraction of the dense product's multiply-adds the lower-block product performs.
-double block_work_fraction(int64_t m, int64_t block);
 
 /// "blk:<block>".
 std::string blk_name(int64_t block);

@@ -40,6 +40,13 @@ __global__ void block_pointers_kernel(BlockStrides s, const char* a, const char*
   ptrs[3 * slot + index] = d + 2 * o.d;
 }
 
+// The shape check of both products; whether they read C.
+bool checked_reads_c(const SymProductArgs& args, const char* product) {
+  DMUON_CHECK(args.batch >= 1 && args.m >= 1 && args.k >= 1, product, ": invalid shape [", args.batch, ", ", args.m,
+              ", ", args.k, "]");
+  return args.c != nullptr && args.beta != 0.0;
+}
+
 // NOTE: the pointer arrays take the head of the cuBLASLt workspace; above this share of it the
 // product is refused (a batch of 64 matrices with 528 blocks each needs 1.1 MB).
 constexpr size_t kMaxPointerBytes = size_t{8} << 20;
@@ -48,9 +55,7 @@ constexpr size_t kMaxPointerBytes = size_t{8} << 20;
 
 void tri_sym_product(const SymProductArgs& args, int64_t block, void* lt_workspace, size_t lt_workspace_bytes,
                      cudaStream_t stream) {
-  DMUON_CHECK(args.batch >= 1 && args.m >= 1 && args.k >= 1, "tri_sym_product: invalid shape [", args.batch, ", ",
-              args.m, ", ", args.k, "]");
-  const bool has_c = args.c != nullptr && args.beta != 0.0;
+  const bool has_c = checked_reads_c(args, "tri_sym_product");
   for (const TriPanel& p : tri_panels(args.m, block))
     panel_gemm(args, p, has_c, lt_workspace, lt_workspace_bytes, stream);
   mirror_lower(args.dtype, args.d, args.batch, args.m, args.ldd, args.stride_d, stream);
@@ -58,9 +63,7 @@ void tri_sym_product(const SymProductArgs& args, int64_t block, void* lt_workspa
 
 void block_sym_product(const SymProductArgs& args, int64_t block, void* lt_workspace, size_t lt_workspace_bytes,
                        cudaStream_t stream) {
-  DMUON_CHECK(args.batch >= 1 && args.m >= 1 && args.k >= 1, "block_sym_product: invalid shape [", args.batch,
-              ", ", args.m, ", ", args.k, "]");
-  const bool has_c = args.c != nullptr && args.beta != 0.0;
+  const bool has_c = checked_reads_c(args, "block_sym_product");
   const BlockPlan plan = block_plan(args.m, block);
   char* workspace = static_cast<char*>(lt_workspace);
   size_t workspace_bytes = lt_workspace == nullptr ? 0 : lt_workspace_bytes;
