@@ -23,6 +23,13 @@ constexpr int kMaxSteps = 100;
 
 }  // namespace
 
+bool Schedule::operator==(const Schedule& o) const {
+  bool same = algorithm == o.algorithm && steps.size() == o.steps.size() && restart_after == o.restart_after && eps == o.eps;
+  for (size_t k = 0; same && k < steps.size(); ++k)
+    same = steps[k].a == o.steps[k].a && steps[k].b == o.steps[k].b && steps[k].c == o.steps[k].c;
+  return same;
+}
+
 void Schedule::validate() const {
   DMUON_CHECK(!steps.empty(), "ns_steps must be at least 1 (got an empty coefficient schedule)");
   DMUON_CHECK(static_cast<int>(steps.size()) <= kMaxSteps, "ns_steps must be at most ", kMaxSteps,

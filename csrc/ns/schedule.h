@@ -32,6 +32,7 @@ struct Schedule {
 
   /// Throws dmuon::Error naming the offending field when the schedule is unusable.
   void validate() const;
+  bool operator==(const Schedule& o) const;
 };
 
 /// Parse "gram" / "standard"; throws naming the argument `ns_algorithm` otherwise.

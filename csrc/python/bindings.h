@@ -30,7 +30,7 @@ void register_plan_bindings(pybind11::module_& m);
 void register_sim_bindings(pybind11::module_& m);
 
 /// The step runtime's typed options and statistics: dmuon._C.engine's enums, GroupRule,
-/// EngineOptions, RuntimeOptions and dmuon._C.dist.StepStats (runtime_bindings.cpp; makes
+/// EngineOptions, RuntimeOptions, StepChecks and dmuon._C.dist.StepStats (runtime_bindings.cpp; makes
 /// dmuon._C.engine, after register_layout_bindings).
 void register_runtime_bindings(pybind11::module_& m);
 

@@ -1,6 +1,7 @@
 // dmuon._C.engine's options: the enums of every option that names a choice, a Muon group's
-// rule (GroupRule) and the runtime's options (RuntimeOptions, the engine's EngineOptions in
-// it); and the runtime's statistics (dmuon._C.dist.StepStats). Strings are parsed here,
+// rule (GroupRule), the runtime's options (RuntimeOptions, the engine's EngineOptions in it)
+// and the caller's checks of a step (StepChecks); and the runtime's statistics
+// (dmuon._C.dist.StepStats). Strings are parsed here,
 // once, with errors that name the option. The runtime itself: csrc/torch/engine.
 #include <pybind11/stl.h>
 
@@ -15,6 +16,7 @@
 #include "plan/solvers.h"
 #include "step/options.h"
 #include "step/runtime_options.h"
+#include "step/start_agreement.h"
 
 namespace py = pybind11;
 
@@ -145,6 +147,20 @@ void register_runtime_bindings(py::module_& m) {
       .def_readonly("profile", &RuntimeOptions::profile)
       .def_readonly("record_timeline", &RuntimeOptions::record_timeline)
       .def_property_readonly("backward_order", [](const RuntimeOptions& o) { return o.engine.backward_order; });
+
+  py::class_<step::StartChecks>(e, "StepChecks",
+                                "what the caller checked before a step, agreed in its start agreement "
+                                "(step/start_agreement.h)")
+      .def(py::init([](int64_t signature, std::string error, std::vector<std::string> describe, bool changed) {
+             return step::StartChecks{static_cast<uint64_t>(signature), std::move(error), std::move(describe),
+                                      changed};
+           }),
+           py::arg("signature") = 0, py::arg("error") = "", py::arg("describe") = std::vector<std::string>{},
+           py::arg("changed") = false)
+      .def_readwrite("signature", &step::StartChecks::signature)
+      .def_readwrite("error", &step::StartChecks::error)
+      .def_readwrite("describe", &step::StartChecks::describe)
+      .def_readwrite("changed", &step::StartChecks::changed);
 
   py::module_ d = m.attr("dist");  // NOTE: made by register_layout_bindings
   py::class_<RuntimeStats>(d, "StepStats")

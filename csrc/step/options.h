@@ -36,6 +36,10 @@ struct GroupRule {
   double update_scale(int64_t rows, int64_t cols) const { return -lr * optim::adjusted_lr_ratio(adjust_lr, rows, cols); }
   /// Decoupled weight decay's factor on the parameter.
   double decay() const { return 1.0 - lr * weight_decay; }
+  bool operator==(const GroupRule& o) const {
+    return lr == o.lr && weight_decay == o.weight_decay && momentum == o.momentum && nesterov == o.nesterov &&
+           adjust_lr == o.adjust_lr && schedule == o.schedule && normuon == o.normuon;
+  }
 };
 
 /// Who orthogonalizes an item.

@@ -24,21 +24,9 @@ std::vector<at::Tensor> or_undefined(const std::vector<std::optional<at::Tensor>
 void register_engine_bindings(py::module_& m) {
   py::module_ e = m.attr("engine");  // NOTE: made, with the runtime's options, by register_runtime_bindings
 
-  py::class_<StepChecks>(e, "StepChecks",
-                         "what the caller checked before a step, agreed in its start agreement")
-      .def(py::init([](int64_t signature, std::string error, std::vector<std::string> describe, bool changed) {
-             return StepChecks{signature, std::move(error), std::move(describe), changed};
-           }),
-           py::arg("signature") = 0, py::arg("error") = "", py::arg("describe") = std::vector<std::string>{},
-           py::arg("changed") = false)
-      .def_readwrite("signature", &StepChecks::signature)
-      .def_readwrite("error", &StepChecks::error)
-      .def_readwrite("describe", &StepChecks::describe)
-      .def_readwrite("changed", &StepChecks::changed);
-
   e.def(
       "agree_start",
-      [](const std::string& group_name, const py::object& device_type, const StepChecks& checks, int64_t step_idx) {
+      [](const std::string& group_name, const py::object& device_type, const step::StartChecks& checks, int64_t step_idx) {
         const step::DeviceKind device = bindings::choice<step::DeviceKind, step::parse_device_kind>(device_type);
         py::gil_scoped_release release;
         EngineRuntime::agree_start(group_name, device, checks, step_idx);
@@ -61,15 +49,15 @@ void register_engine_bindings(py::module_& m) {
              std::vector<std::optional<at::Tensor>> grads, std::vector<std::optional<at::Tensor>> momentum,
              std::vector<step::GroupRule> groups, int64_t step_idx, std::vector<std::string> extra_names,
              std::vector<std::optional<at::Tensor>> extra_grads, std::vector<std::optional<at::Tensor>> row_states,
-             bool defer_result_agreement, const StepChecks& checks) {
+             bool defer_result_agreement, const step::StartChecks& checks) {
             const std::vector<at::Tensor> p = or_undefined(params), g = or_undefined(grads), b = or_undefined(momentum);
             const std::vector<at::Tensor> e = or_undefined(extra_grads), v = or_undefined(row_states);
-            EngineStepOutcome out;
+            step::StepOutcome out;
             {
               py::gil_scoped_release release;
               out = runtime.step(p, g, b, groups, step_idx, extra_names, e, v, defer_result_agreement, checks);
             }
-            return py::dict(py::arg("applied") = out.applied, py::arg("nonfinite_params") = out.nonfinite_params,
+            return py::dict(py::arg("applied") = out.applied(), py::arg("nonfinite_params") = out.nonfinite_params,
                             py::arg("nonfinite_extra") = out.nonfinite_extra, py::arg("active") = out.active,
                             py::arg("message") = out.message);
           },
@@ -78,7 +66,7 @@ void register_engine_bindings(py::module_& m) {
           // NorMuon's v per parameter (None: the group has no NorMuon or no gradient).
           py::arg("row_states") = std::vector<std::optional<at::Tensor>>{},
           // True: with several ranks, return before the result agreement (agree_results()).
-          py::arg("defer_result_agreement") = false, py::arg("checks") = StepChecks{})
+          py::arg("defer_result_agreement") = false, py::arg("checks") = step::StartChecks{})
       .def("agree_results", &EngineRuntime::agree_results, py::arg("extra_max") = std::vector<int64_t>{},
            py::call_guard<py::gil_scoped_release>(),
            "the result agreement of a step returned with defer_result_agreement=True (every rank); extra_max "

@@ -20,20 +20,6 @@ at::ScalarType parse_dtype(const std::string& name, const std::string& param) {
   return scalar_type(parse_step_dtype(name, "parameter '" + param + "'"));
 }
 
-step::StartChecks start_checks(const StepChecks& checks) {
-  return {static_cast<uint64_t>(checks.signature), checks.error, checks.describe, checks.changed};
-}
-
-bool same_rule(const step::GroupRule& a, const step::GroupRule& b) {
-  const ns::Schedule &x = a.schedule, &y = b.schedule;
-  bool same_steps = x.steps.size() == y.steps.size();
-  for (size_t k = 0; same_steps && k < x.steps.size(); ++k)
-    same_steps = x.steps[k].a == y.steps[k].a && x.steps[k].b == y.steps[k].b && x.steps[k].c == y.steps[k].c;
-  return a.lr == b.lr && a.weight_decay == b.weight_decay && a.momentum == b.momentum && a.nesterov == b.nesterov &&
-         a.adjust_lr == b.adjust_lr && x.algorithm == y.algorithm && same_steps && x.restart_after == y.restart_after &&
-         x.eps == y.eps && a.normuon == b.normuon;
-}
-
 // A tensor the engine may write in place: `t` itself when contiguous, else a contiguous
 // copy that is written back after the step (kept in `write_back`).
 at::Tensor writable(const at::Tensor& t, std::vector<std::pair<at::Tensor, at::Tensor>>& write_back) {
@@ -45,11 +31,11 @@ at::Tensor writable(const at::Tensor& t, std::vector<std::pair<at::Tensor, at::T
 
 }  // namespace
 
-void EngineRuntime::agree_start(const std::string& group_name, step::DeviceKind device, const StepChecks& checks,
-                                int64_t step_idx) {
+void EngineRuntime::agree_start(const std::string& group_name, step::DeviceKind device,
+                                const step::StartChecks& checks, int64_t step_idx) {
   C10dTransport transport(group_name.empty() ? nullptr : c10d::resolve_process_group(group_name),
                           torch_step_device(device));
-  step::agree_start(transport, start_checks(checks), {}, step_idx, [](int) { return std::string(); });
+  step::agree_start(transport, checks, {}, step_idx, [](int) { return std::string(); });
 }
 
 EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::string> names,
@@ -125,9 +111,7 @@ EngineRuntime::~EngineRuntime() {
 }
 
 void EngineRuntime::update_rules(const std::vector<step::GroupRule>& groups) {
-  bool same = groups.size() == rule_source_.size();
-  for (size_t g = 0; same && g < groups.size(); ++g) same = same_rule(groups[g], rule_source_[g]);
-  if (same) return;
+  if (groups == rule_source_) return;
   DMUON_CHECK(static_cast<int64_t>(groups.size()) >= num_base_groups_, "EngineRuntime::step: ", groups.size(),
               " Muon groups' rules for group slots up to ", num_base_groups_ - 1);
   std::vector<step::GroupRule> rules(groups.begin(), groups.begin() + num_base_groups_);
@@ -136,13 +120,13 @@ void EngineRuntime::update_rules(const std::vector<step::GroupRule>& groups) {
   rule_source_ = groups;
 }
 
-EngineStepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+step::StepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                                       const std::vector<at::Tensor>& momentum,
                                       const std::vector<step::GroupRule>& groups, int64_t step_idx,
                                       const std::vector<std::string>& extra_names,
                                       const std::vector<at::Tensor>& extra_grads,
                                       const std::vector<at::Tensor>& row_state, bool defer_result_agreement,
-                                      const StepChecks& checks) {
+                                      const step::StartChecks& checks) {
   writes_began_ = false;
   const step::ItemTable& table = engine_->items();
   const size_t n = static_cast<size_t>(table.num_params());
@@ -153,7 +137,7 @@ EngineStepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
               extra_grads.size(), " checked gradients");
   // NOTE: options, tensors that do not fit: this rank's failed checks, agreed like the
   // caller's (raised here, they would leave the other ranks waiting in the agreement).
-  StepChecks mine = checks;
+  step::StartChecks mine = checks;
   try {
     update_rules(groups);
   } catch (const std::exception& error) {
@@ -260,7 +244,7 @@ EngineStepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
   };
   step::StepOutcome outcome;
   try {
-    outcome = engine_->step(tensors, rules_, step_idx, extra, !defer_result_agreement, start_checks(mine));
+    outcome = engine_->step(tensors, rules_, step_idx, extra, !defer_result_agreement, mine);
   } catch (...) {
     finish();
     throw;
@@ -269,13 +253,7 @@ EngineStepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
   // and they name the matrices of this step's active parameters, not the last step's.
   last_active_ = outcome.active;
   finish();
-  EngineStepOutcome out;
-  out.applied = outcome.applied();
-  out.nonfinite_params.assign(outcome.nonfinite_params.begin(), outcome.nonfinite_params.end());
-  out.nonfinite_extra.assign(outcome.nonfinite_extra.begin(), outcome.nonfinite_extra.end());
-  for (bool a : outcome.active) out.active.push_back(a ? 1 : 0);
-  out.message = outcome.message;
-  return out;
+  return outcome;
 }
 
 std::vector<int64_t> EngineRuntime::agree_results(const std::vector<int64_t>& extra_max) {

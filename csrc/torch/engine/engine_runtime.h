@@ -7,8 +7,9 @@
 //
 // One runtime per set of Muon parameters (names, layouts, dtypes and group slots identical
 // on every rank); made collectively (the plan is made and agreed when it is made). A step
-// waits for two collectives: the start agreement (with the caller's StepChecks) and the
-// result agreement (agree_results, with the caller's maxima).
+// waits for two collectives: the start agreement (with the caller's checks,
+// step::StartChecks: a rank whose checks failed, or whose structure differs, refuses the
+// step on every rank) and the result agreement (agree_results, with the caller's maxima).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -28,25 +29,6 @@
 
 namespace dmuon::torch_adapter {
 
-/// What a step of the engine runtime did (the caller raises or skips from it).
-struct EngineStepOutcome {
-  bool applied = true;
-  std::vector<int64_t> nonfinite_params;  ///< Muon parameters whose gradient held NaN/Inf (every rank)
-  std::vector<int64_t> nonfinite_extra;   ///< indices into the step's checked-only gradients
-  std::vector<int64_t> active;            ///< per Muon parameter: 1 when it had a gradient
-  std::string message;
-};
-
-/// What the caller checked before a step, agreed in its start agreement
-/// (step/start_agreement.h): a rank whose checks failed, or whose structure differs,
-/// refuses the step on every rank.
-struct StepChecks {
-  int64_t signature = 0;              ///< the param groups' structure (identical on every rank)
-  std::string error;                  ///< this rank's failed check ("" when none)
-  std::vector<std::string> describe;  ///< the structure in words, one line per param group
-  bool changed = false;               ///< a gradient changed since the begun step took it
-};
-
 class EngineRuntime {
  public:
   /// group_name: a c10d group's name, or "" for one process. dtypes: "float32" |
@@ -64,7 +46,7 @@ class EngineRuntime {
   /// The start agreement alone, before a runtime is made (collective over `group_name`):
   /// throws as a step does when `checks` fail on some rank (a runtime made again on some
   /// ranks only then meets the others' step in the same collective).
-  static void agree_start(const std::string& group_name, step::DeviceKind device, const StepChecks& checks,
+  static void agree_start(const std::string& group_name, step::DeviceKind device, const step::StartChecks& checks,
                           int64_t step_idx);
 
   /// One step: params[i], grads[i] (undefined: no gradient this step), momentum[i] (the
@@ -76,12 +58,12 @@ class EngineRuntime {
   /// Throws dmuon::Error on every rank when the ranks disagree on which parameters have
   /// gradients, a momentum buffer holds NaN/Inf or an input is invalid (nothing changed),
   /// and after the rest was applied when an orthogonalized update was not finite.
-  EngineStepOutcome step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+  step::StepOutcome step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                          const std::vector<at::Tensor>& momentum, const std::vector<step::GroupRule>& groups,
                          int64_t step_idx, const std::vector<std::string>& extra_names,
                          const std::vector<at::Tensor>& extra_grads,
                          const std::vector<at::Tensor>& row_state = {}, bool defer_result_agreement = false,
-                         const StepChecks& checks = {});
+                         const step::StartChecks& checks = {});
   /// With several ranks and `defer_result_agreement`, an applied step returns before its
   /// result agreement (step::StepEngine::commit(false)): the caller enqueues its own work
   /// (DMuon: the AdamW part) while the device finishes the step, then calls this on every
