@@ -1,7 +1,7 @@
 // dmuon/step/options.h — typed options of the step engine: the math of one param group
 // (GroupRule, with its Newton–Schulz schedule built once) and how the engine runs
 // (EngineOptions). Strings are parsed once, at the boundary (parse_*, here; the Python
-// bindings: csrc/torch/option_bindings.cpp), with errors that name the option.
+// bindings: csrc/python/runtime_bindings.cpp), with errors that name the option.
 #pragma once
 
 #include <cstdint>
