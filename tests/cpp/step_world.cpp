@@ -130,6 +130,22 @@ RankTensors World::local(int rank) const {
   return t;
 }
 
+std::vector<RankTensors> World::locals() const {
+  std::vector<RankTensors> out;
+  for (int r = 0; r < world_size_; ++r) out.push_back(local(r));
+  return out;
+}
+
+std::vector<std::vector<unsigned char>> state_bytes(const std::vector<RankTensors>& ranks) {
+  std::vector<std::vector<unsigned char>> out;
+  for (const RankTensors& t : ranks)
+    for (size_t p = 0; p < t.param.size(); ++p) {
+      out.push_back(t.param[p].bytes());
+      out.push_back(t.momentum[p].bytes());
+    }
+  return out;
+}
+
 void World::set_grads(int rank, int step, RankTensors& t) const {
   for (int p = 0; p < static_cast<int>(model_.size()); ++p)
     t.grad[static_cast<size_t>(p)] =
@@ -215,7 +231,7 @@ EngineRun run_engine(const World& world, const step::EngineOptions& options, con
   run.stats.resize(static_cast<size_t>(n));
   run.owners.resize(static_cast<size_t>(n));
   run.stages.resize(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) run.tensors.push_back(world.local(r));
+  run.tensors = world.locals();
   LoopbackWorld loopback(n);
   const std::vector<step::ParamSpec> specs = world.specs();
   run.errors = loopback.run([&](int r) {

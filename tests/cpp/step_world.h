@@ -91,6 +91,8 @@ class World {
 
   /// Rank r's local tensors before any step (its box of the initial values).
   RankTensors local(int rank) const;
+  /// Every rank's local tensors before any step.
+  std::vector<RankTensors> locals() const;
   /// Rank r's local gradients of step `step` (1-based) into `t`.
   void set_grads(int rank, int step, RankTensors& t) const;
   /// Global values of parameter p (param or momentum) from every rank's local tensors;
@@ -102,6 +104,9 @@ class World {
   int world_size_;
   step::ItemTable table_;
 };
+
+/// Every byte of every rank's parameters and momentum buffers (to check what changed).
+std::vector<std::vector<unsigned char>> state_bytes(const std::vector<RankTensors>& ranks);
 
 /// fp64 Muon over `num_steps` steps of world.grads from the initial values: the global
 /// parameters and momentum buffers after them (per parameter).

@@ -27,8 +27,10 @@ using dmuon::step::GroupRule;
 using dmuon::step::Mode;
 using dmuon::step::StepOutcome;
 using dmuon::testing::EngineRun;
+using dmuon::testing::expect_no_errors;
 using dmuon::testing::expect_matches_reference;
 using dmuon::testing::ModelParam;
+using dmuon::testing::state_bytes;
 using dmuon::testing::World;
 
 // Every shape the step must handle, in two groups (Gram NS with Nesterov, decay and the
@@ -65,12 +67,6 @@ std::vector<GroupRule> awkward_rules() {
           dmuon::testing::standard_rule(0.05, 0.0, false, "match_rms_adamw")};
 }
 
-void expect_no_errors(const EngineRun& run) {
-  for (size_t r = 0; r < run.errors.size(); ++r) EXPECT_EQ(run.errors[r], "") << "rank " << r;
-  for (size_t r = 0; r < run.outcomes.size(); ++r)
-    for (const StepOutcome& o : run.outcomes[r]) EXPECT_TRUE(o.applied()) << "rank " << r << ": " << o.message;
-}
-
 // ---------------------------------------------------------------- against the reference
 struct EngineCase {
   int world;
@@ -101,7 +97,7 @@ TEST_P(EngineReference, MatchesFp64MuonOnAwkwardShapes) {
   dmuon::testing::RunHooks hooks;
   hooks.ops = dmuon::testing::per_rank_ops(counting, c.world);
   const EngineRun run = dmuon::testing::run_engine(world, options, rules, kSteps, hooks);
-  expect_no_errors(run);
+  expect_no_errors(run, true);
   // NOTE: measured (this model, every case): float32 NS errs at most 1.4e-5
   // (the 1×1 item, 1.3e-5 the 2×64 one) against fp64, the momentum 1.6e-7.
   expect_matches_reference(world, run, rules, kSteps, 1e-4, 1e-6);
@@ -159,7 +155,7 @@ TEST(StepEngine, Float64ParametersIterateInFloat64) {
     options.solver = dmuon::plan::SolverKind::kLpt;
     options.stage_bytes = 512;
     const EngineRun run = dmuon::testing::run_engine(world, options, rules, 2);
-    expect_no_errors(run);
+    expect_no_errors(run, true);
     // NOTE: measured: 0 at world 1 (the reference's own arithmetic); at world 3 the float32
     // wire's rounding of U and O gives at most 1.0e-7, the momentum (never on the wire) 0.
     expect_matches_reference(world, run, rules, 2, world_size == 1 ? 1e-12 : 1e-6, 1e-14);
@@ -191,7 +187,7 @@ TEST(StepEngine, UnequalRowBlocksAreOrthogonalizedBlockByBlock) {
       options.solver = dmuon::plan::SolverKind::kLpt;
       options.stage_bytes = 256;
       const EngineRun run = dmuon::testing::run_engine(world, options, rules, 2);
-      expect_no_errors(run);
+      expect_no_errors(run, true);
       // NOTE: as the awkward shapes': float32 NS and wire against the fp64 reference.
       expect_matches_reference(world, run, rules, 2, 1e-4, 1e-6);
     }
@@ -210,7 +206,7 @@ TEST(StepEngine, HalfPrecisionParametersAndWires) {
       options.wire_dtype = wire;
       options.stage_bytes = 256;
       const EngineRun run = dmuon::testing::run_engine(world, options, rules, 2);
-      expect_no_errors(run);
+      expect_no_errors(run, true);
       // NOTE: measured (lr 0.5, so that the update is not lost in the parameter's own
       // rounding): bf16 parameters err 2.6e-2 on the update and 2.6e-3 on the momentum,
       // fp16 ones 5.6e-3 and 3.8e-4, either wire; the bounds leave 2–3× headroom.
@@ -221,30 +217,6 @@ TEST(StepEngine, HalfPrecisionParametersAndWires) {
 }
 
 // ---------------------------------------------------------------- failures
-// Every byte of every rank's parameters and momentum buffers, to check that nothing changed.
-std::vector<std::vector<unsigned char>> snapshot(const EngineRun& run, const World& world) {
-  std::vector<std::vector<unsigned char>> out;
-  (void)world;
-  for (const auto& t : run.tensors)
-    for (size_t p = 0; p < t.param.size(); ++p) {
-      out.push_back(t.param[p].bytes());
-      out.push_back(t.momentum[p].bytes());
-    }
-  return out;
-}
-
-std::vector<std::vector<unsigned char>> initial_snapshot(const World& world) {
-  std::vector<std::vector<unsigned char>> out;
-  for (int r = 0; r < world.world_size(); ++r) {
-    const auto t = world.local(r);
-    for (size_t p = 0; p < t.param.size(); ++p) {
-      out.push_back(t.param[p].bytes());
-      out.push_back(t.momentum[p].bytes());
-    }
-  }
-  return out;
-}
-
 int param_index(const World& world, const std::string& name) {
   for (size_t p = 0; p < world.model().size(); ++p)
     if (world.model()[p].name == name) return static_cast<int>(p);
@@ -272,7 +244,7 @@ TEST(StepEngine, NonFiniteGradientChangesNothingAnywhere) {
       EXPECT_EQ(o.nonfinite_params, std::vector<int>{bad}) << "rank " << r;
       EXPECT_NE(o.message.find("'uneven' at step 1"), std::string::npos) << o.message;
     }
-    EXPECT_EQ(snapshot(run, world), initial_snapshot(world)) << "world " << world_size;
+    EXPECT_EQ(state_bytes(run.tensors), state_bytes(world.locals())) << "world " << world_size;
   }
 }
 
@@ -289,27 +261,20 @@ TEST(StepEngine, CheckedOnlyGradientsRefuseTheStepToo) {
     for (int r = 0; r < world_size; ++r)
       extra[static_cast<size_t>(r)] = {{"embedding.weight", extra_values[static_cast<size_t>(r)].buffer()},
                                        {"head.bias", bias[static_cast<size_t>(r)].buffer()}};
-    dmuon::testing::LoopbackWorld loopback(world_size);
-    std::vector<std::vector<StepOutcome>> outcomes(static_cast<size_t>(world_size));
-    std::vector<dmuon::testing::RankTensors> tensors;
-    for (int r = 0; r < world_size; ++r) tensors.push_back(world.local(r));
-    const auto errors = loopback.run([&](int r) {
-      dmuon::step::CpuOps ops;
-      EngineOptions options;
-      options.solver = dmuon::plan::SolverKind::kLpt;
-      dmuon::step::StepEngine engine(loopback.transport(r), ops, world.specs(), options);
-      auto& t = tensors[static_cast<size_t>(r)];
-      world.set_grads(r, 1, t);
-      outcomes[static_cast<size_t>(r)].push_back(engine.step(t.views(), awkward_rules(), 1, extra[static_cast<size_t>(r)]));
-      if (r == world_size - 1) bias[static_cast<size_t>(r)].set(2, NAN);
-      world.set_grads(r, 2, t);
-      outcomes[static_cast<size_t>(r)].push_back(engine.step(t.views(), awkward_rules(), 2, extra[static_cast<size_t>(r)]));
-    });
+    dmuon::testing::RunHooks hooks;
+    hooks.step = [&](int r, int s, dmuon::step::StepEngine& engine, dmuon::testing::RankTensors& t) {
+      if (s == 2 && r == world_size - 1) bias[static_cast<size_t>(r)].set(2, NAN);
+      return engine.step(t.views(), awkward_rules(), s, extra[static_cast<size_t>(r)]);
+    };
+    EngineOptions options;
+    options.solver = dmuon::plan::SolverKind::kLpt;
+    const EngineRun run = dmuon::testing::run_engine(world, options, awkward_rules(), 2, hooks);
     for (int r = 0; r < world_size; ++r) {
-      EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
-      ASSERT_EQ(outcomes[static_cast<size_t>(r)].size(), 2u);
-      EXPECT_TRUE(outcomes[static_cast<size_t>(r)][0].applied()) << outcomes[static_cast<size_t>(r)][0].message;
-      const StepOutcome& o = outcomes[static_cast<size_t>(r)][1];
+      EXPECT_EQ(run.errors[static_cast<size_t>(r)], "") << "rank " << r;
+      const auto& outcomes = run.outcomes[static_cast<size_t>(r)];
+      ASSERT_EQ(outcomes.size(), 2u);
+      EXPECT_TRUE(outcomes[0].applied()) << outcomes[0].message;
+      const StepOutcome& o = outcomes[1];
       EXPECT_EQ(o.status, StepOutcome::Status::kNonFiniteGradient);
       EXPECT_TRUE(o.nonfinite_params.empty());
       EXPECT_EQ(o.nonfinite_extra, std::vector<int>{1});
@@ -349,8 +314,8 @@ TEST(StepEngine, CorruptMomentumIsAnErrorAndChangesNothing) {
     EngineOptions options;
     options.solver = dmuon::plan::SolverKind::kLpt;
     const EngineRun run = dmuon::testing::run_engine(world, options, awkward_rules(), 1, hooks);
-    auto before = initial_snapshot(world);
-    auto after = snapshot(run, world);
+    auto before = state_bytes(world.locals());
+    auto after = state_bytes(run.tensors);
     for (int r = 0; r < world_size; ++r) {
       EXPECT_NE(run.errors[static_cast<size_t>(r)].find(
                     "the momentum buffer of parameter 'replicated' holds NaN or Inf at step 1 (corrupt optimizer state)"),
@@ -484,7 +449,7 @@ TEST(StepEngine, InvalidInputOnOneRankFailsEveryRank) {
     EXPECT_NE(error.find("parameter 'uneven' on rank 2: its gradient holds 1 elements"), std::string::npos)
         << "rank " << r << ": " << error;
   }
-  EXPECT_EQ(snapshot(run, world), initial_snapshot(world));
+  EXPECT_EQ(state_bytes(run.tensors), state_bytes(world.locals()));
 }
 
 // Rank r of a world of 4 whose collectives move nothing (torch's fake process group): the
@@ -557,7 +522,7 @@ TEST(StepEngine, WireMemoryIsBoundedByThePipelineDepth) {
     options.stage_bytes = 3;  // NOTE: one item per NS batch: a stage per item of the busiest owner
     options.pipeline_depth = depth;
     const EngineRun run = dmuon::testing::run_engine(world, options, awkward_rules(), 1, hooks);
-    expect_no_errors(run);
+    expect_no_errors(run, true);
     ASSERT_GE(run.stats[0].num_stages, 2 * (depth + 1) + 2) << "enough stages that a leak would show";
     for (int r = 0; r < 2; ++r) {
       const auto& ops = *live[static_cast<size_t>(r)];
