@@ -18,7 +18,7 @@ from dist_workers import TinyTransformer, _batches, _loss
 STALL_S = 6.0
 
 
-def killed_inside_step(rank: int, world: int, where: str, directory: str, ownership: bool = False) -> dict:
+def killed_inside_step(rank: int, world: int, where: str, directory: str) -> dict:
     """Step 1 trains; in step 2 the last rank exits (os._exit) in `where` ("exchange": after
     its momentum was written, before its first forward all_to_all; "ns": before its first
     Newton–Schulz batch; both through DMUON_TEST_EXIT; "adamw": in the AdamW part) or
@@ -30,13 +30,9 @@ def killed_inside_step(rank: int, world: int, where: str, directory: str, owners
     torch.manual_seed(0)
     model = TinyTransformer()
     mesh = init_device_mesh("cpu", (world,))
-    if ownership:
-        owned = dmuon.own_matrices(model, mesh)
-        fully_shard(model, mesh=mesh, ignored_params=owned.params)
-    else:
-        for layer in (model.qkv, model.proj, model.up, model.down):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+    for layer in (model.qkv, model.proj, model.up, model.down):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     victim = rank == world - 1
     if victim and where in ("exchange", "ns"):
         os.environ["DMUON_TEST_EXIT"] = f"{where}@2"  # NOTE: read when the runtime is made (step 1)

@@ -76,16 +76,33 @@ class _SlowBackward(torch.autograd.Function):
 
 
 class _Deep(nn.Module):
-    def __init__(self, width: int = 48, depth: int = 4):
+    """Square layers whose first layer's gradient arrives `slow_s` late (so that the other
+    buckets' Newton–Schulz runs under backward first) and, with `poison`, holds a NaN (the
+    layers above stay finite)."""
+
+    def __init__(self, width: int = 48, depth: int = 4, slow_s: float = 0.5):
         super().__init__()
         self.layers = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(depth))
+        self.slow_s, self.poison = slow_s, False
 
     def forward(self, x):
         for i, layer in enumerate(self.layers):
             x = torch.tanh(layer(x))
             if i == 0:
-                x = _SlowBackward.apply(x, 0.5, False)
+                x = _SlowBackward.apply(x, self.slow_s, self.poison)
         return x
+
+
+def _layer_times(owned) -> dict:
+    """From the runtime's timeline: when layers.0.weight's gradient was ready, when the
+    Newton–Schulz of layers.3.weight's bucket began and ended, and when the step finished."""
+    events = owned.timeline()
+    names = [e.name for e in owned._entries]
+    first, last = names.index("layers.0.weight"), names.index("layers.3.weight")
+    bucket_of = {i: k for k, bucket in enumerate(owned.exchange.buckets) for i in bucket}
+    t = lambda what, index: next(e.seconds for e in events if e.what == what and e.index == index)  # noqa: E731
+    return {"first_grad": t("grad_ready", first), "last_ns_begin": t("ns_begin", bucket_of[last]),
+            "last_ns_end": t("ns_end", bucket_of[last]), "finish": next((e.seconds for e in events if e.what == "finish"), None)}
 
 
 def orthogonalization_overlaps_backward(rank: int, world: int) -> dict:
@@ -100,17 +117,7 @@ def orthogonalization_overlaps_backward(rank: int, world: int) -> dict:
         opt.zero_grad()
         model(torch.randn(8, 48)).square().mean().backward()
         opt.step()
-    events = owned.timeline()
-    names = [e.name for e in owned._entries]
-    first, last = names.index("layers.0.weight"), names.index("layers.3.weight")
-    bucket_of = {i: k for k, bucket in enumerate(owned.exchange.buckets) for i in bucket}
-    t = lambda what, index: next(e.seconds for e in events if e.what == what and e.index == index)
-    return {
-        "first_grad": t("grad_ready", first),
-        "last_ns_begin": t("ns_begin", bucket_of[last]),
-        "last_ns_end": t("ns_end", bucket_of[last]),
-        "finish": next(e.seconds for e in events if e.what == "finish"),
-    }
+    return _layer_times(owned)
 
 
 def ownership_checkpoint_resumes(rank: int, world: int, path: str, phase: str) -> dict:
@@ -226,23 +233,6 @@ def dead_rank_during_backward(rank: int, world: int) -> str:
     return "no error"
 
 
-class _PoisonableDeep(nn.Module):
-    """_Deep whose first layer's gradient can be made NaN (the layers above stay finite) and
-    arrives late, so that the other buckets' Newton–Schulz runs under backward first."""
-
-    def __init__(self, width: int = 32, depth: int = 4):
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(depth))
-        self.poison = False
-
-    def forward(self, x):
-        for i, layer in enumerate(self.layers):
-            x = torch.tanh(layer(x))
-            if i == 0:
-                x = _SlowBackward.apply(x, 0.2, self.poison)
-        return x
-
-
 def _owned_snapshot(model: nn.Module, owned, opt) -> dict:
     """Every owned weight and its momentum buffer, whole (materialized on every rank)."""
     with owned.materialized(opt):
@@ -265,7 +255,7 @@ def ownership_nonfinite(rank: int, world: int, case: str) -> dict:
 
     def run(steps: list[int], bad_step: int | None) -> dict:
         torch.manual_seed(0)
-        model = _PoisonableDeep()
+        model = _Deep(width=32, slow_s=0.2)
         owned = dmuon.own_matrices(model, bucket_size_mb=0.0001, replicate_others=True)
         opt = dmuon.DMuon(model, lr=0.02, nonfinite="skip" if case == "skip" else "raise")
         out: dict = {}
@@ -284,12 +274,8 @@ def ownership_nonfinite(rank: int, world: int, case: str) -> dict:
             except dmuon.NonFiniteGradientError as error:
                 out["raised"] = str(error)
             if bad:
-                events = owned.timeline()
-                names = [e.name for e in owned._entries]
-                first, last = names.index("layers.0.weight"), names.index("layers.3.weight")
-                bucket_of = {i: k for k, bucket in enumerate(owned.exchange.buckets) for i in bucket}
-                t = lambda what, index: next(e.seconds for e in events if e.what == what and e.index == index)
-                out["ns_under_backward"] = t("ns_end", bucket_of[last]) < t("grad_ready", first)
+                times = _layer_times(owned)
+                out["ns_under_backward"] = times["last_ns_end"] < times["first_grad"]
                 out["after"] = _owned_snapshot(model, owned, opt)
                 if "raised" in out:
                     return out

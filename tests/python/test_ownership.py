@@ -26,33 +26,22 @@ def _check(results: dict, world: int) -> None:
         assert len(set(next(iter(owners)))) > 1  # the work is spread
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_plain_data_parallel_matches_single_process(world):
-    _check(run_distributed(ownership_workers.ownership_matches_single_process, world, "dp"), world)
+# (world, wrapper, mesh shape, micro-batches, reshard after forward, dtype): plain DP at
+# worlds 1-4 (world 1: as plain DMuon), FSDP2 on the rest, a float64 model (each owner steps
+# its matrices in float64, the other rank passes nothing of them, as single-process DMuon
+# does), gradient accumulation (reduced once), weights kept between forward and backward,
+# and a 2x2 mesh.
+CASES = {f"dp-w{w}": (w, "dp", (), 1, True, torch.float32) for w in (1, 2, 3, 4)}
+CASES.update({"fsdp2-w2": (2, "fsdp2", (), 1, True, torch.float32), "fsdp2-w4": (4, "fsdp2", (), 1, True, torch.float32),
+              "float64": (2, "dp", (), 1, True, torch.float64), "accumulate": (2, "fsdp2", (), 2, True, torch.float32),
+              "no-reshard": (2, "dp", (), 1, False, torch.float32), "mesh-2x2": (4, "dp", (2, 2), 1, True, torch.float32)})
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_fsdp2_on_the_rest_matches_single_process(world):
-    _check(run_distributed(ownership_workers.ownership_matches_single_process, world, "fsdp2"), world)
-
-
-def test_float64_owned_matrices_match_single_process():
-    """A float64 model: each owner steps its matrices in float64 (the other rank passes
-    nothing of them), as single-process DMuon does."""
-    _check(run_distributed(ownership_workers.ownership_matches_single_process, 2, "dp", (), 1, True, 3,
-                           torch.float64), 2)
-
-
-def test_gradient_accumulation_reduces_once_and_matches():
-    _check(run_distributed(ownership_workers.ownership_matches_single_process, 2, "fsdp2", (), 2), 2)
-
-
-def test_weights_kept_between_forward_and_backward_match():
-    _check(run_distributed(ownership_workers.ownership_matches_single_process, 2, "dp", (), 1, False), 2)
-
-
-def test_two_level_mesh_matches_single_process():
-    _check(run_distributed(ownership_workers.ownership_matches_single_process, 4, "dp", (2, 2)), 4)
+@pytest.mark.parametrize("case", CASES)
+def test_weight_ownership_matches_single_process(case):
+    world, wrapper, mesh, micro, reshard, dtype = CASES[case]
+    _check(run_distributed(ownership_workers.ownership_matches_single_process, world, wrapper, mesh, micro, reshard,
+                           3, dtype), world)
 
 
 def test_newton_schulz_runs_while_backward_continues():
@@ -145,11 +134,6 @@ def test_normuon_on_an_owned_matrix_is_refused_by_name():
     model(torch.randn(2, 8)).sum().backward()
     with pytest.raises(ValueError, match="normuon=True for parameter '0.weight', which dmuon.own_matrices owns"):
         opt.step()
-
-
-def test_single_process_matches_plain_dmuon():
-    results = run_distributed(ownership_workers.ownership_matches_single_process, 1, "dp")
-    _check(results, 1)
 
 
 def test_each_layers_matrices_land_on_different_owners():
