@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import dmuon
-from worker_tensors import whole
+from worker_tensors import reference_of, whole
 
 # Awkward shapes: tiny, thin, dim 0 smaller than the world, not divisible by it, a 3-D
 # expert stack, a 4-D conv weight.
@@ -92,7 +92,7 @@ def sharded_and_replicated_match_single_process(rank: int, world: int, algorithm
     # NOTE: the independent oracle: the pure-PyTorch float64 reference, so that the
     # distributed runs are not only compared with DMuon itself.
     exact = [nn.Parameter(t.clone()) for t in initial]
-    exact_opt = _reference_like(single_opt, exact)
+    exact_opt = reference_of(single_opt, exact)
 
     device_type = _device().type
     if hsdp:
@@ -138,16 +138,6 @@ def sharded_and_replicated_match_single_process(rank: int, world: int, algorithm
             "num_orthogonalized": stats.num_orthogonalized, "bytes_sent": stats.bytes_sent,
             "replicated_orthogonalized": replicated_opt.runtime.last_stats.num_orthogonalized,
             "gather_orthogonalized": gather_opt.runtime.last_stats.num_orthogonalized}
-
-
-def _reference_like(opt, params: list[torch.Tensor]):
-    """ReferenceDMuon (float64 Newton–Schulz) with `opt`'s options on `params` (same order)."""
-    from dmuon.reference import ReferenceDMuon
-
-    by_id = dict(zip((id(p) for g in opt.param_groups for p in g["params"]), params))
-    groups = [{**{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}, "params": [by_id[id(p)] for p in g["params"]],
-               "batch_dims": [opt._params.batch_dims(p) for p in g["params"]]} for g in opt.param_groups]
-    return ReferenceDMuon(groups)
 
 
 def mismatched_parameters(rank: int, world: int) -> str:
@@ -398,7 +388,7 @@ def production_precision_matches_single_process(rank: int, world: int, num_steps
     # NOTE: the independent oracle (float64 Newton–Schulz): an error shared by every DMuon
     # run (an lr off by 1%) shows only against it.
     exact = [nn.Parameter(t.clone()) for t in initial]
-    exact_opt = _reference_like(runs["single"][1], exact)
+    exact_opt = reference_of(runs["single"][1], exact)
     for name, mode, sharded in (("sharded", "owner", True), ("gather", "gather", True), ("replicated", "owner", False)):
         params = [nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)]) if sharded else t.clone())
                   for t in initial]

@@ -11,7 +11,7 @@ import torch
 
 import dmuon
 from contract_models import TinyDecoder
-from dmuon.reference import ReferenceDMuon
+from worker_tensors import reference_of
 
 
 def trained(model, steps=2, **options):
@@ -179,9 +179,7 @@ def test_float16_parameters_train_without_nan_with_float32_adamw_moments():
     model = TinyDecoder().half()
     exact = copy.deepcopy(model).float()
     optimizer = dmuon.DMuon(model, lr=0.01)
-    reference = ReferenceDMuon([{**{k: v for k, v in g.items() if k != "params"},
-                                 "params": [dict(exact.named_parameters())[optimizer.param_name(p)]
-                                            for p in g["params"]]} for g in optimizer.param_groups])
+    reference = reference_of(optimizer, exact)
     for step in range(4):
         # NOTE: small gradients: their float16 squares (·(1 − β2)) underflow to 0.
         grads = {n: (torch.randn(p.shape) * 2e-3) for n, p in model.named_parameters()}

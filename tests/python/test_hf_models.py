@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dmuon
-from dmuon.reference import ReferenceDMuon
+from worker_tensors import reference_of
 
 transformers = pytest.importorskip("transformers")
 
@@ -37,11 +37,7 @@ def test_gpt2_conv1d_layers_go_to_muon_transposed_and_step_as_the_reference():
     assert all(optimizer.matrix_view(p).transposed for p in optimizer.param_groups[0]["params"])
 
     exact = copy.deepcopy(model)
-    by_name = dict(exact.named_parameters())
-    reference = ReferenceDMuon([{**{k: v for k, v in g.items() if k != "params"},
-                                 "params": [by_name[optimizer.param_name(p)] for p in g["params"]],
-                                 "transposed": [optimizer.matrix_view(p).transposed for p in g["params"]]}
-                                for g in optimizer.param_groups])
+    reference = reference_of(optimizer, exact)
     ids = torch.randint(0, 100, (2, 16))
     for m in (model, exact):
         m(input_ids=ids, labels=ids).loss.backward()

@@ -12,7 +12,7 @@ import dmuon
 import moe_models
 import moe_workers
 from dist_harness import run_distributed
-from dmuon.reference import ReferenceDMuon
+from worker_tensors import reference_of
 
 E, H, I = moe_models.EXPERTS, moe_models.HIDDEN, moe_models.INNER
 
@@ -75,12 +75,7 @@ def test_fused_gate_up_matches_the_reference_per_block():
     exact = moe_models.MoEBlock(moe_models.FusedExperts()).double()
     exact.load_state_dict(fused.state_dict())
     optimizer = dmuon.DMuon(fused, lr=0.05, weight_decay=0.0)
-    by_name = dict(exact.named_parameters())
-    reference = ReferenceDMuon([{**{k: v for k, v in g.items() if k not in ("params", "param_names")},
-                                 "params": [by_name[optimizer.param_name(p)] for p in g["params"]],
-                                 "batch_dims": [optimizer.matrix_view(p).batch_dims for p in g["params"]],
-                                 "row_blocks": [optimizer.matrix_view(p).row_blocks for p in g["params"]]}
-                                for g in optimizer.param_groups])
+    reference = reference_of(optimizer, exact)
     x = torch.randn(6, H, dtype=torch.float64)
     for m in (fused, exact):
         m(x).square().mean().backward()
