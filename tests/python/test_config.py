@@ -41,10 +41,10 @@ def trained(model: nn.Module, opt: torch.optim.Optimizer, steps: int = 3) -> lis
 BAD_FIELDS = [
     (MuonMath, "momentum", 1.0), (MuonMath, "momentum", -0.1), (MuonMath, "nesterov", 1),
     (MuonMath, "ns_algorithm", "cubic"), (MuonMath, "ns_steps", 0), (MuonMath, "ns_steps", 2.5),
-    (MuonMath, "ns_coefficients", [(1.0, 2.0)]), (MuonMath, "ns_coefficients", [(1.0, 2.0, float("nan"))]),
+    (MuonMath, "ns_coefficients", [(1.0, 2.0)]), (MuonMath, "ns_coefficients", [(1.0, 2.0, float("nan"))] * 5),
     (MuonMath, "ns_restarts", (3, 2)), (MuonMath, "ns_restarts", (9,)), (MuonMath, "eps", 0.0),
     (MuonMath, "adjust_lr", "rms"), (MuonMath, "normuon", 1), (MuonMath, "normuon_beta2", 1.0),
-    (MuonMath, "normuon_eps", 0.0),
+    (MuonMath, "normuon_beta2", -0.1), (MuonMath, "normuon_eps", 0.0),
     (Execution, "mode", "scatter"), (Execution, "bucket_size_mb", -1), (Execution, "bucket_size_mb", float("inf")),
     (Execution, "wire_dtype", "int8"), (Execution, "planner", "magic"), (Execution, "cost_model", "measured"),
     (Execution, "nonfinite", "ignore"), (Execution, "profile", "yes"), (Execution, "record_timeline", 1),
@@ -59,8 +59,14 @@ BAD_FIELDS = [
 
 @pytest.mark.parametrize("cls, field, value", BAD_FIELDS, ids=lambda v: repr(v)[:20])
 def test_every_bad_field_is_named(cls, field, value):
-    with pytest.raises(ValueError, match=re.escape(f"{cls.__name__}.{field} ")):
-        cls(**{field: value})
+    """The error names the field and the value, given to the dataclass or as DMuon's flat keyword."""
+    makers = [lambda: cls(**{field: value})]
+    if FLAT_OPTIONS.get(field) == ({MuonMath: "math", Execution: "execution"}.get(cls), field):
+        makers.append(lambda: dmuon.DMuon(make_model(), **{field: value}))
+    for make in makers:
+        with pytest.raises(ValueError, match=re.escape(f"{cls.__name__}.{field} ")) as error:
+            make()
+        assert f"got {value!r}" in str(error.value), str(error.value)
 
 
 def test_every_field_has_a_bad_value_tested():
