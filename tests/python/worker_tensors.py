@@ -33,11 +33,11 @@ def default_reference_groups(muon: list, adamw: list, options: dict) -> list[dic
             dict(use_muon=False, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999), eps=1e-8, params=adamw)]
 
 
-def reference_of(optimizer, model_copy: nn.Module | list) -> ReferenceDMuon:
-    """The plain-loop reference with `optimizer`'s groups (split options too) on `model_copy`:
-    a copy of its model (parameters matched by name, DDP's "module." prefix left out) or its
-    parameters' copies in the optimizer's order; each Muon matrix viewed as the optimizer
-    views it (a stack, row blocks, transposed)."""
+def reference_of(optimizer, model_copy: nn.Module | list, ns_dtype: torch.dtype = torch.float64) -> ReferenceDMuon:
+    """The plain-loop reference (Newton–Schulz in `ns_dtype`) with `optimizer`'s groups (split
+    options too) on `model_copy`: a copy of its model (parameters matched by name, DDP's
+    "module." prefix left out) or its parameters' copies in the optimizer's order; each Muon
+    matrix viewed as the optimizer views it (a stack, row blocks, transposed)."""
     if isinstance(model_copy, nn.Module):
         by_name = {n.removeprefix("module."): p for n, p in model_copy.named_parameters()}
         copy_of = lambda p: by_name[optimizer.param_name(p).removeprefix("module.")]  # noqa: E731
@@ -52,4 +52,4 @@ def reference_of(optimizer, model_copy: nn.Module | list) -> ReferenceDMuon:
             views = [optimizer.matrix_view(p) for p in g["params"]]
             groups[-1].update(batch_dims=[v.batch_dims for v in views], row_blocks=[v.row_blocks for v in views],
                               transposed=[v.transposed for v in views])
-    return ReferenceDMuon(groups)
+    return ReferenceDMuon(groups, ns_dtype=ns_dtype)
