@@ -62,6 +62,14 @@ std::vector<GroupRule> half_rules() {
           dmuon::testing::standard_rule(0.5, 0.0, false, "match_rms_adamw")};
 }
 
+// Engine options of a deterministic plan (LPT) with stages of `stage_bytes` (0: one).
+EngineOptions lpt(int64_t stage_bytes = 0) {
+  EngineOptions options;
+  options.solver = dmuon::plan::SolverKind::kLpt;
+  options.stage_bytes = stage_bytes;
+  return options;
+}
+
 std::vector<GroupRule> awkward_rules() {
   return {dmuon::testing::gram_rule(0.02, 0.1, true, "original"),
           dmuon::testing::standard_rule(0.05, 0.0, false, "match_rms_adamw")};
@@ -151,10 +159,7 @@ TEST(StepEngine, Float64ParametersIterateInFloat64) {
   const std::vector<GroupRule> rules = awkward_rules();
   for (int world_size : {1, 3}) {
     const World world(awkward_model(DType::kFloat64), world_size, 2, 99);
-    EngineOptions options;
-    options.solver = dmuon::plan::SolverKind::kLpt;
-    options.stage_bytes = 512;
-    const EngineRun run = dmuon::testing::run_engine(world, options, rules, 2);
+    const EngineRun run = dmuon::testing::run_engine(world, lpt(512), rules, 2);
     expect_no_errors(run, true);
     // NOTE: measured: 0 at world 1 (the reference's own arithmetic); at world 3 the float32
     // wire's rounding of U and O gives at most 1.0e-7, the momentum (never on the wire) 0.
@@ -201,8 +206,7 @@ TEST(StepEngine, HalfPrecisionParametersAndWires) {
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
     for (auto wire : {dmuon::step::WireDType::kBFloat16, dmuon::step::WireDType::kFloat16}) {
       const World world(awkward_model(dtype), 3, 2, 7);
-      EngineOptions options;
-      options.solver = dmuon::plan::SolverKind::kLpt;
+      EngineOptions options = lpt();
       options.wire_dtype = wire;
       options.stage_bytes = 256;
       const EngineRun run = dmuon::testing::run_engine(world, options, rules, 2);
@@ -233,9 +237,7 @@ TEST(StepEngine, NonFiniteGradientChangesNothingAnywhere) {
     hooks.before_step = [&](int r, int, dmuon::testing::RankTensors& t) {
       if (r == world_size - 1) t.grad[static_cast<size_t>(bad)].set(0, std::numeric_limits<double>::quiet_NaN());
     };
-    EngineOptions options;
-    options.solver = dmuon::plan::SolverKind::kLpt;
-    const EngineRun run = dmuon::testing::run_engine(world, options, awkward_rules(), 1, hooks);
+    const EngineRun run = dmuon::testing::run_engine(world, lpt(), awkward_rules(), 1, hooks);
     for (int r = 0; r < world_size; ++r) {
       EXPECT_EQ(run.errors[static_cast<size_t>(r)], "") << "rank " << r;
       ASSERT_EQ(run.outcomes[static_cast<size_t>(r)].size(), 1u);
@@ -266,9 +268,7 @@ TEST(StepEngine, CheckedOnlyGradientsRefuseTheStepToo) {
       if (s == 2 && r == world_size - 1) bias[static_cast<size_t>(r)].set(2, NAN);
       return engine.step(t.views(), awkward_rules(), s, extra[static_cast<size_t>(r)]);
     };
-    EngineOptions options;
-    options.solver = dmuon::plan::SolverKind::kLpt;
-    const EngineRun run = dmuon::testing::run_engine(world, options, awkward_rules(), 2, hooks);
+    const EngineRun run = dmuon::testing::run_engine(world, lpt(), awkward_rules(), 2, hooks);
     for (int r = 0; r < world_size; ++r) {
       EXPECT_EQ(run.errors[static_cast<size_t>(r)], "") << "rank " << r;
       const auto& outcomes = run.outcomes[static_cast<size_t>(r)];
@@ -291,9 +291,7 @@ TEST(StepEngine, GradientMissingOnOneRankIsANamedErrorOnEveryRank) {
   hooks.before_step = [&](int r, int s, dmuon::testing::RankTensors& t) {
     if (r == 1 && s == 2) t.has_grad[static_cast<size_t>(missing)] = false;
   };
-  EngineOptions options;
-  options.solver = dmuon::plan::SolverKind::kLpt;
-  const EngineRun run = dmuon::testing::run_engine(world, options, awkward_rules(), 2, hooks);
+  const EngineRun run = dmuon::testing::run_engine(world, lpt(), awkward_rules(), 2, hooks);
   for (int r = 0; r < 3; ++r) {
     EXPECT_NE(run.errors[static_cast<size_t>(r)].find("parameter 'wide' has a gradient on 2 of 3 ranks at step 2"),
               std::string::npos)
@@ -311,9 +309,7 @@ TEST(StepEngine, CorruptMomentumIsAnErrorAndChangesNothing) {
     hooks.before_step = [&](int r, int, dmuon::testing::RankTensors& t) {
       if (r == 0) t.momentum[static_cast<size_t>(bad)].set(3, std::numeric_limits<double>::infinity());
     };
-    EngineOptions options;
-    options.solver = dmuon::plan::SolverKind::kLpt;
-    const EngineRun run = dmuon::testing::run_engine(world, options, awkward_rules(), 1, hooks);
+    const EngineRun run = dmuon::testing::run_engine(world, lpt(), awkward_rules(), 1, hooks);
     auto before = state_bytes(world.locals());
     auto after = state_bytes(run.tensors);
     for (int r = 0; r < world_size; ++r) {
@@ -354,9 +350,7 @@ class PoisonResultOps : public dmuon::testing::ForwardingOps {
 TEST(StepEngine, DeferredResultAgreementGivesTheSameStepAndRefusesOtherCallsMeanwhile) {
   for (int world_size : {1, 3}) {
     const World world(awkward_model(DType::kFloat32), world_size, 2, 13);
-    EngineOptions options;
-    options.solver = dmuon::plan::SolverKind::kLpt;
-    options.stage_bytes = 256;
+    EngineOptions options = lpt(256);
     const std::vector<GroupRule> rules = awkward_rules();
     const EngineRun at_once = dmuon::testing::run_engine(world, options, rules, 2);
     std::vector<int> pending(static_cast<size_t>(world_size), 0);
@@ -398,11 +392,8 @@ TEST(StepEngine, NonFiniteResultIsNotAppliedAndRaisesOnEveryRank) {
     dmuon::testing::RunHooks hooks;
     if (defer) hooks.before_results = [](int, int, dmuon::step::StepEngine&) {};
     hooks.ops = dmuon::testing::per_rank_ops(poison, world_size, 12, 5);
-    EngineOptions options;
-    options.solver = dmuon::plan::SolverKind::kLpt;
-    options.stage_bytes = 256;
     const std::vector<GroupRule> rules = awkward_rules();
-    const EngineRun run = dmuon::testing::run_engine(world, options, rules, 1, hooks);
+    const EngineRun run = dmuon::testing::run_engine(world, lpt(256), rules, 1, hooks);
     for (int r = 0; r < world_size; ++r)
       EXPECT_NE(run.errors[static_cast<size_t>(r)].find(
                     "step 1: the orthogonalized update of parameter 'tall' is not finite; its non-finite entries were "
@@ -437,9 +428,7 @@ TEST(StepEngine, InvalidInputOnOneRankFailsEveryRank) {
   hooks.before_step = [&](int r, int, dmuon::testing::RankTensors& t) {
     if (r == 2) t.grad[static_cast<size_t>(p)] = dmuon::testing::HostTensor(std::vector<double>(1, 0.0), DType::kFloat32);
   };
-  EngineOptions options;
-  options.solver = dmuon::plan::SolverKind::kLpt;
-  const EngineRun run = dmuon::testing::run_engine(world, options, awkward_rules(), 1, hooks);
+  const EngineRun run = dmuon::testing::run_engine(world, lpt(), awkward_rules(), 1, hooks);
   EXPECT_NE(run.errors[2].find("parameter 'uneven' on rank 2: its gradient holds 1 elements"), std::string::npos)
       << run.errors[2];
   for (int r : {0, 1}) {
@@ -516,8 +505,7 @@ TEST(StepEngine, WireMemoryIsBoundedByThePipelineDepth) {
     dmuon::testing::RunHooks hooks;
     // NOTE: a bfloat16 wire with float32 parameters: only the wire buffers are counted.
     hooks.ops = dmuon::testing::per_rank_ops(live, 2, DType::kBFloat16);
-    EngineOptions options;
-    options.solver = dmuon::plan::SolverKind::kLpt;
+    EngineOptions options = lpt();
     options.wire_dtype = dmuon::step::WireDType::kBFloat16;
     options.stage_bytes = 3;  // NOTE: one item per NS batch: a stage per item of the busiest owner
     options.pipeline_depth = depth;
