@@ -9,6 +9,7 @@ to the rounding of its gradient average (exact at worlds 2 and 4)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -18,7 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import dmuon
 from dmuon.reference import ReferenceDMuon
-from worker_tensors import default_reference_groups, whole
+from worker_tensors import default_reference_groups, update_errors, wholes
 
 # (out, in) of each layer: tall, dim 0 smaller than world 3 (an empty shard), uneven under
 # world 3 (7 = 3 + 3 + 1), wide.
@@ -76,7 +77,7 @@ def mode_matches_reference(rank: int, world: int, mode: str) -> dict:
     if float64:
         reference = reference.double()
     model = copy.deepcopy(reference)
-    initial = [p.detach().clone() for p in reference.parameters()]
+    initial = wholes(reference)
     ref_opt = ReferenceDMuon(_reference_groups(reference, row_blocks=float64))
     owned = None
     options = dict(OPTIONS)
@@ -120,16 +121,8 @@ def mode_matches_reference(rank: int, world: int, mode: str) -> dict:
         opt.zero_grad()
         wrapped(targets).backward()
         opt.step()
-    if owned is not None:
-        with owned.materialized(opt):
-            final = [whole(p) for p in model.parameters()]
-    else:
-        final = [whole(p) for p in model.parameters()]
-    names = [name for name, _ in model.named_parameters()]
-    errors = {}
-    for name, p, q, q0 in zip(names, final, reference.parameters(), initial):
-        want = q.detach() - q0
-        errors[name] = float((p - q0 - want).norm() / want.norm())
+    with owned.materialized(opt) if owned is not None else contextlib.nullcontext():
+        errors = update_errors(model, initial, reference, initial)
     # NOTE: one engine steps every Muon parameter, owned or not.
     runtime = type(opt.runtime).__name__
     world_size = dist.get_world_size() if dist.is_initialized() else 1

@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import init_device_mesh
 import dmuon
 from all_modes_workers import SHAPES, ProbeModel, _targets
 from dist_workers import _device
-from worker_tensors import whole
+from worker_tensors import update_errors, whole, wholes
 
 NUM_STEPS = 3
 OPTIONS = dict(lr=0.02, weight_decay=0.1, ns_algorithm="gram", bucket_size_mb=0.0005)
@@ -61,7 +61,7 @@ def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int,
     torch.manual_seed(0)
     base = ProbeModel()
     models = {on: copy.deepcopy(base) for on in (True, False)}
-    initial = {on: [whole(p) for p in m.parameters()] for on, m in models.items()}
+    initial = {on: wholes(m) for on, m in models.items()}
     wrapped = {on: _wrap(m, mode, world) for on, m in models.items()}
     opts = {}
     for on, m in models.items():
@@ -80,11 +80,7 @@ def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int,
             opts[on].step()
         stats = opts[True].runtime.last_stats
         early.append((stats.early_stages, stats.num_buckets, stats.early_orthogonalized, stats.num_orthogonalized))
-    errors = {}
-    for k, (p_on, p_off) in enumerate(zip(models[True].parameters(), models[False].parameters())):
-        d_on = whole(p_on).cpu() - initial[True][k]
-        d_off = whole(p_off).cpu() - initial[False][k]
-        errors[k] = float((d_on - d_off).norm() / d_off.norm().clamp_min(1e-30))
+    errors = update_errors(models[True], initial[True], models[False], initial[False])
     return dict(errors=errors, early=early, backward_on=opts[True]._backward_step_on,
                 attached=list(opts[True]._backward.attached), off=opts[False]._backward_step_on)
 
@@ -157,7 +153,7 @@ def spread_plan_matches_post_backward(rank: int, world: int) -> dict:
     torch.manual_seed(0)
     base = LayersModel(SPREAD_SHAPES)
     models = {on: copy.deepcopy(base) for on in (True, False)}
-    initial = {on: [whole(p) for p in m.parameters()] for on, m in models.items()}
+    initial = {on: wholes(m) for on, m in models.items()}
     mesh = init_device_mesh("cpu", (world,))
     wrapped = {}
     for on, m in models.items():
@@ -178,10 +174,7 @@ def spread_plan_matches_post_backward(rank: int, world: int) -> dict:
             opts[on].step()
         stats = opts[True].runtime.last_stats
         early.append((stats.early_stages, stats.num_buckets))
-    errors = {}
-    for k, (p_on, p_off) in enumerate(zip(models[True].parameters(), models[False].parameters())):
-        d_on, d_off = whole(p_on) - initial[True][k], whole(p_off) - initial[False][k]
-        errors[k] = float((d_on - d_off).norm() / d_off.norm().clamp_min(1e-30))
+    errors = update_errors(models[True], initial[True], models[False], initial[False])
     return dict(errors=errors, early=early, owners={on: list(opts[on].runtime.item_owners) for on in (True, False)})
 
 
@@ -226,7 +219,7 @@ def default_blocks_match_post_backward(rank: int, world: int, clip: bool, units:
     torch.manual_seed(0)
     base = BlocksModel(8)
     models = {on: copy.deepcopy(base) for on in (True, False)}
-    initial = {on: [whole(p) for p in m.parameters()] for on, m in models.items()}
+    initial = {on: wholes(m) for on, m in models.items()}
     mesh = init_device_mesh("cpu", (world,))
     for m in models.values():
         for block in (m.blocks if units == "block" else []):
@@ -247,8 +240,5 @@ def default_blocks_match_post_backward(rank: int, world: int, clip: bool, units:
             caught += [str(w.message) for w in got if "backward_step" in str(w.message)]
         stats = opts[True].runtime.last_stats
         shares.append(stats.early_orthogonalized / stats.num_orthogonalized)
-    errors = {}
-    for k, (p_on, p_off) in enumerate(zip(models[True].parameters(), models[False].parameters())):
-        d_on, d_off = whole(p_on) - initial[True][k], whole(p_off) - initial[False][k]
-        errors[k] = float((d_on - d_off).norm() / d_off.norm().clamp_min(1e-30))
+    errors = update_errors(models[True], initial[True], models[False], initial[False])
     return dict(errors=errors, shares=shares, warnings=caught, stages=opts[True].runtime.num_buckets)

@@ -23,7 +23,7 @@ import dmuon
 from dmuon import distributed as dmuon_distributed
 from dmuon import runtime_builder
 from dmuon.reference import ReferenceDMuon
-from worker_tensors import default_reference_groups, whole
+from worker_tensors import default_reference_groups, update_errors, whole, wholes
 
 OPTIONS = dict(lr=0.02, weight_decay=0.1, ns_algorithm="gram", bucket_size_mb=0.0005)
 
@@ -97,14 +97,6 @@ def _steps(model: nn.Module, opt: Any, reference: nn.Module, ref_opt: Any, first
         opt.step()
 
 
-def _errors(model: nn.Module, reference: nn.Module, initial: dict[str, torch.Tensor]) -> dict[str, float]:
-    errors = {}
-    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
-        want = q.detach() - initial[name]
-        errors[name] = float((whole(p) - initial[name] - want).norm() / want.norm())
-    return errors
-
-
 def _boxes_hold_locals(opt: Any) -> dict[str, bool]:
     """Per Muon parameter: whether this rank's local tensor is the box of the full tensor the
     C++ layout gives it (the layout against torch's own placement of the pieces)."""
@@ -123,7 +115,7 @@ def _boxes_hold_locals(opt: Any) -> dict[str, bool]:
 
 
 def _result(model, opt, reference, initial) -> dict:
-    return {"errors": _errors(model, reference, initial), "boxes": _boxes_hold_locals(opt),
+    return {"errors": update_errors(model, initial, reference, initial), "boxes": _boxes_hold_locals(opt),
             "runtime": type(opt.runtime).__name__, "world": opt.runtime.world_size,
             "orthogonalized": int(opt.runtime.last_stats.num_orthogonalized), "owners": list(opt.runtime.owners)}
 
@@ -158,7 +150,7 @@ def layout_matches_reference(rank: int, world: int, case: str, num_steps: int = 
         model, reference = _fsdp2_experts_case()
     else:
         model, reference = _dense_case(case)
-    initial = {n: whole(p) for n, p in reference.named_parameters()}
+    initial = wholes(reference)
     ref_opt = ReferenceDMuon(_reference_groups(reference))
     opt = dmuon.DMuon(model, muon_filter=_is_muon, **OPTIONS)
     _steps(model, opt, reference, ref_opt, 0, num_steps)
@@ -263,7 +255,7 @@ def pipeline_stages(rank: int, world: int, num_steps: int = 2) -> dict:
             fully_shard(layer, mesh=sub)
     else:
         parallelize_module(model, sub, {"0": ColwiseParallel(), "1": RowwiseParallel(), "2": ColwiseParallel()})
-    initial = {n: whole(p) for n, p in reference.named_parameters()}
+    initial = wholes(reference)
     ref_opt = ReferenceDMuon(_reference_groups(reference))
     opt = dmuon.DMuon(model, muon_filter=_is_muon, **OPTIONS)
     _steps(model, opt, reference, ref_opt, 0, num_steps + stage)
@@ -295,7 +287,7 @@ def checkpoint_resume(rank: int, world: int, path: str, num_saved: int, num_more
 
     torch.manual_seed(0)
     reference = Block()
-    initial = {n: whole(p) for n, p in reference.named_parameters()}
+    initial = wholes(reference)
     model = Block()  # NOTE: other values than the saved ones (seed 0 draws differ after the reference's)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("layouts_resume",))
     fully_shard(model, mesh=mesh)

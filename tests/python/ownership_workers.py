@@ -11,6 +11,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import dmuon
 from checkpoint_workers import snapshot
+from worker_tensors import wholes
 from dist_workers import (TinyTransformer, _batches, _device, _loss, _single_process_dmuon, errors_against_reference,
                           train_beside_reference)
 
@@ -24,7 +25,7 @@ def ownership_matches_single_process(rank: int, world: int, wrapper: str, mesh_s
     device = _device()
     reference = TinyTransformer().to(device=device, dtype=dtype)
     model = copy.deepcopy(reference)
-    initial = [p.detach().clone() for p in reference.parameters()]
+    initial = wholes(reference)
     options = dict(lr=0.01, weight_decay=0.05)
     ref_opt = _single_process_dmuon(reference, **options)
     mesh = init_device_mesh(device.type, mesh_shape) if mesh_shape else None

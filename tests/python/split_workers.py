@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import torch
 from torch import nn
 
 import dmuon
-from worker_tensors import reference_of, whole_numpy
+from worker_tensors import reference_of, update_errors, whole_numpy, wholes
 
 # Rows: fused q, k, v = 12 + 6 + 6 (GQA: 4 q heads, 2 kv heads of 3 rows); gate/up = 2 × 20.
 QKV_ROWS = (12, 6, 6)
@@ -145,7 +144,7 @@ def backward_step_matches_post_backward(rank: int, world: int, wrapper: str) -> 
     models, opts, initial = {}, {}, {}
     for on in (True, False):
         model = copy.deepcopy(base)
-        initial[on] = {n: whole_numpy(p) for n, p in model.named_parameters()}
+        initial[on] = wholes(model)
         models[on] = (wrap(model, "fsdp2", world) if wrapper == "fsdp2"
                       else nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True, bucket_cap_mb=1e-4))
         opts[on] = dmuon.DMuon(split_groups(models[on], ns_algorithm="standard"), lr=0.05, weight_decay=0.1,
@@ -156,9 +155,4 @@ def backward_step_matches_post_backward(rank: int, world: int, wrapper: str) -> 
         for on in (True, False):
             loss_step(models[on], opts[on], step)
         early.append(opts[True].runtime.last_stats.early_stages)
-    errors = {}
-    for (name, p_on), (_, p_off) in zip(models[True].named_parameters(), models[False].named_parameters()):
-        key = name.removeprefix("module.")
-        d_on, d_off = whole_numpy(p_on) - initial[True][key], whole_numpy(p_off) - initial[False][key]
-        errors[key] = float(np.linalg.norm(d_on - d_off) / max(np.linalg.norm(d_off), 1e-30))
-    return {"errors": errors, "early": early}
+    return {"errors": update_errors(models[True], initial[True], models[False], initial[False]), "early": early}

@@ -18,6 +18,23 @@ def whole(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
 
 
+def wholes(model: nn.Module) -> dict[str, torch.Tensor]:
+    """whole() of every parameter of `model` on the host, by name (DDP's "module." prefix left out)."""
+    return {n.removeprefix("module."): whole(p).cpu() for n, p in model.named_parameters()}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """‖a − b‖ / ‖b‖ (an all-zero b counts as 1e-30)."""
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def update_errors(model: nn.Module, initial: dict, reference: nn.Module, reference_initial: dict) -> dict[str, float]:
+    """Per parameter (by name): rel(Δ, Δref) of `model`'s change since `initial` against
+    `reference`'s since `reference_initial` (both wholes() of the models as they started)."""
+    now, ref = wholes(model), wholes(reference)
+    return {n: rel(now[n] - initial[n], ref[n] - reference_initial[n]) for n in now}
+
+
 def whole_numpy(t: torch.Tensor) -> np.ndarray:
     """whole(t) in float64 on the host (results travel between processes by value)."""
     return whole(t).cpu().double().numpy()
