@@ -13,29 +13,11 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 import dmuon
-from all_modes_workers import SHAPES, ProbeModel, _targets
+from all_modes_workers import OPTIONS, SHAPES, ProbeModel, _targets, wrap
 from dist_workers import _device
 from worker_tensors import update_errors, whole, wholes
 
 NUM_STEPS = 3
-OPTIONS = dict(lr=0.02, weight_decay=0.1, ns_algorithm="gram", bucket_size_mb=0.0005)
-
-
-def _wrap(model: nn.Module, mode: str, world: int) -> nn.Module:
-    device = _device()
-    model.to(device)
-    if mode in ("fsdp2", "hsdp"):
-        from torch.distributed.fsdp import fully_shard
-        # NOTE: dimension names of this test's own (see all_modes_workers: the mesh cache).
-        mesh = (init_device_mesh(device.type, (2, world // 2), mesh_dim_names=("bstep_replicate", "bstep_shard"))
-                if mode == "hsdp" else init_device_mesh(device.type, (world,)))
-        for layer in model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        return model
-    # NOTE: tiny buckets: several, so that buckets are handed over inside backward.
-    return nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True, bucket_cap_mb=1e-4,
-                                               device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def _backward(wrapped: nn.Module, mode: str, step: int, micro: int, poison: float | None = None) -> None:
@@ -62,7 +44,7 @@ def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int,
     base = ProbeModel()
     models = {on: copy.deepcopy(base) for on in (True, False)}
     initial = {on: wholes(m) for on, m in models.items()}
-    wrapped = {on: _wrap(m, mode, world) for on, m in models.items()}
+    wrapped = {on: wrap(m, mode, world) for on, m in models.items()}
     opts = {}
     for on, m in models.items():
         opts[on] = dmuon.DMuon(m, execution=dmuon.Execution(backward_step=on, **{
@@ -90,7 +72,7 @@ def nan_in_late_layer(rank: int, world: int, mode: str, poison: float = float("n
     this rank, whether anything changed, and whether step() redid the begun step."""
     torch.manual_seed(0)
     model = ProbeModel()
-    wrapped = _wrap(model, mode, world)
+    wrapped = wrap(model, mode, world)
     opt = dmuon.DMuon(model, execution=dmuon.Execution(backward_step=True, bucket_size_mb=OPTIONS["bucket_size_mb"]),
                       lr=OPTIONS["lr"], weight_decay=OPTIONS["weight_decay"], ns_algorithm="gram")
     if mode == "ddp":

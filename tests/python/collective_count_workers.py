@@ -9,9 +9,8 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 import dmuon
-from all_modes_workers import ProbeModel, _targets
+from all_modes_workers import OPTIONS, ProbeModel, _targets, wrap
 
-OPTIONS = dict(lr=0.02, weight_decay=0.1, ns_algorithm="gram", bucket_size_mb=0.0005)
 # NOTE: a step's data exchanges (the pieces to their owners and back, the ownership mode's
 # bucket reductions); every other collective is a small agreement the host waits for.
 DATA_EXCHANGES = ("gloo:all_to_all",)
@@ -37,25 +36,11 @@ def _model(mode: str, world: int) -> tuple[nn.Module, nn.Module, dict]:
     torch.manual_seed(0)
     model = ProbeModel()
     options = dict(OPTIONS)
-    if mode in ("fsdp2", "hsdp", "backward_step", "skip"):
-        from torch.distributed.fsdp import fully_shard
-
-        # NOTE: dimension names of this test's own (see all_modes_workers: the mesh cache).
-        mesh = (init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("count_replicate", "count_shard"))
-                if mode == "hsdp" else init_device_mesh("cpu", (world,)))
-        for layer in model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        wrapped = model
-    elif mode in ("ddp", "qk_clip"):
-        wrapped = nn.parallel.DistributedDataParallel(model)
-    elif mode in ("ownership", "ownership_mesh"):
+    wrapped = wrap(model, {"backward_step": "fsdp2", "skip": "fsdp2", "qk_clip": "ddp"}.get(mode, mode), world)
+    if mode in ("ownership", "ownership_mesh"):
         mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("count_r", "count_s")) \
             if mode == "ownership_mesh" else None
         dmuon.own_matrices(model, mesh, bucket_size_mb=0.0005, replicate_others=True)
-        wrapped = model
-    else:
-        wrapped = model
     if mode == "backward_step":
         options["execution"] = dmuon.Execution(backward_step=True, bucket_size_mb=options.pop("bucket_size_mb"))
     if mode == "skip":
