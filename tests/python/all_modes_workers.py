@@ -114,7 +114,7 @@ def mode_matches_reference(rank: int, world: int, mode: str) -> dict:
     opt = dmuon.DMuon(model, **options)
     if float64:
         # NOTE: no user option makes unequal blocks (routing makes equal ones for fused
-        # attention); set the view the runtime is built from, as contract_workers does.
+        # attention); set the view the runtime is built from, as gpu_reference does.
         opt._params.set_view(model.layers[-1].weight, dmuon.MatrixView(row_blocks=ROW_BLOCKS))
     for step in range(NUM_STEPS):
         targets = _targets(step)
