@@ -1,8 +1,8 @@
 // The whole step engine (CPU ops, loopback transport) against a plain fp64 Muon, at worlds
 // 1–4, in owner and gather mode, pipelined over many stages at depths 1–3, on awkward
 // shapes; and its failures: a NaN gradient, a gradient missing on one rank, a corrupt
-// momentum buffer, a non-finite NS result, a rank with invalid input, a transport that
-// moves nothing.
+// momentum buffer, a non-finite NS result, a rank with invalid input (a transport that moves
+// nothing: test_step_stage_layout.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -439,37 +439,6 @@ TEST(StepEngine, InvalidInputOnOneRankFailsEveryRank) {
         << "rank " << r << ": " << error;
   }
   EXPECT_EQ(state_bytes(run.tensors), state_bytes(world.locals()));
-}
-
-// Rank r of a world of 4 whose collectives move nothing (torch's fake process group): the
-// plan is solved locally, receive buffers are filled by the model (synthetic updates,
-// zero results; the ops poison every allocation, so NS on unwritten memory would raise),
-// and the bytes are counted.
-TEST(StepEngine, TransportThatMovesNothingRunsOneRanksRealWork) {
-  const World world(awkward_model(DType::kFloat32), 4, 1, 11);
-  dmuon::step::CpuOpsOptions cpu_options;
-  cpu_options.poison_allocations = true;
-  dmuon::step::CpuOps ops(cpu_options);
-  dmuon::testing::NoDataTransport transport(2, 4);
-  EngineOptions options;
-  options.stage_bytes = 256;  // NOTE: the MILP too is solved locally here
-  dmuon::step::StepEngine engine(transport, ops, world.specs(), options);
-  auto tensors = world.local(2);
-  world.set_grads(2, 1, tensors);
-  const StepOutcome outcome = engine.step(tensors.views(), awkward_rules(), 1);
-  EXPECT_TRUE(outcome.applied()) << outcome.message;
-  const auto& stats = engine.last_stats();
-  EXPECT_GT(stats.bytes_sent, 0);
-  EXPECT_GT(stats.bytes_received, 0);
-  int64_t sent = 0;
-  for (const auto& line : stats.stages)
-    for (int64_t b : line.forward_sent_to) sent += b;
-  for (const auto& line : stats.stages)
-    for (int64_t b : line.return_sent_to) sent += b;
-  EXPECT_EQ(sent, stats.bytes_sent);
-  for (const auto& line : stats.stages) EXPECT_EQ(line.forward_sent_to[2], 0) << "nothing is sent to oneself";
-  for (size_t p = 0; p < tensors.param.size(); ++p)
-    for (double v : tensors.param[p].values()) ASSERT_TRUE(std::isfinite(v)) << world.model()[p].name;
 }
 
 // The bound on a rank's wire memory: at most (depth + 1) forward and (depth + 1) return
