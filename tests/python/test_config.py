@@ -28,8 +28,9 @@ def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(12, 20), nn.ReLU(), nn.Linear(20, 7), nn.LayerNorm(7))
 
 
-def trained(model: nn.Module, opt: torch.optim.Optimizer, steps: int = 3) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(1)
+def trained(model: nn.Module, opt: torch.optim.Optimizer, steps: int = 3, seed: int = 1) -> list[torch.Tensor]:
+    """`steps` steps on random gradients drawn from `seed`; the parameters after them."""
+    gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         for p in model.parameters():
             p.grad = torch.randn(p.shape, generator=gen)

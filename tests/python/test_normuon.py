@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import dmuon
+from test_config import trained
 from test_reference_parity import ToyModel, run_pair
 
 
@@ -48,30 +49,22 @@ def test_normuon_changes_the_update():
     assert not torch.equal(on.up.weight, off.up.weight)
 
 
-def _train(model, opt, steps, seed):
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        for p in model.parameters():
-            p.grad = torch.randn(p.shape, generator=gen)
-        opt.step()
-
-
 def test_normuon_state_and_bitwise_resume():
     torch.manual_seed(3)
     model = ToyModel()
     opt = dmuon.DMuon(model, lr=0.02, normuon=True)
-    _train(model, opt, 2, seed=10)
+    trained(model, opt, 2, seed=10)
     v = opt.state[model.up.weight]["normuon_v"]
     assert v.dtype == torch.float32 and v.shape == (48,) and bool((v > 0).all())
     assert opt.state[model.moe.experts]["normuon_v"].shape == (3, 5)
     saved_model, saved_opt = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
-    _train(model, opt, 2, seed=11)
+    trained(model, opt, 2, seed=11)
 
     resumed = ToyModel()
     resumed.load_state_dict(saved_model)
     opt2 = dmuon.DMuon(resumed, lr=0.02, normuon=True)
     opt2.load_state_dict(saved_opt)
-    _train(resumed, opt2, 2, seed=11)
+    trained(resumed, opt2, 2, seed=11)
     for (name, p), q in zip(model.named_parameters(), resumed.parameters()):
         assert torch.equal(p, q), name
     assert torch.equal(opt.state[model.up.weight]["normuon_v"], opt2.state[resumed.up.weight]["normuon_v"])
@@ -81,7 +74,7 @@ def test_refused_step_leaves_normuon_state():
     torch.manual_seed(4)
     model = ToyModel()
     opt = dmuon.DMuon(model, lr=0.02, normuon=True, nonfinite="skip")
-    _train(model, opt, 1, seed=12)
+    trained(model, opt, 1, seed=12)
     before = opt.state[model.up.weight]["normuon_v"].clone()
     for p in model.parameters():
         p.grad = torch.randn_like(p)
@@ -154,7 +147,6 @@ def test_normuon_checkpoint_resumes(normuon_fsdp2_checkpoint, world, wrapper):
 @pytest.mark.parametrize("wrapper", ["fsdp2", "ddp"])
 def test_normuon_in_gather_mode_refused_by_name(wrapper):
     """Gather mode would need every v on every rank: refused on every rank, naming the parameter."""
-    from clip_workers import normuon_gather_refused
     from dist_harness import run_distributed
 
     for rank, message in run_distributed(normuon_gather_refused, 2, wrapper).items():
@@ -176,3 +168,25 @@ def test_init_state_makes_the_row_state_and_a_step_from_it_is_a_fresh_step():
         w.grad = grad.clone()
         opt.step()
     assert torch.equal(weights[0], weights[1])
+
+
+# ---------------------------------------------------------------- on the ranks
+def normuon_gather_refused(rank: int, world: int, wrapper: str) -> str:
+    """NorMuon in gather mode (every rank computing every matrix): every rank's error names
+    the parameter."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 12, bias=False), torch.nn.Linear(12, 8, bias=False))
+    if wrapper == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+    opt = dmuon.DMuon(model, lr=0.02, normuon=True, mode="gather")
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    try:
+        opt.step()
+    except Exception as error:  # noqa: BLE001 - the message is what the test checks
+        return str(error)
+    return ""
