@@ -430,8 +430,8 @@ def nccl_scenarios(world: int) -> list[tuple[str, Any, tuple]]:
     ]
     if world >= 4 and world % 2 == 0:
         scenarios.insert(2, ("hsdp", sharded_and_replicated_match_single_process, ("gram", 2, True)))
-    # The step begun inside backward against the post-backward step (backward_step_workers).
-    import backward_step_workers as bstep
+    # The step begun inside backward against the post-backward step (test_backward_step).
+    import test_backward_step as bstep
 
     scenarios += [
         ("backward-step-fsdp2", bstep.backward_matches_post_backward, ("fsdp2", 1)),

@@ -161,12 +161,12 @@ def test_weight_ownership_mode_over_nccl(world, wrapper):
     """dmuon.own_matrices over NCCL (publish broadcasts, all_to_all reduce-to-owner, NS on a
     side stream under backward) against single-process DMuon on the same GPU: the update
     within the training tolerance (split-batch gradients, float16 Newton–Schulz)."""
-    import ownership_workers
+    import test_ownership
 
     num_gpus = torch.cuda.device_count()
     if num_gpus < world:
         pytest.skip(f"world {world} needs {world} GPUs, found {num_gpus}")
-    results = run_distributed(ownership_workers.ownership_matches_single_process, world, wrapper,
+    results = run_distributed(test_ownership.ownership_matches_single_process, world, wrapper,
                               backend="nccl", timeout_s=300, collective_timeout_s=60)
     for rank, result in results.items():
         for name, error in result["update_errors"].items():

@@ -118,11 +118,11 @@ def test_normuon_distributed_matches_single_process(wrapper, world):
 
 @pytest.fixture(scope="module")
 def normuon_fsdp2_checkpoint(tmp_path_factory):
-    import checkpoint_workers
+    import test_checkpoint
     from dist_harness import run_distributed
 
     path = str(tmp_path_factory.mktemp("ckpt_normuon_fsdp2_w2"))
-    return path, run_distributed(checkpoint_workers.save_then_continue, 2, "fsdp2", path, False, {"normuon": True})
+    return path, run_distributed(test_checkpoint.save_then_continue, 2, "fsdp2", path, False, {"normuon": True})
 
 
 @pytest.mark.parametrize("world, wrapper", [(2, "fsdp2"), (3, "fsdp2"), (1, "none")],
@@ -134,13 +134,13 @@ def test_normuon_checkpoint_resumes(normuon_fsdp2_checkpoint, world, wrapper):
     bitwise world-independent given the same gradients), amplified by Newton–Schulz and
     doubled in v, an average of O²: measured 3.6e-6 on the state at world 3 and 3.8e-6 at
     world 1, asserted <= 1e-5."""
-    import checkpoint_workers
+    import test_checkpoint
     from dist_harness import run_distributed
     from test_checkpoint import assert_every_rank_matches
 
     path, reference = normuon_fsdp2_checkpoint
     assert any(k.endswith("normuon_v") for k in reference[0]["state"])
-    resumed = run_distributed(checkpoint_workers.load_then_continue, world, wrapper, path, False, {"normuon": True})
+    resumed = run_distributed(test_checkpoint.load_then_continue, world, wrapper, path, False, {"normuon": True})
     assert_every_rank_matches(resumed, reference, 0.0 if world == 2 else 1e-5)
 
 
