@@ -60,6 +60,13 @@ def _loss_step(model, optimizer, ids) -> None:
     optimizer.step()
 
 
+def _decoder():
+    """The same decoder on every rank, its optimizer and a batch."""
+    torch.manual_seed(7)
+    model = TinyDecoder()
+    return model, dmuon.DMuon(model, lr=0.02), torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(0))
+
+
 def _step_outcome(model, step) -> dict:
     """step()'s error ("" when it passed) and whether every parameter of `model` is unchanged."""
     before = [p.detach().clone() for p in model.parameters()]
@@ -97,18 +104,13 @@ def replicas_that_differ_are_refused(rank: int, world: int) -> dict:
 
 
 def equal_replicas_pass(rank: int, world: int) -> int:
-    torch.manual_seed(7)
-    optimizer = dmuon.DMuon(TinyDecoder(), lr=0.02)
-    return optimizer.runtime.world_size
+    return _decoder()[1].runtime.world_size
 
 
 def add_param_group_on_some_ranks(rank: int, world: int) -> dict:
     """Rank 0 alone adds a group: the next step raises on every rank, naming the group, and
     changes nothing."""
-    torch.manual_seed(7)
-    model = TinyDecoder()
-    optimizer = dmuon.DMuon(model, lr=0.02)
-    ids = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(0))
+    model, optimizer, ids = _decoder()
     _loss_step(model, optimizer, ids)
     if rank == 0:
         optimizer.add_param_group({"params": [("extra.weight", nn.Parameter(torch.randn(8, 8)))], "use_muon": True})
@@ -117,10 +119,7 @@ def add_param_group_on_some_ranks(rank: int, world: int) -> dict:
 
 def a_failed_check_on_one_rank_stops_every_rank(rank: int, world: int) -> dict:
     """Rank 1's AdamW state is corrupt: every rank raises before writing, naming it."""
-    torch.manual_seed(7)
-    model = TinyDecoder()
-    optimizer = dmuon.DMuon(model, lr=0.02)
-    ids = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(0))
+    model, optimizer, ids = _decoder()
     _loss_step(model, optimizer, ids)
     optimizer.zero_grad(set_to_none=True)
     model(ids).logsumexp(-1).mean().backward()
@@ -133,10 +132,7 @@ def adamw_gradient_on_some_ranks_only(rank: int, world: int) -> dict:
     """Rank 0 alone has a gradient for an AdamW parameter (the embedding): the step raises
     on every rank, naming it, and changes nothing (the engine agrees on the presence of
     the gradients it only checks, as on the Muon parameters')."""
-    torch.manual_seed(7)
-    model = TinyDecoder()
-    optimizer = dmuon.DMuon(model, lr=0.02)
-    ids = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(0))
+    model, optimizer, ids = _decoder()
     optimizer.zero_grad(set_to_none=True)
     model(ids).logsumexp(-1).mean().backward()
     if rank == 1:
