@@ -159,18 +159,19 @@ def _gradients(names: list[str], shapes: list[torch.Size], step: int) -> dict[st
     return {n: torch.randn(*s, generator=gen) / max(1, s[-1]) ** 0.5 for n, s in zip(names, shapes)}
 
 
-def _steps(model: nn.Module, opt: Any, reference: nn.Module, ref_opt: Any, first: int, count: int) -> None:
+def _steps(model: nn.Module | None, opt: Any, reference: nn.Module, ref_opt: Any, first: int, count: int) -> None:
+    """Steps first, first + 1, ... of the reference and (unless None) of the model."""
     names = [n for n, _ in reference.named_parameters()]
     shapes = [p.shape for _, p in reference.named_parameters()]
-    params = dict(model.named_parameters())
     for step in range(first, first + count):
         grads = _gradients(names, shapes, step)
         for n, q in reference.named_parameters():
             q.grad = grads[n].clone()
         ref_opt.step()
-        for n, p in params.items():
+        for n, p in (model.named_parameters() if model is not None else []):
             p.grad = _like(p, grads[n])
-        opt.step()
+        if model is not None:
+            opt.step()
 
 
 def _boxes_hold_locals(opt: Any) -> dict[str, bool]:
@@ -374,12 +375,6 @@ def checkpoint_resume(rank: int, world: int, path: str, num_saved: int, num_more
     dmuon.checkpoint.load(state, path)
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     # The reference's first num_saved steps, then both go on.
-    names = [n for n, _ in reference.named_parameters()]
-    shapes = [p.shape for _, p in reference.named_parameters()]
-    for step in range(num_saved):
-        grads = _gradients(names, shapes, step)
-        for n, q in reference.named_parameters():
-            q.grad = grads[n].clone()
-        ref_opt.step()
+    _steps(None, None, reference, ref_opt, 0, num_saved)
     _steps(model, opt, reference, ref_opt, num_saved, num_more)
     return _result(model, opt, reference, initial)
