@@ -107,12 +107,13 @@ def test_a_checkpoint_with_unsteppable_state_values_is_refused_by_name(key, valu
 
 
 def test_a_loaded_state_holds_the_checkpoints_values_for_every_parameter():
-    # Loaded into an optimizer whose state holds other values (one step of other data):
-    # every entry's values come back as saved, and the next step of both is bitwise the
-    # same. Catches: a load that checks shapes and keeps (or reorders among same-shape
-    # parameters, as q/k/v here) the values it had.
+    # Loaded into an optimizer whose state holds other values (one step of other data, the
+    # default math): every entry's values and every group option (the saved run's math
+    # included) come back as saved, and the next step of both is bitwise the same. Catches:
+    # a load that checks shapes and keeps (or reorders among same-shape parameters, as q/k/v
+    # here) the values it had.
     model = TinyDecoder()
-    optimizer = trained(model, steps=3)
+    optimizer = trained(model, steps=3, math=dmuon.MuonMath(ns_steps=4, ns_restarts=(1,)))
     saved = copy.deepcopy(optimizer.state_dict())
     other_model = TinyDecoder()
     other = trained(other_model, steps=1)
