@@ -50,11 +50,10 @@ def test_bad_options_name_the_option(kwargs, pattern):
 
 
 def test_unknown_group_option():
-    # NOTE: an unknown keyword of DMuon is test_config's test_unknown_keywords_and_wrong_types_are_refused.
+    # NOTE: an unknown keyword of DMuon is test_config's test_unknown_keywords_and_wrong_types_are_refused,
+    # momentum in an AdamW group test_torch_conventions' test_adamw_betas_and_momentum_are_one_value.
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['momentun'\]"):
         dmuon.DMuon([{"params": [matrix()], "momentun": 0.9}])
-    with pytest.raises(ValueError, match=r"\['momentum'\]"):
-        dmuon.DMuon([{"params": [nn.Parameter(torch.randn(3))], "use_muon": False, "momentum": 0.9}])
 
 
 def test_empty_and_mixed_inputs():
