@@ -135,22 +135,34 @@ std::vector<std::vector<int>> reverse_calls(int num_items, int per_call, int ski
 }
 
 // ---------------------------------------------------------------- whole on rank r
-TEST(WholeOnRank, OwnersComeFromTheSpecsAndTheStepMatchesFp64Muon) {
+// Owners given for every parameter (whole on rank r), or for some of them with the rest
+// sharded and replicated and planned by the engine (one engine for both kinds): the given
+// owners stay on every rank, only the owner holds memory of its matrix, and the step matches
+// fp64 Muon.
+TEST(WholeOnRank, GivenOwnersStayAndTheStepMatchesFp64Muon) {
   constexpr int kSteps = 2;
-  for (int world_size : {1, 3}) {
-    const World world(owned_model(world_size), world_size, kSteps, 77);
-    const EngineRun run = drive(world, owned_rules(), kSteps, Drive{});
-    expect_no_errors(run);
-    const auto& table = world.table();
-    for (int r = 0; r < world_size; ++r)
-      for (int i = 0; i < table.num_items(); ++i) {
-        EXPECT_EQ(run.owners[static_cast<size_t>(r)][static_cast<size_t>(i)],
-                  world.model()[static_cast<size_t>(table.item(i).param_idx)].whole_on_rank);
-        // Only the owner holds memory of an owned matrix.
-        EXPECT_EQ(table.piece(i, r).empty(), table.item(i).param_idx % world_size != r);
+  for (const bool all_given : {true, false})
+    for (int world_size : {1, 3}) {
+      std::vector<ModelParam> model = owned_model(world_size);
+      for (size_t p = 0; p < model.size() && !all_given; p += 3) {
+        model[p].whole_on_rank = -1;
+        model[p].sharded = p % 2 == 0;
       }
-    expect_matches_fp64(world, run, kSteps);
-  }
+      const World world(model, world_size, kSteps, all_given ? 77 : 78);
+      Drive how;
+      if (!all_given) how.options.solver = dmuon::plan::SolverKind::kLpt;
+      const EngineRun run = drive(world, owned_rules(), kSteps, how);
+      expect_no_errors(run);
+      const auto& table = world.table();
+      for (int r = 0; r < world_size; ++r)
+        for (int i = 0; i < table.num_items(); ++i) {
+          const int given = world.model()[static_cast<size_t>(table.item(i).param_idx)].whole_on_rank;
+          if (given < 0) continue;
+          EXPECT_EQ(run.owners[static_cast<size_t>(r)][static_cast<size_t>(i)], given) << table.item_name(i);
+          EXPECT_EQ(table.piece(i, r).empty(), given != r) << table.item_name(i);
+        }
+      expect_matches_fp64(world, run, kSteps);
+    }
 }
 
 TEST(WholeOnRank, BadSpecsAndPlansAreNamed) {
@@ -187,31 +199,6 @@ TEST(WholeOnRank, BadSpecsAndPlansAreNamed) {
   for (int r = 0; r < 2; ++r)
     EXPECT_NE(errors[static_cast<size_t>(r)].find("the owner plan differs between ranks"), std::string::npos)
         << "rank " << r << ": " << errors[static_cast<size_t>(r)];
-}
-
-// One engine for both kinds: owners given for some parameters (whole on rank r), the rest
-// sharded and replicated, planned by the engine; the step matches fp64 Muon and the given
-// owners stay.
-TEST(WholeOnRank, GivenOwnersBesideSolvedOnesInOneEngine) {
-  constexpr int kSteps = 2;
-  for (int world_size : {1, 3}) {
-    std::vector<ModelParam> model = owned_model(world_size);
-    for (size_t p = 0; p < model.size(); p += 3) {
-      model[p].whole_on_rank = -1;
-      model[p].sharded = p % 2 == 0;
-    }
-    const World world(model, world_size, kSteps, 78);
-    Drive how;
-    how.options.solver = dmuon::plan::SolverKind::kLpt;
-    const EngineRun run = drive(world, owned_rules(), kSteps, how);
-    expect_no_errors(run);
-    const auto& table = world.table();
-    for (int i = 0; i < table.num_items(); ++i) {
-      const int given = world.model()[static_cast<size_t>(table.item(i).param_idx)].whole_on_rank;
-      if (given >= 0) EXPECT_EQ(run.owners[0][static_cast<size_t>(i)], given) << table.item_name(i);
-    }
-    expect_matches_fp64(world, run, kSteps);
-  }
 }
 
 // ---------------------------------------------------------------- early work
