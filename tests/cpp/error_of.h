@@ -19,4 +19,7 @@ std::string error_of(Fn&& fn) {
   return "";
 }
 
+/// Whether `text` holds `part`.
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
 }  // namespace dmuon::testing

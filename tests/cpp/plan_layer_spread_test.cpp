@@ -15,6 +15,7 @@
 #include "error_of.h"
 #include "plan/layer_spread.h"
 #include "plan/planner.h"
+#include "plan_fixtures.h"
 
 namespace dmuon::plan {
 namespace {
@@ -27,24 +28,10 @@ struct Layered {
   std::vector<int> layer_of;
 };
 
-// A decoder's Muon matrices in manifest order (all q, then all k, ...): per layer q (h×h),
-// k and v (kv×h), o (h×h), gate and up (i×h), down (h×i); GPU cost model.
+// A decoder's Muon matrices in manifest order (all q, then all k, ...), GPU cost model.
 Layered transformer(int num_layers, int64_t h, int64_t kv, int64_t i, int world_size) {
-  const std::pair<const char*, std::pair<int64_t, int64_t>> kinds[] = {
-      {"self_attn.q_proj", {h, h}}, {"self_attn.k_proj", {kv, h}}, {"self_attn.v_proj", {kv, h}},
-      {"self_attn.o_proj", {h, h}}, {"mlp.gate_proj", {i, h}},     {"mlp.up_proj", {i, h}},
-      {"mlp.down_proj", {h, i}}};
-  std::vector<MatrixSpec> matrices;
   Layered out;
-  for (const auto& [name, shape] : kinds)
-    for (int l = 0; l < num_layers; ++l) {
-      matrices.push_back(
-          {"model.layers." + std::to_string(l) + "." + name + ".weight", shape.first, shape.second});
-      out.layer_of.push_back(l);
-    }
-  ProblemOptions options;
-  options.world_size = world_size;
-  out.problem = build_problem(matrices, options, AnalyticCostModel::gpu_default().as_cost_fn());
+  out.problem = decoder_problem(num_layers, h, kv, i, world_size, true, &out.layer_of);
   return out;
 }
 
@@ -78,42 +65,6 @@ Layered random_layered(uint32_t seed, int num_matrices, int world_size) {
   model.launch_overhead_s = 2e-5;
   out.problem = build_problem(matrices, options, model.as_cost_fn());
   return out;
-}
-
-// Units of each class on each rank: [rank][class].
-std::vector<std::vector<int>> class_counts(const Problem& problem, const Plan& plan) {
-  std::vector<std::vector<int>> counts(plan.ranks.size(), std::vector<int>(problem.shapes.size(), 0));
-  for (size_t s = 0; s < problem.shapes.size(); ++s)
-    for (int idx : problem.shapes[s].matrix_idx)
-      ++counts[static_cast<size_t>(plan.owner[static_cast<size_t>(idx)])][s];
-  return counts;
-}
-
-// Everything but which matrices fill the batches is identical, bit for bit.
-void expect_same_loads(const Problem& problem, const Plan& before, const Plan& after) {
-  ASSERT_EQ(before.ranks.size(), after.ranks.size());
-  EXPECT_EQ(before.makespan, after.makespan);
-  EXPECT_EQ(before.lower_bound, after.lower_bound);
-  EXPECT_EQ(before.solver, after.solver);
-  EXPECT_EQ(before.status, after.status);
-  EXPECT_EQ(class_counts(problem, before), class_counts(problem, after));
-  for (size_t r = 0; r < before.ranks.size(); ++r) {
-    const RankPlan& a = before.ranks[r];
-    const RankPlan& b = after.ranks[r];
-    EXPECT_EQ(a.compute_seconds, b.compute_seconds);
-    EXPECT_EQ(a.recv_seconds, b.recv_seconds);
-    EXPECT_EQ(a.load_seconds, b.load_seconds);
-    EXPECT_EQ(a.recv_bytes, b.recv_bytes);
-    EXPECT_EQ(a.memory_bytes, b.memory_bytes);
-    ASSERT_EQ(a.batches.size(), b.batches.size());
-    for (size_t k = 0; k < a.batches.size(); ++k) {
-      EXPECT_EQ(a.batches[k].shape_idx, b.batches[k].shape_idx);
-      EXPECT_EQ(a.batches[k].matrix_idx.size(), b.batches[k].matrix_idx.size());
-      EXPECT_EQ(a.batches[k].num_matrices, b.batches[k].num_matrices);
-      EXPECT_EQ(a.batches[k].compute_seconds, b.batches[k].compute_seconds);
-      EXPECT_EQ(a.batches[k].recv_seconds, b.batches[k].recv_seconds);
-    }
-  }
 }
 
 // plan.owner agrees with the batches, and the text rebuilds exactly this plan elsewhere.

@@ -13,6 +13,7 @@
 #include "plan/layer_spread.h"
 #include "plan/planner.h"
 #include "plan/stage_windows.h"
+#include "plan_fixtures.h"
 #include "step/stage_loads.h"
 
 namespace dmuon::plan {
@@ -20,32 +21,7 @@ namespace {
 
 // A decoder's matrices in parameter order (layer by layer: q, k, v, o, gate, up, down).
 Problem decoder(int num_layers, int64_t h, int64_t kv, int64_t i, int world_size) {
-  const std::pair<const char*, std::pair<int64_t, int64_t>> kinds[] = {
-      {"q", {h, h}}, {"k", {kv, h}}, {"v", {kv, h}}, {"o", {h, h}}, {"gate", {i, h}}, {"up", {i, h}}, {"down", {h, i}}};
-  std::vector<MatrixSpec> matrices;
-  for (int l = 0; l < num_layers; ++l)
-    for (const auto& [name, shape] : kinds)
-      matrices.push_back({"layers." + std::to_string(l) + "." + name, shape.first, shape.second});
-  ProblemOptions options;
-  options.world_size = world_size;
-  return build_problem(matrices, options, AnalyticCostModel::gpu_default().as_cost_fn());
-}
-
-// Every rank's class counts, batch sizes and loads.
-void expect_same_loads(const Plan& before, const Plan& after) {
-  EXPECT_EQ(before.makespan, after.makespan);
-  ASSERT_EQ(before.ranks.size(), after.ranks.size());
-  for (size_t r = 0; r < before.ranks.size(); ++r) {
-    EXPECT_EQ(before.ranks[r].load_seconds, after.ranks[r].load_seconds);
-    EXPECT_EQ(before.ranks[r].compute_seconds, after.ranks[r].compute_seconds);
-    EXPECT_EQ(before.ranks[r].recv_bytes, after.ranks[r].recv_bytes);
-    ASSERT_EQ(before.ranks[r].batches.size(), after.ranks[r].batches.size());
-    for (size_t k = 0; k < before.ranks[r].batches.size(); ++k) {
-      EXPECT_EQ(before.ranks[r].batches[k].shape_idx, after.ranks[r].batches[k].shape_idx);
-      EXPECT_EQ(before.ranks[r].batches[k].matrix_idx.size(), after.ranks[r].batches[k].matrix_idx.size());
-      EXPECT_EQ(before.ranks[r].batches[k].compute_seconds, after.ranks[r].batches[k].compute_seconds);
-    }
-  }
+  return decoder_problem(num_layers, h, kv, i, world_size, false);
 }
 
 // Each layer a group of backward's hand-over, the last layer first (fully_shard per layer).
@@ -94,7 +70,7 @@ TEST(PlanStageWindows, SpreadKeepsLoadsDeterministicIdempotentAndRoundTrips) {
       Plan first = before, second = before;
       spread_backward_stages(problem, layer_groups(12), first);
       spread_backward_stages(problem, layer_groups(12), second);
-      expect_same_loads(before, first);
+      expect_same_loads(problem, before, first);
       EXPECT_EQ(first.serialize(), second.serialize());
       Plan again = first;
       spread_backward_stages(problem, layer_groups(12), again);

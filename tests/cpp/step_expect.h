@@ -14,6 +14,13 @@
 
 namespace dmuon::testing {
 
+// Every rank of `run` ended without an error; with `applied`, it applied every step too.
+inline void expect_no_errors(const EngineRun& run, bool applied = false) {
+  for (size_t r = 0; r < run.errors.size(); ++r) EXPECT_EQ(run.errors[r], "") << "rank " << r;
+  for (size_t r = 0; applied && r < run.outcomes.size(); ++r)
+    for (const step::StepOutcome& o : run.outcomes[r]) EXPECT_TRUE(o.applied()) << "rank " << r << ": " << o.message;
+}
+
 // Each parameter's total update (relative Frobenius error against the reference's) and
 // its momentum buffer. A wrong row, sign, scale, owner or step is off by O(1). Replicas must
 // be bit-identical: World::gather() throws where two holders differ.

@@ -52,7 +52,7 @@ std::vector<double> rounded(const std::vector<double>& values, DType dtype) { re
 std::vector<step::ParamTensors> RankTensors::views() const {
   std::vector<step::ParamTensors> out;
   for (size_t p = 0; p < param.size(); ++p)
-    out.push_back({param[p].buffer(), grad[p].buffer(), momentum[p].buffer(), has_grad[p]});
+    out.push_back({param[p].buffer(), grad[p].buffer(), momentum[p].buffer(), has_grad[p], row_state[p].buffer()});
   return out;
 }
 
@@ -126,8 +126,27 @@ RankTensors World::local(int rank) const {
     t.momentum.emplace_back(box_of(initial_momentum[static_cast<size_t>(p)], shape, box), dtype);
     t.grad.emplace_back(std::vector<double>(static_cast<size_t>(layout::box_numel(box)), 0.0), dtype);
     t.has_grad.push_back(true);
+    const int64_t cols = box.back().count;
+    t.row_state.emplace_back(std::vector<double>(static_cast<size_t>(cols == 0 ? 0 : layout::box_numel(box) / cols), 0.0),
+                             DType::kFloat32);
   }
   return t;
+}
+
+std::vector<RankTensors> World::locals() const {
+  std::vector<RankTensors> out;
+  for (int r = 0; r < world_size_; ++r) out.push_back(local(r));
+  return out;
+}
+
+std::vector<std::vector<unsigned char>> state_bytes(const std::vector<RankTensors>& ranks) {
+  std::vector<std::vector<unsigned char>> out;
+  for (const RankTensors& t : ranks)
+    for (size_t p = 0; p < t.param.size(); ++p) {
+      out.push_back(t.param[p].bytes());
+      out.push_back(t.momentum[p].bytes());
+    }
+  return out;
 }
 
 void World::set_grads(int rank, int step, RankTensors& t) const {
@@ -138,12 +157,19 @@ void World::set_grads(int rank, int step, RankTensors& t) const {
                    model_[static_cast<size_t>(p)].dtype);
 }
 
-std::vector<double> World::gather(int p, const std::vector<RankTensors>& ranks, bool momentum) const {
-  std::vector<double> global(static_cast<size_t>(numel(p)), 0.0);
+std::vector<double> World::gather_boxes(int p, bool rows,
+                                        const std::function<std::vector<double>(int rank)>& local_of) const {
+  std::vector<int64_t> shape = model_[static_cast<size_t>(p)].shape;
+  if (rows) shape.pop_back();
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  std::vector<double> global(static_cast<size_t>(numel), 0.0);
   std::vector<int> written_by(global.size(), -1);
   for (int r = 0; r < world_size_; ++r) {
-    const std::vector<double> local = (momentum ? ranks[static_cast<size_t>(r)].momentum : ranks[static_cast<size_t>(r)].param)[static_cast<size_t>(p)].values();
-    for_box(model_[static_cast<size_t>(p)].shape, table_.box(p, r), [&](int64_t g, int64_t l) {
+    const std::vector<double> local = local_of(r);
+    layout::Box box = table_.box(p, r);
+    if (rows) box.pop_back();
+    for_box(shape, box, [&](int64_t g, int64_t l) {
       const size_t gi = static_cast<size_t>(g);
       if (written_by[gi] >= 0 && global[gi] != local[static_cast<size_t>(l)])
         throw std::runtime_error("the replicas of parameter '" + model_[static_cast<size_t>(p)].name + "' on ranks " +
@@ -155,9 +181,40 @@ std::vector<double> World::gather(int p, const std::vector<RankTensors>& ranks, 
   return global;
 }
 
+std::vector<double> World::gather(int p, const std::vector<RankTensors>& ranks, bool momentum) const {
+  return gather_boxes(p, false, [&](int r) {
+    return (momentum ? ranks[static_cast<size_t>(r)].momentum : ranks[static_cast<size_t>(r)].param)[static_cast<size_t>(p)].values();
+  });
+}
+
+std::vector<double> World::gather_rows(int p, const std::vector<RankTensors>& ranks) const {
+  return gather_boxes(p, true, [&](int r) { return ranks[static_cast<size_t>(r)].row_state[static_cast<size_t>(p)].values(); });
+}
+
+// NorMuon in fp64 on an item's orthogonalized update o (rows × cols), the parameter's flat
+// rows [row0, row0 + rows), with the parameter's v: written here from the rule's formulas
+// (optim/normuon.h), not from its code.
+static void normuon_reference(std::vector<double>& o, int64_t rows, int64_t cols, int64_t row0, std::vector<double>& v,
+                              const optim::NormuonRule& rule) {
+  std::vector<double> row_sq(static_cast<size_t>(rows), 0.0);
+  double norm_sq = 0.0, hat_sq = 0.0;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) row_sq[static_cast<size_t>(i)] += o[static_cast<size_t>(i * cols + j)] * o[static_cast<size_t>(i * cols + j)];
+    norm_sq += row_sq[static_cast<size_t>(i)];
+    double& vi = v[static_cast<size_t>(row0 + i)];
+    vi = rule.beta2 * vi + (1.0 - rule.beta2) * row_sq[static_cast<size_t>(i)] / static_cast<double>(cols);
+    hat_sq += row_sq[static_cast<size_t>(i)] / std::pow(std::sqrt(vi) + rule.eps, 2);
+  }
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      o[static_cast<size_t>(i * cols + j)] *= std::sqrt(norm_sq / hat_sq) / (std::sqrt(v[static_cast<size_t>(row0 + i)]) + rule.eps);
+}
+
 ReferenceResult reference_muon(const World& world, const std::vector<step::GroupRule>& rules, int num_steps) {
-  ReferenceResult out{world.initial_param, world.initial_momentum};
+  ReferenceResult out{world.initial_param, world.initial_momentum, {}};
   const step::ItemTable& table = world.table();
+  for (int p = 0; p < table.num_params(); ++p)
+    out.row_state.emplace_back(static_cast<size_t>(world.numel(p) / table.param(p).layout.cols()), 0.0);
   for (int s = 0; s < num_steps; ++s) {
     for (int p = 0; p < table.num_params(); ++p) {
       const step::GroupRule& rule = rules.at(static_cast<size_t>(table.param(p).group));
@@ -183,6 +240,9 @@ ReferenceResult reference_muon(const World& world, const std::vector<step::Group
         std::vector<double> x(static_cast<size_t>(it.numel()));
         for (int64_t i = 0; i < it.numel(); ++i) x[static_cast<size_t>(i)] = u[at(i)];
         ns::orthogonalize_cpu<double>(rule.schedule, x.data(), 1, it.rows, it.cols);
+        if (rule.normuon.enabled)
+          normuon_reference(x, it.rows, it.cols, static_cast<int64_t>(at(0)) / layout.cols(), out.row_state[static_cast<size_t>(p)],
+                            rule.normuon);
         const double scale = rule.update_scale(it.rows, it.cols), decay = rule.decay();
         for (int64_t i = 0; i < it.numel(); ++i) w[at(i)] = w[at(i)] * decay + scale * x[static_cast<size_t>(i)];
       }
@@ -215,7 +275,7 @@ EngineRun run_engine(const World& world, const step::EngineOptions& options, con
   run.stats.resize(static_cast<size_t>(n));
   run.owners.resize(static_cast<size_t>(n));
   run.stages.resize(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) run.tensors.push_back(world.local(r));
+  run.tensors = world.locals();
   LoopbackWorld loopback(n);
   const std::vector<step::ParamSpec> specs = world.specs();
   run.errors = loopback.run([&](int r) {

@@ -64,9 +64,10 @@ class HostTensor {
 /// Every value rounded to `dtype` (how it reads back from a tensor of that dtype).
 std::vector<double> rounded(const std::vector<double>& values, step::DType dtype);
 
-/// One rank's local tensors of every parameter.
+/// One rank's local tensors of every parameter (row_state: NorMuon's v, float32, one per
+/// local row, zero before any step).
 struct RankTensors {
-  std::vector<HostTensor> param, grad, momentum;
+  std::vector<HostTensor> param, grad, momentum, row_state;
   std::vector<bool> has_grad;
   std::vector<step::ParamTensors> views() const;
 };
@@ -91,22 +92,34 @@ class World {
 
   /// Rank r's local tensors before any step (its box of the initial values).
   RankTensors local(int rank) const;
+  /// Every rank's local tensors before any step.
+  std::vector<RankTensors> locals() const;
   /// Rank r's local gradients of step `step` (1-based) into `t`.
   void set_grads(int rank, int step, RankTensors& t) const;
   /// Global values of parameter p (param or momentum) from every rank's local tensors;
   /// replicas must agree exactly (else the test fails naming them).
   std::vector<double> gather(int p, const std::vector<RankTensors>& ranks, bool momentum) const;
+  /// NorMuon's global v of parameter p (one per flat row) from every rank's row_state.
+  std::vector<double> gather_rows(int p, const std::vector<RankTensors>& ranks) const;
 
  private:
+  // Global values of a tensor of `shape` from each rank's `local(r)` at its box (`rows`: the
+  // boxes without their last dim).
+  std::vector<double> gather_boxes(int p, bool rows, const std::function<std::vector<double>(int rank)>& local) const;
+
   std::vector<ModelParam> model_;
   int world_size_;
   step::ItemTable table_;
 };
 
-/// fp64 Muon over `num_steps` steps of world.grads from the initial values: the global
-/// parameters and momentum buffers after them (per parameter).
+/// Every byte of every rank's parameters and momentum buffers (to check what changed).
+std::vector<std::vector<unsigned char>> state_bytes(const std::vector<RankTensors>& ranks);
+
+/// fp64 Muon (with NorMuon where a rule asks for it) over `num_steps` steps of world.grads
+/// from the initial values: the global parameters, momentum buffers and NorMuon's v after
+/// them (per parameter).
 struct ReferenceResult {
-  std::vector<std::vector<double>> param, momentum;
+  std::vector<std::vector<double>> param, momentum, row_state;
 };
 ReferenceResult reference_muon(const World& world, const std::vector<step::GroupRule>& rules, int num_steps);
 

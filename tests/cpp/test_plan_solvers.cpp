@@ -10,6 +10,7 @@
 
 #include "common/check.h"
 #include "plan/planner.h"
+#include "plan_fixtures.h"
 
 namespace dmuon::plan {
 namespace {
@@ -43,16 +44,7 @@ Problem random_problem(uint32_t seed, int num_matrices, int world_size, int64_t 
 
 // Qwen2.5-0.5B's Muon matrices (24 layers of q, k, v, o, gate, up, down), GPU cost model:
 // LPT is 2.7% above the lower bound and CBC cannot close the gap quickly.
-Problem qwen_like_problem(int world_size) {
-  std::vector<MatrixSpec> matrices;
-  for (int layer = 0; layer < 24; ++layer)
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{896, 896}, {128, 896}, {128, 896}, {896, 896},
-                              {4864, 896}, {4864, 896}, {896, 4864}})
-      matrices.push_back({"l" + std::to_string(layer) + "." + std::to_string(matrices.size() % 7), rows, cols});
-  ProblemOptions options;
-  options.world_size = world_size;
-  return build_problem(matrices, options, AnalyticCostModel::gpu_default().as_cost_fn());
-}
+Problem qwen_like_problem(int world_size) { return decoder_problem(24, 896, 128, 4864, world_size, false); }
 
 // Exhaustive optimum: every unit on every rank (D^N), each rank's units split optimally.
 double brute_force_makespan(const Problem& p) {

@@ -168,24 +168,14 @@ TEST(ColBlockEngine, EachBlockIsOrthogonalizedAsItsOwnMatrixInPlace) {
       options.solver = dmuon::plan::SolverKind::kLpt;
       options.stage_bytes = 256;  // NOTE: several stages
       const EngineRun run = dmuon::testing::run_engine(world, options, rules, 2);
-      for (const std::string& e : run.errors) EXPECT_EQ(e, "");
+      SCOPED_TRACE("world " + std::to_string(world_size) + ", " + dmuon::step::mode_name(mode));
+      dmuon::testing::expect_no_errors(run, true);
       // NOTE: the row blocks' bound (float32 NS and wire against fp64); bfloat16 weights
       // round the update to 8 bits.
-      const auto ref = dmuon::testing::reference_muon(world, rules, 2);
-      for (int p = 0; p < static_cast<int>(world.model().size()); ++p) {
-        const bool half = world.model()[static_cast<size_t>(p)].dtype == DType::kBFloat16;
-        const auto param = world.gather(p, run.tensors, false);
-        const auto momentum = world.gather(p, run.tensors, true);
-        const auto& initial = world.initial_param[static_cast<size_t>(p)];
-        const std::string where = world.model()[static_cast<size_t>(p)].name + ", world " +
-                                  std::to_string(world_size) + ", " + dmuon::step::mode_name(mode);
-        EXPECT_LE(dmuon::testing::relative_error(dmuon::testing::difference(param, initial),
-                                                 dmuon::testing::difference(ref.param[static_cast<size_t>(p)], initial)),
-                  half ? 3e-2 : 1e-4)
-            << where;
-        EXPECT_LE(dmuon::testing::relative_error(momentum, ref.momentum[static_cast<size_t>(p)]), half ? 1e-2 : 1e-6)
-            << where;
-      }
+      dmuon::testing::expect_matches_reference(world, run, rules, 2, [](const ModelParam& p) {
+        const bool half = p.dtype == DType::kBFloat16;
+        return std::make_pair(half ? 3e-2 : 1e-4, half ? 1e-2 : 1e-6);
+      });
     }
 }
 

@@ -720,11 +720,7 @@ TEST(StepCudaEngine, MatchesFp64MuonAtWorldsOneAndTwo) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
       const bool bf16 = dtype == DType::kBFloat16;
       const dmuon::testing::World world(gpu_model(dtype), world_size, 3, 321);
-      dmuon::step::EngineOptions options;
-      options.solver = dmuon::plan::SolverKind::kLpt;
-      options.stage_bytes = 64 << 10;  // NOTE: several stages at world 2
-      // NOTE: two ranks on one GPU: one thread's graph capture must not meet the other's
-      // device-wide synchronization (the loopback's copies); world 1 covers the graphs.
+      dmuon::step::EngineOptions options = ranks_sharing_one_gpu();  // NOTE: several stages at world 2
       options.graphs = world_size == 1;
       const auto rules = gpu_rules(bf16 ? 0.5 : 0.02);
       const auto run = run_on_gpu(world, options, rules, 3);
@@ -827,10 +823,9 @@ TEST(StepCudaEngine, ColumnBlocksAsStridedPiecesMatchFp64Muon) {
   model[2].col_blocks = 2;
   for (int world_size : {1, 3}) {
     const dmuon::testing::World world(model, world_size, 2, 77);
-    dmuon::step::EngineOptions options;
-    options.solver = dmuon::plan::SolverKind::kLpt;
+    dmuon::step::EngineOptions options = ranks_sharing_one_gpu();
     options.stage_bytes = 8 << 10;  // NOTE: several stages at world 3
-    options.graphs = world_size == 1;  // NOTE: as above: ranks sharing one GPU run eagerly
+    options.graphs = world_size == 1;
     const auto rules = gpu_rules(0.5);
     const auto run = run_on_gpu(world, options, rules, 2);
     SCOPED_TRACE("world " + std::to_string(world_size));
@@ -860,26 +855,9 @@ TEST(StepCudaEngine, MeshPlacementsMatchFp64MuonAtWorldFour) {
       placed({"experts", {4, 32, 48}, 1, true, f32, 0}, {s0, s0}),
   };
   const dmuon::testing::World world(model, 4, 2, 28);
-  const dmuon::step::EngineOptions options = ranks_sharing_one_gpu();
   const auto rules = gpu_rules(0.02);
-  const auto run = run_on_gpu(world, options, rules, 2);
-  for (int r = 0; r < 4; ++r) ASSERT_EQ(run.errors[static_cast<size_t>(r)], "") << "rank " << r;
-  const auto ref = dmuon::testing::reference_muon(world, rules, 2);
-  for (int p = 0; p < static_cast<int>(model.size()); ++p) {
-    const auto& initial = world.initial_param[static_cast<size_t>(p)];
-    std::vector<double> param;
-    try {
-      param = world.gather(p, run.tensors, false);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << e.what();
-      continue;
-    }
-    // NOTE: as MatchesFp64MuonAtWorldsOneAndTwo's float32 bound (16-bit iterate and wire).
-    EXPECT_LE(dmuon::testing::relative_error(dmuon::testing::difference(param, initial),
-                                             dmuon::testing::difference(ref.param[static_cast<size_t>(p)], initial)),
-              3e-2)
-        << model[static_cast<size_t>(p)].name;
-  }
+  // NOTE: MatchesFp64MuonAtWorldsOneAndTwo's float32 bounds (16-bit iterate and wire).
+  expect_applied_and_close_to_fp64_muon(world, run_on_gpu(world, ranks_sharing_one_gpu(), rules, 2), rules, 2);
 }
 
 TEST(StepCudaEngine, NonFiniteGradientBehindTheGateChangesNothing) {

@@ -21,6 +21,7 @@
 #include "sim/traffic.h"
 #include "step/exchange_plan.h"
 #include "step/stage_layout.h"
+#include "step_expect.h"
 #include "step_world.h"
 
 namespace {
@@ -370,26 +371,19 @@ TEST(ExchangePlan, StagesExchangedEarlyFollowThePlan) {
   // NOTE: a deterministic planner: both runs plan alike (the MILP stops at a wall-clock limit).
   options.solver = dmuon::plan::SolverKind::kLpt;
   const dmuon::testing::EngineRun one_shot = dmuon::testing::run_engine(world, options, rules(), 1);
-  for (const std::string& e : one_shot.errors) ASSERT_EQ(e, "");
-  std::vector<dmuon::step::StepStats> stats(kWorld);
-  std::vector<dmuon::testing::RankTensors> tensors;
-  for (int r = 0; r < kWorld; ++r) tensors.push_back(world.local(r));
-  dmuon::testing::LoopbackWorld loopback(kWorld);
-  const auto errors = loopback.run([&](int r) {
-    dmuon::step::CpuOps cpu;
-    dmuon::step::StepEngine engine(loopback.transport(r), cpu, world.specs(), options);
-    auto& t = tensors[static_cast<size_t>(r)];
-    world.set_grads(r, 1, t);
-    engine.begin_step(rules(), 1);
+  dmuon::testing::expect_no_errors(one_shot, true);
+  dmuon::testing::RunHooks hooks;
+  hooks.step = [&](int, int s, dmuon::step::StepEngine& engine, dmuon::testing::RankTensors& t) {
+    engine.begin_step(rules(), s);
     // Backward's order: the last items first, one at a time.
     for (int item = world.table().num_items() - 1; item >= 0; --item) engine.items_ready({item}, t.views());
-    if (!engine.step(t.views(), rules(), 1).applied()) throw std::runtime_error("the step was refused");
-    stats[static_cast<size_t>(r)] = engine.last_stats();
-  });
-  for (const std::string& e : errors) ASSERT_EQ(e, "");
+    return engine.step(t.views(), rules(), s);
+  };
+  const dmuon::testing::EngineRun early = dmuon::testing::run_engine(world, options, rules(), 1, hooks);
+  dmuon::testing::expect_no_errors(early, true);
   const std::vector<bool> all(static_cast<size_t>(world.table().num_items()), true);
   for (int r = 0; r < kWorld; ++r) {
-    const auto& s = stats[static_cast<size_t>(r)];
+    const auto& s = early.stats[static_cast<size_t>(r)];
     EXPECT_EQ(s.early_stages, static_cast<int64_t>(one_shot.stages[0].size())) << "every stage left early";
     const ExchangePlan plan = dmuon::step::plan_exchange(world.table(), one_shot.stages[0], Mode::kOwner, r, all);
     for (size_t st = 0; st < plan.stages.size(); ++st)
@@ -398,10 +392,8 @@ TEST(ExchangePlan, StagesExchangedEarlyFollowThePlan) {
         EXPECT_EQ(s.stages[st].forward_sent_to[k], plan.stages[st].forward.send_counts[k] * 4);
         EXPECT_EQ(s.stages[st].return_received_from[k], plan.stages[st].back.recv_counts[k] * 4);
       }
-    for (size_t p = 0; p < world.model().size(); ++p)
-      EXPECT_EQ(tensors[static_cast<size_t>(r)].param[p].bytes(), one_shot.tensors[static_cast<size_t>(r)].param[p].bytes())
-          << world.model()[p].name << " on rank " << r;
   }
+  EXPECT_EQ(dmuon::testing::state_bytes(early.tensors), dmuon::testing::state_bytes(one_shot.tensors));
 }
 
 }  // namespace

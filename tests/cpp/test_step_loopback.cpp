@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "error_of.h"
 #include "loopback_transport.h"
 
 namespace {
@@ -20,11 +21,9 @@ using dmuon::step::Buffer;
 using dmuon::step::DType;
 using dmuon::testing::LoopbackWorld;
 using dmuon::step::ReduceOp;
+using dmuon::testing::contains;
 
 Buffer view(std::vector<float>& v) { return Buffer{v.data(), DType::kFloat32, static_cast<int64_t>(v.size()), {}}; }
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
 // Rank s sends (s + 1)·(d + 1) elements to rank d, each holding 100·s + d.
 TEST(Loopback, AllToAllMovesUnevenSplits) {
   for (int world_size : {1, 2, 3, 4}) {

@@ -188,7 +188,7 @@ TEST_P(MeshEngine, MatchesFp64MuonAndSendsReplicasOnce) {
   dmuon::testing::RunHooks hooks;
   hooks.ops = dmuon::testing::per_rank_ops(counting, c.world);
   const EngineRun run = dmuon::testing::run_engine(world, options, rules, kSteps, hooks);
-  for (size_t r = 0; r < run.errors.size(); ++r) ASSERT_EQ(run.errors[r], "") << "rank " << r;
+  dmuon::testing::expect_no_errors(run, true);
 
   // Parity (replicas bit-identical: gather() throws where two holders differ).
   dmuon::testing::expect_matches_reference(world, run, rules, kSteps, 1e-4, 1e-6);
@@ -249,15 +249,8 @@ TEST(MeshEngine, DenseOnTheWorldAndExpertsOnEpGroups) {
   // NOTE: 1 kB/s: receive times (~0.1 s) outweigh any NS, so the planner balances bytes.
   options.bandwidth_bytes_per_s = 1e3;
   const EngineRun run = dmuon::testing::run_engine(world, options, rules, 1);
-  for (size_t r = 0; r < run.errors.size(); ++r) ASSERT_EQ(run.errors[r], "") << "rank " << r;
-  const auto ref = dmuon::testing::reference_muon(world, rules, 1);
-  for (int p = 0; p < 2; ++p) {
-    const auto param = world.gather(p, run.tensors, false);
-    const auto& initial = world.initial_param[static_cast<size_t>(p)];
-    EXPECT_LE(dmuon::testing::relative_error(dmuon::testing::difference(param, initial),
-                                             dmuon::testing::difference(ref.param[static_cast<size_t>(p)], initial)),
-              1e-4);
-  }
+  dmuon::testing::expect_no_errors(run, true);
+  dmuon::testing::expect_matches_reference(world, run, rules, 1, 1e-4, 1e-6);
   // Experts 0 and 1 live on ranks 0 and 2, experts 2 and 3 on ranks 1 and 3: each owned by
   // one of its holders, the two replicas taking turns.
   const auto& owners = run.owners[0];
@@ -269,10 +262,6 @@ TEST(MeshEngine, DenseOnTheWorldAndExpertsOnEpGroups) {
   EXPECT_EQ(owners[static_cast<size_t>(first + 3)], 3);
 }
 
-}  // namespace
-
-namespace {
-
 // Only experts, each whole on one rank: balanced where they lie, so the planner keeps them
 // at home and nothing travels forward.
 TEST(MeshEngine, ExpertsWholeOnTheirRanksNeedNoPlanner) {
@@ -283,14 +272,10 @@ TEST(MeshEngine, ExpertsWholeOnTheirRanksNeedNoPlanner) {
   EngineOptions options;
   options.solver = dmuon::plan::SolverKind::kMilp;
   const EngineRun run = dmuon::testing::run_engine(world, options, rules, 1);
-  for (size_t r = 0; r < run.errors.size(); ++r) ASSERT_EQ(run.errors[r], "") << "rank " << r;
+  dmuon::testing::expect_no_errors(run, true);
   EXPECT_EQ(run.owners[0], (std::vector<int>{0, 1, 2, 3}));
   for (int r = 0; r < 4; ++r) EXPECT_EQ(run.stats[static_cast<size_t>(r)].bytes_received, 0) << "rank " << r;
-  const auto ref = dmuon::testing::reference_muon(world, rules, 1);
-  const auto param = world.gather(0, run.tensors, false);
-  EXPECT_LE(dmuon::testing::relative_error(dmuon::testing::difference(param, world.initial_param[0]),
-                                           dmuon::testing::difference(ref.param[0], world.initial_param[0])),
-            1e-4);
+  dmuon::testing::expect_matches_reference(world, run, rules, 1, 1e-4, 1e-6);
 }
 
 }  // namespace

@@ -26,9 +26,8 @@ namespace {
 using dmuon::step::DType;
 using dmuon::step::ItemTable;
 using dmuon::step::ParamSpec;
+using dmuon::testing::contains;
 using dmuon::testing::error_of;
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // ---------------------------------------------------------------- items and pieces
 TEST(StepItems, PiecesOfShardedReplicatedAndStackedParameters) {

@@ -1,7 +1,7 @@
 // The projection's view of the engine's plans (step/stage_layout.h; that it equals what
 // every rank's engine counted: test_step_exchange_plan.cpp): parameters without a gradient
-// move nothing and bad arguments are named; and a transport that moves nothing fills what
-// an owner receives with synthetic data, outside every phase.
+// move nothing and bad arguments are named; and a rank over a transport that moves nothing
+// runs its real work, filling what an owner receives with synthetic data outside every phase.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -51,8 +51,11 @@ TEST(StageLayout, ParametersWithoutAGradientMoveNothing) {
   EXPECT_THROW(dmuon::step::stage_layout(world.table(), run.stages[0], Mode::kOwner, 2, {true}), dmuon::Error);
 }
 
-// A transport that moves nothing: an owner's received pieces are the synthetic values
-// (full rank, unit variance), not zeros; the fill is no phase's time.
+// Rank r of a world of 4 whose collectives move nothing (torch's fake process group): the
+// plan is solved locally, receive buffers are filled by the model (synthetic updates of
+// full rank and unit variance, not zeros; zero results; the ops poison every allocation,
+// so NS on unwritten memory would raise), the fill is no phase's time, and the bytes are
+// counted.
 class RecordingOps : public dmuon::testing::ForwardingOps {
  public:
   using ForwardingOps::ForwardingOps;
@@ -65,25 +68,37 @@ class RecordingOps : public dmuon::testing::ForwardingOps {
   uint64_t first_seed = 0;
 };
 
-TEST(StageLayout, AFakeWorldsOwnerOrthogonalizesSyntheticUpdates) {
+TEST(StageLayout, AFakeWorldsRankRunsItsRealWorkOnSyntheticUpdates) {
   const World world(model(), 4, 1, 5);
-  dmuon::step::CpuOps cpu;
+  dmuon::step::CpuOpsOptions cpu_options;
+  cpu_options.poison_allocations = true;
+  dmuon::step::CpuOps cpu(cpu_options);
   RecordingOps ops(cpu);
   dmuon::testing::NoDataTransport transport(1, 4);
   EngineOptions options;
-  options.stage_bytes = 256;
+  options.stage_bytes = 256;  // NOTE: the MILP too is solved locally here
   dmuon::step::StepEngine engine(transport, ops, world.specs(), options);
   auto tensors = world.local(1);
   world.set_grads(1, 1, tensors);
   ASSERT_TRUE(engine.step(tensors.views(), rules(), 1).applied());
-  int64_t forward_received = 0;
-  for (const auto& line : engine.last_stats().stages)
+  const auto& stats = engine.last_stats();
+  int64_t sent = 0, forward_received = 0;
+  for (const auto& line : stats.stages) {
+    for (int64_t b : line.forward_sent_to) sent += b;
+    for (int64_t b : line.return_sent_to) sent += b;
     for (int64_t b : line.forward_received_from) forward_received += b;
+    EXPECT_EQ(line.forward_sent_to[1], 0) << "nothing is sent to oneself";
+  }
+  EXPECT_GT(stats.bytes_sent, 0);
+  EXPECT_GT(stats.bytes_received, 0);
+  EXPECT_EQ(sent, stats.bytes_sent);
   EXPECT_GT(forward_received, 0);
   EXPECT_EQ(ops.filled * 4, forward_received) << "every update received is synthetic (fp32 wire)";
   EXPECT_GT(ops.first_seed, 0u);
-  EXPECT_GE(engine.last_stats().model_fill_s, 0.0);
+  EXPECT_GE(stats.model_fill_s, 0.0);
   EXPECT_EQ(engine.predicted_rank_seconds().size(), 4u);
+  for (size_t p = 0; p < tensors.param.size(); ++p)
+    for (double v : tensors.param[p].values()) ASSERT_TRUE(std::isfinite(v)) << world.model()[p].name;
   // The values: unit variance, no two neighbours equal, the CPU's and the header's alike.
   double sum = 0, squares = 0;
   constexpr int kN = 100000;

@@ -9,6 +9,7 @@ to the rounding of its gradient average (exact at worlds 2 and 4)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -18,7 +19,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import dmuon
 from dmuon.reference import ReferenceDMuon
-from worker_tensors import default_reference_groups, whole
+from dist_workers import _device
+from worker_tensors import default_reference_groups, update_errors, wholes
 
 # (out, in) of each layer: tall, dim 0 smaller than world 3 (an empty shard), uneven under
 # world 3 (7 = 3 + 3 + 1), wide.
@@ -41,6 +43,30 @@ class ProbeModel(nn.Module):
             out = layer(torch.eye(layer.in_features, dtype=g.dtype, device=g.device))
             loss = loss + (out * g.T).sum()
         return loss
+
+
+def wrap(model: nn.Module, kind: str, world: int) -> nn.Module:
+    """`model` on this rank's device under `kind`: "fsdp2" (fully_shard on each layer and on
+    the root), "hsdp" (the same on a 2 × world/2 mesh), "ddp" (tiny buckets: several, handed
+    over inside backward); any other kind leaves it as it is."""
+    device = _device()
+    model.to(device)
+    if kind in ("fsdp2", "hsdp"):
+        from torch.distributed.fsdp import fully_shard
+
+        # NOTE: dimension names of these tests' own: a pooled rank that an earlier task gave a
+        # ("replicate", "shard") mesh resolved the new mesh's groups through torch's mesh
+        # cache to that task's destroyed groups ("Could not resolve the process group
+        # registered under the name 7", after test_distributed's HSDP test).
+        mesh = (init_device_mesh(device.type, (2, world // 2), mesh_dim_names=("probe_replicate", "probe_shard"))
+                if kind == "hsdp" else init_device_mesh(device.type, (world,)))
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+    if kind == "ddp":
+        return nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True, bucket_cap_mb=1e-4,
+                                                   device_ids=[device.index] if device.type == "cuda" else None)
+    return model
 
 
 def _targets(step: int) -> list[torch.Tensor]:
@@ -76,38 +102,19 @@ def mode_matches_reference(rank: int, world: int, mode: str) -> dict:
     if float64:
         reference = reference.double()
     model = copy.deepcopy(reference)
-    initial = [p.detach().clone() for p in reference.parameters()]
+    initial = wholes(reference)
     ref_opt = ReferenceDMuon(_reference_groups(reference, row_blocks=float64))
     owned = None
-    options = dict(OPTIONS)
-    if mode in ("fsdp2", "gather", "hsdp", "fsdp2_float64_blocks"):
-        from torch.distributed.fsdp import fully_shard
-
-        # NOTE: dimension names of this test's own: a pooled rank that an earlier task gave a
-        # ("replicate", "shard") mesh resolved the new mesh's groups through torch's mesh
-        # cache to that task's destroyed groups ("Could not resolve the process group
-        # registered under the name 7", after test_distributed's HSDP test).
-        mesh = (init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("parity_replicate", "parity_shard"))
-                if mode == "hsdp" else init_device_mesh("cpu", (world,)))
-        for layer in model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        if mode == "gather":
-            options["mode"] = "gather"
-        wrapped = model
-    elif mode == "ddp":
-        wrapped = nn.parallel.DistributedDataParallel(model)
-    elif mode in ("ownership", "ownership_mixed"):
+    options = dict(OPTIONS, mode="gather") if mode == "gather" else OPTIONS
+    wrapped = wrap(model, "fsdp2" if mode in ("gather", "fsdp2_float64_blocks") else mode, world)
+    if mode in ("ownership", "ownership_mixed"):
         first_two = {f"layers.{k}.weight" for k in (0, 1)}
         predicate = (lambda name, p: name in first_two) if mode == "ownership_mixed" else None
         owned = dmuon.own_matrices(model, predicate=predicate, bucket_size_mb=0.0005, replicate_others=True)
-        wrapped = model
-    else:
-        wrapped = model
     opt = dmuon.DMuon(model, **options)
     if float64:
         # NOTE: no user option makes unequal blocks (routing makes equal ones for fused
-        # attention); set the view the runtime is built from, as contract_workers does.
+        # attention); set the view the runtime is built from, as gpu_reference does.
         opt._params.set_view(model.layers[-1].weight, dmuon.MatrixView(row_blocks=ROW_BLOCKS))
     for step in range(NUM_STEPS):
         targets = _targets(step)
@@ -120,16 +127,8 @@ def mode_matches_reference(rank: int, world: int, mode: str) -> dict:
         opt.zero_grad()
         wrapped(targets).backward()
         opt.step()
-    if owned is not None:
-        with owned.materialized(opt):
-            final = [whole(p) for p in model.parameters()]
-    else:
-        final = [whole(p) for p in model.parameters()]
-    names = [name for name, _ in model.named_parameters()]
-    errors = {}
-    for name, p, q, q0 in zip(names, final, reference.parameters(), initial):
-        want = q.detach() - q0
-        errors[name] = float((p - q0 - want).norm() / want.norm())
+    with owned.materialized(opt) if owned is not None else contextlib.nullcontext():
+        errors = update_errors(model, initial, reference, initial)
     # NOTE: one engine steps every Muon parameter, owned or not.
     runtime = type(opt.runtime).__name__
     world_size = dist.get_world_size() if dist.is_initialized() else 1

@@ -1,8 +1,6 @@
-"""Shared pytest setup: deterministic seeds, the `gpu` marker's skip, small helpers."""
+"""Shared pytest setup: deterministic seeds and the `gpu` marker's skip."""
 
 from __future__ import annotations
-
-import copy
 
 import pytest
 import torch
@@ -22,14 +20,3 @@ def pytest_collection_modifyitems(config, items):
 def _seed():
     torch.manual_seed(0)
     yield
-
-
-def reference_groups(optimizer, params_by_id: dict[int, torch.Tensor]) -> list[dict]:
-    """DMuon's param groups re-pointed at other parameters (a cloned model) for ReferenceDMuon."""
-    groups = []
-    for group in optimizer.param_groups:
-        g = {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
-        g["params"] = [params_by_id[id(p)] for p in group["params"]]
-        g["batch_dims"] = [optimizer._params.batch_dims(p) for p in group["params"]]
-        groups.append(g)
-    return groups

@@ -3,8 +3,6 @@ torch.optim contract tests route: a decoder LM, a ViT, classifiers, GPT-2's Conv
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
 
@@ -127,7 +125,3 @@ class MoEModel(nn.Module):
 
 def mlp_classifier() -> nn.Sequential:
     return nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 3))
-
-
-def clone_model(model: nn.Module) -> nn.Module:
-    return copy.deepcopy(model)

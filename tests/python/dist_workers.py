@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import dmuon
-from worker_tensors import whole
+from worker_tensors import reference_of, rel, update_errors, whole, wholes
 
 # Awkward shapes: tiny, thin, dim 0 smaller than the world, not divisible by it, a 3-D
 # expert stack, a 4-D conv weight.
@@ -63,11 +63,6 @@ def _global_tensors(seed: int, shapes=SHAPES, device: torch.device | None = None
     return [(torch.randn(*s, generator=gen) / s[-1] ** 0.5).to(device or _device()) for s in shapes]
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach(), b.detach()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
-
-
 def _lr_scale(params: list[torch.Tensor], exact: list[torch.Tensor], initial: list[torch.Tensor]) -> float:
     """How many times the float64 reference's update the run's is, over every parameter: the
     least-squares scale <u, r> / <r, r> of the updates u (the run's, from `initial`) and r
@@ -92,7 +87,7 @@ def sharded_and_replicated_match_single_process(rank: int, world: int, algorithm
     # NOTE: the independent oracle: the pure-PyTorch float64 reference, so that the
     # distributed runs are not only compared with DMuon itself.
     exact = [nn.Parameter(t.clone()) for t in initial]
-    exact_opt = _reference_like(single_opt, exact)
+    exact_opt = reference_of(single_opt, exact)
 
     device_type = _device().type
     if hsdp:
@@ -124,13 +119,13 @@ def sharded_and_replicated_match_single_process(rank: int, world: int, algorithm
             opt.step()
 
     errors = {"sharded": [], "gather": [], "replicated": []}
-    reference_errors = [_rel(p, q) for p, q in zip(single, exact)]
+    reference_errors = [rel(p, q) for p, q in zip(single, exact)]
     lr_scales = {name: _lr_scale(ps, exact, initial) for name, ps in (
         ("single", single), ("sharded", sharded), ("gather", gathered), ("replicated", replicated))}
     for i, ref in enumerate(single):
-        errors["sharded"].append(_rel(sharded[i].full_tensor(), ref.detach()))
-        errors["gather"].append(_rel(gathered[i].full_tensor(), ref.detach()))
-        errors["replicated"].append(_rel(replicated[i].detach(), ref.detach()))
+        errors["sharded"].append(rel(sharded[i].full_tensor(), ref.detach()))
+        errors["gather"].append(rel(gathered[i].full_tensor(), ref.detach()))
+        errors["replicated"].append(rel(replicated[i].detach(), ref.detach()))
     stats = sharded_opt.runtime.last_stats
     return {"errors": errors, "reference_errors": reference_errors, "lr_scales": lr_scales,
             "owners": sharded_opt.runtime.owners,
@@ -138,16 +133,6 @@ def sharded_and_replicated_match_single_process(rank: int, world: int, algorithm
             "num_orthogonalized": stats.num_orthogonalized, "bytes_sent": stats.bytes_sent,
             "replicated_orthogonalized": replicated_opt.runtime.last_stats.num_orthogonalized,
             "gather_orthogonalized": gather_opt.runtime.last_stats.num_orthogonalized}
-
-
-def _reference_like(opt, params: list[torch.Tensor]):
-    """ReferenceDMuon (float64 Newton–Schulz) with `opt`'s options on `params` (same order)."""
-    from dmuon.reference import ReferenceDMuon
-
-    by_id = dict(zip((id(p) for g in opt.param_groups for p in g["params"]), params))
-    groups = [{**{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}, "params": [by_id[id(p)] for p in g["params"]],
-               "batch_dims": [opt._params.batch_dims(p) for p in g["params"]]} for g in opt.param_groups]
-    return ReferenceDMuon(groups)
 
 
 def mismatched_parameters(rank: int, world: int) -> str:
@@ -218,7 +203,7 @@ def wrapped_training_matches_single_process(rank: int, world: int, wrapper: str,
     dtype = torch.float64 if device.type == "cuda" else torch.float32
     reference = TinyTransformer().to(device=device, dtype=dtype)
     model = copy.deepcopy(reference)
-    initial = [p.detach().clone() for p in reference.parameters()]
+    initial = wholes(reference)
     options = dict(lr=0.01, weight_decay=0.05, **_exact_options(), **(extra or {}))
     ref_opt = _single_process_dmuon(reference, **options)
     if wrapper == "fsdp2":
@@ -238,7 +223,7 @@ def wrapped_training_matches_single_process(rank: int, world: int, wrapper: str,
                            num_steps, per_rank=2)
     errors, update_errors = errors_against_reference(model, reference, initial)
     return {"errors": errors, "update_errors": update_errors, "owners": opt.runtime.owners,
-            "state_errors": {name: _rel(whole(opt.state[p][key]), ref_opt.state[q][key])
+            "state_errors": {name: rel(whole(opt.state[p][key]), ref_opt.state[q][key])
                              for (name, p), q in zip(model.named_parameters(), reference.parameters())
                              for key in opt.state.get(p, {}) if key == "normuon_v"}}
 
@@ -257,15 +242,12 @@ def train_beside_reference(rank: int, world: int, reference: nn.Module, ref_opt,
         opt.step()
 
 
-def errors_against_reference(model: nn.Module, reference: nn.Module, initial: list) -> tuple[dict, dict]:
+def errors_against_reference(model: nn.Module, reference: nn.Module, initial: dict) -> tuple[dict, dict]:
     """Per parameter of `model` (whole tensors: DTensors are gathered): the error relative to
-    the reference parameter, and relative to the reference's change since `initial`."""
-    errors, update_errors = {}, {}
-    for (name, p), q, q0 in zip(model.named_parameters(), reference.parameters(), initial):
-        full = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
-        errors[name] = _rel(full, q.detach())
-        update_errors[name] = _rel(full - q0, q.detach() - q0)
-    return errors, update_errors
+    the reference parameter, and relative to the reference's change since `initial` (the
+    wholes() both models started from)."""
+    now, ref = wholes(model), wholes(reference)
+    return {n: rel(now[n], ref[n]) for n in now}, update_errors(model, initial, reference, initial)
 
 
 def profiled_costs_give_one_plan(rank: int, world: int) -> dict:
@@ -285,7 +267,7 @@ def profiled_costs_give_one_plan(rank: int, world: int) -> dict:
         q.grad = g.clone()
     opt.step()
     single_opt.step()
-    errors = [_rel(p.full_tensor(), q.detach()) for p, q in zip(params, single)]
+    errors = [rel(p.full_tensor(), q.detach()) for p, q in zip(params, single)]
     return {"plan": opt.runtime.plan_text, "costs": list(opt.runtime.cost_entries), "errors": errors}
 
 
@@ -398,7 +380,7 @@ def production_precision_matches_single_process(rank: int, world: int, num_steps
     # NOTE: the independent oracle (float64 Newton–Schulz): an error shared by every DMuon
     # run (an lr off by 1%) shows only against it.
     exact = [nn.Parameter(t.clone()) for t in initial]
-    exact_opt = _reference_like(runs["single"][1], exact)
+    exact_opt = reference_of(runs["single"][1], exact)
     for name, mode, sharded in (("sharded", "owner", True), ("gather", "gather", True), ("replicated", "owner", False)):
         params = [nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)]) if sharded else t.clone())
                   for t in initial]
@@ -421,7 +403,7 @@ def production_precision_matches_single_process(rank: int, world: int, num_steps
         single_updates = [full(p) - b for p, b in zip(single, before["single"])]
         for name in errors:
             for i, (p, b) in enumerate(zip(runs[name][0], before[name])):
-                errors[name][i] = max(errors[name][i], _rel(full(p) - b, single_updates[i]))
+                errors[name][i] = max(errors[name][i], rel(full(p) - b, single_updates[i]))
     gather_stats = runs["gather"][1].runtime.last_stats
     return {"errors": errors, "finite": all(torch.isfinite(full(p)).all().item() for ps, _ in runs.values() for p in ps),
             "lr_scales": {name: _lr_scale(params, exact, initial) for name, (params, _) in runs.items()},
@@ -448,8 +430,8 @@ def nccl_scenarios(world: int) -> list[tuple[str, Any, tuple]]:
     ]
     if world >= 4 and world % 2 == 0:
         scenarios.insert(2, ("hsdp", sharded_and_replicated_match_single_process, ("gram", 2, True)))
-    # The step begun inside backward against the post-backward step (backward_step_workers).
-    import backward_step_workers as bstep
+    # The step begun inside backward against the post-backward step (test_backward_step).
+    import test_backward_step as bstep
 
     scenarios += [
         ("backward-step-fsdp2", bstep.backward_matches_post_backward, ("fsdp2", 1)),

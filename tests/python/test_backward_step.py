@@ -3,12 +3,23 @@ Gloo CPU processes: the update equals the post-backward step's within 1e-6 of it
 FSDP2 (world 2), HSDP (2×2), DDP (world 2) and with 3 accumulated micro-batches (only the
 last synced); stages left during backward from the second step on (the first builds the
 runtime after backward); a NaN in the last layer's gradient (the first backward hands
-over) raises on every rank with nothing written (tests/python/backward_step_workers.py)."""
+over) raises on every rank with nothing written (the rank functions below)."""
+
+from __future__ import annotations
+
+import copy
 
 import pytest
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
-import backward_step_workers
+import dmuon
+from all_modes_workers import OPTIONS, SHAPES, ProbeModel, _targets, wrap
 from dist_harness import run_distributed
+from dist_workers import _device
+from worker_tensors import update_errors, whole, wholes
+
 
 # NOTE: the same plan and per-matrix math on the CPU ops; only the stages' composition
 # differs (backward order), which changes no matrix's arithmetic: held to 1e-6.
@@ -19,7 +30,7 @@ CASES = [("fsdp2", 2, 1), ("hsdp", 4, 1), ("ddp", 2, 1), ("fsdp2", 2, 3), ("ddp"
 
 @pytest.mark.parametrize("mode,world,micro", CASES, ids=[f"{m}-w{w}-micro{k}" for m, w, k in CASES])
 def test_backward_step_matches_the_post_backward_step(mode, world, micro):
-    results = run_distributed(backward_step_workers.backward_matches_post_backward, world, mode, micro)
+    results = run_distributed(backward_matches_post_backward, world, mode, micro)
     assert sorted(results) == list(range(world))
     for rank, result in results.items():
         assert result["backward_on"] and not result["off"], (rank, result)
@@ -40,7 +51,7 @@ def test_nan_in_a_late_layer_raises_on_every_rank_and_writes_nothing(mode, poiso
     # one of the work begun inside backward. Catches: that check removed (the begun update
     # would be applied), or a NaN gradient's norm taken as changed (NaN ≠ NaN: then every
     # such step is redone and the check is never reached).
-    results = run_distributed(backward_step_workers.nan_in_late_layer, 2, mode, poison)
+    results = run_distributed(nan_in_late_layer, 2, mode, poison)
     for rank, result in results.items():
         assert result["early_open"], (rank, result)
         assert result["redone"] == [False], (rank, result)
@@ -51,7 +62,7 @@ def test_nan_in_a_late_layer_raises_on_every_rank_and_writes_nothing(mode, poiso
 def test_gradients_clipped_after_backward_are_stepped_as_clipped():
     # NOTE: clip_grad_norm_ scales FSDP2's DTensor gradients in place without moving their
     # version counters; step() sees the values changed and redoes the step on them.
-    results = run_distributed(backward_step_workers.backward_matches_post_backward, 2, "fsdp2", 1, True)
+    results = run_distributed(backward_matches_post_backward, 2, "fsdp2", 1, True)
     for rank, result in results.items():
         for name, error in result["errors"].items():
             assert error < TOLERANCE, (rank, name, error)
@@ -62,7 +73,7 @@ def test_stage_spread_plan_matches_the_post_backward_step():
     # first three and rank 1 the last three; begun from backward, each backward window (a
     # unit) is spread over both ranks (same counts per rank), so owners differ while every
     # update stays the post-backward step's within 1e-6.
-    results = run_distributed(backward_step_workers.spread_plan_matches_post_backward, 2)
+    results = run_distributed(spread_plan_matches_post_backward, 2)
     for rank, result in results.items():
         for name, error in result["errors"].items():
             assert error < TOLERANCE, (rank, name, error)
@@ -82,7 +93,7 @@ def test_default_options_start_most_of_an_8_block_models_ns_inside_backward(clip
     # rank inside backward). From the second step on (the first makes the runtime after
     # backward) at least half of every rank's NS runs before backward ends; a clip that
     # scales the gradients makes step() drop the begun work and redo it all, exactly.
-    results = run_distributed(backward_step_workers.default_blocks_match_post_backward, 2, clip)
+    results = run_distributed(default_blocks_match_post_backward, 2, clip)
     for rank, result in results.items():
         for name, error in result["errors"].items():
             assert error < TOLERANCE, (rank, name, error)
@@ -93,7 +104,7 @@ def test_default_options_start_most_of_an_8_block_models_ns_inside_backward(clip
 
 
 def test_one_fsdp2_unit_for_the_whole_model_is_warned_about_once():
-    results = run_distributed(backward_step_workers.default_blocks_match_post_backward, 2, False, "root")
+    results = run_distributed(default_blocks_match_post_backward, 2, False, "root")
     for rank, result in results.items():
         for name, error in result["errors"].items():
             assert error < TOLERANCE, (rank, name, error)
@@ -106,3 +117,219 @@ def test_one_fsdp2_unit_for_the_whole_model_is_warned_about_once():
             assert "backward_step=False" in result["warnings"][0]
         else:
             assert result["warnings"] == []
+
+
+# ---------------------------------------------------------------- on the ranks
+# The step begun inside backward (Execution.backward_step=True) against the post-backward
+# step (False) of the same model, plan and gradients, in FSDP2, HSDP and DDP, with and without
+# gradient accumulation; and a NaN in a late layer's gradient. On Gloo CPU processes (here)
+# and over NCCL, one GPU per rank (dist_workers.nccl_scenarios, test_multigpu).
+
+
+NUM_STEPS = 3
+
+
+def _backward(wrapped: nn.Module, mode: str, step: int, micro: int, poison: float | None = None) -> None:
+    """`micro` micro-batches (gradients summed; only the last one synced); `poison`: a value
+    put into the last layer's target of the last one."""
+    for k in range(micro):
+        last = k == micro - 1
+        targets = [(t * (1.0 + 0.25 * k)).to(_device()) for t in _targets(10 * step + k)]
+        if poison is not None and last:
+            targets[-1][0, 0] = poison
+        if mode == "ddp" and not last:
+            with wrapped.no_sync():
+                wrapped(targets).backward()
+            continue
+        if mode != "ddp":
+            wrapped.set_requires_gradient_sync(last)
+        wrapped(targets).backward()
+
+
+def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int, clip: bool = False) -> dict:
+    """NUM_STEPS steps with backward_step on and off; per weight, ‖Δon − Δoff‖ / ‖Δoff‖,
+    and the begun step's statistics of the last step."""
+    torch.manual_seed(0)
+    base = ProbeModel()
+    models = {on: copy.deepcopy(base) for on in (True, False)}
+    initial = {on: wholes(m) for on, m in models.items()}
+    wrapped = {on: wrap(m, mode, world) for on, m in models.items()}
+    opts = {}
+    for on, m in models.items():
+        opts[on] = dmuon.DMuon(m, execution=dmuon.Execution(backward_step=on, **{
+            k: v for k, v in OPTIONS.items() if k == "bucket_size_mb"}),
+            **{k: v for k, v in OPTIONS.items() if k != "bucket_size_mb"})
+        if mode == "ddp":
+            opts[on].attach_backward_step(wrapped[on])
+    early = []
+    for step in range(NUM_STEPS):
+        for on in (True, False):
+            opts[on].zero_grad()
+            _backward(wrapped[on], mode, step, micro)
+            if clip:  # NOTE: scales the gradients in place after they were handed over
+                torch.nn.utils.clip_grad_norm_(models[on].parameters(), 0.05)
+            opts[on].step()
+        stats = opts[True].runtime.last_stats
+        early.append((stats.early_stages, stats.num_buckets, stats.early_orthogonalized, stats.num_orthogonalized))
+    errors = update_errors(models[True], initial[True], models[False], initial[False])
+    return dict(errors=errors, early=early, backward_on=opts[True]._backward_step_on,
+                attached=list(opts[True]._backward.attached), off=opts[False]._backward_step_on)
+
+
+def nan_in_late_layer(rank: int, world: int, mode: str, poison: float = float("nan")) -> dict:
+    """A step, then one whose last layer's gradient holds `poison` (NaN or Inf): the error on
+    this rank, whether anything changed, and whether step() redid the begun step."""
+    torch.manual_seed(0)
+    model = ProbeModel()
+    wrapped = wrap(model, mode, world)
+    opt = dmuon.DMuon(model, execution=dmuon.Execution(backward_step=True, bucket_size_mb=OPTIONS["bucket_size_mb"]),
+                      lr=OPTIONS["lr"], weight_decay=OPTIONS["weight_decay"], ns_algorithm="gram")
+    if mode == "ddp":
+        opt.attach_backward_step(wrapped)
+    opt.zero_grad()
+    _backward(wrapped, mode, 0, 1)
+    opt.step()
+    before = [whole(p) for p in model.parameters()]
+    buffers = [opt.state[p]["momentum_buffer"] for p in model.parameters() if "momentum_buffer" in opt.state[p]]
+    buffers_before = [whole(b) for b in buffers]
+    opt.zero_grad()
+    _backward(wrapped, mode, 1, 1, poison=poison)
+    early_open = opt.runtime.step_open
+    # Whether step() found the begun work stale (then it is dropped and the step redone
+    # from the gradients, and the begun step's own check is never what refuses it).
+    take, redone = opt._backward.take, []
+
+    def spy():
+        fresh, changed = take()
+        redone.append(changed)
+        return fresh, changed
+
+    opt._backward.take = spy
+    error = ""
+    try:
+        opt.step()
+    except dmuon.NonFiniteGradientError as e:
+        error = str(e)
+    unchanged = all(torch.equal(a, whole(p)) for a, p in zip(before, model.parameters()))
+    unchanged = unchanged and all(torch.equal(a, whole(b)) for a, b in zip(buffers_before, buffers))
+    return dict(error=error, unchanged=unchanged, early_open=early_open, redone=redone, num_layers=len(SHAPES))
+
+
+# Same-shape layers (one shape class of six), so that stage spreading moves owners, and a
+# last layer of its own shape.
+SPREAD_SHAPES = [(8, 8)] * 6 + [(12, 5)]
+
+
+class LayersModel(nn.Module):
+    """ProbeModel's loss over `shapes` (no bias): each weight's gradient is its target."""
+
+    def __init__(self, shapes: list[tuple[int, int]]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(i, o, bias=False) for o, i in shapes)
+
+    def forward(self, targets: list[torch.Tensor]) -> torch.Tensor:
+        loss = torch.zeros(())
+        for layer, g in zip(self.layers, targets):
+            loss = loss + (layer(torch.eye(layer.in_features, dtype=g.dtype)) * g.T).sum()
+        return loss
+
+
+def spread_plan_matches_post_backward(rank: int, world: int) -> dict:
+    """FSDP2 with one unit per pair of same-shape layers: NUM_STEPS steps begun from backward
+    (stage-spread plan, stages = backward windows, one per unit) against the post-backward
+    step (the planner's plan as solved) of the same gradients; per weight ‖Δon − Δoff‖ /
+    ‖Δoff‖, both runtimes' owners, early stages."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    base = LayersModel(SPREAD_SHAPES)
+    models = {on: copy.deepcopy(base) for on in (True, False)}
+    initial = {on: wholes(m) for on, m in models.items()}
+    mesh = init_device_mesh("cpu", (world,))
+    wrapped = {}
+    for on, m in models.items():
+        for k in range(0, 6, 2):
+            fully_shard([m.layers[k], m.layers[k + 1]], mesh=mesh)
+        fully_shard(m.layers[6], mesh=mesh)
+        wrapped[on] = fully_shard(m, mesh=mesh)
+    opts = {on: dmuon.DMuon(m, execution=dmuon.Execution(backward_step=on, planner="lpt", bucket_size_mb=0.0005),
+                            **{k: v for k, v in OPTIONS.items() if k != "bucket_size_mb"})
+            for on, m in models.items()}
+    early = []
+    for step in range(NUM_STEPS):
+        gen = torch.Generator().manual_seed(200 + step)
+        targets = [torch.randn(*s, generator=gen) / s[1] ** 0.5 for s in SPREAD_SHAPES]
+        for on in (True, False):
+            opts[on].zero_grad()
+            wrapped[on](targets).backward()
+            opts[on].step()
+        stats = opts[True].runtime.last_stats
+        early.append((stats.early_stages, stats.num_buckets))
+    errors = update_errors(models[True], initial[True], models[False], initial[False])
+    return dict(errors=errors, early=early, owners={on: list(opts[on].runtime.item_owners) for on in (True, False)})
+
+
+class Block(nn.Module):
+    """Six Muon matrices (q, k, v, o: width², up and down: 4 width × width), residual."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width, bias=False) for _ in range(4))
+        self.up, self.down = nn.Linear(width, 4 * width, bias=False), nn.Linear(4 * width, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.o(self.q(x) * torch.sigmoid(self.k(x)) + self.v(x))
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class BlocksModel(nn.Module):
+    """`num_blocks` Blocks, then a LayerNorm: the root's own FSDP2 group, as a decoder's
+    final norm, so that the last block is handed over at the end of backward."""
+
+    def __init__(self, num_blocks: int, width: int = 32) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width) for _ in range(num_blocks))
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x).square().mean()
+
+
+def default_blocks_match_post_backward(rank: int, world: int, clip: bool, units: str = "block") -> dict:
+    """An 8-block model under FSDP2 (fully_shard per block and the root; `units` "root":
+    the root only) with DMuon at its default options but backward_step on, against off:
+    NUM_STEPS steps, `clip` scaling the gradients after backward (clip_grad_norm_);
+    per weight ‖Δon − Δoff‖ / ‖Δoff‖, per step the share of this rank's NS matrices that
+    ran before backward ended, and the warnings the runtime gave."""
+    import warnings
+
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    base = BlocksModel(8)
+    models = {on: copy.deepcopy(base) for on in (True, False)}
+    initial = {on: wholes(m) for on, m in models.items()}
+    mesh = init_device_mesh("cpu", (world,))
+    for m in models.values():
+        for block in (m.blocks if units == "block" else []):
+            fully_shard(block, mesh=mesh)
+        fully_shard(m, mesh=mesh)
+    opts = {on: dmuon.DMuon(m, lr=0.02, execution=dmuon.Execution(backward_step=on)) for on, m in models.items()}
+    shares, caught = [], []
+    for step in range(NUM_STEPS):
+        x = torch.randn(4, 32, generator=torch.Generator().manual_seed(300 + 10 * step + rank))
+        for on in (True, False):
+            opts[on].zero_grad()
+            models[on](x).backward()
+            if clip:  # NOTE: scales the gradients in place after they were handed over
+                torch.nn.utils.clip_grad_norm_(models[on].parameters(), 0.05)
+            with warnings.catch_warnings(record=True) as got:
+                warnings.simplefilter("always")
+                opts[on].step()
+            caught += [str(w.message) for w in got if "backward_step" in str(w.message)]
+        stats = opts[True].runtime.last_stats
+        shares.append(stats.early_orthogonalized / stats.num_orthogonalized)
+    errors = update_errors(models[True], initial[True], models[False], initial[False])
+    return dict(errors=errors, shares=shares, warnings=caught, stages=opts[True].runtime.num_buckets)

@@ -42,9 +42,9 @@ def test_tiny_model_on_two_gloo_ranks_prints_every_optimizer_against_adamw(tmp_p
     assert set(record["per_rank"]) == {"0", "1"}
 
 
-def _runs_out_above_three_sequences(rank: int, world: int) -> dict:
-    """bench e2e's worker where a step with more than 3 sequences runs out of memory on
-    every rank and the prediction says 6: the search must agree on 5, 4, then settle on 3."""
+def _running_out(rank: int, runs_out, predicted: int | None = None) -> None:
+    """bench e2e on this rank: a step whose batch of `tokens` `runs_out(rank, tokens)` raises
+    torch's out-of-memory error; the micro-batch prediction says `predicted` (None: as is)."""
     import dmuon.cli.bench.e2e as e2e
     from dmuon.cli.bench import e2e_models
 
@@ -54,14 +54,23 @@ def _runs_out_above_three_sequences(rank: int, world: int) -> dict:
         spec = real(name, seq)
 
         def loss(model, tokens):
-            if tokens.shape[0] > 3:
+            if runs_out(rank, tokens):
                 raise torch.cuda.OutOfMemoryError("simulated: out of memory")
             return spec.loss(model, tokens)
 
         return dataclasses.replace(spec, loss=loss)
 
     e2e_models.model_spec = spec_that_runs_out
-    e2e._Run.predict_micro_batch = lambda self: (6, {"predicted": 6})
+    if predicted is not None:
+        e2e._Run.predict_micro_batch = lambda self: (predicted, {"predicted": predicted})
+
+
+def _runs_out_above_three_sequences(rank: int, world: int) -> dict:
+    """Every rank runs out of memory with more than 3 sequences and the prediction says 6:
+    the search must agree on 5, 4, then settle on 3."""
+    import dmuon.cli.bench.e2e as e2e
+
+    _running_out(rank, lambda r, tokens: tokens.shape[0] > 3, predicted=6)
     config = dict(model="tiny", device="cpu", seq=8, micro_batch=None, max_micro_batch=64,
                   optimizers=["adamw", "dmuon"], steps=1, warmup=0, seed=0)
     return e2e._worker(rank, world, config)
@@ -78,21 +87,8 @@ def _rank0_runs_out_alone(rank: int, world: int) -> dict:
     """Rank 0 runs out of memory inside its first step, rank 1 does not (memory can differ by
     rank): rank 0 must report it within the agreement timeout instead of hanging."""
     import dmuon.cli.bench.e2e as e2e
-    from dmuon.cli.bench import e2e_models
 
-    real = e2e_models.model_spec
-
-    def spec_that_runs_out(name, seq):
-        spec = real(name, seq)
-
-        def loss(model, tokens):
-            if rank == 0:
-                raise torch.cuda.OutOfMemoryError("simulated: out of memory")
-            return spec.loss(model, tokens)
-
-        return dataclasses.replace(spec, loss=loss)
-
-    e2e_models.model_spec = spec_that_runs_out
+    _running_out(rank, lambda r, tokens: r == 0)
     # NOTE: agree_timeout_s as _AGREE_TIMEOUT_S below, but under the test's collective_timeout_s (8 s).
     config = dict(model="tiny", device="cpu", seq=8, micro_batch=2, max_micro_batch=64, optimizers=["adamw"],
                   steps=1, warmup=0, seed=0, agree_timeout_s=6.0)
@@ -117,22 +113,8 @@ def _rank0_runs_out_alone_above_two(rank: int, world: int, config: dict) -> dict
     """bench e2e's worker where rank 0 alone runs out of memory with more than 2 sequences
     and the prediction says 4."""
     import dmuon.cli.bench.e2e as e2e
-    from dmuon.cli.bench import e2e_models
 
-    real = e2e_models.model_spec
-
-    def spec_that_runs_out(name, seq):
-        spec = real(name, seq)
-
-        def loss(model, tokens):
-            if rank == 0 and tokens.shape[0] > 2:
-                raise torch.cuda.OutOfMemoryError("simulated: out of memory")
-            return spec.loss(model, tokens)
-
-        return dataclasses.replace(spec, loss=loss)
-
-    e2e_models.model_spec = spec_that_runs_out
-    e2e._Run.predict_micro_batch = lambda self: (4, {"predicted": 4})
+    _running_out(rank, lambda r, tokens: r == 0 and tokens.shape[0] > 2, predicted=4)
     return e2e._worker(rank, world, config)
 
 

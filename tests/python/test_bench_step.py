@@ -58,12 +58,11 @@ def test_worlds_print_one_table_each_a_scaling_table_and_json(tmp_path, capsys):
     assert set(record["worlds"]["2"]["per_rank"]) == {"0", "1"}
 
 
+# NOTE: --world two and --steps 0 are test_cli_errors' (the same messages, as usage errors).
 @pytest.mark.parametrize("argv, message", [
     (["--worlds", "2,x"], "--worlds: 'x' is not a positive integer"),
     (["--worlds", ","], "--worlds must list world sizes"),
     (["--world", "0"], "--world must be >= 1"),
-    (["--world", "two"], "--world must be 'auto' or a positive integer"),
-    (["--steps", "0"], "--steps must be >= 1"),
     (["--profile-steps", "-1"], "--profile-steps must be >= 0"),
 ])
 def test_bad_arguments_name_the_argument(argv, message):

@@ -9,7 +9,7 @@ import pytest
 
 from dist_harness import run_distributed
 from dmuon.cli.main import main
-from fake_world_workers import analytic_bytes, gloo_fake_world_refused
+from test_fake_world import analytic_bytes, gloo_fake_world_refused
 from test_bench_step import _MANIFEST
 
 # The manifest of test_bench_step (square, wide, tall, a 3-D stack, one row: empty shards at 4) as shapes.

@@ -41,12 +41,6 @@ def test_each_flat_keyword_warns_once_naming_its_field(name):
         dmuon.DMuon(make_model(), **{name: value})  # NOTE: once per process
 
 
-def test_a_flat_keyword_still_sets_its_field():
-    with pytest.warns(DeprecationWarning):
-        opt = dmuon.DMuon(make_model(), planner="lpt", ns_steps=3)
-    assert opt.execution.planner == "lpt" and opt.math.ns_steps == 3
-
-
 def test_cost_cache_is_accepted_and_has_no_effect():
     with pytest.warns(DeprecationWarning, match=r"cost_cache has no effect .*DMUON_AUTOTUNE_CACHE"):
         opt = dmuon.DMuon(make_model(), cost_cache="~/.cache/dmuon/ns_costs.txt")

@@ -27,84 +27,113 @@ LR_SCALE_TOLERANCE = 6e-3
 NUM_MATRICES = sum(s[0] if len(s) == 3 else 1 for s in dist_workers.SHAPES)
 
 
+# The checks of each scenario (dist_workers), on Gloo here and over NCCL in test_multigpu.
+def check_sharded(results: dict, world: int, tolerance: float = TOLERANCE) -> None:
+    """Every mode within `tolerance` of single-process DMuon; owner mode orthogonalizes each
+    matrix once in total, on ranks that agree on the plan (spread over them, in pipelined
+    1 KiB buckets), gather mode every matrix on every rank."""
+    for rank, result in results.items():
+        for mode, errors in result["errors"].items():
+            assert max(errors) < tolerance, (rank, mode, errors)
+        assert result["gather_orthogonalized"] == NUM_MATRICES
+    assert sum(r["num_orthogonalized"] for r in results.values()) == NUM_MATRICES
+    assert sum(r["replicated_orthogonalized"] for r in results.values()) == NUM_MATRICES
+    owners = results[0]["owners"]
+    assert all(r["owners"] == owners for r in results.values())
+    if world > 1:
+        assert len(set(owners)) > 1  # the work is spread over ranks
+        assert all(r["num_buckets"] > 1 for r in results.values())
+
+
+def check_lr_scales(rank: int, result: dict) -> None:
+    for mode, scale in result["lr_scales"].items():
+        assert abs(scale - 1) < LR_SCALE_TOLERANCE, (rank, mode, scale)
+
+
+def check_hsdp(results: dict) -> None:
+    # Against single-process DMuon (a misplaced or missing shard) and against the float64
+    # reference (catches an lr off by 1%, which single-process DMuon shares).
+    for rank, result in results.items():
+        assert max(result["errors"]["sharded"]) < TOLERANCE, (rank, result["errors"])
+        check_lr_scales(rank, result)
+
+
+def check_production(results: dict, world: int, tolerance: float) -> None:
+    """Each step's update within `tolerance` of single-process DMuon's, the lr scale against
+    the float64 reference; gather mode sends each local row block to world − 1 ranks."""
+    for rank, result in results.items():
+        assert result["finite"], rank
+        for mode, errors in result["errors"].items():
+            assert max(errors) < tolerance, (rank, mode, errors)
+        check_lr_scales(rank, result)
+        expected = sum(result["local_numels"]) * (world - 1) * result["wire_element_size"]
+        assert result["gather_bytes_sent"] == expected, (rank, result["gather_bytes_sent"], expected)
+
+
+def check_training(results: dict, key: str, tolerance: float) -> None:
+    for rank, result in results.items():
+        for name, error in result[key].items():
+            assert error < tolerance, (rank, name, error)
+
+
+def check_mismatched(results: dict) -> None:
+    # NOTE: a hang would end in the harness's TimeoutError (timeout_s), not in these messages.
+    for rank, message in results.items():
+        assert "differ across ranks" in message and "proj" in message, (rank, message)
+
+
+def check_profiled(results: dict) -> None:
+    assert all(r["plan"] == results[0]["plan"] for r in results.values())
+    assert results[0]["costs"] and all(r["costs"] == results[0]["costs"] for r in results.values())
+    for rank, result in results.items():
+        assert max(result["errors"]) < TOLERANCE, (rank, result["errors"])
+
+
+def check_nonfinite(raised: dict, skipped: dict) -> None:
+    for rank, result in raised.items():
+        assert "raised" in result and "'w0'" in result["raised"] and "step 2" in result["raised"], (rank, result)
+        assert result["unchanged"], (rank, result)
+    for rank, result in skipped.items():
+        assert result == {"unchanged": True, "skipped": 1, "steps": 2}, (rank, result)
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("algorithm", ["gram", "standard"])
 def test_sharded_replicated_and_gather_match_single_process(world, algorithm):
     results = run_distributed(dist_workers.sharded_and_replicated_match_single_process, world, algorithm)
     for rank, result in results.items():
         assert max(result["reference_errors"]) < REFERENCE_TOLERANCE, (rank, result["reference_errors"])
-        for mode, errors in result["errors"].items():
-            assert max(errors) < TOLERANCE, (rank, mode, errors)
-        # Owner mode orthogonalizes each matrix once in total; gather mode everything everywhere.
-        assert result["gather_orthogonalized"] == NUM_MATRICES
-    total = sum(r["num_orthogonalized"] for r in results.values())
-    assert total == NUM_MATRICES
-    assert sum(r["replicated_orthogonalized"] for r in results.values()) == NUM_MATRICES
-    owners = results[0]["owners"]
-    assert all(r["owners"] == owners for r in results.values())
-    if world > 1:
-        assert len(set(owners)) > 1  # the work is spread over ranks
-        assert all(r["num_buckets"] > 1 for r in results.values())  # 1 KiB buckets: pipelined
+    check_sharded(results, world)
 
 
 def test_hsdp_two_by_two_mesh_matches_single_process():
-    # Against single-process DMuon (a misplaced or missing shard) and against the float64
-    # reference (catches an lr off by 1%, which single-process DMuon shares).
-    results = run_distributed(dist_workers.sharded_and_replicated_match_single_process, 4, "gram", 2, True)
-    for rank, result in results.items():
-        assert max(result["errors"]["sharded"]) < TOLERANCE, (rank, result["errors"])
-        for mode, scale in result["lr_scales"].items():
-            assert abs(scale - 1) < LR_SCALE_TOLERANCE, (rank, mode, scale)
+    check_hsdp(run_distributed(dist_workers.sharded_and_replicated_match_single_process, 4, "gram", 2, True))
 
 
 def test_default_precision_steps_match_the_float64_reference_in_scale():
     # The multi-GPU production scenario on CPU Gloo (float32 wire and NS here). Catches: an
     # lr off by 1% in every mode (single-process DMuon included, which the scenario's own
     # comparison cannot see).
-    results = run_distributed(dist_workers.production_precision_matches_single_process, 2)
-    for rank, result in results.items():
-        assert result["finite"], rank
-        for mode, errors in result["errors"].items():
-            assert max(errors) < TOLERANCE, (rank, mode, errors)
-        for mode, scale in result["lr_scales"].items():
-            assert abs(scale - 1) < LR_SCALE_TOLERANCE, (rank, mode, scale)
+    check_production(run_distributed(dist_workers.production_precision_matches_single_process, 2), 2, TOLERANCE)
 
 
 @pytest.mark.parametrize("wrapper", ["fsdp2", "ddp"])
 def test_fsdp2_and_ddp_training_match_single_process(wrapper):
-    results = run_distributed(dist_workers.wrapped_training_matches_single_process, 2, wrapper)
-    for rank, result in results.items():
-        for name, error in result["errors"].items():
-            assert error < TOLERANCE, (rank, name, error)
+    check_training(run_distributed(dist_workers.wrapped_training_matches_single_process, 2, wrapper), "errors",
+                   TOLERANCE)
 
 
 def test_mismatched_parameter_lists_fail_on_every_rank_quickly():
-    # NOTE: a hang would end in the harness's TimeoutError (timeout_s), not in these messages.
-    results = run_distributed(dist_workers.mismatched_parameters, 2, timeout_s=60, collective_timeout_s=20)
-    for rank, message in results.items():
-        assert "differ across ranks" in message and "proj" in message, (rank, message)
+    check_mismatched(run_distributed(dist_workers.mismatched_parameters, 2, timeout_s=60, collective_timeout_s=20))
 
 
 def test_profiled_cost_table_is_shared_so_every_rank_runs_one_plan():
-    results = run_distributed(dist_workers.profiled_costs_give_one_plan, 2)
-    assert results[0]["plan"] == results[1]["plan"]
-    assert results[0]["costs"] and results[1]["costs"] == results[0]["costs"]
-    for rank, result in results.items():
-        assert max(result["errors"]) < TOLERANCE, (rank, result["errors"])
+    check_profiled(run_distributed(dist_workers.profiled_costs_give_one_plan, 2))
 
 
-def test_nonfinite_gradient_on_one_rank_raises_on_every_rank():
-    results = run_distributed(dist_workers.nonfinite_on_one_rank, 3, "raise")
-    for rank, result in results.items():
-        assert "raised" in result, (rank, result)
-        assert "'w0'" in result["raised"] and "step 2" in result["raised"], (rank, result)
-        assert result["unchanged"], (rank, result)
-
-
-def test_nonfinite_gradient_skip_is_agreed_and_changes_nothing():
-    results = run_distributed(dist_workers.nonfinite_on_one_rank, 3, "skip")
-    for rank, result in results.items():
-        assert result == {"unchanged": True, "skipped": 1, "steps": 2}, (rank, result)
+def test_nonfinite_gradient_on_one_rank_raises_or_is_skipped_on_every_rank():
+    check_nonfinite(run_distributed(dist_workers.nonfinite_on_one_rank, 3, "raise"),
+                    run_distributed(dist_workers.nonfinite_on_one_rank, 3, "skip"))
 
 
 def test_an_adamw_part_failing_on_one_rank_leaves_no_rank_waiting():
@@ -138,10 +167,7 @@ def test_every_pipeline_depth_gives_the_single_process_result(depth, monkeypatch
     """DMUON_PIPELINE_DEPTH (forwards issued ahead; default twice the world size) changes
     the order of the collectives, never the result."""
     monkeypatch.setenv("DMUON_PIPELINE_DEPTH", depth)
-    results = run_distributed(dist_workers.sharded_and_replicated_match_single_process, 3, "gram")
-    for rank, result in results.items():
-        for mode, errors in result["errors"].items():
-            assert max(errors) < TOLERANCE, (rank, mode, depth, errors)
+    check_sharded(run_distributed(dist_workers.sharded_and_replicated_match_single_process, 3, "gram"), 3)
 
 
 @pytest.mark.slow

@@ -11,38 +11,17 @@ import torch
 
 from dmuon._ops import testing_ops
 from ns_helpers import reference, rel, schedule
+from test_gpu_autotune import is_sm90, needs_backend, padded
 
 pytestmark = pytest.mark.gpu
 
 HALF = {"gram": torch.float16, "standard": torch.bfloat16}
 
 
-def has_cuda_backend() -> bool:
-    return torch.cuda.is_available() and hasattr(testing_ops, "cuda_sym_product")
-
-
-def is_sm90() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
-needs_backend = pytest.mark.skipif(not has_cuda_backend(), reason="this build has no CUDA backend")
-
-
-def padded(t: torch.Tensor) -> torch.Tensor:
-    """A [B, m, k] copy whose row stride is a multiple of 8 (TMA alignment), the padding NaN:
-    the kernel must never read it."""
-    ld = (t.shape[-1] + 7) // 8 * 8
-    storage = torch.full((*t.shape[:-1], ld), float("nan"), dtype=t.dtype, device=t.device)
-    view = storage[..., : t.shape[-1]]
-    view.copy_(t)
-    return view
-
-
 def poison_allocator(device="cuda", numel=1 << 26):
     """Leave NaN in the caching allocator's free blocks so that unwritten outputs show."""
     junk = torch.full((numel,), float("nan"), device=device)
     del junk
-
 
 
 # ---------------------------------------------------------------- symmetric kernel

@@ -15,7 +15,7 @@ import torch
 
 from dmuon._ops import testing_ops
 from ns_helpers import reference, rel
-from test_gpu_autotune import assert_like_dense, gram_problem, is_sm90, needs_backend, needs_kernel
+from test_gpu_autotune import assert_like_dense, chosen, gram_problem, is_sm90, needs_backend, needs_kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -84,12 +84,6 @@ def run_forced(tmp_path, path: str, backend: str = "cuda") -> subprocess.Complet
                           capture_output=True, text=True, timeout=300, env=env)
 
 
-def sym_picks(stderr: str) -> list[str]:
-    """The configurations chosen for the symmetric products (DMUON_PRINT_CONFIGS lines)."""
-    return [line.split("->")[1].split()[0] for line in stderr.splitlines()
-            if line.startswith("dmuon: config sym ") and " candidate " not in line and "->" in line]
-
-
 @needs_backend
 @pytest.mark.parametrize("path,prefix,log", [("portable", ("blk:", "tri:"), "portable lower blocks or row panels only"),
                                              ("blocks", ("blk:",), "portable lower blocks only"),
@@ -105,7 +99,7 @@ def test_dmuon_sym_path_forces_every_product_of_the_step(tmp_path, path, prefix,
         pytest.skip("this build has no sm_90a kernel")
     run = run_forced(tmp_path, path)
     assert run.returncode == 0, run.stderr[-3000:]
-    picks = sym_picks(run.stderr)
+    picks = chosen(run.stderr, "sym")
     assert picks and all(p.startswith(prefix) for p in picks), picks
     # One line names the path chosen for the GPU.
     lines = [line for line in run.stderr.splitlines() if line.startswith("dmuon: symmetric products (float16)")]
@@ -129,6 +123,6 @@ def test_the_tuner_chooses_among_every_path_on_sm90(tmp_path):
     # candidates of the 520×520 products (k = 1300 and 520), and every one is checked.
     run = run_forced(tmp_path, "auto")
     assert run.returncode == 0, run.stderr[-3000:]
-    picks = sym_picks(run.stderr)
+    picks = chosen(run.stderr, "sym")
     assert picks and all(p.split(":")[0] in ("sm90", "blk", "tri", "lt") for p in picks), picks
     assert "the sm_90a kernel, portable lower blocks or row panels, or dense cuBLASLt" in run.stderr

@@ -1,5 +1,6 @@
 """Routing of real Hugging Face architectures (tiny local configs, random init, no downloads;
-skipped without transformers): GPT-2's Conv1D, Qwen2 by module and by names, ViT's tokens."""
+skipped without transformers): GPT-2's Conv1D, Qwen2 by module and by names, ViT's tokens (Qwen2-MoE:
+test_moe_router_routing)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 import dmuon
-from dmuon.reference import ReferenceDMuon
+from worker_tensors import reference_of
 
 transformers = pytest.importorskip("transformers")
 
@@ -37,11 +38,7 @@ def test_gpt2_conv1d_layers_go_to_muon_transposed_and_step_as_the_reference():
     assert all(optimizer.matrix_view(p).transposed for p in optimizer.param_groups[0]["params"])
 
     exact = copy.deepcopy(model)
-    by_name = dict(exact.named_parameters())
-    reference = ReferenceDMuon([{**{k: v for k, v in g.items() if k != "params"},
-                                 "params": [by_name[optimizer.param_name(p)] for p in g["params"]],
-                                 "transposed": [optimizer.matrix_view(p).transposed for p in g["params"]]}
-                                for g in optimizer.param_groups])
+    reference = reference_of(optimizer, exact)
     ids = torch.randint(0, 100, (2, 16))
     for m in (model, exact):
         m(input_ids=ids, labels=ids).loss.backward()
@@ -75,27 +72,3 @@ def test_vit_classifier_tokens_and_patch_embedding_go_to_adamw():
         if "cls_token" in name or "position_embeddings" in name or "patch_embeddings" in name or "classifier" in name:
             assert not use_muon, name
     assert sum(side.values()) == 6  # q, k, v, o, fc1, fc2
-
-
-def test_qwen2_moe_routes_its_experts_like_dense_gate_and_up_and_its_one_row_gate_to_adamw():
-    config = transformers.Qwen2MoeConfig(hidden_size=32, intermediate_size=64, moe_intermediate_size=24,
-                                         shared_expert_intermediate_size=48, num_experts=4, num_experts_per_tok=2,
-                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                         vocab_size=64)
-    model = transformers.Qwen2MoeForCausalLM(config)
-    optimizer = dmuon.DMuon(model)
-    side = sides(optimizer)
-    assert by_name_routes(model) == side
-    assert side["model.layers.0.mlp.gate.weight"]  # the router, [E, H]: test_moe_router_routing
-    gate_up = dict(model.named_parameters())["model.layers.0.mlp.experts.gate_up_proj"]
-    assert side["model.layers.0.mlp.experts.gate_up_proj"]
-    assert optimizer.matrix_view(gate_up) == dmuon.MatrixView(batch_dims=1, row_blocks=(24, 24))
-    assert not side["model.layers.0.mlp.shared_expert_gate.weight"]  # [1, 32]
-    assert "one row or column" in str(optimizer.routing_summary())
-    ids = torch.randint(0, 64, (2, 8))
-    model(input_ids=ids, labels=ids).loss.backward()
-    optimizer.step()
-
-
-def by_name_routes(model):
-    return sides(dmuon.DMuon(model.named_parameters()))

@@ -102,10 +102,18 @@ def test_bare_tensors_put_every_matrix_but_the_embeddings_on_the_same_side(arch)
     assert sides[router] == (True, dmuon.MatrixView())
 
 
-def test_the_one_row_shared_expert_gate_stays_on_adamw_beside_the_router():
-    side = decisions(dmuon.DMuon(qwen2_moe()))
+def test_qwen2_moes_experts_split_like_dense_gate_and_up_and_its_one_row_gate_stays_on_adamw():
+    model = qwen2_moe()
+    optimizer = dmuon.DMuon(model)
+    side = decisions(optimizer)
     assert side["model.layers.0.mlp.shared_expert_gate.weight"][:2] == (False, None)  # [1, H]
+    assert "one row or column" in side["model.layers.0.mlp.shared_expert_gate.weight"][2]
     assert side["model.layers.0.mlp.gate.weight"][0]  # [E, H]
+    assert side["model.layers.0.mlp.experts.gate_up_proj"][:2] == (True, dmuon.MatrixView(batch_dims=1,
+                                                                                        row_blocks=(24, 24)))
+    ids = torch.randint(0, 64, (2, 8))
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
 
 
 def test_router_names_route_alike_without_a_model():

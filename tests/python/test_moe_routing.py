@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import dmuon
 import moe_models
-import moe_workers
 from dist_harness import run_distributed
-from dmuon.reference import ReferenceDMuon
+from worker_tensors import reference_of
 
 E, H, I = moe_models.EXPERTS, moe_models.HIDDEN, moe_models.INNER
 
@@ -75,12 +75,7 @@ def test_fused_gate_up_matches_the_reference_per_block():
     exact = moe_models.MoEBlock(moe_models.FusedExperts()).double()
     exact.load_state_dict(fused.state_dict())
     optimizer = dmuon.DMuon(fused, lr=0.05, weight_decay=0.0)
-    by_name = dict(exact.named_parameters())
-    reference = ReferenceDMuon([{**{k: v for k, v in g.items() if k not in ("params", "param_names")},
-                                 "params": [by_name[optimizer.param_name(p)] for p in g["params"]],
-                                 "batch_dims": [optimizer.matrix_view(p).batch_dims for p in g["params"]],
-                                 "row_blocks": [optimizer.matrix_view(p).row_blocks for p in g["params"]]}
-                                for g in optimizer.param_groups])
+    reference = reference_of(optimizer, exact)
     x = torch.randn(6, H, dtype=torch.float64)
     for m in (fused, exact):
         m(x).square().mean().backward()
@@ -91,6 +86,25 @@ def test_fused_gate_up_matches_the_reference_per_block():
 
 
 def test_fused_gate_up_sharded_by_fsdp2_steps_as_separate_stacks():
-    results = run_distributed(moe_workers.fused_and_split_under_fsdp2, 2)
+    results = run_distributed(fused_and_split_under_fsdp2, 2)
     for out in results.values():
         assert torch.equal(out["fused"], out["split"])
+
+
+# ---------------------------------------------------------------- on the ranks
+# The fused and the split MoE blocks under FSDP2, each expert stack Shard(0) over the ranks.
+def fused_and_split_under_fsdp2(rank: int, world: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    fused, split = moe_models.pair(seed=3)
+    for block in (fused, split):
+        fully_shard(block, mesh=mesh)
+    inputs = lambda step: torch.randn(6, moe_models.HIDDEN, generator=torch.Generator().manual_seed(100 * step + rank))
+    moe_models.train_pair(fused, split, 3, lambda m: dmuon.DMuon(m, lr=0.05, weight_decay=0.1), inputs)
+    full = lambda p: p.full_tensor().detach().clone()  # noqa: E731
+    gate, up = full(fused.experts.gate_up_proj).chunk(2, dim=1)
+    dist.barrier()
+    return {"fused": torch.cat([gate, up]), "split": torch.cat([full(split.experts.gate_proj),
+                                                                full(split.experts.up_proj)])}

@@ -38,7 +38,8 @@ import torch
 
 import dist_workers
 from dist_harness import run_distributed
-from test_distributed import LR_SCALE_TOLERANCE, TOLERANCE
+from test_distributed import (TOLERANCE, check_hsdp, check_mismatched, check_nonfinite, check_production,
+                              check_profiled, check_sharded, check_training)
 
 pytestmark = pytest.mark.multigpu
 
@@ -89,74 +90,41 @@ def _scenario(world: int, name: str) -> dict[int, dict]:
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("algorithm", ["gram", "standard"])
 def test_sharded_replicated_and_gather_match_single_process(world, algorithm):
-    results = _scenario(world, f"sharded-{algorithm}")
-    # NOTE: the step engine counts matrices: one per parameter, E for an [E, m, n] stack.
-    num_shapes = sum(s[0] if len(s) == 3 else 1 for s in dist_workers.SHAPES)
-    for rank, result in results.items():
-        for mode, errors in result["errors"].items():
-            assert max(errors) < TOLERANCE, (rank, mode, errors)
-        assert result["gather_orthogonalized"] == num_shapes
-    # Owner mode orthogonalizes each matrix once in total, on ranks that agree on the plan.
-    assert sum(r["num_orthogonalized"] for r in results.values()) == num_shapes
-    assert sum(r["replicated_orthogonalized"] for r in results.values()) == num_shapes
-    owners = results[0]["owners"]
-    assert all(r["owners"] == owners for r in results.values())
-    assert len(set(owners)) > 1
-    assert all(r["num_buckets"] > 1 for r in results.values())
+    check_sharded(_scenario(world, f"sharded-{algorithm}"), world)
 
 
 @pytest.mark.parametrize("world", [w for w in WORLDS if w >= 4])
 def test_hsdp_mesh_matches_single_process(world):
-    for rank, result in _scenario(world, "hsdp").items():
-        assert max(result["errors"]["sharded"]) < TOLERANCE, (rank, result["errors"])
-        for mode, scale in result["lr_scales"].items():
-            assert abs(scale - 1) < LR_SCALE_TOLERANCE, (rank, mode, scale)
+    check_hsdp(_scenario(world, "hsdp"))
 
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("wrapper", ["fsdp2", "ddp"])
 def test_fsdp2_and_ddp_training_match_single_process(world, wrapper):
-    for rank, result in _scenario(world, wrapper).items():
-        for name, error in result["update_errors"].items():
-            assert error < TRAINING_UPDATE_TOLERANCE, (rank, name, error, result["errors"][name])
+    check_training(_scenario(world, wrapper), "update_errors", TRAINING_UPDATE_TOLERANCE)
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_profiled_cost_table_gives_one_plan(world):
-    results = _scenario(world, "profiled-plan")
-    assert all(r["plan"] == results[0]["plan"] for r in results.values())
-    assert results[0]["costs"] and all(r["costs"] == results[0]["costs"] for r in results.values())
-    for rank, result in results.items():
-        assert max(result["errors"]) < TOLERANCE, (rank, result["errors"])
+    check_profiled(_scenario(world, "profiled-plan"))
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_nonfinite_gradient_raises_or_is_skipped_on_every_rank(world):
-    for rank, result in _scenario(world, "nonfinite-raise").items():
-        assert "raised" in result and "'w0'" in result["raised"] and "step 2" in result["raised"], (rank, result)
-        assert result["unchanged"], (rank, result)
-    for rank, result in _scenario(world, "nonfinite-skip").items():
-        assert result == {"unchanged": True, "skipped": 1, "steps": 2}, (rank, result)
+    check_nonfinite(_scenario(world, "nonfinite-raise"), _scenario(world, "nonfinite-skip"))
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_mismatched_parameter_lists_fail_on_every_rank(world):
-    for rank, message in _scenario(world, "mismatched").items():
-        assert "differ across ranks" in message and "proj" in message, (rank, message)
+    check_mismatched(_scenario(world, "mismatched"))
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_bfloat16_wire_and_half_precision_stay_close_to_single_process(world):
-    for rank, result in _scenario(world, "production").items():
-        assert result["finite"], rank
-        for mode, errors in result["errors"].items():
-            assert max(errors) < PRODUCTION_UPDATE_TOLERANCE, (rank, mode, errors)
-        for mode, scale in result["lr_scales"].items():
-            assert abs(scale - 1) < LR_SCALE_TOLERANCE, (rank, mode, scale)
-        # The wire is bfloat16: gather mode sends each local row block to world − 1 ranks.
-        assert result["wire_element_size"] == 2
-        expected = sum(result["local_numels"]) * (world - 1) * 2
-        assert result["gather_bytes_sent"] == expected, (rank, result["gather_bytes_sent"], expected)
+    results = _scenario(world, "production")
+    # The wire is bfloat16: gather mode sends each local row block to world − 1 ranks.
+    assert all(r["wire_element_size"] == 2 for r in results.values())
+    check_production(results, world, PRODUCTION_UPDATE_TOLERANCE)
 
 
 # ------------------------------------------------------------ the step begun inside backward
@@ -193,12 +161,12 @@ def test_weight_ownership_mode_over_nccl(world, wrapper):
     """dmuon.own_matrices over NCCL (publish broadcasts, all_to_all reduce-to-owner, NS on a
     side stream under backward) against single-process DMuon on the same GPU: the update
     within the training tolerance (split-batch gradients, float16 Newton–Schulz)."""
-    import ownership_workers
+    import test_ownership
 
     num_gpus = torch.cuda.device_count()
     if num_gpus < world:
         pytest.skip(f"world {world} needs {world} GPUs, found {num_gpus}")
-    results = run_distributed(ownership_workers.ownership_matches_single_process, world, wrapper,
+    results = run_distributed(test_ownership.ownership_matches_single_process, world, wrapper,
                               backend="nccl", timeout_s=300, collective_timeout_s=60)
     for rank, result in results.items():
         for name, error in result["update_errors"].items():

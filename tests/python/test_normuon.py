@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import dmuon
+from test_config import trained
 from test_reference_parity import ToyModel, run_pair
 
 
@@ -48,30 +49,22 @@ def test_normuon_changes_the_update():
     assert not torch.equal(on.up.weight, off.up.weight)
 
 
-def _train(model, opt, steps, seed):
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        for p in model.parameters():
-            p.grad = torch.randn(p.shape, generator=gen)
-        opt.step()
-
-
 def test_normuon_state_and_bitwise_resume():
     torch.manual_seed(3)
     model = ToyModel()
     opt = dmuon.DMuon(model, lr=0.02, normuon=True)
-    _train(model, opt, 2, seed=10)
+    trained(model, opt, 2, seed=10)
     v = opt.state[model.up.weight]["normuon_v"]
     assert v.dtype == torch.float32 and v.shape == (48,) and bool((v > 0).all())
     assert opt.state[model.moe.experts]["normuon_v"].shape == (3, 5)
     saved_model, saved_opt = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
-    _train(model, opt, 2, seed=11)
+    trained(model, opt, 2, seed=11)
 
     resumed = ToyModel()
     resumed.load_state_dict(saved_model)
     opt2 = dmuon.DMuon(resumed, lr=0.02, normuon=True)
     opt2.load_state_dict(saved_opt)
-    _train(resumed, opt2, 2, seed=11)
+    trained(resumed, opt2, 2, seed=11)
     for (name, p), q in zip(model.named_parameters(), resumed.parameters()):
         assert torch.equal(p, q), name
     assert torch.equal(opt.state[model.up.weight]["normuon_v"], opt2.state[resumed.up.weight]["normuon_v"])
@@ -81,7 +74,7 @@ def test_refused_step_leaves_normuon_state():
     torch.manual_seed(4)
     model = ToyModel()
     opt = dmuon.DMuon(model, lr=0.02, normuon=True, nonfinite="skip")
-    _train(model, opt, 1, seed=12)
+    trained(model, opt, 1, seed=12)
     before = opt.state[model.up.weight]["normuon_v"].clone()
     for p in model.parameters():
         p.grad = torch.randn_like(p)
@@ -90,18 +83,7 @@ def test_refused_step_leaves_normuon_state():
     assert torch.equal(opt.state[model.up.weight]["normuon_v"], before)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(normuon_beta2=1.0), "normuon_beta2"),
-    (dict(normuon_beta2=-0.1), "normuon_beta2"),
-    (dict(normuon_eps=0.0), "normuon_eps"),
-    (dict(normuon="yes"), "normuon"),
-])
-def test_bad_normuon_options_named(kwargs, name):
-    with pytest.raises(ValueError, match=name):
-        dmuon.DMuon(ToyModel(), lr=0.02, normuon=True, **{k: v for k, v in kwargs.items() if k != "normuon"}) \
-            if "normuon" not in kwargs else dmuon.DMuon(ToyModel(), lr=0.02, **kwargs)
-
-
+# NOTE: a bad normuon, normuon_beta2 or normuon_eps given to DMuon is test_config's BAD_FIELDS.
 def test_bad_normuon_option_in_a_group_named_at_step():
     model = ToyModel()
     opt = dmuon.DMuon(model, lr=0.02, normuon=True)
@@ -136,11 +118,11 @@ def test_normuon_distributed_matches_single_process(wrapper, world):
 
 @pytest.fixture(scope="module")
 def normuon_fsdp2_checkpoint(tmp_path_factory):
-    import checkpoint_workers
+    import test_checkpoint
     from dist_harness import run_distributed
 
     path = str(tmp_path_factory.mktemp("ckpt_normuon_fsdp2_w2"))
-    return path, run_distributed(checkpoint_workers.save_then_continue, 2, "fsdp2", path, False, {"normuon": True})
+    return path, run_distributed(test_checkpoint.save_then_continue, 2, "fsdp2", path, False, {"normuon": True})
 
 
 @pytest.mark.parametrize("world, wrapper", [(2, "fsdp2"), (3, "fsdp2"), (1, "none")],
@@ -152,20 +134,19 @@ def test_normuon_checkpoint_resumes(normuon_fsdp2_checkpoint, world, wrapper):
     bitwise world-independent given the same gradients), amplified by Newton–Schulz and
     doubled in v, an average of O²: measured 3.6e-6 on the state at world 3 and 3.8e-6 at
     world 1, asserted <= 1e-5."""
-    import checkpoint_workers
+    import test_checkpoint
     from dist_harness import run_distributed
     from test_checkpoint import assert_every_rank_matches
 
     path, reference = normuon_fsdp2_checkpoint
     assert any(k.endswith("normuon_v") for k in reference[0]["state"])
-    resumed = run_distributed(checkpoint_workers.load_then_continue, world, wrapper, path, False, {"normuon": True})
+    resumed = run_distributed(test_checkpoint.load_then_continue, world, wrapper, path, False, {"normuon": True})
     assert_every_rank_matches(resumed, reference, 0.0 if world == 2 else 1e-5)
 
 
 @pytest.mark.parametrize("wrapper", ["fsdp2", "ddp"])
 def test_normuon_in_gather_mode_refused_by_name(wrapper):
     """Gather mode would need every v on every rank: refused on every rank, naming the parameter."""
-    from clip_workers import normuon_gather_refused
     from dist_harness import run_distributed
 
     for rank, message in run_distributed(normuon_gather_refused, 2, wrapper).items():
@@ -187,3 +168,25 @@ def test_init_state_makes_the_row_state_and_a_step_from_it_is_a_fresh_step():
         w.grad = grad.clone()
         opt.step()
     assert torch.equal(weights[0], weights[1])
+
+
+# ---------------------------------------------------------------- on the ranks
+def normuon_gather_refused(rank: int, world: int, wrapper: str) -> str:
+    """NorMuon in gather mode (every rank computing every matrix): every rank's error names
+    the parameter."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 12, bias=False), torch.nn.Linear(12, 8, bias=False))
+    if wrapper == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+    opt = dmuon.DMuon(model, lr=0.02, normuon=True, mode="gather")
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    try:
+        opt.step()
+    except Exception as error:  # noqa: BLE001 - the message is what the test checks
+        return str(error)
+    return ""

@@ -11,8 +11,7 @@ import torch
 from torch import nn
 
 import dmuon
-from conftest import reference_groups
-from dmuon.reference import ReferenceDMuon
+from worker_tensors import reference_of
 
 
 def make_model(dtype=torch.float32) -> nn.Module:
@@ -68,7 +67,7 @@ def test_lr_scheduler_sets_the_lr_each_step_uses():
     model = make_model()
     ref_model = copy.deepcopy(model)
     opt = dmuon.DMuon(model, lr=0.1, adamw_lr=0.01)
-    ref = ReferenceDMuon(reference_groups(opt, dict(zip((id(p) for p in model.parameters()), ref_model.parameters()))))
+    ref = reference_of(opt, ref_model)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     gen = torch.Generator().manual_seed(0)
     for step in range(3):

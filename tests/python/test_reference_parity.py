@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 import dmuon
-from dmuon.reference import ReferenceDMuon
-from conftest import reference_groups
+from worker_tensors import reference_of
 
 
 class ExpertStack(nn.Module):
@@ -61,8 +60,7 @@ def run_pair(options: dict, num_steps: int = 3, dtype=torch.float32, synthetic_g
     if initial is not None:
         initial.append(copy.deepcopy(model))
     opt = dmuon.DMuon(model, **options)
-    ref_params = dict(zip((id(p) for p in model.parameters()), ref_model.parameters()))
-    ref = ReferenceDMuon(reference_groups(opt, ref_params))
+    ref = reference_of(opt, ref_model)
     tokens = torch.randint(0, 40, (4, 9))
     for _ in range(num_steps):
         if synthetic_grads:

@@ -14,7 +14,7 @@ from torch import nn
 
 import dmuon
 from contract_models import (Conv1D, MoEModel, ResNetLike, TinyDecoder, TinyGPT2, TinyViT, mlp_classifier)
-from dmuon.reference import ReferenceDMuon
+from worker_tensors import reference_of
 
 
 def muon_names(optimizer) -> set[str]:
@@ -116,15 +116,8 @@ def test_multihead_attention_in_proj_orthogonalizes_q_k_v_separately():
     exact = copy.deepcopy(attn)
     whole = copy.deepcopy(attn)
     opt = dmuon.DMuon(attn, lr=0.05, weight_decay=0.0, ns_algorithm="standard")
-    by_name = dict(exact.named_parameters())
-    groups = []
-    for g in opt.param_groups:
-        params = [by_name[opt.param_name(p)] for p in g["params"]]
-        groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": params,
-                       "row_blocks": [opt.matrix_view(p).row_blocks for p in g["params"]]})
-    reference = ReferenceDMuon(groups)
-    whole_ref = ReferenceDMuon([{**groups[0], "params": [dict(whole.named_parameters())[opt.param_name(p)]
-                                                         for p in opt.param_groups[0]["params"]], "row_blocks": None}])
+    reference, whole_ref = reference_of(opt, exact), reference_of(opt, whole)
+    whole_ref.groups[0]["row_blocks"] = None
     grads = {name: torch.randn_like(p) for name, p in attn.named_parameters()}
     for model in (attn, exact, whole):
         for name, p in model.named_parameters():

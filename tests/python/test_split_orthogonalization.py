@@ -14,29 +14,178 @@ import torch
 from torch import nn
 
 import dmuon
-from dmuon import runtime_builder
-import split_workers as w
 from dist_harness import run_distributed
-from worker_tensors import reference_of, whole_numpy
+from dmuon import runtime_builder
+from worker_tensors import reference_of, update_errors, whole_numpy, wholes
 
 # fp32 parameters, NS in fp32 (DMuon, CPU) vs fp64 (reference): relative to the weight's scale.
 TOLERANCE = 1e-5
 
 
+# ---------------------------------------------------------------- the model and the ranks
+# A tiny decoder block with a fused q, k, v (GQA), per-head q, per-head o (column blocks), a
+# fused gate/up, trained on one process or under Gloo (FSDP2, DDP) against the reference.
+
+# Rows: fused q, k, v = 12 + 6 + 6 (GQA: 4 q heads, 2 kv heads of 3 rows); gate/up = 2 × 20.
+QKV_ROWS = (12, 6, 6)
+HEADS = 4
+INTER = 20
+# o_proj is [12, 36]: 4 column blocks (heads) of 9 columns, each a 12x9 matrix.
+O_HEADS = 4
+
+
+class SplitBlock(nn.Module):
+    """Embedding → fused qkv, per-head o, fused gate_up, down → head (no attention math:
+    what matters is that every matrix gets a gradient)."""
+
+    def __init__(self, hidden: int = 12, vocab: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.qkv_proj = nn.Linear(hidden, sum(QKV_ROWS), bias=False)
+        self.q_proj = nn.Linear(hidden, hidden, bias=False)
+        self.o_proj = nn.Linear(sum(QKV_ROWS) + hidden, hidden, bias=False)
+        self.gate_up_proj = nn.Linear(hidden, 2 * INTER, bias=False)
+        self.down_proj = nn.Linear(INTER, hidden, bias=False)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        x = x + self.o_proj(torch.cat([self.qkv_proj(x), self.q_proj(x)], -1).tanh())
+        gate, up = self.gate_up_proj(x).chunk(2, -1)
+        x = x + self.down_proj(torch.nn.functional.silu(gate) * up)
+        return self.lm_head(x)
+
+
+def split_groups(model: nn.Module, **options) -> list[dict]:
+    """One group per split (named parameters), the rest routed (Muon / AdamW)."""
+    named = dict(model.named_parameters())
+    strip = lambda n: n.removeprefix("module.")  # noqa: E731
+    pick = lambda leaf: [(n, p) for n, p in named.items() if strip(n).startswith(leaf)]  # noqa: E731
+    split = {"qkv_proj", "q_proj", "gate_up_proj", "o_proj"}
+    rest = [(n, p) for n, p in named.items() if strip(n).split(".")[0] not in split]
+    return [{"params": pick("qkv_proj"), "use_muon": True, "split_rows": list(QKV_ROWS), **options},
+            {"params": pick("q_proj"), "use_muon": True, "split_heads": HEADS, **options},
+            {"params": pick("gate_up_proj"), "use_muon": True, "split_rows": [INTER, INTER], **options},
+            {"params": pick("o_proj"), "use_muon": True, "split_heads": O_HEADS, "split_dim": 1, **options},
+            {"params": rest}]
+
+
+def batch(step: int) -> torch.Tensor:
+    return torch.randint(0, 32, (4, 5), generator=torch.Generator().manual_seed(step))
+
+
+def loss_step(model: nn.Module, optimizer, step: int) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    model(batch(step)).pow(2).mean().backward()
+    optimizer.step()
+
+
+def wrap(model: nn.Module, wrapper: str, world: int) -> nn.Module:
+    """FSDP2 on every parameter's module (Shard(0): uneven chunks cut the blocks), or DDP."""
+    if wrapper == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for module in model.children():
+            fully_shard(module, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+    return nn.parallel.DistributedDataParallel(model)
+
+
+def sharded_matches_the_reference(rank: int, world: int, wrapper: str) -> dict:
+    """3 steps of DMuon under `wrapper` against the single-process reference (fp64 NS)."""
+    torch.manual_seed(0)
+    model = SplitBlock()
+    exact = copy.deepcopy(model)
+    model = wrap(model, wrapper, world)
+    optimizer = dmuon.DMuon(split_groups(model, ns_algorithm="standard", adjust_lr="match_rms_adamw"),
+                            lr=0.05, weight_decay=0.1)
+    reference = reference_of(optimizer, exact)
+    for step in range(3):
+        loss_step(model, optimizer, step)
+        # NOTE: data parallel: the mean loss of every rank's identical batch is this one's.
+        exact.zero_grad(set_to_none=True)
+        exact(batch(step)).pow(2).mean().backward()
+        reference.step()
+    ours = {n.removeprefix("module."): whole_numpy(p) for n, p in model.named_parameters()}
+    theirs = {n: whole_numpy(p) for n, p in exact.named_parameters()}
+    local_rows = {n.removeprefix("module."): (p.to_local() if hasattr(p, "to_local") else p).shape[0]
+                  for n, p in model.named_parameters()}
+    return {"ours": ours, "theirs": theirs, "local_rows": local_rows}
+
+
+def checkpoint_round_trip(rank: int, world: int, path: str) -> dict:
+    """FSDP2: 2 steps, a DCP save, 2 more (the uninterrupted run); a fresh model and
+    optimizer load the checkpoint and take the same 2 steps."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def fresh(lr: float):
+        torch.manual_seed(0)
+        model = wrap(SplitBlock(), "fsdp2", world)
+        return model, dmuon.DMuon(split_groups(model, ns_algorithm="standard"), lr=lr, weight_decay=0.1)
+
+    model, optimizer = fresh(0.05)
+    for step in range(2):
+        loss_step(model, optimizer, step)
+    msd, osd = get_state_dict(model, optimizer)
+    dmuon.checkpoint.save({"model": msd, "optim": osd}, path)
+    shapes = {k: tuple(v.shape) for k, v in optimizer.state[model.qkv_proj.weight].items() if torch.is_tensor(v)}
+    for step in range(2, 4):
+        loss_step(model, optimizer, step)
+    straight = {n: whole_numpy(p) for n, p in model.named_parameters()}
+    dist.barrier()
+    loaded, loaded_opt = fresh(0.5)
+    msd, osd = get_state_dict(loaded, loaded_opt)
+    state = {"model": msd, "optim": osd}
+    dmuon.checkpoint.load(state, path)
+    set_state_dict(loaded, loaded_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    groups = [(g.get("split_rows"), g.get("split_heads"), g["lr"]) for g in loaded_opt.param_groups]
+    for step in range(2, 4):
+        loss_step(loaded, loaded_opt, step)
+    resumed = {n: whole_numpy(p) for n, p in loaded.named_parameters()}
+    return {"straight": straight, "resumed": resumed, "groups": groups, "momentum_shapes": shapes,
+            "param_shape": tuple(model.qkv_proj.weight.shape)}
+
+
+def backward_step_matches_post_backward(rank: int, world: int, wrapper: str) -> dict:
+    """3 steps with the step begun inside backward (column blocks included) and after it:
+    per parameter ‖Δon − Δoff‖ / ‖Δoff‖, and the stages each step left during backward."""
+    torch.manual_seed(0)
+    base = SplitBlock()
+    models, opts, initial = {}, {}, {}
+    for on in (True, False):
+        model = copy.deepcopy(base)
+        initial[on] = wholes(model)
+        models[on] = (wrap(model, "fsdp2", world) if wrapper == "fsdp2"
+                      else nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True, bucket_cap_mb=1e-4))
+        opts[on] = dmuon.DMuon(split_groups(models[on], ns_algorithm="standard"), lr=0.05, weight_decay=0.1,
+                               execution=dmuon.Execution(backward_step=on, bucket_size_mb=0.0005))
+        opts[on].attach_backward_step(models[on])
+    early = []
+    for step in range(3):
+        for on in (True, False):
+            loss_step(models[on], opts[on], step)
+        early.append(opts[True].runtime.last_stats.early_stages)
+    return {"errors": update_errors(models[True], initial[True], models[False], initial[False]), "early": early}
+
+
+# ---------------------------------------------------------------- tests
 def _relative(ours: dict, theirs: dict) -> dict:
     return {n: float(np.abs(ours[n] - theirs[n]).max() / np.abs(theirs[n]).max()) for n in theirs}
 
 
 def _train_one_process(groups_of, steps: int = 3):
     torch.manual_seed(0)
-    model = w.SplitBlock()
+    model = SplitBlock()
     exact = copy.deepcopy(model)
     optimizer = dmuon.DMuon(groups_of(model), lr=0.05, weight_decay=0.1)
     reference = reference_of(optimizer, exact)
     for step in range(steps):
-        w.loss_step(model, optimizer, step)
+        loss_step(model, optimizer, step)
         exact.zero_grad(set_to_none=True)
-        exact(w.batch(step)).pow(2).mean().backward()
+        exact(batch(step)).pow(2).mean().backward()
         reference.step()
     return model, exact, optimizer
 
@@ -44,22 +193,22 @@ def _train_one_process(groups_of, steps: int = 3):
 @pytest.mark.parametrize("adjust_lr", [None, "match_rms_adamw", "spectral"])
 def test_one_process_matches_the_plain_loop_reference(adjust_lr):
     model, exact, optimizer = _train_one_process(
-        lambda m: w.split_groups(m, ns_algorithm="standard", adjust_lr=adjust_lr))
+        lambda m: split_groups(m, ns_algorithm="standard", adjust_lr=adjust_lr))
     errors = _relative({n: whole_numpy(p) for n, p in model.named_parameters()},
                        {n: whole_numpy(p) for n, p in exact.named_parameters()})
     assert max(errors.values()) < TOLERANCE, errors
-    assert optimizer.matrix_view(model.qkv_proj.weight).row_blocks == w.QKV_ROWS
+    assert optimizer.matrix_view(model.qkv_proj.weight).row_blocks == QKV_ROWS
     assert optimizer.matrix_view(model.q_proj.weight).row_blocks == (3, 3, 3, 3)
-    assert optimizer.matrix_view(model.o_proj.weight).col_blocks == w.O_HEADS
+    assert optimizer.matrix_view(model.o_proj.weight).col_blocks == O_HEADS
     # One NS item per block: 3 + 4 + 2 + 4 for the split groups, down_proj whole.
-    assert len(optimizer.runtime.item_params) == 3 + w.HEADS + 2 + w.O_HEADS + 1
+    assert len(optimizer.runtime.item_params) == 3 + HEADS + 2 + O_HEADS + 1
 
 
 def test_the_split_changes_the_update():
     """The same run without the split ends elsewhere (so the comparison above can fail)."""
     def unsplit(m):
-        return [{k: v for k, v in g.items() if not k.startswith("split_")} for g in w.split_groups(m)]
-    split, _, _ = _train_one_process(w.split_groups)
+        return [{k: v for k, v in g.items() if not k.startswith("split_")} for g in split_groups(m)]
+    split, _, _ = _train_one_process(split_groups)
     whole, _, _ = _train_one_process(unsplit)
     for name in ("qkv_proj.weight", "q_proj.weight", "gate_up_proj.weight", "o_proj.weight"):
         a, b = (whole_numpy(dict(m.named_parameters())[name]) for m in (split, whole))
@@ -68,7 +217,7 @@ def test_the_split_changes_the_update():
 
 def test_default_is_whole_matrices():
     torch.manual_seed(0)
-    model = w.SplitBlock()
+    model = SplitBlock()
     optimizer = dmuon.DMuon(model, lr=0.05)
     assert all(g["split_rows"] is None and g["split_heads"] is None for g in optimizer.param_groups if g["use_muon"])
     assert optimizer.matrix_view(model.qkv_proj.weight).row_blocks == ()
@@ -76,19 +225,19 @@ def test_default_is_whole_matrices():
 
 def test_changing_the_split_rebuilds_the_runtime():
     torch.manual_seed(0)
-    model = w.SplitBlock()
-    optimizer = dmuon.DMuon(w.split_groups(model), lr=0.05)
-    w.loss_step(model, optimizer, 0)
+    model = SplitBlock()
+    optimizer = dmuon.DMuon(split_groups(model), lr=0.05)
+    loss_step(model, optimizer, 0)
     items = len(optimizer.runtime.item_params)
     optimizer.param_groups[1]["split_heads"] = 2
-    w.loss_step(model, optimizer, 1)
+    loss_step(model, optimizer, 1)
     assert len(optimizer.runtime.item_params) == items - 2
 
 
 def _bad(groups_edit, match):
     torch.manual_seed(0)
-    model = w.SplitBlock()
-    groups = w.split_groups(model)
+    model = SplitBlock()
+    groups = split_groups(model)
     groups_edit(groups, model)
     with pytest.raises(ValueError, match=match):
         dmuon.DMuon(groups, lr=0.05)
@@ -127,25 +276,25 @@ def test_splits_that_do_not_fit_the_view_are_refused():
 
 def test_a_bad_split_set_after_construction_refuses_the_step():
     torch.manual_seed(0)
-    model = w.SplitBlock()
-    optimizer = dmuon.DMuon(w.split_groups(model), lr=0.05)
+    model = SplitBlock()
+    optimizer = dmuon.DMuon(split_groups(model), lr=0.05)
     before = [p.detach().clone() for p in model.parameters()]
     optimizer.param_groups[2]["split_rows"] = [20, 21]
     with pytest.raises(RuntimeError, match=r"'gate_up_proj.weight'.*sum to 41 rows.*nothing was updated"):
-        w.loss_step(model, optimizer, 0)
+        loss_step(model, optimizer, 0)
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
 def test_a_refused_step_leaves_column_blocks_and_their_momentum():
     """A non-finite gradient refuses the step: the staged copies are not written back."""
     torch.manual_seed(0)
-    model = w.SplitBlock()
-    optimizer = dmuon.DMuon(w.split_groups(model), lr=0.05, nonfinite="skip")
-    w.loss_step(model, optimizer, 0)
+    model = SplitBlock()
+    optimizer = dmuon.DMuon(split_groups(model), lr=0.05, nonfinite="skip")
+    loss_step(model, optimizer, 0)
     weight = model.o_proj.weight
     before = weight.detach().clone(), optimizer.state[weight]["momentum_buffer"].clone()
     optimizer.zero_grad(set_to_none=True)
-    model(w.batch(1)).pow(2).mean().backward()
+    model(batch(1)).pow(2).mean().backward()
     model.down_proj.weight.grad[0, 0] = float("nan")
     optimizer.step()
     assert torch.equal(weight, before[0]) and torch.equal(optimizer.state[weight]["momentum_buffer"], before[1])
@@ -187,8 +336,8 @@ def test_column_blocks_on_a_mesh_of_several_dims_are_refused():
     from dmuon.distributed import Placement
 
     torch.manual_seed(0)
-    model = w.SplitBlock()
-    optimizer = dmuon.DMuon(w.split_groups(model), lr=0.05)
+    model = SplitBlock()
+    optimizer = dmuon.DMuon(split_groups(model), lr=0.05)
     tp = Placement(global_shape=(12, 36), sharded=True, group=None, mesh_shape=(2, 2),
                    mesh_placements=(("shard", 0, 1), ("shard", 1, 1)), rank_coords=((0, 0), (0, 1), (1, 0), (1, 1)))
     with pytest.raises(ValueError, match=r"split_heads=4, split_dim=1 for parameter 'o_proj.weight': .*2-D mesh"):
@@ -197,27 +346,27 @@ def test_column_blocks_on_a_mesh_of_several_dims_are_refused():
 
 def test_state_dict_round_trip_keeps_whole_momentum():
     torch.manual_seed(0)
-    model = w.SplitBlock()
-    optimizer = dmuon.DMuon(w.split_groups(model, ns_algorithm="standard"), lr=0.05)
+    model = SplitBlock()
+    optimizer = dmuon.DMuon(split_groups(model, ns_algorithm="standard"), lr=0.05)
     for step in range(2):
-        w.loss_step(model, optimizer, step)
+        loss_step(model, optimizer, step)
     assert optimizer.state[model.qkv_proj.weight]["momentum_buffer"].shape == model.qkv_proj.weight.shape
     assert optimizer.state[model.o_proj.weight]["momentum_buffer"].shape == model.o_proj.weight.shape
     saved = copy.deepcopy(optimizer.state_dict())
     twin = copy.deepcopy(model)
-    twin_opt = dmuon.DMuon(w.split_groups(twin, ns_algorithm="standard", lr=0.5), lr=0.5)
+    twin_opt = dmuon.DMuon(split_groups(twin, ns_algorithm="standard", lr=0.5), lr=0.5)
     twin_opt.load_state_dict(saved)
-    assert twin_opt.param_groups[0]["split_rows"] == w.QKV_ROWS and twin_opt.param_groups[1]["split_heads"] == w.HEADS
+    assert twin_opt.param_groups[0]["split_rows"] == QKV_ROWS and twin_opt.param_groups[1]["split_heads"] == HEADS
     for step in range(2, 4):
-        w.loss_step(model, optimizer, step)
-        w.loss_step(twin, twin_opt, step)
+        loss_step(model, optimizer, step)
+        loss_step(twin, twin_opt, step)
     for (n, p), q in zip(model.named_parameters(), twin.parameters()):
         assert torch.equal(p, q), n
 
 
 @pytest.mark.parametrize("world,wrapper", [(2, "fsdp2"), (3, "fsdp2"), (2, "ddp")])
 def test_distributed_matches_the_reference(world, wrapper):
-    results = run_distributed(w.sharded_matches_the_reference, world, wrapper)
+    results = run_distributed(sharded_matches_the_reference, world, wrapper)
     for rank, out in results.items():
         errors = _relative(out["ours"], out["theirs"])
         assert max(errors.values()) < TOLERANCE, (rank, errors)
@@ -230,12 +379,12 @@ def test_distributed_matches_the_reference(world, wrapper):
 
 
 def test_dcp_checkpoint_of_a_split_group_resumes_exactly(tmp_path):
-    results = run_distributed(w.checkpoint_round_trip, 2, str(tmp_path / "ckpt"))
+    results = run_distributed(checkpoint_round_trip, 2, str(tmp_path / "ckpt"))
     for rank, out in results.items():
         # One momentum tensor per parameter, placed like it (no per-block state).
         assert out["momentum_shapes"]["momentum_buffer"] == out["param_shape"]
-        assert out["groups"][0][:2] in ((list(w.QKV_ROWS), None), (w.QKV_ROWS, None)), out["groups"]
-        assert out["groups"][1][1] == w.HEADS and out["groups"][0][2] == 0.05
+        assert out["groups"][0][:2] in ((list(QKV_ROWS), None), (QKV_ROWS, None)), out["groups"]
+        assert out["groups"][1][1] == HEADS and out["groups"][0][2] == 0.05
         for name, value in out["straight"].items():
             assert np.array_equal(value, out["resumed"][name]), (rank, name)
 
@@ -244,7 +393,7 @@ def test_dcp_checkpoint_of_a_split_group_resumes_exactly(tmp_path):
 def test_column_blocks_step_inside_backward_as_after_it(wrapper):
     # NOTE: the same plan and per-block math on the CPU ops; only the stages' composition
     # differs (backward order): test_backward_step's bound.
-    results = run_distributed(w.backward_step_matches_post_backward, 2, wrapper)
+    results = run_distributed(backward_step_matches_post_backward, 2, wrapper)
     for rank, out in results.items():
         assert max(out["errors"].values()) < 1e-6, (rank, out["errors"])
         assert all(stages > 0 for stages in out["early"][1:]), (rank, out["early"])

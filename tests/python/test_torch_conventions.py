@@ -12,15 +12,7 @@ import torch
 import dmuon
 from contract_models import TinyDecoder
 from dmuon.reference import ReferenceDMuon
-
-
-def reference_for(optimizer, model_copy) -> ReferenceDMuon:
-    """ReferenceDMuon over `model_copy`'s parameters, with the optimizer's groups (options
-    read again at every step through `sync`)."""
-    by_name = dict(model_copy.named_parameters())
-    groups = [{**{k: copy.deepcopy(v) for k, v in g.items() if k != "params"},
-               "params": [by_name[optimizer.param_name(p)] for p in g["params"]]} for g in optimizer.param_groups]
-    return ReferenceDMuon(groups)
+from worker_tensors import reference_of
 
 
 def sync(reference: ReferenceDMuon, optimizer) -> None:
@@ -50,7 +42,7 @@ def test_frozen_parameters_stay_and_train_once_unfrozen():
     names = {optimizer.param_name(p) for g in optimizer.param_groups for p in g["params"]}
     assert {"q_proj.weight", "norm.weight", "norm.bias"} <= names
     exact = copy.deepcopy(model)
-    reference = reference_for(optimizer, exact)
+    reference = reference_of(optimizer, exact)
     ids = torch.randint(0, 32, (2, 6))
     frozen = model.q_proj.weight.detach().clone()
     step_both(model, exact, optimizer, reference, ids)
@@ -75,7 +67,7 @@ def test_schedulers_that_cycle_momentum_drive_muon_momentum_and_adamw_beta1(sche
         sched = torch.optim.lr_scheduler.CyclicLR(optimizer, base_lr=0.01, max_lr=0.05, step_size_up=2,
                                                   base_momentum=0.8, max_momentum=0.9)
     exact = copy.deepcopy(model)
-    reference = reference_for(optimizer, exact)
+    reference = reference_of(optimizer, exact)
     ids = torch.randint(0, 32, (2, 6))
     seen = set()
     for _ in range(4):
