@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Sequence
 
+from dmuon.cli.bench import environment
 from dmuon.cli.train.config import TrainConfig
 from dmuon.cli.train.loop import RunResult
 
@@ -47,13 +47,13 @@ def format_table(results: Sequence[RunResult], *, entropy: float) -> str:
 def write_json(
     path: Path, *, config: TrainConfig, entropy: float, results: Sequence[RunResult]
 ) -> None:
-    """Everything measured, with the config that produced it."""
+    """Everything measured, with the config that produced it (written whole or not at all)."""
     record = {
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(config).items()},
         "unigram_entropy_nats": entropy,
         "results": {r.optimizer: {**r.to_dict(), "beat_unigram": r.final_val_loss < entropy} for r in results},
     }
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    environment.write_json(path, record)
 
 
 def plot_losses(path: Path, *, results: Sequence[RunResult], entropy: float) -> None:
