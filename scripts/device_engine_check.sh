@@ -10,7 +10,8 @@
 #      dmuon-ownership beside dmuon);
 #   5. the host time of DMuon.step on one rank of fake world 64, Qwen2.5-7B, by phase
 #      (lab/benches/fake_rank_host_profile.py of each tree);
-# each before then after, then a short table last. STAGES picks (default "ns fake e2e host").
+# each before then after, then a short table last. STAGES picks (default "ns fake e2e host"),
+# NS_MODELS the models of stage ns (default Qwen2.5-0.5B/1.5B/7B), NS_ROUNDS its rounds (1).
 # Usage (device tool, carry [".cutlass", ".old_tree"]): bash scripts/device_engine_check.sh
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -41,10 +42,15 @@ run() {  # label (new|old), timeout, python3 args... (the tree's install on the 
 }
 STAGES=" ${STAGES:-ns fake e2e host} "
 stage() { [[ "$STAGES" == *" $1 "* ]]; }
-stage ns && for label in old new; do
-  echo "== bench ns ($label)"
-  run $label 150 -m dmuon bench ns --model qwen2.5-0.5b --model qwen2.5-1.5b --model qwen2.5-7b --iters 5 --warmup 2 \
-    --skip-baselines --sym-shapes 2>&1 | tee "$OUT/ns_$label.log" | grep -E "^model |^dmuon|^torch AdamW" 
+# NOTE: rounds interleave the trees (old, new, old, new): one tree's runs spread 1.5% apart.
+models=()
+for m in ${NS_MODELS:-qwen2.5-0.5b qwen2.5-1.5b qwen2.5-7b}; do models+=(--model "$m"); done
+stage ns && for round in $(seq "${NS_ROUNDS:-1}"); do
+  for label in old new; do
+    echo "== bench ns ($label, round $round)"
+    run $label 150 -m dmuon bench ns "${models[@]}" --iters 5 --warmup 2 --skip-baselines --sym-shapes 2>&1 |
+      tee -a "$OUT/ns_$label.log" | grep -E "^model |^dmuon|^torch AdamW"
+  done
 done
 stage fake && for label in old new; do
   for world in ${WORLDS:-4 8}; do
