@@ -93,6 +93,7 @@ void StepEngine::items_ready(const std::vector<int>& items, const std::vector<Pa
   if (!work.empty()) {
     // NOTE: timed like the early stages' NS (EngineOptions::timing), so that the
     // share of NS inside backward counts these too (at world 1 they are all of it).
+    exit_if_asked("ns", early.step_idx);
     const PhaseClock::Mark start = clock_.start();
     local_items_ready(work, tensors);
     clock_.stop(start, {{PhaseField::kEarlyLocalNs}});

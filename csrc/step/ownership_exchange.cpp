@@ -146,7 +146,8 @@ void OwnershipExchange::issue(size_t k) {
     f->level0 = transports_.row->all_to_all(buffer_[k].get(), bucket.shard_counts, f->recv0.get(),
                                             std::vector<int64_t>(static_cast<size_t>(shards), chunk),
                                             "all_to_all of bucket " + std::to_string(k) +
-                                                "'s gradients to their owners (along the row)");
+                                                "'s gradients to their owners along the row (step " +
+                                                std::to_string(step_idx_) + ")");
   }
   record("reduce_issued", static_cast<int64_t>(k));
   flights_.push_back(std::move(f));
@@ -198,7 +199,8 @@ bool OwnershipExchange::advance(Flight& f, bool wait) {
       f.recv1 = ops_.allocate(options_.reduce_dtype, mine * replicas);
       f.level1 = transports_.column_reduce->all_to_all(
           partial, bucket.replica_counts[s], f.recv1.get(), std::vector<int64_t>(static_cast<size_t>(replicas), mine),
-          "all_to_all of bucket " + std::to_string(f.k) + "'s gradients to their owners (down the column)");
+          "all_to_all of bucket " + std::to_string(f.k) + "'s gradients to their owners down the column (step " +
+              std::to_string(step_idx_) + ")");
     }
   }
   if (f.level1) {
@@ -246,7 +248,7 @@ void OwnershipExchange::hand_to(StepEngine& engine, int first_param, const std::
   if (!items.empty()) engine.items_ready(items, tensors);
 }
 
-void OwnershipExchange::end_window() {
+void OwnershipExchange::end_window(int64_t step_idx) {
   std::fill(contributed_.begin(), contributed_.end(), false);
   std::fill(arrived_.begin(), arrived_.end(), false);
   std::fill(issued_.begin(), issued_.end(), false);
@@ -256,6 +258,7 @@ void OwnershipExchange::end_window() {
   for (auto& b : reduced_) b = OwnedBuffer{};
   std::fill(momentum_.begin(), momentum_.end(), Buffer{});
   window_open_ = false;
+  step_idx_ = step_idx + 1;
 }
 
 // ----------------------------------------------------------------------------- publish

@@ -107,9 +107,12 @@ class OwnershipExchange {
   /// Hands `params` (finished, this rank's) to `engine`'s early work (an open step), whose
   /// parameters [first_param, first_param + num_params()) are the owned ones in order.
   void hand_to(StepEngine& engine, int first_param, const std::vector<int>& params) const;
-  /// Closes the window: contributions, buckets and reduced gradients are dropped. The
-  /// caller finished every bucket first (progress(true)), or its step failed.
-  void end_window();
+  /// Closes the window of step `step_idx` (the next one is named in errors): contributions,
+  /// buckets and reduced gradients are dropped. The caller finished every bucket first
+  /// (progress(true)), or its step failed.
+  void end_window(int64_t step_idx);
+  /// The step whose window is open (or opens next): named in the collectives' errors.
+  int64_t step_idx() const { return step_idx_; }
 
   // ---- publish
   /// The owner's `weight` (every rank's buffer of param's numel and dtype) on every rank:
@@ -152,6 +155,7 @@ class OwnershipExchange {
   std::vector<OwnedBuffer> reduced_;       // [param] the owner's reduced gradient
   std::vector<Buffer> momentum_;           // [param] as given
   bool window_open_ = false;
+  int64_t step_idx_ = 1;
   std::chrono::steady_clock::time_point start_;
   std::vector<ExchangeEvent> timeline_;
 };

@@ -75,6 +75,9 @@ void register_ownership_bindings(py::module_& m) {
       .def("end_window", &OwnedExchange::end_window, py::arg("step_idx"), Gil(),
            "closes a step's window that the runtime never reached (collective: every rank)")
       .def_property_readonly("rank", &OwnedExchange::rank)
+      .def_property_readonly(
+          "step_idx", [](OwnedExchange& x) { return x.exchange().step_idx(); },
+          "the step whose window is open (or opens next): named in the collectives' errors")
       .def_property_readonly("world_size", &OwnedExchange::world_size)
       .def_property_readonly("owners", &OwnedExchange::owners)
       .def_property_readonly("plan_text", &OwnedExchange::plan_text)

@@ -98,21 +98,27 @@ class _Groups:
             return
         me = dist.get_rank()
         # NOTE: new_group is collective over the default group: every rank creates every
-        # subgroup, in one order, and keeps its own.
+        # subgroup, in one order, and keeps its own. Without a timeout it would wait 30
+        # minutes (torch's default), not the default group's, for a rank that stalls.
+        timeout = _timeout_of(dist.group.WORLD)
+
+        def new_group(ranks: list[int]) -> Any:
+            return dist.new_group(ranks, timeout=timeout)
+
         for row in rows:
-            group = dist.new_group(row)
+            group = new_group(row)
             if me in row:
                 self.shard = group
         if len(rows) > 1:
             for column in columns:
-                publish = dist.new_group(column)
-                reduce = dist.new_group(column)
+                publish = new_group(column)
+                reduce = new_group(column)
                 if me in column:
                     self.replicate, self.replicate_reduce = publish, reduce
         # Every rank of the mesh (the plan, the step's agreements; the plain-DP averaging of
         # the other parameters).
         everyone = sorted(r for row in rows for r in row)
-        self.world = dist.new_group(everyone) if len(rows) > 1 else self.shard
+        self.world = new_group(everyone) if len(rows) > 1 else self.shard
         self.shards, self.replicas = len(rows[0]), len(rows)
         at = {r: (q, s) for q, row in enumerate(rows) for s, r in enumerate(row)}
         self.replica_of = [at[r][0] for r in everyone]
@@ -125,6 +131,16 @@ class _Groups:
         return _C.ownership.Groups(world=name(self.world), row=name(self.shard), column=name(self.replicate),
                                    column_reduce=name(self.replicate_reduce), shards=self.shards,
                                    replicas=self.replicas, shard_of=self.shard_of, replica_of=self.replica_of)
+
+
+def _timeout_of(group: Any) -> Any:
+    """The timeout of `group`'s collectives (init_process_group's, for the default group);
+    None where its backend does not say."""
+    for device in group._device_types:
+        options = getattr(group._get_backend(device), "options", None)
+        if options is not None and hasattr(options, "_timeout"):
+            return options._timeout
+    return None
 
 
 class OwnedMatrices:
@@ -325,22 +341,27 @@ class OwnedMatrices:
         self._in_backward = False
         self.exchange.end_backward(self._sync)
         if self._sync and self._others:
-            _average_gradients(self._others, self._groups.world)
+            _average_gradients(self._others, self._groups.world, self.exchange.step_idx)
 
     def _after_step(self) -> None:
         """Compute copies are stale once the owners have stepped."""
         self._release_all()
 
 
-def _average_gradients(params: list[nn.Parameter], group: Any) -> None:
-    """Plain data parallel for the parameters nobody owns: one coalesced all_reduce."""
+def _average_gradients(params: list[nn.Parameter], group: Any, step_idx: int) -> None:
+    """Plain data parallel for the parameters nobody owns: one coalesced all_reduce; its
+    failure names it and step `step_idx`, as the exchange's collectives do."""
     if group is None:
         return
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1).float() for g in grads])
-    dist.all_reduce(flat, group=group)
+    try:
+        dist.all_reduce(flat, group=group)
+    except Exception as error:
+        raise RuntimeError(f"dmuon: all_reduce of the unowned parameters' gradients (step {step_idx}) failed on rank "
+                           f"{dist.get_rank(group)} of {dist.get_world_size(group)}: {error}") from error
     flat /= dist.get_world_size(group)
     offset = 0
     for g in grads:

@@ -135,7 +135,7 @@ std::vector<Reduced> reduce_window(int replicas, int shards, const std::vector<O
       if (g.numel > 0) ops.copy(g, copy.buffer());
       mine.grads.push_back(copy.values());
     }
-    exchange.end_window();
+    exchange.end_window(1);
   });
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
   return out;
@@ -337,7 +337,7 @@ TEST(OwnershipExchange, FinishedBucketsStepOnTheEngineAsTheEngineAlone) {
           if (params[p].owner == r) views[p].grad = exchange.reduced_grad(static_cast<int>(p));
         }
         EXPECT_TRUE(engine.step(views, rules, s).applied());
-        exchange.end_window();
+        exchange.end_window(s);
       }
       early[static_cast<size_t>(r)] = engine.last_stats().early_orthogonalized;
       for (int i = 0; i < world.table().num_items(); ++i)

@@ -1,11 +1,18 @@
-"""A rank lost inside step(): the survivors raise naming the step and the collective, and
-their optimizer refuses to go on from a state that may be torn (dmuon.torn_state) until a
-checkpoint is loaded. A step that fails before it writes leaves nothing to refuse
-(test_atomic_failures, test_distributed's NaN/Inf and start-agreement tests).
+"""A rank lost inside a step: the survivors raise naming the step and the collective, and
+where they had begun writing, their optimizer refuses to go on from a state that may be torn
+(dmuon.torn_state) until a checkpoint is loaded. A step that fails before it writes leaves
+nothing to refuse (test_atomic_failures, test_distributed's NaN/Inf and start-agreement
+tests, and the weight-ownership cases below).
 
-3 Gloo ranks, FSDP2 (killed_inside_step below): the last rank exits in the forward
-exchange (its momentum written), in Newton–Schulz (DMUON_TEST_EXIT, a test hook of the
-engine) or in the AdamW part, or stalls there past a 3 s collective timeout."""
+3 Gloo ranks (killed_inside_step below); in step 2 the last rank exits, or stalls past a 3 s
+collective timeout, in one of the places its mode's step can lose it:
+- FSDP2 (sharded): in the forward exchange (its momentum written), in Newton–Schulz (both
+  through DMUON_TEST_EXIT, a test hook of the engine), in the AdamW part, a stall there;
+- weight ownership (dmuon.own_matrices): while forward publishes the owned weights, while
+  backward reduces the gradient buckets to their owners, in its owned matrices'
+  Newton–Schulz (DMUON_TEST_EXIT; begun inside backward or at step()), in the AdamW part, a
+  stall there. Its owners write nothing before the step's start agreement, so a rank lost
+  before it leaves every survivor's state as step 1 left it."""
 
 from __future__ import annotations
 
@@ -17,42 +24,64 @@ import time
 import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
+from torch.utils._pytree import tree_flatten
 
 import dmuon
 from contract_models import TinyDecoder
 from dist_harness import run_distributed
 from dist_workers import TinyTransformer, _batches, _loss
+from dmuon.distributed import local
 from dmuon.torn_state import first_line
 
 # Where each fault makes the survivors fail: the collective their error names.
-SURVIVOR_ERRORS = {
-    "exchange": r"all_to_all of stage \d+'s (pieces to their owners|results back from their owners) \(step 2\) failed",
-    "ns": r"all_to_all of stage \d+'s (pieces to their owners|results back from their owners) \(step 2\) failed",
-    "adamw": r"all_reduce of the result flags \(step 2\) failed",
-    "stall": r"all_reduce of the result flags \(step 2\) failed",
+_STAGE = r"all_to_all of stage \d+'s (pieces to their owners|results back from their owners) \(step 2\) failed"
+_RESULTS = r"all_reduce of the result flags \(step 2\) failed"
+# NOTE: the weight-ownership mode's collectives of step 2 before its start agreement
+# (forward's and backward's publishes, backward's reductions, the unowned parameters'
+# averaging): a survivor's error names whichever it waited on first.
+_OWNED_BEFORE_START = (r"((broadcast of \w+\.weight from its owner|all_to_all of bucket \d+'s gradients to their "
+                       r"owners along the row|all_reduce of the unowned parameters' gradients) \(step 2\)|"
+                       r"step 2: all_reduce of the start agreement) failed")
+# (mode, where): the survivors' error, and the phase their torn state names (None: whole).
+CASES = {
+    ("fsdp2", "exchange"): (_STAGE, "the Muon part"),
+    ("fsdp2", "ns"): (_STAGE, "the Muon part"),
+    ("fsdp2", "adamw"): (_RESULTS, "the result agreement"),
+    ("fsdp2", "stall"): (_RESULTS, "the result agreement"),
+    ("ownership", "publish"): (r"broadcast of \w+\.weight from its owner \(step 2\) failed", None),
+    ("ownership", "reduce"): (_OWNED_BEFORE_START, None),
+    ("ownership", "ns"): (_OWNED_BEFORE_START, None),
+    ("ownership", "adamw"): (_RESULTS, "the result agreement"),
+    ("ownership", "stall"): (_RESULTS, "the result agreement"),
 }
-TORN_PHASE = {"exchange": "the Muon part", "ns": "the Muon part", "adamw": "the result agreement",
-              "stall": "the result agreement"}
 
 
-@pytest.mark.parametrize("where", ["exchange", "ns", "adamw", "stall"])
-def test_a_rank_lost_inside_step_leaves_every_survivor_refusing_its_torn_state(where, tmp_path):
-    # Catches: a survivor that steps on (or saves, or hands out) momentum and weights that
-    # one failed step left half-written; a poison that a reload does not clear.
-    results = run_distributed(killed_inside_step, 3, where, str(tmp_path), expect_errors=True,
+@pytest.mark.parametrize("mode,where", CASES, ids=[f"{mode}-{where}" for mode, where in CASES])
+def test_a_rank_lost_inside_step_leaves_every_survivor_whole_or_refusing_its_torn_state(mode, where, tmp_path):
+    # Catches: a survivor that hangs, or raises naming neither the step nor the collective;
+    # one that steps on (or saves, or hands out) momentum and weights that one failed step
+    # left half-written; a refusal where nothing was written; a poison that a reload does
+    # not clear.
+    results = run_distributed(killed_inside_step, 3, mode, where, str(tmp_path), expect_errors=True,
                               timeout_s=180, collective_timeout_s=3)
     if where != "stall":
         assert "exited with code 17" in str(results[2]), results[2]
+    survivor_error, torn_phase = CASES[mode, where]
     for rank in (0, 1):
         out = results[rank]
         assert isinstance(out, dict), f"rank {rank}:\n{out}"
-        assert re.search(SURVIVOR_ERRORS[where], out["step 2"]), (rank, out)
-        step_idx, phase, error = out["torn"]
-        assert step_idx == 2 and phase.startswith(TORN_PHASE[where]) and "step 2" in error, (rank, out)
-        for name in ("step", "state_dict", "save"):
-            assert out[f"{name} class"] == "TornStateError", (rank, name, out)
-            assert "may be torn: step 2 failed in " + TORN_PHASE[where] in out[name], (rank, name, out)
-            assert "load_state_dict" in out[name] and "torn_ok=True" in out[name], (rank, name, out)
+        assert re.search(survivor_error, out["step 2"]), (rank, out)
+        if torn_phase is None:
+            assert out["torn"] is None and out["unchanged"] and out["state_dict"] == "no error", (rank, out)
+        else:
+            assert out["torn"] is not None, (rank, out)
+            step_idx, phase, error = out["torn"]
+            assert step_idx == 2 and phase.startswith(torn_phase) and "step 2" in error, (rank, out)
+            assert not out["unchanged"], (rank, out)  # this rank did write: no false alarm
+            for name in ("step", "state_dict", "save"):
+                assert out[f"{name} class"] == "TornStateError", (rank, name, out)
+                assert "may be torn: step 2 failed in " + torn_phase in out[name], (rank, name, out)
+                assert "load_state_dict" in out[name] and "torn_ok=True" in out[name], (rank, name, out)
         assert out["post-mortem keys"] and out["whole after load"], (rank, out)
     assert not list(tmp_path.iterdir()), "a refused save wrote nothing"
 
@@ -137,27 +166,41 @@ def test_a_step_refused_before_it_writes_leaves_the_state_whole():
 
 
 # ---------------------------------------------------------------- on the ranks
-# FSDP2 training on 3 Gloo ranks whose last rank is killed (or stalls) inside step 2, and
-# what the survivors see after.
+# Training on 3 Gloo ranks whose last rank is killed (or stalls) inside step 2, and what the
+# survivors see after.
 # NOTE: the victim stalls past the survivors' collective timeout, then goes on.
 STALL_S = 6.0
 
 
-def killed_inside_step(rank: int, world: int, where: str, directory: str) -> dict:
-    """Step 1 trains; in step 2 the last rank exits (os._exit) in `where` ("exchange": after
-    its momentum was written, before its first forward all_to_all; "ns": before its first
-    Newton–Schulz batch; both through DMUON_TEST_EXIT; "adamw": in the AdamW part) or
-    stalls in the AdamW part ("stall"). A survivor reports its step-2 error, then what
-    step(), state_dict() and dmuon.checkpoint.save raise, and whether load_state_dict of
-    the state saved after step 1 makes the state whole again (no collective needed)."""
-    from torch.distributed.fsdp import fully_shard
+def _same_state(a: dict, b: dict) -> bool:
+    """Whether two optimizer state dicts hold the same state, bitwise (this rank's part)."""
+    (leaves_a, spec_a), (leaves_b, spec_b) = tree_flatten(a["state"]), tree_flatten(b["state"])
+    return spec_a == spec_b and all(
+        torch.equal(local(x), local(y)) if isinstance(x, torch.Tensor) else x == y for x, y in zip(leaves_a, leaves_b))
 
+
+def killed_inside_step(rank: int, world: int, mode: str, where: str, directory: str) -> dict:
+    """Step 1 trains (mode "fsdp2": FSDP2; "ownership": dmuon.own_matrices, one bucket per
+    matrix, plain DP for the rest); in step 2 the last rank exits (os._exit, code 17) in
+    `where`: "exchange" (after its momentum was written, before its first forward all_to_all)
+    or "ns" (before its first Newton–Schulz batch), both through DMUON_TEST_EXIT; "publish"
+    (forward, before a module's owned weight is published), "reduce" (backward, between its
+    buckets' reductions), "adamw" (the AdamW part); or it stalls in the AdamW part ("stall").
+    A survivor reports its step-2 error, whether its state is still step 1's, what step(),
+    state_dict() and dmuon.checkpoint.save raise (where torn; else state_dict() alone: any
+    other call would be a collective on the broken world), and whether load_state_dict of the
+    state saved after step 1 makes the state whole again (no collective needed)."""
     torch.manual_seed(0)
     model = TinyTransformer()
-    mesh = init_device_mesh("cpu", (world,))
-    for layer in (model.qkv, model.proj, model.up, model.down):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    if mode == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in (model.qkv, model.proj, model.up, model.down):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    else:
+        dmuon.own_matrices(model, bucket_size_mb=0.001, replicate_others=True)
     victim = rank == world - 1
     if victim and where in ("exchange", "ns"):
         os.environ["DMUON_TEST_EXIT"] = f"{where}@2"  # NOTE: read when the runtime is made (step 1)
@@ -170,12 +213,15 @@ def killed_inside_step(rank: int, world: int, where: str, directory: str) -> dic
 
     train_step(0)
     saved = copy.deepcopy(opt.state_dict())
-    if victim and where in ("adamw", "stall"):
-        def broken(group, params):
-            if where == "adamw":
-                os._exit(17)
-            time.sleep(STALL_S)
-        opt._adamw_group_step = broken
+    if victim:
+        def exit_now(*args):
+            os._exit(17)
+        if where == "publish":
+            model.up.register_forward_pre_hook(exit_now, prepend=True)
+        elif where == "reduce":
+            model.up.register_full_backward_hook(exit_now)
+        elif where in ("adamw", "stall"):
+            opt._adamw_group_step = exit_now if where == "adamw" else lambda group, params: time.sleep(STALL_S)
     out: dict = {"ranks": world}
     try:
         train_step(1)
@@ -184,9 +230,13 @@ def killed_inside_step(rank: int, world: int, where: str, directory: str) -> dic
         out["step 2"] = first_line(error)
     torn = opt.torn_step
     out["torn"] = None if torn is None else (torn.step_idx, torn.phase, torn.error)
-    for name, call in (("step", opt.step), ("state_dict", opt.state_dict),
-                       ("save", lambda: dmuon.checkpoint.save({"model": model.state_dict(), "optim": opt},
-                                                              os.path.join(directory, "ckpt")))):
+    out["unchanged"] = _same_state(opt.state_dict(torn_ok=True), saved)
+    calls = [("state_dict", opt.state_dict)]
+    if torn is not None:
+        calls += [("step", opt.step),
+                  ("save", lambda: dmuon.checkpoint.save({"model": model.state_dict(), "optim": opt},
+                                                         os.path.join(directory, "ckpt")))]
+    for name, call in calls:
         try:
             call()
             out[name] = "no error"

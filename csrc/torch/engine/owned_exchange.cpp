@@ -99,7 +99,7 @@ size_t OwnedExchange::param_at(int64_t i, const char* call) const {
 }
 
 std::string OwnedExchange::at_step(const std::string& what) const {
-  return "step " + std::to_string(step_idx_) + ": " + what;
+  return what + " (step " + std::to_string(exchange_->step_idx()) + ")";
 }
 
 std::vector<std::vector<int>> OwnedExchange::buckets() const {
@@ -193,8 +193,7 @@ void OwnedExchange::end_window(int64_t step_idx) {
   // NOTE: every rank issued the same buckets: finished (level 1 issued and waited) before
   // they are dropped, so that the next window's collectives meet their peers'.
   progress(true);
-  exchange_->end_window();
-  step_idx_ = step_idx + 1;
+  exchange_->end_window(step_idx);
 }
 
 // NOTE: the side stream waits for what backward enqueued so far (the buckets' gradients,

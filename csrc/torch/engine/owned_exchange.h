@@ -115,7 +115,6 @@ class OwnedExchange {
   std::vector<std::unique_ptr<step::Pending>> published_;  // [param] its publish in flight
   std::function<void(const std::vector<int>&)> hand_over_;
   const void* attached_ = nullptr;
-  int64_t step_idx_ = 1;
 };
 
 }  // namespace dmuon::torch_adapter
