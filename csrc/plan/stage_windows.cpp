@@ -21,25 +21,31 @@ std::vector<int> backward_stage_windows(const Problem& problem, const std::vecto
                 " (ids are >= 0, or -1 for none)");
     group[k] = known ? group_of[k] : static_cast<int>(n - 1 - k);
   }
-  // Wire bytes per group, in hand-over order; matrices of no group after every group.
-  std::map<int, int64_t> bytes_of;
+  // Wire bytes and matrices per group, in hand-over order; matrices of no group after every group.
+  std::map<int, int64_t> bytes_of, count_of;
   int64_t total = 0;
   for (size_t k = 0; k < n; ++k) {
     if (group[k] < 0) continue;
     bytes_of[group[k]] += problem.matrices[k].wire_bytes;
+    ++count_of[group[k]];
     total += problem.matrices[k].wire_bytes;
   }
-  // Runs of whole groups: a window closes at a group's end once it holds half a mean group.
+  // Runs of whole groups: a window closes at a group's end once it holds half a mean group
+  // and a matrix for every rank (half the matrices, where there are fewer than two per rank).
   const int64_t enough = bytes_of.empty() ? 1 : std::max<int64_t>(1, total / (2 * static_cast<int64_t>(bytes_of.size())));
+  int64_t grouped = 0;
+  for (const auto& [g, c] : count_of) grouped += c;
+  const int64_t per_window = std::max<int64_t>(1, std::min<int64_t>(problem.world_size(), (grouped + 1) / 2));
   std::map<int, int> window_of_group;
   int id = 0;
-  int64_t bytes = 0;
+  int64_t bytes = 0, matrices = 0;
   for (const auto& [g, b] : bytes_of) {
     window_of_group[g] = id;
     bytes += b;
-    if (bytes >= enough) {
+    matrices += count_of[g];
+    if (bytes >= enough && matrices >= per_window) {
       ++id;
-      bytes = 0;
+      bytes = matrices = 0;
     }
   }
   // NOTE: matrices of no group take the window still open, or one after the last.

@@ -119,9 +119,18 @@ std::string late_stage_note(const plan::Problem& problem, const std::vector<int>
     }
   }
   if (total == 0 || 2 * late <= total) return "";
+  // NOTE: what to change: a stage holds a matrix per rank (plan/stage_windows.h), so a model
+  // of fewer than two matrices per rank makes two stages at most however it is sharded.
+  const int world = problem.world_size();
+  const std::string cause =
+      static_cast<int64_t>(windows.size()) < 2 * static_cast<int64_t>(world)
+          ? "; a stage holds at least one matrix per rank, and " + std::to_string(windows.size()) +
+                " matrices over " + std::to_string(world) + " ranks make few stages: set backward_step=False"
+          : "; the stages are runs of what backward hands over together (each fully_shard unit): apply "
+            "fully_shard to each block, or set backward_step=False";
   return "the last of its " + std::to_string(last + 1) + " backward stages holds " + std::to_string(late_matrices) +
          " of " + std::to_string(windows.size()) + " matrices (" + std::to_string(100 * late / total) +
-         "% of their wire bytes), and it starts only when backward has ended";
+         "% of their wire bytes), and it starts only when backward has ended" + cause;
 }
 
 // One all_reduce: no rank failed to make its plan and every rank holds the same hash.

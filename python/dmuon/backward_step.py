@@ -21,8 +21,9 @@ Contract (docs/configuration.md, ``Execution.backward_step``):
 
 The stages: the hooks of the backward before the runtime is made record which parameters
 each FSDP2 group hands over, in hook order (DDP: none; each matrix a group, the last one
-first); the engine forms the stages of runs of whole groups (plan/stage_windows.h), so
-that every stage but the last can leave inside backward whatever the model's size. Where
+first); the engine forms the stages of runs of whole groups, each of a matrix per rank
+(plan/stage_windows.h), so that every stage but the last can leave inside backward
+whatever the model's size. Where
 the last stage holds more than half the matrices' bytes (one FSDP2 unit for the whole
 model), the runtime warns once, naming what to change.
 

@@ -136,7 +136,7 @@ class _Groups:
 def _timeout_of(group: Any) -> Any:
     """The timeout of `group`'s collectives (init_process_group's, for the default group);
     None where its backend does not say."""
-    for device in group._device_types:
+    for device in getattr(group, "_device_types", ()):
         options = getattr(group._get_backend(device), "options", None)
         if options is not None and hasattr(options, "_timeout"):
             return options._timeout

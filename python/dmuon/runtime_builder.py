@@ -212,7 +212,5 @@ def ensure_runtime(opt: Any, checks: Any = None) -> Any:
         owned_group_slot=[slot[group_of[id(p)]] for p in owned])
     note = opt._runtime.backward_stage_note
     if note and (group is None or dist.get_rank(group) == 0):
-        warnings.warn(f"Execution.backward_step=True: {note}. The stages are runs of what backward hands over "
-                      "together (each fully_shard unit): apply fully_shard to each block, or set "
-                      "backward_step=False", UserWarning, stacklevel=4)
+        warnings.warn(f"Execution.backward_step=True: {note}", UserWarning, stacklevel=4)
     return opt._runtime

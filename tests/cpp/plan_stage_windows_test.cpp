@@ -32,7 +32,7 @@ std::vector<int> layer_groups(int num_layers) {
 }
 
 // Hand-checked, wire bytes 2·rows·cols: in hand-over order, a window of whole groups closes
-// once it holds half the mean group's bytes.
+// once it holds half the mean group's bytes and a matrix per rank.
 TEST(PlanStageWindows, WindowsAreRunsOfGroupsOfAtLeastHalfTheMeanGroup) {
   // Bytes 2048 (a), 512 (b), 512 (c), 2048 (d), 512 (e).
   const std::vector<MatrixSpec> matrices = {{"a", 32, 32}, {"b", 16, 16}, {"c", 16, 16}, {"d", 32, 32}, {"e", 16, 16}};
@@ -51,11 +51,18 @@ TEST(PlanStageWindows, WindowsAreRunsOfGroupsOfAtLeastHalfTheMeanGroup) {
   // A matrix of no group joins the window left open, or one of its own after the last.
   EXPECT_EQ(backward_stage_windows(two, {-1, 1, 1, 0, 0}), (std::vector<int>{2, 1, 1, 0, 0}));
   EXPECT_EQ(backward_stage_windows(two, {-1, 0, 0, 0, 0}), (std::vector<int>{1, 0, 0, 0, 0}));
-  // Same-size matrices: each its own window, whatever the world size.
+  // Same-size matrices: a window holds a matrix per rank (world 3: threes), or half of them
+  // where there are fewer than two per rank (world 8: halves).
   const std::vector<MatrixSpec> same(6, MatrixSpec{"w", 16, 16});
-  options.world_size = 8;
+  options.world_size = 3;
   const Problem six = build_problem(same, options, AnalyticCostModel::gpu_default().as_cost_fn());
-  EXPECT_EQ(backward_stage_windows(six, {}), (std::vector<int>{5, 4, 3, 2, 1, 0}));
+  EXPECT_EQ(backward_stage_windows(six, {}), (std::vector<int>{1, 1, 1, 0, 0, 0}));
+  // Groups of two at world 3: a window closes after the group that brings it to three.
+  EXPECT_EQ(backward_stage_windows(six, {2, 2, 1, 1, 0, 0}), (std::vector<int>{1, 1, 0, 0, 0, 0}));
+  EXPECT_EQ(backward_stage_windows(six, {2, 2, 2, 1, 0, 0}), (std::vector<int>{1, 1, 1, 0, 0, 0}));
+  options.world_size = 8;
+  const Problem six_of_eight = build_problem(same, options, AnalyticCostModel::gpu_default().as_cost_fn());
+  EXPECT_EQ(backward_stage_windows(six_of_eight, {}), (std::vector<int>{1, 1, 1, 0, 0, 0}));
   // Errors name the argument.
   EXPECT_THROW(backward_stage_windows(two, {0, 0}), dmuon::Error);
   EXPECT_THROW(backward_stage_windows(two, {0, 0, -2, 0, 0}), dmuon::Error);
@@ -121,7 +128,8 @@ TEST(PlanStageWindows, StagesAreTheWindowsAndLeaveEarlier) {
     Plan after = before;
     spread_backward_stages(problem, layer_groups(16), after);
     const std::vector<int> windows = backward_stage_windows(problem, layer_groups(16));
-    ASSERT_EQ(windows.front(), 15);  // one window per layer
+    // A window per layer (7 matrices) at D = 4; per two layers at D = 8 (a matrix per rank).
+    ASSERT_EQ(windows.front(), D == 4 ? 15 : 7);
     const auto stages = step::plan_stage_loads(problem, after, stage_bytes, 2, true, true, layer_groups(16));
     ASSERT_EQ(static_cast<int>(stages.size()), windows.front() + 1);
     int64_t matrices = 0;

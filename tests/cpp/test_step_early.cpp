@@ -566,22 +566,25 @@ TEST(EarlyExchange, BackwardOrderSpreadsThePlanOverWindows) {
     return c;
   };
   EXPECT_EQ(counts(before), counts(after));
-  // Stages: disjoint runs of consecutive items, the last items first.
+  // Stages: disjoint runs of consecutive items, the last items first, each but the last of a
+  // matrix per rank at least.
   int next = table.num_items() - 1;
-  for (const auto& items : items_of_stages(runs[1].stages[0], false)) {
+  const auto stages = items_of_stages(runs[1].stages[0], false);
+  for (const auto& items : stages) {
     ASSERT_FALSE(items.empty());
     const int lo = *std::min_element(items.begin(), items.end());
     const int hi = *std::max_element(items.begin(), items.end());
     EXPECT_EQ(hi, next);
     EXPECT_EQ(static_cast<int>(items.size()), hi - lo + 1);
+    if (&items != &stages.back()) EXPECT_GE(static_cast<int>(items.size()), kWorld);
     next = lo - 1;
   }
   EXPECT_EQ(next, -1);
-  EXPECT_GT(runs[1].stages[0].size(), 3u);
+  EXPECT_GE(stages.size(), 3u);
 }
 
 // EngineOptions::backward_groups: the stages are runs of whole groups in hand-over order,
-// the same on every rank; one group of everything is one stage, which the engine's note
+// the same on every rank, each of a matrix per rank; one group of everything is one stage, which the engine's note
 // names; groups that differ between ranks fail the plan's agreement on every rank, and a
 // list of another length names the option.
 TEST(EarlyExchange, BackwardGroupsMakeTheStages) {
@@ -613,11 +616,16 @@ TEST(EarlyExchange, BackwardGroupsMakeTheStages) {
   for (const std::string& e : pairs_errors) EXPECT_EQ(e, "");
   EXPECT_EQ(pairs, (std::vector<std::vector<int>>{{6, 7}, {4, 5}, {2, 3}, {0, 1}}));
   EXPECT_EQ(pairs_note, "");
+  // A layer per group: a stage holds a matrix per rank, so the same four stages of two.
+  const auto [singles, singles_note, singles_errors] = run([](int) { return std::vector<int>{7, 6, 5, 4, 3, 2, 1, 0}; });
+  for (const std::string& e : singles_errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(singles, pairs);
   // One group: one stage, left only when backward has ended.
   const auto [one, one_note, one_errors] = run([](int) { return std::vector<int>(8, 0); });
   for (const std::string& e : one_errors) EXPECT_EQ(e, "");
   EXPECT_EQ(one.size(), 1u);
   EXPECT_NE(one_note.find("holds 8 of 8 matrices"), std::string::npos) << one_note;
+  EXPECT_NE(one_note.find("apply fully_shard to each block"), std::string::npos) << one_note;
   // Groups that differ between ranks: every rank fails the plan's agreement.
   const auto [_, __, differ] = run([](int r) { return r == 0 ? std::vector<int>(8, 0) : std::vector<int>{3, 3, 2, 2, 1, 1, 0, 0}; });
   for (const std::string& e : differ) EXPECT_NE(e.find("differs between ranks"), std::string::npos) << e;
