@@ -26,6 +26,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 import torch.distributed as dist
 
 from dmuon import torn_state
@@ -118,11 +119,11 @@ def _prepare(staging: Path, directory: Path, previous: Path) -> None:
     staging.parent.mkdir(parents=True, exist_ok=True)
 
 
-def _on_rank0(fn: Callable[[], Any], what: str, group: Any, refusal: str | None = None) -> Any:
+def _on_rank0(fn: Callable[[], Any], what: str, group: Any, refusal: Exception | None = None) -> Any:
     """fn() on rank 0 of `group` (the only process without one), its value returned on every
     rank; its error raised on every rank as CheckpointError naming `what` (the other ranks
     wait for it here). `refusal`: why this rank refuses the operation (None: it does not);
-    raised as TornStateError there and as CheckpointError naming it on the other ranks."""
+    raised there and as CheckpointError naming it on the other ranks."""
     distributed = dist.is_available() and dist.is_initialized()
     value, error = None, None
     if not distributed or dist.get_rank(group) == 0:
@@ -133,11 +134,12 @@ def _on_rank0(fn: Callable[[], Any], what: str, group: Any, refusal: str | None 
     refusals = [(0, refusal)]
     if distributed:
         boxes: list[Any] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(boxes, (value, str(error) if error is not None else None, refusal), group=group)
+        dist.all_gather_object(boxes, (value, str(error) if error is not None else None,
+                                       None if refusal is None else str(refusal)), group=group)
         value, error, _ = boxes[0]
         refusals = list(enumerate(box[2] for box in boxes))
     if refusal is not None:
-        raise torn_state.TornStateError(refusal)
+        raise refusal
     for rank, why in refusals:
         if why is not None:
             raise CheckpointError(f"{what}: rank {rank} refused it: {why}")
@@ -173,8 +175,14 @@ def save(state: dict[str, Any], directory: str | os.PathLike, *, process_group: 
     torn = None if torn_ok else torn_state.refusal(state)
     if torn is not None and not torn.agree:
         raise torn_state.TornStateError(torn.message("dmuon.checkpoint.save"))
-    _on_rank0(lambda: _prepare(staging, directory, previous), f"preparing to save {directory}", process_group,
-              None if torn is None else torn.message("dmuon.checkpoint.save"))
+    refusal = torn_state.TornStateError(torn.message("dmuon.checkpoint.save")) if torn is not None else None
+    freed = _freed_tensor(state)
+    if refusal is None and freed is not None:
+        refusal = CheckpointError(
+            f"dmuon.checkpoint.save: {freed} holds no memory on this rank (a weight of the weight-ownership mode "
+            "that this rank does not own, or its momentum): save inside `with owned.materialized(optimizer):`, "
+            "where every rank holds every owned weight")
+    _on_rank0(lambda: _prepare(staging, directory, previous), f"preparing to save {directory}", process_group, refusal)
     try:
         _dcp(dcp.save, state, str(staging), process_group)
     except CheckpointException as error:
@@ -185,6 +193,21 @@ def save(state: dict[str, Any], directory: str | os.PathLike, *, process_group: 
         _swap_in(staging, directory, previous)
 
     _on_rank0(finish, f"completing the save of {directory}", process_group)
+
+
+def _freed_tensor(state: dict[str, Any]) -> str | None:
+    """The key path of a tensor in `state` whose storage was freed (fewer bytes than its
+    elements need: dmuon.own_matrices frees the non-owners' weights outside
+    `materialized`), or None. NOTE: DCP reads such a tensor's memory and crashed the process
+    (a segfault inside torch.distributed.checkpoint) where it was not refused here."""
+    from torch.utils._pytree import tree_flatten_with_path, keystr
+
+    for path, leaf in tree_flatten_with_path(state)[0]:
+        tensor = getattr(leaf, "_local_tensor", leaf)
+        if (isinstance(tensor, torch.Tensor) and tensor.numel() > 0 and not tensor.is_meta
+                and tensor.untyped_storage().nbytes() < tensor.numel() * tensor.element_size()):
+            return f"state{keystr(path)}"
+    return None
 
 
 def found(directory: str | os.PathLike) -> bool:

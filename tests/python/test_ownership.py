@@ -74,6 +74,16 @@ def test_checkpoint_resumes_through_dcp_at_any_world_size(tmp_path, load_world):
     assert_every_rank_matches(loaded, saved, 0.0 if load_world == 2 else 1e-5)
 
 
+def test_a_save_outside_materialized_is_refused_on_every_rank_with_nothing_written(tmp_path):
+    # Catches: DCP reading a non-owner's freed weight (it crashed the process), a rank that
+    # refuses while another waits in the save's collectives, a half-written directory.
+    results = run_distributed(ownership_save_outside_materialized, 2, str(tmp_path / "ckpt"))
+    for rank, error in results.items():
+        assert "holds no memory on this rank" in error and "owned.materialized(optimizer)" in error, (rank, error)
+        assert "state['model']['" in error, (rank, error)
+    assert not list(tmp_path.iterdir()), "a refused save wrote nothing"
+
+
 # ------------------------------------------------------------------- NaN/Inf policy
 @pytest.mark.parametrize("case", ["raise", "skip", "corrupt"])
 def test_a_bad_value_on_one_rank_raises_or_skips_everywhere_and_changes_nothing(case):
@@ -317,6 +327,22 @@ def ownership_checkpoint_resumes(rank: int, world: int, path: str, phase: str) -
     train(range(2, 4))
     with owned.materialized(opt):
         return snapshot(model, opt)
+
+
+def ownership_save_outside_materialized(rank: int, world: int, path: str) -> str:
+    """One step, then a save of the model's state dict outside owned.materialized(): the
+    error this rank raises."""
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    dmuon.own_matrices(model, replicate_others=True)
+    opt = dmuon.DMuon(model, lr=0.01)
+    _loss(model, _batches(0, 1, 4)[2 * rank:2 * rank + 2]).backward()
+    opt.step()
+    try:
+        dmuon.checkpoint.save({"model": model.state_dict()}, path)
+    except dmuon.checkpoint.CheckpointError as error:
+        return str(error)
+    return "saved"
 
 
 class _Blocks(nn.Module):
