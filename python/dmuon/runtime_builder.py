@@ -154,8 +154,8 @@ def _backward_step_on(opt: Any, handle: Any) -> bool:
     """Whether the step begins inside backward (Execution.backward_step); ValueError where it
     was asked for and cannot, or where the owned matrices meet NorMuon."""
     # NOTE: None: off (measured default, docs/configuration.md: on the fake ranks of
-    # worlds 8 and 64, and on 2 Gloo CPU processes with a stage per block, the step begun
-    # from backward never beat the step after it).
+    # worlds 8 and 64, and on 2 Gloo CPU processes, no run has shown forward + backward
+    # within 2% of the step after backward with less left after it).
     wanted = opt.execution.backward_step
     # NOTE: NorMuon's row state is made at step(): the step of such groups cannot begin
     # inside backward (column blocks can: they are pieces of the tensors).
