@@ -196,16 +196,21 @@ def save(state: dict[str, Any], directory: str | os.PathLike, *, process_group: 
 
 
 def _freed_tensor(state: dict[str, Any]) -> str | None:
-    """The key path of a tensor in `state` whose storage was freed (fewer bytes than its
-    elements need: dmuon.own_matrices frees the non-owners' weights outside
-    `materialized`), or None. NOTE: DCP reads such a tensor's memory and crashed the process
-    (a segfault inside torch.distributed.checkpoint) where it was not refused here."""
-    from torch.utils._pytree import tree_flatten_with_path, keystr
+    """The key path of a tensor in `state` whose storage was freed (elements over a storage
+    of no bytes: dmuon.own_matrices frees the non-owners' weights outside `materialized`),
+    or None. NOTE: DCP reads such a tensor's memory and crashed the process (a segfault
+    inside torch.distributed.checkpoint) where it was not refused here."""
+    from torch.utils._pytree import keystr, tree_flatten_with_path
 
     for path, leaf in tree_flatten_with_path(state)[0]:
         tensor = getattr(leaf, "_local_tensor", leaf)
-        if (isinstance(tensor, torch.Tensor) and tensor.numel() > 0 and not tensor.is_meta
-                and tensor.untyped_storage().nbytes() < tensor.numel() * tensor.element_size()):
+        if not isinstance(tensor, torch.Tensor) or tensor.numel() == 0 or tensor.is_meta:
+            continue
+        try:
+            freed = tensor.untyped_storage().nbytes() == 0
+        except (RuntimeError, NotImplementedError):  # NOTE: subclasses without a storage of their own
+            continue
+        if freed:
             return f"state{keystr(path)}"
     return None
 
