@@ -159,6 +159,21 @@ def test_torn_foreign_and_missing_checkpoints_are_refused_with_a_catchable_error
     assert (other / "notes.txt").read_text() == "mine"
 
 
+def test_a_tensor_over_freed_storage_is_refused_by_name_and_nothing_is_written(tmp_path):
+    # Catches: DCP handed a tensor whose memory was freed (it crashed the process); an
+    # expanded view (a storage smaller than its elements) or an empty tensor taken for one.
+    from dmuon import _C
+
+    freed = torch.ones(4, 4)
+    _C.ownership.free_storage(freed)
+    fine = {"view": torch.zeros(1).expand(10), "empty": torch.zeros(0), "w": torch.ones(3)}
+    dmuon.checkpoint.save(fine, tmp_path / "fine")
+    with pytest.raises(dmuon.checkpoint.CheckpointError,
+                       match=r"state\['model'\]\['w'\] holds no memory on this rank.*owned.materialized"):
+        dmuon.checkpoint.save({"model": {"w": freed}}, tmp_path / "ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fine"]
+
+
 # ---------------------------------------------------------------- on the ranks
 # Train a small model under FSDP2, DDP or on one process, save or load through
 # dmuon.checkpoint (torch.distributed.checkpoint into a directory swapped in whole), and
