@@ -135,7 +135,7 @@ StartAgreed agree_start(Transport& transport, const StartChecks& checks, const S
   local[kChanged] = checks.changed ? 1 : 0;
   const std::string at = "step " + std::to_string(step_idx);
   const std::vector<int64_t> all =
-      transport.all_reduce(local, ReduceOp::kMax, at + ": all_reduce of the start agreement");
+      transport.all_reduce(local, ReduceOp::kMax, "all_reduce of the start agreement (" + at + ")");
   DMUON_CHECK(all.size() == local.size(), "the start agreement returned ", all.size(), " values for ", local.size());
   const bool same_structure = same_hash(local, all, kSignatureHi);
   const bool same_presence = same_hash(local, all, kPresenceHi);
@@ -149,7 +149,7 @@ StartAgreed agree_start(Transport& transport, const StartChecks& checks, const S
   // NOTE: only on failure (every rank is here): each rank's texts, to name the cause.
   std::vector<RankView> views;
   for (const std::string& text :
-       transport.all_gather(encode(checks, facts), at + ": all_gather of the failed start agreement's details"))
+       transport.all_gather(encode(checks, facts), "all_gather of the failed start agreement's details (" + at + ")"))
     views.push_back(decode(text));
   if (all[kFailed] != 0) {
     DMUON_CHECK(checks.error.empty(), checks.error);

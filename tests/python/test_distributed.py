@@ -158,7 +158,7 @@ def test_a_dead_rank_makes_the_others_fail_naming_step_and_collective():
                               timeout_s=90, collective_timeout_s=10)
     assert "exited with code 17" in results[2]
     for rank in (0, 1):
-        assert "step 2: all_reduce of the start agreement failed" in results[rank], results[rank]
+        assert "all_reduce of the start agreement (step 2) failed" in results[rank], results[rank]
 
 
 @pytest.mark.slow
@@ -189,7 +189,7 @@ def test_a_stalled_rank_makes_the_others_fail_within_the_timeout():
     results = run_distributed(dist_workers.a_rank_dies_mid_training, 3, "stall", expect_errors=True,
                               timeout_s=90, collective_timeout_s=5)
     for rank in (0, 1):
-        assert "step 2: all_reduce of the start agreement failed" in results[rank], results[rank]
+        assert "all_reduce of the start agreement (step 2) failed" in results[rank], results[rank]
 
 
 def test_ddp_replicas_stay_bitwise_equal_after_steps_on_a_bfloat16_wire():

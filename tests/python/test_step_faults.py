@@ -39,9 +39,9 @@ _RESULTS = r"all_reduce of the result flags \(step 2\) failed"
 # NOTE: the weight-ownership mode's collectives of step 2 before its start agreement
 # (forward's and backward's publishes, backward's reductions, the unowned parameters'
 # averaging): a survivor's error names whichever it waited on first.
-_OWNED_BEFORE_START = (r"((broadcast of \w+\.weight from its owner|all_to_all of bucket \d+'s gradients to their "
-                       r"owners along the row|all_reduce of the unowned parameters' gradients) \(step 2\)|"
-                       r"step 2: all_reduce of the start agreement) failed")
+_OWNED_BEFORE_START = (r"(broadcast of \w+\.weight from its owner|all_to_all of bucket \d+'s gradients to their "
+                       r"owners along the row|all_reduce of the unowned parameters' gradients|"
+                       r"all_reduce of the start agreement) \(step 2\) failed")
 # (mode, where): the survivors' error, and the phase their torn state names (None: whole).
 CASES = {
     ("fsdp2", "exchange"): (_STAGE, "the Muon part"),
