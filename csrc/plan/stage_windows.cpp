@@ -23,19 +23,18 @@ std::vector<int> backward_stage_windows(const Problem& problem, const std::vecto
   }
   // Wire bytes and matrices per group, in hand-over order; matrices of no group after every group.
   std::map<int, int64_t> bytes_of, count_of;
-  int64_t total = 0;
+  int64_t total = 0, grouped = 0;
   for (size_t k = 0; k < n; ++k) {
     if (group[k] < 0) continue;
     bytes_of[group[k]] += problem.matrices[k].wire_bytes;
     ++count_of[group[k]];
     total += problem.matrices[k].wire_bytes;
+    ++grouped;
   }
   // Runs of whole groups: a window closes at a group's end once it holds half a mean group
-  // and a matrix for every rank (half the matrices, where there are fewer than two per rank).
+  // and matrices_per_backward_window of them.
   const int64_t enough = bytes_of.empty() ? 1 : std::max<int64_t>(1, total / (2 * static_cast<int64_t>(bytes_of.size())));
-  int64_t grouped = 0;
-  for (const auto& [g, c] : count_of) grouped += c;
-  const int64_t per_window = std::max<int64_t>(1, std::min<int64_t>(problem.world_size(), (grouped + 1) / 2));
+  const int64_t per_window = matrices_per_backward_window(problem.world_size(), grouped);
   std::map<int, int> window_of_group;
   int id = 0;
   int64_t bytes = 0, matrices = 0;
@@ -52,6 +51,10 @@ std::vector<int> backward_stage_windows(const Problem& problem, const std::vecto
   std::vector<int> window(n);
   for (size_t k = 0; k < n; ++k) window[k] = group[k] >= 0 ? window_of_group[group[k]] : id;
   return window;
+}
+
+int64_t matrices_per_backward_window(int world_size, int64_t num_matrices) {
+  return std::max<int64_t>(1, std::min<int64_t>(world_size, (num_matrices + 1) / 2));
 }
 
 bool uses_backward_windows(const Problem& problem) { return problem.world_size() > 1 && !problem.has_homes(); }

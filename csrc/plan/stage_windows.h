@@ -62,6 +62,10 @@ namespace dmuon::plan {
 /// every rank. Errors name the argument: group_of of another size or below −1.
 std::vector<int> backward_stage_windows(const Problem& problem, const std::vector<int>& group_of);
 
+/// The fewest matrices a window closes with: one per rank, or half of `num_matrices` where
+/// there are fewer than two per rank (so that two windows remain); at least 1.
+int64_t matrices_per_backward_window(int world_size, int64_t num_matrices);
+
 /// Whether a step begun from backward spreads this problem's plan and makes its stages of
 /// the windows: several ranks and no homes. NOTE: with homes (MoE experts whole on a rank)
 /// the plan is kept, and a window of consecutive experts would sit on one or two homes;

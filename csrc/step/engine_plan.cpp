@@ -123,7 +123,7 @@ std::string late_stage_note(const plan::Problem& problem, const std::vector<int>
   // of fewer than two matrices per rank makes two stages at most however it is sharded.
   const int world = problem.world_size();
   const std::string cause =
-      static_cast<int64_t>(windows.size()) < 2 * static_cast<int64_t>(world)
+      plan::matrices_per_backward_window(world, static_cast<int64_t>(windows.size())) < world
           ? "; a stage holds at least one matrix per rank, and " + std::to_string(windows.size()) +
                 " matrices over " + std::to_string(world) + " ranks make few stages: set backward_step=False"
           : "; the stages are runs of what backward hands over together (each fully_shard unit): apply "
