@@ -176,8 +176,8 @@ def save(state: dict[str, Any], directory: str | os.PathLike, *, process_group: 
     if torn is not None and not torn.agree:
         raise torn_state.TornStateError(torn.message("dmuon.checkpoint.save"))
     refusal = torn_state.TornStateError(torn.message("dmuon.checkpoint.save")) if torn is not None else None
-    freed = _freed_tensor(state)
-    if refusal is None and freed is not None:
+    freed = _freed_tensor(state) if refusal is None else None
+    if freed is not None:
         refusal = CheckpointError(
             f"dmuon.checkpoint.save: {freed} holds no memory on this rank (a weight of the weight-ownership mode "
             "that this rank does not own, or its momentum): save inside `with owned.materialized(optimizer):`, "
