@@ -585,7 +585,7 @@ TEST(EarlyExchange, BackwardOrderSpreadsThePlanOverWindows) {
 
 // EngineOptions::backward_groups: the stages are runs of whole groups in hand-over order,
 // the same on every rank, each of a matrix per rank; one group of everything is one stage, which the engine's note
-// names; groups that differ between ranks fail the plan's agreement on every rank, and a
+// names with its cause (the grouping, or fewer than two matrices per rank); groups that differ between ranks fail the plan's agreement on every rank, and a
 // list of another length names the option.
 TEST(EarlyExchange, BackwardGroupsMakeTheStages) {
   constexpr int kWorld = 2;
@@ -626,6 +626,21 @@ TEST(EarlyExchange, BackwardGroupsMakeTheStages) {
   EXPECT_EQ(one.size(), 1u);
   EXPECT_NE(one_note.find("holds 8 of 8 matrices"), std::string::npos) << one_note;
   EXPECT_NE(one_note.find("apply fully_shard to each block"), std::string::npos) << one_note;
+  // Fewer than two matrices per rank (3 over 4 ranks): the note names that cause instead.
+  const World few({{"a", {8, 8}}, {"b", {8, 8}}, {"c", {16, 8}}}, 4, 1, 97);
+  std::string few_note;
+  dmuon::testing::LoopbackWorld four(4);
+  for (const std::string& e : four.run([&](int r) {
+         dmuon::step::CpuOps cpu;
+         EngineOptions options = many_stages(dmuon::step::Mode::kOwner);
+         options.backward_groups = {0, 0, 0};
+         StepEngine engine(four.transport(r), cpu, few.specs(), options);
+         engine.begin_step(owned_rules(), 1);
+         if (r == 0) few_note = engine.backward_stage_note();
+         engine.discard();
+       }))
+    EXPECT_EQ(e, "");
+  EXPECT_NE(few_note.find("3 matrices over 4 ranks make few stages"), std::string::npos) << few_note;
   // Groups that differ between ranks: every rank fails the plan's agreement.
   const auto [_, __, differ] = run([](int r) { return r == 0 ? std::vector<int>(8, 0) : std::vector<int>{3, 3, 2, 2, 1, 1, 0, 0}; });
   for (const std::string& e : differ) EXPECT_NE(e.find("differs between ranks"), std::string::npos) << e;
