@@ -146,6 +146,11 @@ class StepEngine {
   /// must stay alive and unchanged until the step is committed or discarded. Throws
   /// naming a bad id or an id made ready twice.
   void items_ready(const std::vector<int>& items, const std::vector<ParamTensors>& tensors);
+  /// Whether items_ready(items) would start work now: one of them is worked on at once
+  /// (whole on this rank, which computes it), or with the items marked so far they complete
+  /// the next stage to issue. True where no step is begun or an id is bad (items_ready then
+  /// throws naming it). A caller may hold its hand-overs until this says so.
+  bool items_start_work(const std::vector<int>& items) const;
   /// Whether a step is open (begun, or finished and not yet committed or discarded).
   bool step_open() const { return early_ != nullptr || agreed_ != nullptr; }
   /// The rest of the step's check, then the agreement over every rank (several ranks, or

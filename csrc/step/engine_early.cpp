@@ -101,6 +101,24 @@ void StepEngine::items_ready(const std::vector<int>& items, const std::vector<Pa
   advance_stages(tensors);
 }
 
+bool StepEngine::items_start_work(const std::vector<int>& items) const {
+  if (!early_) return true;
+  const Early& early = *early_;
+  std::vector<int> given = items;
+  std::sort(given.begin(), given.end());
+  for (int item : given) {
+    if (item < 0 || item >= table_.num_items()) return true;
+    const bool travels = world_ > 1 && table_.param(table_.item(item).param_idx).whole_on_rank < 0;
+    if (!travels && computes(item, rank_)) return true;
+  }
+  if (world_ == 1 || early.next_stage >= stages_.size()) return false;
+  for (const NsBatch& batch : stages_[early.next_stage].batches)
+    for (int item : batch.items)
+      if (!early.marked[static_cast<size_t>(item)] && !std::binary_search(given.begin(), given.end(), item))
+        return false;
+  return true;
+}
+
 // Items whole on this rank, which it computes: check, staged momentum and NS now.
 void StepEngine::local_items_ready(const std::vector<int>& work, const std::vector<ParamTensors>& tensors) {
   Early& early = *early_;

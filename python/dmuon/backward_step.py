@@ -68,17 +68,6 @@ from dmuon import distributed
 from dmuon.runtime_builder import group_rules
 
 
-def _norms(local_grads: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The float64 norm of each local gradient (device scalars; float64 takes every
-    gradient dtype without narrowing), in one multi-tensor pass.
-    NOTE: what tells a gradient changed since it was handed over, with the tensor and its
-    local storage: measured on torch 2.11, clip_grad_norm_ on FSDP2's DTensor gradients
-    scales them in place without moving either version counter, so the values themselves
-    are compared (read once at step()). One pass per call, not one norm per parameter: the
-    hooks run inside backward, where a host-bound loop waits for every launch."""
-    return list(torch._foreach_norm(local_grads, 2, dtype=torch.float64))
-
-
 class BackwardStep:
     """The begun step of one DMuon optimizer (see the module docstring)."""
 
@@ -86,8 +75,9 @@ class BackwardStep:
         self.opt = optimizer
         self.handles: list[Any] = []
         self.attached: list[str] = []  # what was attached ("fsdp2", "ddp")
-        # Muon index → (gradient tensor, its local storage's address, its norm) when handed over
-        self.ready: dict[int, tuple] = {}
+        # Muon index → its gradient tensor when handed over (the runtime keeps the fingerprints
+        # of what the engine read: EngineRuntime.grads_changed)
+        self.ready: dict[int, torch.Tensor] = {}
         self.fresh: dict[int, torch.Tensor] = {}  # engine index → zeros buffer made for the begun step
         self.pending: list[tuple[list[torch.Tensor], Any]] = []  # DDP buckets whose all-reduce is in flight
         # FSDP2 groups reduced but not handed over yet: (sharded params, post-reduce event or None, group)
@@ -267,14 +257,10 @@ class BackwardStep:
             params.append(distributed.local(p))
             grads.append(distributed.local(p.grad))
             buffers.append(distributed.local(buffer))
-        # NOTE: host ranges of their own, so that a profile splits the hook's time between
-        # the fingerprint norms and the engine (its stage's check, exchange and NS).
-        with torch.profiler.record_function("dmuon.backward_step.norms"):
-            norms = _norms(grads)
-        for i, local_grad, norm in zip(idxs, grads, norms):
-            self.ready[i] = (muon[i][1].grad, local_grad.data_ptr(), norm)
-        with torch.profiler.record_function("dmuon.backward_step.engine"):
-            runtime.params_ready(idxs, params, grads, buffers)
+            self.ready[i] = p.grad
+        # NOTE: the runtime holds them until they start work (a stage complete); its
+        # "dmuon.backward_step.engine" host range is the engine's share of this one.
+        runtime.params_ready(idxs, params, grads, buffers)
 
     def take(self) -> tuple[dict[int, torch.Tensor], bool]:
         """At step(): the begun step's fresh momentum buffers (by engine index), and whether
@@ -293,21 +279,12 @@ class BackwardStep:
             self._reset()
             return {}, False
         muon = self._muon if self._muon is not None else self.opt._muon_params()
-        changed = False
-        then, now = [], []
-        for i, (grad, ptr, norm) in self.ready.items():
-            p = muon[i][1]
-            local_grad = distributed.local(p.grad) if p.grad is grad else None
-            if local_grad is None or local_grad.data_ptr() != ptr:
-                changed = True
-                break
-            then.append(norm)
-            now.append(local_grad)
-        if not changed and then:
-            # NOTE: a NaN norm stays NaN with the same gradient (NaN ≠ NaN would redo every
-            # begun step of a NaN gradient, and the begun step's own check would never see it).
-            before, after = torch.stack(then), torch.stack(_norms(now))
-            changed = bool(((before != after) & ~(before.isnan() & after.isnan())).any().item())
+        # NOTE: a gradient replaced since (its tensor object) is told here; one scaled in
+        # place, by the runtime's fingerprints of what the engine read.
+        changed = any(muon[i][1].grad is not grad for i, grad in self.ready.items())
+        if not changed and self.ready:
+            changed = runtime.grads_changed(list(self.ready),
+                                            [distributed.local(muon[i][1].grad) for i in self.ready])
         fresh = self.fresh
         self._reset()
         return fresh, changed

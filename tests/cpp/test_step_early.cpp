@@ -63,6 +63,10 @@ struct Drive {
   bool discard_before_finish = false;
   EngineOptions options{};
   bool sparse_views = false;  // each items_ready call describes only its items' parameters
+  // The ready calls held until they start work (StepEngine::items_start_work), as the torch
+  // adapter does; `given_calls` (per rank) counts the items_ready calls made.
+  bool hold_until_work = false;
+  std::vector<int>* given_calls = nullptr;
   // After the ready calls, before step(): a change to the rank's tensors, and whether the
   // rank then says its begun work is stale (StartChecks::changed).
   std::function<void(int rank, RankTensors& t)> after_ready;
@@ -77,7 +81,16 @@ EngineRun drive(const World& world, const std::vector<GroupRule>& rules, int num
   if (!how.ready_calls.empty() || how.two_phase) hooks.step = [&](int r, int s, StepEngine& engine, RankTensors& t) {
     if (!how.ready_calls.empty()) {
       engine.begin_step(rules, s);
+      std::vector<int> held;
       for (const std::vector<int>& ids : how.ready_calls) {
+        if (how.hold_until_work) {
+          held.insert(held.end(), ids.begin(), ids.end());
+          if (!engine.items_start_work(held)) continue;
+          engine.items_ready(held, t.views());
+          held.clear();
+          if (how.given_calls) ++(*how.given_calls)[static_cast<size_t>(r)];
+          continue;
+        }
         std::vector<dmuon::step::ParamTensors> views = t.views();
         if (how.sparse_views) {
           std::vector<dmuon::step::ParamTensors> only(views.size());
@@ -467,7 +480,7 @@ TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
       ASSERT_GT(expected.stats[0].num_stages, 3) << "world " << world_size;
       // Backward order one item or three at a time; some left to step(); forward order
       // (stage k+1 complete before stage k waits for it); two-phase.
-      std::vector<Drive> drives(6);
+      std::vector<Drive> drives(7);
       drives[0].ready_calls = reverse_calls(n, 1, 0);
       drives[1].ready_calls = reverse_calls(n, 3, 0);
       drives[2].ready_calls = reverse_calls(n, 2, 3);
@@ -476,6 +489,11 @@ TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
       drives[4].two_phase = true;
       drives[5].ready_calls = reverse_calls(n, 2, 0);
       drives[5].sparse_views = true;
+      // Held until they start work: an items_ready call per stage at most, the same stages.
+      std::vector<int> given_calls(static_cast<size_t>(world_size), 0);
+      drives[6].ready_calls = reverse_calls(n, 1, 0);
+      drives[6].hold_until_work = true;
+      drives[6].given_calls = &given_calls;
       for (size_t d = 0; d < drives.size(); ++d) {
         drives[d].options = many_stages(mode);
         const EngineRun run = drive(world, owned_rules(), kSteps, drives[d]);
@@ -492,6 +510,10 @@ TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
             EXPECT_LT(stats.early_stages, stats.num_stages) << where << ", rank " << r;
           }
           EXPECT_EQ(stats.num_orthogonalized, expected.stats[static_cast<size_t>(r)].num_orthogonalized) << where;
+          if (d == 6) {
+            EXPECT_GT(given_calls[static_cast<size_t>(r)], 0) << where << ", rank " << r;
+            EXPECT_LE(given_calls[static_cast<size_t>(r)], kSteps * stats.num_stages) << where << ", rank " << r;
+          }
         }
         // Owners ran NS inside items_ready (all but the last stage, whose NS waits for finish()).
         int64_t early_ns = 0;

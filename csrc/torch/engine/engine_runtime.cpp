@@ -2,6 +2,7 @@
 // statistics back to the runtime's (see engine_runtime.h).
 #include "engine/engine_runtime.h"
 
+#include <ATen/record_function.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
@@ -239,7 +240,7 @@ step::StepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
   auto finish = [&] {
     writes_began_ = engine_->writes_began();
     for (auto& [target, copy] : write_back) target.copy_(copy);
-    early_keep_.clear();
+    forget_handovers();
     if (!engine_->results_pending()) record_stats();
   };
   step::StepOutcome outcome;
@@ -271,7 +272,7 @@ std::vector<int64_t> EngineRuntime::agree_results(const std::vector<int64_t>& ex
 void EngineRuntime::begin_step(const std::vector<step::GroupRule>& groups, int64_t step_idx) {
   writes_began_ = false;
   update_rules(groups);
-  early_keep_.clear();
+  forget_handovers();
   engine_->begin_step(rules_, step_idx);
 }
 
@@ -282,17 +283,18 @@ void EngineRuntime::params_ready(const std::vector<int64_t>& ready, at::TensorLi
   DMUON_CHECK(params.size() == ready.size() && grads.size() == ready.size() && momentum.size() == ready.size(),
               "EngineRuntime::params_ready: ", params.size(), " parameters, ", grads.size(), " gradients and ",
               momentum.size(), " momentum buffers for ", ready.size(), " ready parameter indices");
-  OpsStreamScope scope(*ops_);
   const at::Device device = torch_device(ops_->device());
-  std::vector<step::ParamTensors> tensors(n);
-  std::vector<int> items;
+  // NOTE: every hand-over is checked before any is held, so a refused call changes nothing.
+  std::vector<bool> in_call(n, false);
   for (size_t j = 0; j < ready.size(); ++j) {
     const int64_t i = ready[j];
     DMUON_CHECK(i >= 0 && static_cast<size_t>(i) < n, "EngineRuntime::params_ready: parameter index ", i,
                 " outside [0, ", n, ")");
     const size_t k = static_cast<size_t>(i);
     const std::string& name = table.param(static_cast<int>(i)).name;
-    DMUON_CHECK(!tensors[k].has_grad, "EngineRuntime::params_ready: parameter '", name, "' is listed twice");
+    const bool held = std::any_of(held_.begin(), held_.end(), [&](const Handover& h) { return h.index == i; });
+    DMUON_CHECK(!in_call[k] && !held, "EngineRuntime::params_ready: parameter '", name, "' is listed twice");
+    in_call[k] = true;
     DMUON_CHECK(grads[j].defined() && momentum[j].defined(), "EngineRuntime::params_ready: parameter '", name,
                 "' has no gradient or no momentum buffer");
     // NOTE: the engine writes the buffer itself at commit: a copy would be lost.
@@ -300,22 +302,82 @@ void EngineRuntime::params_ready(const std::vector<int64_t>& ready, at::TensorLi
                     momentum[j].numel() == params[j].numel(),
                 "EngineRuntime::params_ready: the momentum buffer of parameter '", name, "' must be contiguous ",
                 dtypes_[k], " [", params[j].numel(), "] on ", device);
-    early_keep_.push_back(grads[j].to(device, dtypes_[k]).contiguous());
     DMUON_CHECK(params[j].is_contiguous(), "EngineRuntime::params_ready: parameter '", name,
                 "' must be contiguous (its rows are applied in place at step())");
-    tensors[k].param = to_buffer(params[j], "parameter '" + name + "'");
+  }
+  for (size_t j = 0; j < ready.size(); ++j) {
+    held_.push_back({ready[j], params[j], grads[j], momentum[j]});
+    const auto [first, count] = table.items_of(static_cast<int>(ready[j]));
+    for (int item = first; item < first + count; ++item) held_items_.push_back(item);
+  }
+  // NOTE: the hand-overs are held until they start work (a stage complete, or an item worked
+  // on at once): inside backward every engine call is host time backward waits for, and
+  // with a stage of a matrix per rank most FSDP2 groups complete none.
+  if (engine_->items_start_work(held_items_)) give_held();
+}
+
+void EngineRuntime::give_held() {
+  RECORD_FUNCTION("dmuon.backward_step.engine", std::vector<c10::IValue>());
+  OpsStreamScope scope(*ops_);
+  const step::ItemTable& table = engine_->items();
+  const at::Device device = torch_device(ops_->device());
+  std::vector<step::ParamTensors> tensors(static_cast<size_t>(table.num_params()));
+  // NOTE: taken out first: a refused hand-over (items_ready throws) leaves none held.
+  const std::vector<Handover> held = std::move(held_);
+  const std::vector<int> items = std::move(held_items_);
+  held_.clear();
+  held_items_.clear();
+  std::vector<at::Tensor> grads;
+  for (const Handover& h : held) {
+    const size_t k = static_cast<size_t>(h.index);
+    const std::string& name = table.param(static_cast<int>(h.index)).name;
+    early_keep_.push_back(h.grad.to(device, dtypes_[k]).contiguous());
+    tensors[k].param = to_buffer(h.param, "parameter '" + name + "'");
     tensors[k].grad = to_buffer(early_keep_.back(), "the gradient of parameter '" + name + "'");
-    tensors[k].momentum = to_buffer(momentum[j], "the momentum buffer of parameter '" + name + "'");
+    tensors[k].momentum = to_buffer(h.momentum, "the momentum buffer of parameter '" + name + "'");
     tensors[k].has_grad = true;
-    const auto [first, count] = table.items_of(static_cast<int>(i));
-    for (int item = first; item < first + count; ++item) items.push_back(item);
+    grads.push_back(h.grad);
   }
   engine_->items_ready(items, tensors);
+  // The fingerprints of what the engine read: each gradient's storage and float64 norm
+  // (one multi-tensor pass), compared at step() by grads_changed.
+  const std::vector<at::Tensor> norms = at::_foreach_norm(grads, 2, at::kDouble);
+  for (size_t j = 0; j < held.size(); ++j) fingerprints_.push_back({held[j].index, held[j].grad.data_ptr(), norms[j]});
+}
+
+void EngineRuntime::forget_handovers() {
+  early_keep_.clear();
+  held_.clear();
+  held_items_.clear();
+  fingerprints_.clear();
+}
+
+bool EngineRuntime::grads_changed(const std::vector<int64_t>& index, const std::vector<at::Tensor>& grads) {
+  DMUON_CHECK(index.size() == grads.size(), "EngineRuntime::grads_changed: ", index.size(), " indices and ",
+              grads.size(), " gradients");
+  if (fingerprints_.empty()) return false;
+  std::vector<const at::Tensor*> now(static_cast<size_t>(engine_->items().num_params()), nullptr);
+  for (size_t j = 0; j < index.size(); ++j) {
+    DMUON_CHECK(index[j] >= 0 && static_cast<size_t>(index[j]) < now.size(),
+                "EngineRuntime::grads_changed: parameter index ", index[j], " outside [0, ", now.size(), ")");
+    now[static_cast<size_t>(index[j])] = &grads[j];
+  }
+  std::vector<at::Tensor> before, after;
+  for (const Fingerprint& f : fingerprints_) {
+    const at::Tensor* g = now[static_cast<size_t>(f.index)];
+    if (g == nullptr || !g->defined() || g->data_ptr() != f.storage) return true;
+    before.push_back(f.norm);
+    after.push_back(*g);
+  }
+  const at::Tensor then = at::stack(before), current = at::stack(at::_foreach_norm(after, 2, at::kDouble));
+  // NOTE: a NaN norm stays NaN with the same gradient (NaN != NaN would redo every begun step
+  // of a NaN gradient, and the begun step's own check would never see it).
+  return ((then != current) & ~(then.isnan() & current.isnan())).any().item<bool>();
 }
 
 void EngineRuntime::discard() {
   engine_->discard();
-  early_keep_.clear();
+  forget_handovers();
 }
 
 std::vector<int> EngineRuntime::item_params() const {

@@ -81,8 +81,15 @@ class EngineRuntime {
   /// must stay alive and unchanged until step() or discard(); momentum buffers must be
   /// contiguous. NOTE: only the ready parameters cross from Python: one call per FSDP2
   /// group inside backward, where every tensor converted is host time backward waits for.
+  /// The hand-overs are held until they start work (step::StepEngine::items_start_work).
   void params_ready(const std::vector<int64_t>& ready, at::TensorList params, const std::vector<at::Tensor>& grads,
                     const std::vector<at::Tensor>& momentum);
+  /// At step(), before it: whether a gradient the begun step read changed since its
+  /// hand-over (its local storage, or its values' float64 norm). `grads`: the current local
+  /// gradients of parameters `index` (the ready ones; undefined: none now). One host read.
+  /// NOTE: measured on torch 2.11, clip_grad_norm_ on FSDP2's DTensor gradients scales them
+  /// in place without moving either version counter, so the values themselves are compared.
+  bool grads_changed(const std::vector<int64_t>& index, const std::vector<at::Tensor>& grads);
   /// Closes a begun step with nothing written.
   void discard();
   bool step_open() const { return engine_->step_open(); }
@@ -144,7 +151,23 @@ class EngineRuntime {
   std::vector<step::GroupRule> rule_source_;
   std::vector<step::GroupRule> rules_;
   std::vector<bool> last_active_;
-  std::vector<at::Tensor> early_keep_;  // converted gradients the begun step reads until step()/discard()
+  // The begun step's hand-overs: held (not given to the engine yet), converted gradients
+  // the engine reads until step()/discard(), and the fingerprints of those it read.
+  struct Handover {
+    int64_t index;
+    at::Tensor param, grad, momentum;
+  };
+  struct Fingerprint {
+    int64_t index;
+    const void* storage;
+    at::Tensor norm;
+  };
+  void give_held();
+  void forget_handovers();
+  std::vector<Handover> held_;
+  std::vector<int> held_items_;
+  std::vector<at::Tensor> early_keep_;
+  std::vector<Fingerprint> fingerprints_;
   bool writes_began_ = false;  // the engine's, as the last step() or agree_results() left it
   step::RuntimeStats stats_;
 };
