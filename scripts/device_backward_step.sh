@@ -9,7 +9,8 @@
 # Default: Qwen2.5-1.5B at fake worlds 8 and 64, micro-batch 1, on and off (each profiled); about
 # 7 minutes on one H100 with a warm build cache.
 # Usage (through the device tool; carry .cutlass): bash scripts/device_backward_step.sh
-# Environment: CASES (whitespace-separated MODEL:D:on|off:ORDER[:profile]; default below),
+# Environment: CASES (whitespace-separated MODEL:D:on|off:ORDER[:profile]; default below; a
+# case given again is a further round, compared on against off within its round),
 # SEQ (4096), STEPS (5), RUN_TIMEOUT (s per run, 150), TIMING_AB (0; 1: one more 1.5B run at
 # fake 64 with DMUON_PROFILE=1, the phases synchronized as before device marks),
 # HOST_PROFILE (MODEL:D[:NARROW], e.g. qwen2.5-7b:64: then DMuon's host time by phase on
@@ -47,7 +48,12 @@ for c in $CASES; do
   IFS=: read -r model world mode order profile <<< "$c"
   extra=()
   [ "${profile:-}" = profile ] && extra=(--profile)
-  run_case "${model}_${world}_${mode}_${order/,/_}" "$model" "$world" "$mode" "$order" "${extra[@]}"
+  # NOTE: a case given again is a second round, its record named _r2 (_r3, ...).
+  name="${model}_${world}_${mode}_${order/,/_}"
+  round=1
+  while [[ " ${runs[*]:-} " == *" $name$([ $round -gt 1 ] && echo _r$round) "* ]]; do round=$((round + 1)); done
+  [ $round -gt 1 ] && name+="_r$round"
+  run_case "$name" "$model" "$world" "$mode" "$order" "${extra[@]}"
 done
 if [ "${TIMING_AB:-0}" = 1 ]; then
   DMUON_PROFILE=1 run_case "qwen2.5-1.5b_64_on_adamw_dmuon_synced" qwen2.5-1.5b 64 on adamw,dmuon
@@ -88,15 +94,17 @@ for name in sys.argv[2:]:
     path = out / f"{name}.json"
     if path.exists():
         model, world, mode = name.split("_")[:3]
-        rows.setdefault((model, world), {})[mode] = json.loads(path.read_text())["optimizers"]["dmuon"]
-print(f"\n{'model':<14} {'D':>3} {'fwd+bwd on/off ms':>20} {'on vs off':>10} {'left on/off ms':>16} "
+        last = name.split("_")[-1]
+        round_ = last[1:] if last[:1] == "r" and last[1:].isdigit() else "1"
+        rows.setdefault((model, world, round_), {})[mode] = json.loads(path.read_text())["optimizers"]["dmuon"]
+print(f"\n{'model':<14} {'D':>3} {'round':>5} {'fwd+bwd on/off ms':>20} {'on vs off':>10} {'left on/off ms':>16} "
       f"{'step on/off ms':>16} {'NS in bwd':>10}")
-for (model, world), r in rows.items():
+for (model, world, round_), r in rows.items():
     if "on" not in r or "off" not in r:
         continue
     on, off = r["on"], r["off"]
     share = on["muon"].get("early_share") if on["muon"] else None
-    print(f"{model:<14} {world:>3} {on['fwd_bwd_ms']:9.1f}/{off['fwd_bwd_ms']:<9.1f} "
+    print(f"{model:<14} {world:>3} {round_:>5} {on['fwd_bwd_ms']:9.1f}/{off['fwd_bwd_ms']:<9.1f} "
           f"{(on['fwd_bwd_ms'] - off['fwd_bwd_ms']) / off['fwd_bwd_ms'] * 100:+9.2f}% "
           f"{on['opt_left_after_backward_ms']:7.1f}/{off['opt_left_after_backward_ms']:<7.1f} "
           f"{on['projected_step_ms']:7.1f}/{off['projected_step_ms']:<7.1f} "
