@@ -235,6 +235,18 @@ def test_with_the_backward_step_off_nothing_leaves_early_and_the_whole_step_is_l
     assert dmuon["opt_left_after_backward_ms"] == pytest.approx(dmuon["opt_projected_ms"])
 
 
+def test_dmuon_backward_begins_its_step_from_backward_beside_dmuon_without_it_in_one_run(tmp_path):
+    # NOTE: on against off within one run, in turns (the fake rank's forward + backward moves
+    # more between runs than between them).
+    out = tmp_path / "both.json"
+    assert main([*_TINY, "--fake-world", "4", "--optimizers", "dmuon,dmuon-backward", "--backward-step", "off",
+                 "--bucket-mb", "0.01", "--json", str(out)]) == 0
+    optimizers = json.loads(out.read_text())["optimizers"]
+    off, on = optimizers["dmuon"], optimizers["dmuon-backward"]
+    assert not off["backward_step"] and off["muon"]["early_stages"] == 0
+    assert on["backward_step"] and 0 < on["muon"]["early_stages"] <= on["muon"]["num_stages"]
+
+
 def test_what_is_left_at_step_adds_the_early_returns_to_the_late_pipeline():
     from dmuon.cli.bench.fake_step_projection import opt_left_after_backward, opt_projected
 

@@ -322,14 +322,15 @@ def _report(results: dict, config: dict, topology: ClusterTopology, env: str, me
         f"{k['count']} {kind} ({k['bytes'] / 1e9:.2f} GB, groups of {'/'.join(map(str, k['group_sizes']))})"
         for kind, k in fsdp["by_kind"].items()) + f" = {fsdp['collectives_s'] * 1e3:.1f} ms on {t['gpus_per_node']}-GPU "
           f"nodes ({t['intra_GBps']:.0f} GB/s inside, {t['inter_GBps']:.1f} GB/s between)")
-    header = (f"{'optimizer':<10} {'fwd+bwd ms':>11} {'projected':>10} {'opt ms':>8} {'projected':>10} "
+    width = max(10, *map(len, optimizers))
+    header = (f"{'optimizer':<{width}} {'fwd+bwd ms':>11} {'projected':>10} {'opt ms':>8} {'projected':>10} "
               f"{'left after bwd':>15} {'step projected':>15} {'vs AdamW':>9}")
     print(header)
     print("-" * len(header))
     adamw = optimizers.get("adamw", {}).get("projected_step_ms")
     for name, o in optimizers.items():
         versus = f"{(o['projected_step_ms'] - adamw) / adamw * 100:+8.2f}%" if adamw else f"{'-':>9}"
-        print(f"{name:<10} {o['fwd_bwd_ms']:11.1f} {o['fwd_bwd_projected_ms']:10.1f} {o['opt_ms']:8.1f} "
+        print(f"{name:<{width}} {o['fwd_bwd_ms']:11.1f} {o['fwd_bwd_projected_ms']:10.1f} {o['opt_ms']:8.1f} "
               f"{o['opt_projected_ms']:10.1f} {o['opt_left_after_backward_ms']:15.1f} {o['projected_step_ms']:15.1f} "
               f"{versus}")
     for name, o in optimizers.items():

@@ -38,12 +38,15 @@ class OptimizerEntry:
     prepare: Callable[[nn.Module, Any, Settings], dict[str, Any] | None] | None = None
 
 
-def _dmuon(mode: str) -> Callable[[nn.Module, Settings], torch.optim.Optimizer]:
+def _dmuon(mode: str, backward_step: bool | None = None) -> Callable[[nn.Module, Settings], torch.optim.Optimizer]:
+    """backward_step: fixed for this entry (None: the settings')."""
     def build(model: nn.Module, s: Settings) -> torch.optim.Optimizer:
         import dmuon
 
         return dmuon.DMuon(model, lr=s.lr, weight_decay=s.weight_decay, adamw_lr=s.adamw_lr,
-                           execution=dmuon.Execution(mode=mode, backward_step=s.backward_step,
+                           execution=dmuon.Execution(mode=mode,
+                                                     backward_step=s.backward_step if backward_step is None
+                                                     else backward_step,
                                                      record_timeline=s.record_timeline,
                                                      **({} if s.bucket_size_mb is None
                                                         else {"bucket_size_mb": s.bucket_size_mb})))
@@ -71,6 +74,12 @@ OPTIMIZERS: dict[str, OptimizerEntry] = {
         prepare=_own_matrices, build=_dmuon("owner")),
     "dmuon": OptimizerEntry(description="DMuon, owner mode (sharded matrices, each orthogonalized once)",
                             build=_dmuon("owner")),
+    # NOTE: beside "dmuon" (--backward-step off) in one run, the step begun from backward is
+    # compared with the one after it in turns: the fake rank's forward + backward moves by up
+    # to 15% between runs, more than the difference measured.
+    "dmuon-backward": OptimizerEntry(
+        description="DMuon, owner mode, the step begun from backward (Execution.backward_step=True)",
+        build=_dmuon("owner", backward_step=True)),
     "gather": OptimizerEntry(description="DMuon, gather mode (every rank gathers and orthogonalizes every matrix)",
                              build=_dmuon("gather")),
     "adamw": OptimizerEntry(description="torch.optim.AdamW(fused=True) on every parameter", build=_adamw),
