@@ -81,16 +81,9 @@ void register_engine_bindings(py::module_& m) {
             runtime.params_ready(ready, params, grads, momentum);
           },
           py::arg("ready"), py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"))
-      .def(
-          "grads_changed",
-          [](EngineRuntime& runtime, std::vector<int64_t> index, std::vector<std::optional<at::Tensor>> grads) {
-            const std::vector<at::Tensor> now = or_undefined(grads);
-            py::gil_scoped_release release;
-            return runtime.grads_changed(index, now);
-          },
-          py::arg("index"), py::arg("grads"),
-          "whether a gradient the begun step read changed since its hand-over (storage or norm); grads: the "
-          "current local gradients of parameters `index` (None: none now)")
+      .def("grads_changed", &EngineRuntime::grads_changed, py::arg("index"), py::arg("grads"),
+           py::call_guard<py::gil_scoped_release>(),
+           "whether a gradient the begun step read changed since its hand-over (storage or norm)")
       .def("discard", &EngineRuntime::discard, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("step_open", &EngineRuntime::step_open)
       .def_property_readonly("writes_began", &EngineRuntime::writes_began,

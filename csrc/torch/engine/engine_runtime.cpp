@@ -284,17 +284,14 @@ void EngineRuntime::params_ready(const std::vector<int64_t>& ready, at::TensorLi
               "EngineRuntime::params_ready: ", params.size(), " parameters, ", grads.size(), " gradients and ",
               momentum.size(), " momentum buffers for ", ready.size(), " ready parameter indices");
   const at::Device device = torch_device(ops_->device());
-  // NOTE: every hand-over is checked before any is held, so a refused call changes nothing.
-  std::vector<bool> in_call(n, false);
+  // NOTE: every hand-over is checked before any is held, so a refused call changes nothing
+  // (one listed twice is named by the engine's items_ready).
   for (size_t j = 0; j < ready.size(); ++j) {
     const int64_t i = ready[j];
     DMUON_CHECK(i >= 0 && static_cast<size_t>(i) < n, "EngineRuntime::params_ready: parameter index ", i,
                 " outside [0, ", n, ")");
     const size_t k = static_cast<size_t>(i);
     const std::string& name = table.param(static_cast<int>(i)).name;
-    const bool held = std::any_of(held_.begin(), held_.end(), [&](const Handover& h) { return h.index == i; });
-    DMUON_CHECK(!in_call[k] && !held, "EngineRuntime::params_ready: parameter '", name, "' is listed twice");
-    in_call[k] = true;
     DMUON_CHECK(grads[j].defined() && momentum[j].defined(), "EngineRuntime::params_ready: parameter '", name,
                 "' has no gradient or no momentum buffer");
     // NOTE: the engine writes the buffer itself at commit: a copy would be lost.
@@ -306,7 +303,7 @@ void EngineRuntime::params_ready(const std::vector<int64_t>& ready, at::TensorLi
                 "' must be contiguous (its rows are applied in place at step())");
   }
   for (size_t j = 0; j < ready.size(); ++j) {
-    held_.push_back({ready[j], params[j], grads[j], momentum[j]});
+    held_.push_back({ready[j], params[j], grads[j], momentum[j], {}});
     const auto [first, count] = table.items_of(static_cast<int>(ready[j]));
     for (int item = first; item < first + count; ++item) held_items_.push_back(item);
   }
@@ -323,7 +320,7 @@ void EngineRuntime::give_held() {
   const at::Device device = torch_device(ops_->device());
   std::vector<step::ParamTensors> tensors(static_cast<size_t>(table.num_params()));
   // NOTE: taken out first: a refused hand-over (items_ready throws) leaves none held.
-  const std::vector<Handover> held = std::move(held_);
+  std::vector<Handover> held = std::move(held_);
   const std::vector<int> items = std::move(held_items_);
   held_.clear();
   held_items_.clear();
@@ -339,40 +336,37 @@ void EngineRuntime::give_held() {
     grads.push_back(h.grad);
   }
   engine_->items_ready(items, tensors);
-  // The fingerprints of what the engine read: each gradient's storage and float64 norm
-  // (one multi-tensor pass), compared at step() by grads_changed.
+  // The fingerprints of what the engine read: each gradient (its storage, kept alive) and
+  // its float64 norm (one multi-tensor pass), compared at step() by grads_changed.
   const std::vector<at::Tensor> norms = at::_foreach_norm(grads, 2, at::kDouble);
-  for (size_t j = 0; j < held.size(); ++j) fingerprints_.push_back({held[j].index, held[j].grad.data_ptr(), norms[j]});
+  for (size_t j = 0; j < held.size(); ++j) {
+    held[j].norm = norms[j];
+    given_.push_back(std::move(held[j]));
+  }
 }
 
 void EngineRuntime::forget_handovers() {
   early_keep_.clear();
   held_.clear();
   held_items_.clear();
-  fingerprints_.clear();
+  given_.clear();
 }
 
 bool EngineRuntime::grads_changed(const std::vector<int64_t>& index, const std::vector<at::Tensor>& grads) {
   DMUON_CHECK(index.size() == grads.size(), "EngineRuntime::grads_changed: ", index.size(), " indices and ",
               grads.size(), " gradients");
-  if (fingerprints_.empty()) return false;
-  std::vector<const at::Tensor*> now(static_cast<size_t>(engine_->items().num_params()), nullptr);
-  for (size_t j = 0; j < index.size(); ++j) {
-    DMUON_CHECK(index[j] >= 0 && static_cast<size_t>(index[j]) < now.size(),
-                "EngineRuntime::grads_changed: parameter index ", index[j], " outside [0, ", now.size(), ")");
-    now[static_cast<size_t>(index[j])] = &grads[j];
+  std::vector<at::Tensor> then, now;
+  for (const Handover& f : given_) {
+    const size_t j = static_cast<size_t>(std::find(index.begin(), index.end(), f.index) - index.begin());
+    if (j == index.size() || !grads[j].defined() || grads[j].data_ptr() != f.grad.data_ptr()) return true;
+    then.push_back(f.norm);
+    now.push_back(grads[j]);
   }
-  std::vector<at::Tensor> before, after;
-  for (const Fingerprint& f : fingerprints_) {
-    const at::Tensor* g = now[static_cast<size_t>(f.index)];
-    if (g == nullptr || !g->defined() || g->data_ptr() != f.storage) return true;
-    before.push_back(f.norm);
-    after.push_back(*g);
-  }
-  const at::Tensor then = at::stack(before), current = at::stack(at::_foreach_norm(after, 2, at::kDouble));
+  if (then.empty()) return false;
+  const at::Tensor before = at::stack(then), after = at::stack(at::_foreach_norm(now, 2, at::kDouble));
   // NOTE: a NaN norm stays NaN with the same gradient (NaN != NaN would redo every begun step
   // of a NaN gradient, and the begun step's own check would never see it).
-  return ((then != current) & ~(then.isnan() & current.isnan())).any().item<bool>();
+  return ((before != after) & ~(before.isnan() & after.isnan())).any().item<bool>();
 }
 
 void EngineRuntime::discard() {

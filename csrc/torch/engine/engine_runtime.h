@@ -86,7 +86,7 @@ class EngineRuntime {
                     const std::vector<at::Tensor>& momentum);
   /// At step(), before it: whether a gradient the begun step read changed since its
   /// hand-over (its local storage, or its values' float64 norm). `grads`: the current local
-  /// gradients of parameters `index` (the ready ones; undefined: none now). One host read.
+  /// gradients of parameters `index` (the ready ones). One host read.
   /// NOTE: measured on torch 2.11, clip_grad_norm_ on FSDP2's DTensor gradients scales them
   /// in place without moving either version counter, so the values themselves are compared.
   bool grads_changed(const std::vector<int64_t>& index, const std::vector<at::Tensor>& grads);
@@ -151,23 +151,18 @@ class EngineRuntime {
   std::vector<step::GroupRule> rule_source_;
   std::vector<step::GroupRule> rules_;
   std::vector<bool> last_active_;
-  // The begun step's hand-overs: held (not given to the engine yet), converted gradients
-  // the engine reads until step()/discard(), and the fingerprints of those it read.
+  // The begun step's hand-overs: held (not given to the engine yet), and given (with their
+  // gradient's float64 norm, what grads_changed compares); converted gradients the engine
+  // reads until step()/discard().
   struct Handover {
     int64_t index;
-    at::Tensor param, grad, momentum;
-  };
-  struct Fingerprint {
-    int64_t index;
-    const void* storage;
-    at::Tensor norm;
+    at::Tensor param, grad, momentum, norm;
   };
   void give_held();
   void forget_handovers();
-  std::vector<Handover> held_;
+  std::vector<Handover> held_, given_;
   std::vector<int> held_items_;
   std::vector<at::Tensor> early_keep_;
-  std::vector<Fingerprint> fingerprints_;
   bool writes_began_ = false;  // the engine's, as the last step() or agree_results() left it
   step::RuntimeStats stats_;
 };
