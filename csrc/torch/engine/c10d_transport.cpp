@@ -67,12 +67,18 @@ C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::ProcessGroup> group, step:
   model_ = detect_world_model(group_, device_.kind == step::DeviceKind::kCuda ? "cuda" : "cpu");
 }
 
-void C10dTransport::run(const std::function<c10::intrusive_ptr<c10d::Work>()>& issue, const std::string& what) const {
+c10::intrusive_ptr<c10d::Work> C10dTransport::issue(const std::function<c10::intrusive_ptr<c10d::Work>()>& collective,
+                                                    const std::string& what) const {
   try {
-    issue()->wait();
+    return collective();
   } catch (const std::exception& error) {
     DMUON_FAIL("dmuon: ", what, " failed on rank ", rank(), " of ", world_size(), ": ", error.what());
   }
+}
+
+void C10dTransport::run(const std::function<c10::intrusive_ptr<c10d::Work>()>& collective,
+                        const std::string& what) const {
+  InFlight(*this, issue(collective, what), what).wait();
 }
 
 std::unique_ptr<step::Pending> C10dTransport::all_to_all(const step::Buffer& send,
@@ -92,13 +98,8 @@ std::unique_ptr<step::Pending> C10dTransport::all_to_all(const step::Buffer& sen
   at::Tensor input = tensor_view(send.slice(0, total(send_counts), what.c_str()));
   at::Tensor output = tensor_view(recv.slice(0, total(recv_counts), what.c_str()));
   std::vector<int64_t> input_splits = send_counts, output_splits = recv_counts;
-  c10::intrusive_ptr<c10d::Work> work;
-  try {
-    work = all_to_all_single(*group_, output, input, output_splits, input_splits);
-  } catch (const std::exception& error) {
-    DMUON_FAIL("dmuon: ", what, " failed on rank ", rank(), " of ", world_size(), ": ", error.what());
-  }
-  return std::make_unique<InFlight>(*this, std::move(work), what);
+  return std::make_unique<InFlight>(
+      *this, issue([&] { return all_to_all_single(*group_, output, input, output_splits, input_splits); }, what), what);
 }
 
 std::unique_ptr<step::Pending> C10dTransport::broadcast_buffer(const step::Buffer& buffer, int root,
@@ -109,13 +110,7 @@ std::unique_ptr<step::Pending> C10dTransport::broadcast_buffer(const step::Buffe
   std::vector<at::Tensor> tensors{tensor_view(buffer)};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  c10::intrusive_ptr<c10d::Work> work;
-  try {
-    work = group_->broadcast(tensors, opts);
-  } catch (const std::exception& error) {
-    DMUON_FAIL("dmuon: ", what, " failed on rank ", rank(), " of ", world_size(), ": ", error.what());
-  }
-  return std::make_unique<InFlight>(*this, std::move(work), what);
+  return std::make_unique<InFlight>(*this, issue([&] { return group_->broadcast(tensors, opts); }, what), what);
 }
 
 std::vector<int64_t> C10dTransport::all_reduce(const std::vector<int64_t>& local, step::ReduceOp op,

@@ -53,9 +53,11 @@ class C10dTransport : public step::Transport {
   bool on_cuda() const { return device_.kind == step::DeviceKind::kCuda; }
 
  private:
-  // Issues a collective and waits for it (CUDA: the current stream waits); throws naming
-  // `what` and the rank when either fails.
-  void run(const std::function<c10::intrusive_ptr<c10d::Work>()>& issue, const std::string& what) const;
+  // Issues a collective (run: and waits for it; CUDA: the current stream waits); throws
+  // naming `what` and the rank when either fails.
+  c10::intrusive_ptr<c10d::Work> issue(const std::function<c10::intrusive_ptr<c10d::Work>()>& collective,
+                                       const std::string& what) const;
+  void run(const std::function<c10::intrusive_ptr<c10d::Work>()>& collective, const std::string& what) const;
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   step::Device device_;
