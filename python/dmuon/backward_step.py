@@ -23,7 +23,8 @@ The stages: the hooks of the backward before the runtime is made record which pa
 each FSDP2 group hands over, in hook order (DDP: none; each matrix a group, the last one
 first); the engine forms the stages of runs of whole groups, each of a matrix per rank
 (plan/stage_windows.h), so that every stage but the last can leave inside backward
-whatever the model's size. Where
+whatever the model's size; the runtime holds the hand-overs until they complete a stage
+(one engine call per stage, not per group). Where
 the last stage holds more than half the matrices' bytes (one FSDP2 unit for the whole
 model), the runtime warns once, naming what to change.
 
