@@ -101,6 +101,9 @@ void StepEngine::items_ready(const std::vector<int>& items, const std::vector<Pa
   advance_stages(tensors);
 }
 
+// Whether items_ready would work now (engine.h): what it works on at once, or the next
+// stage complete. NOTE: true where items_ready would throw, so that the caller's hand-over
+// reaches the check that names its fault.
 bool StepEngine::items_start_work(const std::vector<int>& items) const {
   if (!early_) return true;
   const Early& early = *early_;
