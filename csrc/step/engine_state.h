@@ -29,8 +29,6 @@ inline Buffer piece_view(const Buffer& local, const Piece& piece) {
 /// knows its own).
 inline Buffer piece_view(const Buffer& local, const Piece& piece, int64_t /*cols*/) { return piece_view(local, piece); }
 
-inline std::string step_name(int64_t step_idx) { return "step " + std::to_string(step_idx); }
-
 // What one step carries from phase to phase.
 struct StepEngine::StepState {
   // finish() → commit(): the caller's descriptors, kept (the pointers below point here).

@@ -146,8 +146,8 @@ void OwnershipExchange::issue(size_t k) {
     f->level0 = transports_.row->all_to_all(buffer_[k].get(), bucket.shard_counts, f->recv0.get(),
                                             std::vector<int64_t>(static_cast<size_t>(shards), chunk),
                                             "all_to_all of bucket " + std::to_string(k) +
-                                                "'s gradients to their owners along the row (step " +
-                                                std::to_string(step_idx_) + ")");
+                                                "'s gradients to their owners along the row (" +
+                                                step_name(step_idx_) + ")");
   }
   record("reduce_issued", static_cast<int64_t>(k));
   flights_.push_back(std::move(f));
@@ -199,8 +199,8 @@ bool OwnershipExchange::advance(Flight& f, bool wait) {
       f.recv1 = ops_.allocate(options_.reduce_dtype, mine * replicas);
       f.level1 = transports_.column_reduce->all_to_all(
           partial, bucket.replica_counts[s], f.recv1.get(), std::vector<int64_t>(static_cast<size_t>(replicas), mine),
-          "all_to_all of bucket " + std::to_string(f.k) + "'s gradients to their owners down the column (step " +
-              std::to_string(step_idx_) + ")");
+          "all_to_all of bucket " + std::to_string(f.k) + "'s gradients to their owners down the column (" +
+              step_name(step_idx_) + ")");
     }
   }
   if (f.level1) {

@@ -133,7 +133,7 @@ StartAgreed agree_start(Transport& transport, const StartChecks& checks, const S
   local[kNonfinite] = facts.first_nonfinite < 0 ? 0 : count - facts.first_nonfinite;
   local[kCorrupt] = facts.first_corrupt < 0 ? 0 : count - facts.first_corrupt;
   local[kChanged] = checks.changed ? 1 : 0;
-  const std::string at = "step " + std::to_string(step_idx);
+  const std::string at = step_name(step_idx);
   const std::vector<int64_t> all =
       transport.all_reduce(local, ReduceOp::kMax, "all_reduce of the start agreement (" + at + ")");
   DMUON_CHECK(all.size() == local.size(), "the start agreement returned ", all.size(), " values for ", local.size());

@@ -32,6 +32,9 @@ struct Device {
 /// "cpu" or "cuda:<index>".
 std::string device_name(const Device& device);
 
+/// "step <step_idx>": how every error and collective of a step names it.
+inline std::string step_name(int64_t step_idx) { return "step " + std::to_string(step_idx); }
+
 /// A view of `numel` contiguous elements of `dtype` at `data` on `device`, or, strided
 /// (ld > row_len > 0), of `numel` elements in rows of `row_len`, consecutive rows `ld`
 /// elements apart (element i at data + (i / row_len)·ld + i % row_len): a piece of a

@@ -99,7 +99,7 @@ size_t OwnedExchange::param_at(int64_t i, const char* call) const {
 }
 
 std::string OwnedExchange::at_step(const std::string& what) const {
-  return what + " (step " + std::to_string(exchange_->step_idx()) + ")";
+  return what + " (" + step::step_name(exchange_->step_idx()) + ")";
 }
 
 std::vector<std::vector<int>> OwnedExchange::buckets() const {
