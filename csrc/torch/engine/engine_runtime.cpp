@@ -302,15 +302,20 @@ void EngineRuntime::params_ready(const std::vector<int64_t>& ready, at::TensorLi
     DMUON_CHECK(params[j].is_contiguous(), "EngineRuntime::params_ready: parameter '", name,
                 "' must be contiguous (its rows are applied in place at step())");
   }
-  for (size_t j = 0; j < ready.size(); ++j) {
-    held_.push_back({ready[j], params[j], grads[j], momentum[j], {}});
-    const auto [first, count] = table.items_of(static_cast<int>(ready[j]));
-    for (int item = first; item < first + count; ++item) held_items_.push_back(item);
-  }
+  for (size_t j = 0; j < ready.size(); ++j) held_.push_back({ready[j], params[j], grads[j], momentum[j], {}});
   // NOTE: the hand-overs are held until they start work (a stage complete, or an item worked
   // on at once): inside backward every engine call is host time backward waits for, and
   // with a stage of a matrix per rank most FSDP2 groups complete none.
-  if (engine_->items_start_work(held_items_)) give_held();
+  if (engine_->items_start_work(held_items())) give_held();
+}
+
+std::vector<int> EngineRuntime::held_items() const {
+  std::vector<int> items;
+  for (const Handover& h : held_) {
+    const auto [first, count] = engine_->items().items_of(static_cast<int>(h.index));
+    for (int item = first; item < first + count; ++item) items.push_back(item);
+  }
+  return items;
 }
 
 void EngineRuntime::give_held() {
@@ -320,10 +325,9 @@ void EngineRuntime::give_held() {
   const at::Device device = torch_device(ops_->device());
   std::vector<step::ParamTensors> tensors(static_cast<size_t>(table.num_params()));
   // NOTE: taken out first: a refused hand-over (items_ready throws) leaves none held.
+  const std::vector<int> items = held_items();
   std::vector<Handover> held = std::move(held_);
-  const std::vector<int> items = std::move(held_items_);
   held_.clear();
-  held_items_.clear();
   std::vector<at::Tensor> grads;
   for (const Handover& h : held) {
     const size_t k = static_cast<size_t>(h.index);
@@ -348,17 +352,23 @@ void EngineRuntime::give_held() {
 void EngineRuntime::forget_handovers() {
   early_keep_.clear();
   held_.clear();
-  held_items_.clear();
   given_.clear();
 }
 
 bool EngineRuntime::grads_changed(const std::vector<int64_t>& index, const std::vector<at::Tensor>& grads) {
   DMUON_CHECK(index.size() == grads.size(), "EngineRuntime::grads_changed: ", index.size(), " indices and ",
               grads.size(), " gradients");
+  // Each parameter's position in `index` (−1: not given now).
+  std::vector<int64_t> position(static_cast<size_t>(engine_->items().num_params()), -1);
+  for (size_t j = 0; j < index.size(); ++j) {
+    DMUON_CHECK(index[j] >= 0 && static_cast<size_t>(index[j]) < position.size(),
+                "EngineRuntime::grads_changed: parameter index ", index[j], " outside [0, ", position.size(), ")");
+    position[static_cast<size_t>(index[j])] = static_cast<int64_t>(j);
+  }
   std::vector<at::Tensor> then, now;
   for (const Handover& f : given_) {
-    const size_t j = static_cast<size_t>(std::find(index.begin(), index.end(), f.index) - index.begin());
-    if (j == index.size() || !grads[j].defined() || grads[j].data_ptr() != f.grad.data_ptr()) return true;
+    const int64_t j = position[static_cast<size_t>(f.index)];
+    if (j < 0 || !grads[j].defined() || grads[j].data_ptr() != f.grad.data_ptr()) return true;
     then.push_back(f.norm);
     now.push_back(grads[j]);
   }

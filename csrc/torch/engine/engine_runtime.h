@@ -160,8 +160,8 @@ class EngineRuntime {
   };
   void give_held();
   void forget_handovers();
+  std::vector<int> held_items() const;  // the items of the held hand-overs
   std::vector<Handover> held_, given_;
-  std::vector<int> held_items_;
   std::vector<at::Tensor> early_keep_;
   bool writes_began_ = false;  // the engine's, as the last step() or agree_results() left it
   step::RuntimeStats stats_;
