@@ -31,6 +31,11 @@ struct MomentumRule {
   bool nesterov = true;
 };
 
+/// copy()'s pair: dst ← src.
+struct CopyPiece {
+  Buffer src, dst;
+};
+
 /// Read by check(): a piece of a parameter's gradient and momentum buffer.
 struct CheckPiece {
   Buffer grad, momentum;
@@ -170,8 +175,9 @@ class DeviceOps {
   /// element index only: what a transport that moves no data (a fake world) leaves in the
   /// updates an owner orthogonalizes (full rank, as real data; see layout/world_model.h).
   virtual void fill_synthetic(const Buffer& buffer, uint64_t seed) = 0;
-  /// dst ← src (same dtype and size).
-  virtual void copy(const Buffer& src, const Buffer& dst) = 0;
+  /// dst ← src for every pair (same dtype and size each; either side may be strided where
+  /// strided_pieces says so), in one pass where the ops can.
+  virtual void copy(const std::vector<CopyPiece>& pieces) = 0;
   /// dst ← scale · Σ_k part_k (+ dst when `accumulate`), part k the dst.numel elements of
   /// `src` from k·part_stride: summed in float32 or wider (float64 for float64), rounded to
   /// dst's dtype once; src and dst of any floating dtypes (the weight-ownership mode's

@@ -147,7 +147,7 @@ StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
   // (the others, in gather mode, are copies).
   const PhaseClock::Mark prepare_start = clock_.start();
   std::vector<PreparePiece> prepare;
-  std::vector<std::pair<Buffer, Buffer>> copies;
+  std::vector<CopyPiece> copies;
   for (const PreparePlan& piece : plan.prepare) {
     const Item& it = table_.item(piece.item);
     const ParamTensors& t = tensors[static_cast<size_t>(it.param_idx)];
@@ -157,10 +157,10 @@ StepEngine::Flight StepEngine::issue_forward(size_t s, StepState& st) {
     prepare.push_back({piece_view(t.grad, piece.piece), piece_view(t.momentum, piece.piece),
                        {rule.momentum, rule.nesterov}, first});
     for (size_t k = 1; k < piece.targets.size(); ++k)
-      copies.emplace_back(first, f.send.get().slice(piece.targets[k], numel));
+      copies.push_back({first, f.send.get().slice(piece.targets[k], numel)});
   }
   if (!prepare.empty()) ops_.prepare_pieces(prepare, st.gate.get());
-  for (const auto& [from, to] : copies) ops_.copy(from, to);
+  ops_.copy(copies);
   clock_.stop(prepare_start, {{PhaseField::kMomentum}, {PhaseField::kStagePrepare, s}});
 
   exit_if_asked("exchange", st.step_idx);

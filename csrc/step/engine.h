@@ -231,6 +231,7 @@ class StepEngine {
   // Early stages (items that travel): issued in stage order once complete, NS one stage
   // later or in finish(), returns and apply in commit(); drained by discard().
   void local_items_ready(const std::vector<int>& work, const std::vector<ParamTensors>& tensors);
+  std::vector<Buffer> stage_copies(const std::vector<Buffer>& sources);
   void advance_stages(const std::vector<ParamTensors>& tensors);
   void issue_early_stage(size_t s, const std::vector<ParamTensors>& tensors);
   void run_early_ns(size_t s);

@@ -49,13 +49,17 @@ void exchange_rows(DeviceOps& ops, Transport& transport, int rank, const std::ve
   for (size_t d = 0; d < world; ++d) sent += send_counts[d], received += recv_counts[d];
   OwnedBuffer send = ops.allocate(DType::kFloat32, sent), recv = ops.allocate(DType::kFloat32, received);
   int64_t at = 0;
+  std::vector<CopyPiece> copies;
   for (const std::vector<Buffer>& rows : to)
-    for (const Buffer& b : rows) ops.copy(b, send.get().slice(at, b.numel)), at += b.numel;
+    for (const Buffer& b : rows) copies.push_back({b, send.get().slice(at, b.numel)}), at += b.numel;
+  ops.copy(copies);
   transport.all_to_all(send.get(), send_counts, recv.get(), recv_counts, what)->wait();
   if (!transport.moves_data()) return;
   at = 0;
+  copies.clear();
   for (const std::vector<Buffer>& rows : from)
-    for (const Buffer& b : rows) ops.copy(recv.get().slice(at, b.numel), b), at += b.numel;
+    for (const Buffer& b : rows) copies.push_back({recv.get().slice(at, b.numel), b}), at += b.numel;
+  ops.copy(copies);
 }
 
 }  // namespace
@@ -118,15 +122,17 @@ void StepEngine::normuon_gather(StepState& st) {
   exchange_rows(ops_, transport_, rank_, to, from,
                 "all_to_all of NorMuon's state rows to their owners (" + step_name(st.step_idx) + ")");
   // The whole v of each matrix this rank computes: its own rows besides the received ones.
+  std::vector<CopyPiece> own;
   for (int i = 0; i < num_items; ++i) {
     const int64_t at = st.normuon_at[static_cast<size_t>(i)];
     if (at < 0) continue;
     const Piece& me = table_.piece(i, rank_);
     if (!me.empty() && me.col_begin == 0)
-      ops_.copy(v_rows(tensors[static_cast<size_t>(table_.item(i).param_idx)], me),
-                whole.slice(at + me.row_begin, me.row_count));
+      own.push_back({v_rows(tensors[static_cast<size_t>(table_.item(i).param_idx)], me),
+                     whole.slice(at + me.row_begin, me.row_count)});
     st.normuon_v[static_cast<size_t>(i)] = whole.slice(at, table_.item(i).rows);
   }
+  ops_.copy(own);
 }
 
 void StepEngine::normuon_return(StepState& st) {
@@ -151,13 +157,15 @@ void StepEngine::normuon_return(StepState& st) {
   exchange_rows(ops_, transport_, rank_, to, from,
                 "all_to_all of NorMuon's state rows back to their holders (" + step_name(st.step_idx) + ")");
   // This rank's own rows of the matrices it computed.
+  std::vector<CopyPiece> own;
   for (int i = 0; i < num_items; ++i) {
     const int64_t at = st.normuon_at[static_cast<size_t>(i)];
     const Piece& me = table_.piece(i, rank_);
     if (at < 0 || me.empty()) continue;
-    ops_.copy(whole.slice(at + me.row_begin, me.row_count),
-              v_rows(tensors[static_cast<size_t>(table_.item(i).param_idx)], me));
+    own.push_back({whole.slice(at + me.row_begin, me.row_count),
+                   v_rows(tensors[static_cast<size_t>(table_.item(i).param_idx)], me)});
   }
+  ops_.copy(own);
 }
 
 }  // namespace dmuon::step

@@ -76,7 +76,8 @@ struct StepEngine::Early {
   std::vector<GroupRule> rules;       // the schedules the early NS batches point to
   OwnedBuffer flags;                  // int32 [2·num_params], as check()'s
   std::vector<bool> ready;            // [item] made ready (whether or not this rank had work)
-  std::vector<OwnedBuffer> staged;    // [item] its momentum after this step (owner's work only)
+  std::vector<OwnedBuffer> staging;   // the staged momentum's memory (one per staging call and dtype)
+  std::vector<Buffer> staged;         // [item] its momentum after this step (owner's work only)
   std::vector<OwnedBuffer> held;      // one per early NS batch: its results, row-major per item
   std::vector<Buffer> result;         // [item] its O (rows×cols) inside `held`
   int64_t num_batches = 0, num_items = 0;
@@ -90,7 +91,7 @@ struct StepEngine::Early {
   size_t next_stage = 0;              // stages [0, next_stage) have their forward issued
   size_t ns_done = 0;                 // stages [0, ns_done) have run their NS (results held)
   std::unique_ptr<StepState> st;      // their state: tensors with staged momentum, gate, active
-  std::vector<OwnedBuffer> staged_param;  // [param] a staged copy of its local momentum (or empty)
+  std::vector<Buffer> staged_param;       // [param] a staged copy of its local momentum (or empty)
   std::vector<Flight> forward, back;      // [stage]
   std::vector<Partials> partials;         // [stage] its check's partial sums
   double ns_s = 0;                    // NS seconds of early stages run inside items_ready

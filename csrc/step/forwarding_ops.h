@@ -22,7 +22,7 @@ class ForwardingOps : public DeviceOps {
   OwnedBuffer allocate(DType dtype, int64_t numel) override { return inner_.allocate(dtype, numel); }
   void fill_zero(const Buffer& b) override { inner_.fill_zero(b); }
   void fill_synthetic(const Buffer& b, uint64_t seed) override { inner_.fill_synthetic(b, seed); }
-  void copy(const Buffer& src, const Buffer& dst) override { inner_.copy(src, dst); }
+  void copy(const std::vector<CopyPiece>& pieces) override { inner_.copy(pieces); }
   void sum_into(const Buffer& src, int64_t num_parts, int64_t part_stride, const Buffer& dst, double scale, bool accumulate) override {
     inner_.sum_into(src, num_parts, part_stride, dst, scale, accumulate);
   }

@@ -444,6 +444,42 @@ TEST(StepCudaOps, SumIntoMatchesTheCpuOps) {
     }
 }
 
+// copy (staged momentum, the send buffer's further copies, NorMuon's rows): one list of 40
+// pairs (two launches), every float dtype, contiguous and strided on either side (strides
+// unlike each other), aligned and at an odd element offset (16-byte units and element
+// units), against the CPU ops: bit for bit, and nothing outside the destination views written.
+TEST(StepCudaOps, CopyMatchesTheCpuOpsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  CpuOps cpu;
+  CudaOps gpu;
+  const std::vector<DType> dtypes = {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64};
+  constexpr int kPairs = 40;
+  constexpr int64_t kRowLen = 33, kSrcLd = 41, kDstLd = 37;
+  std::vector<HostTensor> src(kPairs), dst(kPairs);
+  std::vector<std::unique_ptr<DeviceCopy>> dsrc, ddst;
+  std::vector<dmuon::step::CopyPiece> on_gpu, on_cpu;
+  for (int k = 0; k < kPairs; ++k) {
+    const DType dtype = dtypes[static_cast<size_t>(k) % dtypes.size()];
+    const int layout = (k / 4) % 5;  // 0 aligned, 1 odd offset, 2 strided source, 3 strided destination, 4 both
+    const int64_t rows = 7 + k, offset = layout == 1 ? 1 : 0, total = rows * kSrcLd + 1;
+    src[k] = HostTensor(random_values(total, 1.0, 200 + k), dtype);
+    dst[k] = HostTensor(random_values(total, 1.0, 300 + k), dtype);
+    dsrc.push_back(std::make_unique<DeviceCopy>(src[k]));
+    ddst.push_back(std::make_unique<DeviceCopy>(dst[k]));
+    const auto view = [&](const Buffer& whole, bool strided, int64_t ld) {
+      return strided ? whole.rows(offset, rows, kRowLen, ld) : whole.slice(offset, rows * kRowLen);
+    };
+    const bool src_strided = layout == 2 || layout == 4, dst_strided = layout == 3 || layout == 4;
+    on_gpu.push_back({view(dsrc.back()->view(), src_strided, kSrcLd), view(ddst.back()->view(), dst_strided, kDstLd)});
+    on_cpu.push_back({view(src[k].buffer(), src_strided, kSrcLd), view(dst[k].buffer(), dst_strided, kDstLd)});
+  }
+  gpu.copy(on_gpu);
+  cpu.copy(on_cpu);
+  for (int k = 0; k < kPairs; ++k)
+    expect_close(ddst[static_cast<size_t>(k)]->values(), dst[static_cast<size_t>(k)].values(), dst[k].dtype(), 0,
+                 "copy pair " + std::to_string(k));
+}
+
 // ---------------------------------------------------------------- NorMuon
 // The CUDA NorMuon pass on a 16-bit result in the iterate layout (padded or odd ld, both
 // orientations), read back through result_to_pieces into float32 wires, against

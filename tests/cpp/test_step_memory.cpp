@@ -87,7 +87,7 @@ class CountingOps : public dmuon::step::DeviceOps {
   }
   void fill_zero(const Buffer&) override {}
   void fill_synthetic(const Buffer&, uint64_t) override {}
-  void copy(const Buffer&, const Buffer&) override {}
+  void copy(const std::vector<dmuon::step::CopyPiece>&) override {}
   void sum_into(const Buffer&, int64_t, int64_t, const Buffer&, double, bool) override {}
   // NOTE: the CUDA ops' partial sums: a float per 16384 elements of every summed piece.
   dmuon::step::Partials check(const std::vector<dmuon::step::CheckPiece>& pieces, const Buffer&) override {

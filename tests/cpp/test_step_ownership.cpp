@@ -132,7 +132,7 @@ std::vector<Reduced> reduce_window(int replicas, int shards, const std::vector<O
     for (size_t p = 0; p < params.size(); ++p) {
       const Buffer g = exchange.reduced_grad(static_cast<int>(p));
       HostTensor copy(std::vector<double>(static_cast<size_t>(g.numel), 0.0), g.dtype);
-      if (g.numel > 0) ops.copy(g, copy.buffer());
+      if (g.numel > 0) ops.copy({{g, copy.buffer()}});
       mine.grads.push_back(copy.values());
     }
     exchange.end_window(1);

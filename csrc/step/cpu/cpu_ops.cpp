@@ -111,20 +111,22 @@ void CpuOps::fill_synthetic(const Buffer& buffer, uint64_t seed) {
   });
 }
 
-void CpuOps::copy(const Buffer& src, const Buffer& dst) {
-  DMUON_CHECK(src.dtype == dst.dtype && src.numel == dst.numel, "CpuOps::copy: ", dtype_name(src.dtype), "[",
-              src.numel, "] vs ", dtype_name(dst.dtype), "[", dst.numel, "]");
-  if (src.numel == 0) return;
-  if (!src.strided() && !dst.strided()) {
-    std::memcpy(dst.data, src.data, static_cast<size_t>(src.bytes()));
-    return;
+void CpuOps::copy(const std::vector<CopyPiece>& pieces) {
+  for (const auto& [src, dst] : pieces) {
+    DMUON_CHECK(src.dtype == dst.dtype && src.numel == dst.numel, "CpuOps::copy: ", dtype_name(src.dtype), "[",
+                src.numel, "] vs ", dtype_name(dst.dtype), "[", dst.numel, "]");
+    if (src.numel == 0) continue;
+    if (!src.strided() && !dst.strided()) {
+      std::memcpy(dst.data, src.data, static_cast<size_t>(src.bytes()));
+      continue;
+    }
+    // Strided views (pieces of column blocks): element by element.
+    const int64_t size = dtype_size(src.dtype);
+    const char* from = static_cast<const char*>(src.data);
+    char* to = static_cast<char*>(dst.data);
+    for (int64_t i = 0; i < src.numel; ++i)
+      std::memcpy(to + dst.offset_of(i) * size, from + src.offset_of(i) * size, static_cast<size_t>(size));
   }
-  // Strided views (pieces of column blocks): element by element.
-  const int64_t size = dtype_size(src.dtype);
-  const char* from = static_cast<const char*>(src.data);
-  char* to = static_cast<char*>(dst.data);
-  for (int64_t i = 0; i < src.numel; ++i)
-    std::memcpy(to + dst.offset_of(i) * size, from + src.offset_of(i) * size, static_cast<size_t>(size));
 }
 
 // NOTE: summed in double, rounded once into dst's type.

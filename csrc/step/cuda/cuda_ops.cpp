@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <numeric>
 #include <string>
@@ -59,12 +60,6 @@ const int* skip_of(const Buffer& gate) { return gate.empty() ? nullptr : gate.as
 // (row length, stride) of a strided view for a descriptor; (0, 0) for a contiguous one.
 std::pair<int64_t, int64_t> strides_of(const Buffer& b) {
   return b.strided() ? std::pair<int64_t, int64_t>{b.row_len, b.ld} : std::pair<int64_t, int64_t>{0, 0};
-}
-
-// The same layout, or one of the two contiguous (then read as rows of the other's length).
-void require_same_rows(const Buffer& a, const Buffer& b, const char* what) {
-  DMUON_CHECK(!a.strided() || !b.strided() || a.row_len == b.row_len, what, ": strided views of rows of ",
-              a.row_len, " and ", b.row_len, " elements");
 }
 
 }  // namespace
@@ -182,26 +177,31 @@ void CudaOps::sum_into(const Buffer& src, int64_t num_parts, int64_t part_stride
 
 bool CudaOps::strided_pieces(DType dtype) const { return ops_support(DeviceKind::kCuda, dtype, nullptr); }
 
-void CudaOps::copy(const Buffer& src, const Buffer& dst) {
-  DMUON_CHECK(src.dtype == dst.dtype && src.numel == dst.numel, "CudaOps::copy: ", dtype_name(src.dtype), "[",
-              src.numel, "] into ", dtype_name(dst.dtype), "[", dst.numel, "]");
-  if (src.numel == 0) return;
-  DeviceGuard guard(impl_->options.device);
-  if (!src.strided() && !dst.strided()) {
-    DMUON_CHECK_CUDA(cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(src.bytes()), cudaMemcpyDeviceToDevice,
-                                     impl_->current));
-    return;
+// NOTE: one launch per unit size for the whole list (a stage's staged momentum is one
+// list): contiguous pairs move 16 bytes a thread where both ends allow, strided rows an
+// element a thread.
+void CudaOps::copy(const std::vector<CopyPiece>& pieces) {
+  std::map<int, std::vector<cuda::CopyDesc>> by_unit;
+  for (const auto& [src, dst] : pieces) {
+    DMUON_CHECK(src.dtype == dst.dtype && src.numel == dst.numel, "CudaOps::copy: ", dtype_name(src.dtype), "[",
+                src.numel, "] into ", dtype_name(dst.dtype), "[", dst.numel, "]");
+    if (src.numel == 0) continue;
+    for (const Buffer* b : {&src, &dst})
+      DMUON_CHECK(!b->strided() || src.numel % b->row_len == 0, "CudaOps::copy: ", src.numel,
+                  " elements are not rows of ", b->row_len);
+    const int64_t elem = dtype_size(src.dtype);
+    const auto aligned = [](const void* p, int64_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
+    if (!src.strided() && !dst.strided() && src.bytes() % 16 == 0 && aligned(src.data, 16) && aligned(dst.data, 16)) {
+      by_unit[16].push_back({src.data, dst.data, src.bytes() / 16, 0, 0, 0, 0});
+      continue;
+    }
+    const auto [src_row_len, src_ld] = strides_of(src);
+    const auto [dst_row_len, dst_ld] = strides_of(dst);
+    by_unit[static_cast<int>(elem)].push_back({src.data, dst.data, src.numel, src_row_len, src_ld, dst_row_len, dst_ld});
   }
-  // NOTE: rows of a column block (a strided view) on either side: one 2-D copy.
-  require_same_rows(src, dst, "CudaOps::copy");
-  const int64_t row_len = src.strided() ? src.row_len : dst.row_len;
-  DMUON_CHECK(src.numel % row_len == 0, "CudaOps::copy: ", src.numel, " elements are not rows of ", row_len);
-  const size_t elem = static_cast<size_t>(dtype_size(src.dtype));
-  const size_t spitch = static_cast<size_t>(src.strided() ? src.ld : row_len) * elem;
-  const size_t dpitch = static_cast<size_t>(dst.strided() ? dst.ld : row_len) * elem;
-  DMUON_CHECK_CUDA(cudaMemcpy2DAsync(dst.data, dpitch, src.data, spitch, static_cast<size_t>(row_len) * elem,
-                                     static_cast<size_t>(src.numel / row_len), cudaMemcpyDeviceToDevice,
-                                     impl_->current));
+  if (by_unit.empty()) return;
+  DeviceGuard guard(impl_->options.device);
+  for (const auto& [unit, descs] : by_unit) cuda::copy(unit, descs, impl_->current);
 }
 
 Partials CudaOps::check(const std::vector<CheckPiece>& pieces, const Buffer& flags) {

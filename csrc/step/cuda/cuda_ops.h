@@ -51,7 +51,7 @@ class CudaOps : public DeviceOps {
   OwnedBuffer allocate(DType dtype, int64_t numel) override;
   void fill_zero(const Buffer& buffer) override;
   void fill_synthetic(const Buffer& buffer, uint64_t seed) override;
-  void copy(const Buffer& src, const Buffer& dst) override;
+  void copy(const std::vector<CopyPiece>& pieces) override;
   void sum_into(const Buffer& src, int64_t num_parts, int64_t part_stride, const Buffer& dst, double scale, bool accumulate) override;
 
   Partials check(const std::vector<CheckPiece>& pieces, const Buffer& flags) override;

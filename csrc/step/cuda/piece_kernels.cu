@@ -322,6 +322,16 @@ __global__ void sum_into_kernel(const S* __restrict__ src, int64_t num_parts, in
   }
 }
 
+template <typename U>
+__global__ void copy_kernel(const __grid_constant__ DescList<CopyDesc> list) {
+  const CopyDesc& d = list.d[blockIdx.y];
+  const U* src = static_cast<const U*>(d.src);
+  U* dst = static_cast<U*>(d.dst);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < d.numel;
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    dst[strided_at(i, d.dst_row_len, d.dst_ld)] = src[strided_at(i, d.src_row_len, d.src_ld)];
+}
+
 __global__ void any_nonzero_kernel(const int* __restrict__ flags, int64_t n, int* __restrict__ gate) {
   int any = 0;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) any |= flags[i] != 0 ? 1 : 0;
@@ -546,6 +556,26 @@ void sum_into(DType src_dtype, const void* src, int64_t num_parts, int64_t part_
       DMUON_CHECK_CUDA(cudaGetLastError());
     });
   });
+}
+
+void copy(int unit_bytes, const std::vector<CopyDesc>& pieces, cudaStream_t stream) {
+  auto launch = [&](auto zero) {
+    using U = decltype(zero);
+    for_each_launch(pieces, [&](const DescList<CopyDesc>& list, size_t) {
+      int64_t numel = 1;
+      for (int k = 0; k < list.n; ++k) numel = std::max(numel, list.d[k].numel);
+      copy_kernel<U><<<dim3(flat_blocks(numel), static_cast<unsigned>(list.n)), kThreads, 0, stream>>>(list);
+      DMUON_CHECK_CUDA(cudaGetLastError());
+    });
+  };
+  switch (unit_bytes) {
+    case 1: return launch(uint8_t{});
+    case 2: return launch(uint16_t{});
+    case 4: return launch(uint32_t{});
+    case 8: return launch(uint2{});
+    case 16: return launch(uint4{});
+    default: DMUON_FAIL("copy: units of ", unit_bytes, " bytes (1, 2, 4, 8 or 16)");
+  }
 }
 
 void any_nonzero(const int* flags, int64_t n, int* gate, cudaStream_t stream) {

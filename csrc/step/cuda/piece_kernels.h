@@ -11,6 +11,7 @@
 //   result_to_pieces  16-bit result rows (wide orientation) → wire pieces
 //   apply_result      p ← p·decay + scale·O from the result (this rank's own rows)
 //   apply_wire        the same from returned wire pieces
+//   copy              pieces copied, strided on either side (DeviceOps::copy)
 // Element semantics are the CPU ops' (step/cpu/cpu_ops.h): float arithmetic, the momentum
 // rounded to the parameter dtype after its lerp, U rounded to it, O rounded to it before
 // the apply. Every writing pass honours `skip` (device int, may be null): non-zero at run
@@ -139,6 +140,16 @@ void apply_result(DType param, DType round_wire, const IterateView& result, cons
 /// The same with O from each piece's wire (row_count · cols elements).
 void apply_wire(DType param, DType wire, const std::vector<ApplyDesc>& pieces, int64_t cols, int* flags,
                 const int* skip, cudaStream_t stream);
+
+/// dst ← src in units of `unit_bytes` (1, 2, 4, 8 or 16; both aligned to it): `numel` units,
+/// a side with row_len > 0 and ld > row_len is rows of row_len units ld apart.
+struct CopyDesc {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  int64_t numel = 0;
+  int64_t src_row_len = 0, src_ld = 0, dst_row_len = 0, dst_ld = 0;
+};
+void copy(int unit_bytes, const std::vector<CopyDesc>& pieces, cudaStream_t stream);
 
 /// gate[0] = 1 when any of flags[0, n) is non-zero, else 0.
 void any_nonzero(const int* flags, int64_t n, int* gate, cudaStream_t stream);
