@@ -291,8 +291,11 @@ def test_profile_summary_of_synthetic_phases():
 
     p = PhaseProfile("bench.fwd_bwd", 12.5, range_ms={"dmuon.backward_step.params_final": 1.25},
                      range_calls={"dmuon.backward_step.params_final": 3}, syncs={"cudaStreamSynchronize": 2},
-                     timeline="  device timeline of the step: …", top=[("gemm", 4.0, 10)])
+                     timeline="  device timeline of the step: …", top=[("gemm", 4.0, 10)],
+                     runtime={"cudaLaunchKernel": [0.75, 30], "cudaEventRecord": [0.25, 12]})
     text = format_phases("dmuon", [p], on_gpu=True)
+    # The CUDA calls inside the library's ranges, most host time first.
+    assert "CUDA calls inside DMuon's ranges: cudaLaunchKernel x30 0.75 ms, cudaEventRecord x12 0.25 ms" in text
     assert "bench.fwd_bwd: host range 12.50 ms; DMuon's ranges: backward_step.params_final 1.25 ms in 3 calls; " \
            "host waits: cudaStreamSynchronize x2" in text
     assert "device timeline" in text and "    4.000 ms      10x  gemm" in text

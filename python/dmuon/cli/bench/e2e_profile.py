@@ -11,6 +11,8 @@ the summary gives:
   backward-step hooks, and step()'s input checks, engine call and AdamW part) and how often
   the host waited for the device (synchronize calls: each one drains the queue the host
   had run ahead with);
+- the CUDA runtime and driver calls made inside those ranges (GPUs), by host time: what
+  the library's host time is spent issuing (launches, copies, events, graph replays);
 - the phase's top operators by self device time (GPUs) or self host time (CPUs).
 NOTE: made to find the cost of the step begun from backward at fake world 64
 (docs/benchmarks/history.md, "Sections moved out": +20 ms of forward + backward for 0.7 ms
@@ -39,6 +41,7 @@ class PhaseProfile:
     range_ms: dict[str, float] = field(default_factory=dict)  # library range → host ms (summed)
     range_calls: dict[str, int] = field(default_factory=dict)
     syncs: dict[str, int] = field(default_factory=dict)  # blocking call → count
+    runtime: dict[str, list] = field(default_factory=dict)  # CUDA call inside DMuon's ranges → [host ms, count]
     timeline: str = ""  # format_timeline's lines (GPUs), else empty
     top: list[tuple[str, float, int]] = field(default_factory=list)  # (op, self ms, calls)
 
@@ -70,6 +73,13 @@ def summarize(prof, on_gpu: bool, top: int = 8) -> list[PhaseProfile]:
                 phase.range_calls[e.name] = phase.range_calls.get(e.name, 0) + 1
             if e.name in SYNC_CALLS:
                 phase.syncs[e.name] = phase.syncs.get(e.name, 0) + 1
+        ranges = [e for e in inner if e.name.startswith(RANGE_PREFIX)]
+        for e in inner:
+            # NOTE: "cu" names the runtime's and the driver's calls (cudaLaunchKernel, cuLaunchKernel).
+            if e.name.startswith("cu") and any(_inside(e, r) for r in ranges):
+                entry = phase.runtime.setdefault(e.name, [0.0, 0])
+                entry[0] += (e.time_range.end - e.time_range.start) / 1e3
+                entry[1] += 1
         totals: dict[str, list[float]] = {}
         if on_gpu:
             window = (span.time_range.start, span.time_range.end)
@@ -103,6 +113,10 @@ def format_phases(optimizer: str, phases: list[PhaseProfile], on_gpu: bool, widt
                            for n in sorted(p.range_ms)) or "none"
         syncs = ", ".join(f"{n} x{c}" for n, c in sorted(p.syncs.items())) or "none"
         lines.append(f" {p.name}: host range {p.host_ms:.2f} ms; DMuon's ranges: {ranges}; host waits: {syncs}")
+        if p.runtime:
+            calls = sorted(p.runtime.items(), key=lambda kv: -kv[1][0])[:6]
+            lines.append("  CUDA calls inside DMuon's ranges: " +
+                         ", ".join(f"{n} x{c} {ms:.2f} ms" for n, (ms, c) in calls))
         if p.timeline:
             lines.append(p.timeline)
         for name, ms, calls in p.top:
