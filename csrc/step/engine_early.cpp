@@ -231,13 +231,18 @@ void StepEngine::commit_early(StepState& st, Early& early) {
   clock_.stop(start, {{PhaseField::kApply}});
 }
 
-// Copies of `sources` in memory the open step holds (one allocation per dtype), made by
-// one copy() call. NOTE: one list per stage, not a copy per parameter: at fake world 64
-// the early stages staged Qwen2.5-1.5B's 196 momentum buffers one by one inside backward.
+// Copies of `sources` in memory the open step holds (one allocation per dtype, each copy
+// starting on a 16-byte boundary as its own allocation would), made by one copy() call.
+// NOTE: one list per stage, not a copy per parameter: at fake world 64 the early stages
+// staged Qwen2.5-1.5B's 196 momentum buffers one by one inside backward.
 std::vector<Buffer> StepEngine::stage_copies(const std::vector<Buffer>& sources) {
   Early& early = *early_;
+  const auto padded = [](const Buffer& b) {
+    const int64_t unit = std::max<int64_t>(1, 16 / dtype_size(b.dtype));
+    return (b.numel + unit - 1) / unit * unit;
+  };
   std::map<DType, int64_t> total;
-  for (const Buffer& b : sources) total[b.dtype] += b.numel;
+  for (const Buffer& b : sources) total[b.dtype] += padded(b);
   std::map<DType, std::pair<Buffer, int64_t>> memory;  // dtype → (its allocation, elements handed out)
   for (const auto& [dtype, numel] : total) {
     early.staging.push_back(ops_.allocate(dtype, numel));
@@ -248,7 +253,7 @@ std::vector<Buffer> StepEngine::stage_copies(const std::vector<Buffer>& sources)
   for (const Buffer& b : sources) {
     auto& [whole, used] = memory[b.dtype];
     copies.push_back(whole.slice(used, b.numel, "a staged momentum copy"));
-    used += b.numel;
+    used += padded(b);
     pieces.push_back({b, copies.back()});
   }
   ops_.copy(pieces);
