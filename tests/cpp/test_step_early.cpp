@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -71,6 +72,18 @@ struct Drive {
   // rank then says its begun work is stale (StartChecks::changed).
   std::function<void(int rank, RankTensors& t)> after_ready;
   bool changed_on_changed_ranks = false;
+  std::function<dmuon::step::DeviceOps&(int rank, dmuon::step::CpuOps& cpu)> ops;  // RunHooks::ops
+};
+
+// Ops that count their copy() calls with something to copy.
+class CopyCalls : public dmuon::step::ForwardingOps {
+ public:
+  explicit CopyCalls(dmuon::step::CpuOps& cpu) : ForwardingOps(cpu) {}
+  void copy(const std::vector<dmuon::step::CopyPiece>& pieces) override {
+    calls += !pieces.empty();
+    ForwardingOps::copy(pieces);
+  }
+  int calls = 0;
 };
 
 // The run of `how` on every rank (run_engine with `how`'s step in place of the one-shot one).
@@ -78,6 +91,7 @@ EngineRun drive(const World& world, const std::vector<GroupRule>& rules, int num
                 const std::function<void(int rank, int step, RankTensors& t)>& before_step = nullptr) {
   dmuon::testing::RunHooks hooks;
   hooks.before_step = before_step;
+  hooks.ops = how.ops;
   if (!how.ready_calls.empty() || how.two_phase) hooks.step = [&](int r, int s, StepEngine& engine, RankTensors& t) {
     if (!how.ready_calls.empty()) {
       engine.begin_step(rules, s);
@@ -489,11 +503,14 @@ TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
       drives[4].two_phase = true;
       drives[5].ready_calls = reverse_calls(n, 2, 0);
       drives[5].sparse_views = true;
-      // Held until they start work: an items_ready call per stage at most, the same stages.
+      // Held until they start work: an items_ready call per stage at most, the same stages;
+      // a stage's momentum staged by one copy() call, and copied back by one.
       std::vector<int> given_calls(static_cast<size_t>(world_size), 0);
+      std::vector<std::unique_ptr<CopyCalls>> copy_calls;
       drives[6].ready_calls = reverse_calls(n, 1, 0);
       drives[6].hold_until_work = true;
       drives[6].given_calls = &given_calls;
+      drives[6].ops = dmuon::testing::per_rank_ops(copy_calls, world_size);
       for (size_t d = 0; d < drives.size(); ++d) {
         drives[d].options = many_stages(mode);
         const EngineRun run = drive(world, owned_rules(), kSteps, drives[d]);
@@ -513,6 +530,10 @@ TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
           if (d == 6) {
             EXPECT_GT(given_calls[static_cast<size_t>(r)], 0) << where << ", rank " << r;
             EXPECT_LE(given_calls[static_cast<size_t>(r)], kSteps * stats.num_stages) << where << ", rank " << r;
+            // NOTE: per stage its staging and its forward's further U copies; per step the
+            // copies back of the early stages' and of the early local items' momentum.
+            EXPECT_LE(copy_calls[static_cast<size_t>(r)]->calls, kSteps * (2 * stats.num_stages + 2))
+                << where << ", rank " << r;
           }
         }
         // Owners ran NS inside items_ready (all but the last stage, whose NS waits for finish()).
