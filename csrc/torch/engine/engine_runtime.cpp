@@ -7,7 +7,6 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
 #include <algorithm>
-#include <set>
 
 #include "common/check.h"
 #include "engine/torch_ops.h"
@@ -396,20 +395,6 @@ std::vector<std::vector<int>> EngineRuntime::stage_items() const {
     std::vector<int> items;
     for (const step::NsBatch& batch : stage.batches) items.insert(items.end(), batch.items.begin(), batch.items.end());
     out.push_back(std::move(items));
-  }
-  return out;
-}
-
-std::vector<std::vector<int>> EngineRuntime::stage_params() const {
-  const step::ItemTable& table = engine_->items();
-  std::vector<std::vector<int>> out;
-  for (const step::Stage& stage : engine_->stages()) {
-    std::vector<int> params;
-    std::set<int> seen;
-    for (const step::NsBatch& batch : stage.batches)
-      for (int item : batch.items)
-        if (seen.insert(table.item(item).param_idx).second) params.push_back(table.item(item).param_idx);
-    out.push_back(std::move(params));
   }
   return out;
 }

@@ -121,8 +121,6 @@ class EngineRuntime {
   const std::vector<double>& predicted_rank_seconds() const { return engine_->predicted_rank_seconds(); }
   /// The NS times the plan was made with (RuntimeOptions::cost_model; empty: analytic).
   const plan::CostTable& measured_costs() const { return engine_->measured_costs(); }
-  /// The parameters of each stage of the last step (each once per stage, in order).
-  std::vector<std::vector<int>> stage_params() const;
   /// The items (matrices) of each stage of the last step, in NS-batch order.
   std::vector<std::vector<int>> stage_items() const;
   const step::RuntimeStats& last_stats() const { return stats_; }
