@@ -97,7 +97,7 @@ void register_engine_bindings(py::module_& m) {
       .def_property_readonly("plan_text", &EngineRuntime::plan_text)
       .def_property_readonly("predicted_makespan_s", &EngineRuntime::predicted_makespan_s)
       .def_property_readonly("backward_stage_note", &EngineRuntime::backward_stage_note)
-      .def_property_readonly("num_buckets", [](const EngineRuntime& r) { return r.stage_items().size(); })
+      .def_property_readonly("num_buckets", &EngineRuntime::num_stages)
       .def_property_readonly("last_stats", &EngineRuntime::last_stats)
       .def_property_readonly("transport",
                              [](const EngineRuntime& r) { return layout::transport_name(r.world_model().transport()); })

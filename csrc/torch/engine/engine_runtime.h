@@ -123,6 +123,7 @@ class EngineRuntime {
   const plan::CostTable& measured_costs() const { return engine_->measured_costs(); }
   /// The items (matrices) of each stage of the last step, in NS-batch order.
   std::vector<std::vector<int>> stage_items() const;
+  size_t num_stages() const { return engine_->stages().size(); }
   const step::RuntimeStats& last_stats() const { return stats_; }
   const step::StepStats& engine_stats() const { return engine_->last_stats(); }
   /// The last step's stages on every rank for the projection (step/stage_layout.h):
