@@ -21,11 +21,6 @@ using step::DType;
 
 bool is_f64(const Buffer& b) { return b.dtype == DType::kFloat64; }
 
-// A [rows, cols] tensor viewing `buffer` (row-major, no copy).
-at::Tensor matrix_view(const Buffer& buffer, int64_t rows, int64_t cols) {
-  return tensor_view(buffer).view({rows, cols});
-}
-
 // The iterate or result of a float64 batch as a [count, rows, cols] tensor (these ops
 // make it row-major, never transposed).
 at::Tensor batch_view(const step::NsView& v, const step::NsBatchDesc& batch, const Buffer& like) {
@@ -34,6 +29,16 @@ at::Tensor batch_view(const step::NsView& v, const step::NsBatchDesc& batch, con
               "the float64 ops got an iterate they did not make");
   const Buffer whole{v.data, DType::kFloat64, batch.count * batch.rows * batch.cols, like.device};
   return tensor_view(whole).view({batch.count, batch.rows, batch.cols});
+}
+
+// A piece's [row_count, col_count] block of matrix `matrix_idx` of a float64 batch (checked
+// against the batch, `what` naming the call in the error).
+at::Tensor piece_block(const char* what, const step::NsView& v, const step::NsBatchDesc& batch, const Buffer& like,
+                       int64_t matrix_idx, int64_t row_begin, int64_t row_count, int64_t numel, int64_t col_begin,
+                       int64_t col_count) {
+  step::check_batch_rows(what, batch, matrix_idx, row_begin, row_count, numel, col_begin, col_count);
+  const auto [first_col, num_cols] = step::piece_cols(batch, col_begin, col_count);
+  return batch_view(v, batch, like).select(0, matrix_idx).narrow(0, row_begin, row_count).narrow(1, first_col, num_cols);
 }
 
 // `value` where the gate is open, `keep` where it is closed (no host read).
@@ -152,8 +157,8 @@ class AtenFloat64Ops : public step::ForwardingOps {
       return inner_.prepare_to_iterate(matrices, partials, batch, iterate, update_momentum, gate);
     for (const step::LocalMatrix& matrix : matrices) {
       at::Tensor dst = batch_view(iterate, batch, matrix.grad).select(0, matrix.matrix_idx);
-      const at::Tensor g = matrix_view(matrix.grad, batch.rows, batch.cols);
-      const at::Tensor m = matrix_view(matrix.momentum, batch.rows, batch.cols);
+      const at::Tensor g = tensor_view(matrix.grad).view({batch.rows, batch.cols});
+      const at::Tensor m = tensor_view(matrix.momentum).view({batch.rows, batch.cols});
       auto [next, u] = momentum_and_update(g, m, matrix.rule, update_momentum);
       dst.copy_(gated(gate, at::zeros_like(u), u));
       if (update_momentum) m.copy_(gated(gate, m, next));
@@ -164,14 +169,9 @@ class AtenFloat64Ops : public step::ForwardingOps {
                            const step::NsView& iterate, const Buffer& gate) override {
     if (batch.param_dtype != DType::kFloat64) return inner_.iterate_from_pieces(pieces, batch, iterate, gate);
     for (const step::WirePiece& piece : pieces) {
-      step::check_batch_rows("AtenFloat64Ops::iterate_from_pieces", batch, piece.matrix_idx, piece.row_begin,
-                             piece.row_count, piece.wire.numel, piece.col_begin, piece.col_count);
-      const auto [col_begin, col_count] = step::piece_cols(batch, piece.col_begin, piece.col_count);
-      at::Tensor dst = batch_view(iterate, batch, piece.wire)
-                           .select(0, piece.matrix_idx)
-                           .narrow(0, piece.row_begin, piece.row_count)
-                           .narrow(1, col_begin, col_count);
-      const at::Tensor rows = matrix_view(piece.wire, piece.row_count, col_count).to(at::kDouble);
+      at::Tensor dst = piece_block("AtenFloat64Ops::iterate_from_pieces", iterate, batch, piece.wire, piece.matrix_idx,
+                                   piece.row_begin, piece.row_count, piece.wire.numel, piece.col_begin, piece.col_count);
+      const at::Tensor rows = tensor_view(piece.wire).view(dst.sizes()).to(at::kDouble);
       dst.copy_(gated(gate, at::zeros_like(rows), rows));
     }
   }
@@ -180,14 +180,10 @@ class AtenFloat64Ops : public step::ForwardingOps {
                         const std::vector<step::WirePiece>& pieces) override {
     if (batch.param_dtype != DType::kFloat64) return inner_.result_to_pieces(result, batch, pieces);
     for (const step::WirePiece& piece : pieces) {
-      step::check_batch_rows("AtenFloat64Ops::result_to_pieces", batch, piece.matrix_idx, piece.row_begin,
-                             piece.row_count, piece.wire.numel, piece.col_begin, piece.col_count);
-      const auto [col_begin, col_count] = step::piece_cols(batch, piece.col_begin, piece.col_count);
-      const at::Tensor rows = batch_view(result, batch, piece.wire)
-                                  .select(0, piece.matrix_idx)
-                                  .narrow(0, piece.row_begin, piece.row_count)
-                                  .narrow(1, col_begin, col_count);
-      matrix_view(piece.wire, piece.row_count, col_count).copy_(rows);
+      const at::Tensor rows = piece_block("AtenFloat64Ops::result_to_pieces", result, batch, piece.wire,
+                                          piece.matrix_idx, piece.row_begin, piece.row_count, piece.wire.numel,
+                                          piece.col_begin, piece.col_count);
+      tensor_view(piece.wire).view(rows.sizes()).copy_(rows);
     }
   }
 
@@ -196,13 +192,8 @@ class AtenFloat64Ops : public step::ForwardingOps {
                     const Buffer& result_flags) override {
     if (batch.param_dtype != DType::kFloat64) return inner_.apply_result(result, batch, pieces, gate, result_flags);
     for (const step::ApplyPiece& piece : pieces) {
-      step::check_batch_rows("AtenFloat64Ops::apply_result", batch, piece.matrix_idx, piece.row_begin, piece.row_count,
-                             piece.param.numel, piece.col_begin, piece.col_count);
-      const auto [col_begin, col_count] = step::piece_cols(batch, piece.col_begin, piece.col_count);
-      at::Tensor o = batch_view(result, batch, piece.param)
-                         .select(0, piece.matrix_idx)
-                         .narrow(0, piece.row_begin, piece.row_count)
-                         .narrow(1, col_begin, col_count);
+      at::Tensor o = piece_block("AtenFloat64Ops::apply_result", result, batch, piece.param, piece.matrix_idx,
+                                 piece.row_begin, piece.row_count, piece.param.numel, piece.col_begin, piece.col_count);
       // NOTE: the replicas apply what the wire brings them; so does the owner.
       if (piece.round_through_wire) o = o.to(scalar_type(piece.wire_dtype)).to(at::kDouble);
       apply_rows(piece.param, o, piece.scale, piece.decay, gate, result_flags, piece.flag_idx);
