@@ -21,6 +21,7 @@ target_sources(dmuon_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/start_agreement.cpp
   ${CMAKE_CURRENT_LIST_DIR}/owned_buckets.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ownership_exchange.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/serial_worker.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cpu/cpu_ops.cpp
   # NOTE: host rules of the CUDA ops (no CUDA headers), in every build so that they are tested.
   ${CMAKE_CURRENT_LIST_DIR}/cuda/stream_workspaces.cpp

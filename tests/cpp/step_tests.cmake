@@ -22,6 +22,7 @@ add_executable(dmuon_step_tests
   ${CMAKE_CURRENT_LIST_DIR}/test_step_normuon.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_step_col_blocks.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_phase_clock.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_serial_worker.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_cost_profile.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_step_memory.cpp
 )

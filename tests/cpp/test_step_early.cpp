@@ -17,6 +17,7 @@
 
 #include "error_of.h"
 #include "step_expect.h"
+#include "step/serial_worker.h"
 #include "step_world.h"
 
 namespace {
@@ -68,6 +69,9 @@ struct Drive {
   // adapter does; `given_calls` (per rank) counts the items_ready calls made.
   bool hold_until_work = false;
   std::vector<int>* given_calls = nullptr;
+  // The held hand-overs' engine calls run on a worker thread (step::SerialWorker), drained
+  // before step(), as the torch adapter runs them off backward's thread.
+  bool on_worker = false;
   // After the ready calls, before step(): a change to the rank's tensors, and whether the
   // rank then says its begun work is stale (StartChecks::changed).
   std::function<void(int rank, RankTensors& t)> after_ready;
@@ -93,16 +97,24 @@ EngineRun drive(const World& world, const std::vector<GroupRule>& rules, int num
   hooks.before_step = before_step;
   hooks.ops = how.ops;
   if (!how.ready_calls.empty() || how.two_phase) hooks.step = [&](int r, int s, StepEngine& engine, RankTensors& t) {
+    std::vector<int> held;
+    dmuon::step::SerialWorker worker;
     if (!how.ready_calls.empty()) {
       engine.begin_step(rules, s);
-      std::vector<int> held;
       for (const std::vector<int>& ids : how.ready_calls) {
         if (how.hold_until_work) {
-          held.insert(held.end(), ids.begin(), ids.end());
-          if (!engine.items_start_work(held)) continue;
-          engine.items_ready(held, t.views());
-          held.clear();
-          if (how.given_calls) ++(*how.given_calls)[static_cast<size_t>(r)];
+          auto hand_over = [&, ids] {
+            held.insert(held.end(), ids.begin(), ids.end());
+            if (!engine.items_start_work(held)) return;
+            engine.items_ready(held, t.views());
+            held.clear();
+            if (how.given_calls) ++(*how.given_calls)[static_cast<size_t>(r)];
+          };
+          if (how.on_worker) {
+            worker.post(hand_over);
+          } else {
+            hand_over();
+          }
           continue;
         }
         std::vector<dmuon::step::ParamTensors> views = t.views();
@@ -117,6 +129,7 @@ EngineRun drive(const World& world, const std::vector<GroupRule>& rules, int num
         engine.items_ready(ids, views);
       }
     }
+    worker.drain();
     if (how.discard_before_finish) {
       engine.discard();
       return StepOutcome{};
@@ -493,8 +506,9 @@ TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
       expect_no_errors(expected);
       ASSERT_GT(expected.stats[0].num_stages, 3) << "world " << world_size;
       // Backward order one item or three at a time; some left to step(); forward order
-      // (stage k+1 complete before stage k waits for it); two-phase.
-      std::vector<Drive> drives(7);
+      // (stage k+1 complete before stage k waits for it); two-phase; held until a stage is
+      // complete, on the caller's thread and on a worker thread.
+      std::vector<Drive> drives(8);
       drives[0].ready_calls = reverse_calls(n, 1, 0);
       drives[1].ready_calls = reverse_calls(n, 3, 0);
       drives[2].ready_calls = reverse_calls(n, 2, 3);
@@ -511,6 +525,10 @@ TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
       drives[6].hold_until_work = true;
       drives[6].given_calls = &given_calls;
       drives[6].ops = dmuon::testing::per_rank_ops(copy_calls, world_size);
+      // The same, the engine's calls on a worker thread of each rank.
+      drives[7].ready_calls = reverse_calls(n, 1, 0);
+      drives[7].hold_until_work = true;
+      drives[7].on_worker = true;
       for (size_t d = 0; d < drives.size(); ++d) {
         drives[d].options = many_stages(mode);
         const EngineRun run = drive(world, owned_rules(), kSteps, drives[d]);
