@@ -239,6 +239,23 @@ def group_name(group: Any) -> str:
     return group.group_name
 
 
+def timeout_of(group: Any) -> Any:
+    """The timeout of `group`'s collectives (init_process_group's, for the default group);
+    None where its backend does not say."""
+    for device in getattr(group, "_device_types", ()):
+        options = getattr(group._get_backend(device), "options", None)
+        if options is not None and hasattr(options, "_timeout"):
+            return options._timeout
+    return None
+
+
+def same_ranks_group(group: Any) -> Any:
+    """A new process group of `group`'s ranks, its backend and timeout, made by those ranks
+    only (each calls it once, at the same point)."""
+    return dist.new_group(dist.get_process_group_ranks(group), backend=dist.get_backend(group),
+                          timeout=timeout_of(group), use_local_synchronization=True)
+
+
 def transport(group: Any) -> str:
     """How dmuon's runtime treats `group` (its C++ detection, dmuon._C.dist.transport_of):
     "single" (one process), "real" or "fake" (torch's fake backend: this process plays one

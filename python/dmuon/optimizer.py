@@ -109,6 +109,7 @@ class DMuon(torch.optim.Optimizer):
         self._verified_state: dict[int, tuple] = {}  # id(param) → ids of its state tensors checked
         self._group = None  # the Muon parameters' process group (None: one process)
         self._placement_cache = None  # (ids of the Muon parameters, their placements, the group)
+        self._engine_groups: dict[tuple, Any] = {}  # ranks → the runtime's own group (runtime_builder)
         self._torn: TornStep | None = None  # the step that failed after this rank began writing
         initial = initial_groups(params, muon_filter, {"lr": adamw_lr, "weight_decay": adamw_weight_decay})
         self._routed = {key: ParamInfo(r.name, r.view if r.use_muon else None, r.reason, tuple(r.param.shape))

@@ -34,6 +34,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten
 
+from dmuon import distributed
 from dmuon._ops import _C
 from dmuon.config import Ownership, with_flat
 from dmuon.params import MUON_DTYPES, dtype_name as _dtype_name
@@ -100,7 +101,7 @@ class _Groups:
         # NOTE: new_group is collective over the default group: every rank creates every
         # subgroup, in one order, and keeps its own. Without a timeout it would wait 30
         # minutes (torch's default), not the default group's, for a rank that stalls.
-        timeout = _timeout_of(dist.group.WORLD)
+        timeout = distributed.timeout_of(dist.group.WORLD)
 
         def new_group(ranks: list[int]) -> Any:
             return dist.new_group(ranks, timeout=timeout)
@@ -131,16 +132,6 @@ class _Groups:
         return _C.ownership.Groups(world=name(self.world), row=name(self.shard), column=name(self.replicate),
                                    column_reduce=name(self.replicate_reduce), shards=self.shards,
                                    replicas=self.replicas, shard_of=self.shard_of, replica_of=self.replica_of)
-
-
-def _timeout_of(group: Any) -> Any:
-    """The timeout of `group`'s collectives (init_process_group's, for the default group);
-    None where its backend does not say."""
-    for device in getattr(group, "_device_types", ()):
-        options = getattr(group._get_backend(device), "options", None)
-        if options is not None and hasattr(options, "_timeout"):
-            return options._timeout
-    return None
 
 
 class OwnedMatrices:

@@ -176,6 +176,20 @@ def _backward_step_on(opt: Any, handle: Any) -> bool:
     return bool(wanted) and bool(opt._backward.attached) and handle is None and not unable
 
 
+def _engine_group(opt: Any, group: Any) -> Any:
+    """The runtime's process group: `group`, or, where the step begins inside backward on
+    several ranks, a group of the same ranks of its own (made once per optimizer and ranks)."""
+    # NOTE: the early stages' collectives are issued from the runtime's worker thread while
+    # backward issues FSDP2's or DDP's from its own: on one group, two ranks could see them in
+    # different orders (NCCL and Gloo match collectives by their order).
+    if not opt._backward_step_on or group is None or dist.get_world_size(group) == 1:
+        return group
+    ranks = tuple(dist.get_process_group_ranks(group))
+    if ranks not in opt._engine_groups:
+        opt._engine_groups[ranks] = distributed.same_ranks_group(group)
+    return opt._engine_groups[ranks]
+
+
 def ensure_runtime(opt: Any, checks: Any = None) -> Any:
     """opt's step runtime for the current Muon parameters (built collectively); built again
     when a group's split changed (the user or a loaded checkpoint set it). Before it is
@@ -206,7 +220,7 @@ def ensure_runtime(opt: Any, checks: Any = None) -> Any:
         backward_groups=opt._backward.backward_groups() if opt._backward_step_on else [], **opt._runtime_options)
     group_of = {id(p): g_idx for g_idx, g in enumerate(opt.param_groups) for p in g["params"]}
     opt._runtime = _C.engine.EngineRuntime(
-        distributed.group_name(group), [opt.param_name(p) for _, p in muon], layouts,
+        distributed.group_name(_engine_group(opt, group)), [opt.param_name(p) for _, p in muon], layouts,
         [dtype_name(p.dtype) for _, p in muon], [slot[g_idx] for g_idx, _ in muon], options,
         owned=handle.exchange if handle is not None else None,
         owned_group_slot=[slot[group_of[id(p)]] for p in owned])

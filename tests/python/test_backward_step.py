@@ -119,6 +119,19 @@ def test_one_fsdp2_unit_for_the_whole_model_is_warned_about_once():
             assert result["warnings"] == []
 
 
+def test_the_engine_works_off_backwards_thread_on_a_group_of_its_own():
+    # NOTE: the hooks only queue their hand-overs; the engine's calls (its
+    # "dmuon.backward_step.engine" ranges, recorded through the hook's profiler state) run on
+    # the runtime's worker thread, and its collectives on a process group of the mesh's ranks
+    # that is not the mesh's (FSDP2 issues its own there from backward's thread).
+    results = run_distributed(engine_threads_and_group, 2)
+    for rank, result in results.items():
+        hooks, engine = result["hook_threads"], result["engine_threads"]
+        assert hooks and engine and not hooks & engine, (rank, result)
+        assert result["engine_group_ranks"] == [0, 1] and not result["same_group"], (rank, result)
+        assert result["early_stages"] > 0, (rank, result)
+
+
 # ---------------------------------------------------------------- on the ranks
 # The step begun inside backward (Execution.backward_step=True) against the post-backward
 # step (False) of the same model, plan and gradients, in FSDP2, HSDP and DDP, with and without
@@ -295,6 +308,36 @@ class BlocksModel(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.norm(x).square().mean()
+
+
+def engine_threads_and_group(rank: int, world: int) -> dict:
+    """An 8-block FSDP2 model with backward_step on: its second backward under torch.profiler
+    (CPU), the threads of the hooks' and of the engine's host ranges; the runtime's own group."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = BlocksModel(8)
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = dmuon.DMuon(model, lr=0.02, execution=dmuon.Execution(backward_step=True))
+    threads: dict[str, set] = {"dmuon.backward_step.params_final": set(), "dmuon.backward_step.engine": set()}
+    for step in range(2):
+        x = torch.randn(4, 32, generator=torch.Generator().manual_seed(700 + step + rank))
+        opt.zero_grad()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            model(x).backward()
+            opt.step()
+    for event in prof.events():
+        if event.name in threads:
+            threads[event.name].add(event.thread)
+    (engine_group,) = opt._engine_groups.values()
+    return dict(hook_threads=threads["dmuon.backward_step.params_final"],
+                engine_threads=threads["dmuon.backward_step.engine"],
+                engine_group_ranks=dist.get_process_group_ranks(engine_group),
+                same_group=engine_group is mesh.get_group(), early_stages=opt.runtime.last_stats.early_stages)
 
 
 def default_blocks_match_post_backward(rank: int, world: int, clip: bool, units: str = "block") -> dict:

@@ -127,6 +127,7 @@ step::StepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
                                       const std::vector<at::Tensor>& extra_grads,
                                       const std::vector<at::Tensor>& row_state, bool defer_result_agreement,
                                       const step::StartChecks& checks) {
+  finish_handovers();
   writes_began_ = false;
   const step::ItemTable& table = engine_->items();
   const size_t n = static_cast<size_t>(table.num_params());
@@ -269,6 +270,7 @@ std::vector<int64_t> EngineRuntime::agree_results(const std::vector<int64_t>& ex
 }
 
 void EngineRuntime::begin_step(const std::vector<step::GroupRule>& groups, int64_t step_idx) {
+  finish_handovers();
   writes_began_ = false;
   update_rules(groups);
   forget_handovers();
@@ -301,11 +303,25 @@ void EngineRuntime::params_ready(const std::vector<int64_t>& ready, at::TensorLi
     DMUON_CHECK(params[j].is_contiguous(), "EngineRuntime::params_ready: parameter '", name,
                 "' must be contiguous (its rows are applied in place at step())");
   }
-  for (size_t j = 0; j < ready.size(); ++j) held_.push_back({ready[j], params[j], grads[j], momentum[j], {}});
+  DMUON_CHECK(!owned_, "EngineRuntime::params_ready: the weight-ownership mode hands its matrices over itself");
+  std::vector<Handover> handed;
+  for (size_t j = 0; j < ready.size(); ++j) handed.push_back({ready[j], params[j], grads[j], momentum[j], {}});
   // NOTE: the hand-overs are held until they start work (a stage complete, or an item worked
-  // on at once): inside backward every engine call is host time backward waits for, and
-  // with a stage of a matrix per rank most FSDP2 groups complete none.
-  if (engine_->items_start_work(held_items())) give_held();
+  // on at once): with a stage of a matrix per rank most FSDP2 groups complete none.
+  handovers_.post(with_this_threads_state(ops_->device(), [this, handed = std::move(handed)] {
+    held_.insert(held_.end(), handed.begin(), handed.end());
+    if (engine_->items_start_work(held_items())) give_held();
+  }));
+}
+
+void EngineRuntime::finish_handovers() {
+  try {
+    handovers_.drain();
+  } catch (...) {
+    if (engine_->step_open()) engine_->discard();
+    forget_handovers();
+    throw;
+  }
 }
 
 std::vector<int> EngineRuntime::held_items() const {
@@ -355,6 +371,7 @@ void EngineRuntime::forget_handovers() {
 }
 
 bool EngineRuntime::grads_changed(const std::vector<int64_t>& index, const std::vector<at::Tensor>& grads) {
+  finish_handovers();
   DMUON_CHECK(index.size() == grads.size(), "EngineRuntime::grads_changed: ", index.size(), " indices and ",
               grads.size(), " gradients");
   // Each parameter's position in `index` (−1: not given now).
@@ -379,6 +396,7 @@ bool EngineRuntime::grads_changed(const std::vector<int64_t>& index, const std::
 }
 
 void EngineRuntime::discard() {
+  finish_handovers();
   engine_->discard();
   forget_handovers();
 }

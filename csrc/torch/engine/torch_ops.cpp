@@ -3,10 +3,14 @@
 #include "engine/torch_ops.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <memory>
+#include <optional>
+#include <utility>
 
 #include "common/check.h"
 #include "engine/aten_float64_ops.h"
@@ -71,6 +75,19 @@ std::unique_ptr<step::DeviceOps> make_torch_ops(const step::Device& device, cons
   }
   if (!options.aten_float64) return ops;
   return with_aten_float64(std::move(ops));
+}
+
+std::function<void()> with_this_threads_state(const step::Device& device, std::function<void()> job) {
+  std::optional<c10::Stream> stream;
+  if (device.kind == step::DeviceKind::kCuda)
+    stream = c10::impl::getDeviceGuardImpl(at::kCUDA)->getStream(
+        c10::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index)));
+  return [state = at::ThreadLocalState(), stream, job = std::move(job)] {
+    const at::ThreadLocalStateGuard tls(state);
+    std::optional<c10::StreamGuard> on_stream;
+    if (stream) on_stream.emplace(*stream);
+    job();
+  };
 }
 
 OpsStreamScope::OpsStreamScope(step::DeviceOps& ops) {
