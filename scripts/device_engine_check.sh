@@ -10,13 +10,17 @@
 #      dmuon-ownership beside dmuon);
 #   5. the host time of DMuon.step on one rank of fake world 64, Qwen2.5-7B, by phase
 #      (lab/benches/fake_rank_host_profile.py of each tree);
+#   6. (stage "backward", not in the default) the step begun from backward, on against off in
+#      each tree (scripts/device_backward_step.sh; its CASES, STEPS and RUN_TIMEOUT apply);
 # each before then after, then a short table last. STAGES picks (default "ns fake e2e host"),
-# NS_MODELS the models of stage ns (default Qwen2.5-0.5B/1.5B/7B), NS_ROUNDS its rounds (1).
+# NS_MODELS the models of stage ns (default Qwen2.5-0.5B/1.5B/7B), NS_ROUNDS its rounds (1);
+# OLD_TREE the before tree's folder (default .old_tree).
 # Usage (device tool, carry [".cutlass", ".old_tree"]): bash scripts/device_engine_check.sh
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 source scripts/device_env.sh
-[ -d .old_tree ] || { echo "no .old_tree (git archive <commit> | tar -x -C .old_tree, then carry it)"; exit 2; }
+OLD_TREE=${OLD_TREE:-.old_tree}
+[ -d "$OLD_TREE" ] || { echo "no $OLD_TREE (git archive <commit> | tar -x -C $OLD_TREE, then carry it)"; exit 2; }
 ROOT=$PWD
 cutlass=()
 [ -d .cutlass/include ] && cutlass=(-Ccmake.define.DMUON_CUTLASS_DIR="$ROOT/.cutlass")
@@ -26,7 +30,7 @@ build() {  # tree, build dir, target
 }
 start=$(date +%s)
 build "$ROOT" "$ROOT/build/engine_new" /tmp/site_new > "$OUT/build_new.log" 2>&1 & new_pid=$!
-build "$ROOT/.old_tree" "$ROOT/build/engine_old" /tmp/site_old > "$OUT/build_old.log" 2>&1 & old_pid=$!
+build "$ROOT/$OLD_TREE" "$ROOT/build/engine_old" /tmp/site_old > "$OUT/build_old.log" 2>&1 & old_pid=$!
 wait $new_pid || { tail -30 "$OUT/build_new.log"; echo "BUILD (after) FAILED"; exit 1; }
 wait $old_pid || { tail -30 "$OUT/build_old.log"; echo "BUILD (before) FAILED"; exit 1; }
 echo "builds: $(( $(date +%s) - start )) s"
@@ -70,9 +74,17 @@ fi
 if stage host; then
   for label in old new; do
     echo "== host time of DMuon.step, fake world 64, qwen2.5-7b ($label)"
-    tree=$ROOT; [ $label = old ] && tree=$ROOT/.old_tree
+    tree=$ROOT; [ $label = old ] && tree=$ROOT/$OLD_TREE
     run $label 200 "$tree/lab/benches/fake_rank_host_profile.py" --model qwen2.5-7b --world 64 --device cuda \
       --steps 10 2>&1 | tee "$OUT/host_$label.log" | tail -12
+  done
+fi
+if stage backward; then
+  for label in old new; do
+    echo "== the step begun from backward ($label)"
+    mkdir -p "$OUT/backward_$label"
+    PYTHONPATH=/tmp/site_$label HOME=/tmp/home_$label OUT=$OUT/backward_$label bash scripts/device_backward_step.sh |
+      tail -25
   done
 fi
 echo "=== summary ==="
