@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
 #include <algorithm>
+#include <utility>
 
 #include "common/check.h"
 #include "engine/torch_ops.h"
@@ -139,10 +140,12 @@ step::StepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
   // NOTE: options, tensors that do not fit: this rank's failed checks, agreed like the
   // caller's (raised here, they would leave the other ranks waiting in the agreement).
   step::StartChecks mine = checks;
+  if (!handover_error_.empty())
+    mine.error = "the step begun from backward failed: " + std::exchange(handover_error_, std::string());
   try {
     update_rules(groups);
   } catch (const std::exception& error) {
-    mine.error = error.what();
+    if (mine.error.empty()) mine.error = error.what();
   }
   // NOTE: the owned matrices' window closes with the step, whatever its outcome, once the
   // caller's stream has waited for the ops' (the scope below ends first). Its buckets are
@@ -271,6 +274,7 @@ std::vector<int64_t> EngineRuntime::agree_results(const std::vector<int64_t>& ex
 
 void EngineRuntime::begin_step(const std::vector<step::GroupRule>& groups, int64_t step_idx) {
   finish_handovers();
+  handover_error_.clear();  // NOTE: the step it belonged to was discarded
   writes_began_ = false;
   update_rules(groups);
   forget_handovers();
@@ -317,10 +321,10 @@ void EngineRuntime::params_ready(const std::vector<int64_t>& ready, at::TensorLi
 void EngineRuntime::finish_handovers() {
   try {
     handovers_.drain();
-  } catch (...) {
-    if (engine_->step_open()) engine_->discard();
+  } catch (const std::exception& error) {
+    handover_error_ = error.what();
+    engine_->discard();
     forget_handovers();
-    throw;
   }
 }
 
@@ -372,6 +376,7 @@ void EngineRuntime::forget_handovers() {
 
 bool EngineRuntime::grads_changed(const std::vector<int64_t>& index, const std::vector<at::Tensor>& grads) {
   finish_handovers();
+  if (!handover_error_.empty()) return true;  // NOTE: the begun work is gone; step() raises the error
   DMUON_CHECK(index.size() == grads.size(), "EngineRuntime::grads_changed: ", index.size(), " indices and ",
               grads.size(), " gradients");
   // Each parameter's position in `index` (−1: not given now).
@@ -397,6 +402,7 @@ bool EngineRuntime::grads_changed(const std::vector<int64_t>& index, const std::
 
 void EngineRuntime::discard() {
   finish_handovers();
+  handover_error_.clear();
   engine_->discard();
   forget_handovers();
 }

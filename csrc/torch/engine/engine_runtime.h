@@ -83,8 +83,9 @@ class EngineRuntime {
   /// contiguous. NOTE: only the ready parameters cross from Python: one call per FSDP2
   /// group inside backward, where every tensor converted is host time backward waits for.
   /// The hand-overs are held until they start work (step::StepEngine::items_start_work);
-  /// the engine's calls run on the runtime's worker thread, in the order handed over (an
-  /// error there is thrown by the next call below, the begun step then discarded).
+  /// the engine's calls run on the runtime's worker thread, in the order handed over. An
+  /// error there discards the begun step (grads_changed then says true) and step() raises
+  /// it on every rank through its start agreement; discard() or begin_step() drops it.
   void params_ready(const std::vector<int64_t>& ready, at::TensorList params, const std::vector<at::Tensor>& grads,
                     const std::vector<at::Tensor>& momentum);
   /// At step(), before it: whether a gradient the begun step read changed since its
@@ -137,7 +138,8 @@ class EngineRuntime {
 
  private:
   void update_rules(const std::vector<step::GroupRule>& groups);
-  /// Waits for the worker's calls; after an error there, discards the begun step and rethrows.
+  /// Waits for the worker's calls; after an error there, discards the begun step and keeps
+  /// the error for step() (handover_error_).
   void finish_handovers();
   void record_stats();
 
@@ -175,6 +177,7 @@ class EngineRuntime {
   // (Qwen2.5-1.5B, fake world 8), 8.0 of the hooks' 10.7 ms of host time per step were the
   // engine's, and a host-bound backward grew by all of it. Last member: joined before the
   // engine it drives goes.
+  std::string handover_error_;
   step::SerialWorker handovers_;
 };
 
