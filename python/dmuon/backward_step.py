@@ -281,11 +281,10 @@ class BackwardStep:
             return {}, False
         muon = self._muon if self._muon is not None else self.opt._muon_params()
         # NOTE: a gradient replaced since (its tensor object) is told here; one scaled in
-        # place, by the runtime's fingerprints of what the engine read.
+        # place, by the runtime's fingerprints of the tensors the engine read.
         changed = any(muon[i][1].grad is not grad for i, grad in self.ready.items())
         if not changed and self.ready:
-            changed = runtime.grads_changed(list(self.ready),
-                                            [distributed.local(muon[i][1].grad) for i in self.ready])
+            changed = runtime.grads_changed()
         fresh = self.fresh
         self._reset()
         return fresh, changed

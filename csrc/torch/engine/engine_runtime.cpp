@@ -374,24 +374,13 @@ void EngineRuntime::forget_handovers() {
   given_.clear();
 }
 
-bool EngineRuntime::grads_changed(const std::vector<int64_t>& index, const std::vector<at::Tensor>& grads) {
+bool EngineRuntime::grads_changed() {
   finish_handovers();
   if (!handover_error_.empty()) return true;  // NOTE: the begun work is gone; step() raises the error
-  DMUON_CHECK(index.size() == grads.size(), "EngineRuntime::grads_changed: ", index.size(), " indices and ",
-              grads.size(), " gradients");
-  // Each parameter's position in `index` (−1: not given now).
-  std::vector<int64_t> position(static_cast<size_t>(engine_->items().num_params()), -1);
-  for (size_t j = 0; j < index.size(); ++j) {
-    DMUON_CHECK(index[j] >= 0 && static_cast<size_t>(index[j]) < position.size(),
-                "EngineRuntime::grads_changed: parameter index ", index[j], " outside [0, ", position.size(), ")");
-    position[static_cast<size_t>(index[j])] = static_cast<int64_t>(j);
-  }
   std::vector<at::Tensor> then, now;
   for (const Handover& f : given_) {
-    const int64_t j = position[static_cast<size_t>(f.index)];
-    if (j < 0 || !grads[j].defined() || grads[j].data_ptr() != f.grad.data_ptr()) return true;
     then.push_back(f.norm);
-    now.push_back(grads[j]);
+    now.push_back(f.grad);
   }
   if (then.empty()) return false;
   const at::Tensor before = at::stack(then), after = at::stack(at::_foreach_norm(now, 2, at::kDouble));

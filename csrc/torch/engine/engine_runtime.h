@@ -88,12 +88,12 @@ class EngineRuntime {
   /// it on every rank through its start agreement; discard() or begin_step() drops it.
   void params_ready(const std::vector<int64_t>& ready, at::TensorList params, const std::vector<at::Tensor>& grads,
                     const std::vector<at::Tensor>& momentum);
-  /// At step(), before it: whether a gradient the begun step read changed since its
-  /// hand-over (its local storage, or its values' float64 norm). `grads`: the current local
-  /// gradients of parameters `index` (the ready ones). One host read.
+  /// At step(), before it: whether a gradient the begun step read changed in place since its
+  /// hand-over (its values' float64 norm; one host read). A gradient replaced (another tensor
+  /// object) is the caller's to tell.
   /// NOTE: measured on torch 2.11, clip_grad_norm_ on FSDP2's DTensor gradients scales them
   /// in place without moving either version counter, so the values themselves are compared.
-  bool grads_changed(const std::vector<int64_t>& index, const std::vector<at::Tensor>& grads);
+  bool grads_changed();
   /// Closes a begun step with nothing written.
   void discard();
   /// NOTE: read without waiting for the worker: its calls (items_start_work, items_ready)
