@@ -283,6 +283,7 @@ void EngineRuntime::begin_step(const std::vector<step::GroupRule>& groups, int64
 
 void EngineRuntime::params_ready(const std::vector<int64_t>& ready, at::TensorList params,
                                  const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& momentum) {
+  DMUON_CHECK(!owned_, "EngineRuntime::params_ready: the weight-ownership mode hands its matrices over itself");
   const step::ItemTable& table = engine_->items();
   const size_t n = static_cast<size_t>(table.num_params());
   DMUON_CHECK(params.size() == ready.size() && grads.size() == ready.size() && momentum.size() == ready.size(),
@@ -307,7 +308,6 @@ void EngineRuntime::params_ready(const std::vector<int64_t>& ready, at::TensorLi
     DMUON_CHECK(params[j].is_contiguous(), "EngineRuntime::params_ready: parameter '", name,
                 "' must be contiguous (its rows are applied in place at step())");
   }
-  DMUON_CHECK(!owned_, "EngineRuntime::params_ready: the weight-ownership mode hands its matrices over itself");
   std::vector<Handover> handed;
   for (size_t j = 0; j < ready.size(); ++j) handed.push_back({ready[j], params[j], grads[j], momentum[j], {}});
   // NOTE: the hand-overs are held until they start work (a stage complete, or an item worked
