@@ -62,8 +62,15 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
                 " group slots for ", owned_->names().size(), " owned parameters");
     ops_ = owned_->ops();
   } else {
-    // NOTE: DMUON_* knobs are read when the runtime is made.
-    ops_ = make_torch_ops(device);
+    // NOTE: DMUON_* knobs are read when the runtime is made. A step begun from backward runs
+    // on a stream of its own (GPU), which waits for each hand-over's gradients and which the
+    // caller's stream waits for at step(): backward never waits for its work.
+    TorchOpsOptions ops_options;
+    if (options_.engine.backward_order && device.kind == step::DeviceKind::kCuda) {
+      ops_stream_ = c10::impl::getDeviceGuardImpl(at::kCUDA)->getStreamFromGlobalPool(torch_device(device), false);
+      ops_options.stream = ops_stream_;
+    }
+    ops_ = make_torch_ops(device, ops_options);
   }
 
   for (int64_t slot : group_slot) {
@@ -312,7 +319,7 @@ void EngineRuntime::params_ready(const std::vector<int64_t>& ready, at::TensorLi
   for (size_t j = 0; j < ready.size(); ++j) handed.push_back({ready[j], params[j], grads[j], momentum[j], {}});
   // NOTE: the hand-overs are held until they start work (a stage complete, or an item worked
   // on at once): with a stage of a matrix per rank most FSDP2 groups complete none.
-  handovers_.post(with_this_threads_state(ops_->device(), [this, handed = std::move(handed)] {
+  handovers_.post(with_this_threads_state(ops_->device(), ops_stream_, [this, handed = std::move(handed)] {
     held_.insert(held_.end(), handed.begin(), handed.end());
     if (engine_->items_start_work(held_items())) give_held();
   }));
@@ -323,6 +330,7 @@ void EngineRuntime::finish_handovers() {
     handovers_.drain();
   } catch (const std::exception& error) {
     handover_error_ = error.what();
+    OpsStreamScope scope(*ops_);  // NOTE: as discard()
     engine_->discard();
     forget_handovers();
   }
@@ -377,6 +385,7 @@ void EngineRuntime::forget_handovers() {
 bool EngineRuntime::grads_changed() {
   finish_handovers();
   if (!handover_error_.empty()) return true;  // NOTE: the begun work is gone; step() raises the error
+  OpsStreamScope scope(*ops_);  // NOTE: after the norms taken on the ops' stream
   std::vector<at::Tensor> then, now;
   for (const Handover& f : given_) {
     then.push_back(f.norm);
@@ -392,6 +401,8 @@ bool EngineRuntime::grads_changed() {
 void EngineRuntime::discard() {
   finish_handovers();
   handover_error_.clear();
+  // NOTE: the caller's stream waits for the ops' before the gradients they read are let go.
+  OpsStreamScope scope(*ops_);
   engine_->discard();
   forget_handovers();
 }

@@ -150,6 +150,7 @@ class EngineRuntime {
   std::shared_ptr<OwnedExchange> owned_;
   int first_owned_ = 0;  // the engine's index of the first owned parameter
   std::shared_ptr<step::DeviceOps> ops_;
+  std::optional<c10::Stream> ops_stream_;  // the ops' own stream (GPU, step begun from backward)
   std::unique_ptr<step::StepEngine> engine_;
   std::vector<int> param_owners_;
   // num_base_groups_: the slots of the Muon groups (a transposed matrix takes its lr ratio

@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -77,15 +78,24 @@ std::unique_ptr<step::DeviceOps> make_torch_ops(const step::Device& device, cons
   return with_aten_float64(std::move(ops));
 }
 
-std::function<void()> with_this_threads_state(const step::Device& device, std::function<void()> job) {
-  std::optional<c10::Stream> stream;
-  if (device.kind == step::DeviceKind::kCuda)
-    stream = c10::impl::getDeviceGuardImpl(at::kCUDA)->getStream(
+std::function<void()> with_this_threads_state(const step::Device& device, const std::optional<c10::Stream>& stream,
+                                              std::function<void()> job) {
+  std::optional<c10::Stream> run_on;
+  std::shared_ptr<c10::Event> handed;  // recorded now on this thread's stream, where run_on is another
+  if (device.kind == step::DeviceKind::kCuda) {
+    const c10::Stream current = c10::impl::getDeviceGuardImpl(at::kCUDA)->getStream(
         c10::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index)));
-  return [state = at::ThreadLocalState(), stream, job = std::move(job)] {
+    run_on = stream.value_or(current);
+    if (*run_on != current) {
+      handed = std::make_shared<c10::Event>(at::kCUDA);
+      handed->record(current);
+    }
+  }
+  return [state = at::ThreadLocalState(), run_on, handed, job = std::move(job)] {
     const at::ThreadLocalStateGuard tls(state);
     std::optional<c10::StreamGuard> on_stream;
-    if (stream) on_stream.emplace(*stream);
+    if (run_on) on_stream.emplace(*run_on);
+    if (handed) handed->block(*run_on);
     job();
   };
 }

@@ -37,10 +37,12 @@ step::Device torch_step_device(step::DeviceKind kind);
 /// else throws naming the device).
 std::unique_ptr<step::DeviceOps> make_torch_ops(const step::Device& device, const TorchOpsOptions& options = {});
 
-/// `job`, to run on another thread as it would on this one: with this thread's torch state
-/// (grad mode, the profiler's callbacks, dispatch keys) and, on a GPU, its current stream of
-/// `device`, so that the job's work is ordered after what this thread enqueued there.
-std::function<void()> with_this_threads_state(const step::Device& device, std::function<void()> job);
+/// `job`, to run on another thread: with this thread's torch state (grad mode, the
+/// profiler's callbacks, dispatch keys) and, on a GPU, with `stream` (a stream of `device`;
+/// none: this thread's current one) current, ordered after what this thread had enqueued on
+/// its current stream when this was called (another stream waits for an event recorded now).
+std::function<void()> with_this_threads_state(const step::Device& device, const std::optional<c10::Stream>& stream,
+                                              std::function<void()> job);
 
 /// While alive, torch's current stream of the ops' device is the ops' stream, ordered
 /// after the work on the stream that was current; at its end that stream waits for the
