@@ -330,10 +330,15 @@ void EngineRuntime::finish_handovers() {
     handovers_.drain();
   } catch (const std::exception& error) {
     handover_error_ = error.what();
-    OpsStreamScope scope(*ops_);  // NOTE: as discard()
-    engine_->discard();
-    forget_handovers();
+    drop_begun();
   }
+}
+
+void EngineRuntime::drop_begun() {
+  // NOTE: the caller's stream waits for the ops' before the gradients they read are let go.
+  OpsStreamScope scope(*ops_);
+  engine_->discard();
+  forget_handovers();
 }
 
 std::vector<int> EngineRuntime::held_items() const {
@@ -401,10 +406,7 @@ bool EngineRuntime::grads_changed() {
 void EngineRuntime::discard() {
   finish_handovers();
   handover_error_.clear();
-  // NOTE: the caller's stream waits for the ops' before the gradients they read are let go.
-  OpsStreamScope scope(*ops_);
-  engine_->discard();
-  forget_handovers();
+  drop_begun();
 }
 
 std::vector<int> EngineRuntime::item_params() const {

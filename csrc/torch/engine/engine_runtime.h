@@ -141,6 +141,8 @@ class EngineRuntime {
   /// Waits for the worker's calls; after an error there, discards the begun step and keeps
   /// the error for step() (handover_error_).
   void finish_handovers();
+  /// Closes the begun step and lets its hand-overs go, once the caller's stream waited for the ops'.
+  void drop_begun();
   void record_stats();
 
   step::RuntimeOptions options_;
