@@ -1,6 +1,5 @@
 // dmuon._C.plan.measure_ns_costs: the engine's measured NS costs (step/cost_profile.h) on
 // the torch adapter's ops, for the CLI (`python -m dmuon plan --profile`) and benchmarks.
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <pybind11/stl.h>
 
 #include <string>
@@ -8,10 +7,10 @@
 #include <vector>
 
 #include "bindings.h"
-#include "common/check.h"
 #include "common/env.h"
 #include "engine/torch_ops.h"
 #include "step/cost_profile.h"
+#include "step/runtime_options.h"
 
 namespace py = pybind11;
 
@@ -21,12 +20,9 @@ void register_cost_bindings(py::module_& m) {
   py::module_ p = m.attr("plan");
   p.def(
       "measure_ns_costs",
-      [](const std::vector<std::tuple<int64_t, int64_t, int64_t>>& points, const std::string& device,
+      [](const std::vector<std::tuple<int64_t, int64_t, int64_t>>& points, const std::string& device_type,
          const ns::Schedule& schedule, int num_runs, int num_warmup, const std::string& store_path) {
-        DMUON_CHECK(device == "cpu" || device == "cuda", "device must be 'cpu' or 'cuda', got '", device, "'");
-        step::Device where;
-        if (device == "cuda")
-          where = {step::DeviceKind::kCuda, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index()};
+        const step::Device where = torch_step_device(step::parse_device_kind(device_type));
         const std::unique_ptr<step::DeviceOps> ops = make_torch_ops(where);
         std::vector<step::CostPoint> batches;
         for (const auto& [rows, cols, count] : points)
@@ -39,7 +35,7 @@ void register_cost_bindings(py::module_& m) {
         return step::measure_ns_costs(*ops, batches, step::resolve_wire_dtype(step::WireDType::kAuto, where.kind),
                                       env::kCudaGraphs.get(), options);
       },
-      py::arg("points"), py::arg("device"), py::arg("schedule"), py::arg("num_runs") = 5, py::arg("num_warmup") = 2,
+      py::arg("points"), py::arg("device_type"), py::arg("schedule"), py::arg("num_runs") = 5, py::arg("num_warmup") = 2,
       py::arg("store_path") = "",
       "A CostTable of (rows, cols, num_matrices) float32 NS batches timed as the step engine times its own "
       "(the median of num_runs after num_warmup), read from and kept in the measurement store (store_path; "

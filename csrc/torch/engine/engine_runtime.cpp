@@ -3,7 +3,6 @@
 #include "engine/engine_runtime.h"
 
 #include <ATen/record_function.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
 #include <algorithm>
@@ -66,10 +65,7 @@ EngineRuntime::EngineRuntime(const std::string& group_name, std::vector<std::str
     // on a stream of its own (GPU), which waits for each hand-over's gradients and which the
     // caller's stream waits for at step(): backward never waits for its work.
     TorchOpsOptions ops_options;
-    if (options_.engine.backward_order && device.kind == step::DeviceKind::kCuda) {
-      ops_stream_ = c10::impl::getDeviceGuardImpl(at::kCUDA)->getStreamFromGlobalPool(torch_device(device), false);
-      ops_options.stream = ops_stream_;
-    }
+    if (options_.engine.backward_order) ops_stream_ = ops_options.stream = stream_of_its_own(device);
     ops_ = make_torch_ops(device, ops_options);
   }
 
@@ -192,38 +188,21 @@ step::StepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
         const int k = static_cast<int>(i) - first_owned_;
         tensors[i].has_grad = owned_->exchange().contributed(k);
         if (owned_->owners()[static_cast<size_t>(k)] != rank()) continue;
-        DMUON_CHECK(p.defined() && p.scalar_type() == dtypes_[i] && p.device() == device && p.is_contiguous(),
-                    "the master weight of owned parameter '", name, "' must be a contiguous ", dtypes_[i], " tensor on ",
-                    device);
         tensors[i].param = to_buffer(p, "parameter '" + name + "'");
         if (!tensors[i].has_grad) continue;
-        DMUON_CHECK(momentum[i].defined() && momentum[i].is_contiguous(), "owned parameter '", name,
-                    "' has a gradient but no contiguous momentum buffer");
         tensors[i].grad = owned_->exchange().reduced_grad(k);
         tensors[i].momentum = to_buffer(momentum[i], "the momentum buffer of parameter '" + name + "'");
         continue;
       }
-      DMUON_CHECK(p.scalar_type() == dtypes_[i] && p.device() == device, "parameter '", name, "' is ",
-                  p.scalar_type(), " on ", p.device(), "; the runtime was made for ", dtypes_[i], " on ", device);
       tensors[i].param = to_buffer(writable(p, write_back), "parameter '" + name + "'");
       if (!grads[i].defined()) continue;
-      DMUON_CHECK(momentum[i].defined(), "parameter '", name, "' has a gradient but no momentum buffer");
-      DMUON_CHECK(momentum[i].scalar_type() == dtypes_[i] && momentum[i].device() == device &&
-                      momentum[i].numel() == p.numel(),
-                  "the momentum buffer of parameter '", name, "' is ", momentum[i].scalar_type(), " [",
-                  momentum[i].numel(), "] on ", momentum[i].device(), "; expected ", dtypes_[i], " [", p.numel(),
-                  "] on ", device);
       keep.push_back(grads[i].to(device, dtypes_[i]).contiguous());
       tensors[i].grad = to_buffer(keep.back(), "the gradient of parameter '" + name + "'");
       tensors[i].momentum = to_buffer(writable(momentum[i], write_back), "the momentum buffer of parameter '" + name + "'");
       tensors[i].has_grad = true;
-      // NOTE: NorMuon's v (float32, one per local row) is written in place; the engine checks its size.
-      if (i < row_state.size() && row_state[i].defined()) {
-        DMUON_CHECK(row_state[i].scalar_type() == at::kFloat && row_state[i].device() == device,
-                    "the NorMuon state (normuon_v) of parameter '", name, "' is ", row_state[i].scalar_type(), " on ",
-                    row_state[i].device(), "; expected float32 on ", device);
+      // NOTE: NorMuon's v (float32, one per local row) is written in place.
+      if (i < row_state.size() && row_state[i].defined())
         tensors[i].row_state = to_buffer(writable(row_state[i], write_back), "the NorMuon state of parameter '" + name + "'");
-      }
     }
     for (size_t k = 0; k < extra_grads.size(); ++k) {
       // NOTE: an undefined tensor: no gradient on this rank (agreed like a Muon parameter's).
@@ -296,24 +275,15 @@ void EngineRuntime::params_ready(const std::vector<int64_t>& ready, at::TensorLi
   DMUON_CHECK(params.size() == ready.size() && grads.size() == ready.size() && momentum.size() == ready.size(),
               "EngineRuntime::params_ready: ", params.size(), " parameters, ", grads.size(), " gradients and ",
               momentum.size(), " momentum buffers for ", ready.size(), " ready parameter indices");
-  const at::Device device = torch_device(ops_->device());
-  // NOTE: every hand-over is checked before any is held, so a refused call changes nothing
-  // (one listed twice is named by the engine's items_ready).
+  // NOTE: the indices and presence are checked here, so a refused call changes nothing; the
+  // tensors' dtype, size and device by the engine's items_ready on the worker, whose error
+  // step() raises on every rank (one listed twice is named there too).
   for (size_t j = 0; j < ready.size(); ++j) {
     const int64_t i = ready[j];
     DMUON_CHECK(i >= 0 && static_cast<size_t>(i) < n, "EngineRuntime::params_ready: parameter index ", i,
                 " outside [0, ", n, ")");
-    const size_t k = static_cast<size_t>(i);
-    const std::string& name = table.param(static_cast<int>(i)).name;
-    DMUON_CHECK(grads[j].defined() && momentum[j].defined(), "EngineRuntime::params_ready: parameter '", name,
-                "' has no gradient or no momentum buffer");
-    // NOTE: the engine writes the buffer itself at commit: a copy would be lost.
-    DMUON_CHECK(momentum[j].is_contiguous() && momentum[j].scalar_type() == dtypes_[k] && momentum[j].device() == device &&
-                    momentum[j].numel() == params[j].numel(),
-                "EngineRuntime::params_ready: the momentum buffer of parameter '", name, "' must be contiguous ",
-                dtypes_[k], " [", params[j].numel(), "] on ", device);
-    DMUON_CHECK(params[j].is_contiguous(), "EngineRuntime::params_ready: parameter '", name,
-                "' must be contiguous (its rows are applied in place at step())");
+    DMUON_CHECK(grads[j].defined() && momentum[j].defined(), "EngineRuntime::params_ready: parameter '",
+                table.param(static_cast<int>(i)).name, "' has no gradient or no momentum buffer");
   }
   std::vector<Handover> handed;
   for (size_t j = 0; j < ready.size(); ++j) handed.push_back({ready[j], params[j], grads[j], momentum[j], {}});
@@ -367,6 +337,7 @@ void EngineRuntime::give_held() {
     early_keep_.push_back(h.grad.to(device, dtypes_[k]).contiguous());
     tensors[k].param = to_buffer(h.param, "parameter '" + name + "'");
     tensors[k].grad = to_buffer(early_keep_.back(), "the gradient of parameter '" + name + "'");
+    // NOTE: the engine writes the momentum buffer itself at commit: a copy would be lost.
     tensors[k].momentum = to_buffer(h.momentum, "the momentum buffer of parameter '" + name + "'");
     tensors[k].has_grad = true;
     grads.push_back(h.grad);

@@ -2,8 +2,6 @@
 // weight-ownership mode's exchange (see owned_exchange.h).
 #include "engine/owned_exchange.h"
 
-#include <c10/core/Event.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
 #include <algorithm>
@@ -72,12 +70,7 @@ OwnedExchange::OwnedExchange(const OwnershipGroups& groups, std::vector<std::str
   // NOTE: DMUON_* knobs are read when the runtime is made (these ops are the engine's).
   TorchOpsOptions ops_options;
   grad_ops_ = make_torch_ops(device, ops_options);
-  if (device.kind == step::DeviceKind::kCuda) {
-    c10::impl::VirtualGuardImpl impl(at::kCUDA);
-    side_stream_ = impl.getStreamFromGlobalPool(torch_device(device),
-                                                /*isHighPriority=*/false);
-    ops_options.stream = side_stream_;
-  }
+  side_stream_ = ops_options.stream = stream_of_its_own(device);
   ops_ = make_torch_ops(device, ops_options);
   step::OwnershipMesh mesh =
       groups.shard_of.empty() ? step::OwnershipMesh::flat(world_->world_size())
@@ -181,12 +174,14 @@ void OwnedExchange::detach(const void* owner) {
   attached_ = nullptr;
 }
 
+// NOTE: on the side stream, after what backward enqueued so far (the buckets' gradients,
+// momentum buffers made there); backward never waits for it, so Newton–Schulz overlaps.
 void OwnedExchange::progress(bool wait) {
-  on_side_stream([&] {
+  with_this_threads_state(ops_->device(), side_stream_, [&] {
     exchange_->progress(wait, [&](int, const std::vector<int>& params) {
       if (hand_over_ && !params.empty()) hand_over_(params);
     });
-  });
+  })();
 }
 
 void OwnedExchange::end_window(int64_t step_idx) {
@@ -194,26 +189,6 @@ void OwnedExchange::end_window(int64_t step_idx) {
   // they are dropped, so that the next window's collectives meet their peers'.
   progress(true);
   exchange_->end_window(step_idx);
-}
-
-// NOTE: the side stream waits for what backward enqueued so far (the buckets' gradients,
-// momentum buffers made there); backward never waits for it, so Newton–Schulz overlaps.
-void OwnedExchange::on_side_stream(const std::function<void()>& fn) {
-  if (!side_stream_) return fn();
-  c10::impl::VirtualGuardImpl impl(at::kCUDA);
-  const c10::Stream current = impl.getStream(side_stream_->device());
-  if (current == *side_stream_) return fn();
-  c10::Event before(at::kCUDA);
-  before.record(current);
-  before.block(*side_stream_);
-  const c10::Stream previous = impl.exchangeStream(*side_stream_);
-  try {
-    fn();
-  } catch (...) {
-    impl.exchangeStream(previous);
-    throw;
-  }
-  impl.exchangeStream(previous);
 }
 
 }  // namespace dmuon::torch_adapter

@@ -96,8 +96,6 @@ class OwnedExchange {
  private:
   // Parameter `i` as an index; throws naming `call` when it is out of range.
   size_t param_at(int64_t i, const char* call) const;
-  // Runs `fn` with the side stream current, after the current stream's work (GPU).
-  void on_side_stream(const std::function<void()>& fn);
   std::string at_step(const std::string& what) const;
 
   std::string world_group_;

@@ -60,6 +60,12 @@ step::Device torch_step_device(step::DeviceKind kind) {
   return {step::DeviceKind::kCuda, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index()};
 }
 
+std::optional<c10::Stream> stream_of_its_own(const step::Device& device) {
+  if (device.kind != step::DeviceKind::kCuda) return std::nullopt;
+  return c10::impl::getDeviceGuardImpl(at::kCUDA)->getStreamFromGlobalPool(
+      c10::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index)), /*isHighPriority=*/false);
+}
+
 // NOTE: float64 parameters through ATen on every device (engine/aten_float64_ops.h): the
 // CUDA ops have no float64 passes, and the CPU runtime takes the same path so that the CPU
 // tests cover it.

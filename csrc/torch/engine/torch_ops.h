@@ -33,14 +33,18 @@ struct TorchOpsOptions {
 /// The engine's device of a runtime's device kind: the CPU, or torch's current CUDA device.
 step::Device torch_step_device(step::DeviceKind kind);
 
+/// A stream of torch's pool for work beside the compute stream (GPU); none on the CPU.
+std::optional<c10::Stream> stream_of_its_own(const step::Device& device);
+
 /// DeviceOps of `device` (CPU, or a CUDA device when this build has torch's CUDA side;
 /// else throws naming the device).
 std::unique_ptr<step::DeviceOps> make_torch_ops(const step::Device& device, const TorchOpsOptions& options = {});
 
-/// `job`, to run on another thread: with this thread's torch state (grad mode, the
-/// profiler's callbacks, dispatch keys) and, on a GPU, with `stream` (a stream of `device`;
-/// none: this thread's current one) current, ordered after what this thread had enqueued on
-/// its current stream when this was called (another stream waits for an event recorded now).
+/// `job`, to run on another thread (or here, later or at once): with this thread's torch
+/// state (grad mode, the profiler's callbacks, dispatch keys) and, on a GPU, with `stream`
+/// (a stream of `device`; none: this thread's current one) current, ordered after what this
+/// thread had enqueued on its current stream when this was called (another stream waits for
+/// an event recorded now). Nothing waits for the job's stream afterwards.
 std::function<void()> with_this_threads_state(const step::Device& device, const std::optional<c10::Stream>& stream,
                                               std::function<void()> job);
 
