@@ -163,6 +163,20 @@ void register_runtime_bindings(py::module_& m) {
       .def_readwrite("changed", &step::StartChecks::changed);
 
   py::module_ d = m.attr("dist");  // NOTE: made by register_layout_bindings
+  py::class_<step::StageTimeline>(d, "StageStats",
+                                  "one stage of the last step on this rank: phase seconds (synchronized with "
+                                  "profile, device time with record_timeline) and bytes per peer")
+      .def_readonly("num_batches", &step::StageTimeline::num_batches)
+      .def_readonly("num_items", &step::StageTimeline::num_items)
+      .def_readonly("prepare_s", &step::StageTimeline::prepare_s)
+      .def_readonly("forward_wait_s", &step::StageTimeline::forward_wait_s)
+      .def_readonly("ns_s", &step::StageTimeline::ns_s)
+      .def_readonly("return_wait_s", &step::StageTimeline::return_wait_s)
+      .def_readonly("apply_s", &step::StageTimeline::apply_s)
+      .def_readonly("forward_sent_to", &step::StageTimeline::forward_sent_to)
+      .def_readonly("forward_received_from", &step::StageTimeline::forward_received_from)
+      .def_readonly("return_sent_to", &step::StageTimeline::return_sent_to)
+      .def_readonly("return_received_from", &step::StageTimeline::return_received_from);
   py::class_<RuntimeStats>(d, "StepStats")
       .def_readonly("momentum_s", &RuntimeStats::momentum_s)
       .def_readonly("pack_s", &RuntimeStats::pack_s)
@@ -185,7 +199,8 @@ void register_runtime_bindings(py::module_& m) {
       .def_readonly("pipeline_depth", &RuntimeStats::pipeline_depth)
       .def_readonly("orthogonalized", &RuntimeStats::orthogonalized)
       .def_property_readonly("bucket_times", [](const RuntimeStats& s) { return phase_tuples(s.bucket_times); })
-      .def_readonly("model_fill_s", &RuntimeStats::model_fill_s);
+      .def_readonly("model_fill_s", &RuntimeStats::model_fill_s)
+      .def_readonly("stages", &RuntimeStats::stages);
 }
 
 }  // namespace dmuon::bindings

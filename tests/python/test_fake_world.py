@@ -104,7 +104,7 @@ def fake_rank_step(rank: int, world: int, mode: str, shapes: list = SHAPES, nan_
                 "orthogonalized": list(stats.orthogonalized), "bytes_sent": stats.bytes_sent,
                 "bytes_received": stats.bytes_received, "num_buckets": stats.num_buckets,
                 "bucket_times": stats.bucket_times, "predicted": list(runtime.predicted_rank_seconds),
-                "stage_stats": runtime.stage_stats,
+                "stage_stats": stats.stages,
                 "all_finite": all(bool(torch.isfinite(p.to_local()).all()) for p in params),
                 "all_changed": all(changed), "layout": runtime.stage_layout}
 
@@ -211,10 +211,10 @@ def test_every_matrix_is_orthogonalized_once_by_its_owner_and_bytes_follow_the_s
         for s, stage in enumerate(run["stage_stats"]):
             sent = [layout.forward_bytes[s][rank * world + d] for d in range(world)]
             received = [layout.forward_bytes[s][src * world + rank] for src in range(world)]
-            assert (stage["forward_sent_to"], stage["forward_received_from"]) == (sent, received), (rank, s)
+            assert (stage.forward_sent_to, stage.forward_received_from) == (sent, received), (rank, s)
             sent = [layout.return_bytes[s][rank * world + d] for d in range(world)]
             received = [layout.return_bytes[s][src * world + rank] for src in range(world)]
-            assert (stage["return_sent_to"], stage["return_received_from"]) == (sent, received), (rank, s)
+            assert (stage.return_sent_to, stage.return_received_from) == (sent, received), (rank, s)
         # The step ran on defined data: every shard changed and stayed finite.
         assert run["all_finite"] and run["all_changed"], rank
 

@@ -108,23 +108,6 @@ void register_engine_bindings(py::module_& m) {
       .def_property_readonly("cost_entries", [](const EngineRuntime& r) { return r.measured_costs().entries(); })
       .def_property_readonly("pipeline_depth", &EngineRuntime::pipeline_depth)
       .def_property_readonly(
-          "stage_stats",
-          [](const EngineRuntime& r) {
-            py::list out;
-            for (const step::StageTimeline& line : r.engine_stats().stages) {
-              py::dict d;
-              d["num_batches"] = line.num_batches, d["num_items"] = line.num_items;
-              d["prepare_s"] = line.prepare_s, d["forward_wait_s"] = line.forward_wait_s, d["ns_s"] = line.ns_s;
-              d["return_wait_s"] = line.return_wait_s, d["apply_s"] = line.apply_s;
-              d["forward_sent_to"] = line.forward_sent_to, d["forward_received_from"] = line.forward_received_from;
-              d["return_sent_to"] = line.return_sent_to, d["return_received_from"] = line.return_received_from;
-              out.append(d);
-            }
-            return out;
-          },
-          "the last step's stages on this rank: phase seconds (synchronized with profile, device time with "
-          "record_timeline) and bytes per peer")
-      .def_property_readonly(
           "execution",
           [](const EngineRuntime& r) {
             const step::EngineOptions& e = r.engine_options();

@@ -131,7 +131,6 @@ class EngineRuntime {
   std::vector<std::vector<int>> stage_items() const;
   size_t num_stages() const { return engine_->stages().size(); }
   const step::RuntimeStats& last_stats() const { return stats_; }
-  const step::StepStats& engine_stats() const { return engine_->last_stats(); }
   /// The last step's stages on every rank for the projection (step/stage_layout.h):
   /// each stage's bytes per peer of its forward and return exchange, each rank's work.
   sim::StageLayout stage_layout() const;
