@@ -3,6 +3,7 @@
 # the CUDA sources.
 target_sources(dmuon_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/types.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/transport.cpp
   ${CMAKE_CURRENT_LIST_DIR}/items.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stages.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage_loads.cpp

@@ -50,10 +50,12 @@ class Transport {
   virtual std::unique_ptr<Pending> broadcast_buffer(const Buffer& buffer, int root, const std::string& what) = 0;
   /// Element-wise over every rank, small host integer vectors; blocking.
   virtual std::vector<int64_t> all_reduce(const std::vector<int64_t>& local, ReduceOp op, const std::string& what) = 0;
+
+  // Texts, through all_reduce (transport.cpp); where nothing moves, this rank's own text.
   /// Rank 0's text on every rank (a plan); blocking.
-  virtual std::string broadcast(const std::string& text, const std::string& what) = 0;
+  std::string broadcast(const std::string& text, const std::string& what);
   /// Every rank's text, by rank (what a failed agreement names); blocking.
-  virtual std::vector<std::string> all_gather(const std::string& text, const std::string& what) = 0;
+  std::vector<std::string> all_gather(const std::string& text, const std::string& what);
 };
 
 }  // namespace dmuon::step

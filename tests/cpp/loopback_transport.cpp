@@ -24,19 +24,17 @@ struct LoopbackWorld::Slot {
   ReduceOp op = ReduceOp::kSum;
   std::vector<std::vector<int64_t>> values;
   std::vector<int64_t> reduced;
-  // broadcast (text), all_gather (texts), broadcast_buffer (recv[r] every rank's buffer)
-  std::string text;
-  std::vector<std::string> texts;
+  // broadcast_buffer (recv[r] every rank's buffer)
   int root = 0;
 
   explicit Slot(int world)
-      : send(world), recv(world), send_counts(world), recv_counts(world), values(world), texts(world) {}
+      : send(world), recv(world), send_counts(world), recv_counts(world), values(world) {}
 };
 
 namespace {
 
 const char* kind_name(int kind) {
-  static const char* names[] = {"all_to_all", "all_reduce", "broadcast", "broadcast_buffer", "all_gather"};
+  static const char* names[] = {"all_to_all", "all_reduce", "broadcast_buffer"};
   return names[kind];
 }
 
@@ -52,17 +50,6 @@ class LoopbackWorld::RankTransport : public Transport {
   std::unique_ptr<Pending> all_to_all(const Buffer& send, const std::vector<int64_t>& send_counts, const Buffer& recv,
                                       const std::vector<int64_t>& recv_counts, const std::string& what) override;
   std::unique_ptr<Pending> broadcast_buffer(const Buffer& buffer, int root, const std::string& what) override;
-  std::vector<std::string> all_gather(const std::string& text, const std::string& what) override {
-    std::unique_lock<std::mutex> lock(world_.mutex_);
-    int64_t seq = 0;
-    Slot& slot = world_.arrive(rank_, Kind::kAllGather, what, lock, &seq);
-    slot.texts[static_cast<size_t>(rank_)] = text;
-    if (++slot.arrived == world_.world_size_) world_.complete(slot);
-    world_.await(rank_, seq, what, lock);
-    std::vector<std::string> out = world_.slots_.at(seq)->texts;
-    depart(seq);
-    return out;
-  }
   std::vector<int64_t> all_reduce(const std::vector<int64_t>& local, ReduceOp op, const std::string& what) override {
     std::unique_lock<std::mutex> lock(world_.mutex_);
     int64_t seq = 0;
@@ -75,18 +62,6 @@ class LoopbackWorld::RankTransport : public Transport {
     depart(seq);
     return out;
   }
-  std::string broadcast(const std::string& text, const std::string& what) override {
-    std::unique_lock<std::mutex> lock(world_.mutex_);
-    int64_t seq = 0;
-    Slot& slot = world_.arrive(rank_, Kind::kBroadcast, what, lock, &seq);
-    if (rank_ == 0) slot.text = text;
-    if (++slot.arrived == world_.world_size_) world_.complete(slot);
-    world_.await(rank_, seq, what, lock);
-    std::string out = world_.slots_.at(seq)->text;
-    depart(seq);
-    return out;
-  }
-
   // Called with the lock held, after this rank's part of slot `seq` is over.
   void depart(int64_t seq) {
     auto it = world_.slots_.find(seq);
@@ -381,15 +356,9 @@ std::vector<int64_t> NoDataTransport::all_reduce(const std::vector<int64_t>& loc
   return out;
 }
 
-std::string NoDataTransport::broadcast(const std::string& text, const std::string&) { return text; }
-
 std::unique_ptr<Pending> NoDataTransport::broadcast_buffer(const Buffer&, int root, const std::string& what) {
   DMUON_CHECK(root >= 0 && root < world_size_, what, ": root ", root, " outside a world of ", world_size_);
   return std::make_unique<DonePending>();
-}
-
-std::vector<std::string> NoDataTransport::all_gather(const std::string& text, const std::string&) {
-  return std::vector<std::string>(static_cast<size_t>(world_size_), text);
 }
 
 }  // namespace dmuon::testing

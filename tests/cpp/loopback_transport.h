@@ -59,7 +59,7 @@ class LoopbackWorld {
   class RankTransport;
   class AsyncPending;
   struct Slot;
-  enum class Kind { kAllToAll, kAllReduce, kBroadcast, kBroadcastBuffer, kAllGather };
+  enum class Kind { kAllToAll, kAllReduce, kBroadcastBuffer };
 
   // The slot of this rank's next collective, checked against what the other ranks called.
   Slot& arrive(int rank, Kind kind, const std::string& what, std::unique_lock<std::mutex>& lock, int64_t* seq);
@@ -84,7 +84,7 @@ class LoopbackWorld {
 
 /// Rank `rank` of a world of `world_size` whose collectives move nothing: all_to_all and
 /// broadcast_buffer leave the buffers as they are, all_reduce returns local·world (sum) or
-/// local (max), broadcast returns this rank's own text, all_gather it from every rank.
+/// local (max).
 class NoDataTransport : public Transport {
  public:
   NoDataTransport(int rank, int world_size);
@@ -95,8 +95,6 @@ class NoDataTransport : public Transport {
                                       const std::vector<int64_t>& recv_counts, const std::string& what) override;
   std::unique_ptr<Pending> broadcast_buffer(const Buffer& buffer, int root, const std::string& what) override;
   std::vector<int64_t> all_reduce(const std::vector<int64_t>& local, ReduceOp op, const std::string& what) override;
-  std::string broadcast(const std::string& text, const std::string& what) override;
-  std::vector<std::string> all_gather(const std::string& text, const std::string& what) override;
 
  private:
   int rank_, world_size_;

@@ -68,10 +68,11 @@ TEST(Loopback, AllReduceAndBroadcast) {
     EXPECT_EQ(maxes[static_cast<size_t>(r)], (std::vector<int64_t>{2, 0}));
     EXPECT_EQ(texts[static_cast<size_t>(r)], "plan of rank 0");
   }
-  EXPECT_EQ(world.num_completed(), 3);
+  // NOTE: a text travels in two all_reduces (its length, then its words).
+  EXPECT_EQ(world.num_completed(), 4);
 }
 
-// Rank 2's buffer on every rank; every rank's text on every rank.
+// Rank 2's buffer on every rank; every rank's text on every rank (of any length, empty too).
 TEST(Loopback, BroadcastOfABufferAndAllGatherOfTexts) {
   LoopbackWorld world(3);
   std::vector<std::vector<float>> buffers(3);
@@ -80,12 +81,13 @@ TEST(Loopback, BroadcastOfABufferAndAllGatherOfTexts) {
     std::vector<float> mine(5, static_cast<float>(r));
     world.transport(r).broadcast_buffer(view(mine), 2, "weights")->wait();
     buffers[static_cast<size_t>(r)] = mine;
-    texts[static_cast<size_t>(r)] = world.transport(r).all_gather("rank " + std::to_string(r), "texts");
+    const std::string text = r == 1 ? "" : "rank " + std::to_string(r) + std::string(static_cast<size_t>(5 * r), '!');
+    texts[static_cast<size_t>(r)] = world.transport(r).all_gather(text, "texts");
   });
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(errors[static_cast<size_t>(r)], "");
     EXPECT_EQ(buffers[static_cast<size_t>(r)], std::vector<float>(5, 2.f)) << "rank " << r;
-    EXPECT_EQ(texts[static_cast<size_t>(r)], (std::vector<std::string>{"rank 0", "rank 1", "rank 2"}));
+    EXPECT_EQ(texts[static_cast<size_t>(r)], (std::vector<std::string>{"rank 0", "", "rank 2!!!!!!!!!!"}));
   }
 }
 
@@ -129,7 +131,7 @@ TEST(Loopback, MismatchedCollectivesAreNamed) {
   LoopbackWorld world(2);
   const auto errors = world.run([&](int r) {
     if (r == 0) world.transport(r).all_reduce({1}, ReduceOp::kSum, "flags of step 3");
-    else world.transport(r).broadcast("x", "the plan");
+    else world.transport(r).broadcast_buffer(Buffer{}, 0, "the plan")->wait();
   });
   for (int r = 0; r < 2; ++r)
     EXPECT_TRUE(contains(errors[static_cast<size_t>(r)], "as collective #0, where rank")) << errors[static_cast<size_t>(r)];

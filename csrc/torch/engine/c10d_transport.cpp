@@ -3,8 +3,6 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
-#include <cstring>
 #include <numeric>
 
 #include "all_to_all.h"
@@ -125,58 +123,6 @@ std::vector<int64_t> C10dTransport::all_reduce(const std::vector<int64_t>& local
   run([&] { return group_->allreduce(tensors, opts); }, what);
   const at::Tensor host = tensors[0].to(at::kCPU).contiguous();
   return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
-}
-
-std::string C10dTransport::broadcast(const std::string& text, const std::string& what) {
-  if (!model_.communicates() || !model_.moves_data()) return text;
-  const auto on_device = at::TensorOptions().device(torch_device(device_));
-  c10d::BroadcastOptions opts;
-  opts.rootRank = 0;
-  auto broadcast_one = [&](at::Tensor& tensor, const char* part) {
-    std::vector<at::Tensor> tensors{tensor};
-    run([&] { return group_->broadcast(tensors, opts); }, what + " (" + part + ")");
-    tensor = tensors[0];
-  };
-  at::Tensor length = at::full({1}, static_cast<int64_t>(text.size()), on_device.dtype(at::kLong));
-  broadcast_one(length, "its length");
-  const int64_t size = length.to(at::kCPU).item<int64_t>();
-  DMUON_CHECK(size >= 0, "dmuon: ", what, " on rank ", rank(), ": a negative length ", size, " arrived");
-  if (size == 0) return std::string();
-  at::Tensor payload = rank() == 0 ? at::from_blob(const_cast<char*>(text.data()), {size}, at::kByte).to(on_device.dtype(at::kByte), false, true)
-                                   : at::empty({size}, on_device.dtype(at::kByte));
-  broadcast_one(payload, "its text");
-  const at::Tensor host = payload.to(at::kCPU).contiguous();
-  return std::string(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()), static_cast<size_t>(size));
-}
-
-
-// NOTE: lengths first (one int64 per rank), then the texts padded to the longest.
-std::vector<std::string> C10dTransport::all_gather(const std::string& text, const std::string& what) {
-  if (!model_.communicates() || !model_.moves_data())
-    return std::vector<std::string>(static_cast<size_t>(world_size()), text);
-  const auto on_device = at::TensorOptions().device(torch_device(device_));
-  const int world = world_size();
-  auto gather = [&](const at::Tensor& mine, const char* part) {
-    std::vector<at::Tensor> input{mine};
-    std::vector<std::vector<at::Tensor>> output(1);
-    for (int r = 0; r < world; ++r) output[0].push_back(at::empty_like(mine));
-    run([&] { return group_->allgather(output, input); }, what + " (" + part + ")");
-    return output[0];
-  };
-  const std::vector<at::Tensor> lengths =
-      gather(at::full({1}, static_cast<int64_t>(text.size()), on_device.dtype(at::kLong)), "the lengths");
-  std::vector<int64_t> length;
-  for (const at::Tensor& t : lengths) length.push_back(t.to(at::kCPU).item<int64_t>());
-  const int64_t longest = std::max<int64_t>(1, *std::max_element(length.begin(), length.end()));
-  at::Tensor padded = at::zeros({longest}, at::TensorOptions().dtype(at::kByte));
-  std::memcpy(padded.data_ptr<uint8_t>(), text.data(), text.size());
-  std::vector<std::string> out;
-  const std::vector<at::Tensor> texts = gather(padded.to(on_device.dtype(at::kByte)), "the texts");
-  for (int r = 0; r < world; ++r) {
-    const at::Tensor host = texts[static_cast<size_t>(r)].to(at::kCPU).contiguous();
-    out.emplace_back(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()), static_cast<size_t>(length[static_cast<size_t>(r)]));
-  }
-  return out;
 }
 
 }  // namespace dmuon::torch_adapter

@@ -7,11 +7,10 @@
 //                Pending::wait() makes that stream wait for it (no host sync)
 //   broadcast_buffer  a buffer from a root, enqueued like all_to_all
 //   all_reduce   small int64 host vectors (through a device tensor on a NCCL group)
-//   broadcast    rank 0's text (length, then bytes); all_gather every rank's text
 // Pending::ready() is isCompleted() on the CPU, always true on CUDA (wait() is a stream's).
 // Over torch's fake backend (csrc/torch/world_detect.h) nothing moves: moves_data() is
 // false, all_to_all completes at once, all_reduce returns the model "every rank holds
-// these values" (layout::WorldModel::modelled_agreement), broadcast returns the text.
+// these values" (layout::WorldModel::modelled_agreement).
 // Every failure throws dmuon::Error naming the collective (`what`) and the rank.
 #pragma once
 
@@ -47,8 +46,6 @@ class C10dTransport : public step::Transport {
                                                  const std::string& what) override;
   std::vector<int64_t> all_reduce(const std::vector<int64_t>& local, step::ReduceOp op,
                                   const std::string& what) override;
-  std::string broadcast(const std::string& text, const std::string& what) override;
-  std::vector<std::string> all_gather(const std::string& text, const std::string& what) override;
   /// Whether its collectives are a CUDA device's (their waits are streams').
   bool on_cuda() const { return device_.kind == step::DeviceKind::kCuda; }
 
