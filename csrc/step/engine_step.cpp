@@ -235,9 +235,14 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
 
   // Input checks. NOTE: with several ranks, one rank's bad input joins the agreement, so
   // that the others raise too instead of waiting in a collective it never joins.
-  // NOTE: where this rank's begun work is stale (checks.changed), every item is checked
-  // again from `tensors` (the agreement may drop the begun work on every rank).
+  // NOTE: where this rank's begun work is stale (checks.changed), or may be (a changed_flag
+  // read below), every item is checked again from `tensors` (the agreement may drop the
+  // begun work on every rank).
   StartChecks mine = checks;
+  const bool flagged = checks.changed_flag.numel > 0;
+  DMUON_CHECK(!flagged || (checks.changed_flag.dtype == DType::kInt32 && checks.changed_flag.numel == 1 &&
+                           checks.changed_flag.device == ops_.device()),
+              "StepEngine::finish: checks.changed_flag must be one int32 on ", device_name(ops_.device()));
   try {
     validate(tensors, rules, extra);
     if (early_stages)
@@ -253,7 +258,7 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
                     "item '", table_.item_name(i), "' was made ready early", at_step,
                     ", but its parameter has no gradient at finish()");
     }
-    check_rest(*st, extra, checks.changed);
+    check_rest(*st, extra, checks.changed || flagged);
   } catch (const std::exception& e) {
     if (world_ == 1) throw;
     if (mine.error.empty()) mine.error = e.what();
@@ -264,13 +269,15 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
   std::vector<int32_t> host(static_cast<size_t>(2 * num_checked), 0);
   if (mine.error.empty()) {
     std::vector<Buffer> buffers{st->flags.get()};
-    const bool early_flags = early_ && !checks.changed;
+    const bool early_flags = early_ && !checks.changed && !flagged;
     if (early_flags) buffers.push_back(early_->flags.get());
+    if (flagged) buffers.push_back(checks.changed_flag);
     const std::vector<int32_t> read = ops_.read_flags(buffers);
     std::copy(read.begin(), read.begin() + 2 * num_checked, host.begin());
+    const size_t after_own = static_cast<size_t>(std::max(1, 2 * num_checked));
     if (early_flags)
-      for (int k = 0; k < 2 * num_params; ++k)
-        host[static_cast<size_t>(k)] |= read[static_cast<size_t>(std::max(1, 2 * num_checked) + k)];
+      for (int k = 0; k < 2 * num_params; ++k) host[static_cast<size_t>(k)] |= read[after_own + static_cast<size_t>(k)];
+    if (flagged) mine.changed = mine.changed || read[after_own] != 0;
   }
   StartFacts facts;
   for (int p = 0; p < num_params; ++p)

@@ -77,7 +77,7 @@ class BackwardStep:
         self.handles: list[Any] = []
         self.attached: list[str] = []  # what was attached ("fsdp2", "ddp")
         # Muon index → its gradient tensor when handed over (the runtime keeps the fingerprints
-        # of what the engine read: EngineRuntime.grads_changed)
+        # of what the engine read and compares them inside step())
         self.ready: dict[int, torch.Tensor] = {}
         self.fresh: dict[int, torch.Tensor] = {}  # engine index → zeros buffer made for the begun step
         self.pending: list[tuple[list[torch.Tensor], Any]] = []  # DDP buckets whose all-reduce is in flight
@@ -281,10 +281,9 @@ class BackwardStep:
             return {}, False
         muon = self._muon if self._muon is not None else self.opt._muon_params()
         # NOTE: a gradient replaced since (its tensor object) is told here; one scaled in
-        # place, by the runtime's fingerprints of the tensors the engine read.
+        # place, by the runtime's fingerprints of the tensors the engine read, inside step()
+        # (on the device, read with the step's own checks).
         changed = any(muon[i][1].grad is not grad for i, grad in self.ready.items())
-        if not changed and self.ready:
-            changed = runtime.grads_changed()
         fresh = self.fresh
         self._reset()
         return fresh, changed

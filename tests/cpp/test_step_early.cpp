@@ -76,6 +76,9 @@ struct Drive {
   // rank then says its begun work is stale (StartChecks::changed).
   std::function<void(int rank, RankTensors& t)> after_ready;
   bool changed_on_changed_ranks = false;
+  // ... said as a device flag on every rank (StartChecks::changed_flag: 1 where changed, 0
+  // elsewhere) instead, as the torch adapter says an in-place change.
+  bool changed_as_flag = false;
   std::function<dmuon::step::DeviceOps&(int rank, dmuon::step::CpuOps& cpu)> ops;  // RunHooks::ops
 };
 
@@ -135,10 +138,14 @@ EngineRun drive(const World& world, const std::vector<GroupRule>& rules, int num
       return StepOutcome{};
     }
     dmuon::step::StartChecks checks;
+    std::vector<int32_t> flag(1, 0);
     if (how.after_ready) {
       const std::vector<unsigned char> before = t.grad.empty() ? std::vector<unsigned char>{} : t.grad[0].bytes();
       how.after_ready(r, t);
-      checks.changed = how.changed_on_changed_ranks && !t.grad.empty() && t.grad[0].bytes() != before;
+      const bool changed = how.changed_on_changed_ranks && !t.grad.empty() && t.grad[0].bytes() != before;
+      flag[0] = changed ? 1 : 0;
+      if (how.changed_as_flag) checks.changed_flag = {flag.data(), DType::kInt32, 1, dmuon::step::Device{}};
+      else checks.changed = changed;
     }
     if (!how.two_phase) return engine.step(t.views(), rules, s, {}, true, checks);
     StepOutcome o = engine.finish(t.views(), rules, s);
@@ -785,14 +792,52 @@ TEST(EarlyExchange, AStaleBegunStepOnOneRankMakesEveryRankStepFromTheGradientsAs
   one_shot.options = many_stages(dmuon::step::Mode::kOwner);
   const EngineRun expected = drive(world, owned_rules(), 1, one_shot, halve_on_rank_1);
   expect_no_errors(expected);
-  Drive stale = one_shot;
-  stale.ready_calls = reverse_calls(n, 2, 0);
-  stale.after_ready = [&](int r, RankTensors& t) { halve_on_rank_1(r, 1, t); };
-  stale.changed_on_changed_ranks = true;
-  const EngineRun run = drive(world, owned_rules(), 1, stale);
+  for (const bool as_flag : {false, true}) {
+    SCOPED_TRACE(as_flag ? "said as a device flag" : "said on the host");
+    Drive stale = one_shot;
+    stale.ready_calls = reverse_calls(n, 2, 0);
+    stale.after_ready = [&](int r, RankTensors& t) { halve_on_rank_1(r, 1, t); };
+    stale.changed_on_changed_ranks = true;
+    stale.changed_as_flag = as_flag;
+    const EngineRun run = drive(world, owned_rules(), 1, stale);
+    expect_no_errors(run);
+    EXPECT_EQ(state_bytes(run.tensors), state_bytes(expected.tensors));
+    for (const auto& stats : run.stats) EXPECT_EQ(stats.early_orthogonalized, 0);
+  }
+}
+
+// The device flag says "unchanged" on every rank: the begun work stays (the begun items are
+// checked again from the step's tensors), bit for bit the one-shot step. Says "changed"
+// where a NaN was written in place after the hand-over: the check again finds it, and every
+// rank refuses the step with nothing written.
+TEST(EarlyExchange, AChangedFlagOnTheDeviceKeepsUnchangedWorkAndFindsANanWrittenAfterTheHandOver) {
+  constexpr int kWorld = 3;
+  const World world(travelling_model(kWorld), kWorld, 1, 96);
+  const int n = world.table().num_items();
+  Drive one_shot;
+  one_shot.options = many_stages(dmuon::step::Mode::kOwner);
+  const EngineRun expected = drive(world, owned_rules(), 1, one_shot);
+  expect_no_errors(expected);
+  Drive kept = one_shot;
+  kept.ready_calls = reverse_calls(n, 2, 0);
+  kept.after_ready = [](int, RankTensors&) {};
+  kept.changed_on_changed_ranks = kept.changed_as_flag = true;
+  const EngineRun run = drive(world, owned_rules(), 1, kept);
   expect_no_errors(run);
   EXPECT_EQ(state_bytes(run.tensors), state_bytes(expected.tensors));
-  for (const auto& stats : run.stats) EXPECT_EQ(stats.early_orthogonalized, 0);
+  int64_t begun = 0;
+  for (const auto& stats : run.stats) begun += stats.early_orthogonalized;
+  EXPECT_GT(begun, 0);
+
+  Drive poisoned = kept;
+  poisoned.after_ready = [](int r, RankTensors& t) {
+    if (r == 1 && !t.grad.empty() && t.grad[0].numel() > 0) t.grad[0].set(0, std::numeric_limits<double>::quiet_NaN());
+  };
+  const EngineRun refused = drive(world, owned_rules(), 1, poisoned);
+  expect_no_errors(refused);
+  for (int r = 0; r < kWorld; ++r)
+    EXPECT_EQ(refused.outcomes[static_cast<size_t>(r)][0].status, StepOutcome::Status::kNonFiniteGradient) << "rank " << r;
+  EXPECT_EQ(state_bytes(refused.tensors), state_bytes(world.locals()));
 }
 
 // lr and weight decay are finish()'s even for stages that left early (a scheduler may

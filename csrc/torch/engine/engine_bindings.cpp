@@ -81,8 +81,6 @@ void register_engine_bindings(py::module_& m) {
             runtime.params_ready(ready, params, grads, momentum);
           },
           py::arg("ready"), py::arg("params"), py::arg("grads"), py::arg("momentum_buffers"))
-      .def("grads_changed", &EngineRuntime::grads_changed, py::call_guard<py::gil_scoped_release>(),
-           "whether a gradient the begun step read changed in place since its hand-over (its norm)")
       .def("discard", &EngineRuntime::discard, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("step_open", &EngineRuntime::step_open)
       .def_property_readonly("writes_began", &EngineRuntime::writes_began,

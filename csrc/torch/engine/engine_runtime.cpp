@@ -223,6 +223,14 @@ step::StepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
     for (size_t k = 0; k < extra.size(); ++k) extra[k].name = extra_names[k];
   }
   for (const auto& [_, copy] : write_back) keep.push_back(copy);
+  // NOTE: whether a gradient the begun step read changed in place since its hand-over goes
+  // to the engine as a device flag, read with the step's own: the host does not wait for
+  // backward's last kernels here (measured on one H100, fake world 64: that wait left
+  // 1.1-1.5 ms more after backward than with the option off).
+  if (!given_.empty() && mine.error.empty()) {
+    keep.push_back(changed_since_handover());
+    mine.changed_flag = to_buffer(keep.back(), "the begun step's changed flag");
+  }
 
   // NOTE: the stats are recorded once the step's results are agreed (its device-timed
   // phases are read then).
@@ -344,7 +352,7 @@ void EngineRuntime::give_held() {
   }
   engine_->items_ready(items, tensors);
   // The fingerprints of what the engine read: each gradient (its storage, kept alive) and
-  // its float64 norm (one multi-tensor pass), compared at step() by grads_changed.
+  // its float64 norm (one multi-tensor pass), compared at step() by changed_since_handover.
   const std::vector<at::Tensor> norms = at::_foreach_norm(grads, 2, at::kDouble);
   for (size_t j = 0; j < held.size(); ++j) {
     held[j].norm = norms[j];
@@ -358,20 +366,16 @@ void EngineRuntime::forget_handovers() {
   given_.clear();
 }
 
-bool EngineRuntime::grads_changed() {
-  finish_handovers();
-  if (!handover_error_.empty()) return true;  // NOTE: the begun work is gone; step() raises the error
-  OpsStreamScope scope(*ops_);  // NOTE: after the norms taken on the ops' stream
+at::Tensor EngineRuntime::changed_since_handover() const {
   std::vector<at::Tensor> then, now;
   for (const Handover& f : given_) {
     then.push_back(f.norm);
     now.push_back(f.grad);
   }
-  if (then.empty()) return false;
   const at::Tensor before = at::stack(then), after = at::stack(at::_foreach_norm(now, 2, at::kDouble));
   // NOTE: a NaN norm stays NaN with the same gradient (NaN != NaN would redo every begun step
   // of a NaN gradient, and the begun step's own check would never see it).
-  return ((before != after) & ~(before.isnan() & after.isnan())).any().item<bool>();
+  return ((before != after) & ~(before.isnan() & after.isnan())).any().to(at::kInt).reshape({1});
 }
 
 void EngineRuntime::discard() {

@@ -84,16 +84,11 @@ class EngineRuntime {
   /// group inside backward, where every tensor converted is host time backward waits for.
   /// The hand-overs are held until they start work (step::StepEngine::items_start_work);
   /// the engine's calls run on the runtime's worker thread, in the order handed over. An
-  /// error there discards the begun step (grads_changed then says true) and step() raises
-  /// it on every rank through its start agreement; discard() or begin_step() drops it.
+  /// error there discards the begun step, and step() raises it on every rank through its
+  /// start agreement; discard() or begin_step() drops it. At step(), a gradient changed in
+  /// place since its hand-over makes every rank drop the begun work (changed_since_handover).
   void params_ready(const std::vector<int64_t>& ready, at::TensorList params, const std::vector<at::Tensor>& grads,
                     const std::vector<at::Tensor>& momentum);
-  /// At step(), before it: whether a gradient the begun step read changed in place since its
-  /// hand-over (its values' float64 norm; one host read). A gradient replaced (another tensor
-  /// object) is the caller's to tell.
-  /// NOTE: measured on torch 2.11, clip_grad_norm_ on FSDP2's DTensor gradients scales them
-  /// in place without moving either version counter, so the values themselves are compared.
-  bool grads_changed();
   /// Closes a begun step with nothing written.
   void discard();
   /// NOTE: read without waiting for the worker: its calls (items_start_work, items_ready)
@@ -143,6 +138,12 @@ class EngineRuntime {
   /// Closes the begun step and lets its hand-overs go, once the caller's stream waited for the ops'.
   void drop_begun();
   void record_stats();
+  /// At step(), on the ops' stream: int32 [1], non-zero where a gradient the begun step read
+  /// changed in place since its hand-over (its values' float64 norm). A gradient replaced
+  /// (another tensor object) is the caller's to tell (StartChecks::changed).
+  /// NOTE: measured on torch 2.11, clip_grad_norm_ on FSDP2's DTensor gradients scales them
+  /// in place without moving either version counter, so the values themselves are compared.
+  at::Tensor changed_since_handover() const;
 
   step::RuntimeOptions options_;
   std::vector<layout::ParamLayout> layouts_;
@@ -162,7 +163,7 @@ class EngineRuntime {
   std::vector<step::GroupRule> rules_;
   std::vector<bool> last_active_;
   // The begun step's hand-overs: held (not given to the engine yet), and given (with their
-  // gradient's float64 norm, what grads_changed compares); converted gradients the engine
+  // gradient's float64 norm, what changed_since_handover compares); converted gradients the engine
   // reads until step()/discard().
   struct Handover {
     int64_t index;
