@@ -25,7 +25,7 @@ source scripts/device_env.sh
 # NOTE: off is profiled too: what step() costs with the option on against off is read phase by
 # phase (take, engine, inputs, AdamW part), not from the totals alone.
 # NOTE: on and off run in one process, in turns ("dmuon-backward" beside "dmuon" under
-# --backward-step off): measured 2026-12-06 on one H100, AdamW's own forward + backward moved
+# --backward-step off): measured on one H100, AdamW's own forward + backward moved
 # 197-264 ms between runs of one call, more than on and off differ.
 DEFAULT_CASES="qwen2.5-1.5b:64:off:adamw,dmuon,dmuon-backward:profile qwen2.5-1.5b:8:off:adamw,dmuon,dmuon-backward:profile"
 CASES=${CASES:-$DEFAULT_CASES}
