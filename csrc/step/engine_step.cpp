@@ -240,10 +240,10 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
   // begun work on every rank).
   StartChecks mine = checks;
   const bool flagged = checks.changed_flag.numel > 0;
-  DMUON_CHECK(!flagged || (checks.changed_flag.dtype == DType::kInt32 && checks.changed_flag.numel == 1 &&
-                           checks.changed_flag.device == ops_.device()),
-              "StepEngine::finish: checks.changed_flag must be one int32 on ", device_name(ops_.device()));
   try {
+    DMUON_CHECK(!flagged || (checks.changed_flag.dtype == DType::kInt32 && checks.changed_flag.numel == 1 &&
+                             checks.changed_flag.device == ops_.device()),
+                "StepEngine::finish: checks.changed_flag must be one int32 on ", device_name(ops_.device()));
     validate(tensors, rules, extra);
     if (early_stages)
       for (size_t g = 0; g < rules.size() && g < early_->rules.size(); ++g)
