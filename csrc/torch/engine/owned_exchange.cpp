@@ -177,11 +177,11 @@ void OwnedExchange::detach(const void* owner) {
 // NOTE: on the side stream, after what backward enqueued so far (the buckets' gradients,
 // momentum buffers made there); backward never waits for it, so Newton–Schulz overlaps.
 void OwnedExchange::progress(bool wait) {
-  with_this_threads_state(ops_->device(), side_stream_, [&] {
+  run_after_current_stream(ops_->device(), side_stream_, [&] {
     exchange_->progress(wait, [&](int, const std::vector<int>& params) {
       if (hand_over_ && !params.empty()) hand_over_(params);
     });
-  })();
+  });
 }
 
 void OwnedExchange::end_window(int64_t step_idx) {

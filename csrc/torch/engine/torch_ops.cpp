@@ -84,26 +84,45 @@ std::unique_ptr<step::DeviceOps> make_torch_ops(const step::Device& device, cons
   return with_aten_float64(std::move(ops));
 }
 
-std::function<void()> with_this_threads_state(const step::Device& device, const std::optional<c10::Stream>& stream,
-                                              std::function<void()> job) {
+namespace {
+
+// `stream` (none: this thread's current one) ordered after what this thread has enqueued on
+// its current stream so far (GPU; nothing on the CPU): an event recorded now, which the
+// stream waits for when run() enters it.
+struct StreamHandOff {
   std::optional<c10::Stream> run_on;
-  std::shared_ptr<c10::Event> handed;  // recorded now on this thread's stream, where run_on is another
-  if (device.kind == step::DeviceKind::kCuda) {
+  std::shared_ptr<c10::Event> handed;  // NOTE: shared: the hand-off is copied into a std::function
+
+  StreamHandOff(const step::Device& device, const std::optional<c10::Stream>& stream) {
+    if (device.kind != step::DeviceKind::kCuda) return;
     const c10::Stream current = c10::impl::getDeviceGuardImpl(at::kCUDA)->getStream(
         c10::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index)));
     run_on = stream.value_or(current);
-    if (*run_on != current) {
-      handed = std::make_shared<c10::Event>(at::kCUDA);
-      handed->record(current);
-    }
+    if (*run_on == current) return;
+    handed = std::make_shared<c10::Event>(at::kCUDA);
+    handed->record(current);
   }
-  return [state = at::ThreadLocalState(), run_on, handed, job = std::move(job)] {
-    const at::ThreadLocalStateGuard tls(state);
+  void run(const std::function<void()>& job) const {
     std::optional<c10::StreamGuard> on_stream;
     if (run_on) on_stream.emplace(*run_on);
     if (handed) handed->block(*run_on);
     job();
+  }
+};
+
+}  // namespace
+
+std::function<void()> with_this_threads_state(const step::Device& device, const std::optional<c10::Stream>& stream,
+                                              std::function<void()> job) {
+  return [state = at::ThreadLocalState(), off = StreamHandOff(device, stream), job = std::move(job)] {
+    const at::ThreadLocalStateGuard tls(state);
+    off.run(job);
   };
+}
+
+void run_after_current_stream(const step::Device& device, const std::optional<c10::Stream>& stream,
+                              const std::function<void()>& job) {
+  StreamHandOff(device, stream).run(job);
 }
 
 OpsStreamScope::OpsStreamScope(step::DeviceOps& ops) {

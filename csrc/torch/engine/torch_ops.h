@@ -40,13 +40,17 @@ std::optional<c10::Stream> stream_of_its_own(const step::Device& device);
 /// else throws naming the device).
 std::unique_ptr<step::DeviceOps> make_torch_ops(const step::Device& device, const TorchOpsOptions& options = {});
 
-/// `job`, to run on another thread (or here, later or at once): with this thread's torch
-/// state (grad mode, the profiler's callbacks, dispatch keys) and, on a GPU, with `stream`
-/// (a stream of `device`; none: this thread's current one) current, ordered after what this
-/// thread had enqueued on its current stream when this was called (another stream waits for
-/// an event recorded now). Nothing waits for the job's stream afterwards.
+/// `job`, to run on another thread: with this thread's torch state (grad mode, the
+/// profiler's callbacks, dispatch keys) and, on a GPU, with `stream` (a stream of `device`;
+/// none: this thread's current one) current, ordered after what this thread had enqueued on
+/// its current stream when this was called (another stream waits for an event recorded now).
+/// Nothing waits for the job's stream afterwards.
 std::function<void()> with_this_threads_state(const step::Device& device, const std::optional<c10::Stream>& stream,
                                               std::function<void()> job);
+/// `job` here and now, on `stream` as with_this_threads_state orders it (no thread state
+/// captured: for calls on backward's own thread).
+void run_after_current_stream(const step::Device& device, const std::optional<c10::Stream>& stream,
+                              const std::function<void()>& job);
 
 /// While alive, torch's current stream of the ops' device is the ops' stream, ordered
 /// after the work on the stream that was current; at its end that stream waits for the
