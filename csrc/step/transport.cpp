@@ -15,9 +15,8 @@ namespace {
 // or a step is refused, so one collective kind serves them beside the flags.
 int64_t words_of(int64_t bytes) { return (bytes + 7) / 8; }
 
-std::vector<int64_t> lengths(Transport& t, int64_t mine, bool from_root_only, const std::string& what) {
-  std::vector<int64_t> local(static_cast<size_t>(t.world_size()), 0);
-  if (!from_root_only || t.rank() == 0) local[static_cast<size_t>(t.rank())] = mine;
+// `local` (a length per slot, 0 where another rank fills it) summed over the ranks.
+std::vector<int64_t> lengths(Transport& t, std::vector<int64_t> local, const std::string& what) {
   std::vector<int64_t> all = t.all_reduce(local, ReduceOp::kSum, what + " (the lengths)");
   for (int64_t n : all) DMUON_CHECK(n >= 0, "dmuon: ", what, " on rank ", t.rank(), ": a negative length ", n, " arrived");
   return all;
@@ -33,7 +32,7 @@ std::string text_at(const std::vector<int64_t>& words, int64_t first_word, int64
 
 std::string Transport::broadcast(const std::string& text, const std::string& what) {
   if (world_size() == 1 || !moves_data()) return text;
-  const int64_t bytes = lengths(*this, static_cast<int64_t>(text.size()), true, what)[0];
+  const int64_t bytes = lengths(*this, {rank() == 0 ? static_cast<int64_t>(text.size()) : 0}, what)[0];
   if (bytes == 0) return std::string();
   std::vector<int64_t> words(static_cast<size_t>(words_of(bytes)), 0);
   if (rank() == 0) std::memcpy(words.data(), text.data(), text.size());
@@ -43,7 +42,9 @@ std::string Transport::broadcast(const std::string& text, const std::string& wha
 std::vector<std::string> Transport::all_gather(const std::string& text, const std::string& what) {
   const size_t world = static_cast<size_t>(world_size());
   if (world == 1 || !moves_data()) return std::vector<std::string>(world, text);
-  const std::vector<int64_t> bytes = lengths(*this, static_cast<int64_t>(text.size()), false, what);
+  std::vector<int64_t> mine(world, 0);
+  mine[static_cast<size_t>(rank())] = static_cast<int64_t>(text.size());
+  const std::vector<int64_t> bytes = lengths(*this, std::move(mine), what);
   const int64_t row = words_of(*std::max_element(bytes.begin(), bytes.end()));
   if (row == 0) return std::vector<std::string>(world);
   std::vector<int64_t> words(world * static_cast<size_t>(row), 0);
