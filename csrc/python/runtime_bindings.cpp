@@ -17,6 +17,7 @@
 #include "step/options.h"
 #include "step/runtime_options.h"
 #include "step/start_agreement.h"
+#include "step/stats.h"
 
 namespace py = pybind11;
 
@@ -163,6 +164,7 @@ void register_runtime_bindings(py::module_& m) {
       .def_readwrite("changed", &step::StartChecks::changed);
 
   py::module_ d = m.attr("dist");  // NOTE: made by register_layout_bindings
+  // NOTE: read on demand (EngineRuntime.stage_stats), not copied into every step's stats.
   py::class_<step::StageTimeline>(d, "StageStats",
                                   "one stage of the last step on this rank: phase seconds (synchronized with "
                                   "profile, device time with record_timeline) and bytes per peer")
@@ -199,8 +201,7 @@ void register_runtime_bindings(py::module_& m) {
       .def_readonly("pipeline_depth", &RuntimeStats::pipeline_depth)
       .def_readonly("orthogonalized", &RuntimeStats::orthogonalized)
       .def_property_readonly("bucket_times", [](const RuntimeStats& s) { return phase_tuples(s.bucket_times); })
-      .def_readonly("model_fill_s", &RuntimeStats::model_fill_s)
-      .def_readonly("stages", &RuntimeStats::stages);
+      .def_readonly("model_fill_s", &RuntimeStats::model_fill_s);
 }
 
 }  // namespace dmuon::bindings

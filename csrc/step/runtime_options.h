@@ -13,7 +13,6 @@
 
 #include "sim/pipeline.h"
 #include "step/options.h"
-#include "step/stats.h"
 
 namespace dmuon::step {
 
@@ -77,8 +76,6 @@ struct RuntimeStats {
   int64_t early_stages = 0, early_orthogonalized = 0;
   double early_ns_s = 0;
   double early_fill_s = 0;
-  /// This rank's phases and bytes per peer of each stage (StepStats::stages).
-  std::vector<StageTimeline> stages;
 };
 
 /// The last step of `engine` on `rank` (its ops on `device`) as the runtime reports it:

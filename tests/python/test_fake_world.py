@@ -104,7 +104,7 @@ def fake_rank_step(rank: int, world: int, mode: str, shapes: list = SHAPES, nan_
                 "orthogonalized": list(stats.orthogonalized), "bytes_sent": stats.bytes_sent,
                 "bytes_received": stats.bytes_received, "num_buckets": stats.num_buckets,
                 "bucket_times": stats.bucket_times, "predicted": list(runtime.predicted_rank_seconds),
-                "stage_stats": stats.stages,
+                "stage_stats": runtime.stage_stats,
                 "all_finite": all(bool(torch.isfinite(p.to_local()).all()) for p in params),
                 "all_changed": all(changed), "layout": runtime.stage_layout}
 

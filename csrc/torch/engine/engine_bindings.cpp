@@ -102,6 +102,7 @@ void register_engine_bindings(py::module_& m) {
       .def_property_readonly("stage_layout", &EngineRuntime::stage_layout,
                              "the last step's stages on every rank (dmuon._C.sim.StageLayout) for the projection")
       .def_property_readonly("stage_items", &EngineRuntime::stage_items)
+      .def_property_readonly("stage_stats", &EngineRuntime::stage_stats)
       .def_property_readonly("predicted_rank_seconds", &EngineRuntime::predicted_rank_seconds)
       .def_property_readonly("cost_entries", [](const EngineRuntime& r) { return r.measured_costs().entries(); })
       .def_property_readonly("pipeline_depth", &EngineRuntime::pipeline_depth)

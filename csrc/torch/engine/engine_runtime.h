@@ -126,6 +126,8 @@ class EngineRuntime {
   std::vector<std::vector<int>> stage_items() const;
   size_t num_stages() const { return engine_->stages().size(); }
   const step::RuntimeStats& last_stats() const { return stats_; }
+  /// The last step's stages on this rank: phases and bytes per peer (dmuon._C.dist.StageStats).
+  const std::vector<step::StageTimeline>& stage_stats() const { return engine_->last_stats().stages; }
   /// The last step's stages on every rank for the projection (step/stage_layout.h):
   /// each stage's bytes per peer of its forward and return exchange, each rank's work.
   sim::StageLayout stage_layout() const;
