@@ -235,9 +235,12 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
 
   // Input checks. NOTE: with several ranks, one rank's bad input joins the agreement, so
   // that the others raise too instead of waiting in a collective it never joins.
-  // NOTE: where this rank's begun work is stale (checks.changed), or may be (a changed_flag
-  // read below), every item is checked again from `tensors` (the agreement may drop the
-  // begun work on every rank).
+  // NOTE: where this rank's begun work is stale (checks.changed), every item is checked
+  // again from `tensors`; where it may be (a changed_flag), the begun items' early flags are
+  // read beside the flag and, only if it is set, the items are checked again and read a
+  // second time. An unchanged gradient keeps its hand-over's norm, so its early flags hold.
+  // Another rank's stale work (the agreement drops the begun work on every rank) needs no
+  // new check here: this rank's gradients are as they were checked.
   StartChecks mine = checks;
   const bool flagged = checks.changed_flag.numel > 0;
   try {
@@ -269,15 +272,28 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
   std::vector<int32_t> host(static_cast<size_t>(2 * num_checked), 0);
   if (mine.error.empty()) {
     std::vector<Buffer> buffers{st->flags.get()};
-    const bool early_flags = early_ && !checks.changed && !flagged;
+    const bool early_flags = early_ && !checks.changed;
     if (early_flags) buffers.push_back(early_->flags.get());
     if (flagged) buffers.push_back(checks.changed_flag);
     const std::vector<int32_t> read = ops_.read_flags(buffers);
-    std::copy(read.begin(), read.begin() + 2 * num_checked, host.begin());
     const size_t after_own = static_cast<size_t>(std::max(1, 2 * num_checked));
-    if (early_flags)
-      for (int k = 0; k < 2 * num_params; ++k) host[static_cast<size_t>(k)] |= read[after_own + static_cast<size_t>(k)];
-    if (flagged) mine.changed = mine.changed || read[after_own] != 0;
+    const size_t after_early = after_own + (early_flags ? early_->flags.get().numel : 0);
+    if (flagged && read[after_early] != 0) {
+      mine.changed = true;
+      try {
+        check_rest(*st, extra, true);
+        const std::vector<int32_t> again = ops_.read_flags({st->flags.get()});
+        std::copy(again.begin(), again.begin() + 2 * num_checked, host.begin());
+      } catch (const std::exception& e) {
+        if (world_ == 1) throw;
+        mine.error = e.what();
+      }
+    } else {
+      std::copy(read.begin(), read.begin() + 2 * num_checked, host.begin());
+      if (early_flags)
+        for (int k = 0; k < 2 * num_params; ++k)
+          host[static_cast<size_t>(k)] |= read[after_own + static_cast<size_t>(k)];
+    }
   }
   StartFacts facts;
   for (int p = 0; p < num_params; ++p)

@@ -726,11 +726,16 @@ TEST(EarlyExchange, NanInALateLayerRefusesTheStepOnEveryRankWithNothingWritten) 
     if (rank == 1 && t.grad[static_cast<size_t>(late)].numel() > 0)
       t.grad[static_cast<size_t>(late)].set(0, std::numeric_limits<double>::quiet_NaN());
   };
-  for (const bool two_phase : {false, true}) {
+  // Third: the torch adapter's changed flag given, 0 on every rank (the early flags hold).
+  for (const int variant : {0, 1, 2}) {
     Drive how;
     how.options = many_stages(dmuon::step::Mode::kOwner);
     how.ready_calls = reverse_calls(n, 2, 0);
-    how.two_phase = two_phase;
+    how.two_phase = variant == 1;
+    if (variant == 2) {
+      how.after_ready = [](int, RankTensors&) {};
+      how.changed_on_changed_ranks = how.changed_as_flag = true;
+    }
     const EngineRun run = drive(world, owned_rules(), 1, how, poison);
     expect_no_errors(run);
     for (int r = 0; r < kWorld; ++r) {
@@ -806,8 +811,8 @@ TEST(EarlyExchange, AStaleBegunStepOnOneRankMakesEveryRankStepFromTheGradientsAs
   }
 }
 
-// The device flag says "unchanged" on every rank: the begun work stays (the begun items are
-// checked again from the step's tensors), bit for bit the one-shot step. Says "changed"
+// The device flag says "unchanged" on every rank: the begun work stays (its early flags read
+// beside the flag), bit for bit the one-shot step. Says "changed"
 // where a NaN was written in place after the hand-over: the check again finds it, and every
 // rank refuses the step with nothing written.
 TEST(EarlyExchange, AChangedFlagOnTheDeviceKeepsUnchangedWorkAndFindsANanWrittenAfterTheHandOver) {
