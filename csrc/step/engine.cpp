@@ -363,10 +363,10 @@ StepEngine::Flight StepEngine::run_stage(size_t s, StepState& st, Flight& forwar
       back.own_apply.push_back(a);
       back.own_items.push_back(item);
     }
-  if (st.hold) return back;
+  // NOTE: held or not, the return leaves now: nothing is written until it lands (commit()).
   issue_exchange(back, back.send.get(), plan.back,
                  "all_to_all of stage " + std::to_string(s) + "'s results back from their owners (" +
-                     step_name(st.step_idx) + ")",
+                     step_name(st.step_idx) + (st.hold ? ", exchanged early)" : ")"),
                  line.return_sent_to, line.return_received_from, 0);
   return back;
 }

@@ -228,8 +228,8 @@ class StepEngine {
   void check_rest(StepState& st, const std::vector<CheckOnly>& extra, bool recheck_early = false);
   void run_pipeline(StepState& st);
   void commit_early(StepState& st, Early& early);
-  // Early stages (items that travel): issued in stage order once complete, NS one stage
-  // later or in finish(), returns and apply in commit(); drained by discard().
+  // Early stages (items that travel): issued in stage order once complete, NS and return
+  // one stage later or in finish(), landed and applied in commit(); drained by discard().
   void local_items_ready(const std::vector<int>& work, const std::vector<ParamTensors>& tensors);
   std::vector<Buffer> stage_copies(const std::vector<Buffer>& sources);
   void advance_stages(const std::vector<ParamTensors>& tensors);

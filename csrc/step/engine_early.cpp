@@ -262,9 +262,12 @@ std::vector<Buffer> StepEngine::stage_copies(const std::vector<Buffer>& sources)
 
 // ---- Early stages: items that travel.
 
-// Issues the forward of every stage whose items are all marked, strictly in stage order
-// (the collective order every rank shares), and runs the NS of the stage before the
-// newest one issued (one stage of slack for its exchange).
+// Issues the forward of every stage whose items are all marked, strictly in stage order,
+// and after each the NS of the stage before it (one stage of slack for its exchange) and
+// that stage's return. NOTE: forward s+1 then return s, stage by stage: the collective
+// order every rank shares, however its stages completed across calls. A return lands only
+// in commit(), so it may leave inside backward: what is left at step() is the last
+// stage's NS and return.
 // NOTE: a stage is complete on a rank from what the caller marked there; every rank marks
 // the same items by the time finish() agrees (the hooks fire for the same parameters), so
 // every rank issues the same stages. A stage with an item never marked (a parameter
@@ -280,12 +283,13 @@ void StepEngine::advance_stages(const std::vector<ParamTensors>& tensors) {
     if (!complete) break;
     issue_early_stage(early.next_stage, tensors);
     ++early.next_stage;
+    if (early.ns_done + 1 == early.next_stage) continue;
+    const PhaseClock::Mark start = clock_.start();
+    const int64_t before = stats_.num_orthogonalized;
+    run_early_ns(early.ns_done++);
+    clock_.stop(start, {{PhaseField::kEarlyNs}});
+    early.ns_items += stats_.num_orthogonalized - before;
   }
-  const PhaseClock::Mark start = clock_.start();
-  const int64_t before = stats_.num_orthogonalized;
-  while (early.ns_done + 1 < early.next_stage) run_early_ns(early.ns_done++);
-  clock_.stop(start, {{PhaseField::kEarlyNs}});
-  early.ns_items += stats_.num_orthogonalized - before;
 }
 
 // Stage s's check (into the early flags), momentum into staged copies, U into its send
@@ -352,7 +356,8 @@ void StepEngine::issue_early_stage(size_t s, const std::vector<ParamTensors>& /*
   early.forward[s] = issue_forward(s, st);
 }
 
-// Stage s's NS on this rank from its received pieces; results held (StepState::hold).
+// Stage s's NS on this rank from its received pieces, its return issued; own rows held
+// (StepState::hold).
 void StepEngine::run_early_ns(size_t s) {
   Early& early = *early_;
   StepState& st = *early.st;
@@ -360,15 +365,16 @@ void StepEngine::run_early_ns(size_t s) {
   early.back[s] = run_stage(s, st, early.forward[s]);
 }
 
-// finish(): the NS of the stages issued early and not yet run (before the agreement, gated).
+// finish(): the NS and return of the stages issued early and not yet run (before the
+// agreement, gated).
 void StepEngine::finish_early_stages() {
   if (!early_) return;
   Early& early = *early_;
   while (early.ns_done < early.next_stage) run_early_ns(early.ns_done++);
 }
 
-// commit(): the early stages' staged momentum into the buffers, their returns issued in
-// stage order, then landed, and this rank's own rows applied.
+// commit(): the early stages' staged momentum into the buffers, their returns (issued
+// after their NS) landed in stage order, and this rank's own rows applied.
 void StepEngine::commit_early_stages(StepState& st, Early& early) {
   if (early.next_stage == 0) return;
   const PhaseClock::Mark start = clock_.start();
@@ -378,14 +384,6 @@ void StepEngine::commit_early_stages(StepState& st, Early& early) {
       momentum.push_back({early.staged_param[static_cast<size_t>(p)], (*st.tensors)[static_cast<size_t>(p)].momentum});
   ops_.copy(momentum);
   StepState& es = *early.st;
-  for (size_t s = 0; s < early.next_stage; ++s) {
-    Flight& back = early.back[s];
-    StageTimeline& line = stats_.stages[s];
-    issue_exchange(back, back.send.get(), es.plan->stages[s].back,
-                   "all_to_all of stage " + std::to_string(s) + "'s results back from their owners (" +
-                       step_name(st.step_idx) + ", exchanged early)",
-                   line.return_sent_to, line.return_received_from, 0);
-  }
   // NOTE: the early state applies with this step's result flags and an open gate (the
   // agreement passed); its tensors' params are the caller's.
   es.result_flags = std::move(st.result_flags);
@@ -419,11 +417,12 @@ void StepEngine::commit_early_stages(StepState& st, Early& early) {
   clock_.stop(start, {{PhaseField::kApply}});
 }
 
-// Drops the early stages: forwards still in flight are waited for (every rank issued them).
+// Drops the early stages: exchanges still in flight are waited for (every rank issued them).
 void StepEngine::drain_early() {
   if (!early_) return;
-  for (Flight& f : early_->forward)
-    if (f.pending) f.pending->wait();
+  for (std::vector<Flight>* flights : {&early_->forward, &early_->back})
+    for (Flight& f : *flights)
+      if (f.pending) f.pending->wait();
 }
 
 // A fresh step's stats, with a timeline line per stage.

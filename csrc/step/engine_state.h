@@ -62,7 +62,7 @@ struct StepEngine::StepState {
 struct StepEngine::Flight {
   OwnedBuffer send, recv;
   std::unique_ptr<Pending> pending;
-  // A held return (StepState::hold), issued by commit(): this rank's own rows of the
+  // A held return (StepState::hold), landed by commit(): this rank's own rows of the
   // stage's results with where they apply.
   std::vector<OwnedBuffer> own_held;
   std::vector<ApplyPiece> own_apply;
@@ -82,8 +82,8 @@ struct StepEngine::Early {
   std::vector<Buffer> result;         // [item] its O (rows×cols) inside `held`
   int64_t num_batches = 0, num_items = 0;
   // Stages exchanged early (items that travel): a stage's forward is issued once
-  // every item in it is marked ready, stages strictly in order; its NS runs one stage
-  // later (or in finish()), its return and apply wait for commit().
+  // every item in it is marked ready, stages strictly in order; its NS and return one
+  // stage later (or in finish()), its landing and apply wait for commit().
   std::vector<bool> marked;           // [item] the caller made it ready
   // NOTE: the descriptors of a marked item's parameter as that call gave them: a stage
   // leaves on a later call, whose tensors need not describe the earlier parameters.

@@ -196,14 +196,21 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
               " was finished but neither committed nor discarded");
   DMUON_CHECK(!committed_, "StepEngine::finish(", step_name(step_idx), "): the last step's results are not agreed "
               "yet (call agree_committed first)");
-  // NOTE: every exit but the agreed one closes the step: early results are dropped.
+  // NOTE: every exit but the agreed one closes the step: early results are dropped, once
+  // the returns in flight are done with their buffers (a wait that fails adds nothing to
+  // the error already leaving).
   struct CloseUnlessAgreed {
-    std::unique_ptr<Early>& early;
+    StepEngine& engine;
     bool agreed = false;
     ~CloseUnlessAgreed() {
-      if (!agreed) early.reset();
+      if (agreed) return;
+      try {
+        engine.drain_early();
+      } catch (...) {
+      }
+      engine.early_.reset();
     }
-  } close{early_};
+  } close{*this};
   // Early stages: the NS of those not yet run (gated; every rank issued the same ones).
   finish_early_stages();
   // NOTE: the early work's device times are read before they are summed below (the

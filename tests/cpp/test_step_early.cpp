@@ -80,7 +80,21 @@ struct Drive {
   // elsewhere) instead, as the torch adapter says an in-place change.
   bool changed_as_flag = false;
   std::function<dmuon::step::DeviceOps&(int rank, dmuon::step::CpuOps& cpu)> ops;  // RunHooks::ops
+  // After the ready calls (and the worker's drain), before step(): a look at the engine.
+  std::function<void(int rank, int step, const StepEngine& engine)> before_finish;
 };
+
+// Bytes of each stage's return all_to_all (sent and received) in `stats` so far.
+std::vector<int64_t> return_bytes(const dmuon::step::StepStats& stats) {
+  std::vector<int64_t> out;
+  for (const auto& line : stats.stages) {
+    int64_t bytes = 0;
+    for (const int64_t b : line.return_sent_to) bytes += b;
+    for (const int64_t b : line.return_received_from) bytes += b;
+    out.push_back(bytes);
+  }
+  return out;
+}
 
 // Ops that count their copy() calls with something to copy.
 class CopyCalls : public dmuon::step::ForwardingOps {
@@ -133,6 +147,7 @@ EngineRun drive(const World& world, const std::vector<GroupRule>& rules, int num
       }
     }
     worker.drain();
+    if (how.before_finish) how.before_finish(r, s, engine);
     if (how.discard_before_finish) {
       engine.discard();
       return StepOutcome{};
@@ -536,6 +551,11 @@ TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
       drives[7].ready_calls = reverse_calls(n, 1, 0);
       drives[7].hold_until_work = true;
       drives[7].on_worker = true;
+      // Drive 0's returns before step() (the last step's): every stage's but the last's left.
+      std::vector<std::vector<int64_t>> returned_before(static_cast<size_t>(world_size));
+      drives[0].before_finish = [&](int r, int s, const StepEngine& engine) {
+        if (s == kSteps - 1) returned_before[static_cast<size_t>(r)] = return_bytes(engine.last_stats());
+      };
       for (size_t d = 0; d < drives.size(); ++d) {
         drives[d].options = many_stages(mode);
         const EngineRun run = drive(world, owned_rules(), kSteps, drives[d]);
@@ -566,6 +586,18 @@ TEST(EarlyExchange, StagesExchangedInsideBackwardMatchTheOneShotStepBitForBit) {
         for (const auto& stats : run.stats) early_ns += stats.early_orthogonalized;
         if (d != 2) {
           EXPECT_GT(early_ns, 0) << where;
+        }
+        if (d != 0) continue;
+        int64_t returned_early = 0;
+        for (int r = 0; r < world_size; ++r) {
+          const std::vector<int64_t> after = return_bytes(run.stats[static_cast<size_t>(r)]);
+          std::vector<int64_t> expected_before = after;
+          expected_before.back() = 0;
+          EXPECT_EQ(returned_before[static_cast<size_t>(r)], expected_before) << where << ", rank " << r;
+          for (const int64_t b : expected_before) returned_early += b;
+        }
+        if (mode == dmuon::step::Mode::kOwner) {
+          EXPECT_GT(returned_early, 0) << where;  // NOTE: gather mode returns nothing
         }
       }
     }

@@ -218,7 +218,7 @@ def test_the_step_begun_from_backward_runs_on_gradients_sanitized_before_dmuons_
     assert 0 < m["early_stages"] <= m["num_stages"]
     assert 0 < m["early_orthogonalized"] <= m["num_orthogonalized"] and m["early_ns_s"] > 0
     assert m["early_share"] == pytest.approx(m["early_orthogonalized"] / m["num_orthogonalized"])
-    assert m["early_forward_s"] > 0 and m["early_last_forward_s"] > 0 and m["early_return_s"] > 0
+    assert m["early_exchange_s"] > 0 and m["early_last_forward_s"] > 0 and m["early_last_return_s"] > 0
     assert dmuon["opt_left_after_backward_ms"] > 0
     assert "of the owners' Newton–Schulz matrices ran inside backward" in printed
     assert "run, not modelled" in printed
@@ -232,7 +232,7 @@ def test_with_the_backward_step_off_nothing_leaves_early_and_the_whole_step_is_l
     dmuon = json.loads(out.read_text())["optimizers"]["dmuon"]
     m = dmuon["muon"]
     assert not dmuon["backward_step"] and not any(e[0] == "final" for e in events)
-    assert m["early_stages"] == 0 and m["early_orthogonalized"] == 0 and m["early_forward_s"] == 0
+    assert m["early_stages"] == 0 and m["early_orthogonalized"] == 0 and m["early_exchange_s"] == 0
     assert dmuon["opt_left_after_backward_ms"] == pytest.approx(dmuon["opt_projected_ms"])
 
 
@@ -248,7 +248,7 @@ def test_dmuon_backward_begins_its_step_from_backward_beside_dmuon_without_it_in
     assert on["backward_step"] and 0 < on["muon"]["early_stages"] <= on["muon"]["num_stages"]
 
 
-def test_what_is_left_at_step_adds_the_early_returns_to_the_late_pipeline():
+def test_what_is_left_at_step_adds_the_last_early_stages_exchanges_to_the_late_pipeline():
     from dmuon.cli.bench.fake_step_projection import opt_left_after_backward, opt_projected
 
     m = {"fill_s": 0.003, "compute_s": 0.010, "simulated_s": 0.016, "early_stages": 0}
@@ -256,11 +256,11 @@ def test_what_is_left_at_step_adds_the_early_returns_to_the_late_pipeline():
     assert opt_left_after_backward(0.015, m) == pytest.approx(opt_projected(0.015, m)) == pytest.approx(0.018)
     # 3 of 4 stages left early: 1 ms of the fills ran inside backward; at step() 6 ms measured
     # = 2 ms fills + 3 ms of the last stage's compute + 1 ms outside; its pipeline 5 ms
-    # simulated; the third stage's forward (issued at the end of backward) 0.5 ms; the early
-    # stages' returns 2 ms.
+    # simulated; the third stage's forward (issued at the end of backward) 0.5 ms and its
+    # return 0.7 ms (the first two stages' returns left inside backward).
     m.update(early_stages=3, early_fill_s=0.001, late_compute_s=0.003, late_simulated_s=0.005,
-             early_last_forward_s=0.0005, early_return_s=0.002)
-    assert opt_left_after_backward(0.006, m) == pytest.approx(0.001 + 0.005 + 0.0005 + 0.002)
+             early_last_forward_s=0.0005, early_last_return_s=0.0007)
+    assert opt_left_after_backward(0.006, m) == pytest.approx(0.001 + 0.005 + 0.0005 + 0.0007)
 
 
 def test_profile_summarizes_one_more_step_of_each_optimizer_per_phase(capsys):

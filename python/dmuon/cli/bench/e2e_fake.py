@@ -20,11 +20,12 @@ projected with the same model as the optimizer's exchange (fake_world.PROJECTION
 FSDP2 prefetches the next unit's all-gather and reduces the previous unit's gradients
 while a unit computes, so every collective but the first all-gather and the last one of
 backward can hide behind compute:
-    fwd+bwd projected = max(compute, Σ collectives − first − last + early forwards) + first + last
+    fwd+bwd projected = max(compute, Σ collectives − first − last + early exchanges) + first + last
 with compute the measured forward + backward less the fake world's work in it (the
-gradient overwrite, DMuon's model fills), and `early forwards` DMuon's forward all_to_alls
-issued inside backward but the last (they share the links; 0 when the step is not begun
-there; the last one, issued as backward ends, is charged to the step).
+gradient overwrite, DMuon's model fills), and `early exchanges` DMuon's forward and return
+all_to_alls issued inside backward, of every early stage but the last (they share the
+links; 0 when the step is not begun there; the last stage's, issued as backward ends and
+at step(), are charged to the step).
 The optimizer step is projected as in `bench step --fake-world` (DMuon's stage pipeline
 over every rank, the other ranks predicted from this one); AdamW's step has no collectives.
 
@@ -33,9 +34,9 @@ With --backward-step on the step really begins from backward
 gradients are final leave inside backward, and their owners' NS runs there on this device,
 competing with backward for it as on a real rank: the measured forward + backward includes
 it. `opt left after backward` is what is left at step(), measured, with the waits of the
-collectives still ahead projected (fake_step_projection: the last early stage's forward,
-the early stages' returns and the pipeline of the stages that did not leave early, with
-both agreements). The table's last
+collectives still ahead projected (fake_step_projection: the last early stage's forward
+and return, and the pipeline of the stages that did not leave early, with both
+agreements). The table's last
 lines give the share of the NS matrices that ran inside backward (the engine's
 early_orthogonalized / num_orthogonalized, as `bench e2e` prints it for real worlds).
 NOTE: the fake rank records its stage timeline (the projection needs it) as device time
@@ -301,7 +302,7 @@ def _report(results: dict, config: dict, topology: ClusterTopology, env: str, me
         m = r.get("muon")
         # NOTE: the fake world's work inside backward is not a real rank's.
         compute = max(0.0, r["fwd_bwd_s"] - r["sanitize_s"] - (m["early_fill_s"] if m else 0.0))
-        f = fsdp_projection(r["collectives"], compute, topology, m["early_forward_s"] if m else 0.0)
+        f = fsdp_projection(r["collectives"], compute, topology, m["early_exchange_s"] if m else 0.0)
         whole = opt_projected(r["opt_s"], m) if m else r["opt_s"]
         left = opt_left_after_backward(r["opt_s"], m) if m else r["opt_s"]
         optimizers[name] = {"fwd_bwd_ms": r["fwd_bwd_s"] * 1e3, "fwd_bwd_compute_ms": compute * 1e3,
@@ -341,11 +342,11 @@ def _report(results: dict, config: dict, topology: ClusterTopology, env: str, me
                   f"{m['early_stages']:.0f} of {m['num_stages']:.0f} stages left early; median step)")
     if any(o["backward_step"] for o in optimizers.values()):
         print("backward step on (run, not modelled): fwd+bwd includes the NS begun inside backward; left after bwd: "
-              "measured at step() + the collectives still ahead projected (the last early forward, the early "
-              "returns, the stages that did not leave early); the other early forwards share FSDP2's links in "
-              "fwd+bwd projected")
+              "measured at step() + the collectives still ahead projected (the last early stage's forward and "
+              "return, the stages that did not leave early); the other early forwards and returns share FSDP2's "
+              "links in fwd+bwd projected")
     print("fwd+bwd / opt ms: measured on the fake rank (collectives free); projected: "
-          "max(compute, collectives - first - last + early forwards) + first + last for FSDP2 (compute without the "
+          "max(compute, collectives - first - last + early exchanges) + first + last for FSDP2 (compute without the "
           "gradient overwrite and model fills), DMuon's pipeline simulated; gradients were overwritten with random "
           "values inside each FSDP2 group's post-backward (a fake reduce-scatter leaves them undefined)")
     print(flush=True)

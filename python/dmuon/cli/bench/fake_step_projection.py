@@ -4,22 +4,21 @@ whole step as if it ran after backward, and, when it was begun from backward
 
 The engine's stages (csrc/step/engine_early.cpp): a stage whose parameters' gradients are
 all final leaves inside backward — its check, momentum and forward all_to_all at once, its
-owners' NS when the next stage leaves (the last one's in finish()). At step() remain: the
-last early stage's NS, the agreement, every early stage's return all_to_all (issued
-together in commit(), landed in order), the pipeline of the stages that did not leave
-early, and the agreement on the results. The projection of what is left:
+owners' NS and its return all_to_all when the next stage leaves (the last one's in
+finish()). At step() remain: the last early stage's NS and return, the agreement, the
+landing of the returns (in commit()), the pipeline of the stages that did not leave early,
+and the agreement on the results. The projection of what is left:
 
     opt left = max(0, opt − fill at step() − late compute) + late simulated
-               + last early forward + Σ early returns
+               + last early forward + last early return
 
 with `opt` the fake rank's measured step() (its collectives free), `fill at step()` the
 fake world's model fills there (no real work), `late compute` / `late simulated` the
 measured compute phases / the simulated pipeline (with both agreements) of the stages
 that did not leave early, the forward of the last stage that left early (issued by the
-last hook, at the end of backward: its NS waits for it at step()), and the early stages'
-returns modelled one after the other (an upper bound: the applies of landed stages
-overlap them a little). The other early forwards are charged to backward
-(`early_forward_s`, on the links FSDP2's collectives use: bench.e2e_fake).
+last hook, at the end of backward: its NS waits for it at step()), and that stage's
+return. The other early stages' forwards and returns are charged to backward
+(`early_exchange_s`, on the links FSDP2's collectives use: bench.e2e_fake).
 NOTE: assumed, as in sim/pipeline.h: compute and transfers do not slow each other, and an
 early stage's NS inside backward does not wait for its forward (it left one stage before);
 the step()'s one-integer agreement on changed gradients (dmuon.backward_step) is left out.
@@ -44,7 +43,7 @@ def project(runtime, topology: ClusterTopology, rank_times: list, layout) -> tup
 
 def muon_projection(opt, topology: ClusterTopology) -> dict | None:
     """This rank's last step: the whole pipeline projected (`simulated_s`), the early work
-    (stats of the engine), and what is left at step() (`late_*`, `early_return_s`)."""
+    (stats of the engine), and what is left at step() (`late_*`, `early_last_*`)."""
     from dmuon.analysis import sim
     from dmuon.cli.bench.e2e_setup import early_ns_share
 
@@ -66,10 +65,11 @@ def muon_projection(opt, topology: ClusterTopology) -> dict | None:
     first = int(s.early_stages)
     exchanges = sim.exchange_seconds(layout, topology.group(runtime.world_size))
     # NOTE: the last stage to leave does so in the last hook, at the end of backward: its
-    # forward is not hidden behind backward (its NS at step() waits for it).
-    out["early_forward_s"] = sum(f for f, _ in exchanges[:max(0, first - 1)])
+    # forward is not hidden behind backward (its NS at step() waits for it), nor is its
+    # return (after that NS).
+    out["early_exchange_s"] = sum(f + r for f, r in exchanges[:max(0, first - 1)])
     out["early_last_forward_s"] = exchanges[first - 1][0] if first else 0.0
-    out["early_return_s"] = sum(r for _, r in exchanges[:first])
+    out["early_last_return_s"] = exchanges[first - 1][1] if first else 0.0
     if first == 0:
         out.update(late_simulated_s=simulated, late_compute_s=out["compute_s"])
     else:
@@ -91,4 +91,4 @@ def opt_left_after_backward(opt_s: float, m: dict) -> float:
         return opt_projected(opt_s, m)
     fill_at_step = m["fill_s"] - m["early_fill_s"]
     return (max(0.0, opt_s - fill_at_step - m["late_compute_s"]) + m["late_simulated_s"] + m["early_last_forward_s"]
-            + m["early_return_s"])
+            + m["early_last_return_s"])
