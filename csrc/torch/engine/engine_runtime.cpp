@@ -295,7 +295,7 @@ void EngineRuntime::params_ready(const std::vector<int64_t>& ready, at::TensorLi
                 table.param(static_cast<int>(i)).name, "' has no gradient or no momentum buffer");
   }
   std::vector<Handover> handed;
-  for (size_t j = 0; j < ready.size(); ++j) handed.push_back({ready[j], params[j], grads[j], momentum[j], {}});
+  for (size_t j = 0; j < ready.size(); ++j) handed.push_back({ready[j], params[j], grads[j], momentum[j]});
   // NOTE: the hand-overs are held until they start work (a stage complete, or an item worked
   // on at once): with a stage of a matrix per rank most FSDP2 groups complete none.
   handovers_.post(with_this_threads_state(ops_->device(), ops_stream_, [this, handed = std::move(handed)] {
@@ -354,26 +354,24 @@ void EngineRuntime::give_held() {
   engine_->items_ready(items, tensors);
   // The fingerprints of what the engine read: each gradient (its storage, kept alive) and
   // its float64 norm (one multi-tensor pass), compared at step() by changed_since_handover.
-  const std::vector<at::Tensor> norms = at::_foreach_norm(grads, 2, at::kDouble);
-  for (size_t j = 0; j < held.size(); ++j) {
-    held[j].norm = norms[j];
-    given_.push_back(std::move(held[j]));
-  }
+  // NOTE: stacked here, on the worker inside backward, not at step(): one op there per call
+  // instead of one per gradient.
+  given_norms_.push_back(at::stack(at::_foreach_norm(grads, 2, at::kDouble)));
+  for (Handover& h : held) given_.push_back(std::move(h));
 }
 
 void EngineRuntime::forget_handovers() {
   early_keep_.clear();
   held_.clear();
   given_.clear();
+  given_norms_.clear();
 }
 
 at::Tensor EngineRuntime::changed_since_handover() const {
-  std::vector<at::Tensor> then, now;
-  for (const Handover& f : given_) {
-    then.push_back(f.norm);
-    now.push_back(f.grad);
-  }
-  const at::Tensor before = at::stack(then), after = at::stack(at::_foreach_norm(now, 2, at::kDouble));
+  std::vector<at::Tensor> now;
+  for (const Handover& f : given_) now.push_back(f.grad);
+  const at::Tensor before = given_norms_.size() == 1 ? given_norms_[0] : at::cat(given_norms_);
+  const at::Tensor after = at::stack(at::_foreach_norm(now, 2, at::kDouble));
   // NOTE: a NaN norm stays NaN with the same gradient (NaN != NaN would redo every begun step
   // of a NaN gradient, and the begun step's own check would never see it).
   return ((before != after) & ~(before.isnan() & after.isnan())).any().to(at::kInt).reshape({1});

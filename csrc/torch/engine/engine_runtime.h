@@ -164,17 +164,19 @@ class EngineRuntime {
   std::vector<step::GroupRule> rule_source_;
   std::vector<step::GroupRule> rules_;
   std::vector<bool> last_active_;
-  // The begun step's hand-overs: held (not given to the engine yet), and given (with their
-  // gradient's float64 norm, what changed_since_handover compares); converted gradients the engine
-  // reads until step()/discard().
+  // The begun step's hand-overs: held (not given to the engine yet), and given; converted
+  // gradients the engine reads until step()/discard().
   struct Handover {
     int64_t index;
-    at::Tensor param, grad, momentum, norm;
+    at::Tensor param, grad, momentum;
   };
   void give_held();
   void forget_handovers();
   std::vector<int> held_items() const;  // the items of the held hand-overs
   std::vector<Handover> held_, given_;
+  // Per give_held() call, its gradients' float64 norms (one float64 vector, in given_'s
+  // order): what changed_since_handover compares.
+  std::vector<at::Tensor> given_norms_;
   std::vector<at::Tensor> early_keep_;
   bool writes_began_ = false;  // the engine's, as the last step() or agree_results() left it
   step::RuntimeStats stats_;
