@@ -131,7 +131,12 @@ step::StepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
                                       const std::vector<at::Tensor>& extra_grads,
                                       const std::vector<at::Tensor>& row_state, bool defer_result_agreement,
                                       const step::StartChecks& checks) {
-  finish_handovers();
+  // NOTE: host ranges for torch.profiler (`bench e2e --profile` sums them): what the begun
+  // step adds to step() before the engine's own work.
+  {
+    RECORD_FUNCTION("dmuon.step.handover_drain", std::vector<c10::IValue>());
+    finish_handovers();
+  }
   writes_began_ = false;
   const step::ItemTable& table = engine_->items();
   const size_t n = static_cast<size_t>(table.num_params());
@@ -229,6 +234,7 @@ step::StepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
   // read of its own: 1.1-1.5 ms more left after backward with the option on than off, this
   // wait and the early stages' returns together.
   if (!given_.empty() && mine.error.empty()) {
+    RECORD_FUNCTION("dmuon.step.changed_flag", std::vector<c10::IValue>());
     keep.push_back(changed_since_handover());
     mine.changed_flag = to_buffer(keep.back(), "the begun step's changed flag");
   }
