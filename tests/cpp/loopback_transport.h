@@ -34,6 +34,10 @@ struct LoopbackOptions {
   std::function<void(void* dst, const void* src, size_t bytes)> copy;
   /// Runs before a collective's copies (a GPU test waits for the device there).
   std::function<void()> before_copy;
+  /// all_to_all and broadcast_buffer move their data at the first wait() once every rank
+  /// has arrived, not as the last rank arrives: as a library whose transfer may still run
+  /// after a later collective completed. A rank that drops one unmoved fails the world.
+  bool move_when_waited = false;
 };
 
 class LoopbackWorld {
@@ -48,7 +52,8 @@ class LoopbackWorld {
   Transport& transport(int rank);
   /// Runs fn(rank) on one thread per rank and joins them. A rank that throws fails the
   /// rendezvous (every other rank's collectives throw naming it). Returns each rank's
-  /// error message, "" where fn returned.
+  /// error message, "" where fn returned; where every rank returned but the world failed
+  /// (a collective dropped before it completed), every rank's is that failure.
   std::vector<std::string> run(const std::function<void(int rank)>& fn);
   /// Fails every pending and later collective: rank `rank` failed with `why`.
   void abort(int rank, const std::string& why);
@@ -63,8 +68,9 @@ class LoopbackWorld {
 
   // The slot of this rank's next collective, checked against what the other ranks called.
   Slot& arrive(int rank, Kind kind, const std::string& what, std::unique_lock<std::mutex>& lock, int64_t* seq);
-  // Blocks until slot `seq` completes; throws the world's failure naming `what`.
-  void await(int rank, int64_t seq, const std::string& what, std::unique_lock<std::mutex>& lock);
+  // Blocks until slot `seq` completes (`move`: or every rank arrived, then completes it);
+  // throws the world's failure naming `what`.
+  void await(int rank, int64_t seq, const std::string& what, std::unique_lock<std::mutex>& lock, bool move = false);
   // Run by the last rank to arrive: the collective's data movement or reduction.
   void complete(Slot& slot);
   void fail_locked(const std::string& why);

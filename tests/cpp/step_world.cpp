@@ -276,7 +276,7 @@ EngineRun run_engine(const World& world, const step::EngineOptions& options, con
   run.owners.resize(static_cast<size_t>(n));
   run.stages.resize(static_cast<size_t>(n));
   run.tensors = world.locals();
-  LoopbackWorld loopback(n);
+  LoopbackWorld loopback(n, hooks.loopback);
   const std::vector<step::ParamSpec> specs = world.specs();
   run.errors = loopback.run([&](int r) {
     step::CpuOpsOptions cpu_options;

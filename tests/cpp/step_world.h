@@ -141,6 +141,7 @@ struct EngineRun {
 /// Hooks of run_engine: the ops each rank's engine uses (default: the CpuOps given), and a
 /// change to a rank's inputs before a step (e.g. a NaN).
 struct RunHooks {
+  LoopbackOptions loopback;  // the world's
   std::function<step::DeviceOps&(int rank, step::CpuOps& cpu)> ops;
   std::function<void(int rank, int step, RankTensors& t)> before_step;
   /// Set: runs rank r's step in place of engine.step (early work, two-phase steps) and

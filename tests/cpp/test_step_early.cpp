@@ -82,6 +82,8 @@ struct Drive {
   std::function<dmuon::step::DeviceOps&(int rank, dmuon::step::CpuOps& cpu)> ops;  // RunHooks::ops
   // After the ready calls (and the worker's drain), before step(): a look at the engine.
   std::function<void(int rank, int step, const StepEngine& engine)> before_finish;
+  // The world's all_to_alls move their data only when waited (LoopbackOptions).
+  bool move_when_waited = false;
 };
 
 // Bytes of each stage's return all_to_all (sent and received) in `stats` so far.
@@ -113,6 +115,7 @@ EngineRun drive(const World& world, const std::vector<GroupRule>& rules, int num
   dmuon::testing::RunHooks hooks;
   hooks.before_step = before_step;
   hooks.ops = how.ops;
+  hooks.loopback.move_when_waited = how.move_when_waited;
   if (!how.ready_calls.empty() || how.two_phase) hooks.step = [&](int r, int s, StepEngine& engine, RankTensors& t) {
     std::vector<int> held;
     dmuon::step::SerialWorker worker;
@@ -759,11 +762,15 @@ TEST(EarlyExchange, NanInALateLayerRefusesTheStepOnEveryRankWithNothingWritten) 
       t.grad[static_cast<size_t>(late)].set(0, std::numeric_limits<double>::quiet_NaN());
   };
   // Third: the torch adapter's changed flag given, 0 on every rank (the early flags hold).
-  for (const int variant : {0, 1, 2}) {
+  // Fourth: the exchanges move their data only when waited: the refused step's returns,
+  // issued before the agreement, are still in flight when it closes, and their buffers must
+  // outlive them.
+  for (const int variant : {0, 1, 2, 3}) {
     Drive how;
     how.options = many_stages(dmuon::step::Mode::kOwner);
     how.ready_calls = reverse_calls(n, 2, 0);
     how.two_phase = variant == 1;
+    how.move_when_waited = variant == 3;
     if (variant == 2) {
       how.after_ready = [](int, RankTensors&) {};
       how.changed_on_changed_ranks = how.changed_as_flag = true;

@@ -19,6 +19,7 @@ namespace {
 
 using dmuon::step::Buffer;
 using dmuon::step::DType;
+using dmuon::testing::LoopbackOptions;
 using dmuon::testing::LoopbackWorld;
 using dmuon::step::ReduceOp;
 using dmuon::testing::contains;
@@ -111,6 +112,35 @@ TEST(Loopback, ReadyPollsWithoutWaiting) {
   EXPECT_FALSE(before[0]);  // NOTE: rank 1 brings its buffers only after rank 0's poll
   EXPECT_TRUE(before[1]);
   EXPECT_TRUE(after[0] && after[1]);
+}
+
+// move_when_waited: an all_to_all moves nothing until a rank waits for it, even after a
+// later all_reduce completed; a rank that drops one unmoved fails the world, and run()
+// reports it on every rank though none raised.
+TEST(Loopback, MoveWhenWaitedMovesAtTheFirstWaitAndADroppedOneFailsTheWorld) {
+  LoopbackOptions lazy;
+  lazy.move_when_waited = true;
+  LoopbackWorld moved(2, lazy);
+  std::vector<float> before(2), after(2);
+  EXPECT_EQ(moved.run([&](int r) {
+    std::vector<float> send(2, static_cast<float>(r + 1)), recv(2, -1.f);
+    auto pending = moved.transport(r).all_to_all(view(send), {1, 1}, view(recv), {1, 1}, "pieces");
+    moved.transport(r).all_reduce({1}, ReduceOp::kSum, "later");
+    before[static_cast<size_t>(r)] = recv[1 - r];
+    moved.transport(r).all_reduce({1}, ReduceOp::kSum, "both read");  // NOTE: before either waits
+    pending->wait();
+    after[static_cast<size_t>(r)] = recv[1 - r];
+  }), (std::vector<std::string>{"", ""}));
+  EXPECT_EQ(before, (std::vector<float>{-1.f, -1.f}));
+  EXPECT_EQ(after, (std::vector<float>{2.f, 1.f}));
+
+  LoopbackWorld dropped(2, lazy);
+  const auto errors = dropped.run([&](int r) {
+    std::vector<float> send(2, 1.f), recv(2, -1.f);
+    auto pending = dropped.transport(r).all_to_all(view(send), {1, 1}, view(recv), {1, 1}, "pieces");
+    dropped.transport(r).all_reduce({1}, ReduceOp::kSum, "later");
+  });
+  for (const std::string& e : errors) EXPECT_TRUE(contains(e, "left all_to_all 'pieces' before it completed")) << e;
 }
 
 TEST(Loopback, ARankThatThrowsFailsTheOthers) {
