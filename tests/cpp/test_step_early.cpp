@@ -82,8 +82,7 @@ struct Drive {
   std::function<dmuon::step::DeviceOps&(int rank, dmuon::step::CpuOps& cpu)> ops;  // RunHooks::ops
   // After the ready calls (and the worker's drain), before step(): a look at the engine.
   std::function<void(int rank, int step, const StepEngine& engine)> before_finish;
-  // The world's all_to_alls move their data only when waited (LoopbackOptions).
-  bool move_when_waited = false;
+  dmuon::testing::LoopbackOptions loopback;  // the world's (RunHooks::loopback)
 };
 
 // Bytes of each stage's return all_to_all (sent and received) in `stats` so far.
@@ -115,7 +114,7 @@ EngineRun drive(const World& world, const std::vector<GroupRule>& rules, int num
   dmuon::testing::RunHooks hooks;
   hooks.before_step = before_step;
   hooks.ops = how.ops;
-  hooks.loopback.move_when_waited = how.move_when_waited;
+  hooks.loopback = how.loopback;
   if (!how.ready_calls.empty() || how.two_phase) hooks.step = [&](int r, int s, StepEngine& engine, RankTensors& t) {
     std::vector<int> held;
     dmuon::step::SerialWorker worker;
@@ -770,7 +769,7 @@ TEST(EarlyExchange, NanInALateLayerRefusesTheStepOnEveryRankWithNothingWritten) 
     how.options = many_stages(dmuon::step::Mode::kOwner);
     how.ready_calls = reverse_calls(n, 2, 0);
     how.two_phase = variant == 1;
-    how.move_when_waited = variant == 3;
+    how.loopback.move_when_waited = variant == 3;
     if (variant == 2) {
       how.after_ready = [](int, RankTensors&) {};
       how.changed_on_changed_ranks = how.changed_as_flag = true;
