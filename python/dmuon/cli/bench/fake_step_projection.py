@@ -20,8 +20,8 @@ last hook, at the end of backward: its NS waits for it at step()), and that stag
 return. The other early stages' forwards and returns are charged to backward
 (`early_exchange_s`, on the links FSDP2's collectives use: bench.e2e_fake).
 NOTE: assumed, as in sim/pipeline.h: compute and transfers do not slow each other, and an
-early stage's NS inside backward does not wait for its forward (it left one stage before);
-the step()'s one-integer agreement on changed gradients (dmuon.backward_step) is left out.
+early stage's NS inside backward does not wait for its forward (it left one stage before).
+Whether a gradient changed since its hand-over rides in the start agreement, as its flags do.
 """
 
 from __future__ import annotations
