@@ -21,11 +21,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define DMUON_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define DMUON_HOST_DEVICE inline
-#endif
+#include "common/host_device.h"
 
 namespace dmuon::ns::cuda {
 
