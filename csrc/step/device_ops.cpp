@@ -60,6 +60,19 @@ void check_sum_into(const char* what, const Buffer& src, int64_t num_parts, int6
               device_name(dst.device), " from ", src.numel, " contiguous elements on ", device_name(src.device));
 }
 
+void check_fingerprint(const char* what, const std::vector<FingerprintPiece>& pieces, const Buffer& sum,
+                       const Device& device) {
+  DMUON_CHECK(sum.dtype == DType::kInt32 && sum.numel == 2 && sum.data != nullptr && sum.device == device, what,
+              ": the sum must be int32 [2] on ", device_name(device), ", not ", dtype_name(sum.dtype), " [", sum.numel,
+              "] on ", device_name(sum.device));
+  for (const FingerprintPiece& p : pieces) {
+    const int64_t width = dtype_size(p.data.dtype);
+    DMUON_CHECK((width == 2 || width == 4 || width == 8) && (p.data.empty() || (p.data.data != nullptr && p.data.device == device)),
+                what, ": a piece of ", p.data.numel, " ", dtype_name(p.data.dtype), " on ", device_name(p.data.device),
+                " (2, 4 or 8-byte elements on ", device_name(device), ")");
+  }
+}
+
 void check_batch_rows(const char* what, const NsBatchDesc& batch, int64_t matrix_idx, int64_t row_begin,
                       int64_t row_count, int64_t numel, int64_t col_begin, int64_t col_count) {
   const auto [c0, nc] = piece_cols(batch, col_begin, col_count);

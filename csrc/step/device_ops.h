@@ -51,6 +51,13 @@ struct Partials {
   std::vector<int64_t> offset, count;
 };
 
+/// Read by fingerprint(): a view's elements (any dtype; strided where the ops take strided
+/// pieces), hashed with `salt` (the engine's: the item's id).
+struct FingerprintPiece {
+  Buffer data;
+  uint64_t salt = 0;
+};
+
 /// Momentum in place on a piece and, when `wire` is not empty, U cast into it.
 struct PreparePiece {
   Buffer grad, momentum;
@@ -130,6 +137,11 @@ struct NormuonMatrix {
 void check_normuon_matrix(const char* what, const NormuonMatrix& m, const NsBatchDesc& batch,
                           const Buffer& result_flags);
 
+/// Throws dmuon::Error naming `what` (the ops' fingerprint) unless `sum` is int32 [2] and
+/// every piece of 2, 4 or 8-byte elements, on `device`.
+void check_fingerprint(const char* what, const std::vector<FingerprintPiece>& pieces, const Buffer& sum,
+                       const Device& device);
+
 /// Throws dmuon::Error naming `what` unless `src` holds `num_parts` parts of dst's size
 /// `part_stride` apart, both contiguous on one device (the ops' sum_into check).
 void check_sum_into(const char* what, const Buffer& src, int64_t num_parts, int64_t part_stride, const Buffer& dst);
@@ -187,6 +199,9 @@ class DeviceOps {
 
   /// Reads only: NaN/Inf flags (int32, zeroed by the caller) and U² partials.
   virtual Partials check(const std::vector<CheckPiece>& pieces, const Buffer& flags) = 0;
+  /// sum (int32 [2]: one uint64, low word first; read with read_flags) += the fingerprint
+  /// of the pieces' bits (step/fingerprint.h). Reads only.
+  virtual void fingerprint(const std::vector<FingerprintPiece>& pieces, const Buffer& sum) = 0;
   /// int32 [1]: non-zero when any of `flags` is.
   virtual OwnedBuffer make_gate(const Buffer& flags) = 0;
   /// Momentum in place and U into the wire (pieces not bound for this rank's iterate).

@@ -29,6 +29,9 @@ class ForwardingOps : public DeviceOps {
   Partials check(const std::vector<CheckPiece>& pieces, const Buffer& flags) override {
     return inner_.check(pieces, flags);
   }
+  void fingerprint(const std::vector<FingerprintPiece>& pieces, const Buffer& sum) override {
+    inner_.fingerprint(pieces, sum);
+  }
   OwnedBuffer make_gate(const Buffer& flags) override { return inner_.make_gate(flags); }
   void prepare_pieces(const std::vector<PreparePiece>& pieces, const Buffer& gate) override {
     inner_.prepare_pieces(pieces, gate);

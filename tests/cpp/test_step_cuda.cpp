@@ -480,6 +480,54 @@ TEST(StepCudaOps, CopyMatchesTheCpuOpsBitForBit) {
                  "copy pair " + std::to_string(k));
 }
 
+// fingerprint (the step begun from backward's comparison): 40 pieces (two launches), every
+// element width, contiguous and strided, one piece of several blocks' elements, split over
+// two calls: the same uint64 sum as the CPU ops, bit for bit (an integer sum: no tolerance);
+// one element changed on the device changes it.
+TEST(StepCudaOps, FingerprintMatchesTheCpuOpsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  CpuOps cpu;
+  CudaOps gpu;
+  const std::vector<DType> dtypes = {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64};
+  constexpr int kPieces = 40;
+  constexpr int64_t kRowLen = 33, kLd = 41;
+  std::vector<HostTensor> host(kPieces);
+  std::vector<std::unique_ptr<DeviceCopy>> device;
+  std::vector<dmuon::step::FingerprintPiece> on_gpu, on_cpu;
+  for (int k = 0; k < kPieces; ++k) {
+    const DType dtype = dtypes[static_cast<size_t>(k) % dtypes.size()];
+    const int64_t rows = k == 7 ? 3000 : 5 + k, total = rows * kLd;
+    host[k] = HostTensor(random_values(total, 1.0, 400 + k), dtype);
+    device.push_back(std::make_unique<DeviceCopy>(host[k]));
+    const bool strided = k % 3 == 1;
+    const auto view = [&](const Buffer& whole) {
+      return strided ? whole.rows(0, rows, kRowLen, kLd) : whole.slice(0, total);
+    };
+    on_gpu.push_back({view(device.back()->view()), static_cast<uint64_t>(k)});
+    on_cpu.push_back({view(host[k].buffer()), static_cast<uint64_t>(k)});
+  }
+  const auto read = [](const std::vector<int32_t>& words) {
+    uint64_t out;
+    std::memcpy(&out, words.data(), sizeof(out));
+    return out;
+  };
+  std::vector<int32_t> cpu_sum(2, 0);
+  cpu.fingerprint(on_cpu, {cpu_sum.data(), DType::kInt32, 2, {}});
+  dmuon::step::OwnedBuffer gpu_sum = gpu.allocate(DType::kInt32, 2);
+  gpu.fill_zero(gpu_sum.get());
+  gpu.fingerprint({on_gpu.begin(), on_gpu.begin() + 13}, gpu_sum.get());
+  gpu.fingerprint({on_gpu.begin() + 13, on_gpu.end()}, gpu_sum.get());
+  EXPECT_EQ(read(gpu.read_flags({gpu_sum.get()})), read(cpu_sum));
+  EXPECT_NE(read(cpu_sum), 0u);
+  // One element of the large (strided) piece changed on the device: its last, in the last block.
+  host[7].set((3000 - 1) * kLd + kRowLen - 1, 0.25);
+  DeviceCopy changed(host[7]);
+  on_gpu[7].data = changed.view().rows(0, 3000, kRowLen, kLd);
+  gpu.fill_zero(gpu_sum.get());
+  gpu.fingerprint(on_gpu, gpu_sum.get());
+  EXPECT_NE(read(gpu.read_flags({gpu_sum.get()})), read(cpu_sum));
+}
+
 // ---------------------------------------------------------------- NorMuon
 // The CUDA NorMuon pass on a 16-bit result in the iterate layout (padded or odd ld, both
 // orientations), read back through result_to_pieces into float32 wires, against

@@ -102,6 +102,7 @@ class CountingOps : public dmuon::step::DeviceOps {
     out.buffer = allocate(DType::kFloat32, std::max<int64_t>(1, total));
     return out;
   }
+  void fingerprint(const std::vector<dmuon::step::FingerprintPiece>&, const Buffer&) override {}
   OwnedBuffer make_gate(const Buffer&) override { return allocate(DType::kInt32, 1); }
   void prepare_pieces(const std::vector<dmuon::step::PreparePiece>&, const Buffer&) override {}
   int64_t ns_workspace_bytes(int64_t rows, int64_t cols, int64_t count, DType, dmuon::ns::Algorithm) const override {

@@ -460,6 +460,78 @@ TEST(StepCpuOps, SumIntoAddsPartsAcrossDtypes) {
   EXPECT_NE(error.find("4 parts of 2 elements 3 apart"), std::string::npos) << error;
 }
 
+// The fingerprint of the step begun from backward (step/fingerprint.h): the same bits give
+// the same sum however the pieces are split into calls or ordered, a strided view sums as
+// its elements copied out; any one bit flipped anywhere, a sign flipped (the norm kept),
+// two entries swapped, or another salt change it; a NaN's bits are its own.
+TEST(StepCpuOps, FingerprintIsEqualForEqualBitsAndChangesWithAnyOne) {
+  dmuon::step::CpuOps ops;
+  using dmuon::step::Buffer;
+  using dmuon::step::FingerprintPiece;
+  std::vector<float> f32(97);
+  for (size_t i = 0; i < f32.size(); ++i) f32[i] = std::sin(0.37f * static_cast<float>(i)) * 3.f;
+  f32[5] = std::numeric_limits<float>::quiet_NaN();
+  f32[6] = -0.f;
+  std::vector<uint16_t> b16(40);
+  for (size_t i = 0; i < b16.size(); ++i) b16[i] = static_cast<uint16_t>(0x3f80 + 7 * i);
+  std::vector<double> f64 = {1.5, -2.25, 1e-300, 0.0};
+  auto sum_of = [&](const std::vector<std::vector<FingerprintPiece>>& calls) {
+    std::vector<int32_t> sum(2, 0);
+    const Buffer view{sum.data(), DType::kInt32, 2, {}};
+    for (const auto& pieces : calls) ops.fingerprint(pieces, view);
+    uint64_t out;
+    std::memcpy(&out, sum.data(), sizeof(out));
+    return out;
+  };
+  auto pieces = [&]() -> std::vector<FingerprintPiece> {
+    return {{{f32.data(), DType::kFloat32, 97, {}}, 3},
+            {{b16.data(), DType::kBFloat16, 40, {}}, 4},
+            {{f64.data(), DType::kFloat64, 4, {}}, 5}};
+  };
+  const uint64_t base = sum_of({pieces()});
+  EXPECT_NE(base, 0u);
+  const std::vector<FingerprintPiece> all = pieces();
+  EXPECT_EQ(sum_of({{all[2]}, {all[0], all[1]}}), base);
+  EXPECT_EQ(sum_of({{all[1], all[2], all[0]}}), base);
+  // A strided view (3 rows of 5, 11 apart) as its 15 elements copied out.
+  const Buffer strided = Buffer{f32.data(), DType::kFloat32, 97, {}}.rows(2, 3, 5, 11);
+  std::vector<float> packed;
+  for (int64_t k = 0; k < 15; ++k) packed.push_back(f32[static_cast<size_t>(2 + strided.offset_of(k))]);
+  EXPECT_EQ(sum_of({{{strided, 9}}}), sum_of({{{{packed.data(), DType::kFloat32, 15, {}}, 9}}}));
+  // Any one bit of any element.
+  for (size_t i = 0; i < f32.size(); ++i)
+    for (int bit : {0, 22, 31}) {
+      uint32_t bits;
+      std::memcpy(&bits, &f32[i], 4);
+      const float saved = f32[i];
+      bits ^= 1u << bit;
+      std::memcpy(&f32[i], &bits, 4);
+      EXPECT_NE(sum_of({pieces()}), base) << "element " << i << " bit " << bit;
+      f32[i] = saved;
+    }
+  for (size_t i = 0; i < b16.size(); ++i) {
+    b16[i] ^= 1;
+    EXPECT_NE(sum_of({pieces()}), base) << "bfloat16 element " << i;
+    b16[i] ^= 1;
+  }
+  EXPECT_EQ(sum_of({pieces()}), base);
+  // Every sign flipped (the norm kept), two entries swapped, another salt.
+  std::vector<float> kept = f32;
+  for (float& v : f32) v = -v;
+  EXPECT_NE(sum_of({pieces()}), base);
+  f32 = kept;
+  std::swap(f32[10], f32[11]);
+  EXPECT_NE(sum_of({pieces()}), base);
+  f32 = kept;
+  std::vector<FingerprintPiece> salted = pieces();
+  salted[0].salt = 30;
+  EXPECT_NE(sum_of({salted}), base);
+  // The sum's own form is named.
+  std::vector<float> not_a_sum(2);
+  const std::string error = error_of([&] { ops.fingerprint(pieces(), {not_a_sum.data(), DType::kFloat32, 2, {}}); });
+  EXPECT_NE(error.find("the sum must be int32 [2]"), std::string::npos) << error;
+}
+
 TEST(StepCpuOps, ApplySkipsNonFiniteEntriesAndHonoursTheGate) {
   dmuon::step::CpuOps ops;
   std::vector<float> param = {1.f, 2.f, 3.f, 4.f}, wire = {0.5f, NAN, INFINITY, -1.f};

@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "step/cpu/cpu_elements.h"
 #include "step/cpu/flush_denormals.h"
+#include "step/fingerprint.h"
 #include "step/synthetic.h"
 
 namespace dmuon::step {
@@ -177,6 +178,28 @@ Partials CpuOps::check(const std::vector<CheckPiece>& pieces, const Buffer& flag
     }
   }
   return partials;
+}
+
+void CpuOps::fingerprint(const std::vector<FingerprintPiece>& pieces, const Buffer& sum) {
+  check_fingerprint("CpuOps::fingerprint", pieces, sum, device());
+  uint64_t total = 0;
+  std::memcpy(&total, sum.data, sizeof(total));
+  for (const FingerprintPiece& piece : pieces) {
+    const uint64_t key = fingerprint_key(piece.salt);
+    const Buffer& b = piece.data;
+    auto add = [&](auto zero) {
+      using Bits = decltype(zero);
+      const Bits* bits = b.as<const Bits>();
+      for (int64_t k = 0; k < b.numel; ++k) total += fingerprint_term(bits[b.offset_of(k)], key, k);
+    };
+    if (b.empty()) continue;
+    switch (dtype_size(b.dtype)) {
+      case 2: add(uint16_t{}); break;
+      case 4: add(uint32_t{}); break;
+      default: add(uint64_t{}); break;
+    }
+  }
+  std::memcpy(sum.data, &total, sizeof(total));
 }
 
 OwnedBuffer CpuOps::make_gate(const Buffer& flags) {

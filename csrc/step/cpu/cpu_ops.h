@@ -42,6 +42,7 @@ class CpuOps : public DeviceOps {
   void sum_into(const Buffer& src, int64_t num_parts, int64_t part_stride, const Buffer& dst, double scale, bool accumulate) override;
 
   Partials check(const std::vector<CheckPiece>& pieces, const Buffer& flags) override;
+  void fingerprint(const std::vector<FingerprintPiece>& pieces, const Buffer& sum) override;
   OwnedBuffer make_gate(const Buffer& flags) override;
   void prepare_pieces(const std::vector<PreparePiece>& pieces, const Buffer& gate) override;
 

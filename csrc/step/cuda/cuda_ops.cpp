@@ -23,6 +23,7 @@
 #include "step/cuda/piece_kernels.h"
 #include "step/cuda/stream_set.h"
 #include "step/cuda/sym_self_check.h"
+#include "step/fingerprint.h"
 
 namespace dmuon::step {
 namespace {
@@ -234,6 +235,21 @@ Partials CudaOps::check(const std::vector<CheckPiece>& pieces, const Buffer& fla
   for (const auto& [dtype, descs] : by_dtype)
     cuda::check(dtype, descs, flags.as<int>(), out.buffer.get().as<float>(), impl_->current);
   return out;
+}
+
+void CudaOps::fingerprint(const std::vector<FingerprintPiece>& pieces, const Buffer& sum) {
+  check_fingerprint("CudaOps::fingerprint", pieces, sum, device());
+  std::map<int, std::vector<cuda::FingerprintDesc>> by_width;
+  for (const FingerprintPiece& piece : pieces) {
+    if (piece.data.empty()) continue;
+    cuda::FingerprintDesc d{piece.data.data, piece.data.numel, fingerprint_key(piece.salt)};
+    std::tie(d.row_len, d.ld) = strides_of(piece.data);
+    by_width[static_cast<int>(dtype_size(piece.data.dtype))].push_back(d);
+  }
+  if (by_width.empty()) return;
+  DeviceGuard guard(impl_->options.device);
+  for (const auto& [width, descs] : by_width)
+    cuda::fingerprint(width, descs, static_cast<unsigned long long*>(sum.data), impl_->current);
 }
 
 OwnedBuffer CudaOps::make_gate(const Buffer& flags) {

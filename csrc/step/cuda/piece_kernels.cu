@@ -7,6 +7,7 @@
 #include "common/check.h"
 #include "ns/cuda/cuda_check.h"
 #include "step/cuda/kernel_common.cuh"
+#include "step/fingerprint.h"
 #include "step/synthetic.h"
 
 namespace dmuon::step::cuda {
@@ -130,6 +131,21 @@ __global__ void check_kernel(const __grid_constant__ DescList<CheckDesc> list, i
   }
   if (!grad_ok) atomicOr(flags + 2 * d.flag_idx, 1);
   if (!momentum_ok) atomicOr(flags + 2 * d.flag_idx + 1, 1);
+}
+
+// One atomic per warp: an integer sum is the same in any order.
+template <typename Bits>
+__global__ void fingerprint_kernel(const __grid_constant__ DescList<FingerprintDesc> list,
+                                   unsigned long long* __restrict__ sum) {
+  const FingerprintDesc& d = list.d[blockIdx.y];
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kPartialChunk;
+  const int64_t end = min(d.numel, begin + kPartialChunk);
+  const Bits* bits = static_cast<const Bits*>(d.data);
+  unsigned long long acc = 0;
+  for (int64_t e = begin + threadIdx.x; e < end; e += kThreads)
+    acc += fingerprint_term(bits[strided_at(e, d.row_len, d.ld)], d.key, e);
+  for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  if (threadIdx.x % 32 == 0 && acc != 0) atomicAdd(sum, acc);
 }
 
 template <typename P, typename W>
@@ -365,6 +381,25 @@ void check(DType param, const std::vector<CheckDesc>& pieces, int* flags, float*
     launch(double{});
   } else {
     dispatch(param, launch);
+  }
+}
+
+void fingerprint(int width, const std::vector<FingerprintDesc>& pieces, unsigned long long* sum, cudaStream_t stream) {
+  auto launch = [&](auto zero) {
+    using Bits = decltype(zero);
+    for_each_launch(pieces, [&](const DescList<FingerprintDesc>& list, size_t) {
+      int64_t chunks = 1;
+      for (int k = 0; k < list.n; ++k) chunks = std::max(chunks, num_chunks(list.d[k].numel));
+      fingerprint_kernel<Bits><<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(list.n)), kThreads, 0,
+                                 stream>>>(list, sum);
+      DMUON_CHECK_CUDA(cudaGetLastError());
+    });
+  };
+  switch (width) {
+    case 2: return launch(uint16_t{});
+    case 4: return launch(uint32_t{});
+    case 8: return launch(uint64_t{});
+    default: DMUON_FAIL("fingerprint: elements of 2, 4 or 8 bytes, not ", width);
   }
 }
 

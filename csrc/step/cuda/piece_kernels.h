@@ -3,6 +3,7 @@
 // to row pieces of float32 / bfloat16 / float16 parameters and a wire dtype.
 //
 //   check             grad, momentum → NaN/Inf flags; partial sums of U² (whole items)
+//   fingerprint       pieces' bits → one uint64 sum (step/fingerprint.h)
 //   prepare           momentum in place, U rows → the wire send buffer
 //   sum_squares       wire pieces → partial sums of their squares
 //   scales            partials → 1 / max(√Σ, eps) per matrix, in a fixed order
@@ -61,6 +62,16 @@ struct CheckDesc {
 /// partials[partial_offset + chunk] = Σ U² over the chunk. `param` may also be float64 for
 /// pieces without partials (gradients the step only checks).
 void check(DType param, const std::vector<CheckDesc>& pieces, int* flags, float* partials, cudaStream_t stream);
+
+/// A piece's elements of `width` bytes (2, 4 or 8), hashed with `key` (step/fingerprint.h).
+struct FingerprintDesc {
+  const void* data = nullptr;
+  int64_t numel = 0;
+  uint64_t key = 0;
+  int64_t row_len = 0, ld = 0;  ///< strided (step::Buffer::strided), else 0
+};
+/// *sum += Σ fingerprint_term over every element of `pieces`, all of `width` bytes.
+void fingerprint(int width, const std::vector<FingerprintDesc>& pieces, unsigned long long* sum, cudaStream_t stream);
 
 struct PrepareDesc {
   const void* grad = nullptr;
