@@ -188,6 +188,7 @@ void register_runtime_bindings(py::module_& m) {
       .def_readonly("early_orthogonalized", &RuntimeStats::early_orthogonalized)
       .def_readonly("early_ns_s", &RuntimeStats::early_ns_s)
       .def_readonly("early_fill_s", &RuntimeStats::early_fill_s)
+      .def_readonly("begun_stale", &RuntimeStats::begun_stale)
       .def_readonly("apply_s", &RuntimeStats::apply_s)
       .def_readonly("total_s", &RuntimeStats::total_s)
       .def_readonly("bytes_sent", &RuntimeStats::bytes_sent)

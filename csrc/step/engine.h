@@ -143,9 +143,13 @@ class StepEngine {
   /// stage is issued (or in finish()); returns and apply wait for commit(). Every rank must
   /// mark the same items before finish() (the collectives' order).
   /// `tensors` as step()'s; only the grad and momentum of these items are read, and they
-  /// must stay alive and unchanged until the step is committed or discarded. Throws
-  /// naming a bad id or an id made ready twice.
-  void items_ready(const std::vector<int>& items, const std::vector<ParamTensors>& tensors);
+  /// must stay alive until the step is committed or discarded, and unchanged unless
+  /// `watch`: then the caller may still change these gradients in place before finish()
+  /// (a clip that scales them): their bits are fingerprinted now (step/fingerprint.h) and
+  /// finish() compares its own tensors' (one read pass each side); where they differ on a
+  /// rank, its begun work is stale (as StartChecks::changed). Throws naming a bad id or an
+  /// id made ready twice.
+  void items_ready(const std::vector<int>& items, const std::vector<ParamTensors>& tensors, bool watch = false);
   /// Whether items_ready(items) would start work now: one of them is worked on at once
   /// (whole on this rank, which computes it), or with the items marked so far they complete
   /// the next stage to issue. True where no step is begun or an id is bad (items_ready then
@@ -231,6 +235,10 @@ class StepEngine {
   // Early stages (items that travel): issued in stage order once complete, NS and return
   // one stage later or in finish(), landed and applied in commit(); drained by discard().
   void local_items_ready(const std::vector<int>& work, const std::vector<ParamTensors>& tensors);
+  // sum += the fingerprint of `items`' gradient pieces on this rank; a fresh sum of the
+  // watched items' in `tensors` (empty where one's parameter has no gradient there).
+  void add_fingerprint(const std::vector<int>& items, const std::vector<ParamTensors>& tensors, const Buffer& sum);
+  OwnedBuffer fingerprint_watched(const std::vector<ParamTensors>& tensors);
   std::vector<Buffer> stage_copies(const std::vector<Buffer>& sources);
   void advance_stages(const std::vector<ParamTensors>& tensors);
   void issue_early_stage(size_t s, const std::vector<ParamTensors>& tensors);

@@ -48,7 +48,7 @@ void StepEngine::begin_step(const std::vector<GroupRule>& rules, int64_t step_id
   early_ = std::move(early);
 }
 
-void StepEngine::items_ready(const std::vector<int>& items, const std::vector<ParamTensors>& tensors) {
+void StepEngine::items_ready(const std::vector<int>& items, const std::vector<ParamTensors>& tensors, bool watch) {
   DMUON_CHECK(early_, "StepEngine::items_ready: no step is begun (call begin_step first)");
   Early& early = *early_;
   const std::string at_step = " at " + step_name(early.step_idx);
@@ -82,6 +82,14 @@ void StepEngine::items_ready(const std::vector<int>& items, const std::vector<Pa
                   " of ", dtype_name(spec.dtype), " on ", device_name(ops_.device()));
     if (!travels) work.push_back(item);
   }
+  if (watch) {
+    if (early.fingerprint.get().empty()) {
+      early.fingerprint = ops_.allocate(DType::kInt32, 2);
+      ops_.fill_zero(early.fingerprint.get());
+    }
+    add_fingerprint(items, tensors, early.fingerprint.get());
+    early.watched.insert(early.watched.end(), items.begin(), items.end());
+  }
   if (early.given.empty()) early.given.resize(static_cast<size_t>(table_.num_params()));
   for (int item : items) {
     early.marked[static_cast<size_t>(item)] = true;
@@ -99,6 +107,29 @@ void StepEngine::items_ready(const std::vector<int>& items, const std::vector<Pa
     clock_.stop(start, {{PhaseField::kEarlyLocalNs}});
   }
   advance_stages(tensors);
+}
+
+// NOTE: items_ready checked the pieces' sizes before it adds; finish() validated its
+// tensors before it sums.
+void StepEngine::add_fingerprint(const std::vector<int>& items, const std::vector<ParamTensors>& tensors,
+                                 const Buffer& sum) {
+  std::vector<FingerprintPiece> pieces;
+  for (int item : items) {
+    const Piece& piece = table_.piece(item, rank_);
+    if (piece.empty()) continue;
+    const Buffer& grad = tensors[static_cast<size_t>(table_.item(item).param_idx)].grad;
+    pieces.push_back({piece_view(grad, piece), static_cast<uint64_t>(item)});
+  }
+  ops_.fingerprint(pieces, sum);
+}
+
+OwnedBuffer StepEngine::fingerprint_watched(const std::vector<ParamTensors>& tensors) {
+  for (int item : early_->watched)
+    if (!tensors[static_cast<size_t>(table_.item(item).param_idx)].has_grad) return {};
+  OwnedBuffer sum = ops_.allocate(DType::kInt32, 2);
+  ops_.fill_zero(sum.get());
+  add_fingerprint(early_->watched, tensors, sum.get());
+  return sum;
 }
 
 // Whether items_ready would work now (engine.h): what it works on at once, or the next

@@ -97,6 +97,10 @@ struct StepEngine::Early {
   double ns_s = 0;                    // NS seconds of early stages run inside items_ready
   int64_t ns_items = 0;               // matrices orthogonalized there
   double local_ns_s = 0;              // seconds of local_items_ready (items whole on this rank)
+  // The items made ready with `watch`, and their gradients' fingerprint as items_ready read
+  // them (int32 [2]; allocated by the first such call): finish() compares its tensors'.
+  std::vector<int> watched;
+  OwnedBuffer fingerprint;
 };
 
 }  // namespace dmuon::step

@@ -243,17 +243,16 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
   // Input checks. NOTE: with several ranks, one rank's bad input joins the agreement, so
   // that the others raise too instead of waiting in a collective it never joins.
   // NOTE: where this rank's begun work is stale (checks.changed), every item is checked
-  // again from `tensors`; where it may be (a changed_flag), the begun items' early flags are
-  // read beside the flag and, only if it is set, the items are checked again and read a
-  // second time. An unchanged gradient keeps its hand-over's norm, so its early flags hold.
+  // again from `tensors`. Where the caller may have changed gradients it handed over (items
+  // made ready with `watch`), their fingerprint as read then is compared with `tensors`' now,
+  // both read beside the step's flags: unchanged bits keep the early check's flags; changed,
+  // this rank's begun work is stale, and its items are checked again and read a second time.
   // Another rank's stale work (the agreement drops the begun work on every rank) needs no
   // new check here: this rank's gradients are as they were checked.
   StartChecks mine = checks;
-  const bool flagged = checks.changed_flag.numel > 0;
+  const bool compare = early_ && !early_->watched.empty() && !checks.changed;
+  OwnedBuffer fingerprint_now;
   try {
-    DMUON_CHECK(!flagged || (checks.changed_flag.dtype == DType::kInt32 && checks.changed_flag.numel == 1 &&
-                             checks.changed_flag.device == ops_.device()),
-                "StepEngine::finish: checks.changed_flag must be one int32 on ", device_name(ops_.device()));
     validate(tensors, rules, extra);
     if (early_stages)
       for (size_t g = 0; g < rules.size() && g < early_->rules.size(); ++g)
@@ -268,7 +267,8 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
                     "item '", table_.item_name(i), "' was made ready early", at_step,
                     ", but its parameter has no gradient at finish()");
     }
-    check_rest(*st, extra, checks.changed || flagged);
+    check_rest(*st, extra, checks.changed);
+    if (compare) fingerprint_now = fingerprint_watched(tensors);
   } catch (const std::exception& e) {
     if (world_ == 1) throw;
     if (mine.error.empty()) mine.error = e.what();
@@ -281,11 +281,14 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
     std::vector<Buffer> buffers{st->flags.get()};
     const bool early_flags = early_ && !checks.changed;
     if (early_flags) buffers.push_back(early_->flags.get());
-    if (flagged) buffers.push_back(checks.changed_flag);
+    // NOTE: no fingerprint now: a watched gradient is gone (the work is stale).
+    const bool summed = compare && !fingerprint_now.get().empty();
+    if (summed) buffers.insert(buffers.end(), {early_->fingerprint.get(), fingerprint_now.get()});
     const std::vector<int32_t> read = ops_.read_flags(buffers);
     const size_t after_own = static_cast<size_t>(std::max(1, 2 * num_checked));
-    const size_t after_early = after_own + (early_flags ? early_->flags.get().numel : 0);
-    if (flagged && read[after_early] != 0) {
+    const auto given = read.begin() + static_cast<std::ptrdiff_t>(after_own) +
+                       (early_flags ? static_cast<std::ptrdiff_t>(early_->flags.get().numel) : 0);
+    if (compare && (!summed || !std::equal(given, given + 2, given + 2))) {
       mine.changed = true;
       try {
         check_rest(*st, extra, true);
@@ -316,6 +319,7 @@ StepOutcome StepEngine::finish(const std::vector<ParamTensors>& tensors, const s
                           : "parameter '" + extra[static_cast<size_t>(i - num_params)].name + "' (checked with the step)";
   });
   if (world_ > 1) stats_.agreement_bytes = int64_t{kStartAgreementValues} * static_cast<int64_t>(sizeof(int64_t));
+  stats_.begun_stale = agreed.changed && early_;
   for (int p = 0; p < num_params; ++p) st->active_params[static_cast<size_t>(p)] = facts.has_grad[static_cast<size_t>(p)];
   if (agreed.first_corrupt >= 0) {
     StepOutcome outcome;

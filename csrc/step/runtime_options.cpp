@@ -80,6 +80,7 @@ RuntimeStats runtime_stats(const StepEngine& engine, int rank, int world_size, D
   s.early_orthogonalized = e.early_orthogonalized;
   s.early_ns_s = e.early_ns_s;
   s.early_fill_s = e.early_fill_s;
+  s.begun_stale = e.begun_stale;
   // The matrices (items) this rank orthogonalized, in stage order.
   for (const Stage& stage : engine.stages())
     for (const NsBatch& batch : stage.batches)

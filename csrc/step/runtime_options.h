@@ -76,6 +76,7 @@ struct RuntimeStats {
   int64_t early_stages = 0, early_orthogonalized = 0;
   double early_ns_s = 0;
   double early_fill_s = 0;
+  bool begun_stale = false;  ///< step::StepStats::begun_stale
 };
 
 /// The last step of `engine` on `rank` (its ops on `device`) as the runtime reports it:

@@ -34,9 +34,6 @@ struct StartChecks {
   /// handed over): every rank then drops its begun work and steps from the gradients as
   /// they are.
   bool changed = false;
-  /// Or the same fact on the device (StepEngine::finish only): int32 [1], non-zero when
-  /// stale, read with the step's own flags (no host wait of its own).
-  Buffer changed_flag;
 };
 
 /// This rank's facts of the step, from the engine's check (empty without one).

@@ -46,6 +46,9 @@ struct StepStats {
   int64_t early_stages = 0, early_orthogonalized = 0;
   double early_ns_s = 0;
   double early_fill_s = 0;
+  /// The begun work was dropped at the agreement (a rank's gradient changed since it was
+  /// handed over, or its caller said so) and the step ran from the gradients as they were.
+  bool begun_stale = false;
   /// (matrices, rows, cols) of each NS batch this rank ran, in order.
   std::vector<std::tuple<int64_t, int64_t, int64_t>> ns_batches;
   std::vector<StageTimeline> stages;

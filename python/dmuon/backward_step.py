@@ -12,10 +12,11 @@ Contract (docs/configuration.md, ``Execution.backward_step``):
 - ``zero_grad()``, or a second synced backward before ``step()``, discards the begun step
   (nothing written; every rank does the same, so collectives stay matched).
 - A gradient changed between backward and ``step()`` (``clip_grad_norm_``, a manual
-  scale): ``step()`` sees its tensor, storage or values' norm changed, and the step's start
-  agreement (one collective for everything, dmuon.StepChecks' ``changed``) makes every rank
-  drop the begun work and run the whole step after backward, on the gradients as they are
-  then.
+  scale, another tensor): the engine compares the bits of what it read with the gradients
+  ``step()`` is given (a fingerprint of each side, read with the step's own checks), and the
+  step's start agreement (one collective for everything) makes every rank drop the begun
+  work and run the whole step after backward, on the gradients as they are then
+  (``runtime.last_stats.begun_stale``).
 - The first step of a runtime runs after backward (the runtime is made collectively at
   the first ``step()``).
 
@@ -76,9 +77,8 @@ class BackwardStep:
         self.opt = optimizer
         self.handles: list[Any] = []
         self.attached: list[str] = []  # what was attached ("fsdp2", "ddp")
-        # Muon index → its gradient tensor when handed over (the runtime keeps the fingerprints
-        # of what the engine read and compares them inside step())
-        self.ready: dict[int, torch.Tensor] = {}
+        # Muon indices handed over (a second synced backward hands one over again)
+        self.ready: set[int] = set()
         self.fresh: dict[int, torch.Tensor] = {}  # engine index → zeros buffer made for the begun step
         self.pending: list[tuple[list[torch.Tensor], Any]] = []  # DDP buckets whose all-reduce is in flight
         # FSDP2 groups reduced but not handed over yet: (sharded params, post-reduce event or None, group)
@@ -258,19 +258,17 @@ class BackwardStep:
             params.append(distributed.local(p))
             grads.append(distributed.local(p.grad))
             buffers.append(distributed.local(buffer))
-            self.ready[i] = p.grad
+            self.ready.add(i)
         # NOTE: the runtime holds them until they start work (a stage complete); its
         # "dmuon.backward_step.engine" host range is the engine's share of this one.
         runtime.params_ready(idxs, params, grads, buffers)
 
-    def take(self) -> tuple[dict[int, torch.Tensor], bool]:
-        """At step(): the begun step's fresh momentum buffers (by engine index), and whether
-        a gradient changed since it was handed over on this rank (the step's start agreement
-        then makes every rank drop the begun work)."""
+    def take(self) -> dict[int, torch.Tensor]:
+        """At step(): the begun step's fresh momentum buffers (by engine index)."""
         with torch.profiler.record_function("dmuon.backward_step.take"):
             return self._take()
 
-    def _take(self) -> tuple[dict[int, torch.Tensor], bool]:
+    def _take(self) -> dict[int, torch.Tensor]:
         # NOTE: the groups and buckets not handed over yet are dropped (_reset) and stay with
         # step()'s pipeline: handed over here, their stage would leave, and the NS of the
         # stage before it run, only now, as the pipeline does, yet be counted as work begun
@@ -278,15 +276,10 @@ class BackwardStep:
         runtime = self.opt._runtime
         if runtime is None or not runtime.step_open:
             self._reset()
-            return {}, False
-        muon = self._muon if self._muon is not None else self.opt._muon_params()
-        # NOTE: a gradient replaced since (its tensor object) is told here; one scaled in
-        # place, by the runtime's fingerprints of the tensors the engine read, inside step()
-        # (on the device, read with the step's own checks).
-        changed = any(muon[i][1].grad is not grad for i, grad in self.ready.items())
+            return {}
         fresh = self.fresh
         self._reset()
-        return fresh, changed
+        return fresh
 
     def discard(self) -> None:
         """Closes the begun step with nothing written."""
@@ -297,6 +290,6 @@ class BackwardStep:
 
     def _reset(self) -> None:
         """Forgets the begun step's hand-overs (the engine's side is closed or taken)."""
-        self.ready, self.fresh = {}, {}
+        self.ready, self.fresh = set(), {}
         self.pending_fsdp, self.pending = [], []
         self._muon = None

@@ -90,9 +90,8 @@ def run(opt: Any, runtime: Any, step_idx: int, defer: bool, checks: Any) -> Any:
     fresh, fresh_v = [], []  # (parameter, new state tensor), stored once the step applied
     normuon_ids = {id(p) for group in opt.param_groups if group["use_muon"] and group.get("normuon", False)
                    for p in group["params"]}
-    # Buffers made for a step begun inside backward (the engine holds them already), and
-    # whether this rank's begun work is stale (agreed in the start agreement).
-    begun, checks.changed = opt._backward.take()
+    # Buffers made for a step begun inside backward (the engine holds them already).
+    begun = opt._backward.take()
     for i, (_, p) in enumerate(muon):
         params.append(distributed.local(p))
         if p.grad is None:

@@ -76,9 +76,9 @@ struct Drive {
   // rank then says its begun work is stale (StartChecks::changed).
   std::function<void(int rank, RankTensors& t)> after_ready;
   bool changed_on_changed_ranks = false;
-  // ... said as a device flag on every rank (StartChecks::changed_flag: 1 where changed, 0
-  // elsewhere) instead, as the torch adapter says an in-place change.
-  bool changed_as_flag = false;
+  // The ready calls watch their gradients (items_ready's `watch`): the engine finds a change
+  // itself, as the torch adapter lets it.
+  bool watch = false;
   std::function<dmuon::step::DeviceOps&(int rank, dmuon::step::CpuOps& cpu)> ops;  // RunHooks::ops
   // After the ready calls (and the worker's drain), before step(): a look at the engine.
   std::function<void(int rank, int step, const StepEngine& engine)> before_finish;
@@ -125,7 +125,7 @@ EngineRun drive(const World& world, const std::vector<GroupRule>& rules, int num
           auto hand_over = [&, ids] {
             held.insert(held.end(), ids.begin(), ids.end());
             if (!engine.items_start_work(held)) return;
-            engine.items_ready(held, t.views());
+            engine.items_ready(held, t.views(), how.watch);
             held.clear();
             if (how.given_calls) ++(*how.given_calls)[static_cast<size_t>(r)];
           };
@@ -145,7 +145,7 @@ EngineRun drive(const World& world, const std::vector<GroupRule>& rules, int num
           }
           views = only;
         }
-        engine.items_ready(ids, views);
+        engine.items_ready(ids, views, how.watch);
       }
     }
     worker.drain();
@@ -155,14 +155,10 @@ EngineRun drive(const World& world, const std::vector<GroupRule>& rules, int num
       return StepOutcome{};
     }
     dmuon::step::StartChecks checks;
-    std::vector<int32_t> flag(1, 0);
     if (how.after_ready) {
       const std::vector<unsigned char> before = t.grad.empty() ? std::vector<unsigned char>{} : t.grad[0].bytes();
       how.after_ready(r, t);
-      const bool changed = how.changed_on_changed_ranks && !t.grad.empty() && t.grad[0].bytes() != before;
-      flag[0] = changed ? 1 : 0;
-      if (how.changed_as_flag) checks.changed_flag = {flag.data(), DType::kInt32, 1, dmuon::step::Device{}};
-      else checks.changed = changed;
+      checks.changed = how.changed_on_changed_ranks && !t.grad.empty() && t.grad[0].bytes() != before;
     }
     if (!how.two_phase) return engine.step(t.views(), rules, s, {}, true, checks);
     StepOutcome o = engine.finish(t.views(), rules, s);
@@ -760,7 +756,7 @@ TEST(EarlyExchange, NanInALateLayerRefusesTheStepOnEveryRankWithNothingWritten) 
     if (rank == 1 && t.grad[static_cast<size_t>(late)].numel() > 0)
       t.grad[static_cast<size_t>(late)].set(0, std::numeric_limits<double>::quiet_NaN());
   };
-  // Third: the torch adapter's changed flag given, 0 on every rank (the early flags hold).
+  // Third: the ready calls watched, nothing changed (the early flags hold, no check again).
   // Fourth: the exchanges move their data only when waited: the refused step's returns,
   // issued before the agreement, are still in flight when it closes, and their buffers must
   // outlive them.
@@ -770,10 +766,7 @@ TEST(EarlyExchange, NanInALateLayerRefusesTheStepOnEveryRankWithNothingWritten) 
     how.ready_calls = reverse_calls(n, 2, 0);
     how.two_phase = variant == 1;
     how.loopback.move_when_waited = variant == 3;
-    if (variant == 2) {
-      how.after_ready = [](int, RankTensors&) {};
-      how.changed_on_changed_ranks = how.changed_as_flag = true;
-    }
+    how.watch = variant == 2;
     const EngineRun run = drive(world, owned_rules(), 1, how, poison);
     expect_no_errors(run);
     for (int r = 0; r < kWorld; ++r) {
@@ -817,43 +810,57 @@ TEST(EarlyExchange, DiscardAfterStagesLeftWritesNothingAndTheNextStepIsWhole) {
 }
 
 // A gradient changed on one rank after it was handed over (clip_grad_norm_ between backward
-// and step()): that rank says so (StartChecks::changed), the start agreement tells every
-// rank, and all drop the begun work: bit for bit the one-shot step on the changed gradients.
+// and step()): that rank says so (StartChecks::changed), or the engine finds it (watched
+// hand-overs), the start agreement tells every rank, and all drop the begun work: bit for
+// bit the one-shot step on the changed gradients. The engine finds a sign flip too (every
+// norm kept).
 TEST(EarlyExchange, AStaleBegunStepOnOneRankMakesEveryRankStepFromTheGradientsAsTheyAre) {
   constexpr int kWorld = 3;
   const World world(travelling_model(kWorld), kWorld, 1, 95);
   const int n = world.table().num_items();
   // NOTE: in place: the begun work still holds views of the gradients' memory.
-  const auto halve_on_rank_1 = [](int r, int, RankTensors& t) {
-    if (r != 1) return;
-    for (dmuon::testing::HostTensor& g : t.grad) {
-      const std::vector<double> v = g.values();
-      for (int64_t i = 0; i < g.numel(); ++i) g.set(i, 0.5 * v[static_cast<size_t>(i)]);
-    }
+  const auto scale_on_rank_1 = [](double factor) {
+    return [factor](int r, int, RankTensors& t) {
+      if (r != 1) return;
+      for (dmuon::testing::HostTensor& g : t.grad) {
+        const std::vector<double> v = g.values();
+        for (int64_t i = 0; i < g.numel(); ++i) g.set(i, factor * v[static_cast<size_t>(i)]);
+      }
+    };
   };
-  Drive one_shot;
-  one_shot.options = many_stages(dmuon::step::Mode::kOwner);
-  const EngineRun expected = drive(world, owned_rules(), 1, one_shot, halve_on_rank_1);
-  expect_no_errors(expected);
-  for (const bool as_flag : {false, true}) {
-    SCOPED_TRACE(as_flag ? "said as a device flag" : "said on the host");
+  struct Case {
+    const char* name;
+    double factor;
+    bool said;  // by the caller (else found by the engine)
+  };
+  for (const Case& c : {Case{"halved, said by the caller", 0.5, true}, Case{"halved, found", 0.5, false},
+                        Case{"sign flipped, found", -1.0, false}}) {
+    SCOPED_TRACE(c.name);
+    const auto change = scale_on_rank_1(c.factor);
+    Drive one_shot;
+    one_shot.options = many_stages(dmuon::step::Mode::kOwner);
+    const EngineRun expected = drive(world, owned_rules(), 1, one_shot, change);
+    expect_no_errors(expected);
     Drive stale = one_shot;
     stale.ready_calls = reverse_calls(n, 2, 0);
-    stale.after_ready = [&](int r, RankTensors& t) { halve_on_rank_1(r, 1, t); };
-    stale.changed_on_changed_ranks = true;
-    stale.changed_as_flag = as_flag;
+    stale.after_ready = [&](int r, RankTensors& t) { change(r, 1, t); };
+    stale.changed_on_changed_ranks = c.said;
+    stale.watch = !c.said;
     const EngineRun run = drive(world, owned_rules(), 1, stale);
     expect_no_errors(run);
     EXPECT_EQ(state_bytes(run.tensors), state_bytes(expected.tensors));
-    for (const auto& stats : run.stats) EXPECT_EQ(stats.early_orthogonalized, 0);
+    for (const auto& stats : run.stats) {
+      EXPECT_EQ(stats.early_orthogonalized, 0);
+      EXPECT_TRUE(stats.begun_stale);
+    }
   }
 }
 
-// The device flag says "unchanged" on every rank: the begun work stays (its early flags read
-// beside the flag), bit for bit the one-shot step. Says "changed"
-// where a NaN was written in place after the hand-over: the check again finds it, and every
-// rank refuses the step with nothing written.
-TEST(EarlyExchange, AChangedFlagOnTheDeviceKeepsUnchangedWorkAndFindsANanWrittenAfterTheHandOver) {
+// Watched gradients unchanged on every rank: the begun work stays (its early flags read
+// beside the fingerprints), bit for bit the one-shot step. A NaN written in place after the
+// hand-over changes the fingerprint: the check again finds it, and every rank refuses the
+// step with nothing written.
+TEST(EarlyExchange, WatchedGradientsUnchangedKeepTheBegunWorkAndANanWrittenAfterTheHandOverIsFound) {
   constexpr int kWorld = 3;
   const World world(travelling_model(kWorld), kWorld, 1, 96);
   const int n = world.table().num_items();
@@ -863,13 +870,15 @@ TEST(EarlyExchange, AChangedFlagOnTheDeviceKeepsUnchangedWorkAndFindsANanWritten
   expect_no_errors(expected);
   Drive kept = one_shot;
   kept.ready_calls = reverse_calls(n, 2, 0);
-  kept.after_ready = [](int, RankTensors&) {};
-  kept.changed_on_changed_ranks = kept.changed_as_flag = true;
+  kept.watch = true;
   const EngineRun run = drive(world, owned_rules(), 1, kept);
   expect_no_errors(run);
   EXPECT_EQ(state_bytes(run.tensors), state_bytes(expected.tensors));
   int64_t begun = 0;
-  for (const auto& stats : run.stats) begun += stats.early_orthogonalized;
+  for (const auto& stats : run.stats) {
+    begun += stats.early_orthogonalized;
+    EXPECT_FALSE(stats.begun_stale);
+  }
   EXPECT_GT(begun, 0);
 
   Drive poisoned = kept;
@@ -878,8 +887,10 @@ TEST(EarlyExchange, AChangedFlagOnTheDeviceKeepsUnchangedWorkAndFindsANanWritten
   };
   const EngineRun refused = drive(world, owned_rules(), 1, poisoned);
   expect_no_errors(refused);
-  for (int r = 0; r < kWorld; ++r)
+  for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(refused.outcomes[static_cast<size_t>(r)][0].status, StepOutcome::Status::kNonFiniteGradient) << "rank " << r;
+    EXPECT_TRUE(refused.stats[static_cast<size_t>(r)].begun_stale) << "rank " << r;
+  }
   EXPECT_EQ(state_bytes(refused.tensors), state_bytes(world.locals()));
 }
 

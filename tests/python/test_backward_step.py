@@ -42,6 +42,7 @@ def test_backward_step_matches_the_post_backward_step(mode, world, micro):
         assert result["early"][0][0] == 0, result["early"]
         for early_stages, stages, _, _ in result["early"][1:]:
             assert 0 < early_stages <= stages, result["early"]
+        assert not any(result["stale"]), result["stale"]
 
 
 @pytest.mark.parametrize("poison", [float("nan"), float("inf")], ids=["nan", "inf"])
@@ -49,8 +50,8 @@ def test_backward_step_matches_the_post_backward_step(mode, world, micro):
 def test_nan_in_a_late_layer_raises_on_every_rank_and_writes_nothing(mode, poison):
     # The begun step is kept (not redone at step()), so the check that refuses it is the
     # one of the work begun inside backward. Catches: that check removed (the begun update
-    # would be applied), or a NaN gradient's norm taken as changed (NaN ≠ NaN: then every
-    # such step is redone and the check is never reached).
+    # would be applied), or a NaN gradient taken as changed (a comparison of values, where
+    # NaN ≠ NaN: then every such step is redone and the check is never reached).
     results = run_distributed(nan_in_late_layer, 2, mode, poison)
     for rank, result in results.items():
         assert result["early_open"], (rank, result)
@@ -61,11 +62,13 @@ def test_nan_in_a_late_layer_raises_on_every_rank_and_writes_nothing(mode, poiso
 
 def test_gradients_clipped_after_backward_are_stepped_as_clipped():
     # NOTE: clip_grad_norm_ scales FSDP2's DTensor gradients in place without moving their
-    # version counters; step() sees the values changed and redoes the step on them.
+    # version counters; step() sees their bits changed and redoes the step on them.
     results = run_distributed(backward_matches_post_backward, 2, "fsdp2", 1, True)
     for rank, result in results.items():
         for name, error in result["errors"].items():
             assert error < TOLERANCE, (rank, name, error)
+        # Every step but the first (run after backward) found its begun work stale.
+        assert result["stale"] == [False] + [True] * (len(result["stale"]) - 1), (rank, result["stale"])
 
 
 def test_stage_spread_plan_matches_the_post_backward_step():
@@ -174,7 +177,7 @@ def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int,
             **{k: v for k, v in OPTIONS.items() if k != "bucket_size_mb"})
         if mode == "ddp":
             opts[on].attach_backward_step(wrapped[on])
-    early = []
+    early, stale = [], []
     for step in range(NUM_STEPS):
         for on in (True, False):
             opts[on].zero_grad()
@@ -184,8 +187,9 @@ def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int,
             opts[on].step()
         stats = opts[True].runtime.last_stats
         early.append((stats.early_stages, stats.num_buckets, stats.early_orthogonalized, stats.num_orthogonalized))
+        stale.append(stats.begun_stale)
     errors = update_errors(models[True], initial[True], models[False], initial[False])
-    return dict(errors=errors, early=early, backward_on=opts[True]._backward_step_on,
+    return dict(errors=errors, early=early, stale=stale, backward_on=opts[True]._backward_step_on,
                 attached=list(opts[True]._backward.attached), off=opts[False]._backward_step_on)
 
 
@@ -208,21 +212,14 @@ def nan_in_late_layer(rank: int, world: int, mode: str, poison: float = float("n
     opt.zero_grad()
     _backward(wrapped, mode, 1, 1, poison=poison)
     early_open = opt.runtime.step_open
-    # Whether step() found the begun work stale (then it is dropped and the step redone
-    # from the gradients, and the begun step's own check is never what refuses it).
-    take, redone = opt._backward.take, []
-
-    def spy():
-        fresh, changed = take()
-        redone.append(changed)
-        return fresh, changed
-
-    opt._backward.take = spy
     error = ""
     try:
         opt.step()
     except dmuon.NonFiniteGradientError as e:
         error = str(e)
+    # Whether step() found the begun work stale (then it is dropped and the step redone
+    # from the gradients, and the begun step's own check is never what refuses it).
+    redone = [opt.runtime.last_stats.begun_stale]
     unchanged = all(torch.equal(a, whole(p)) for a, p in zip(before, model.parameters()))
     unchanged = unchanged and all(torch.equal(a, whole(b)) for a, b in zip(buffers_before, buffers))
     return dict(error=error, unchanged=unchanged, early_open=early_open, redone=redone, num_layers=len(SHAPES))

@@ -228,17 +228,6 @@ step::StepOutcome EngineRuntime::step(const std::vector<at::Tensor>& params, con
     for (size_t k = 0; k < extra.size(); ++k) extra[k].name = extra_names[k];
   }
   for (const auto& [_, copy] : write_back) keep.push_back(copy);
-  // NOTE: whether a gradient the begun step read changed in place since its hand-over goes
-  // to the engine as a device flag, read with the step's own: the host does not wait for
-  // backward's last kernels here. Measured on one H100 (fake world 64) while it was a host
-  // read of its own: 1.1-1.5 ms more left after backward with the option on than off, this
-  // wait and the early stages' returns together.
-  if (!given_.empty() && mine.error.empty()) {
-    RECORD_FUNCTION("dmuon.step.changed_flag", std::vector<c10::IValue>());
-    keep.push_back(changed_since_handover());
-    mine.changed_flag = to_buffer(keep.back(), "the begun step's changed flag");
-  }
-
   // NOTE: the stats are recorded once the step's results are agreed (its device-timed
   // phases are read then).
   auto finish = [&] {
@@ -345,42 +334,26 @@ void EngineRuntime::give_held() {
   const std::vector<int> items = held_items();
   std::vector<Handover> held = std::move(held_);
   held_.clear();
-  std::vector<at::Tensor> grads;
   for (const Handover& h : held) {
     const size_t k = static_cast<size_t>(h.index);
     const std::string& name = table.param(static_cast<int>(h.index)).name;
-    early_keep_.push_back(h.grad.to(device, dtypes_[k]).contiguous());
+    early_keep_.insert(early_keep_.end(), {h.param, h.momentum, h.grad.to(device, dtypes_[k]).contiguous()});
     tensors[k].param = to_buffer(h.param, "parameter '" + name + "'");
     tensors[k].grad = to_buffer(early_keep_.back(), "the gradient of parameter '" + name + "'");
     // NOTE: the engine writes the momentum buffer itself at commit: a copy would be lost.
     tensors[k].momentum = to_buffer(h.momentum, "the momentum buffer of parameter '" + name + "'");
     tensors[k].has_grad = true;
-    grads.push_back(h.grad);
   }
-  engine_->items_ready(items, tensors);
-  // The fingerprints of what the engine read: each gradient (its storage, kept alive) and
-  // its float64 norm (one multi-tensor pass), compared at step() by changed_since_handover.
-  // NOTE: stacked here, on the worker inside backward, not at step(): one op there per call
-  // instead of one per gradient.
-  given_norms_.push_back(at::stack(at::_foreach_norm(grads, 2, at::kDouble)));
-  for (Handover& h : held) given_.push_back(std::move(h));
+  // NOTE: watched: a clip between backward and step() scales the gradients in place; the
+  // engine compares their bits at step() and the begun work is redone where they changed.
+  // Measured on torch 2.11: clip_grad_norm_ on FSDP2's DTensor gradients moves neither
+  // version counter, so the values themselves are compared.
+  engine_->items_ready(items, tensors, /*watch=*/true);
 }
 
 void EngineRuntime::forget_handovers() {
   early_keep_.clear();
   held_.clear();
-  given_.clear();
-  given_norms_.clear();
-}
-
-at::Tensor EngineRuntime::changed_since_handover() const {
-  std::vector<at::Tensor> now;
-  for (const Handover& f : given_) now.push_back(f.grad);
-  const at::Tensor before = given_norms_.size() == 1 ? given_norms_[0] : at::cat(given_norms_);
-  const at::Tensor after = at::stack(at::_foreach_norm(now, 2, at::kDouble));
-  // NOTE: a NaN norm stays NaN with the same gradient (NaN != NaN would redo every begun step
-  // of a NaN gradient, and the begun step's own check would never see it).
-  return ((before != after) & ~(before.isnan() & after.isnan())).any().to(at::kInt).reshape({1});
 }
 
 void EngineRuntime::discard() {

@@ -86,7 +86,8 @@ class EngineRuntime {
   /// the engine's calls run on the runtime's worker thread, in the order handed over. An
   /// error there discards the begun step, and step() raises it on every rank through its
   /// start agreement; discard() or begin_step() drops it. At step(), a gradient changed in
-  /// place since its hand-over makes every rank drop the begun work (changed_since_handover).
+  /// place since its hand-over makes every rank drop the begun work (the engine compares its
+  /// bits: step::StepEngine::items_ready's `watch`).
   void params_ready(const std::vector<int64_t>& ready, at::TensorList params, const std::vector<at::Tensor>& grads,
                     const std::vector<at::Tensor>& momentum);
   /// Closes a begun step with nothing written.
@@ -140,12 +141,6 @@ class EngineRuntime {
   /// Closes the begun step and lets its hand-overs go, once the caller's stream waited for the ops'.
   void drop_begun();
   void record_stats();
-  /// At step(), on the ops' stream: int32 [1], non-zero where a gradient the begun step read
-  /// changed in place since its hand-over (its values' float64 norm). A gradient replaced
-  /// (another tensor object) is the caller's to tell (StartChecks::changed).
-  /// NOTE: measured on torch 2.11, clip_grad_norm_ on FSDP2's DTensor gradients scales them
-  /// in place without moving either version counter, so the values themselves are compared.
-  at::Tensor changed_since_handover() const;
 
   step::RuntimeOptions options_;
   std::vector<layout::ParamLayout> layouts_;
@@ -164,8 +159,9 @@ class EngineRuntime {
   std::vector<step::GroupRule> rule_source_;
   std::vector<step::GroupRule> rules_;
   std::vector<bool> last_active_;
-  // The begun step's hand-overs: held (not given to the engine yet), and given; converted
-  // gradients the engine reads until step()/discard().
+  // The begun step's hand-overs held (not given to the engine yet), and the tensors the
+  // engine reads or writes from those given, kept until step()/discard() (gradients as
+  // converted for it).
   struct Handover {
     int64_t index;
     at::Tensor param, grad, momentum;
@@ -173,10 +169,7 @@ class EngineRuntime {
   void give_held();
   void forget_handovers();
   std::vector<int> held_items() const;  // the items of the held hand-overs
-  std::vector<Handover> held_, given_;
-  // Per give_held() call, its gradients' float64 norms (one float64 vector, in given_'s
-  // order): what changed_since_handover compares.
-  std::vector<at::Tensor> given_norms_;
+  std::vector<Handover> held_;
   std::vector<at::Tensor> early_keep_;
   bool writes_began_ = false;  // the engine's, as the last step() or agree_results() left it
   step::RuntimeStats stats_;
