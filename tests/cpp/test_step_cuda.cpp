@@ -43,6 +43,7 @@ using dmuon::testing::HostTensor;
   if (!dmuon::step::cuda_device_available()) GTEST_SKIP() << "no CUDA device"
 
 const dmuon::step::Device kGpu{dmuon::step::DeviceKind::kCuda, 0};
+const std::vector<DType> kFloatDtypes = {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64};
 
 // Device memory holding a copy of a host tensor (or `bytes` of 0xff: NaN in every float type).
 class DeviceCopy {
@@ -431,9 +432,8 @@ TEST(StepCudaOps, SumIntoMatchesTheCpuOps) {
   SKIP_WITHOUT_GPU();
   CpuOps cpu;
   CudaOps gpu;
-  const std::vector<DType> dtypes = {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64};
-  for (DType s : dtypes)
-    for (DType d : dtypes) {
+  for (DType s : kFloatDtypes)
+    for (DType d : kFloatDtypes) {
       const std::string what = std::string(dmuon::step::dtype_name(s)) + " into " + dmuon::step::dtype_name(d);
       const HostTensor src(random_values(3 * 4099, 1.0, 90), s);
       HostTensor dst(random_values(4000, 1.0, 91), d);
@@ -452,14 +452,13 @@ TEST(StepCudaOps, CopyMatchesTheCpuOpsBitForBit) {
   SKIP_WITHOUT_GPU();
   CpuOps cpu;
   CudaOps gpu;
-  const std::vector<DType> dtypes = {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64};
   constexpr int kPairs = 40;
   constexpr int64_t kRowLen = 33, kSrcLd = 41, kDstLd = 37;
   std::vector<HostTensor> src(kPairs), dst(kPairs);
   std::vector<std::unique_ptr<DeviceCopy>> dsrc, ddst;
   std::vector<dmuon::step::CopyPiece> on_gpu, on_cpu;
   for (int k = 0; k < kPairs; ++k) {
-    const DType dtype = dtypes[static_cast<size_t>(k) % dtypes.size()];
+    const DType dtype = kFloatDtypes[static_cast<size_t>(k) % kFloatDtypes.size()];
     const int layout = (k / 4) % 5;  // 0 aligned, 1 odd offset, 2 strided source, 3 strided destination, 4 both
     const int64_t rows = 7 + k, offset = layout == 1 ? 1 : 0, total = rows * kSrcLd + 1;
     src[k] = HostTensor(random_values(total, 1.0, 200 + k), dtype);
@@ -488,14 +487,13 @@ TEST(StepCudaOps, FingerprintMatchesTheCpuOpsBitForBit) {
   SKIP_WITHOUT_GPU();
   CpuOps cpu;
   CudaOps gpu;
-  const std::vector<DType> dtypes = {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64};
   constexpr int kPieces = 40;
   constexpr int64_t kRowLen = 33, kLd = 41;
   std::vector<HostTensor> host(kPieces);
   std::vector<std::unique_ptr<DeviceCopy>> device;
   std::vector<dmuon::step::FingerprintPiece> on_gpu, on_cpu;
   for (int k = 0; k < kPieces; ++k) {
-    const DType dtype = dtypes[static_cast<size_t>(k) % dtypes.size()];
+    const DType dtype = kFloatDtypes[static_cast<size_t>(k) % kFloatDtypes.size()];
     const int64_t rows = k == 7 ? 3000 : 5 + k, total = rows * kLd;
     host[k] = HostTensor(random_values(total, 1.0, 400 + k), dtype);
     device.push_back(std::make_unique<DeviceCopy>(host[k]));
