@@ -60,10 +60,12 @@ def test_nan_in_a_late_layer_raises_on_every_rank_and_writes_nothing(mode, poiso
         assert result["unchanged"], (rank, result)
 
 
-def test_gradients_clipped_after_backward_are_stepped_as_clipped():
+@pytest.mark.parametrize("change", ["clip", "replace"])
+def test_gradients_changed_after_backward_are_stepped_as_changed(change):
     # NOTE: clip_grad_norm_ scales FSDP2's DTensor gradients in place without moving their
-    # version counters; step() sees their bits changed and redoes the step on them.
-    results = run_distributed(backward_matches_post_backward, 2, "fsdp2", 1, True)
+    # version counters; a gradient replaced is another tensor. step() sees their bits changed
+    # (the engine compares what it read with what step() is given) and redoes the step.
+    results = run_distributed(backward_matches_post_backward, 2, "fsdp2", 1, change)
     for rank, result in results.items():
         for name, error in result["errors"].items():
             assert error < TOLERANCE, (rank, name, error)
@@ -162,9 +164,10 @@ def _backward(wrapped: nn.Module, mode: str, step: int, micro: int, poison: floa
         wrapped(targets).backward()
 
 
-def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int, clip: bool = False) -> dict:
+def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int, change: str = "") -> dict:
     """NUM_STEPS steps with backward_step on and off; per weight, ‖Δon − Δoff‖ / ‖Δoff‖,
-    and the begun step's statistics of the last step."""
+    and the begun step's statistics of the last step. `change` after backward: "clip"
+    (clip_grad_norm_, in place) or "replace" (each gradient another tensor, halved)."""
     torch.manual_seed(0)
     base = ProbeModel()
     models = {on: copy.deepcopy(base) for on in (True, False)}
@@ -182,8 +185,11 @@ def backward_matches_post_backward(rank: int, world: int, mode: str, micro: int,
         for on in (True, False):
             opts[on].zero_grad()
             _backward(wrapped[on], mode, step, micro)
-            if clip:  # NOTE: scales the gradients in place after they were handed over
+            if change == "clip":  # NOTE: scales the gradients in place after they were handed over
                 torch.nn.utils.clip_grad_norm_(models[on].parameters(), 0.05)
+            if change == "replace":
+                for p in models[on].parameters():
+                    p.grad = p.grad * 0.5
             opts[on].step()
         stats = opts[True].runtime.last_stats
         early.append((stats.early_stages, stats.num_buckets, stats.early_orthogonalized, stats.num_orthogonalized))
