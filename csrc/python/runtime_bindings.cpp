@@ -152,16 +152,13 @@ void register_runtime_bindings(py::module_& m) {
   py::class_<step::StartChecks>(e, "StepChecks",
                                 "what the caller checked before a step, agreed in its start agreement "
                                 "(step/start_agreement.h)")
-      .def(py::init([](int64_t signature, std::string error, std::vector<std::string> describe, bool changed) {
-             return step::StartChecks{static_cast<uint64_t>(signature), std::move(error), std::move(describe),
-                                      changed};
+      .def(py::init([](int64_t signature, std::string error, std::vector<std::string> describe) {
+             return step::StartChecks{static_cast<uint64_t>(signature), std::move(error), std::move(describe)};
            }),
-           py::arg("signature") = 0, py::arg("error") = "", py::arg("describe") = std::vector<std::string>{},
-           py::arg("changed") = false)
+           py::arg("signature") = 0, py::arg("error") = "", py::arg("describe") = std::vector<std::string>{})
       .def_readwrite("signature", &step::StartChecks::signature)
       .def_readwrite("error", &step::StartChecks::error)
-      .def_readwrite("describe", &step::StartChecks::describe)
-      .def_readwrite("changed", &step::StartChecks::changed);
+      .def_readwrite("describe", &step::StartChecks::describe);
 
   py::module_ d = m.attr("dist");  // NOTE: made by register_layout_bindings
   // NOTE: read on demand (EngineRuntime.stage_stats), not copied into every step's stats.
