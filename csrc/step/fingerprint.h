@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "common/check.h"
 #include "common/host_device.h"
 #include "step/synthetic.h"
 
@@ -24,6 +25,18 @@ inline uint64_t fingerprint_key(uint64_t salt) { return synthetic_bits(0x6A09E66
 /// zero-extended).
 DMUON_HOST_DEVICE uint64_t fingerprint_term(uint64_t bits, uint64_t key, int64_t index) {
   return synthetic_bits(key ^ bits, static_cast<uint64_t>(index));
+}
+
+/// fn(Bits{}), Bits the unsigned integer of an element of `width` bytes (2, 4 or 8): what the
+/// ops read an element's bits as.
+template <typename Fn>
+void with_element_bits(int64_t width, Fn&& fn) {
+  switch (width) {
+    case 2: return fn(uint16_t{});
+    case 4: return fn(uint32_t{});
+    case 8: return fn(uint64_t{});
+    default: DMUON_FAIL("fingerprint: elements of 2, 4 or 8 bytes, not ", width);
+  }
 }
 
 }  // namespace dmuon::step

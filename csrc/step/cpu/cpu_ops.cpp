@@ -187,17 +187,12 @@ void CpuOps::fingerprint(const std::vector<FingerprintPiece>& pieces, const Buff
   for (const FingerprintPiece& piece : pieces) {
     const uint64_t key = fingerprint_key(piece.salt);
     const Buffer& b = piece.data;
-    auto add = [&](auto zero) {
+    if (b.empty()) continue;
+    with_element_bits(dtype_size(b.dtype), [&](auto zero) {
       using Bits = decltype(zero);
       const Bits* bits = b.as<const Bits>();
       for (int64_t k = 0; k < b.numel; ++k) total += fingerprint_term(bits[b.offset_of(k)], key, k);
-    };
-    if (b.empty()) continue;
-    switch (dtype_size(b.dtype)) {
-      case 2: add(uint16_t{}); break;
-      case 4: add(uint32_t{}); break;
-      default: add(uint64_t{}); break;
-    }
+    });
   }
   std::memcpy(sum.data, &total, sizeof(total));
 }

@@ -385,7 +385,7 @@ void check(DType param, const std::vector<CheckDesc>& pieces, int* flags, float*
 }
 
 void fingerprint(int width, const std::vector<FingerprintDesc>& pieces, unsigned long long* sum, cudaStream_t stream) {
-  auto launch = [&](auto zero) {
+  with_element_bits(width, [&](auto zero) {
     using Bits = decltype(zero);
     for_each_launch(pieces, [&](const DescList<FingerprintDesc>& list, size_t) {
       int64_t chunks = 1;
@@ -394,13 +394,7 @@ void fingerprint(int width, const std::vector<FingerprintDesc>& pieces, unsigned
                                  stream>>>(list, sum);
       DMUON_CHECK_CUDA(cudaGetLastError());
     });
-  };
-  switch (width) {
-    case 2: return launch(uint16_t{});
-    case 4: return launch(uint32_t{});
-    case 8: return launch(uint64_t{});
-    default: DMUON_FAIL("fingerprint: elements of 2, 4 or 8 bytes, not ", width);
-  }
+  });
 }
 
 void prepare(DType param, DType wire, const std::vector<PrepareDesc>& pieces, const int* skip, cudaStream_t stream) {
