@@ -14,7 +14,8 @@
 #      each tree (scripts/device_backward_step.sh; its CASES, STEPS and RUN_TIMEOUT apply);
 # each before then after, then a short table last. STAGES picks (default "ns fake e2e host"),
 # NS_MODELS the models of stage ns (default Qwen2.5-0.5B/1.5B/7B), NS_ROUNDS its rounds (1),
-# NS_EXTRA more `bench ns` arguments (e.g. --profile: its kernel table lands in ns_<tree>.log);
+# NS_EXTRA more `bench ns` arguments (e.g. --profile: its kernel table lands in ns_<tree>.log),
+# NS_TIMEOUT the seconds each tree's `bench ns` may take (150);
 # OLD_TREE the before tree's folder (default .old_tree).
 # Usage (device tool, carry [".cutlass", ".old_tree"]): bash scripts/device_engine_check.sh
 set -uo pipefail
@@ -53,7 +54,7 @@ for m in ${NS_MODELS:-qwen2.5-0.5b qwen2.5-1.5b qwen2.5-7b}; do models+=(--model
 stage ns && for round in $(seq "${NS_ROUNDS:-1}"); do
   for label in old new; do
     echo "== bench ns ($label, round $round)"
-    run $label 150 -m dmuon bench ns "${models[@]}" --iters 5 --warmup 2 --skip-baselines --sym-shapes ${NS_EXTRA:-} 2>&1 |
+    run $label "${NS_TIMEOUT:-150}" -m dmuon bench ns "${models[@]}" --iters 5 --warmup 2 --skip-baselines --sym-shapes ${NS_EXTRA:-} 2>&1 |
       tee -a "$OUT/ns_$label.log" | grep -E "^model |^dmuon|^torch AdamW"
   done
 done
