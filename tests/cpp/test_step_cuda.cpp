@@ -391,6 +391,77 @@ TEST(StepCudaOps, ResultToPiecesAndApplyMatchTheCpuOps) {
   }
 }
 
+// apply_result's vector kernels (aligned parameters) against its scalar tiles (the same
+// parameters one element off alignment): the same bits and flags, for a row-major and a
+// transposed result, partial tiles, a column block of rows from an aligned row, row factors
+// on one matrix, decay and the rounding through a wire.
+TEST(StepCudaOps, ApplyResultVectorKernelsMatchTheScalarTilesBitForBit) {
+  SKIP_WITHOUT_GPU();
+  CudaOps gpu;
+  const auto schedule = gram_schedule();
+  for (const IterateCase& c : {IterateCase{200, 72}, IterateCase{72, 200}, IterateCase{48, 48}}) {
+    const int64_t m = std::min(c.rows, c.cols), ld = dmuon::ns::cuda::padded_ld(std::max(c.rows, c.cols));
+    const int64_t block_rows = 24, block_cols = 40;  // matrix 1's piece: rows [8, 32), columns [8, 48)
+    const dmuon::step::NsBatchDesc desc{c.rows, c.cols, 2, DType::kFloat32, &schedule, true};
+    DeviceCopy row_scale(HostTensor(random_values(2 * c.rows, 0.5, 81), DType::kFloat32));
+    DeviceCopy row_scaled(DType::kInt32, 2);
+    const int32_t scaled_host[2] = {1, 0};
+    DMUON_CHECK_CUDA(cudaMemcpy(row_scaled.view().data, scaled_host, sizeof(scaled_host), cudaMemcpyHostToDevice));
+    for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+      std::vector<double> layout = random_values(2 * m * ld, 0.3, 80);
+      layout[3] = NAN;  // an element of matrix 0
+      const DeviceCopy result(HostTensor(layout, t));
+      for (bool factors : {false, true}) {
+        dmuon::step::NsView view{result.view().data, t, ld, m * ld, c.rows > c.cols};
+        if (factors) {
+          view.row_scale = static_cast<const float*>(row_scale.view().data);
+          view.row_scaled = static_cast<const int*>(row_scaled.view().data);
+        }
+        for (DType p : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+          for (bool through_wire : {false, true}) {
+            const std::string what = std::to_string(c.rows) + "x" + std::to_string(c.cols) + " " +
+                                     dmuon::step::dtype_name(t) + " result onto " + dmuon::step::dtype_name(p) +
+                                     (factors ? ", row factors" : "") + (through_wire ? ", through the wire" : "");
+            const HostTensor host0(random_values(c.rows * c.cols, 1.0, 82), p);
+            const HostTensor host1(random_values(block_rows * block_cols, 1.0, 83), p);
+            // The same parameters twice: at the start of an allocation, and one element in.
+            std::vector<std::unique_ptr<DeviceCopy>> params;
+            std::vector<Buffer> views;
+            for (const HostTensor* host : {&host0, &host1, &host0, &host1}) {
+              const int64_t offset = params.size() < 2 ? 0 : 1;
+              params.push_back(std::make_unique<DeviceCopy>(p, host->numel() + offset));
+              views.push_back(params.back()->view(offset, host->numel()));
+              DMUON_CHECK_CUDA(cudaMemcpy(views.back().data, host->data(), host->bytes().size(), cudaMemcpyHostToDevice));
+            }
+            std::vector<std::vector<int32_t>> raised;
+            for (int twin = 0; twin < 2; ++twin) {
+              dmuon::step::ApplyPiece whole{views[2 * twin], {}, 0, 0, c.rows, -0.1, 0.99, 0};
+              whole.round_through_wire = through_wire;
+              whole.wire_dtype = DType::kBFloat16;
+              dmuon::step::ApplyPiece block{views[2 * twin + 1], {}, 1, 8, block_rows, -0.05, 1.0, 1};
+              block.col_begin = 8;
+              block.col_count = block_cols;
+              DeviceCopy flags(DType::kInt32, 2);
+              gpu.fill_zero(flags.view());
+              gpu.apply_result(view, desc, {whole, block}, {}, flags.view());
+              raised.push_back(gpu.read_flags({flags.view()}));
+            }
+            auto values = [](const Buffer& b) {
+              HostTensor host(std::vector<double>(static_cast<size_t>(b.numel), 0.0), b.dtype);
+              DMUON_CHECK_CUDA(cudaMemcpy(host.data(), b.data, host.bytes().size(), cudaMemcpyDeviceToHost));
+              return host.values();
+            };
+            expect_close(values(views[2]), values(views[0]), p, 0, what + ", matrix 0");
+            expect_close(values(views[3]), values(views[1]), p, 0, what + ", matrix 1's block");
+            EXPECT_EQ(raised[0], (std::vector<int32_t>{1, 0})) << what;
+            EXPECT_EQ(raised[1], raised[0]) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(StepCudaOps, ApplyPiecesMatchTheCpuOpsAndHonourTheGate) {
   SKIP_WITHOUT_GPU();
   CpuOps cpu;
