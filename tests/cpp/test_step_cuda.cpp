@@ -26,6 +26,7 @@
 #include "step/cpu/cpu_elements.h"
 #include "step/cost_profile.h"
 #include "step/cuda/cuda_ops.h"
+#include "step/cuda/piece_kernels.h"
 #include "optim/normuon.h"
 #include "error_of.h"
 #include "step_expect.h"
@@ -388,6 +389,42 @@ TEST(StepCudaOps, ResultToPiecesAndApplyMatchTheCpuOps) {
         EXPECT_EQ(host_flags, (std::vector<int32_t>{0, 1})) << what;
       }
     }
+  }
+}
+
+// Which pieces the vector kernels take (host only: no GPU needed). The bit-for-bit test
+// below relies on the aligned twin taking them and the other not.
+TEST(StepCudaOps, ApplyResultVectorizesAlignedPiecesOnly) {
+  namespace sc = dmuon::step::cuda;
+  alignas(64) static char memory[4096];
+  sc::IterateView rows_result{memory, DType::kBFloat16, 72, 200, 200, 72 * 200};
+  sc::IterateView transposed = rows_result;
+  transposed.rows = 200, transposed.cols = 72;
+  sc::ApplyDesc whole{memory + 256, nullptr, 0, 0, 24, -0.1f, 1.f, 0, 8, 40};
+  for (DType p : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    const std::string what = dmuon::step::dtype_name(p);
+    EXPECT_TRUE(sc::apply_result_vectorizes(rows_result, &whole, 1, p)) << what;
+    EXPECT_TRUE(sc::apply_result_vectorizes(transposed, &whole, 1, p)) << what;
+    sc::ApplyDesc off = whole;  // one element off the alignment of a run of 4
+    off.param = memory + 256 + dmuon::step::dtype_size(p);
+    EXPECT_FALSE(sc::apply_result_vectorizes(rows_result, &off, 1, p)) << what;
+    const sc::ApplyDesc two[2] = {whole, off};  // one piece decides for the launch
+    EXPECT_FALSE(sc::apply_result_vectorizes(transposed, two, 2, p)) << what;
+    off = whole, off.col_count = 42, off.ld = 44;  // rows of 42 elements, 44 apart
+    EXPECT_FALSE(sc::apply_result_vectorizes(rows_result, &off, 1, p)) << what;
+    off = whole, off.ld = 42;  // rows of 40, 42 apart
+    EXPECT_FALSE(sc::apply_result_vectorizes(rows_result, &off, 1, p)) << what;
+    off = whole, off.col_begin = 6;
+    EXPECT_FALSE(sc::apply_result_vectorizes(rows_result, &off, 1, p)) << what;
+    EXPECT_TRUE(sc::apply_result_vectorizes(transposed, &off, 1, p)) << what << ": a transposed result reads columns";
+    off = whole, off.row_begin = 4;
+    EXPECT_TRUE(sc::apply_result_vectorizes(rows_result, &off, 1, p)) << what;
+    EXPECT_FALSE(sc::apply_result_vectorizes(transposed, &off, 1, p)) << what << ": runs of 8 along a transposed row";
+    sc::IterateView narrow = rows_result;
+    narrow.ld = 204, narrow.stride = 72 * 204;
+    EXPECT_FALSE(sc::apply_result_vectorizes(narrow, &whole, 1, p)) << what;
+    narrow = rows_result, narrow.data = memory + 8;
+    EXPECT_FALSE(sc::apply_result_vectorizes(narrow, &whole, 1, p)) << what;
   }
 }
 

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "common/check.h"
+#include "ns/cuda/alignment.h"
 #include "ns/cuda/cuda_check.h"
 #include "step/cuda/kernel_common.cuh"
 #include "step/fingerprint.h"
@@ -60,9 +61,9 @@ unsigned flat_blocks(int64_t numel) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((numel + kThreads - 1) / kThreads, 2048)));
 }
 
-dim3 tile_grid(int64_t rows, int64_t cols, int n) {
-  return dim3(static_cast<unsigned>(std::max<int64_t>(1, (cols + kTile - 1) / kTile)),
-              static_cast<unsigned>(std::max<int64_t>(1, (rows + kTile - 1) / kTile)), static_cast<unsigned>(n));
+dim3 tile_grid(int64_t rows, int64_t cols, int n, int64_t tile_rows = kTile, int64_t tile_cols = kTile) {
+  return dim3(static_cast<unsigned>(std::max<int64_t>(1, (cols + tile_cols - 1) / tile_cols)),
+              static_cast<unsigned>(std::max<int64_t>(1, (rows + tile_rows - 1) / tile_rows)), static_cast<unsigned>(n));
 }
 
 // ---------------------------------------------------------------- tile movers
@@ -279,7 +280,7 @@ __global__ void apply_result_kernel(const T* __restrict__ result, int64_t ld, in
   const T* src = result + d.matrix_idx * stride;
   const RowFactors factors = row_factors(scale, scaled, rows, d.matrix_idx);
   P* param = static_cast<P*>(d.param);
-  const int64_t row_stride = d.ld > d.col_count ? d.ld : d.col_count;
+  const int64_t row_stride = d.param_row_stride();
   bool bad = false;
   move_tile<kTranspose, true>(
       d.row_count, d.col_count,
@@ -297,6 +298,16 @@ template <typename T, int N>
 struct alignas(N * sizeof(T)) Run {
   T e[N];
 };
+
+// Four parameters of a run ← applied(p, o(e)·factor rounded as apply_result_kernel rounds O).
+template <typename P, typename O>
+__device__ __forceinline__ void apply_run(P* at, O&& o, float factor, int round, const ApplyDesc& d, bool& bad) {
+  Run<P, 4>* run = reinterpret_cast<Run<P, 4>*>(at);
+  Run<P, 4> p = *run;
+  for (int e = 0; e < 4; ++e)
+    p.e[e] = applied<P>(load(p.e, e), round_to<P>(round_code(o(e) * factor, round)), d.scale, d.decay, bad);
+  *run = p;
+}
 
 // apply_result_kernel's arithmetic, element for element, with vector accesses: pieces
 // whose parameter rows are whole aligned runs of 4 and whose result rows (runs of 4, or 8
@@ -316,7 +327,7 @@ __global__ void apply_result_rows_kernel(const T* __restrict__ result, int64_t l
   const T* src = result + d.matrix_idx * stride;
   const RowFactors factors = row_factors(scale, scaled, rows, d.matrix_idx);
   P* param = static_cast<P*>(d.param);
-  const int64_t row_stride = d.ld > d.col_count ? d.ld : d.col_count;
+  const int64_t row_stride = d.param_row_stride();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kVecCols + 4 * threadIdx.x;
   bool bad = false;
   if (c < d.col_count) {
@@ -324,12 +335,8 @@ __global__ void apply_result_rows_kernel(const T* __restrict__ result, int64_t l
       const int64_t r = static_cast<int64_t>(blockIdx.y) * kVecRows + k;
       if (r >= d.row_count) break;
       const Run<T, 4> o = *reinterpret_cast<const Run<T, 4>*>(src + (d.row_begin + r) * ld + d.col_begin + c);
-      Run<P, 4>* at = reinterpret_cast<Run<P, 4>*>(param + r * row_stride + c);
-      Run<P, 4> p = *at;
-      const float factor = factors.of(d.row_begin + r);
-      for (int e = 0; e < 4; ++e)
-        p.e[e] = applied<P>(load(p.e, e), round_to<P>(round_code(load(o.e, e) * factor, round)), d.scale, d.decay, bad);
-      *at = p;
+      apply_run(param + r * row_stride + c, [&](int e) { return load(o.e, e); }, factors.of(d.row_begin + r), round,
+                d, bad);
     }
   }
   if (bad) atomicOr(flags + d.flag_idx, 1);
@@ -349,7 +356,7 @@ __global__ void apply_result_columns_kernel(const T* __restrict__ result, int64_
   const T* src = result + d.matrix_idx * stride;
   const RowFactors factors = row_factors(scale, scaled, rows, d.matrix_idx);
   P* param = static_cast<P*>(d.param);
-  const int64_t row_stride = d.ld > d.col_count ? d.ld : d.col_count;
+  const int64_t row_stride = d.param_row_stride();
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kVecTile, c0 = static_cast<int64_t>(blockIdx.x) * kVecTile;
   if (r0 >= d.row_count || c0 >= d.col_count) return;  // NOTE: uniform over the block
   const int t = threadIdx.y * kTile + threadIdx.x;
@@ -367,13 +374,8 @@ __global__ void apply_result_columns_kernel(const T* __restrict__ result, int64_
     const int j = t % 16;
     const int64_t r = r0 + i, c = c0 + 4 * j;
     if (r >= d.row_count || c >= d.col_count) continue;  // NOTE: col_count % 4 == 0: the run is whole
-    Run<P, 4>* at = reinterpret_cast<Run<P, 4>*>(param + r * row_stride + c);
-    Run<P, 4> p = *at;
-    const float factor = factors.of(d.row_begin + r);
-    for (int e = 0; e < 4; ++e)
-      p.e[e] = applied<P>(load(p.e, e), round_to<P>(round_code(tile[4 * j + e][i] * factor, round)), d.scale, d.decay,
-                          bad);
-    *at = p;
+    apply_run(param + r * row_stride + c, [&](int e) { return tile[4 * j + e][i]; }, factors.of(d.row_begin + r),
+              round, d, bad);
   }
   if (bad) atomicOr(flags + d.flag_idx, 1);
 }
@@ -604,25 +606,18 @@ void result_to_pieces(DType wire, const IterateView& result, const std::vector<W
   });
 }
 
-namespace {
-
-bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-// Whether every piece of a launch takes the vector kernels: parameter rows of whole runs of
-// 4 at aligned addresses, result runs (4 along a row, 8 along a transposed one) aligned.
-bool apply_result_vectorizes(const DescList<ApplyDesc>& list, const IterateView& result, size_t param_bytes) {
-  const size_t result_bytes = static_cast<size_t>(dtype_size(result.dtype));
-  if (!aligned_to(result.data, 8 * result_bytes) || result.ld % 8 != 0 || result.stride % 8 != 0) return false;
-  for (int k = 0; k < list.n; ++k) {
-    const ApplyDesc& d = list.d[k];
-    const int64_t row_stride = d.ld > d.col_count ? d.ld : d.col_count;
-    if (!aligned_to(d.param, 4 * param_bytes) || row_stride % 4 != 0 || d.col_count % 4 != 0) return false;
+bool apply_result_vectorizes(const IterateView& result, const ApplyDesc* pieces, int count, DType param) {
+  const auto param_bytes = static_cast<size_t>(dtype_size(param));
+  const auto result_bytes = static_cast<size_t>(dtype_size(result.dtype));
+  if (!ns::cuda::aligned_to(result.data, 8 * result_bytes) || result.ld % 8 != 0 || result.stride % 8 != 0) return false;
+  for (int k = 0; k < count; ++k) {
+    const ApplyDesc& d = pieces[k];
+    if (!ns::cuda::aligned_to(d.param, 4 * param_bytes) || d.param_row_stride() % 4 != 0 || d.col_count % 4 != 0)
+      return false;
     if (result.transposed() ? d.row_begin % 8 != 0 : d.col_begin % 4 != 0) return false;
   }
   return true;
 }
-
-}  // namespace
 
 void apply_result(DType param, DType round_wire, const IterateView& result, const std::vector<ApplyDesc>& pieces,
                   int* flags, const int* skip, cudaStream_t stream) {
@@ -636,11 +631,9 @@ void apply_result(DType param, DType round_wire, const IterateView& result, cons
         for (int k = 0; k < list.n; ++k) rows = std::max(rows, list.d[k].row_count), cols = std::max(cols, list.d[k].col_count);
         const dim3 block(kTile, kTileRows);
         const T* src = static_cast<const T*>(result.data);
-        if (apply_result_vectorizes(list, result, sizeof(P))) {
-          const int64_t tile_rows = result.transposed() ? kVecTile : kVecRows;
-          const int64_t tile_cols = result.transposed() ? kVecTile : kVecCols;
-          const dim3 grid(static_cast<unsigned>((cols + tile_cols - 1) / tile_cols),
-                          static_cast<unsigned>((rows + tile_rows - 1) / tile_rows), static_cast<unsigned>(list.n));
+        if (apply_result_vectorizes(result, list.d, list.n, param)) {
+          const dim3 grid = result.transposed() ? tile_grid(rows, cols, list.n, kVecTile, kVecTile)
+                                                : tile_grid(rows, cols, list.n, kVecRows, kVecCols);
           auto kernel = result.transposed() ? apply_result_columns_kernel<T, P> : apply_result_rows_kernel<T, P>;
           kernel<<<grid, block, 0, stream>>>(src, result.ld, result.stride, list, result.rows, result.row_scale,
                                              result.row_scaled, round, flags, skip);

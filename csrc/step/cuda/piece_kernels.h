@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/host_device.h"
 #include "step/types.h"
 
 namespace dmuon::step::cuda {
@@ -142,7 +143,14 @@ struct ApplyDesc {
   int flag_idx = 0;
   int64_t col_begin = 0, col_count = 0;  ///< apply_result only
   int64_t row_len = 0, ld = 0;           ///< param strided (step::Buffer::strided), else 0
+  /// Elements between the parameter's rows (apply_result).
+  DMUON_HOST_DEVICE int64_t param_row_stride() const { return ld > col_count ? ld : col_count; }
 };
+/// Whether apply_result moves these pieces with its vector kernels: parameter rows whole
+/// runs of 4 at addresses aligned to them, result rows aligned for runs of 4 (runs of 8 of a
+/// transposed result), a column block from a multiple of 4, a transposed piece from a row
+/// multiple of 8. Else its scalar tiles (the same bits, slower).
+bool apply_result_vectorizes(const IterateView& result, const ApplyDesc* pieces, int count, DType param);
 /// p ← round(round(p·decay) + scale·O), O from the result rows (rounded to `round_wire`
 /// first when it is not DType::kFloat64, the "no rounding" marker), then to the parameter
 /// dtype; a non-finite O is not applied and sets flags[flag_idx].
